@@ -1,0 +1,25 @@
+"""fastpath-hooks: make transformers' fast kernel paths (fla, causal-conv1d, tilelang) just work.
+
+    import fastpath_hooks
+    fastpath_hooks.install()
+
+Importing this package is nearly free (it runs at interpreter start when enabled):
+everything heavy loads the first time transformers or a kernel import needs it.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["install", "uninstall", "__version__"]
+
+
+def install(*, kernels=None, on_event=None):
+    """Hook transformers' kernel choice; see `fastpath_hooks.hooks.install`."""
+    from .hooks import install as _install
+
+    return _install(kernels=kernels, on_event=on_event)
+
+
+def uninstall():
+    """Restore every gate and remove the import hook; see `fastpath_hooks.hooks.uninstall`."""
+    from .hooks import uninstall as _uninstall
+
+    _uninstall()

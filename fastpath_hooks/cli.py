@@ -1,0 +1,211 @@
+"""The `fastpath-hooks` command: doctor, plan, install, download, enable, disable.
+
+All thin over the same core as the hooks. Exit codes: 0 fine, 1 something
+failed (or is blocked), 2 bad input (the message names it and the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import __version__
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except _UsageError as exc:
+        print(f"fastpath-hooks: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="fastpath-hooks", description="Make transformers' fast kernel paths just work.")
+    p.add_argument("--version", action="version", version=f"fastpath-hooks {__version__}")
+    sub = p.add_subparsers(dest="command")
+
+    d = sub.add_parser("doctor", help="the facts, and per kernel what install() would do and why")
+    d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/1)")
+    d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
+    d.add_argument("--refresh", action="store_true", help="forget cached verdicts for this environment first")
+    d.add_argument("--smoke", action="store_true",
+                   help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch reference")
+    d.set_defaults(func=_doctor)
+
+    pl = sub.add_parser("plan", help="the exact requirements and installer commands that would run")
+    pl.add_argument("kernels", nargs="*", metavar="KERNEL")
+    pl.add_argument("--json", action="store_true", help="machine-readable plan (schema fastpath-hooks.plan/1)")
+    pl.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
+    pl.set_defaults(func=_plan)
+
+    i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
+    i.add_argument("kernels", nargs="*", metavar="KERNEL", help="fla, causal-conv1d, tilelang (default: all)")
+    i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
+    i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
+    i.set_defaults(func=_install)
+
+    dl = sub.add_parser("download", help="fetch the planned wheels for a target into a wheelhouse")
+    dl.add_argument("kernels", nargs="*", metavar="KERNEL")
+    dl.add_argument("--dest", required=True, metavar="DIR")
+    dl.add_argument("--target", metavar="SPEC", help="the machine the wheels are for (python, arch, gpu, torch ...)")
+    dl.set_defaults(func=_download)
+
+    e = sub.add_parser("enable", help="activate fastpath-hooks at every interpreter start in this environment")
+    e.add_argument("--method", choices=("pth", "sitecustomize"), default="pth")
+    e.set_defaults(func=_enable)
+    ds = sub.add_parser("disable", help="remove the start-up entry written by enable")
+    ds.set_defaults(func=_disable)
+    return p
+
+
+def _context(args):
+    from .pins import PinsError
+    from .runtime import load_context
+    from .settings import SettingsError
+
+    try:
+        return load_context(getattr(args, "target", None), strict=True)
+    except (SettingsError, PinsError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _kernels(names):
+    from .settings import normalize_kernel
+
+    try:
+        return [normalize_kernel(n) for n in names]
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _snapshot(settings, pins):
+    from .distributions import installed_versions
+    from .runtime import snapshot
+
+    env, plan = snapshot(settings, pins)
+    return env, plan, installed_versions()
+
+
+def _doctor(args) -> int:
+    from . import activation, report
+    from .state import VerdictCache
+
+    settings, pins = _context(args)
+    cache = VerdictCache(settings)
+    if args.refresh:
+        cache.forget()
+    env, plan, real = _snapshot(settings, pins)
+    act = activation.status()
+    verdicts = cache.entries()
+    smoke = None
+    if args.smoke:
+        from .smoke import run_smoke
+
+        smoke = run_smoke(settings, env)
+    if args.json:
+        data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
+        if smoke is not None:
+            data["smoke"] = smoke
+        print(json.dumps(data, indent=2))
+    else:
+        print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts))
+        if smoke is not None:
+            from .smoke import smoke_text
+
+            print("\n" + smoke_text(smoke))
+    if smoke is not None and smoke.get("status") == "fail":
+        return 1
+    return 0
+
+
+def _plan(args) -> int:
+    from . import report
+
+    settings, pins = _context(args)
+    wanted = _kernels(args.kernels)
+    env, plan, real = _snapshot(settings, pins)
+    if wanted:
+        from dataclasses import replace
+
+        plan = replace(plan, decisions={k: v for k, v in plan.decisions.items() if k in wanted})
+    if args.json:
+        print(json.dumps(report.plan_json(plan, settings, real_installed=real, pins=pins), indent=2))
+    else:
+        print(report.plan_text(plan, settings, real_installed=real, pins=pins))
+    return 0
+
+
+def _install(args) -> int:
+    from . import report, runtime
+
+    settings, pins = _context(args)
+    wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "tilelang"]
+    if args.dry_run:
+        env, plan, real = _snapshot(settings, pins)
+        print(report.plan_text(plan, settings, real_installed=real, pins=pins))
+        return 0
+    if args.target:
+        os.environ["FASTPATH_HOOKS_TARGET"] = args.target
+    bad = 0
+    for kernel in wanted:
+        outcome = runtime.ensure(kernel)
+        print(f"{kernel}: {outcome.state} - {outcome.reason}")
+        if outcome.state in ("failed", "error", "blocked"):
+            bad += 1
+    return 1 if bad else 0
+
+
+def _download(args) -> int:
+    from .download import DownloadError, download
+
+    settings, pins = _context(args)
+    if settings.offline:
+        raise _UsageError("download needs the network: unset FASTPATH_HOOKS_OFFLINE")
+    try:
+        files = download(settings, pins, dest=args.dest, kernels=_kernels(args.kernels) or None)
+    except DownloadError as exc:
+        print(f"fastpath-hooks: {exc}", file=sys.stderr)
+        return 1
+    for f in files:
+        print(f)
+    print(f"wheelhouse {os.path.abspath(args.dest)}: {len(files)} files. Install from it with "
+          f"FASTPATH_HOOKS_FIND_LINKS={os.path.abspath(args.dest)} FASTPATH_HOOKS_OFFLINE=1")
+    return 0
+
+
+def _enable(args) -> int:
+    from .activation import ActivationError, enable
+
+    try:
+        for line in enable(args.method):
+            print(line)
+    except ActivationError as exc:
+        raise _UsageError(str(exc)) from None
+    print("fastpath-hooks now activates at interpreter start in this environment "
+          "(FASTPATH_HOOKS_DISABLE=1 turns it off for one run; `fastpath-hooks disable` removes it).")
+    return 0
+
+
+def _disable(args) -> int:
+    from .activation import disable
+
+    done = disable()
+    for line in done:
+        print(line)
+    if not done:
+        print("nothing to remove: fastpath-hooks was not enabled in this environment")
+    return 0

@@ -1,0 +1,86 @@
+"""Installer command lines for plan steps (pure: no process is started here).
+
+Both installers get the same protections: a constraints file that pins every
+protected distribution to the version installed now, `--no-deps` for the kernel
+distributions, binary wheels only unless a source build was allowed, and the
+user's FIND_LINKS / OFFLINE / INDEX_URL choices. Anything not set here comes from
+pip's or uv's own configuration.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .plan import Step
+
+CONSTRAINTS_PLACEHOLDER = "<constraints.txt>"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    argv: tuple
+    env: tuple          # extra environment for the installer process
+    step: Step
+
+    def to_json(self) -> dict:
+        return {"argv": list(self.argv), "env": dict(self.env), "kind": self.step.kind}
+
+
+def choose_installer(settings, env) -> str:
+    if settings.installer == "pip":
+        return "pip"
+    if settings.installer == "uv":
+        return "uv"
+    return "uv" if env.uv else "pip"
+
+
+def constraints(installed: dict, protected) -> list[str]:
+    """`name==version` for each protected distribution that is installed (real versions, never posed ones)."""
+    return [f"{name}=={installed[name]}" for name in protected if name in installed]
+
+
+def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,
+               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None) -> Invocation:
+    """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path."""
+    python = python or sys.executable
+    reqs = list(step.requirements)
+    if step.kind == "wheel":
+        reqs = [local_file or step.url or step.requirements[0]]
+    if installer == "uv":
+        argv = [uv or "uv", "pip", "install", "--python", python]
+        if step.no_deps:
+            argv.append("--no-deps")
+        if step.binary_only:
+            argv += ["--only-binary", ":all:"]
+        if step.force:
+            for req in step.requirements:
+                argv += ["--reinstall-package", _name(req)]
+        if not step.build_isolation:
+            argv.append("--no-build-isolation")
+        argv += ["--constraints", constraints_file]
+    else:
+        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+        if step.no_deps:
+            argv.append("--no-deps")
+        if step.binary_only:
+            argv.append("--only-binary=:all:")
+        if step.force:
+            argv.append("--force-reinstall")
+        if not step.build_isolation:
+            argv.append("--no-build-isolation")
+        argv += ["--constraint", constraints_file]
+    if settings.offline:
+        argv.append("--no-index")
+    elif settings.index_url:
+        argv += ["--index-url", settings.index_url]
+    for link in settings.find_links:
+        argv += ["--find-links", link]
+    argv += reqs
+    return Invocation(argv=tuple(argv), env=tuple(step.env), step=step)
+
+
+def _name(requirement: str) -> str:
+    from packaging.requirements import Requirement
+
+    return Requirement(requirement).name

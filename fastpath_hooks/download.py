@@ -1,0 +1,116 @@
+"""`fastpath-hooks download`: the planned wheels for a target machine, into a wheelhouse.
+
+The plan is made for a fresh machine of the target's kind (kernel packages
+treated as absent), then every requirement it would install is fetched for the
+target's Python and architecture with `pip download --only-binary=:all:
+--no-deps`. Afterwards `FASTPATH_HOOKS_FIND_LINKS=DIR FASTPATH_HOOKS_OFFLINE=1`
+installs from the directory alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+
+from .plan import INSTALL, REPAIR
+
+
+class DownloadError(Exception):
+    pass
+
+
+def platform_tags(arch: str) -> list[str]:
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(39, 16, -1)]
+    return tags + [f"manylinux2014_{arch}", f"linux_{arch}"]
+
+
+def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
+    """(binary requirements, wheel steps, source-build requirements) of the acting decisions."""
+    binary, wheels, builds = [], [], []
+    for kernel, decision in plan.decisions.items():
+        if kernels and kernel not in kernels and kernel not in _needed_by(plan, kernels):
+            continue
+        if decision.action not in (INSTALL, REPAIR):
+            continue
+        for step in decision.steps:
+            if step.kind == "wheel":
+                wheels.append(step)
+            elif step.kind == "build":
+                builds.extend(step.requirements)
+            else:
+                binary.extend(r for r in step.requirements if r not in binary)
+    return binary, wheels, builds
+
+
+def _needed_by(plan, kernels) -> set:
+    out = set()
+    for k in kernels:
+        out.update(plan.decisions[k].needs)
+    return out
+
+
+def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
+    from .policy import decide
+    from .probe import probe
+
+    env = probe(settings)
+    plan = decide(env, settings, pins, fresh=True)
+    binary, wheels, builds = requirements_for(plan, kernels)
+    if not (binary or wheels):
+        reasons = "; ".join(f"{k}: {d.reason}" for k, d in plan.decisions.items())
+        raise DownloadError(f"nothing to download for this target ({reasons})")
+    os.makedirs(dest, exist_ok=True)
+    before = set(os.listdir(dest))
+    if binary:
+        py = ".".join(env.python.split(".")[:2])
+        argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
+                "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py,
+                "--implementation", "cp"]
+        for tag in platform_tags(env.arch):
+            argv += ["--platform", tag]
+        if settings.index_url:
+            argv += ["--index-url", settings.index_url]
+        for link in settings.find_links:
+            argv += ["--find-links", link]
+        argv += binary
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=settings.timeout,
+                              env={**os.environ, "FASTPATH_HOOKS_DISABLE": "1"})
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise DownloadError(f"pip download failed for {' '.join(binary)}: {tail}")
+    for step in wheels:
+        _fetch(step, dest, settings)
+    if builds:
+        print(f"note: source builds are not downloaded ({', '.join(builds)}); their sdists prepare metadata with "
+              "torch and nvcc - add them to the wheelhouse by hand", file=sys.stderr)
+    return sorted(os.path.join(dest, n) for n in set(os.listdir(dest)) - before) or \
+        sorted(os.path.join(dest, n) for n in os.listdir(dest))
+
+
+def _fetch(step, dest: str, settings) -> None:
+    from .installer import InstallError, _check_sha
+
+    filename = step.requirements[0]
+    target = os.path.join(dest, filename)
+    for location in settings.find_links:
+        path = location[len("file://"):] if location.startswith("file://") else location
+        if os.path.isfile(os.path.join(path, filename)):
+            shutil.copy2(os.path.join(path, filename), target)
+            break
+    else:
+        if not step.url:
+            raise DownloadError(f"no URL for {filename}")
+        try:
+            with urllib.request.urlopen(step.url, timeout=120) as resp, open(target, "wb") as out:
+                shutil.copyfileobj(resp, out)
+        except OSError as exc:
+            raise DownloadError(f"could not download {step.url}: {exc} (FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL "
+                                "points at a mirror)") from None
+    try:
+        _check_sha(target, step.sha256)
+    except InstallError as exc:
+        os.unlink(target)
+        raise DownloadError(str(exc)) from None

@@ -1,0 +1,498 @@
+"""Pins and rules as data: load the shipped `pins.json`, merge a user file, validate.
+
+A user file (FASTPATH_HOOKS_PINS, JSON or TOML) has the same shape as `pins.json`
+and only needs the parts it changes. Records with an identity replace the shipped
+record with that identity and come first (so a user's release is preferred):
+fla releases by `version`, tilelang pairs by `tilelang`, broken entries by
+(`tilelang`, `arch`, `effect`), hazards by `id`. Everything else is deep-merged;
+lists of plain values are replaced. Errors name the file and the entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .distributions import canonical_name
+
+SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
+SOURCE_KINDS = ("measured", "reported", "upstream")
+KERNELS = ("fla", "tilelang", "causal-conv1d")
+_RECORD_KEYS = {
+    ("kernels", "fla", "releases"): ("version",),
+    ("kernels", "tilelang", "pairs"): ("tilelang",),
+    ("kernels", "tilelang", "broken"): ("tilelang", "arch", "effect"),
+    ("hazards",): ("id",),
+}
+
+
+class PinsError(ValueError):
+    def __init__(self, origin: str, entry: str, message: str):
+        self.origin, self.entry, self.message = origin, entry, message
+        where = f"pins file {origin}" if origin != SHIPPED else "the shipped pins.json"
+        super().__init__(f"{where}: {entry}: {message}" if entry else f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class FlaRelease:
+    version: str
+    torch: SpecifierSet
+    triton: SpecifierSet
+    transformers: SpecifierSet
+    tilelang_backend: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    module: str
+    distributions: tuple
+    python: SpecifierSet
+    torch: SpecifierSet
+    accelerators: tuple
+    platforms: tuple
+    runtime_deps: tuple
+    verify_modules: tuple
+    verify_attributes: tuple
+    source: str
+    glibc: dict = field(default_factory=dict)
+    needs_nvcc: bool = False
+    nvcc_packages: dict | None = None
+
+
+@dataclass(frozen=True)
+class TilelangPair:
+    tilelang: str
+    tvm_ffi: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class BrokenPair:
+    tilelang: str
+    tvm_ffi: tuple
+    arch: str
+    effect: str
+    source: str
+
+
+@dataclass(frozen=True)
+class CausalRelease:
+    version: str
+    tag: str
+    base_url: str
+    filename: str
+    builds: tuple
+    torch_aliases: dict
+    sha256: dict
+    source: str
+
+
+@dataclass(frozen=True)
+class SourceBuild:
+    requirement: str
+    env: dict
+    rocm_env: dict
+    expected_minutes: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Hazard:
+    id: str
+    kernel: str
+    gpu: tuple
+    triton: SpecifierSet
+    needs: str
+    effect: str
+    fix: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    protected: tuple
+    triton_distributions: tuple
+    allowed: frozenset
+    kernels: dict
+    fla_releases: tuple
+    tilelang_pairs: tuple
+    tilelang_broken: tuple
+    causal_release: CausalRelease
+    source_build: SourceBuild
+    hazards: tuple
+    yanked: dict
+    origins: tuple
+    digest: str
+
+    def kernel(self, name: str) -> KernelSpec:
+        return self.kernels[name]
+
+    def good_tvm_ffi(self, tilelang_version: str) -> tuple:
+        for pair in self.tilelang_pairs:
+            if _same_version(pair.tilelang, tilelang_version):
+                return pair.tvm_ffi
+        return ()
+
+    def broken_for(self, tilelang_version: str, tvm_ffi_version: str, archs) -> BrokenPair | None:
+        for entry in self.tilelang_broken:
+            if not _same_version(entry.tilelang, tilelang_version):
+                continue
+            if not any(_same_version(v, tvm_ffi_version) for v in entry.tvm_ffi):
+                continue
+            if entry.arch == "*" or entry.arch in archs:
+                return entry
+        return None
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def load(user_file: str | None = None) -> Pins:
+    """The shipped pins, merged with `user_file` when given (validated, cached by mtime)."""
+    stamp = None
+    if user_file:
+        try:
+            stamp = os.stat(user_file).st_mtime_ns
+        except OSError as exc:
+            raise PinsError(user_file, "", f"cannot read: {exc.strerror}") from None
+    return _load_cached(user_file, stamp)
+
+
+@lru_cache(maxsize=8)
+def _load_cached(user_file, _stamp) -> Pins:
+    data = _read(SHIPPED)
+    origins = [SHIPPED]
+    if user_file:
+        user = _read(user_file)
+        if not isinstance(user, dict):
+            raise PinsError(user_file, "", "the top level must be a table/object")
+        _check_user_shape(user, user_file)
+        data = _merge(data, user, ())
+        origins.append(user_file)
+    return _build(data, tuple(origins))
+
+
+def _read(path: str):
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise PinsError(path, "", f"cannot read: {exc.strerror}") from None
+    if path.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib  # type: ignore
+            except ImportError:
+                raise PinsError(path, "", "TOML pins need Python 3.11+ or the tomli package; or write the file as JSON") from None
+        try:
+            return tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise PinsError(path, "", f"not valid TOML: {exc}") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PinsError(path, "", f"not valid JSON: {exc}") from None
+
+
+def _check_user_shape(user: dict, origin: str) -> None:
+    allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked"}
+    for key in user:
+        if key not in allowed:
+            raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
+    if "schema" in user and user["schema"] != 1:
+        raise PinsError(origin, "schema", f"unsupported schema {user['schema']!r}; this fastpath-hooks reads schema 1")
+    for name in (user.get("kernels") or {}):
+        if name not in KERNELS:
+            raise PinsError(origin, f"kernels.{name}", f"unknown kernel; expected one of {', '.join(KERNELS)}")
+
+
+def _merge(base, over, path: tuple):
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = _merge(base[key], value, path + (key,)) if key in base else value
+        return out
+    if path in _RECORD_KEYS and isinstance(base, list) and isinstance(over, list):
+        keys = _RECORD_KEYS[path]
+
+        def ident(rec):
+            return tuple(str(rec.get(k)) for k in keys) if isinstance(rec, dict) else None
+
+        mine = {ident(r) for r in over}
+        return list(over) + [r for r in base if ident(r) not in mine]
+    return over
+
+
+# -- validation -------------------------------------------------------------
+
+class _V:
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, entry: str, message: str):
+        raise PinsError(self.origin, entry, message)
+
+    def table(self, value, entry) -> dict:
+        if not isinstance(value, dict):
+            self.fail(entry, "expected a table/object")
+        return value
+
+    def list(self, value, entry) -> list:
+        if not isinstance(value, list):
+            self.fail(entry, "expected a list")
+        return value
+
+    def string(self, value, entry) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(entry, "expected a non-empty string")
+        return value
+
+    def strings(self, value, entry) -> tuple:
+        return tuple(self.string(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
+
+    def version(self, value, entry) -> str:
+        self.string(value, entry)
+        try:
+            Version(value)
+        except InvalidVersion:
+            self.fail(entry, f"{value!r} is not a version")
+        return value
+
+    def versions(self, value, entry) -> tuple:
+        return tuple(self.version(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
+
+    def specifier(self, value, entry) -> SpecifierSet:
+        if not isinstance(value, str):
+            self.fail(entry, "expected a version specifier string such as '>=3.4,<3.9'")
+        try:
+            return SpecifierSet(value)
+        except InvalidSpecifier:
+            self.fail(entry, f"{value!r} is not a version specifier (e.g. '>=3.4,<3.9')")
+
+    def requirement(self, value, entry) -> str:
+        self.string(value, entry)
+        try:
+            Requirement(value)
+        except InvalidRequirement as exc:
+            self.fail(entry, f"{value!r} is not a requirement: {exc}")
+        return value
+
+    def boolean(self, value, entry) -> bool:
+        if not isinstance(value, bool):
+            self.fail(entry, "expected true or false")
+        return value
+
+    def source(self, record: dict, entry) -> str:
+        value = record.get("source")
+        if not isinstance(value, str) or value.split(":", 1)[0].strip() not in SOURCE_KINDS or ":" not in value:
+            self.fail(f"{entry}.source", "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
+        return value
+
+
+def _build(data, origins: tuple) -> Pins:
+    v = _V(origins[-1])
+    v.table(data, "")
+    if data.get("schema") != 1:
+        v.fail("schema", f"unsupported schema {data.get('schema')!r}; expected 1")
+
+    prot = v.table(data.get("protected"), "protected")
+    v.source(prot, "protected")
+    protected = tuple(canonical_name(n) for n in v.strings(prot.get("distributions"), "protected.distributions"))
+    tri = v.table(data.get("triton_distributions"), "triton_distributions")
+    triton_dists = tuple(canonical_name(n) for n in v.strings(tri.get("names"), "triton_distributions.names"))
+    allow = v.table(data.get("allowed_distributions"), "allowed_distributions")
+    v.source(allow, "allowed_distributions")
+    allowed = frozenset(canonical_name(n) for n in v.strings(allow.get("names"), "allowed_distributions.names"))
+
+    kernels_raw = v.table(data.get("kernels"), "kernels")
+    kernels = {}
+    for name in KERNELS:
+        k = v.table(kernels_raw.get(name), f"kernels.{name}")
+        e = f"kernels.{name}"
+        verify = v.table(k.get("verify", {}), f"{e}.verify")
+        attrs = v.strings(verify.get("attributes", []), f"{e}.verify.attributes")
+        for i, a in enumerate(attrs):
+            if ":" not in a:
+                v.fail(f"{e}.verify.attributes[{i}]", "expected module:attribute")
+        glibc = v.table(k.get("glibc", {}), f"{e}.glibc")
+        for arch, spec in glibc.items():
+            v.specifier(spec, f"{e}.glibc.{arch}")
+        nvcc_pk = k.get("nvcc_packages")
+        if nvcc_pk is not None:
+            v.table(nvcc_pk, f"{e}.nvcc_packages")
+            v.specifier(nvcc_pk.get("cuda"), f"{e}.nvcc_packages.cuda")
+            for i, r in enumerate(v.list(nvcc_pk.get("requirements"), f"{e}.nvcc_packages.requirements")):
+                v.requirement(r, f"{e}.nvcc_packages.requirements[{i}]")
+            v.source(nvcc_pk, f"{e}.nvcc_packages")
+        accelerators = v.strings(k.get("accelerators"), f"{e}.accelerators")
+        for i, a in enumerate(accelerators):
+            if a not in ("cuda", "rocm", "xpu"):
+                v.fail(f"{e}.accelerators[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+        platforms = v.strings(k.get("platforms"), f"{e}.platforms")
+        for i, p in enumerate(platforms):
+            if "-" not in p:
+                v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
+        kernels[name] = KernelSpec(
+            name=name,
+            module=v.string(k.get("module"), f"{e}.module"),
+            distributions=tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions")),
+            python=v.specifier(k.get("python"), f"{e}.python"),
+            torch=v.specifier(k.get("torch"), f"{e}.torch"),
+            accelerators=accelerators,
+            platforms=platforms,
+            runtime_deps=tuple(v.requirement(r, f"{e}.runtime_deps[{i}]") for i, r in enumerate(v.list(k.get("runtime_deps", []), f"{e}.runtime_deps"))),
+            verify_modules=v.strings(verify.get("modules", []), f"{e}.verify.modules"),
+            verify_attributes=attrs,
+            source=v.source(k, e),
+            glibc=dict(glibc),
+            needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
+            nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
+        )
+
+    fla = kernels_raw["fla"]
+    releases = []
+    seen = set()
+    for i, r in enumerate(v.list(fla.get("releases"), "kernels.fla.releases")):
+        e = f"kernels.fla.releases[{i}]"
+        v.table(r, e)
+        ver = v.version(r.get("version"), f"{e}.version")
+        if ver in seen:
+            v.fail(f"{e}.version", f"{ver} is listed twice")
+        seen.add(ver)
+        releases.append(FlaRelease(
+            version=ver,
+            torch=v.specifier(r.get("torch", ""), f"{e}.torch"),
+            triton=v.specifier(r.get("triton", ""), f"{e}.triton"),
+            transformers=v.specifier(r.get("transformers", ""), f"{e}.transformers"),
+            tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"),
+            source=v.source(r, e),
+        ))
+    if not releases:
+        v.fail("kernels.fla.releases", "at least one release is needed")
+
+    tl = kernels_raw["tilelang"]
+    pairs = []
+    for i, p in enumerate(v.list(tl.get("pairs"), "kernels.tilelang.pairs")):
+        e = f"kernels.tilelang.pairs[{i}]"
+        v.table(p, e)
+        ffi = v.versions(p.get("tvm_ffi"), f"{e}.tvm_ffi")
+        if not ffi:
+            v.fail(f"{e}.tvm_ffi", "at least one known-good apache-tvm-ffi version is needed")
+        pairs.append(TilelangPair(v.version(p.get("tilelang"), f"{e}.tilelang"), ffi, v.source(p, e)))
+    if not pairs:
+        v.fail("kernels.tilelang.pairs", "at least one known-good pair is needed")
+    broken = []
+    for i, b in enumerate(v.list(tl.get("broken", []), "kernels.tilelang.broken")):
+        e = f"kernels.tilelang.broken[{i}]"
+        v.table(b, e)
+        arch = v.string(b.get("arch"), f"{e}.arch")
+        if arch != "*" and not (arch.startswith("sm_") or arch.startswith("gfx")):
+            v.fail(f"{e}.arch", f"{arch!r}: expected '*', sm_XY or gfxNNN")
+        broken.append(BrokenPair(v.version(b.get("tilelang"), f"{e}.tilelang"), v.versions(b.get("tvm_ffi"), f"{e}.tvm_ffi"),
+                                 arch, v.string(b.get("effect"), f"{e}.effect"), v.source(b, e)))
+    for i, pair in enumerate(pairs):
+        for ffi in pair.tvm_ffi:
+            for b in broken:
+                if b.arch == "*" and _same_version(b.tilelang, pair.tilelang) and any(_same_version(x, ffi) for x in b.tvm_ffi):
+                    v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed as broken ({b.effect})")
+
+    cc = kernels_raw["causal-conv1d"]
+    rel = v.table(cc.get("release"), "kernels.causal-conv1d.release")
+    e = "kernels.causal-conv1d.release"
+    fname = v.string(rel.get("filename"), f"{e}.filename")
+    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
+        if fieldname not in fname:
+            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
+    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
+    builds = []
+    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
+        be = f"{e}.builds[{i}]"
+        v.table(b, be)
+        builds.append({
+            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
+            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
+            "python": v.strings(b.get("python"), f"{be}.python"),
+            "arch": v.strings(b.get("arch"), f"{be}.arch"),
+            "abi": v.strings(b.get("abi"), f"{be}.abi"),
+        })
+    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
+    for key, digest in sha.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
+    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
+    causal = CausalRelease(
+        version=v.version(rel.get("version"), f"{e}.version"),
+        tag=v.string(rel.get("tag"), f"{e}.tag"),
+        base_url=base_url,
+        filename=fname,
+        builds=tuple(builds),
+        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
+        sha256=dict(sha),
+        source=v.source(rel, e),
+    )
+    sb = v.table(cc.get("source_build"), "kernels.causal-conv1d.source_build")
+    minutes = sb.get("expected_minutes")
+    if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes <= 0:
+        v.fail("kernels.causal-conv1d.source_build.expected_minutes", "expected a positive number of minutes")
+    source_build = SourceBuild(
+        requirement=v.requirement(sb.get("requirement"), "kernels.causal-conv1d.source_build.requirement"),
+        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), "kernels.causal-conv1d.source_build.env").items()},
+        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), "kernels.causal-conv1d.source_build.rocm_env").items()},
+        expected_minutes=float(minutes),
+        source=v.source(sb, "kernels.causal-conv1d.source_build"),
+    )
+
+    hazards = []
+    for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
+        e = f"hazards[{i}]"
+        v.table(h, e)
+        kernel = v.string(h.get("kernel"), f"{e}.kernel")
+        if kernel not in KERNELS:
+            v.fail(f"{e}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)}")
+        needs = v.string(h.get("needs"), f"{e}.needs")
+        if needs not in KERNELS:
+            v.fail(f"{e}.needs", f"{needs!r}: expected one of {', '.join(KERNELS)}")
+        hazards.append(Hazard(
+            id=v.string(h.get("id"), f"{e}.id"), kernel=kernel, gpu=v.strings(h.get("gpu"), f"{e}.gpu"),
+            triton=v.specifier(h.get("triton"), f"{e}.triton"), needs=needs,
+            effect=v.string(h.get("effect"), f"{e}.effect"), fix=v.string(h.get("fix"), f"{e}.fix"),
+            source=v.source(h, e),
+        ))
+
+    yanked_raw = v.table(data.get("yanked", {}), "yanked")
+    yanked = {canonical_name(k): v.versions(val, f"yanked.{k}") for k, val in yanked_raw.items() if k != "source"}
+
+    # consistency: every distribution a kernel may install is on the allow-list
+    for name, spec in kernels.items():
+        for dist in spec.distributions:
+            if dist not in allowed:
+                v.fail(f"kernels.{name}.distributions", f"{dist} is not in allowed_distributions.names")
+        for i, req in enumerate(spec.runtime_deps):
+            if canonical_name(Requirement(req).name) not in allowed:
+                v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for p in protected:
+        if p in allowed and p != "numpy":
+            v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
+
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    return Pins(
+        protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
+        fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
+        causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
+        origins=origins, digest=digest,
+    )

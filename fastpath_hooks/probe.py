@@ -1,0 +1,319 @@
+"""The environment probe: an immutable snapshot of every fact a decision needs.
+
+Cheap by design: versions come from dist-info directory names, torch's CUDA/HIP
+build from `torch/version.py` read as text. torch is imported only to enumerate
+GPUs, and only when torch is a CUDA/ROCm/XPU build and no target spec names the
+GPUs. That import costs 1-3 s in a fresh process (nothing inside a training
+process, which has imported torch already); `torch.cuda.get_device_capability`
+then initialises the CUDA runtime, which the training run does anyway.
+
+Every fact can be posed with FASTPATH_HOOKS_TARGET (see `target.py`), so an image
+builder on a CPU host can plan for a GPU cluster and tests can pose as any machine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+from .distributions import canonical_name, scan
+
+WATCHED_DISTRIBUTIONS = (
+    "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
+    "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
+    "causal-conv1d", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
+)
+TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: str
+    implementation: str
+    os: str
+    arch: str
+    glibc: str | None
+    torch: str | None
+    torch_cuda: str | None
+    torch_hip: str | None
+    torch_xpu: bool
+    cxx11_abi: bool | None
+    gpus: tuple
+    gpu_source: str
+    triton: str | None
+    triton_dist: str | None
+    nvcc: str | None
+    distributions: dict = field(default_factory=dict)
+    half_installed: tuple = ()
+    uv: str | None = None
+    wheelhouse: tuple = ()
+    fla_tilelang_env: str | None = None
+    posed: tuple = ()
+    prefix: str = ""
+
+    # -- derived facts -------------------------------------------------------
+    @property
+    def platform(self) -> str:
+        return f"{self.os}-{self.arch}"
+
+    @property
+    def accelerator(self) -> str | None:
+        """cuda / rocm / xpu when torch is such a build AND sees a device."""
+        if self.torch is None:
+            return None
+        if self.torch_hip and any(g.startswith("gfx") for g in self.gpus):
+            return "rocm"
+        if self.torch_cuda and any(g.startswith("sm_") for g in self.gpus):
+            return "cuda"
+        if self.torch_xpu and "xpu" in self.gpus:
+            return "xpu"
+        return None
+
+    @property
+    def torch_build(self) -> str:
+        if self.torch is None:
+            return "none"
+        if self.torch_hip:
+            return f"ROCm {self.torch_hip}"
+        if self.torch_cuda:
+            return f"CUDA {self.torch_cuda}"
+        if self.torch_xpu:
+            return "XPU"
+        return "CPU"
+
+    def version(self, dist: str) -> str | None:
+        return self.distributions.get(canonical_name(dist))
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["platform"] = self.platform
+        data["accelerator"] = self.accelerator
+        data["torch_build"] = self.torch_build
+        data["gpus"] = list(self.gpus)
+        data["half_installed"] = list(self.half_installed)
+        data["wheelhouse"] = list(self.wheelhouse)
+        data["posed"] = list(self.posed)
+        return data
+
+
+def probe(settings=None, *, allow_torch_import: bool = True) -> Environment:
+    from .target import parse_target
+
+    posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    found, duplicates = scan()
+    dists = {name: found[name].version for name in WATCHED_DISTRIBUTIONS if name in found}
+    half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS or n in _kernel_names()))
+
+    torch_info = _torch_build_info(found.get("torch"))
+    gpus, gpu_source, cxx11_abi = _gpus(torch_info, posed, allow_torch_import)
+
+    uname = os.uname() if hasattr(os, "uname") else None
+    real = {
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "os": {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform),
+        "arch": _normal_arch(uname.machine if uname else os.environ.get("PROCESSOR_ARCHITECTURE", "")),
+        "glibc": _glibc(),
+        "torch": dists.get("torch"),
+        "cuda": torch_info.get("cuda"),
+        "hip": torch_info.get("hip"),
+        "xpu": bool(torch_info.get("xpu")),
+        "cxx11_abi": cxx11_abi,
+        "nvcc": _find_nvcc(dists),
+        "uv": _find_uv(),
+    }
+    facts = dict(real)
+    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "nvcc", "uv"):
+        if key in posed:
+            facts[key] = posed[key]
+    if "cuda" in posed and posed["cuda"] and "hip" not in posed:
+        facts["hip"] = None
+    if "hip" in posed and posed["hip"] and "cuda" not in posed:
+        facts["cuda"] = None
+    if isinstance(facts["uv"], bool):
+        facts["uv"] = "posed" if facts["uv"] else None
+
+    if "gpus" in posed:
+        gpus, gpu_source = posed["gpus"], "target"
+        if facts["xpu"] is False and "xpu" in gpus:
+            facts["xpu"] = True
+
+    dists = dict(dists)
+    for name, version in posed.get("distributions", {}).items():
+        if version is None:
+            dists.pop(name, None)
+        else:
+            dists[name] = version
+    if "torch" in posed:
+        if posed["torch"] is None:
+            dists.pop("torch", None)
+        else:
+            dists["torch"] = posed["torch"]
+
+    triton, triton_dist = _triton(dists, posed, facts)
+    if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
+        for name in TRITON_DISTRIBUTIONS:
+            dists.pop(name, None)
+        if triton_dist is not None:
+            dists[triton_dist] = triton
+    env = Environment(
+        python=facts["python"],
+        implementation=sys.implementation.name,
+        os=facts["os"],
+        arch=facts["arch"],
+        glibc=facts["glibc"],
+        torch=facts["torch"],
+        torch_cuda=facts["cuda"],
+        torch_hip=facts["hip"],
+        torch_xpu=bool(facts["xpu"]),
+        cxx11_abi=facts["cxx11_abi"],
+        gpus=tuple(gpus),
+        gpu_source=gpu_source,
+        triton=triton,
+        triton_dist=triton_dist,
+        nvcc=facts["nvcc"],
+        distributions=dists,
+        half_installed=half_installed,
+        uv=facts["uv"],
+        wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
+        fla_tilelang_env=os.environ.get("FLA_TILELANG"),
+        posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
+        prefix=os.path.realpath(sys.prefix),
+    )
+    return env
+
+
+def _kernel_names():
+    return ("fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "causal-conv1d")
+
+
+def _torch_build_info(dist) -> dict:
+    """cuda/hip/xpu of the installed torch build, from torch/version.py as text."""
+    if dist is None:
+        return {}
+    path = os.path.join(dist.site, "torch", "version.py")
+    info: dict = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                name, sep, value = line.partition("=")
+                if not sep:
+                    continue
+                key = name.split(":")[0].strip()
+                if key in ("cuda", "hip", "xpu"):
+                    value = value.strip().strip("'\"")
+                    info[key] = None if value in ("None", "") else value
+    except OSError:
+        pass
+    return info
+
+
+def _gpus(torch_info: dict, posed: dict, allow_import: bool):
+    """(gpus, how they were found, cxx11 abi flag if torch was imported)."""
+    if "gpus" in posed:
+        return (), "target", None
+    if not any(torch_info.get(k) for k in ("cuda", "hip", "xpu")):
+        if torch_info:
+            return (), "none: torch is a CPU build", None
+        return (), "none: torch is not installed", None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        if not allow_import:
+            return (), "not probed (torch not imported)", None
+        try:
+            import torch  # noqa: F401  - the documented cost: only on accelerator builds
+        except Exception as exc:  # a broken torch: report, never crash the caller
+            return (), f"none: import torch failed ({type(exc).__name__}: {exc})", None
+    abi = None
+    try:
+        abi = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    except Exception:
+        pass
+    try:
+        if torch_info.get("xpu") and hasattr(torch, "xpu") and torch.xpu.is_available():
+            return ("xpu",) * torch.xpu.device_count(), "torch.xpu", abi
+        if not torch.cuda.is_available():
+            return (), "none: torch.cuda.is_available() is False", abi
+        out = []
+        for i in range(torch.cuda.device_count()):
+            if torch_info.get("hip"):
+                arch = getattr(torch.cuda.get_device_properties(i), "gcnArchName", "gfx")
+                out.append(arch.split(":")[0])
+            else:
+                major, minor = torch.cuda.get_device_capability(i)
+                out.append(f"sm_{major}{minor}")
+        return tuple(out), "torch.cuda", abi
+    except Exception as exc:
+        return (), f"none: GPU query failed ({type(exc).__name__}: {exc})", abi
+
+
+def _triton(dists: dict, posed: dict, facts: dict):
+    if "triton" in posed:
+        if posed["triton"] is None:
+            return None, None
+        if facts.get("hip"):
+            return posed["triton"], "pytorch-triton-rocm"
+        if facts.get("xpu"):
+            return posed["triton"], "pytorch-triton-xpu"
+        return posed["triton"], "triton"
+    for name in TRITON_DISTRIBUTIONS:
+        if name in dists:
+            return dists[name], name
+    return None, None
+
+
+def _glibc() -> str | None:
+    try:
+        value = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
+    except (AttributeError, ValueError, OSError):
+        return None
+    if not value or not value.startswith("glibc "):
+        return None
+    return value.split()[1]
+
+
+def _normal_arch(machine: str) -> str:
+    low = machine.lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(low, low)
+
+
+def _find_nvcc(dists: dict) -> str | None:
+    """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
+    import shutil
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    which = shutil.which("nvcc")
+    if which:
+        return which
+    nvcc_wheel = dists.get("nvidia-cuda-nvcc")
+    if nvcc_wheel and nvcc_wheel.split(".")[0].isdigit() and int(nvcc_wheel.split(".")[0]) >= 13:
+        return f"nvidia-cuda-nvcc {nvcc_wheel}"
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda/bin/nvcc"
+    return None
+
+
+def _find_uv() -> str | None:
+    import shutil
+    import sysconfig
+
+    candidate = os.path.join(sysconfig.get_path("scripts"), "uv")
+    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which("uv")
+
+
+def _wheelhouse(find_links) -> tuple:
+    names = []
+    for location in find_links:
+        if "://" in location and not location.startswith("file://"):
+            continue
+        path = location[len("file://"):] if location.startswith("file://") else location
+        try:
+            names.extend(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
+        except OSError:
+            continue
+    return tuple(sorted(set(names)))

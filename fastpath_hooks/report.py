@@ -1,0 +1,141 @@
+"""Human and JSON renderings of the environment, the plan and the doctor report."""
+
+from __future__ import annotations
+
+from .commands import choose_installer, constraints, invocation
+from .plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
+from .policy import transformers_era
+
+VERBS = {
+    "ok": "nothing to do",
+    "install": "install",
+    "repair": "repair",
+    "skip": "leave it alone",
+    "block": "block its import",
+}
+
+
+def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
+    """kernel -> list of invocation dicts, as `install` would run them."""
+    env = plan.environment
+    installer = choose_installer(settings, env)
+    out = {}
+    for kernel, decision in plan.decisions.items():
+        steps = decision.steps or (decision.repair_steps if decision.verify else ())
+        out[kernel] = [invocation(s, installer=installer, settings=settings,
+                                  uv=env.uv if env.uv not in (None, "posed") else None).to_json() for s in steps]
+    return {"installer": installer, "constraints": constraints(real_installed, pins.protected), "commands": out}
+
+
+def plan_json(plan, settings, *, real_installed, pins) -> dict:
+    data = plan.to_json()
+    data["settings"] = settings.public()
+    data.update(commands_for(plan, settings, real_installed=real_installed, pins=pins))
+    return data
+
+
+def summary(plan, settings) -> str:
+    acting = [d for d in plan.decisions.values() if d.acts]
+    if plan.notes and not acting:
+        return f"nothing will be installed: {plan.notes[0]}."
+    if not acting:
+        return "nothing will be installed: " + "; ".join(f"{d.kernel}: {d.reason}" for d in plan.decisions.values()) + "."
+    parts = [f"{d.action} {d.kernel} ({', '.join(f'{k} {v}' for k, v in d.target.items())})" for d in acting]
+    if settings.mode == "report":
+        return "FASTPATH_HOOKS_MODE=report: would " + "; ".join(parts) + " - nothing will be installed."
+    return "install() would " + "; ".join(parts) + "."
+
+
+def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_installed: dict) -> dict:
+    from . import __version__
+
+    env = plan.environment
+    return {
+        "schema": DOCTOR_SCHEMA,
+        "fastpath_hooks": __version__,
+        "environment": env.to_json(),
+        "transformers_era": transformers_era(env.version("transformers")),
+        "settings": settings.public(),
+        "pins": list(pins.origins),
+        "activation": activation,
+        "verdicts": verdicts,
+        "decisions": [d.to_json() for d in plan.decisions.values()],
+        "notes": list(plan.notes),
+        "summary": summary(plan, settings),
+        **commands_for(plan, settings, real_installed=real_installed, pins=pins),
+    }
+
+
+def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
+    from . import __version__
+
+    env = plan.environment
+    lines = [f"fastpath-hooks {__version__} doctor", "", "Environment"]
+
+    def row(name, value):
+        lines.append(f"  {name:<14}{value}")
+
+    row("python", f"{env.python} ({env.implementation}), {env.platform}" + (f", glibc {env.glibc}" if env.glibc else ""))
+    row("torch", f"{env.torch} ({env.torch_build} build)" if env.torch else "not installed")
+    row("accelerator", env.accelerator or ("none - " + plan.notes[0] if plan.notes else "none"))
+    row("GPUs", (", ".join(env.gpus) if env.gpus else "none") + f" ({env.gpu_source})")
+    row("triton", f"{env.triton} ({env.triton_dist})" if env.triton else "not installed")
+    row("nvcc", env.nvcc or "not found")
+    tv = env.version("transformers")
+    row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
+    installer = choose_installer(settings, env)
+    row("installer", f"{installer}" + (f" ({env.uv})" if installer == "uv" and env.uv else "") +
+        f" [FASTPATH_HOOKS_INSTALLER={settings.installer}]")
+    if activation.get("pth") or activation.get("sitecustomize"):
+        where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
+        row("start-up", "enabled: " + ", ".join(where))
+    else:
+        row("start-up", "not enabled (`fastpath-hooks enable`, or call fastpath_hooks.install() in your script)")
+    if settings.mode == "report":
+        row("mode", "report: decide and report, never install")
+    if env.posed:
+        row("posed", f"{', '.join(env.posed)} (from FASTPATH_HOOKS_TARGET / --target)")
+    if env.half_installed:
+        row("half-installed", ", ".join(env.half_installed) + " (two dist-info in one directory)")
+    if len(pins.origins) > 1:
+        row("pins", f"shipped + {pins.origins[-1]}")
+
+    lines += ["", "Kernels"]
+    for kernel, d in plan.decisions.items():
+        have = ", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no"
+        lines.append(f"  {kernel}")
+        lines.append(f"    installed      {have}")
+        lines.append(f"    transformers   {d.transformers_uses}")
+        what = VERBS[d.action]
+        if d.action in (INSTALL, REPAIR):
+            what += " " + ", ".join(f"{k}=={v}" for k, v in d.target.items())
+        lines.append(f"    install()      {what} - {d.reason}")
+        if d.needs:
+            lines.append(f"    needs          {', '.join(d.needs)}")
+        if d.env:
+            lines.append(f"    sets           {', '.join(f'{k}={v}' for k, v in d.env)}")
+        if d.fix and d.action in (SKIP, "block"):
+            lines.append(f"    to change it   {d.fix}")
+        verdict = verdicts.get(kernel)
+        if verdict:
+            lines.append(f"    last verdict   {verdict.get('state')}: {verdict.get('reason')}")
+    lines += ["", "Summary: " + summary(plan, settings)]
+    return "\n".join(lines)
+
+
+def plan_text(plan, settings, *, real_installed, pins) -> str:
+    data = commands_for(plan, settings, real_installed=real_installed, pins=pins)
+    lines = [f"installer: {data['installer']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
+    for kernel, d in plan.decisions.items():
+        lines.append(f"{kernel}: {d.action} - {d.reason}")
+        for inv in data["commands"][kernel]:
+            env = " ".join(f"{k}={v}" for k, v in inv["env"].items())
+            lines.append("    " + (env + " " if env else "") + " ".join(_quote(a) for a in inv["argv"]))
+    lines.append("Summary: " + summary(plan, settings))
+    return "\n".join(lines)
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)

@@ -1,0 +1,292 @@
+"""Every FASTPATH_HOOKS_* environment variable, parsed and validated in one place.
+
+`Settings.from_env()` never half-succeeds: it returns a complete, immutable
+`Settings` or raises `SettingsError` listing every bad variable with its value
+and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+KERNELS = ("fla", "causal-conv1d", "tilelang")
+KERNEL_ALIASES = {
+    "fla": "fla",
+    "flash-linear-attention": "fla",
+    "fla-core": "fla",
+    "causal-conv1d": "causal-conv1d",
+    "causal_conv1d": "causal-conv1d",
+    "tilelang": "tilelang",
+}
+MODES = ("install", "report")
+INSTALLERS = ("auto", "uv", "pip")
+LOG_LEVELS = ("off", "error", "warning", "info", "debug")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+DEFAULT_TIMEOUT = 900.0
+DEFAULT_LOCK_TIMEOUT = 1800.0
+DEFAULT_RETRY_AFTER = 3600.0
+
+# name -> (accepted, default shown in docs); the README table is generated from the same words.
+VARIABLES = {
+    "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",
+    "FASTPATH_HOOKS_SKIP": "comma list of kernels to leave alone: fla, causal-conv1d, tilelang",
+    "FASTPATH_HOOKS_MODE": "install (default): act on the plan; report: decide and report, never install",
+    "FASTPATH_HOOKS_FIND_LINKS": "comma or whitespace separated wheel directories or URLs, searched by the installer",
+    "FASTPATH_HOOKS_OFFLINE": "1: never reach an index; install only from FASTPATH_HOOKS_FIND_LINKS",
+    "FASTPATH_HOOKS_INDEX_URL": "an http(s):// or file:// package index to use instead of the installer's default",
+    "FASTPATH_HOOKS_INSTALLER": "auto (default: uv when available, else pip), uv or pip",
+    "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
+    "FASTPATH_HOOKS_ALLOW_BUILD": "1: allow source builds (causal-conv1d without a prebuilt wheel; takes many minutes)",
+    "FASTPATH_HOOKS_CACHE_DIR": "directory for verdicts (default: the user cache dir, e.g. ~/.cache/fastpath-hooks)",
+    "FASTPATH_HOOKS_PINS": "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
+    "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
+    "FASTPATH_HOOKS_LOG": "what rank 0 prints on stderr: off, error, warning, info (default) or debug",
+    "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "base URL (http(s):// or file://) of a causal-conv1d release-wheel mirror",
+    "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
+    "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
+}
+
+
+class SettingsError(ValueError):
+    """One or more FASTPATH_HOOKS_* variables hold a value that cannot be used."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]):
+        self.problems = problems
+        lines = [f"{var}={value!r} is not valid: {why}" for var, value, why in problems]
+        super().__init__("; ".join(lines))
+
+
+@dataclass(frozen=True)
+class Settings:
+    disable: bool = False
+    skip: frozenset = frozenset()
+    mode: str = "install"
+    find_links: tuple = ()
+    offline: bool = False
+    index_url: str | None = None
+    installer: str = "auto"
+    timeout: float = DEFAULT_TIMEOUT
+    allow_build: bool = False
+    cache_dir: str | None = None
+    pins_file: str | None = None
+    target: str | None = None
+    log: str = "info"
+    causal_conv1d_wheel_url: str | None = None
+    retry_after: float = DEFAULT_RETRY_AFTER
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    # Variables the user set (names only): lets reports tell defaults from choices.
+    explicit: frozenset = field(default=frozenset(), compare=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        problems: list[tuple[str, str, str]] = []
+        values: dict = {}
+
+        def get(name: str) -> str | None:
+            raw = env.get(name)
+            return None if raw is None else raw.strip()
+
+        def parse(name: str, key: str, parser):
+            raw = get(name)
+            if raw is None:
+                return
+            try:
+                values[key] = parser(raw)
+            except ValueError as exc:
+                problems.append((name, env.get(name, ""), str(exc)))
+
+        parse("FASTPATH_HOOKS_DISABLE", "disable", parse_bool)
+        parse("FASTPATH_HOOKS_SKIP", "skip", parse_kernel_list)
+        parse("FASTPATH_HOOKS_MODE", "mode", _choice(MODES))
+        parse("FASTPATH_HOOKS_FIND_LINKS", "find_links", _parse_find_links)
+        parse("FASTPATH_HOOKS_OFFLINE", "offline", parse_bool)
+        parse("FASTPATH_HOOKS_INDEX_URL", "index_url", _url(("http", "https", "file")))
+        parse("FASTPATH_HOOKS_INSTALLER", "installer", _choice(INSTALLERS))
+        parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
+        parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_bool)
+        parse("FASTPATH_HOOKS_CACHE_DIR", "cache_dir", _directory_or_creatable)
+        parse("FASTPATH_HOOKS_PINS", "pins_file", _readable_file)
+        parse("FASTPATH_HOOKS_TARGET", "target", _target_spec)
+        parse("FASTPATH_HOOKS_LOG", "log", _choice(LOG_LEVELS))
+        parse("FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "causal_conv1d_wheel_url", _url(("http", "https", "file")))
+        parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", _seconds_or_zero)
+        parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
+
+        unknown = sorted(k for k in env if k.startswith("FASTPATH_HOOKS_") and k not in VARIABLES)
+        for name in unknown:
+            close = _closest(name, VARIABLES)
+            hint = f"did you mean {close}?" if close else "see `fastpath-hooks doctor` for the list"
+            problems.append((name, env[name], f"unknown variable; {hint}"))
+
+        if values.get("offline") and not values.get("find_links"):
+            problems.append(
+                ("FASTPATH_HOOKS_OFFLINE", env.get("FASTPATH_HOOKS_OFFLINE", ""),
+                 "offline installs need a wheelhouse: set FASTPATH_HOOKS_FIND_LINKS to a directory of wheels "
+                 "(`fastpath-hooks download --dest DIR` makes one)")
+            )
+        if problems:
+            raise SettingsError(problems)
+        explicit = frozenset(k for k in VARIABLES if k in env)
+        return cls(explicit=explicit, **values)
+
+    def with_target(self, spec: str | None) -> "Settings":
+        if spec is None:
+            return self
+        try:
+            _target_spec(spec)
+        except ValueError as exc:
+            raise SettingsError([("--target", spec, str(exc))]) from None
+        return replace(self, target=spec)
+
+    def public(self) -> dict:
+        """A JSON-ready view (for doctor/plan reports)."""
+        return {
+            "disable": self.disable,
+            "skip": sorted(self.skip),
+            "mode": self.mode,
+            "find_links": list(self.find_links),
+            "offline": self.offline,
+            "index_url": self.index_url,
+            "installer": self.installer,
+            "timeout": self.timeout,
+            "allow_build": self.allow_build,
+            "cache_dir": self.cache_dir,
+            "pins_file": self.pins_file,
+            "target": self.target,
+            "log": self.log,
+            "causal_conv1d_wheel_url": self.causal_conv1d_wheel_url,
+            "retry_after": self.retry_after,
+            "lock_timeout": self.lock_timeout,
+        }
+
+
+def parse_bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected one of 1, true, yes, on (or 0, false, no, off)")
+
+
+def is_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    """The start-up check: only an explicit true value disables (garbage is reported later)."""
+    env = os.environ if environ is None else environ
+    return env.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in _TRUE
+
+
+def parse_kernel_list(raw: str) -> frozenset:
+    names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
+    out = set()
+    for name in names:
+        if name == "all":
+            out.update(KERNELS)
+            continue
+        if name not in KERNEL_ALIASES:
+            raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(KERNELS)} (or all)")
+        out.add(KERNEL_ALIASES[name])
+    return frozenset(out)
+
+
+def normalize_kernel(name: str) -> str:
+    try:
+        return KERNEL_ALIASES[name.strip().lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(KERNELS)}") from None
+
+
+def _choice(options):
+    def parse(raw: str) -> str:
+        low = raw.lower()
+        if low not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return low
+    return parse
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of seconds greater than 0, e.g. 600") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("expected a number of seconds greater than 0, e.g. 600")
+    return value
+
+
+def _seconds_or_zero(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of seconds >= 0 (0 retries at once), e.g. 3600") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("expected a number of seconds >= 0 (0 retries at once), e.g. 3600")
+    return value
+
+
+def _url(schemes):
+    def parse(raw: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(raw)
+        if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
+            raise ValueError(f"expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
+        if any(c.isspace() for c in raw):
+            raise ValueError("a URL cannot contain spaces")
+        return raw
+    return parse
+
+
+def _parse_find_links(raw: str) -> tuple:
+    items = [p for p in raw.replace(",", " ").split() if p]
+    if not items:
+        raise ValueError("expected one or more wheel directories or URLs")
+    out = []
+    for item in items:
+        if "://" in item:
+            if not item.startswith(("http://", "https://", "file://")):
+                raise ValueError(f"{item!r}: only http(s):// and file:// URLs or local directories are accepted")
+            out.append(item)
+            continue
+        path = os.path.abspath(os.path.expanduser(item))
+        if not os.path.isdir(path):
+            raise ValueError(f"{item!r} is not a directory (create the wheelhouse with `fastpath-hooks download --dest DIR`)")
+        out.append(path)
+    return tuple(out)
+
+
+def _directory_or_creatable(raw: str) -> str:
+    if not raw:
+        raise ValueError("expected a directory path")
+    path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError("exists but is not a directory")
+    return path
+
+
+def _readable_file(raw: str) -> str:
+    path = os.path.abspath(os.path.expanduser(raw))
+    if not os.path.isfile(path):
+        raise ValueError("no such file (expected a JSON or TOML pins file)")
+    if not os.access(path, os.R_OK):
+        raise ValueError("the file is not readable")
+    return path
+
+
+def _target_spec(raw: str) -> str:
+    from .target import parse_target
+
+    parse_target(raw)  # raises ValueError with the offending entry
+    return raw
+
+
+def _closest(name: str, options) -> str | None:
+    import difflib
+
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
+    return match[0] if match else None

@@ -1,0 +1,134 @@
+"""`FASTPATH_HOOKS_TARGET` / `--target`: pose as another machine.
+
+A spec is a comma list of `key=value` facts, e.g.
+`gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12`, `gpu=none` or
+`hip=6.4,gpu=gfx942`. Every fact the policy reads can be set; the ones not named
+are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`.
+"""
+
+from __future__ import annotations
+
+from .distributions import canonical_name
+
+# Distribution facts that may be posed (value: a version or `none`).
+DISTRIBUTION_KEYS = (
+    "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
+    "causal-conv1d", "numpy", "torch-c-dlpack-ext", "einops", "packaging",
+    "nvidia-cuda-nvcc",
+)
+FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
+             "glibc", "abi", "nvcc", "uv")
+_OS = ("linux", "darwin", "windows")
+_ARCH = ("x86_64", "aarch64", "arm64", "amd64")
+_NONE = ("none", "no", "absent", "")
+_YES = ("yes", "1", "true", "on")
+_NO = ("no", "0", "false", "off", "none")
+
+
+def parse_target(spec: str) -> dict:
+    """Parse a target spec into normalized facts; ValueError names the bad entry."""
+    facts: dict = {}
+    entries = [e.strip() for e in spec.split(",") if e.strip()]
+    if not entries:
+        raise ValueError("empty target; expected key=value facts such as gpu=sm_90,torch=2.11.0")
+    for entry in entries:
+        if "=" not in entry:
+            raise ValueError(f"{entry!r}: expected key=value (e.g. gpu=sm_90)")
+        key, _, value = entry.partition("=")
+        key = key.strip().lower()
+        value = value.strip()
+        if key in facts or (key in ("os", "arch") and "platform" in facts):
+            raise ValueError(f"{entry!r}: {key} is given twice")
+        if key == "gpu":
+            facts["gpus"] = _gpus(entry, value)
+        elif key in ("torch", "triton", "cuda", "hip", "glibc"):
+            facts[key] = None if value.lower() in _NONE else _version(entry, value)
+        elif key == "python":
+            facts["python"] = _python(entry, value)
+        elif key == "xpu":
+            facts["xpu"] = _flag(entry, value)
+        elif key == "abi":
+            facts["cxx11_abi"] = _flag(entry, value)
+        elif key == "uv":
+            facts["uv"] = _flag(entry, value)
+        elif key == "nvcc":
+            low = value.lower()
+            if low in _NO:
+                facts["nvcc"] = None
+            elif low in _YES:
+                facts["nvcc"] = "posed"
+            else:
+                facts["nvcc"] = _version(entry, value)
+        elif key == "os":
+            if value.lower() not in _OS:
+                raise ValueError(f"{entry!r}: os must be one of {', '.join(_OS)}")
+            facts["os"] = value.lower()
+        elif key == "arch":
+            facts["arch"] = _arch(entry, value)
+        elif key == "platform":
+            os_name, _, arch = value.lower().partition("-")
+            if os_name not in _OS or not arch:
+                raise ValueError(f"{entry!r}: platform looks like linux-x86_64")
+            facts["os"], facts["arch"] = os_name, _arch(entry, arch)
+        else:
+            name = canonical_name(key)
+            if name not in DISTRIBUTION_KEYS:
+                accepted = ", ".join(FACT_KEYS + DISTRIBUTION_KEYS)
+                raise ValueError(f"{entry!r}: unknown fact {key!r}; accepted: {accepted}")
+            dists = facts.setdefault("distributions", {})
+            dists[name] = None if value.lower() in _NONE else _version(entry, value)
+    if facts.get("hip") and facts.get("cuda"):
+        raise ValueError("cuda=... and hip=... together: a torch build has one or the other")
+    return facts
+
+
+def _gpus(entry: str, value: str) -> tuple:
+    if value.lower() in _NONE:
+        return ()
+    out = []
+    for part in value.replace("/", "+").split("+"):
+        part = part.strip().lower()
+        if part.startswith("sm_") and part[3:].isdigit() and len(part) in (5, 6):
+            out.append(part)
+        elif part.startswith("sm") and part[2:].isdigit() and len(part) in (4, 5):
+            out.append("sm_" + part[2:])
+        elif part.startswith("gfx") and len(part) > 3 and part[3:].isalnum():
+            out.append(part)
+        elif part == "xpu":
+            out.append("xpu")
+        else:
+            raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90), gfxNNN (ROCm) or none")
+    return tuple(out)
+
+
+def _version(entry: str, value: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{entry!r}: {value!r} is not a version") from None
+    return value
+
+
+def _python(entry: str, value: str) -> str:
+    parts = value.split(".")
+    if not (2 <= len(parts) <= 3 and all(p.isdigit() for p in parts) and parts[0] == "3"):
+        raise ValueError(f"{entry!r}: python looks like 3.12 or 3.12.3")
+    return value
+
+
+def _flag(entry: str, value: str) -> bool:
+    low = value.lower()
+    if low in _YES:
+        return True
+    if low in _NO:
+        return False
+    raise ValueError(f"{entry!r}: expected yes or no")
+
+
+def _arch(entry: str, value: str) -> str:
+    low = value.lower()
+    if low not in _ARCH:
+        raise ValueError(f"{entry!r}: arch must be one of x86_64, aarch64")
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(low, low)

@@ -1,0 +1,128 @@
+"""Shared fixtures: fake kernel wheels, real venvs, a test pins file, posed targets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from support import venvs, wheels  # noqa: E402
+
+PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+# Pose as machines this CPU host is not. torch is posed at 2.10 so causal-conv1d has a release wheel name.
+A100 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
+H100_OLD_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
+H100_NEW_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.7.1,nvcc=yes"
+CAUSAL_WHEEL = f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def torch_wheel(artifacts):
+    return venvs.find_torch_wheel(os.path.join(artifacts, "torch"))
+
+
+@pytest.fixture(scope="session")
+def fastpath_wheel(artifacts):
+    return venvs.build_fastpath_wheel(os.path.join(artifacts, "dist"))
+
+
+@pytest.fixture(scope="session")
+def dep_wheels(artifacts):
+    """Real einops and packaging wheels (fla's runtime deps), fetched once from the index."""
+    dest = os.path.join(artifacts, "deps")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
+                    "einops", "packaging"], check=True, env=venvs.clean_env())
+    return dest
+
+
+@pytest.fixture
+def make_wheelhouse(tmp_path, dep_wheels):
+    """make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi="0.1.12", causal=True, ...) -> directory."""
+    counter = {"n": 0}
+
+    def make(*, fla=None, fla_broken=None, fla_padding=0, tilelang=None, tvm_ffi=(), causal=False,
+             causal_crash=False, tilelang_abort=False, deps=True):
+        counter["n"] += 1
+        dest = str(tmp_path / f"wheelhouse{counter['n']}")
+        os.makedirs(dest)
+        if deps:
+            for name in os.listdir(dep_wheels):
+                os.link(os.path.join(dep_wheels, name), os.path.join(dest, name))
+        if fla:
+            wheels.fake_fla(dest, fla, broken=fla_broken, padding_files=fla_padding)
+        if isinstance(tvm_ffi, str):
+            tvm = [tvm_ffi]
+        else:
+            tvm = list(tvm_ffi)
+        for v in tvm:
+            wheels.fake_tvm_ffi(dest, v)
+        if tilelang:
+            from fastpath_hooks import pins as pins_mod
+
+            if tilelang_abort:
+                wheels.fake_tilelang(dest, tilelang, always_abort=True)
+            else:
+                wheels.fake_tilelang_from_pins(dest, tilelang, pins_mod.load())
+        if causal:
+            wheels.fake_causal_conv1d(dest, CAUSAL_WHEEL, crash=causal_crash)
+        return dest
+
+    return make
+
+
+@pytest.fixture
+def test_pins(tmp_path):
+    """A FASTPATH_HOOKS_PINS file for the fakes: no heavy tilelang deps, the fake causal wheel's real hash."""
+
+    def make(wheelhouse: str | None = None, extra: dict | None = None) -> str:
+        data = {
+            "kernels": {
+                "tilelang": {"runtime_deps": []},
+                "causal-conv1d": {"runtime_deps": []},
+            }
+        }
+        if wheelhouse and os.path.exists(os.path.join(wheelhouse, CAUSAL_WHEEL)):
+            data["kernels"]["causal-conv1d"]["release"] = {
+                "sha256": {CAUSAL_WHEEL: wheels.sha256_of(os.path.join(wheelhouse, CAUSAL_WHEEL))}}
+        if extra:
+            from fastpath_hooks.pins import _merge
+
+            data = _merge(data, extra, ())
+        path = str(tmp_path / f"pins-{len(os.listdir(tmp_path))}.json")
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def make_venv(tmp_path, torch_wheel, fastpath_wheel):
+    counter = {"n": 0}
+
+    def make(*, transformers="latest", torch=True, fastpath=True, extra=()):
+        counter["n"] += 1
+        return venvs.make_venv(str(tmp_path / f"venv{counter['n']}"), torch_wheel=torch_wheel if torch else None,
+                               fastpath_wheel=fastpath_wheel if fastpath else None, transformers=transformers,
+                               extra=extra)
+
+    return make
+
+
+def offline_env(wheelhouse: str, target: str, *, cache_dir: str, pins: str | None = None, **extra) -> dict:
+    """The environment of a process that poses as `target` and installs only from `wheelhouse`."""
+    env = venvs.clean_env(FASTPATH_HOOKS_FIND_LINKS=wheelhouse, FASTPATH_HOOKS_OFFLINE="1",
+                          FASTPATH_HOOKS_TARGET=target, FASTPATH_HOOKS_CACHE_DIR=cache_dir, **extra)
+    if pins:
+        env["FASTPATH_HOOKS_PINS"] = pins
+    return env
