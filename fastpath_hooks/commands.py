@@ -81,6 +81,11 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
 
 
 def _name(requirement: str) -> str:
+    """The project name of a requirement, or of a wheel file name (wheel steps)."""
+    if requirement.endswith(".whl"):
+        from packaging.utils import parse_wheel_filename
+
+        return str(parse_wheel_filename(requirement.rsplit("/", 1)[-1])[0])
     from packaging.requirements import Requirement
 
     return Requirement(requirement).name

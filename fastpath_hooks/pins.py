@@ -407,9 +407,10 @@ def _build(data, origins: tuple) -> Pins:
                                  arch, v.string(b.get("effect"), f"{e}.effect"), v.source(b, e)))
     for i, pair in enumerate(pairs):
         for ffi in pair.tvm_ffi:
-            for b in broken:
+            for k, b in enumerate(broken):
                 if b.arch == "*" and _same_version(b.tilelang, pair.tilelang) and any(_same_version(x, ffi) for x in b.tvm_ffi):
-                    v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed as broken ({b.effect})")
+                    v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
+                           f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
 
     cc = kernels_raw["causal-conv1d"]
     rel = v.table(cc.get("release"), "kernels.causal-conv1d.release")
@@ -476,6 +477,19 @@ def _build(data, origins: tuple) -> Pins:
 
     yanked_raw = v.table(data.get("yanked", {}), "yanked")
     yanked = {canonical_name(k): v.versions(val, f"yanked.{k}") for k, val in yanked_raw.items() if k != "source"}
+
+    # a pinned version the index has yanked would not install (or would warn): never pin one
+    def check_not_yanked(dist, version, entry):
+        if any(_same_version(version, y) for y in yanked.get(dist, ())):
+            v.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
+
+    for i, pair in enumerate(pairs):
+        check_not_yanked("tilelang", pair.tilelang, f"kernels.tilelang.pairs[{i}].tilelang")
+        for j, ffi in enumerate(pair.tvm_ffi):
+            check_not_yanked("apache-tvm-ffi", ffi, f"kernels.tilelang.pairs[{i}].tvm_ffi[{j}]")
+    for i, rel in enumerate(releases):
+        for dist in ("fla-core", "flash-linear-attention"):
+            check_not_yanked(dist, rel.version, f"kernels.fla.releases[{i}].version")
 
     # consistency: every distribution a kernel may install is on the allow-list
     for name, spec in kernels.items():

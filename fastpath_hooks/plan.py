@@ -11,6 +11,8 @@ SKIP = "skip"        # leave alone; transformers keeps whatever it would use
 BLOCK = "block"      # installed but would crash/compute wrongly here: make its import fail
 ACTIONS = (OK, INSTALL, REPAIR, SKIP, BLOCK)
 
+# The JSON schemas, documented field by field in docs/json-schema.md (checked by tests/test_cli.py).
+# Fields are only added within a version; removing, renaming or changing one bumps the number.
 PLAN_SCHEMA = "fastpath-hooks.plan/1"
 DOCTOR_SCHEMA = "fastpath-hooks.doctor/1"
 

@@ -7,6 +7,7 @@ Rule ids in `Decision.rule` name which rule decided.
 
 from __future__ import annotations
 
+from dataclasses import replace as _replace
 from urllib.parse import quote
 
 from packaging.markers import Marker
@@ -108,6 +109,14 @@ def _in(version: str, spec) -> bool:
         return False
 
 
+def _same(a: str, b: str) -> bool:
+    """Version equality that never raises (a dist-info can carry any string)."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def _mm(version: str | None) -> str | None:
     if not version:
         return None
@@ -122,7 +131,14 @@ def _no_accelerator_reason(env) -> str:
     if env.torch is None:
         return "torch is not installed, so there is no accelerator to use kernels on"
     if env.torch_build == "CPU":
-        return f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build"
+        reason = f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build"
+        if env.gpu_source == "target" and env.gpus:
+            # A posed GPU with this host's CPU torch: say how to pose the GPU machine's torch too.
+            reason += f" (to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes)"
+        return reason
+    if env.gpus:
+        return (f"no CUDA/XPU accelerator: torch {env.torch} ({env.torch_build}) cannot use "
+                f"{'+'.join(env.gpus)}")
     return f"no CUDA/XPU accelerator: torch {env.torch} ({env.torch_build}) sees no device ({env.gpu_source})"
 
 
@@ -211,6 +227,10 @@ def _decide_tilelang(ctx: _Context) -> Decision:
         return common
 
     kw = {"installed": installed, "transformers_uses": uses}
+    half = [d for d in ("tilelang", "apache-tvm-ffi") if d in env.half_installed and ctx.installed(d)]
+    if tl and half:
+        return _tilelang_repair(ctx, tl, ffi, f"{' and '.join(half)} half-installed (two .dist-info in one directory: "
+                                "an install was interrupted)", "tilelang.repair.half-installed", kw)
     if tl and ffi:
         broken = pins.broken_for(tl, ffi, env.gpus)
         if broken is not None:
@@ -246,8 +266,8 @@ def _decide_tilelang(ctx: _Context) -> Decision:
                          "install a CUDA toolkit matching torch (or set CUDA_HOME)", **kw)
 
     if tl:
-        good = pins.good_tvm_ffi(tl)
-        if good and any(Version(ffi) == Version(g) for g in good):
+        good = [g for g in pins.good_tvm_ffi(tl) if pins.broken_for(tl, g, env.gpus) is None]
+        if good and any(_same(ffi, g) for g in good):
             if nvcc_reqs:
                 return _tilelang_install(ctx, tl, ffi, nvcc_reqs, "tilelang.install.nvcc", REPAIR,
                                          f"tilelang {tl} + apache-tvm-ffi {ffi} need nvcc; installing the nvcc wheel", kw)
@@ -311,45 +331,55 @@ def _tilelang_install(ctx, tl, ffi, nvcc_reqs, rule, action, reason, kw) -> Deci
 
 
 def _tilelang_repair(ctx, tl, ffi, reason, rule, kw) -> Decision:
-    good = ctx.pins.good_tvm_ffi(tl)
-    usable = [g for g in good if ctx.pins.broken_for(tl, g, ctx.env.gpus) is None]
-    if usable and not ctx.settings.offline or (usable and Version(usable[0]) in ctx.wheelhouse.get("apache-tvm-ffi", set())):
-        target_tl, target_ffi = tl, usable[0]
-    else:
-        pair = _preferred_pair(ctx)
-        if pair is None:
-            return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".unrepairable", reason=reason +
-                            "; no known-good pair can be installed here", fix="add the wheels of a known-good pair to "
-                            "FASTPATH_HOOKS_FIND_LINKS or allow the index", **kw)
-        target_tl, target_ffi = pair
-    steps = _pair_steps(ctx, target_tl, target_ffi, (), replace_ffi=True)
-    missing = ctx.missing_offline(steps)
-    if missing:
+    """Replace a broken/half-installed pair: keep the user's tilelang with a known-good
+    apache-tvm-ffi when the pins have one, else the first known-good pair; offline, the
+    first option the wheelhouse can satisfy. Nothing installable: block the import."""
+    gpus, pins = ctx.env.gpus, ctx.pins
+    options = [(tl, good) for good in pins.good_tvm_ffi(tl) if pins.broken_for(tl, good, gpus) is None]
+    for pair in pins.tilelang_pairs:
+        options += [(pair.tilelang, good) for good in pair.tvm_ffi
+                    if pins.broken_for(pair.tilelang, good, gpus) is None and (pair.tilelang, good) not in options]
+    first_missing = None
+    for target_tl, target_ffi in options:
+        steps = _pair_steps(ctx, target_tl, target_ffi, (), replace_ffi=True)
+        missing = ctx.missing_offline(steps)
+        if missing:
+            first_missing = first_missing or missing
+            continue
+        return Decision(kernel="tilelang", action=REPAIR, rule=rule, reason=reason + f"; repairing to tilelang {target_tl} + "
+                        f"apache-tvm-ffi {target_ffi}", steps=steps,
+                        target={"tilelang": target_tl, "apache-tvm-ffi": target_ffi}, on_failure="block", **kw)
+    if first_missing:
         return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".offline-missing",
-                        reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                        fix="add the wheels (`fastpath-hooks download --dest DIR`) or allow the index", **kw)
-    return Decision(kernel="tilelang", action=REPAIR, rule=rule, reason=reason + f"; repairing to tilelang {target_tl} + "
-                    f"apache-tvm-ffi {target_ffi}", steps=steps, target={"tilelang": target_tl, "apache-tvm-ffi": target_ffi},
-                    on_failure="block", **kw)
+                        reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
+                        fix="add the wheels (`fastpath-hooks download --dest DIR`) or allow the index",
+                        on_failure="block", **kw)
+    return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".unrepairable",
+                    reason=reason + "; the pins know no good apache-tvm-ffi for this GPU", on_failure="block",
+                    fix="add a known-good tilelang + apache-tvm-ffi pair in a FASTPATH_HOOKS_PINS file", **kw)
 
 
 # -- fla -------------------------------------------------------------------------
 
+_FLA_DISTS = ("fla-core", "flash-linear-attention")
+
+
 def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
-    pins, env, settings = ctx.pins, ctx.env, ctx.settings
-    spec = pins.kernel("fla")
+    pins, env = ctx.pins, ctx.env
     core, layers = ctx.installed("fla-core"), ctx.installed("flash-linear-attention")
     installed = {k: v for k, v in (("fla-core", core), ("flash-linear-attention", layers)) if v}
-    uses = _transformers_uses(ctx, "fla")
-    kw = {"installed": installed, "transformers_uses": uses}
-    extra_env = ()
-    if env.accelerator == "rocm" and env.fla_tilelang_env is None:
-        extra_env = (("FLA_TILELANG", "0"),)
+    kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, "fla")}
 
     common = _common(ctx, "fla", installed=installed)
     if common is not None:
         return common
-    kw["env"] = extra_env
+    if env.accelerator == "rocm" and env.fla_tilelang_env is None:
+        kw["env"] = (("FLA_TILELANG", "0"),)  # no tilelang on ROCm: fla must not try its tilelang backend
+    transformers = env.version("transformers")
+    if env.accelerator == "xpu" and transformers_era(transformers) in ("A", "B"):
+        return _skip("fla", "fla.xpu.old-transformers",
+                     f"transformers {transformers} uses fla on CUDA only (on XPU from 5.15)",
+                     "upgrade transformers to >= 5.15", **kw)
     if env.triton is None:
         return _skip("fla", "fla.no-triton", "no triton: fla's kernels are triton programs and torch's triton is missing",
                      "install the triton your torch build depends on (pip install torch==<yours> reinstalls it)", **kw)
@@ -357,47 +387,48 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     hazards = ctx.hazards("fla")
     hz = hazards[0] if hazards else None
     tilelang_ok = tilelang.action in TILELANG_GOOD
-    transformers = env.version("transformers")
-    candidates = []
-    for rel in pins.fla_releases:
-        if not (_in(env.torch, rel.torch) and _in(env.triton, rel.triton)):
-            continue
-        if transformers and not _in(transformers, rel.transformers):
-            continue
-        if hz is not None and not rel.tilelang_backend:
-            continue
-        candidates.append(rel)
-    chosen = candidates[0] if candidates else None
+    candidates = [rel for rel in pins.fla_releases
+                  if _in(env.torch, rel.torch) and _in(env.triton, rel.triton)
+                  and not (transformers and not _in(transformers, rel.transformers))
+                  and not (hz is not None and not rel.tilelang_backend)]
     needs = ("tilelang",) if hz is not None else ()
     hazard_reason = (f"{hz.effect} ({hz.id}); tilelang: {tilelang.reason}") if hz is not None else ""
 
     if core:
-        known = next((r for r in pins.fla_releases if Version(r.version) == Version(core)), None)
         if hz is not None and not tilelang_ok:
             return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block", reason=hazard_reason,
                             fix=hz.fix, on_failure="block", **kw)
+        known = next((r for r in pins.fla_releases if _same(r.version, core)), None)
         problems = []
-        if layers and Version(layers) != Version(core):
+        half = [d for d in _FLA_DISTS if d in env.half_installed and not ctx.fresh]
+        if half:
+            problems.append(f"{' and '.join(half)} half-installed (two .dist-info in one directory: an install was interrupted)")
+        if layers and not _same(layers, core):
             problems.append(f"fla-core {core} and flash-linear-attention {layers} differ")
-        if known is not None and not _in(env.triton, known.triton):
+        incompatible = known is not None and not _in(env.triton, known.triton)
+        if incompatible:
             problems.append(f"fla {core} does not import with triton {env.triton} (needs {known.triton})")
-        unsafe = hz is not None and known is not None and not known.tilelang_backend
+        unsafe = hz is not None and not _has_tilelang_backend(pins, core, known)
         if unsafe:
             problems.append(f"fla {core} has no tilelang backend, so its backward is wrong here ({hz.id})")
         if problems:
+            chosen, steps, missing = _pick_fla(ctx, candidates, replace=True)
             if chosen is not None:
-                steps = _fla_steps(ctx, chosen.version, replace=True)
-                missing = ctx.missing_offline(steps)
-                if not missing:
-                    return Decision(kernel="fla", action=REPAIR, rule="fla.repair", reason="; ".join(problems) +
-                                    f"; replacing with fla {chosen.version}", steps=steps,
-                                    target={"fla-core": chosen.version, "flash-linear-attention": chosen.version},
-                                    needs=needs, on_failure="block" if unsafe else "proceed", **kw)
-            if unsafe:
-                return Decision(kernel="fla", action=BLOCK, rule="fla.unsafe.block", reason="; ".join(problems),
-                                fix=f"install fla {pins.fla_releases[0].version} or newer", on_failure="block", **kw)
+                return Decision(kernel="fla", action=REPAIR, rule="fla.repair", reason="; ".join(problems) +
+                                f"; replacing with fla {chosen.version}", steps=steps,
+                                target={"fla-core": chosen.version, "flash-linear-attention": chosen.version},
+                                needs=needs, on_failure="block" if (unsafe or incompatible) else "proceed", **kw)
+            nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
+                       else "no known-good fla release fits here")
+            if unsafe or incompatible:
+                # Importing it would crash (or compute wrong gradients): fail closed, transformers keeps torch.
+                rule = "fla.unsafe.block" if unsafe else "fla.incompatible.block"
+                fix = f"install fla {pins.fla_releases[0].version} or newer" if unsafe else \
+                    "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index"
+                return Decision(kernel="fla", action=BLOCK, rule=rule, reason="; ".join(problems) + f"; {nothing}",
+                                fix=fix, on_failure="block", **kw)
             return Decision(kernel="fla", action=OK, rule="fla.ok.with-problems",
-                            reason="; ".join(problems) + "; no known-good replacement here, leaving it as it is",
+                            reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
                             needs=needs, on_failure="block" if hz else "proceed", **kw)
         return Decision(kernel="fla", action=OK, rule="fla.ok",
                         reason=f"fla {core} installed" + (f"; needs tilelang here ({hz.id})" if hz else ""),
@@ -406,13 +437,14 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     if hz is not None and not tilelang_ok:
         return _skip("fla", "fla.hazard.skip", hazard_reason + "; installing fla alone would turn the working torch path "
                      "into a crash", hz.fix, **kw)
-    if chosen is None:
+    if not candidates:
         what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
+        if hz is not None:
+            what += f" with a tilelang backend ({hz.id})"
         return _skip("fla", "fla.no-release", f"no known-good fla release for {what}",
                      "add a release to a FASTPATH_HOOKS_PINS file", **kw)
-    steps = _fla_steps(ctx, chosen.version, replace=False)
-    missing = ctx.missing_offline(steps)
-    if missing:
+    chosen, steps, missing = _pick_fla(ctx, candidates, replace=False)
+    if chosen is None:
         return _skip("fla", "fla.offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
                      "add the wheels (`fastpath-hooks download --dest DIR`) or allow the index", **kw)
     reason = f"fla {chosen.version} fits triton {env.triton}" + (f" and transformers {transformers}" if transformers else "")
@@ -420,6 +452,29 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
         reason += f"; together with tilelang ({hz.id})"
     return Decision(kernel="fla", action=INSTALL, rule="fla.install", reason=reason, steps=steps,
                     target={"fla-core": chosen.version, "flash-linear-attention": chosen.version}, needs=needs, **kw)
+
+
+def _has_tilelang_backend(pins, version: str, known) -> bool:
+    """Pinned releases say so; an unpinned one is trusted only from the oldest pinned release with the backend on."""
+    if known is not None:
+        return known.tilelang_backend
+    with_backend = [Version(r.version) for r in pins.fla_releases if r.tilelang_backend]
+    try:
+        return bool(with_backend) and Version(version) >= min(with_backend)
+    except InvalidVersion:
+        return False
+
+
+def _pick_fla(ctx, candidates, *, replace: bool):
+    """(release, steps, ()) for the first candidate installable here, else (None, (), what the first one lacks)."""
+    first_missing = ()
+    for rel in candidates:
+        steps = _fla_steps(ctx, rel.version, replace=replace)
+        missing = ctx.missing_offline(steps)
+        if not missing:
+            return rel, steps, ()
+        first_missing = first_missing or tuple(missing)
+    return None, (), first_missing
 
 
 def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
@@ -435,6 +490,15 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
 
 # -- causal-conv1d -------------------------------------------------------------------
 
+def causal_conv1d_abi(env) -> str:
+    """TRUE/FALSE for the wheel name. Unknown (torch not imported, or posed without abi=): PyPI's
+    torch wheels use the cxx11 ABI from 2.7 on, the pre-cxx11 one before."""
+    if env.cxx11_abi is not None:
+        return "TRUE" if env.cxx11_abi else "FALSE"
+    mm = _mm(env.torch)
+    return "FALSE" if mm is not None and Version(mm) < Version("2.7") else "TRUE"
+
+
 def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
     """The release wheel's file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
     rel = pins.causal_release
@@ -447,7 +511,7 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
     torch_mm = rel.torch_aliases.get(torch_mm, torch_mm)
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
-    abi = "FALSE" if env.cxx11_abi is False else "TRUE"
+    abi = causal_conv1d_abi(env)
     for build in rel.builds:
         if (build["cuda_major"] == cuda_major and torch_mm in build["torch_mm"] and py_dotted in build["python"]
                 and env.arch in build["arch"] and abi in build["abi"]):
@@ -459,17 +523,33 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
 
 
 def _decide_causal(ctx: _Context) -> Decision:
-    pins, env, settings = ctx.pins, ctx.env, ctx.settings
     installed_v = ctx.installed("causal-conv1d")
     installed = {"causal-conv1d": installed_v} if installed_v else {}
     common = _common(ctx, "causal-conv1d", installed=installed)
     if common is not None:
         return common
     kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
-    if installed_v:
-        return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True,
+    half = installed_v is not None and "causal-conv1d" in ctx.env.half_installed
+    if installed_v and not half:
+        # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
+        return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure="block",
                         reason=f"causal-conv1d {installed_v} installed (checked once in a child process: a wrong-arch "
                                "build can crash at import)", **kw)
+    decision = _causal_install(ctx, kw)
+    if not half:
+        return decision
+    what = f"causal-conv1d {installed_v} is half-installed (two .dist-info in one directory: an install was interrupted)"
+    if decision.action == INSTALL:
+        steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
+        return _replace(decision, action=REPAIR, rule="causal.repair.half-installed", steps=steps,
+                        reason=f"{what}; reinstalling: {decision.reason}", on_failure="block")
+    return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure="block",
+                    reason=f"{what}; it cannot be reinstalled here ({decision.reason}); checked in a child process",
+                    fix=decision.fix, **kw)
+
+
+def _causal_install(ctx: _Context, kw) -> Decision:
+    pins, env, settings = ctx.pins, ctx.env, ctx.settings
     spec = pins.kernel("causal-conv1d")
     build = pins.source_build
     minutes = build.expected_minutes
@@ -491,21 +571,21 @@ def _decide_causal(ctx: _Context) -> Decision:
         base = settings.causal_conv1d_wheel_url or rel.base_url.format(tag=rel.tag)
         url = base.rstrip("/") + "/" + quote(filename)
         in_house = filename in env.wheelhouse
-        if settings.offline and not in_house:
-            return _skip("causal-conv1d", "causal.offline-missing",
-                         f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {filename}",
-                         "add the wheel (`fastpath-hooks download --dest DIR`) or allow the network", **kw)
-        steps = dep_steps + (Step(kind="wheel", requirements=(filename,), url=None if in_house else url,
-                                  sha256=rel.sha256.get(filename),
-                                  note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "")),)
         missing = ctx.missing_offline(dep_steps)
-        if missing:
+        if settings.offline and not in_house:
+            missing = [filename] + missing
+        if not missing:
+            steps = dep_steps + (Step(kind="wheel", requirements=(filename,), url=None if in_house else url,
+                                      sha256=rel.sha256.get(filename),
+                                      note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "")),)
+            return Decision(kernel="causal-conv1d", action=INSTALL, rule="causal.wheel",
+                            reason=f"prebuilt wheel {filename}", steps=steps,
+                            target={"causal-conv1d": rel.version}, **kw)
+        if not settings.allow_build:
             return _skip("causal-conv1d", "causal.offline-missing",
                          f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                         "add the wheels or allow the index", **kw)
-        return Decision(kernel="causal-conv1d", action=INSTALL, rule="causal.wheel",
-                        reason=f"prebuilt wheel {filename}", steps=steps,
-                        target={"causal-conv1d": rel.version}, **kw)
+                         "add the wheel (`fastpath-hooks download --dest DIR`) or allow the network", **kw)
+        why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
     if not settings.allow_build:
         return _skip("causal-conv1d", "causal.no-wheel", f"{why}; a source build takes about {minutes:.0f} minutes "
                      "(not started silently)", "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build from source (needs nvcc)", **kw)

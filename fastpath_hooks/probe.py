@@ -102,7 +102,7 @@ def probe(settings=None, *, allow_torch_import: bool = True) -> Environment:
 
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
     found, duplicates = scan()
-    dists = {name: found[name].version for name in WATCHED_DISTRIBUTIONS if name in found}
+    dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
     half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS or n in _kernel_names()))
 
     torch_info = _torch_build_info(found.get("torch"))

@@ -28,8 +28,14 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
 
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
+    """Schema fastpath-hooks.plan/1, documented field by field in docs/json-schema.md."""
+    from . import __version__
+
     data = plan.to_json()
+    data["fastpath_hooks"] = __version__
     data["settings"] = settings.public()
+    data["pins"] = list(pins.origins)
+    data["summary"] = summary(plan, settings)
     data.update(commands_for(plan, settings, real_installed=real_installed, pins=pins))
     return data
 
@@ -47,6 +53,7 @@ def summary(plan, settings) -> str:
 
 
 def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_installed: dict) -> dict:
+    """Schema fastpath-hooks.doctor/1, documented field by field in docs/json-schema.md."""
     from . import __version__
 
     env = plan.environment

@@ -2,7 +2,8 @@
 
 `Settings.from_env()` never half-succeeds: it returns a complete, immutable
 `Settings` or raises `SettingsError` listing every bad variable with its value
-and what would be accepted.
+and what would be accepted. A variable set to an empty (or blank) value counts
+as unset (`ENV FASTPATH_HOOKS_X=` in a Dockerfile means "default").
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class Settings:
 
         def get(name: str) -> str | None:
             raw = env.get(name)
-            return None if raw is None else raw.strip()
+            return None if raw is None or not raw.strip() else raw.strip()
 
         def parse(name: str, key: str, parser):
             raw = get(name)
@@ -118,12 +119,15 @@ class Settings:
         parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
 
         unknown = sorted(k for k in env if k.startswith("FASTPATH_HOOKS_") and k not in VARIABLES)
+        prefix = len("FASTPATH_HOOKS_")
+        suffixes = {v[prefix:]: v for v in VARIABLES}
         for name in unknown:
-            close = _closest(name, VARIABLES)
+            # compare what follows the shared prefix, or every name looks alike
+            close = suffixes.get(_closest(name[prefix:], suffixes, cutoff=0.7) or "")
             hint = f"did you mean {close}?" if close else "see `fastpath-hooks doctor` for the list"
             problems.append((name, env[name], f"unknown variable; {hint}"))
 
-        if values.get("offline") and not values.get("find_links"):
+        if values.get("offline") and get("FASTPATH_HOOKS_FIND_LINKS") is None:
             problems.append(
                 ("FASTPATH_HOOKS_OFFLINE", env.get("FASTPATH_HOOKS_OFFLINE", ""),
                  "offline installs need a wheelhouse: set FASTPATH_HOOKS_FIND_LINKS to a directory of wheels "
@@ -131,7 +135,7 @@ class Settings:
             )
         if problems:
             raise SettingsError(problems)
-        explicit = frozenset(k for k in VARIABLES if k in env)
+        explicit = frozenset(k for k in VARIABLES if get(k) is not None)
         return cls(explicit=explicit, **values)
 
     def with_target(self, spec: str | None) -> "Settings":
@@ -188,7 +192,9 @@ def parse_kernel_list(raw: str) -> frozenset:
             out.update(KERNELS)
             continue
         if name not in KERNEL_ALIASES:
-            raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(KERNELS)} (or all)")
+            close = _closest(name, KERNEL_ALIASES, cutoff=0.6)
+            hint = f"did you mean {KERNEL_ALIASES[close]}? " if close else ""
+            raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(KERNELS)} (or all)")
         out.add(KERNEL_ALIASES[name])
     return frozenset(out)
 
@@ -237,7 +243,7 @@ def _url(schemes):
         if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
             raise ValueError(f"expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
         if any(c.isspace() for c in raw):
-            raise ValueError("a URL cannot contain spaces")
+            raise ValueError(f"a URL cannot contain spaces; expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
         return raw
     return parse
 
@@ -265,14 +271,16 @@ def _directory_or_creatable(raw: str) -> str:
         raise ValueError("expected a directory path")
     path = os.path.abspath(os.path.expanduser(raw))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError("exists but is not a directory")
+        raise ValueError("exists and is not a directory; expected a directory (created if missing)")
     return path
 
 
 def _readable_file(raw: str) -> str:
     path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.isdir(path):
+        raise ValueError("is a directory; expected a JSON or TOML pins file")
     if not os.path.isfile(path):
-        raise ValueError("no such file (expected a JSON or TOML pins file)")
+        raise ValueError("no such file; expected a JSON or TOML pins file")
     if not os.access(path, os.R_OK):
         raise ValueError("the file is not readable")
     return path
@@ -285,8 +293,8 @@ def _target_spec(raw: str) -> str:
     return raw
 
 
-def _closest(name: str, options) -> str | None:
+def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
     import difflib
 
-    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.75)
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
     return match[0] if match else None

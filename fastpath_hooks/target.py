@@ -28,6 +28,7 @@ _NO = ("no", "0", "false", "off", "none")
 def parse_target(spec: str) -> dict:
     """Parse a target spec into normalized facts; ValueError names the bad entry."""
     facts: dict = {}
+    seen: set = set()
     entries = [e.strip() for e in spec.split(",") if e.strip()]
     if not entries:
         raise ValueError("empty target; expected key=value facts such as gpu=sm_90,torch=2.11.0")
@@ -37,8 +38,10 @@ def parse_target(spec: str) -> dict:
         key, _, value = entry.partition("=")
         key = key.strip().lower()
         value = value.strip()
-        if key in facts or (key in ("os", "arch") and "platform" in facts):
+        same = {"os": "platform", "arch": "platform", "platform": "os"}.get(key)
+        if canonical_name(key) in seen or same in seen or (key == "platform" and "arch" in seen):
             raise ValueError(f"{entry!r}: {key} is given twice")
+        seen.add(canonical_name(key))
         if key == "gpu":
             facts["gpus"] = _gpus(entry, value)
         elif key in ("torch", "triton", "cuda", "hip", "glibc"):

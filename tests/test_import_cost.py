@@ -1,0 +1,97 @@
+"""Importing fastpath_hooks (and install()) stays nearly free: it runs at every interpreter
+start when enabled, so it must not import torch, transformers, packaging,
+importlib.metadata or subprocess. Checked on `python -X importtime` output of a fresh
+interpreter; the cost itself is printed by benchmarks/import_cost.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from support.venvs import ROOT, clean_env  # noqa: E402
+
+FORBIDDEN = ("torch", "transformers", "packaging", "importlib.metadata", "subprocess")
+# Not forbidden by the issue, but each costs milliseconds at every start (practical.md).
+STARTUP_EXPENSIVE = ("re", "json", "logging", "threading", "pathlib", "email", "inspect", "dataclasses")
+CODES = {
+    "import": "import fastpath_hooks",
+    "install": "import fastpath_hooks; assert fastpath_hooks.install() is True",
+}
+
+
+def parse_importtime(stderr: str) -> list[tuple[int, str]]:
+    """(depth, module) per `import time:` line, in the order the imports finished."""
+    out = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "| imported package" in line:
+            continue
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[0].split(":")[1].strip().isdigit():
+            continue
+        field = parts[2].rstrip()
+        depth = (len(field) - len(field.lstrip()) - 1) // 2
+        out.append((depth, field.strip()))
+    return out
+
+
+def imported_by(code: str, *, isolated: bool) -> list[str]:
+    """Modules imported by `code` in a fresh interpreter.
+
+    isolated=False: the interpreter as users run it (site on); only imports after the
+    `site` module finished count. isolated=True: `-S` with the source tree on PYTHONPATH, so
+    nothing is hidden by a module that site (or an editable-install finder) imported first.
+    """
+    argv = [sys.executable, "-X", "importtime"] + (["-S"] if isolated else []) + ["-c", code]
+    env = clean_env(PYTHONPATH=ROOT) if isolated else clean_env()
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = parse_importtime(result.stderr)
+    if not isolated:
+        site_done = [i for i, (depth, name) in enumerate(lines) if depth == 0 and name == "site"]
+        assert site_done, "importtime output has a top-level site entry"
+        lines = lines[site_done[-1] + 1:]
+    return [name for _, name in lines]
+
+
+def _hits(modules, names):
+    return sorted({m for m in modules for n in names if m == n or m.startswith(n + ".")})
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["site", "isolated"])
+@pytest.mark.parametrize("what", sorted(CODES))
+def test_import_and_install_import_nothing_heavy(what, isolated):
+    modules = imported_by(CODES[what], isolated=isolated)
+    assert "fastpath_hooks" in modules, modules  # the measurement saw our import
+    if what == "install":
+        assert "fastpath_hooks.hooks" in modules
+    assert _hits(modules, FORBIDDEN) == []
+
+
+def test_nothing_expensive_at_start_up():
+    modules = imported_by(CODES["install"], isolated=True)
+    assert _hits(modules, STARTUP_EXPENSIVE) == []
+    ours = [m for m in modules if m.startswith("fastpath_hooks")]
+    assert ours == ["fastpath_hooks", "fastpath_hooks.hooks"], ours
+
+
+def test_sys_modules_agrees_with_importtime():
+    code = ("import sys; before = set(sys.modules); import fastpath_hooks; fastpath_hooks.install(); "
+            "print(' '.join(sorted(set(sys.modules) - before)))")
+    result = subprocess.run([sys.executable, "-S", "-c", code], env=clean_env(PYTHONPATH=ROOT), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    new = result.stdout.split()
+    assert "fastpath_hooks.hooks" in new
+    assert _hits(new, FORBIDDEN) == [] and _hits(new, STARTUP_EXPENSIVE) == []
+
+
+def test_parser_reads_nesting():
+    sample = ("import time: self [us] | cumulative | imported package\n"
+              "import time:       100 |        100 |     _stat\n"
+              "import time:       300 |        400 |   stat\n"
+              "import time:       500 |        900 | site\n")
+    assert parse_importtime(sample) == [(2, "_stat"), (1, "stat"), (0, "site")]

@@ -1,0 +1,281 @@
+"""Pins and rules as data: the shipped pins.json validates and is consistent; a user file
+(JSON or TOML, FASTPATH_HOOKS_PINS) overrides and extends it; a malformed one raises
+PinsError naming the file and the entry - also through the real CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fastpath_hooks import pins as pins_mod
+from fastpath_hooks.pins import SOURCE_KINDS, PinsError, load
+from fastpath_hooks.plan import INSTALL, OK, REPAIR
+from fastpath_hooks.policy import decide
+from fastpath_hooks.settings import Settings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from support.venvs import clean_env  # noqa: E402
+from test_policy import make_env  # noqa: E402
+
+SHIPPED = load()
+
+
+def write(tmp_path, name: str, content) -> str:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+# -- the shipped data ----------------------------------------------------------------------------
+
+def test_shipped_pins_validate():
+    assert SHIPPED.origins == (pins_mod.SHIPPED,)
+    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d"}
+    assert SHIPPED.fla_releases and SHIPPED.tilelang_pairs and SHIPPED.tilelang_broken and SHIPPED.hazards
+
+
+def test_every_fact_names_its_source():
+    with open(pins_mod.SHIPPED) as fh:
+        raw = json.load(fh)
+    records = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            if "source" in node:
+                records.append((path, node["source"]))
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(raw, "")
+    assert len(records) >= 20
+    for path, source in records:
+        assert source.split(":", 1)[0] in SOURCE_KINDS, path
+    # every record of the lists the policy reads carries one
+    for rec in itertools.chain(SHIPPED.fla_releases, SHIPPED.tilelang_pairs, SHIPPED.tilelang_broken, SHIPPED.hazards):
+        assert rec.source.split(":", 1)[0] in SOURCE_KINDS
+
+
+def test_fla_releases_are_newest_first():
+    """The policy takes the first release that fits: the order is the preference."""
+    from packaging.version import Version
+
+    versions = [Version(r.version) for r in SHIPPED.fla_releases]
+    assert versions == sorted(versions, reverse=True)
+
+
+def test_no_known_good_pair_is_broken_on_any_arch():
+    for pair in SHIPPED.tilelang_pairs:
+        for ffi in pair.tvm_ffi:
+            for entry in SHIPPED.tilelang_broken:
+                assert not (entry.tilelang == pair.tilelang and ffi in entry.tvm_ffi), (pair, entry)
+            assert ffi not in SHIPPED.yanked["apache-tvm-ffi"]
+
+
+def test_the_hopper_hazard_is_data():
+    (hz,) = [h for h in SHIPPED.hazards if h.id == "fla-640"]
+    assert hz.gpu == ("sm_90",) and hz.needs == "tilelang"
+    assert [v for v in ("3.3.1", "3.4.0", "3.6.0", "3.7.0", "3.7.1", "3.9.0") if hz.triton.contains(v)] == \
+        ["3.4.0", "3.6.0", "3.7.0"]
+
+
+def test_causal_conv1d_hashes_belong_to_the_published_builds():
+    rel = SHIPPED.causal_release
+    names = set()
+    for build in rel.builds:
+        for torch_mm, py, arch, abi in itertools.product(build["torch_mm"], build["python"], build["arch"], build["abi"]):
+            names.add(rel.filename.format(version=rel.version, cuda_major=build["cuda_major"], torch_mm=torch_mm,
+                                          abi=abi, py=py.replace(".", ""), arch=arch))
+    assert rel.sha256 and set(rel.sha256) <= names
+    assert all(alias in {m for b in rel.builds for m in b["torch_mm"]} for alias in rel.torch_aliases.values())
+
+
+def test_allow_list_covers_every_installable_and_no_protected_distribution():
+    from packaging.requirements import Requirement
+
+    from fastpath_hooks.distributions import canonical_name
+
+    for spec in SHIPPED.kernels.values():
+        for dist in spec.distributions:
+            assert dist in SHIPPED.allowed
+        for req in spec.runtime_deps:
+            assert canonical_name(Requirement(req).name) in SHIPPED.allowed
+    assert {"torch", "triton", "transformers"} & SHIPPED.allowed == set()
+
+
+# -- a user file overrides and extends -----------------------------------------------------------
+
+NEW_RELEASE = {"version": "0.7.0", "torch": ">=2.7", "triton": ">=3.3", "transformers": ">=5.6.2,<6",
+               "tilelang_backend": True, "source": "measured: a test release"}
+NEW_RELEASE_TOML = '''
+[[kernels.fla.releases]]
+version = "0.7.0"
+torch = ">=2.7"
+triton = ">=3.3"
+transformers = ">=5.6.2,<6"
+tilelang_backend = true
+source = "measured: a test release"
+'''
+
+
+@pytest.mark.parametrize("name,content", [("user.json", {"kernels": {"fla": {"releases": [NEW_RELEASE]}}}),
+                                          ("user.toml", NEW_RELEASE_TOML)])
+def test_user_release_is_preferred_first(tmp_path, name, content):
+    pins = load(write(tmp_path, name, content))
+    assert [r.version for r in pins.fla_releases] == ["0.7.0", "0.6.0", "0.5.2", "0.4.1"]
+    assert pins.origins[-1].endswith(name)
+    plan = decide(make_env(), Settings(), pins)
+    assert plan["fla"].action == INSTALL and plan["fla"].target["fla-core"] == "0.7.0"
+    # everything not named is still the shipped data
+    assert pins.tilelang_pairs == SHIPPED.tilelang_pairs and pins.hazards == SHIPPED.hazards
+
+
+def test_user_release_with_the_same_version_replaces_the_shipped_one(tmp_path):
+    narrowed = {**NEW_RELEASE, "version": "0.6.0", "triton": ">=3.3,<3.9"}
+    pins = load(write(tmp_path, "p.json", {"kernels": {"fla": {"releases": [narrowed]}}}))
+    assert [r.version for r in pins.fla_releases] == ["0.6.0", "0.5.2", "0.4.1"]
+    assert not pins.fla_releases[0].triton.contains("3.9.0")
+    plan = decide(make_env({"transformers": "5.24.0"}, triton="3.9.0", gpus=("sm_80",)), Settings(), pins)
+    assert plan["fla"].target["fla-core"] == "0.4.1"  # the narrowed 0.6.0 no longer fits triton 3.9
+
+
+BROKEN_ON_HOPPER = {"tilelang": "0.1.15", "tvm_ffi": ["0.1.12"], "arch": "sm_90", "effect": "wrong results",
+                    "source": "reported: a test entry"}
+
+
+def test_user_broken_entry_is_respected_by_the_policy(tmp_path):
+    pins = load(write(tmp_path, "p.json", {"kernels": {"tilelang": {"broken": [BROKEN_ON_HOPPER]}}}))
+    assert len(pins.tilelang_broken) == len(SHIPPED.tilelang_broken) + 1
+    fresh = decide(make_env(), Settings(), pins)["tilelang"]
+    assert fresh.action == INSTALL and fresh.target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
+    installed = decide(make_env({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}), Settings(), pins)["tilelang"]
+    assert installed.action == REPAIR and installed.target["apache-tvm-ffi"] == "0.1.11"
+    assert "wrong results" in installed.reason
+    elsewhere = decide(make_env({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, gpus=("sm_80",)), Settings(), pins)
+    assert elsewhere["tilelang"].action == OK
+
+
+def test_user_replaces_a_tilelang_pair(tmp_path):
+    pair = {"tilelang": "0.1.15", "tvm_ffi": ["0.1.11"], "source": "measured: only this one on our cluster"}
+    pins = load(write(tmp_path, "p.toml", '[[kernels.tilelang.pairs]]\ntilelang = "0.1.15"\ntvm_ffi = ["0.1.11"]\n'
+                                          'source = "measured: only this one on our cluster"\n'))
+    assert pins.tilelang_pairs[0] == pins_mod.TilelangPair(pair["tilelang"], tuple(pair["tvm_ffi"]), pair["source"])
+    assert [p.tilelang for p in pins.tilelang_pairs] == ["0.1.15", "0.1.11", "0.1.8"]
+    assert decide(make_env(), Settings(), pins)["tilelang"].target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
+
+
+def test_user_file_is_reread_when_it_changes(tmp_path):
+    path = write(tmp_path, "p.json", {"kernels": {"fla": {"releases": [NEW_RELEASE]}}})
+    assert load(path).fla_releases[0].version == "0.7.0"
+    with open(path, "w") as fh:
+        json.dump({"kernels": {"fla": {"releases": [{**NEW_RELEASE, "version": "0.8.0"}]}}}, fh)
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert load(path).fla_releases[0].version == "0.8.0"
+
+
+# -- malformed user files ------------------------------------------------------------------------
+
+def _release(**over):
+    return {"kernels": {"fla": {"releases": [{**NEW_RELEASE, **over}]}}}
+
+
+def _without_source():
+    rel = dict(NEW_RELEASE)
+    del rel["source"]
+    return {"kernels": {"fla": {"releases": [rel]}}}
+
+
+MALFORMED = [
+    ("bad JSON", "p.json", '{"kernels": {', "", "not valid JSON"),
+    ("bad TOML", "p.toml", "kernels = [\n", "", "not valid TOML"),
+    ("not a table", "p.json", "[1, 2]", "", "the top level must be a table"),
+    ("bad specifier", "p.json", _release(triton=">>3.4"), "kernels.fla.releases[0].triton", "is not a version specifier"),
+    ("bad specifier in TOML", "p.toml", NEW_RELEASE_TOML.replace('">=3.3"', '"~~3"'),
+     "kernels.fla.releases[0].triton", "is not a version specifier"),
+    ("bad version", "p.json", _release(version="seven"), "kernels.fla.releases[0].version", "'seven' is not a version"),
+    ("missing source", "p.json", _without_source(), "kernels.fla.releases[0].source", "every fact needs a source"),
+    ("source of an unknown kind", "p.json", _release(source="I think so"), "kernels.fla.releases[0].source",
+     "'measured: ...'"),
+    ("not a boolean", "p.json", _release(tilelang_backend="yes"), "kernels.fla.releases[0].tilelang_backend",
+     "expected true or false"),
+    ("duplicate release", "p.json", {"kernels": {"fla": {"releases": [NEW_RELEASE, NEW_RELEASE]}}},
+     "kernels.fla.releases[1].version", "listed twice"),
+    ("not a list", "p.json", {"kernels": {"fla": {"releases": {}}}}, "kernels.fla.releases", "expected a list"),
+    ("unknown kernel", "p.json", {"kernels": {"mamba": {}}}, "kernels.mamba", "unknown kernel"),
+    ("unknown section", "p.json", {"kernel": {}}, "kernel", "unknown section"),
+    ("wrong schema", "p.json", {"schema": 2}, "schema", "unsupported schema 2"),
+    ("good pair also listed broken", "p.json",
+     {"kernels": {"tilelang": {"broken": [{**BROKEN_ON_HOPPER, "arch": "*"}]}}},
+     "kernels.tilelang.pairs[0]", "also listed as broken in kernels.tilelang.broken[0]"),
+    ("yanked version pinned", "p.json",
+     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.15", "tvm_ffi": ["0.1.13"], "source": "measured: x"}]}}},
+     "kernels.tilelang.pairs[0].tvm_ffi[0]", "yanked"),
+    ("bad broken arch", "p.json", {"kernels": {"tilelang": {"broken": [{**BROKEN_ON_HOPPER, "arch": "hopper"}]}}},
+     "kernels.tilelang.broken[0].arch", "expected '*', sm_XY or gfxNNN"),
+    ("pair without tvm-ffi", "p.json",
+     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.16", "tvm_ffi": [], "source": "measured: x"}]}}},
+     "kernels.tilelang.pairs[0].tvm_ffi", "at least one"),
+    ("disallowed distribution", "p.json", {"kernels": {"fla": {"runtime_deps": ["einops", "requests"]}}},
+     "kernels.fla.runtime_deps[1]", "requests is not in allowed_distributions.names"),
+    ("protected distribution allowed", "p.json", {"allowed_distributions": {"names": sorted(SHIPPED.allowed) + ["torch"]}},
+     "allowed_distributions.names", "torch is protected"),
+    ("bad requirement", "p.json", {"kernels": {"fla": {"runtime_deps": ["einops>>1"]}}},
+     "kernels.fla.runtime_deps[0]", "is not a requirement"),
+    ("bad sha256", "p.json", {"kernels": {"causal-conv1d": {"release": {"sha256": {"x.whl": "abc123"}}}}},
+     "kernels.causal-conv1d.release.sha256.x.whl", "64 lowercase hex digits"),
+    ("wheel name template without a field", "p.json",
+     {"kernels": {"causal-conv1d": {"release": {"filename": "causal_conv1d-{version}.whl"}}}},
+     "kernels.causal-conv1d.release.filename", "must contain {cuda_major}"),
+    ("hazard needing an unknown kernel", "p.json",
+     {"hazards": [{"id": "x", "kernel": "fla", "gpu": ["sm_90"], "triton": ">=3", "needs": "mamba", "effect": "e",
+                   "fix": "f", "source": "reported: x"}]}, "hazards[0].needs", "'mamba'"),
+    ("bad platform", "p.json", {"kernels": {"tilelang": {"platforms": ["linux"]}}}, "kernels.tilelang.platforms[0]",
+     "os-arch"),
+    ("bad accelerator", "p.json", {"kernels": {"fla": {"accelerators": ["cuda", "tpu"]}}}, "kernels.fla.accelerators[1]",
+     "expected cuda, rocm or xpu"),
+    ("build minutes", "p.json", {"kernels": {"causal-conv1d": {"source_build": {"expected_minutes": 0}}}},
+     "kernels.causal-conv1d.source_build.expected_minutes", "positive number"),
+]
+
+
+@pytest.mark.parametrize("name,filename,content,entry,fragment", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_pins_name_the_file_and_the_entry(tmp_path, name, filename, content, entry, fragment):
+    path = write(tmp_path, filename, content)
+    with pytest.raises(PinsError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"pins file {path}: ")
+    assert info.value.origin == path and info.value.entry == entry
+    if entry:
+        assert f": {entry}: " in message
+    assert fragment in message
+
+
+def test_missing_user_file(tmp_path):
+    with pytest.raises(PinsError, match="cannot read"):
+        load(str(tmp_path / "gone.json"))
+
+
+def test_bad_pins_file_through_the_cli_exits_2_with_the_message(tmp_path):
+    path = write(tmp_path, "bad.json", _release(triton=">>3.4"))
+    env = clean_env(FASTPATH_HOOKS_PINS=path, FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"))
+    console = os.path.join(os.path.dirname(sys.executable), "fastpath-hooks")
+    for argv in ([console, "plan"], [sys.executable, "-m", "fastpath_hooks", "doctor", "--json"]):
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert f"pins file {path}: kernels.fla.releases[0].triton: '>>3.4' is not a version specifier" in result.stderr
+        assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_pins_are_immutable_values():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SHIPPED.fla_releases[0].version = "9"  # type: ignore[misc]

@@ -1,0 +1,549 @@
+"""The decision policy, table-driven: policy.decide(env, settings, pins) is pure, so every
+rule is one row built from a plain Environment value - no probe, no machine, no mocks.
+
+Rows start from an H100-like machine (sm_90, CUDA 12.8 torch 2.10.0, triton 3.6.0,
+Python 3.12, transformers 5.24.0, nvcc present: the Hopper hazard fla-640 applies) and
+override only the facts the rule is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+
+import pytest
+
+from fastpath_hooks import commands, pins as pins_mod
+from fastpath_hooks.distributions import canonical_name
+from fastpath_hooks.pins import BrokenPair, Hazard
+from fastpath_hooks.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
+from fastpath_hooks.policy import causal_conv1d_wheel, decide
+from fastpath_hooks.probe import Environment
+from fastpath_hooks.settings import Settings
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+PINS = pins_mod.load()
+POLICY_SOURCE = os.path.join(os.path.dirname(pins_mod.__file__), "policy.py")
+
+BASE = dict(
+    python="3.12.3", implementation="cpython", os="linux", arch="x86_64", glibc="2.36",
+    torch="2.10.0", torch_cuda="12.8", torch_hip=None, torch_xpu=False, cxx11_abi=True,
+    gpus=("sm_90",), gpu_source="target", triton="3.6.0", triton_dist="triton",
+    nvcc="/usr/local/cuda/bin/nvcc", uv=None, wheelhouse=(), fla_tilelang_env=None, half_installed=(),
+)
+BASE_DISTS = {"transformers": "5.24.0", "numpy": "2.2.6", "einops": "0.8.1", "packaging": "25.0"}
+TILELANG_DEPS = {"z3-solver": "4.15.4.0", "torch-c-dlpack-ext": "0.1.3", "cloudpickle": "3.1.1", "ml-dtypes": "0.5.3",
+                 "psutil": "7.1.0", "tqdm": "4.67.1", "typing-extensions": "4.15.0"}
+WHEELS_06 = ("fla_core-0.6.0-py3-none-any.whl", "flash_linear_attention-0.6.0-py3-none-any.whl")
+WHEELS_052 = ("fla_core-0.5.2-py3-none-any.whl", "flash_linear_attention-0.5.2-py3-none-any.whl")
+WHEELS_PAIR = ("tilelang-0.1.15-cp38-abi3-manylinux_2_28_x86_64.whl",
+               "apache_tvm_ffi-0.1.12-cp312-abi3-manylinux_2_28_x86_64.whl")
+ROCM = dict(torch_cuda=None, torch_hip="6.4", gpus=("gfx942",), triton_dist="pytorch-triton-rocm")
+XPU = dict(torch_cuda=None, torch_xpu=True, gpus=("xpu",), triton_dist="pytorch-triton-xpu")
+OFFLINE = dict(offline=True, find_links=("/wheelhouse",))
+
+
+def make_env(dists: dict | None = None, **over) -> Environment:
+    """An Environment with BASE facts, `over` replacing facts and `dists` adding (None: removing) distributions."""
+    facts = {**BASE, **over}
+    installed = dict(BASE_DISTS)
+    if facts["torch"]:
+        installed["torch"] = facts["torch"]
+    if facts["triton"]:
+        installed[facts["triton_dist"]] = facts["triton"]
+    for name, version in (dists or {}).items():
+        if version is None:
+            installed.pop(name, None)
+        else:
+            installed[name] = version
+    return Environment(distributions=installed, **facts)
+
+
+def plan_for(env=None, settings=None, pins=PINS, **kw):
+    return decide(env or make_env(), settings or Settings(), pins, **kw)
+
+
+def with_broken(*entries) -> pins_mod.Pins:
+    extra = tuple(BrokenPair(tl, tuple(ffi), arch, "test: broken", "measured: test") for tl, ffi, arch in entries)
+    return dataclasses.replace(PINS, tilelang_broken=PINS.tilelang_broken + extra)
+
+
+def with_hazard(gpu: str, triton: str) -> pins_mod.Pins:
+    hz = Hazard("test-hazard", "fla", (gpu,), SpecifierSet(triton), "tilelang", "test: wrong backward", "upgrade",
+                "measured: test")
+    return dataclasses.replace(PINS, hazards=(hz,))
+
+
+def reqs(decision) -> list:
+    return [r for step in decision.steps for r in step.requirements]
+
+
+def assert_known_good_pair(decision, gpus):
+    tl, ffi = decision.target["tilelang"], decision.target["apache-tvm-ffi"]
+    assert ffi in PINS.good_tvm_ffi(tl), f"{tl} + {ffi} is not a pinned known-good pair"
+    assert PINS.broken_for(tl, ffi, gpus) is None
+    assert ffi not in PINS.yanked.get("apache-tvm-ffi", ())
+    last = decision.steps[-1]
+    assert last.kind == "kernel" and last.no_deps
+    assert last.requirements == (f"tilelang=={tl}", f"apache-tvm-ffi=={ffi}")
+
+
+def assert_replaces_ffi_first(decision):
+    """The repair shape: apache-tvm-ffi alone, --no-deps and forced, before anything else."""
+    first = decision.steps[0]
+    assert first.kind == "replace"
+    assert first.requirements == (f"apache-tvm-ffi=={decision.target['apache-tvm-ffi']}",)
+    assert first.no_deps and first.force and first.binary_only
+    pip = commands.invocation(first, installer="pip", settings=Settings(), python="py").argv
+    assert "--no-deps" in pip and "--force-reinstall" in pip and pip[-1] == first.requirements[0]
+    uv = commands.invocation(first, installer="uv", settings=Settings(), python="py", uv="uv").argv
+    assert "--no-deps" in uv and uv[uv.index("--reinstall-package") + 1] == "apache-tvm-ffi"
+
+
+# -- one row per rule ----------------------------------------------------------------------
+
+@dataclass
+class Row:
+    id: str
+    kernel: str
+    action: str
+    rule: str
+    env: dict = field(default_factory=dict)
+    dists: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    pins: object = None
+    check: object = None          # check(decision, plan) -> None, asserts the key facts
+
+
+def _fla_installs(version, needs=()):
+    def check(d, plan):
+        assert d.target == {"fla-core": version, "flash-linear-attention": version}
+        assert reqs(d)[-2:] == [f"fla-core=={version}", f"flash-linear-attention=={version}"]
+        assert d.steps[-1].no_deps and d.steps[-1].binary_only
+        assert d.needs == needs
+    return check
+
+
+def _skips_all(fragment):
+    def check(d, plan):
+        for other in plan.decisions.values():
+            assert other.action == SKIP and fragment in other.reason
+        assert not any(x.acts for x in plan.decisions.values())
+    return check
+
+
+def _rocm_fla(d, plan):
+    assert dict(d.env) == {"FLA_TILELANG": "0"}
+    assert plan["tilelang"].action == SKIP and plan["tilelang"].rule == "tilelang.rocm"
+
+
+def _hazard_block(d, plan):
+    assert d.on_failure == "block" and "3.7.1" in d.fix and "fla-640" in d.reason
+    assert plan["tilelang"].action == SKIP
+
+
+def _causal_wheel(filename, *, url=True, sha=True):
+    def check(d, plan):
+        step = d.steps[-1]
+        assert step.kind == "wheel" and step.requirements == (filename,) and step.no_deps
+        if url:
+            assert step.url.endswith("/" + filename.replace("+", "%2B"))
+        else:
+            assert step.url is None
+        assert (step.sha256 == PINS.causal_release.sha256[filename]) if sha else step.sha256 is None
+        assert d.target == {"causal-conv1d": PINS.causal_release.version}
+    return check
+
+
+def _causal_build(d, plan):
+    step = d.steps[-1]
+    assert step.kind == "build" and not step.build_isolation and not step.binary_only
+    assert dict(step.env) == {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE"}
+    assert d.expected_seconds == PINS.source_build.expected_minutes * 60
+
+
+ROWS = [
+    # shared skip rules
+    Row("skip.user", "causal-conv1d", SKIP, "skip.user", settings={"skip": frozenset({"causal-conv1d"})},
+        check=lambda d, p: p["fla"].action == INSTALL),
+    Row("skip.user tilelang under the hazard", "tilelang", SKIP, "skip.user", settings={"skip": frozenset({"tilelang"})},
+        check=lambda d, p: ("fla needs it" in d.reason and p["fla"].rule == "fla.hazard.skip")),
+    Row("skip.no-torch", "fla", SKIP, "skip.no-torch", env={"torch": None, "torch_cuda": None},
+        check=_skips_all("torch is not installed")),
+    Row("skip.no-accelerator: CPU torch", "fla", SKIP, "skip.no-accelerator", env={"torch_cuda": None, "gpus": ()},
+        check=_skips_all("CPU build")),
+    Row("skip.no-accelerator: CUDA torch, no device", "tilelang", SKIP, "skip.no-accelerator",
+        env={"gpus": (), "gpu_source": "none: torch.cuda.is_available() is False"}, check=_skips_all("sees no device")),
+    Row("skip.no-accelerator: posed GPU, CPU torch", "causal-conv1d", SKIP, "skip.no-accelerator",
+        env={"torch_cuda": None, "gpus": ("sm_80",)}, check=_skips_all("add its torch build")),
+    Row("skip.python", "fla", SKIP, "skip.python", env={"python": "3.9.18"},
+        check=lambda d, p: p["tilelang"].rule == "skip.python" and ">=3.10" in d.reason),
+    Row("skip.platform", "fla", SKIP, "skip.platform", env={"os": "darwin", "arch": "aarch64", "glibc": None},
+        check=lambda d, p: all(x.rule == "skip.platform" for x in p.decisions.values())),
+    Row("skip.glibc (tilelang aarch64 wheels)", "tilelang", SKIP, "skip.glibc", env={"arch": "aarch64", "glibc": "2.31"},
+        check=lambda d, p: p["fla"].rule == "fla.hazard.skip"),
+    Row("skip.torch", "causal-conv1d", SKIP, "skip.torch", env={"torch": "2.4.1"},
+        check=lambda d, p: p["fla"].rule == "skip.torch" and p["tilelang"].rule != "skip.torch"),
+    Row("skip.accelerator.xpu (tilelang)", "tilelang", SKIP, "skip.accelerator.xpu", env=XPU),
+    Row("skip.accelerator.xpu (causal-conv1d)", "causal-conv1d", SKIP, "skip.accelerator.xpu", env=XPU,
+        check=lambda d, p: p["fla"].action == INSTALL),
+
+    # tilelang
+    Row("tilelang.install (acceptance: sm_90 + triton 3.6)", "tilelang", INSTALL, "tilelang.install",
+        check=lambda d, p: (assert_known_good_pair(d, ("sm_90",)), d.on_failure == "block")),
+    Row("tilelang.rocm", "tilelang", SKIP, "tilelang.rocm", env=ROCM),
+    Row("tilelang.not-needed: sm_80", "tilelang", SKIP, "tilelang.not-needed", env={"gpus": ("sm_80",)},
+        check=lambda d, p: "no Hopper GPU" in d.reason),
+    Row("tilelang.not-needed: sm_90 + triton 3.7.1", "tilelang", SKIP, "tilelang.not-needed", env={"triton": "3.7.1"},
+        check=lambda d, p: "outside the Hopper bug's range" in d.reason and p["fla"].needs == ()),
+    Row("tilelang.ok.not-needed", "tilelang", OK, "tilelang.ok.not-needed", env={"gpus": ("sm_80",)},
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, check=lambda d, p: not d.verify),
+    Row("tilelang.user-disabled", "tilelang", SKIP, "tilelang.user-disabled", env={"fla_tilelang_env": "0"},
+        check=lambda d, p: p["fla"].rule == "fla.hazard.skip"),
+    Row("tilelang.no-nvcc (CUDA 12: no nvcc wheel)", "tilelang", SKIP, "tilelang.no-nvcc", env={"nvcc": None},
+        check=lambda d, p: p["fla"].rule == "fla.hazard.skip"),
+    Row("tilelang.install with the nvcc wheel (CUDA 13)", "tilelang", INSTALL, "tilelang.install",
+        env={"nvcc": None, "torch_cuda": "13.0"},
+        check=lambda d, p: any(r.startswith("nvidia-cuda-nvcc") for r in reqs(d))),
+    Row("tilelang.install.nvcc (pair present, nvcc missing)", "tilelang", REPAIR, "tilelang.install.nvcc",
+        env={"nvcc": None, "torch_cuda": "13.0"}, dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"},
+        check=lambda d, p: any(r.startswith("nvidia-cuda-nvcc") for r in reqs(d))),
+    Row("tilelang.ok (known-good pair, checked once)", "tilelang", OK, "tilelang.ok",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"},
+        check=lambda d, p: (d.verify and d.on_failure == "block" and d.repair_steps[0].kind == "replace"
+                            and p["fla"].rule == "fla.install")),
+    Row("tilelang.ok.unverified (pair not in the pins)", "tilelang", OK, "tilelang.ok.unverified",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.14.post1"},
+        check=lambda d, p: d.verify and d.on_failure == "block" and d.repair_steps),
+    Row("tilelang.offline-missing: no pair in the wheelhouse", "tilelang", SKIP, "tilelang.offline-missing",
+        settings=OFFLINE, env={"wheelhouse": WHEELS_06},
+        check=lambda d, p: p["fla"].rule == "fla.hazard.skip"),
+    Row("tilelang.offline-missing: pair present, deps absent", "tilelang", SKIP, "tilelang.offline-missing",
+        settings=OFFLINE, env={"wheelhouse": WHEELS_PAIR}, check=lambda d, p: "z3-solver" in d.reason),
+    Row("tilelang install offline from the wheelhouse", "tilelang", INSTALL, "tilelang.install",
+        settings=OFFLINE, env={"wheelhouse": WHEELS_PAIR}, dists=TILELANG_DEPS,
+        check=lambda d, p: d.target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}),
+    Row("tilelang.repair.broken-pair", "tilelang", REPAIR, "tilelang.repair.broken-pair",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.15.post2"},
+        check=lambda d, p: (assert_replaces_ffi_first(d), assert_known_good_pair(d, ("sm_90",)))),
+    Row("tilelang.repair.broken-pair.offline-missing", "tilelang", BLOCK, "tilelang.repair.broken-pair.offline-missing",
+        settings=OFFLINE, dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.15.post2"},
+        check=lambda d, p: d.on_failure == "block" and p["fla"].rule == "fla.hazard.skip"),
+    Row("tilelang.repair.broken-pair.unrepairable", "tilelang", BLOCK, "tilelang.repair.broken-pair.unrepairable",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"},
+        pins=with_broken(*[(pair.tilelang, pair.tvm_ffi, "sm_90") for pair in PINS.tilelang_pairs]),
+        check=lambda d, p: "FASTPATH_HOOKS_PINS" in d.fix),
+    Row("tilelang.repair.missing-ffi", "tilelang", REPAIR, "tilelang.repair.missing-ffi", dists={"tilelang": "0.1.11"},
+        check=lambda d, p: (assert_replaces_ffi_first(d), assert_known_good_pair(d, ("sm_90",)),
+                            d.target["tilelang"] == "0.1.11")),
+    Row("tilelang.repair.missing-ffi.offline-missing", "tilelang", BLOCK, "tilelang.repair.missing-ffi.offline-missing",
+        settings=OFFLINE, env={"gpus": ("sm_80",)}, dists={"tilelang": "0.1.15"}),
+    Row("tilelang.repair.half-installed", "tilelang", REPAIR, "tilelang.repair.half-installed",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, env={"half_installed": ("apache-tvm-ffi",)},
+        check=lambda d, p: (assert_replaces_ffi_first(d), "interrupted" in d.reason)),
+
+    # fla
+    Row("fla.install (acceptance: with tilelang on sm_90 + triton 3.6)", "fla", INSTALL, "fla.install",
+        check=_fla_installs("0.6.0", needs=("tilelang",))),
+    Row("fla.install on sm_80 (no tilelang)", "fla", INSTALL, "fla.install", env={"gpus": ("sm_80",)},
+        check=_fla_installs("0.6.0")),
+    Row("fla.install on ROCm with FLA_TILELANG=0", "fla", INSTALL, "fla.install", env=ROCM, check=_rocm_fla),
+    Row("fla on ROCm keeps the user's FLA_TILELANG", "fla", INSTALL, "fla.install", env={**ROCM, "fla_tilelang_env": "1"},
+        check=lambda d, p: d.env == ()),
+    Row("fla.no-triton (ROCm torch without its triton)", "fla", SKIP, "fla.no-triton", env={**ROCM, "triton": None},
+        check=_rocm_fla),
+    Row("fla.no-triton", "fla", SKIP, "fla.no-triton", env={"triton": None}),
+    Row("fla.xpu.old-transformers", "fla", SKIP, "fla.xpu.old-transformers", env=XPU, dists={"transformers": "5.14.2"},
+        check=lambda d, p: "5.15" in d.fix),
+    Row("fla.install on XPU with transformers >= 5.15", "fla", INSTALL, "fla.install", env=XPU,
+        check=_fla_installs("0.6.0")),
+    Row("fla.hazard.skip", "fla", SKIP, "fla.hazard.skip", env={"nvcc": None},
+        check=lambda d, p: "3.7.1" in d.fix and "crash" in d.reason),
+    Row("fla.hazard.block", "fla", BLOCK, "fla.hazard.block", env={"nvcc": None}, dists={"fla-core": "0.6.0"},
+        check=_hazard_block),
+    Row("fla.ok (no hazard)", "fla", OK, "fla.ok", env={"gpus": ("sm_80",)},
+        dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
+        check=lambda d, p: d.on_failure == "proceed" and d.needs == () and not d.steps),
+    Row("fla.ok under the hazard needs tilelang", "fla", OK, "fla.ok",
+        dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
+        check=lambda d, p: d.needs == ("tilelang",) and d.on_failure == "block" and p["tilelang"].action == INSTALL),
+    Row("fla.repair: triton 3.9 breaks 0.5.2", "fla", REPAIR, "fla.repair", env={"gpus": ("sm_80",), "triton": "3.9.0"},
+        dists={"fla-core": "0.5.2", "flash-linear-attention": "0.5.2"},
+        check=lambda d, p: (_fla_installs("0.6.0")(d, p), d.steps[-1].force, d.on_failure == "block")),
+    Row("fla.repair: versions differ", "fla", REPAIR, "fla.repair", env={"gpus": ("sm_80",)},
+        dists={"fla-core": "0.6.0", "flash-linear-attention": "0.5.2"},
+        check=lambda d, p: d.on_failure == "proceed" and "differ" in d.reason),
+    Row("fla.repair: no tilelang backend under the hazard", "fla", REPAIR, "fla.repair",
+        dists={"fla-core": "0.4.1", "flash-linear-attention": "0.4.1"},
+        check=lambda d, p: (_fla_installs("0.6.0", needs=("tilelang",))(d, p), d.on_failure == "block")),
+    Row("fla.repair: half-installed", "fla", REPAIR, "fla.repair", env={"half_installed": ("fla-core",), "gpus": ("sm_80",)},
+        dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
+        check=lambda d, p: "interrupted" in d.reason and d.steps[-1].force),
+    Row("fla.unsafe.block", "fla", BLOCK, "fla.unsafe.block", settings=OFFLINE,
+        dists={"fla-core": "0.4.1", "tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"},
+        check=lambda d, p: d.on_failure == "block" and p["tilelang"].rule == "tilelang.ok"),
+    Row("fla.incompatible.block", "fla", BLOCK, "fla.incompatible.block", settings=OFFLINE,
+        env={"gpus": ("sm_80",), "triton": "3.9.0"}, dists={"fla-core": "0.5.2"},
+        check=lambda d, p: "triton 3.9.0" in d.reason and d.on_failure == "block"),
+    Row("fla.ok.with-problems", "fla", OK, "fla.ok.with-problems", settings=OFFLINE, env={"gpus": ("sm_80",)},
+        dists={"fla-core": "0.6.0", "flash-linear-attention": "0.5.2"}, check=lambda d, p: "differ" in d.reason),
+    Row("fla.no-release", "fla", SKIP, "fla.no-release", env={"gpus": ("sm_80",)}, dists={"transformers": "4.40.0"},
+        check=lambda d, p: "FASTPATH_HOOKS_PINS" in d.fix),
+    Row("fla.offline-missing", "fla", SKIP, "fla.offline-missing", settings=OFFLINE, env={"gpus": ("sm_80",)},
+        check=lambda d, p: "fla-core==0.6.0" in d.reason),
+    Row("fla offline takes the release the wheelhouse has", "fla", INSTALL, "fla.install", settings=OFFLINE,
+        env={"gpus": ("sm_80",), "wheelhouse": WHEELS_052}, dists={"transformers": "4.57.1"},
+        check=_fla_installs("0.5.2")),
+
+    # causal-conv1d
+    Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel",
+        check=_causal_wheel("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl")),
+    Row("causal.wheel from the wheelhouse, offline", "causal-conv1d", INSTALL, "causal.wheel", settings=OFFLINE,
+        env={"wheelhouse": ("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",)},
+        dists={"ninja": "1.13.0"},
+        check=_causal_wheel("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl", url=False)),
+    Row("causal.offline-missing", "causal-conv1d", SKIP, "causal.offline-missing", settings=OFFLINE,
+        check=lambda d, p: "cu12torch2.10" in d.reason),
+    Row("causal.no-wheel (torch 2.13 has no release wheel)", "causal-conv1d", SKIP, "causal.no-wheel",
+        env={"torch": "2.13.0"}, check=lambda d, p: "15 minutes" in d.reason and "ALLOW_BUILD" in d.fix),
+    Row("causal.no-nvcc", "causal-conv1d", SKIP, "causal.no-nvcc", env={"torch": "2.13.0", "nvcc": None},
+        settings={"allow_build": True}),
+    Row("causal.build", "causal-conv1d", INSTALL, "causal.build", env={"torch": "2.13.0"}, settings={"allow_build": True},
+        check=_causal_build),
+    Row("causal.build offline from an sdist when the wheel is missing", "causal-conv1d", INSTALL, "causal.build",
+        settings={**OFFLINE, "allow_build": True}, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz",)},
+        dists={"ninja": "1.13.0"}, check=_causal_build),
+    Row("causal.rocm.no-build", "causal-conv1d", SKIP, "causal.rocm.no-build", env=ROCM,
+        check=lambda d, p: "15 minutes" in d.reason),
+    Row("causal.rocm.build", "causal-conv1d", INSTALL, "causal.rocm.build", env=ROCM, settings={"allow_build": True},
+        check=_causal_build),
+    Row("causal.ok", "causal-conv1d", OK, "causal.ok", dists={"causal-conv1d": "1.6.2.post1"},
+        check=lambda d, p: d.verify and d.on_failure == "block"),
+    Row("causal.repair.half-installed", "causal-conv1d", REPAIR, "causal.repair.half-installed",
+        env={"half_installed": ("causal-conv1d",)}, dists={"causal-conv1d": "1.6.2.post1"},
+        check=lambda d, p: d.steps[-1].kind == "wheel" and d.steps[-1].force),
+    Row("causal.ok.half-installed (no way to reinstall)", "causal-conv1d", OK, "causal.ok.half-installed",
+        env={"half_installed": ("causal-conv1d",), "torch": "2.13.0"}, dists={"causal-conv1d": "1.6.2.post1"},
+        check=lambda d, p: d.verify and d.on_failure == "block"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_rule(row):
+    settings = dataclasses.replace(Settings(), **row.settings)
+    plan = plan_for(make_env(row.dists, **row.env), settings, row.pins or PINS)
+    d = plan[row.kernel]
+    assert (d.action, d.rule) == (row.action, row.rule), d.reason
+    assert d.reason, "every decision carries a one-line reason"
+    assert "\n" not in d.reason
+    if d.action in (SKIP, BLOCK) and d.rule not in ("skip.user",):
+        assert d.reason  # the why
+    if d.acts:
+        assert d.steps and d.target
+        for name in d.target:
+            assert name in PINS.allowed
+    for step in d.steps + d.repair_steps:
+        for raw in step.requirements:
+            if step.kind in ("wheel", "build"):
+                continue
+            name = canonical_name(Requirement(raw).name)
+            assert name in PINS.allowed, f"{raw}: only allow-listed distributions are installed"
+            if step.kind != "deps":  # deps resolve under constraints that pin the protected ones
+                assert name not in PINS.protected, f"{raw}: never install a protected distribution"
+    if row.check is not None:
+        result = row.check(d, plan)
+        if isinstance(result, tuple):
+            assert all(x is not False for x in result), result
+        else:
+            assert result is not False
+
+
+def test_every_rule_in_policy_has_a_row():
+    with open(POLICY_SOURCE) as fh:
+        source = fh.read()
+    literal = set(re.findall(r'"((?:skip|fla|tilelang|causal)\.[a-z0-9.\-]+)"', source))
+    assert len(literal) > 30, "the rule ids are string literals in policy.py"
+    covered = {r.rule for r in ROWS}
+    # rule ids built at run time: skip.accelerator.<acc>, <repair rule>.offline-missing / .unrepairable
+    assert "f\"skip.accelerator.{env.accelerator}\"" in source and "skip.accelerator.xpu" in covered
+    assert {"rule + \".offline-missing\"", "rule + \".unrepairable\""} <= {m for m in re.findall(r'rule \+ "[^"]+"', source)}
+    assert any(r.endswith(".offline-missing") and r.startswith("tilelang.repair") for r in covered)
+    assert any(r.endswith(".unrepairable") for r in covered)
+    assert literal - covered == set(), f"rules without a table row: {sorted(literal - covered)}"
+
+
+# -- every known-broken pair in the shipped data ------------------------------------------------
+
+def _broken_cases():
+    cases = []
+    for entry in PINS.tilelang_broken:
+        archs = (("sm_90",), ("sm_80",)) if entry.arch == "*" else ((entry.arch,),)
+        for ffi in entry.tvm_ffi:
+            for gpus in archs:
+                cases.append(pytest.param(entry.tilelang, ffi, gpus, id=f"tilelang{entry.tilelang}-ffi{ffi}-{gpus[0]}"))
+    return cases
+
+
+@pytest.mark.parametrize("tilelang,ffi,gpus", _broken_cases())
+def test_every_broken_pair_is_repaired_to_a_known_good_pair(tilelang, ffi, gpus):
+    env = make_env({"tilelang": tilelang, "apache-tvm-ffi": ffi}, gpus=gpus)
+    assert PINS.broken_for(tilelang, ffi, gpus) is not None
+    d = plan_for(env)["tilelang"]
+    assert (d.action, d.rule) == (REPAIR, "tilelang.repair.broken-pair"), d.reason
+    assert_replaces_ffi_first(d)
+    assert_known_good_pair(d, gpus)
+    assert d.target["apache-tvm-ffi"] != ffi
+    assert d.on_failure == "block"
+
+
+def test_broken_list_is_covered_for_every_entry():
+    """Guard the parametrization above: it expands every (tilelang, tvm-ffi, arch) of the data."""
+    expected = sum(len(b.tvm_ffi) * (2 if b.arch == "*" else 1) for b in PINS.tilelang_broken)
+    assert len(_broken_cases()) == expected >= 12
+    assert any(b.arch != "*" for b in PINS.tilelang_broken), "the data has an arch-specific entry (sm_100)"
+
+
+def test_arch_specific_broken_entry_only_applies_on_that_arch():
+    pins = with_broken(("0.1.15", ("0.1.12",), "sm_90"))
+    installed = {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}
+    on_hopper = plan_for(make_env(installed), pins=pins)["tilelang"]
+    assert on_hopper.action == REPAIR and on_hopper.target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
+    on_ampere = plan_for(make_env(installed, gpus=("sm_80",)), pins=pins)["tilelang"]
+    assert on_ampere.action == OK
+    fresh = plan_for(make_env(), pins=pins)["tilelang"]
+    assert fresh.target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
+
+
+# -- the fla version fits triton and transformers ----------------------------------------------
+
+@pytest.mark.parametrize("triton,transformers,gpus,expected", [
+    ("3.9.0", "4.57.6", ("sm_80",), "0.4.1"),
+    ("3.9.0", "5.24.0", ("sm_80",), "0.6.0"),
+    ("3.9.0", "5.24.0", ("sm_90",), "0.6.0"),
+    ("3.8.0", "4.57.6", ("sm_80",), "0.5.2"),
+    ("3.8.0", "5.24.0", ("sm_90",), "0.6.0"),
+    ("3.6.0", "4.57.6", ("sm_90",), "0.5.2"),   # under the hazard: a release with the tilelang backend
+    ("3.6.0", "5.24.0", ("sm_90",), "0.6.0"),
+    ("3.4.0", "5.0.0", ("sm_80",), "0.5.2"),
+])
+def test_fla_version_fits_triton_and_transformers(triton, transformers, gpus, expected):
+    env = make_env({"transformers": transformers}, triton=triton, gpus=gpus)
+    d = plan_for(env)["fla"]
+    assert d.action == INSTALL and d.target["fla-core"] == expected, d.reason
+    rel = next(r for r in PINS.fla_releases if r.version == expected)
+    assert rel.triton.contains(triton) and rel.transformers.contains(transformers)
+
+
+def test_fla_without_tilelang_backend_is_never_chosen_under_a_hazard():
+    """0.4.1 is the only release for triton 3.9 + transformers 4.57; under a hazard it must not be chosen."""
+    env = make_env({"transformers": "4.57.6"}, triton="3.9.0", gpus=("sm_80",))
+    assert plan_for(env)["fla"].target["fla-core"] == "0.4.1"
+    hazardous = plan_for(env, pins=with_hazard("sm_80", ">=3.9"))
+    d = hazardous["fla"]
+    assert (d.action, d.rule) == (SKIP, "fla.no-release") and "tilelang backend" in d.reason
+    assert hazardous["tilelang"].action == INSTALL
+
+
+# -- the issue's acceptance rows ----------------------------------------------------------------
+
+ACCEPT = dict(gpus=("sm_90",), torch="2.11.0", torch_cuda="13.0", triton="3.6.0", python="3.12")
+
+
+def test_acceptance_hopper_old_triton_plans_fla_and_tilelang():
+    plan = plan_for(make_env(**ACCEPT))
+    fla, tl = plan["fla"], plan["tilelang"]
+    assert fla.action == INSTALL and set(fla.target) == {"fla-core", "flash-linear-attention"}
+    assert fla.needs == ("tilelang",)
+    assert tl.action == INSTALL and set(tl.target) == {"tilelang", "apache-tvm-ffi"}
+    assert_known_good_pair(tl, ("sm_90",))
+    # causal-conv1d: torch 2.11 loads the 2.10 builds
+    assert plan["causal-conv1d"].steps[-1].requirements == (
+        "causal_conv1d-1.6.2.post1+cu13torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",)
+
+
+def test_acceptance_ampere_plans_no_tilelang():
+    plan = plan_for(make_env(**{**ACCEPT, "gpus": ("sm_80",)}))
+    assert plan["fla"].action == INSTALL and plan["fla"].needs == ()
+    assert plan["tilelang"].action == SKIP
+    assert "tilelang" not in str([reqs(d) for d in plan.decisions.values()])
+
+
+def test_acceptance_hopper_new_triton_needs_no_tilelang():
+    plan = plan_for(make_env(**{**ACCEPT, "triton": "3.7.1"}))
+    assert plan["fla"].action == INSTALL and plan["fla"].needs == ()
+    assert plan["tilelang"].action == SKIP
+
+
+def test_acceptance_rocm_no_tilelang_and_fla_tilelang_off():
+    plan = plan_for(make_env(**{**ACCEPT, **ROCM}))
+    assert plan["tilelang"].action == SKIP
+    assert dict(plan["fla"].env) == {"FLA_TILELANG": "0"}
+    assert plan["causal-conv1d"].action == SKIP
+
+
+def test_acceptance_no_gpu_plans_nothing():
+    plan = plan_for(make_env(**{**ACCEPT, "gpus": ()}))
+    assert not any(d.acts for d in plan.decisions.values())
+    assert plan.notes and "no CUDA/XPU accelerator" in plan.notes[0]
+
+
+def test_multi_gpu_any_hopper_triggers_the_hazard():
+    plan = plan_for(make_env(gpus=("sm_80", "sm_90")))
+    assert plan["tilelang"].action == INSTALL and plan["fla"].needs == ("tilelang",)
+
+
+# -- other properties ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("torch,cuda,python,arch,abi,expected", [
+    ("2.10.0", "12.8", "3.12.1", "x86_64", True, "cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64"),
+    ("2.11.0+cu130", "13.0", "3.11.9", "aarch64", True, "cu13torch2.10cxx11abiTRUE-cp311-cp311-linux_aarch64"),
+    ("2.12.0", "12.6", "3.13.0", "x86_64", None, "cu12torch2.10cxx11abiTRUE-cp313-cp313-linux_x86_64"),
+    ("2.6.0", "12.4", "3.10.4", "x86_64", None, "cu12torch2.6cxx11abiFALSE-cp310-cp310-linux_x86_64"),
+    ("2.6.0", "12.4", "3.10.4", "x86_64", True, "cu12torch2.6cxx11abiTRUE-cp310-cp310-linux_x86_64"),
+    ("2.6.0", "12.4", "3.10.4", "aarch64", False, None),    # no pre-cxx11 aarch64 build
+    ("2.9.1", "13.0", "3.12.0", "x86_64", True, "cu13torch2.9cxx11abiTRUE-cp312-cp312-linux_x86_64"),
+    ("2.13.0", "12.8", "3.12.0", "x86_64", True, None),     # newer than any release build
+    ("2.10.0", "12.8", "3.14.0", "x86_64", True, None),     # no Python 3.14 wheels
+    ("2.8.0", "11.8", "3.12.0", "x86_64", True, None),      # no CUDA 11 wheels
+])
+def test_causal_conv1d_wheel_name(torch, cuda, python, arch, abi, expected):
+    env = make_env(torch=torch, torch_cuda=cuda, python=python, arch=arch, cxx11_abi=abi)
+    name, why = causal_conv1d_wheel(env, PINS)
+    if expected is None:
+        assert name is None and "no prebuilt" in why
+    else:
+        assert name == f"causal_conv1d-1.6.2.post1+{expected}.whl" and why == ""
+
+
+def test_causal_conv1d_mirror_url():
+    settings = Settings(causal_conv1d_wheel_url="https://mirror.example/cc1d/")
+    step = plan_for(settings=settings)["causal-conv1d"].steps[-1]
+    assert step.url.startswith("https://mirror.example/cc1d/causal_conv1d-1.6.2.post1%2Bcu12")
+
+
+def test_fresh_plans_as_if_no_kernel_were_installed():
+    env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
+                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1"})
+    assert all(d.action == OK for d in plan_for(env).decisions.values())
+    fresh = plan_for(env, fresh=True)
+    assert all(d.action == INSTALL for d in fresh.decisions.values())
+
+
+def test_policy_is_pure_and_deterministic():
+    env = make_env({"tilelang": "0.1.11", "apache-tvm-ffi": "0.1.12"})
+    before = dict(env.distributions)
+    a, b = plan_for(env), plan_for(env)
+    assert a.to_json() == b.to_json()
+    assert env.distributions == before
+
+
+def test_plan_json_round_trips():
+    import json
+
+    data = plan_for().to_json()
+    assert json.loads(json.dumps(data)) == data
+    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "tilelang"]

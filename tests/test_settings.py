@@ -1,0 +1,211 @@
+"""Every FASTPATH_HOOKS_* variable: bad values give an error naming the variable, the value
+and what is accepted; good values parse to the right typed Settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fastpath_hooks.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, is_disabled
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """Real filesystem objects the table refers to by placeholder."""
+    a_file = tmp_path / "a-file.txt"
+    a_file.write_text("not a directory\n")
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    pins = tmp_path / "pins.json"
+    pins.write_text("{}\n")
+    return {"{file}": str(a_file), "{dir}": str(tmp_path), "{wheelhouse}": str(wheelhouse), "{pins}": str(pins),
+            "{missing}": str(tmp_path / "does-not-exist")}
+
+
+def fill(value: str, paths: dict) -> str:
+    for key, path in paths.items():
+        value = value.replace(key, path)
+    return value
+
+
+# variable -> (bad values, a fragment every message must contain: what is accepted)
+BAD = {
+    "FASTPATH_HOOKS_DISABLE": (["maybe", "2", "enable", "-1"], "1, true, yes, on"),
+    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, tilelang"),
+    "FASTPATH_HOOKS_MODE": (["dry-run", "installl", "1"], "install, report"),
+    "FASTPATH_HOOKS_FIND_LINKS": (["{missing}", "{file}", "ftp://mirror.example/wheels", "{wheelhouse},{missing}"],
+                                  "directories or URLs"),
+    "FASTPATH_HOOKS_OFFLINE": (["sometimes", "2"], "1, true, yes, on"),
+    "FASTPATH_HOOKS_INDEX_URL": (["pypi.org/simple", "ftp://mirror.example/simple", "https://", "https://a b/simple"],
+                                 "http://"),
+    "FASTPATH_HOOKS_INSTALLER": (["conda", "pip3", "poetry"], "auto, uv, pip"),
+    "FASTPATH_HOOKS_TIMEOUT": (["abc", "0", "-5", "nan", "inf", "10s"], "greater than 0"),
+    "FASTPATH_HOOKS_ALLOW_BUILD": (["please", "y"], "1, true, yes, on"),
+    "FASTPATH_HOOKS_CACHE_DIR": (["{file}"], "expected a directory"),
+    "FASTPATH_HOOKS_PINS": (["{missing}", "{dir}"], "JSON or TOML pins file"),
+    "FASTPATH_HOOKS_TARGET": (["sm_90", "gpu=sm_9", "gpu=sm_90,torch=latest", "gpu=sm_90,gpu=sm_80", "colour=blue",
+                               "python=2.7", "cuda=12.8,hip=6.4", "os=beos", "nvcc=maybe", "platform=linux"],
+                              "gpu="),
+    "FASTPATH_HOOKS_LOG": (["verbose", "trace", "5"], "off, error, warning, info"),
+    "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": (["github.com/x/releases", "s3://bucket/wheels"], "http://"),
+    "FASTPATH_HOOKS_RETRY_AFTER": (["-1", "later", "inf"], ">= 0"),
+    "FASTPATH_HOOKS_LOCK_TIMEOUT": (["0", "forever", "-3"], "greater than 0"),
+}
+# Target errors name the bad entry and what it should look like, not one fixed phrase:
+TARGET_ACCEPTED = ("key=value", "sm_XY", "not a version", "given twice", "accepted:", "3.12", "one or the other",
+                   "one of", "yes or no", "linux-x86_64")
+
+
+def test_every_documented_variable_has_bad_value_rows():
+    assert set(BAD) == set(VARIABLES)
+
+
+@pytest.mark.parametrize("name,value", [(n, v) for n, (values, _) in BAD.items() for v in values])
+def test_bad_value_names_variable_value_and_what_is_accepted(name, value, paths):
+    value = fill(value, paths)
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: value})
+    message = str(info.value)
+    assert name in message
+    assert repr(value) in message
+    accepted = BAD[name][1]
+    if name == "FASTPATH_HOOKS_TARGET":
+        assert any(f in message for f in TARGET_ACCEPTED), message
+    elif name == "FASTPATH_HOOKS_FIND_LINKS":
+        assert "directory" in message or "URLs" in message, message
+    else:
+        assert accepted in message, message
+    assert [p[0] for p in info.value.problems] == [name]
+
+
+GOOD = [
+    ({}, {}),
+    ({"FASTPATH_HOOKS_DISABLE": "1"}, {"disable": True}),
+    ({"FASTPATH_HOOKS_DISABLE": " YES "}, {"disable": True}),
+    ({"FASTPATH_HOOKS_DISABLE": "off"}, {"disable": False}),
+    ({"FASTPATH_HOOKS_SKIP": "fla, causal_conv1d"}, {"skip": frozenset({"fla", "causal-conv1d"})}),
+    ({"FASTPATH_HOOKS_SKIP": "flash-linear-attention tilelang"}, {"skip": frozenset({"fla", "tilelang"})}),
+    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "tilelang"})}),
+    ({"FASTPATH_HOOKS_MODE": "Report"}, {"mode": "report"}),
+    ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}"}, {"find_links": ("{wheelhouse}",)}),
+    ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}, https://example.org/wheels/"},
+     {"find_links": ("{wheelhouse}", "https://example.org/wheels/")}),
+    ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}", "FASTPATH_HOOKS_OFFLINE": "true"},
+     {"find_links": ("{wheelhouse}",), "offline": True}),
+    ({"FASTPATH_HOOKS_INDEX_URL": "https://pypi.example/simple"}, {"index_url": "https://pypi.example/simple"}),
+    ({"FASTPATH_HOOKS_INDEX_URL": "file:///srv/simple"}, {"index_url": "file:///srv/simple"}),
+    ({"FASTPATH_HOOKS_INSTALLER": "PIP"}, {"installer": "pip"}),
+    ({"FASTPATH_HOOKS_TIMEOUT": "12.5"}, {"timeout": 12.5}),
+    ({"FASTPATH_HOOKS_ALLOW_BUILD": "on"}, {"allow_build": True}),
+    ({"FASTPATH_HOOKS_CACHE_DIR": "{dir}/cache-not-yet"}, {"cache_dir": "{dir}/cache-not-yet"}),
+    ({"FASTPATH_HOOKS_PINS": "{pins}"}, {"pins_file": "{pins}"}),
+    ({"FASTPATH_HOOKS_TARGET": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"},
+     {"target": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"}),
+    ({"FASTPATH_HOOKS_LOG": "debug"}, {"log": "debug"}),
+    ({"FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "https://mirror.example/cc1d/"},
+     {"causal_conv1d_wheel_url": "https://mirror.example/cc1d/"}),
+    ({"FASTPATH_HOOKS_RETRY_AFTER": "0"}, {"retry_after": 0.0}),
+    ({"FASTPATH_HOOKS_LOCK_TIMEOUT": "60"}, {"lock_timeout": 60.0}),
+    # an empty value counts as unset (`ENV FASTPATH_HOOKS_MODE=` in a Dockerfile)
+    ({"FASTPATH_HOOKS_MODE": "", "FASTPATH_HOOKS_TIMEOUT": "  ", "FASTPATH_HOOKS_PINS": ""}, {}),
+]
+
+
+@pytest.mark.parametrize("environ,expected", GOOD, ids=[",".join(e) or "empty" for e, _ in GOOD])
+def test_good_values_parse_to_typed_settings(environ, expected, paths):
+    environ = {k: fill(v, paths) for k, v in environ.items()}
+    settings = Settings.from_env(environ)
+    want = {}
+    for key, value in expected.items():
+        if isinstance(value, str):
+            value = fill(value, paths)
+        elif isinstance(value, tuple):
+            value = tuple(fill(v, paths) for v in value)
+        want[key] = value
+    defaults = Settings()
+    for key in Settings.__dataclass_fields__:
+        if key == "explicit":
+            continue
+        assert getattr(settings, key) == want.get(key, getattr(defaults, key)), key
+    assert settings.explicit == {k for k, v in environ.items() if v.strip()}
+
+
+def test_defaults():
+    s = Settings.from_env({})
+    assert (s.disable, s.mode, s.installer, s.timeout, s.offline, s.allow_build, s.log) == \
+        (False, "install", "auto", DEFAULT_TIMEOUT, False, False, "info")
+    assert s.public()["skip"] == [] and s.explicit == frozenset()
+
+
+@pytest.mark.parametrize("typo,suggestion", [
+    ("FASTPATH_HOOKS_OFLINE", "FASTPATH_HOOKS_OFFLINE"),
+    ("FASTPATH_HOOKS_SKIPS", "FASTPATH_HOOKS_SKIP"),
+    ("FASTPATH_HOOKS_FINDLINKS", "FASTPATH_HOOKS_FIND_LINKS"),
+    ("FASTPATH_HOOKS_TIMEOUTS", "FASTPATH_HOOKS_TIMEOUT"),
+])
+def test_unknown_variable_is_reported_with_a_suggestion(typo, suggestion):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({typo: "1"})
+    assert f"{typo}='1'" in str(info.value)
+    assert f"did you mean {suggestion}?" in str(info.value)
+
+
+def test_unknown_variable_without_a_close_match_points_to_doctor():
+    with pytest.raises(SettingsError, match="FASTPATH_HOOKS_QQQ='x'.*unknown variable.*fastpath-hooks doctor"):
+        Settings.from_env({"FASTPATH_HOOKS_QQQ": "x"})
+
+
+def test_offline_without_find_links_says_how_to_make_a_wheelhouse():
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"FASTPATH_HOOKS_OFFLINE": "1"})
+    message = str(info.value)
+    assert "FASTPATH_HOOKS_OFFLINE='1'" in message and "FASTPATH_HOOKS_FIND_LINKS" in message
+    assert "fastpath-hooks download --dest DIR" in message
+
+
+def test_offline_with_a_bad_find_links_reports_only_the_real_problem(paths):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"FASTPATH_HOOKS_OFFLINE": "1", "FASTPATH_HOOKS_FIND_LINKS": paths["{missing}"]})
+    assert [p[0] for p in info.value.problems] == ["FASTPATH_HOOKS_FIND_LINKS"]
+    assert "is not a directory" in str(info.value)
+
+
+def test_every_bad_variable_is_reported_at_once():
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"FASTPATH_HOOKS_MODE": "x", "FASTPATH_HOOKS_TIMEOUT": "y", "FASTPATH_HOOKS_SKIP": "z"})
+    assert sorted(p[0] for p in info.value.problems) == [
+        "FASTPATH_HOOKS_MODE", "FASTPATH_HOOKS_SKIP", "FASTPATH_HOOKS_TIMEOUT"]
+
+
+def test_unknown_kernel_gets_a_suggestion():
+    with pytest.raises(SettingsError, match="did you mean causal-conv1d"):
+        Settings.from_env({"FASTPATH_HOOKS_SKIP": "causal-conv"})
+
+
+def test_with_target_validates_the_spec():
+    s = Settings().with_target("gpu=sm_80,cuda=12.8")
+    assert s.target == "gpu=sm_80,cuda=12.8"
+    with pytest.raises(SettingsError, match="--target='gpu=banana'"):
+        Settings().with_target("gpu=banana")
+
+
+def test_from_env_reads_os_environ(monkeypatch):
+    monkeypatch.setenv("FASTPATH_HOOKS_MODE", "report")
+    assert Settings.from_env().mode == "report"
+
+
+@pytest.mark.parametrize("value,disabled", [("1", True), ("true", True), (" On", True), ("0", False), ("", False),
+                                            ("garbage", False)])
+def test_start_up_disable_check(value, disabled):
+    assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) is disabled
+
+
+def test_public_view_is_json_ready(paths):
+    import json
+
+    s = Settings.from_env({"FASTPATH_HOOKS_SKIP": "tilelang,fla", "FASTPATH_HOOKS_FIND_LINKS": paths["{wheelhouse}"]})
+    data = json.loads(json.dumps(s.public()))
+    assert data["skip"] == ["fla", "tilelang"] and data["find_links"] == [paths["{wheelhouse}"]]
+    assert set(data) == set(Settings.__dataclass_fields__) - {"explicit"}
+    assert os.path.isabs(data["find_links"][0])
