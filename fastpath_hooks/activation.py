@@ -1,13 +1,27 @@
 """`fastpath-hooks enable / disable`: a start-up entry in the current environment.
 
-Two methods, both checking FASTPATH_HOOKS_DISABLE before importing anything
-(coverage.py's pattern) and both unable to break interpreter start:
+Both methods put the same small stand-in finder (`STARTUP`, written as source and
+compiled to .pyc) on `sys.meta_path` at interpreter start. It reads
+FASTPATH_HOOKS_DISABLE before anything else (coverage.py's pattern), imports
+nothing of fastpath_hooks at start, and at the first import of a watched module
+(fla, causal_conv1d, tilelang, transformers.utils.import_utils) loads
+`fastpath_hooks.hooks`, activates it and hands that import over. A removed or
+broken package then costs nothing and says nothing: the stand-in steps aside.
 
-- `pth` (default): one line in `<site-packages>/fastpath-hooks-startup.pth`;
-- `sitecustomize`: a marked block in the environment's `sitecustomize.py`
-  (created if absent; existing content kept byte for byte and restored by
-  `disable`), compiled to `.pyc` so PYTHONDONTWRITEBYTECODE images do not pay a
-  compile at every start.
+- `auto` (default): `sitecustomize` where this environment owns its sitecustomize.py,
+  else `pth`;
+- `pth`: `<site-packages>/fastpath-hooks-startup.pth` holds one line,
+  `import _fastpath_hooks_startup`, the stand-in as a module beside it;
+- `sitecustomize`: the stand-in as a marked block in the environment's
+  `sitecustomize.py` (created if absent; existing content kept byte for byte and
+  restored by `disable`).
+
+Why a stand-in and not `import fastpath_hooks.hooks` at start: site.py parses every
+.pth line at every start and each module import costs ~0.3-0.5 M instructions;
+the stand-in keeps the start-up cost to one small compiled module (pth) or a few
+compiled lines (sitecustomize) - benchmarks/startup_cost.py measures both.
+Everything written is compiled to .pyc so PYTHONDONTWRITEBYTECODE images do not
+compile it at every start.
 
 Never writes a module named `sitecustomize` that would shadow - or be shadowed
 by - another one (Debian ships its own): that is refused with the reason.
@@ -23,9 +37,52 @@ import sys
 from .distributions import site_packages
 
 PTH_NAME = "fastpath-hooks-startup.pth"
+STARTUP_MODULE = "_fastpath_hooks_startup"
 BEGIN = "# >>> fastpath-hooks >>>"
 END = "# <<< fastpath-hooks <<<"
-_TRUE = '("1", "true", "yes", "on")'
+FORMAT = "v2"
+
+# The stand-in finder. Plain top-level code: it is both a module of its own (pth) and a
+# block inside a user's sitecustomize.py, so it leaves no name behind in that namespace.
+STARTUP = """\
+# Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.
+try:
+    import os as _fph_os
+    if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        import sys as _fph_sys
+
+        class _FastpathHooksStartup:
+            \"\"\"Stands in for fastpath-hooks' import finder until a watched module is imported.\"\"\"
+
+            watched = frozenset(WATCHED)
+
+            def find_spec(self, fullname, path=None, target=None):
+                if fullname not in self.watched:
+                    return None
+                import sys
+
+                try:
+                    sys.meta_path.remove(self)
+                except ValueError:
+                    pass
+                try:
+                    from fastpath_hooks.hooks import resume
+                except Exception:  # the package was removed or is broken: step aside
+                    return None
+                return resume(fullname, path, target)
+
+        _fph_sys.meta_path.insert(0, _FastpathHooksStartup())
+        del _fph_sys, _FastpathHooksStartup
+    del _fph_os
+except Exception:
+    pass
+"""
+
+
+def startup_source() -> str:
+    from .hooks import _WATCHED
+
+    return STARTUP.replace("WATCHED", repr(tuple(sorted(_WATCHED))))
 
 
 class ActivationError(RuntimeError):
@@ -37,43 +94,41 @@ def package_dir() -> str:
 
 
 def pth_line() -> str:
-    # An uninstalled package must not turn into an error at every start: check the directory first.
-    return (f'import os; os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in {_TRUE} '
-            f'or not os.path.isdir({os.path.dirname(package_dir())!r} + "/fastpath_hooks") '
-            f'or __import__("fastpath_hooks.hooks").hooks.activate()\n')
+    # Only `import <module>`: site.py parses .pth lines at every start, the module is compiled.
+    return f"import {STARTUP_MODULE}\n"
 
 
 def block(flags: str) -> str:
-    return (
-        f"{BEGIN} {flags}\n"
-        "# Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.\n"
-        "try:\n"
-        "    import os as _fph_os\n"
-        f"    if _fph_os.environ.get('FASTPATH_HOOKS_DISABLE', '').strip().lower() not in {_TRUE}:\n"
-        "        import fastpath_hooks.hooks as _fph_hooks\n"
-        "        _fph_hooks.activate()\n"
-        "        del _fph_hooks\n"
-        "    del _fph_os\n"
-        "except Exception:\n"
-        "    pass\n"
-        f"{END}\n"
-    )
+    return f"{BEGIN} {flags}\n{startup_source()}{END}\n"
 
 
-def enable(method: str = "pth") -> list[str]:
-    if method not in ("pth", "sitecustomize"):
-        raise ActivationError(f"unknown method {method!r}; use pth or sitecustomize")
-    done = _compile_package()
+def enable(method: str = "auto") -> list[str]:
+    """auto: the sitecustomize block where this environment owns its sitecustomize.py (nearly free:
+    site.py imports `sitecustomize` at every start anyway), else the .pth entry (one extra import)."""
+    if method not in ("auto", "pth", "sitecustomize"):
+        raise ActivationError(f"unknown method {method!r}; use auto, pth or sitecustomize")
+    done = []
+    if method == "auto":
+        try:
+            _sitecustomize_target()
+            method = "sitecustomize"
+        except ActivationError as exc:
+            method = "pth"
+            done.append(f"using the .pth entry: {exc}")
+    done += _remove_entries(keep=method) + _compile_package()
     if method == "pth":
+        module = os.path.join(site_packages(), STARTUP_MODULE + ".py")
+        _write(module, startup_source())
+        _compile(module)
         path = os.path.join(site_packages(), PTH_NAME)
         _write(path, pth_line())
-        return done + [f"wrote {path}"]
+        return done + [f"wrote {module} (compiled) and {path}"]
     path, created = _sitecustomize_target()
     original = b""
     if not created:
         with open(path, "rb") as fh:
             original, created = _strip_block(fh.read(), with_flags=True)  # enable twice: one block, same flags
-    flags = "v1"
+    flags = FORMAT
     if created:
         flags += " created"
     elif original and not original.endswith(b"\n"):
@@ -85,11 +140,22 @@ def enable(method: str = "pth") -> list[str]:
 
 
 def disable() -> list[str]:
+    return _remove_entries(keep=None)
+
+
+def _remove_entries(keep: str | None) -> list[str]:
+    """Remove the start-up entries of every method but `keep` (never two entries at once)."""
     done = []
-    pth = os.path.join(site_packages(), PTH_NAME)
-    if os.path.exists(pth):
-        os.unlink(pth)
-        done.append(f"removed {pth}")
+    if keep != "pth":
+        for name in (PTH_NAME, STARTUP_MODULE + ".py"):
+            path = os.path.join(site_packages(), name)
+            if os.path.exists(path):
+                os.unlink(path)
+                if path.endswith(".py"):
+                    _remove_pyc(path)
+                done.append(f"removed {path}")
+    if keep == "sitecustomize":
+        return done
     for path in _sitecustomize_files():
         with open(path, "rb") as fh:
             content = fh.read()
@@ -209,7 +275,7 @@ def _remove_pyc(path: str) -> None:
 def _compile_package() -> list[str]:
     """The modules that run at start (package __init__ and hooks) need their .pyc."""
     out = []
-    for name in ("__init__.py", "hooks.py"):
+    for name in ("__init__.py", "hooks.py", "importer.py"):
         path = os.path.join(package_dir(), name)
         if not os.path.exists(importlib.util.cache_from_source(path)):
             _compile(path)

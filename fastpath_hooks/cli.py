@@ -70,7 +70,8 @@ def _parser():
     dl.set_defaults(func=_download)
 
     e = sub.add_parser("enable", help="activate fastpath-hooks at every interpreter start in this environment")
-    e.add_argument("--method", choices=("pth", "sitecustomize"), default="pth")
+    e.add_argument("--method", choices=("auto", "pth", "sitecustomize"), default="auto",
+                   help="auto (default): sitecustomize where this environment owns it (cheapest), else pth")
     e.set_defaults(func=_enable)
     ds = sub.add_parser("disable", help="remove the start-up entry written by enable")
     ds.set_defaults(func=_disable)

@@ -17,31 +17,38 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+import threading
 from contextlib import contextmanager
 
 GATES = {
     "is_flash_linear_attention_available": "fla",
     "is_causal_conv1d_available": "causal-conv1d",
 }
-# Cleared after an install so a later call re-reads the environment.
+# Cleared after the first query so a later call re-reads the environment.
 CACHED_GATES = tuple(GATES) + ("is_kernels_available", "is_mamba_ssm_available", "is_mamba_2_ssm_available")
+CHANGED = ("installed", "repaired")  # runtime outcome states that changed what is on disk
 
 _patched: dict = {}   # gate name -> (original, wrapper)
+# A wrapper's mode after its first query: pass through, answer False, or simulate an accelerator.
+_PASS, _BLOCKED = "pass", "blocked"
+_simulation_lock = threading.RLock()
 
 
 def patch(import_utils) -> None:
+    """Wrap the gates of `import_utils` and rebind them everywhere (callers hold hooks' lock)."""
+    swaps = {}
     for name, kernel in GATES.items():
         current = import_utils.__dict__.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
         wrapper = _wrap(current, kernel, import_utils)
         _patched[name] = (current, wrapper)
-        _rebind(current, wrapper)
+        swaps[id(current)] = (current, wrapper)
+    _rebind(swaps)
 
 
 def unpatch() -> None:
-    for original, wrapper in list(_patched.values()):
-        _rebind(wrapper, original)
+    _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()})
     _patched.clear()
 
 
@@ -49,37 +56,46 @@ def patched() -> dict:
     return {name: pair[1] for name, pair in _patched.items()}
 
 
-def _rebind(old, new) -> int:
+def _rebind(swaps: dict) -> int:
+    """One pass over every module's namespace: replace each `old` (by identity) with its `new`.
+
+    swaps: id(old) -> (old, new). Reads `module.__dict__`, never getattr, so a lazy
+    module's `__getattr__` is not triggered.
+    """
+    if not swaps:
+        return 0
     count = 0
     for module in list(sys.modules.values()):
         try:
-            namespace = module.__dict__ if module is not None else None
+            namespace = module.__dict__
         except Exception:
             continue
         if not isinstance(namespace, dict):
             continue
         for key, value in list(namespace.items()):
-            if value is old:
-                namespace[key] = new
+            pair = swaps.get(id(value))
+            if pair is not None and pair[0] is value:
+                namespace[key] = pair[1]
                 count += 1
     return count
 
 
 def _wrap(original, kernel: str, import_utils):
-    cell = [None]  # (allowed, simulate) after the first query
+    mode = None  # None until the first query; then _PASS, _BLOCKED or an accelerator kind to simulate
 
     @functools.wraps(original)
     def gate(*args, **kwargs):
-        decided = cell[0]
-        if decided is None:
-            decided = cell[0] = _first_query(kernel, import_utils)
-        allowed, simulate = decided
-        if not allowed:
-            return False
-        if simulate:
-            with simulated_accelerator(import_utils, simulate):
+        nonlocal mode
+        if mode is _PASS:  # the common case after the first query: one identity test
+            return original(*args, **kwargs)
+        if mode is None:
+            mode = _first_query(kernel, import_utils)
+            if mode is _PASS:
                 return original(*args, **kwargs)
-        return original(*args, **kwargs)
+        if mode is _BLOCKED:
+            return False
+        with simulated_accelerator(import_utils, mode):
+            return original(*args, **kwargs)
 
     for attr in ("cache_clear", "cache_info", "cache_parameters"):
         if hasattr(original, attr):
@@ -94,30 +110,39 @@ def _first_query(kernel: str, import_utils):
         from . import runtime
 
         outcome = runtime.ensure(kernel)
-        refresh(import_utils)
-        return outcome.block is None, runtime.simulation()
+        changed = any(o.state in CHANGED for o in runtime.outcomes().values())
+        refresh(import_utils, distributions=changed)
+        if outcome.block is not None:
+            return _BLOCKED
+        return runtime.simulation() or _PASS
     except Exception as exc:  # the original gate's answer, untouched
-        from .hooks import _internal_error
+        from .importer import internal_error
 
-        _internal_error(exc)
-        return True, None
+        internal_error(exc)
+        return _PASS
 
 
-def refresh(import_utils) -> None:
-    """Make the next gate call see what is on disk now (transformers-eras.md, 'Making a gate say True')."""
+def refresh(import_utils, *, distributions: bool = True) -> None:
+    """Make the next gate call see what is on disk now (transformers-eras.md, 'Making a gate say True').
+
+    distributions: also rebuild transformers' package -> distribution mapping
+    (only needed after an install; ~50 ms on 5.0 - 5.22).
+    """
     importlib.invalidate_caches()
     namespace = import_utils.__dict__
-    for name in CACHED_GATES:
+    for name in CACHED_GATES + ("is_torch_cuda_available",):
         clear = getattr(namespace.get(name), "cache_clear", None)
         if clear is not None:
             clear()
+    if not distributions:
+        return
     mapping = namespace.get("_package_distribution_mapping")        # 5.23+
     if getattr(mapping, "cache_clear", None) is not None:
         mapping.cache_clear()
     elif "PACKAGE_DISTRIBUTION_MAPPING" in namespace:                # 5.0 - 5.22
-        import importlib.metadata
+        from importlib.metadata import packages_distributions
 
-        namespace["PACKAGE_DISTRIBUTION_MAPPING"] = importlib.metadata.packages_distributions()
+        namespace["PACKAGE_DISTRIBUTION_MAPPING"] = packages_distributions()
 
 
 @contextmanager
@@ -125,19 +150,32 @@ def simulated_accelerator(import_utils, kind: str):
     """While a wrapped gate runs, let it see the accelerator FASTPATH_HOOKS_TARGET poses.
 
     Only used when the target poses a GPU this machine does not have (dry runs,
-    tests): the gate then answers as it would on the posed machine.
+    tests): the gate then answers as it would on the posed machine. The patch of
+    `torch.<cuda|xpu>.is_available` lasts for the call only (serialised by a lock,
+    transformers' cached `is_torch_cuda_available` cleared before and after), so
+    nothing else in the process - the model's own device checks - sees a GPU.
+    Without an importable torch the gate runs as it is.
     """
-    import torch
-
-    module = torch.xpu if kind == "xpu" else torch.cuda
-    real = module.is_available
-    clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None)
-    module.is_available = lambda: True
-    if clear:
-        clear()
     try:
+        import torch
+
+        module = torch.xpu if kind == "xpu" else torch.cuda
+        real = module.is_available
+    except Exception:
         yield
-    finally:
-        module.is_available = real
+        return
+    clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None)
+    with _simulation_lock:
+        module.is_available = _available
         if clear:
             clear()
+        try:
+            yield
+        finally:
+            module.is_available = real
+            if clear:
+                clear()
+
+
+def _available() -> bool:
+    return True

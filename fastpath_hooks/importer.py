@@ -1,0 +1,160 @@
+"""What the import finder does for the names it watches (`hooks.KernelImportFinder`).
+
+Loaded at the first watched import, never at interpreter start:
+
+- `fla`, `causal_conv1d`, `tilelang`: ask the runtime BEFORE the import resolves. It may
+  install or repair (then the normal import proceeds and finds the new files), or say the
+  kernel would crash here: the import then fails with an ImportError carrying the reason,
+  before any of the kernel's code runs, so transformers keeps its torch path.
+- `transformers.utils.import_utils`: let the real finder and loader import it, then wrap
+  its gates (`gates.patch`).
+
+Every failure of our own is reported and leaves the import exactly as it would be
+without fastpath-hooks.
+"""
+
+from __future__ import annotations
+
+import sys
+import _thread
+
+from . import hooks
+
+_busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
+
+
+def find_spec(fullname, path, target):
+    key = (_thread.get_ident(), fullname)
+    if key in _busy:
+        return None
+    _busy.add(key)
+    try:
+        if fullname == hooks.GATES_MODULE:
+            return _after_import_spec(fullname, path, target)
+        return _before_kernel_import(fullname)
+    finally:
+        _busy.discard(key)
+
+
+def normalize(kernels) -> frozenset:
+    """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored."""
+    from .settings import normalize_kernel
+
+    if isinstance(kernels, str):
+        kernels = [kernels]
+    out = set()
+    for name in kernels:
+        try:
+            out.add(normalize_kernel(name))
+        except ValueError as exc:
+            from . import events
+
+            events.error(f"install(kernels=...): {exc}; ignoring it")
+    return frozenset(out)
+
+
+def after_gates_import(module) -> None:
+    """Wrap the gates - under the hooks' lock, and only while installed (an uninstall() may
+    have run between this module's find_spec and the end of its execution)."""
+    try:
+        with hooks._lock:
+            if hooks.installed():
+                from . import gates
+
+                gates.patch(module)
+    except Exception as exc:
+        internal_error(exc)
+
+
+def internal_error(exc) -> None:
+    try:
+        from . import events
+
+        events.error(f"internal error, leaving this import alone: {type(exc).__name__}: {exc}", once="internal")
+    except Exception:
+        pass
+
+
+def _before_kernel_import(fullname):
+    kernel = hooks.KERNEL_MODULES[fullname]
+    if not hooks.selected(kernel):
+        return None
+    try:
+        from . import runtime
+
+        message = runtime.before_import(kernel)
+    except Exception as exc:  # never make an import worse than without fastpath-hooks
+        internal_error(exc)
+        return None
+    if message is None:
+        return None
+    from importlib.machinery import ModuleSpec
+
+    return ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _after_import_spec(fullname, path, target):
+    """The spec the rest of sys.meta_path finds, its loader wrapped to call us afterwards."""
+    for finder in list(sys.meta_path):
+        if isinstance(finder, hooks.KernelImportFinder):
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            break
+    else:
+        return None
+    if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
+    spec.loader = AfterImportLoader(spec.loader, after_gates_import)
+    return spec
+
+
+class BlockedLoader:
+    """Makes `import <kernel>` fail with the reason, before any of its code runs."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def create_module(self, spec):
+        raise ImportError(self.message, name=spec.name)
+
+    def exec_module(self, module):  # pragma: no cover - create_module always raises
+        raise ImportError(self.message, name=module.__name__)
+
+
+class AfterImportLoader:
+    """Runs the real loader, then a callback on the executed module.
+
+    Transparent: before the module's code runs, its `__spec__.loader` and `__loader__`
+    are the real loader again (tracebacks, `inspect.getsource`, `importlib.reload` and
+    resource readers see what they would without us); other attributes are delegated.
+    """
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        try:
+            module.__loader__ = self._loader
+        except AttributeError:
+            pass
+        self._loader.exec_module(module)
+        self._callback(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, is_package, get_resource_reader ...
+        if name in ("_loader", "_callback"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __repr__(self):
+        return f"<fastpath-hooks after-import wrapper of {self._loader!r}>"

@@ -1,0 +1,283 @@
+"""install() / uninstall(), the gate wrappers and the import finder, in this very process.
+
+Real transformers (the dev environment's) on this real CPU machine, no target override:
+the wrapped gates ask the real runtime, which finds no accelerator and installs nothing.
+This module imports two gates BY NAME before any install() - the way user code and
+transformers' own modules hold them - so the rebinding is checked on a real importer.
+Every test leaves the process as it found it (the `hooks` fixture uninstalls).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import random
+import subprocess
+import sys
+import threading
+import types
+
+import pytest
+
+import fastpath_hooks
+from fastpath_hooks import gates, hooks
+from support import venvs
+from transformers.utils import is_causal_conv1d_available
+from transformers.utils.import_utils import is_flash_linear_attention_available
+
+import transformers
+import transformers.utils.import_utils as import_utils
+
+ORIGINALS = {"is_flash_linear_attention_available": is_flash_linear_attention_available,
+             "is_causal_conv1d_available": is_causal_conv1d_available}
+THIS = sys.modules[__name__]
+
+
+@pytest.fixture
+def hooks_env(monkeypatch, tmp_path):
+    """This machine as it is (no FASTPATH_HOOKS_* from outside), a private cache; uninstall() after."""
+    for name in list(os.environ):
+        if name.startswith("FASTPATH_HOOKS_") or name in ("LOCAL_RANK", "RANK"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))
+    fastpath_hooks.uninstall()
+    yield
+    fastpath_hooks.uninstall()
+
+
+def holders(obj) -> set:
+    """(module name, global name) for every module global that IS obj."""
+    out = set()
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            out.update((name, key) for key, value in list(namespace.items()) if value is obj)
+    return out
+
+
+def finders() -> list:
+    return [f for f in sys.meta_path if isinstance(f, hooks.KernelImportFinder)]
+
+
+def test_a_gate_imported_by_name_before_install_sees_the_wrapper_and_uninstall_restores_it(hooks_env):
+    where = {name: holders(gate) for name, gate in ORIGINALS.items()}
+    assert (__name__, "is_flash_linear_attention_available") in where["is_flash_linear_attention_available"]
+    assert ("transformers.utils", "is_causal_conv1d_available") in where["is_causal_conv1d_available"]
+    lazy_before = dict(transformers.__dict__)
+
+    fastpath_hooks.install()
+    for name, original in ORIGINALS.items():
+        wrapper = import_utils.__dict__[name]
+        assert wrapper is not original and wrapper.__wrapped__ is original
+        assert holders(wrapper) == where[name]          # every holder rebound, nothing else
+        assert holders(original) == set()
+    assert THIS.is_flash_linear_attention_available is import_utils.is_flash_linear_attention_available
+    assert transformers.__dict__ == lazy_before       # no lazy-module attribute was loaded by the rebinding
+
+    fastpath_hooks.uninstall()
+    for name, original in ORIGINALS.items():
+        assert holders(original) == where[name]
+        assert import_utils.__dict__[name] is original
+    assert finders() == []
+    assert gates.patched() == {}
+
+
+def test_wrapped_gates_answer_false_here_and_stay_transparent(hooks_env):
+    fastpath_hooks.install()
+    fla_gate, conv_gate = import_utils.is_flash_linear_attention_available, import_utils.is_causal_conv1d_available
+    assert fla_gate() is False and conv_gate() is False      # a CPU machine: the real gates' answer
+    assert fla_gate.__name__ == "is_flash_linear_attention_available"
+    assert fla_gate.__wrapped__ is ORIGINALS["is_flash_linear_attention_available"]
+    # cache_clear is the original's own: after it, the original's cache is empty
+    assert fla_gate() is False
+    assert ORIGINALS["is_flash_linear_attention_available"].cache_info().currsize == 1
+    fla_gate.cache_clear()
+    assert ORIGINALS["is_flash_linear_attention_available"].cache_info().currsize == 0
+    assert fla_gate() is False
+    # arguments reach the original: the TypeError is the original's own, naming it (5.24 takes none)
+    with pytest.raises(TypeError, match=r"is_flash_linear_attention_available\(\) takes 0 positional"):
+        fla_gate("0.2.2")
+
+
+MAIN_STYLE_GATES = '''
+from functools import lru_cache
+SEEN = []
+
+@lru_cache
+def is_flash_linear_attention_available(min_version: str = "0.2.2"):
+    SEEN.append(min_version)
+    return min_version == "0.2.2"
+
+@lru_cache
+def is_causal_conv1d_available():
+    return False
+'''
+
+
+def test_wrappers_pass_arguments_through_as_transformers_main_calls_them(hooks_env):
+    """transformers main calls the fla gate with a minimum version; a stand-in module with that signature."""
+    module = types.ModuleType("fastpath_hooks_test_main_gates")
+    exec(MAIN_STYLE_GATES, module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        original = module.is_flash_linear_attention_available
+        with hooks._lock:
+            gates.patch(module)
+        wrapper = module.is_flash_linear_attention_available
+        assert wrapper is not original
+        assert wrapper("0.5.0") is False and wrapper(min_version="0.2.2") is True and wrapper() is True
+        assert module.SEEN == ["0.5.0", "0.2.2", "0.2.2"]      # positional, keyword, default: all reached it
+        with hooks._lock:
+            gates.unpatch()
+        assert module.is_flash_linear_attention_available is original
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_install_is_idempotent(hooks_env):
+    for _ in range(10):
+        assert fastpath_hooks.install() is True
+    assert len(finders()) == 1 and sys.meta_path[0] is finders()[0]
+    wrapper = import_utils.is_flash_linear_attention_available
+    assert wrapper.__wrapped__ is ORIGINALS["is_flash_linear_attention_available"]   # wrapped once, not twice
+    fastpath_hooks.uninstall()
+    fastpath_hooks.uninstall()
+    assert finders() == [] and import_utils.is_flash_linear_attention_available is wrapper.__wrapped__
+
+
+def test_concurrent_install_and_uninstall_end_consistent(hooks_env):
+    errors, barrier = [], threading.Barrier(12)
+
+    def storm(seed):
+        rng = random.Random(seed)
+        try:
+            barrier.wait()
+            for _ in range(16):
+                (fastpath_hooks.install if rng.random() < 0.5 else fastpath_hooks.uninstall)()
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=storm, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # whatever state the storm left, it is a consistent one ...
+    wrapped = [hasattr(import_utils.__dict__[n], "_fastpath_hooks_original") for n in ORIGINALS]
+    assert wrapped in ([True, True], [False, False])
+    assert len(finders()) == (1 if wrapped[0] else 0) and hooks.installed() == wrapped[0]
+    # ... from which install() and uninstall() behave exactly as from scratch
+    fastpath_hooks.install()
+    assert len(finders()) == 1
+    for name, original in ORIGINALS.items():
+        wrapper = import_utils.__dict__[name]
+        assert wrapper.__wrapped__ is original and holders(original) == set()
+    fastpath_hooks.uninstall()
+    assert finders() == []
+    for name, original in ORIGINALS.items():
+        assert import_utils.__dict__[name] is original
+        assert holders_of_any_wrapper(name) == []
+
+
+def holders_of_any_wrapper(name) -> list:
+    """Module globals still holding some wrapper of the gate `name` (none may survive uninstall)."""
+    out = []
+    for mod_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            out += [(mod_name, k) for k, v in list(namespace.items())
+                    if type(v) is types.FunctionType and v.__dict__.get("_fastpath_hooks_original") is ORIGINALS[name]]
+    return out
+
+
+def test_on_event_queue_put_gets_json_dicts(hooks_env):
+    events = queue.Queue()
+    fastpath_hooks.install(on_event=events.put)
+    assert import_utils.is_causal_conv1d_available() is False
+    got = []
+    while not events.empty():
+        got.append(events.get())
+    assert got, "the first gate query reports its decision"
+    for event in got:
+        assert set(event) >= {"type", "kernel", "message", "ts"} and event["type"] in ("status", "warning", "error")
+        assert json.loads(json.dumps(event)) == event
+    assert any("no CUDA/XPU accelerator" in e["message"] for e in got)
+
+
+def test_only_local_rank_zero_prints_every_rank_gets_events(hooks_env, monkeypatch, capsys):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "0")                   # LOCAL_RANK wins over RANK
+    events = []
+    fastpath_hooks.install(on_event=events.append)
+    assert import_utils.is_flash_linear_attention_available() is False
+    assert events and "fastpath-hooks:" not in capsys.readouterr().err
+
+    fastpath_hooks.uninstall()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    fastpath_hooks.install()
+    assert import_utils.is_flash_linear_attention_available() is False
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fastpath-hooks:")]
+    assert len(lines) == 1 and "no CUDA/XPU accelerator" in lines[0]
+
+
+def test_disable_makes_install_a_logged_no_op(hooks_env, monkeypatch, caplog):
+    monkeypatch.setenv("FASTPATH_HOOKS_DISABLE", "1")
+    with caplog.at_level(logging.INFO, logger="fastpath_hooks"):
+        assert fastpath_hooks.install() is False
+    assert finders() == [] and gates.patched() == {}
+    assert import_utils.is_flash_linear_attention_available is ORIGINALS["is_flash_linear_attention_available"]
+    assert any("FASTPATH_HOOKS_DISABLE" in r.getMessage() for r in caplog.records)
+
+
+FRESH_PROCESS = r'''
+import inspect, json, sys, importlib.machinery
+import fastpath_hooks
+fastpath_hooks.install()
+out = {"heavy_after_install": sorted(m for m in ("transformers", "torch", "packaging", "importlib.metadata", "subprocess",
+                                                 "logging", "threading") if m in sys.modules)}
+from transformers.utils import import_utils
+spec = import_utils.__spec__
+out["wrapped"] = hasattr(import_utils.is_flash_linear_attention_available, "_fastpath_hooks_original")
+out["loader"] = [type(spec.loader).__name__, type(import_utils.__loader__).__name__]
+out["source"] = "def is_flash_linear_attention_available" in inspect.getsource(import_utils)
+# a module reloaded keeps working (the finder's wrapper is gone from its spec)
+out["finder_first"] = type(sys.meta_path[0]).__name__
+fastpath_hooks.uninstall()
+out["after_uninstall"] = [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "KernelImportFinder"]
+print(json.dumps(out))
+'''
+
+
+def test_gates_module_imported_after_install_is_wrapped_and_its_loader_is_transparent():
+    proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=venvs.clean_env(),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["heavy_after_install"] == []           # install() imports nothing heavy, never transformers
+    assert out["wrapped"] and out["source"]
+    assert out["loader"] == ["SourceFileLoader", "SourceFileLoader"]
+    assert out["finder_first"] == "KernelImportFinder" and out["after_uninstall"] == []
+
+
+def test_the_finder_ignores_every_other_module(hooks_env):
+    fastpath_hooks.install()
+    finder = finders()[0]
+    for name in ("json", "transformers", "transformers.utils", "flax", "fla.ops", "causal_conv1d_x", "torch"):
+        assert finder.find_spec(name, None) is None
+
+
+def test_install_kernels_limits_which_imports_are_managed(hooks_env):
+    events = []
+    fastpath_hooks.install(kernels=["causal_conv1d", "no-such-kernel"], on_event=events.append)
+    assert any(e["type"] == "error" and "no-such-kernel" in e["message"] for e in events)
+    assert hooks.selected("causal-conv1d") and not hooks.selected("fla") and not hooks.selected("tilelang")
+    events.clear()
+    with pytest.raises(ModuleNotFoundError):
+        import fla  # noqa: F401 - not managed: no decision, no event
+    assert events == []
+    with pytest.raises(ModuleNotFoundError):
+        import causal_conv1d  # noqa: F401 - managed: decided (no accelerator here), then the normal import
+    assert [e["kernel"] for e in events if "no CUDA/XPU accelerator" in e["message"]] == ["causal-conv1d"]
