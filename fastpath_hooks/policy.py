@@ -417,7 +417,7 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
                 return Decision(kernel="fla", action=REPAIR, rule="fla.repair", reason="; ".join(problems) +
                                 f"; replacing with fla {chosen.version}", steps=steps,
                                 target={"fla-core": chosen.version, "flash-linear-attention": chosen.version},
-                                needs=needs, on_failure="block" if (unsafe or incompatible) else "proceed", **kw)
+                                needs=needs, on_failure="block" if (unsafe or incompatible or hz) else "proceed", **kw)
             nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
                        else "no known-good fla release fits here")
             if unsafe or incompatible:

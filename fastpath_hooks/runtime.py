@@ -2,20 +2,27 @@
 
 The hooks call only this module. It never raises into the caller: every failure
 ends as an Outcome that leaves the import on transformers' working torch path,
-with one clear message (local rank 0).
+with one clear message (local rank 0; every rank logs at debug).
+
+Two caches make later starts cheap (`state.VerdictCache`):
+- the warm verdict: a kernel found good, under the environment's signature
+  (interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts, all
+  read without importing anything heavy). A match answers at once: no settings,
+  pins, probe or policy modules are even imported, no subprocess starts.
+- per-kernel verdicts under a fingerprint of the probed facts: a verified
+  kernel is not verified again; a failed attempt is not retried for
+  FASTPATH_HOOKS_RETRY_AFTER seconds.
+Installs happen under one lock per environment; whoever waited re-reads the
+world after acquiring it, so exactly one process installs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import _thread
 import os
 import sys
-import threading
-from dataclasses import dataclass, replace
 
 from . import events
-from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 
 GOOD = ("ok", "installed", "repaired")
 GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
@@ -25,17 +32,33 @@ KERNEL_FINGERPRINT_DISTS = {
     "causal-conv1d": ("causal-conv1d",),
 }
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _outcomes: dict = {}
 _simulation = {"kind": None}
+_facts: dict = {}   # kernel -> {"posed": accelerator kind posed by a target, "env": decision env}
+_context = {"invalid": None}  # why load_context() fell back to report mode, if it did
 
 
-@dataclass(frozen=True)
 class Outcome:
-    kernel: str
-    state: str              # ok installed repaired skipped blocked failed reported error
-    reason: str
-    block: str | None = None  # when set, `import <kernel>` fails with this message
+    """What ensure() did for a kernel. (A plain class: this module loads on the first kernel
+    import, where typing/dataclasses may not be loaded yet.)"""
+
+    __slots__ = ("kernel", "state", "reason", "block")
+
+    def __init__(self, kernel: str, state: str, reason: str, block: str | None = None):
+        self.kernel = kernel
+        self.state = state      # ok installed repaired skipped blocked failed reported error
+        self.reason = reason
+        self.block = block      # when set, `import <kernel>` fails with this message
+
+    def __eq__(self, other):
+        return isinstance(other, Outcome) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __hash__(self):
+        return hash((self.kernel, self.state, self.reason, self.block))
+
+    def __repr__(self):
+        return f"Outcome(kernel={self.kernel!r}, state={self.state!r}, reason={self.reason!r}, block={self.block!r})"
 
 
 def before_import(kernel: str) -> str | None:
@@ -47,7 +70,13 @@ def ensure(kernel: str) -> Outcome:
         if kernel in _outcomes:
             return _outcomes[kernel]
         try:
-            outcome = _ensure(kernel)
+            from . import state
+
+            signature_env = state.signature_environ()
+            outcome = _warm(kernel, signature_env)
+            if outcome is None:
+                outcome = _ensure(kernel)
+                _remember_warm(kernel, outcome, signature_env)
         except Exception as exc:  # never into the user's import
             outcome = Outcome(kernel, "error", f"internal error: {type(exc).__name__}: {exc}")
             events.error(f"{kernel}: {outcome.reason}; leaving it as it is", kernel, once="internal")
@@ -66,17 +95,66 @@ def simulation() -> str | None:
 def forget() -> None:
     with _lock:
         _outcomes.clear()
+        _facts.clear()
         _simulation["kind"] = None
         events.forget()
+
+
+# -- the warm path: a verdict recorded under this environment's signature -------------------
+
+def _warm(kernel: str, signature_env) -> Outcome | None:
+    """The recorded good outcome, or None (a miss, or anything odd: the slow path decides)."""
+    from . import state
+
+    try:
+        signature = state.environment_signature(signature_env)
+        entry = state.VerdictCache.from_environ(signature_env).get_warm(kernel, signature) if signature else None
+    except Exception as exc:  # e.g. a deleted working directory: only the shortcut is lost
+        events.debug(f"{kernel}: no cached verdict ({type(exc).__name__}: {exc})", kernel)
+        return None
+    if entry is None:
+        return None
+    _apply_env(kernel, entry.get("env") or (), entry.get("reason", ""))
+    _set_simulation(entry.get("posed"))
+    events.debug(f"{kernel}: {entry['reason']} (verdict cached for this environment; nothing probed)", kernel)
+    return Outcome(kernel, "ok", entry["reason"])
+
+
+def _remember_warm(kernel: str, outcome: Outcome, signature_env) -> None:
+    """Record a good outcome for the next start - only when the settings and pins were valid
+    (a bad variable must be reported at every start, not skipped by a cache hit)."""
+    if outcome.state not in GOOD:
+        return
+    from . import state
+    from .pins import PinsError
+    from .settings import SettingsError
+
+    try:
+        load_context(strict=True)
+        signature = state.environment_signature(signature_env)
+        if signature is None:
+            return
+        facts = _facts.get(kernel, {})
+        state.VerdictCache.from_environ(signature_env).put_warm(
+            kernel, signature, {"reason": outcome.reason, "posed": facts.get("posed"),
+                                "env": [list(pair) for pair in facts.get("env", ())]})
+    except (SettingsError, PinsError):
+        return
+    except Exception as exc:  # the outcome stands; only the shortcut for the next start is lost
+        events.debug(f"{kernel}: verdict not cached ({type(exc).__name__}: {exc})", kernel)
 
 
 # -- context -----------------------------------------------------------------------
 
 def load_context(target: str | None = None, *, strict: bool = False):
-    """(settings, pins). Bad settings or pins: report-only mode with defaults (or raise, strict)."""
+    """(settings, pins). Bad settings or pins: report-only mode with every valid variable kept
+    (a posed target, a skip list...), so decisions - blocks included - stay right; or raise, strict."""
+    from dataclasses import replace
+
     from .pins import PinsError, load
     from .settings import Settings, SettingsError
 
+    _context["invalid"] = None
     try:
         settings = Settings.from_env()
         if target is not None:
@@ -86,7 +164,8 @@ def load_context(target: str | None = None, *, strict: bool = False):
             raise
         events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are",
                      once="settings")
-        settings = Settings(mode="report")
+        settings = _valid_part(os.environ)
+        _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
         pins = load(settings.pins_file)
     except PinsError as exc:
@@ -95,10 +174,35 @@ def load_context(target: str | None = None, *, strict: bool = False):
         events.error(f"{exc}. Using the shipped pins in report mode (nothing is installed)", once="pins")
         pins = load(None)
         settings = replace(settings, mode="report", pins_file=None)
+        _context["invalid"] = "the pins file is invalid (see above)"
     return settings, pins
 
 
+def _valid_part(environ):
+    """Settings from the variables that are valid on their own, in report mode."""
+    from dataclasses import replace
+
+    from .settings import VARIABLES, Settings, SettingsError
+
+    valid = {}
+    for name in VARIABLES:
+        if name in environ:
+            try:
+                Settings.from_env({name: environ[name]})
+                valid[name] = environ[name]
+            except SettingsError:
+                pass
+    try:
+        return replace(Settings.from_env(valid), mode="report")
+    except SettingsError:  # valid alone, invalid together (OFFLINE without FIND_LINKS is caught alone)
+        return Settings(mode="report")
+
+
 def fingerprint(env, settings, pins, kernel: str) -> str:
+    """The probed facts one kernel's verdict depends on (installing fla leaves tilelang's alone)."""
+    import hashlib
+    import json
+
     from . import __version__
 
     facts = {
@@ -130,18 +234,19 @@ def snapshot(settings, pins):
 # -- the decision -----------------------------------------------------------------------
 
 def _ensure(kernel: str) -> Outcome:
+    from .plan import BLOCK, OK, SKIP
+
     settings, pins = load_context()
     if kernel in settings.skip:
         events.debug(f"{kernel}: skipped by FASTPATH_HOOKS_SKIP", kernel)
         return Outcome(kernel, "skipped", "skipped by FASTPATH_HOOKS_SKIP")
+    interrupted = _recover_interrupted(kernel, settings)
+    if interrupted is not None:
+        return interrupted
     env, plan = snapshot(settings, pins)
-    _note_simulation(env)
+    _note_simulation(kernel, env)
     decision = plan[kernel]
-    for name, value in decision.env:
-        if name not in os.environ:
-            os.environ[name] = value
-            events.status(f"set {name}={value} ({decision.reason if decision.action == SKIP else 'for this accelerator'})",
-                          kernel, human=False)
+    _apply_env(kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
 
     if decision.action == SKIP:
         return _skipped(decision, plan)
@@ -164,10 +269,45 @@ def _ensure(kernel: str) -> Outcome:
     return _act(decision, settings, pins, env, cache, fp)
 
 
+def _recover_interrupted(kernel: str, settings) -> Outcome | None:
+    """An install killed half-way left a journal: roll it back before trusting what is on disk.
+
+    The journal exists while an install runs too; taking the lock waits for that
+    install, after which the journal is gone (committed) or its writer is dead.
+    """
+    from .state import JOURNAL, environment_state_dir
+
+    state_dir = environment_state_dir(settings)
+    if not os.path.exists(os.path.join(state_dir, JOURNAL)):
+        return None
+    if settings.mode == "report":
+        events.warning(f"an install into this environment was interrupted ({state_dir}); it is not rolled back "
+                       f"because {_context['invalid'] or 'FASTPATH_HOOKS_MODE=report'}", kernel,
+                       once="interrupted-report")
+        return None
+    from .installer import recover
+
+    try:
+        with _EnvironmentLock(settings, kernel):
+            recover(state_dir)
+    except _LockUnavailable as exc:
+        events.error(f"{kernel}: {exc}; leaving it as it is", kernel, once=f"fail-{kernel}")
+        return Outcome(kernel, "failed", str(exc))
+    return None
+
+
+def _apply_env(kernel: str, pairs, why: str) -> None:
+    _facts.setdefault(kernel, {})["env"] = tuple(tuple(p) for p in pairs)
+    for name, value in pairs:
+        if name not in os.environ:
+            os.environ[name] = value
+            events.status(f"set {name}={value} ({why})", kernel, human=False)
+
+
 def _skipped(decision, plan) -> Outcome:
     if decision.rule in GLOBAL_SKIPS:
         kernels = ", ".join(plan.decisions)
-        events.emit("status", f"{plan.notes[0] if plan.notes else decision.reason}: nothing to install; "
+        events.emit("status", f"{plan.notes[0] if plan.notes else decision.reason}; nothing is installed and "
                     f"transformers keeps its torch path ({kernels})", decision.kernel, once="global-skip")
     else:
         tail = f" ({decision.fix})" if decision.fix else ""
@@ -185,16 +325,35 @@ def _blocked(decision, reason: str, fix: str) -> Outcome:
     return Outcome(decision.kernel, "blocked", reason, block=message)
 
 
-def _failed(decision, reason: str, remembered: bool = False) -> Outcome:
+def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
+    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires)."""
+    if remembered is not None:
+        reason = remembered["reason"]
     if decision.on_failure == "block":
         return _blocked(decision, reason, decision.fix or "")
-    prefix = "an earlier attempt failed" if remembered else "could not"
-    events.error(f"{decision.kernel}: {prefix} {decision.action} - {reason}; transformers keeps its torch path",
-                 decision.kernel, once=f"fail-{decision.kernel}")
+    if remembered is not None:
+        retry = _retry_in(remembered, settings)
+        message = (f"{decision.kernel}: an earlier attempt to {decision.action} failed - {reason}; not retried for "
+                   f"{retry} (FASTPATH_HOOKS_RETRY_AFTER; `fastpath-hooks doctor --refresh` forgets it); "
+                   "transformers keeps its torch path")
+    else:
+        message = (f"{decision.kernel}: could not {decision.action} - {reason}; transformers keeps its torch path")
+    events.error(message, decision.kernel, once=f"fail-{decision.kernel}")
     return Outcome(decision.kernel, "failed", reason)
 
 
+def _retry_in(entry: dict, settings) -> str:
+    import time
+
+    left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
+    return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+
+
 def _ok(decision, settings, pins, env, cache, fp) -> Outcome:
+    from dataclasses import replace
+
+    from .plan import REPAIR
+
     if not decision.verify:
         events.debug(f"{decision.kernel}: {decision.reason}", decision.kernel)
         return Outcome(decision.kernel, "ok", decision.reason)
@@ -204,7 +363,7 @@ def _ok(decision, settings, pins, env, cache, fp) -> Outcome:
             events.debug(f"{decision.kernel}: verified earlier ({cached['reason']})", decision.kernel)
             return Outcome(decision.kernel, "ok", decision.reason)
         if not (decision.repair_steps and settings.mode == "install"):
-            return _failed(decision, cached["reason"], remembered=True)
+            return _failed(decision, cached["reason"], remembered=cached, settings=settings)
     from .verify import verify
 
     result = verify(pins.kernel(decision.kernel), timeout=settings.timeout, env_extra=decision.env)
@@ -225,34 +384,25 @@ def _ok(decision, settings, pins, env, cache, fp) -> Outcome:
 def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
     kernel = decision.kernel
     if settings.mode == "report":
-        events.warning(f"{kernel}: would {decision.action} ({decision.reason}); FASTPATH_HOOKS_MODE=report, so "
-                       "nothing is installed", kernel, once=f"report-{kernel}")
+        why = _context["invalid"] or "FASTPATH_HOOKS_MODE=report"
+        events.warning(f"{kernel}: would {decision.action} ({decision.reason}); nothing is installed because {why}",
+                       kernel, once=f"report-{kernel}")
         if decision.on_failure == "block" and decision.installed:
             return _blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix)
         return Outcome(kernel, "reported", decision.reason)
     cached = cache.get(kernel, fp)
     if cached is not None and cached["state"] == "failed":
-        return _failed(decision, cached["reason"] + " (remembered; retried after FASTPATH_HOOKS_RETRY_AFTER)",
-                       remembered=True)
-
-    import filelock
-
-    from .state import environment_lock, environment_state_dir
-
+        return _failed(decision, cached["reason"], remembered=cached, settings=settings)
     try:
-        lock = environment_lock(settings)
-    except OSError as exc:
-        return _failed(decision, f"cannot create the install lock: {exc}")
-    try:
-        with lock:
+        with _EnvironmentLock(settings, kernel):
             return _act_locked(decision, settings, pins, cache, replanned)
-    except filelock.Timeout:
-        return _failed(decision, f"another process held the install lock for {settings.lock_timeout:.0f} s "
-                                 "(FASTPATH_HOOKS_LOCK_TIMEOUT)")
+    except _LockUnavailable as exc:
+        return _failed(decision, str(exc))
 
 
 def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
     from .installer import InstallError, recover, run_steps
+    from .plan import BLOCK, OK, REPAIR, SKIP
     from .state import environment_state_dir
 
     kernel = decision.kernel
@@ -272,7 +422,8 @@ def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
         return _skipped(current, plan) if current.action == SKIP else _blocked(current, current.reason, current.fix)
     cached = cache.get(kernel, fp)
     if cached is not None and cached["state"] == "failed":
-        return _failed(current, cached["reason"], remembered=True)
+        # another process failed while we waited: its verdict, not a second attempt
+        return _failed(current, cached["reason"], remembered=cached, settings=settings)
 
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(f"{kernel}: {verb} {_describe(current)} ({current.reason})", kernel)
@@ -291,6 +442,49 @@ def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
         events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
                        "disk; restart it to avoid running mixed versions", kernel)
     return Outcome(kernel, "repaired" if current.action == REPAIR else "installed", current.reason)
+
+
+# -- the environment lock -----------------------------------------------------------------
+
+class _LockUnavailable(Exception):
+    """The install lock could not be created or was held too long by another process."""
+
+
+class _EnvironmentLock:
+    """Hold the environment's install lock; say so once when another process holds it."""
+
+    def __init__(self, settings, kernel: str):
+        self.settings, self.kernel, self.lock = settings, kernel, None
+
+    def __enter__(self):
+        import filelock
+
+        from .state import environment_lock
+
+        settings = self.settings
+        try:
+            lock = environment_lock(settings)
+        except OSError as exc:
+            raise _LockUnavailable(f"cannot create the install lock: {exc}") from None
+        try:
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                events.status(f"{self.kernel}: waiting for another process that is installing into this environment "
+                              f"(at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)", self.kernel,
+                              once=f"wait-{self.kernel}")
+                lock.acquire()
+        except filelock.Timeout:
+            raise _LockUnavailable(f"another process held the install lock for {settings.lock_timeout:.0f} s "
+                                   "(FASTPATH_HOOKS_LOCK_TIMEOUT)") from None
+        except OSError as exc:
+            raise _LockUnavailable(f"cannot take the install lock {lock.lock_file}: {exc}") from None
+        self.lock = lock
+        return self
+
+    def __exit__(self, *exc_info):
+        self.lock.release()
+        return False
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -332,17 +526,25 @@ def _hazard_fix(pins, kernel: str) -> str:
     return ""
 
 
-def _note_simulation(env) -> None:
+def _note_simulation(kernel: str, env) -> None:
     """A posed accelerator this machine lacks: wrapped gates answer as on the posed machine."""
-    kind = None
+    posed = None
     if env.gpu_source == "target" and env.accelerator is not None:
+        posed = "xpu" if env.accelerator == "xpu" else "cuda"
+    _facts.setdefault(kernel, {})["posed"] = posed
+    _set_simulation(posed)
+
+
+def _set_simulation(posed: str | None) -> None:
+    kind = None
+    if posed is not None:
         torch = sys.modules.get("torch")
         real = False
         if torch is not None:
             try:
-                real = torch.cuda.is_available() if env.accelerator != "xpu" else torch.xpu.is_available()
+                real = torch.xpu.is_available() if posed == "xpu" else torch.cuda.is_available()
             except Exception:
                 real = False
         if not real:
-            kind = "xpu" if env.accelerator == "xpu" else "cuda"
+            kind = posed
     _simulation["kind"] = kind

@@ -4,6 +4,11 @@ The lock and the journal sit inside the environment they protect (next to
 site-packages), so every process and every user of a shared environment - NFS
 included - sees the same ones. The verdict cache is per user
 (FASTPATH_HOOKS_CACHE_DIR, default the user cache dir), keyed by environment.
+
+The warm path (`signature_environ`, `environment_signature`,
+`VerdictCache.from_environ`) runs at every first kernel import of every
+process, so it imports only what a Python process has anyway (no settings,
+pins, probe, platformdirs or packaging) and reads a handful of directories.
 """
 
 from __future__ import annotations
@@ -12,8 +17,15 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
+
+JOURNAL = "journal.json"        # written by transaction.py while an install runs
+STATE_DIR_NAME = ".fastpath-hooks"
+# Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
+SIGNATURE_VARIABLES = ("FLA_TILELANG", "CUDA_HOME", "CUDA_PATH", "PATH", "CUDA_VISIBLE_DEVICES",
+                       "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "XDG_CACHE_HOME", "HOME")
+# Where the kernel driver describes the GPUs without initialising CUDA/ROCm (cheap text files).
+_GPU_INFO = (("/proc/driver/nvidia/gpus", "information"), ("/sys/class/kfd/kfd/topology/nodes", "name"))
 
 
 def environment_key() -> str:
@@ -22,8 +34,17 @@ def environment_key() -> str:
 
 
 def cache_root(settings) -> str:
-    if settings.cache_dir:
-        return settings.cache_dir
+    return settings.cache_dir or default_cache_root()
+
+
+def default_cache_root(environ=None) -> str:
+    """platformdirs' user cache dir; on Linux computed the same way without importing it (~10 ms)."""
+    env = os.environ if environ is None else environ
+    if sys.platform.startswith("linux"):
+        base = env.get("XDG_CACHE_HOME", "")
+        if not base.strip():
+            base = os.path.expanduser("~/.cache")
+        return os.path.join(base, "fastpath-hooks")
     import platformdirs
 
     return platformdirs.user_cache_dir("fastpath-hooks", appauthor=False)
@@ -35,7 +56,7 @@ def environment_state_dir(settings) -> str:
 
     site = site_packages()
     if os.access(site, os.W_OK):
-        return os.path.join(site, ".fastpath-hooks")
+        return os.path.join(site, STATE_DIR_NAME)
     return os.path.join(cache_root(settings), "envs", environment_key())
 
 
@@ -49,6 +70,8 @@ def environment_lock(settings):
 
 
 def atomic_write_json(path: str, data) -> None:
+    import tempfile
+
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
@@ -68,22 +91,38 @@ def atomic_write_json(path: str, data) -> None:
 
 GOOD = "good"
 FAILED = "failed"
+SCHEMA = 1
 
 
 class VerdictCache:
-    """What was verified (or failed) per kernel, each under its own fingerprint.
+    """What was verified (or failed) per kernel, and the warm verdicts.
 
-    A kernel's fingerprint covers the interpreter, torch/triton/transformers, the
-    GPU archs and that kernel's own distributions, so installing fla does not
-    invalidate tilelang's verdict. A changed fingerprint invalidates the entry; a
-    corrupt or unreadable file is ignored (and rewritten at the next verdict),
-    never fatal; failures expire after `retry_after` seconds so restarts do not
-    hammer the index.
+    `kernels`: per kernel, under a fingerprint of the probed facts that kernel
+    depends on (the interpreter, torch/triton/transformers, the GPU archs and
+    that kernel's own distributions), so installing fla does not invalidate
+    tilelang's verdict. Failures expire after `retry_after` seconds so restarts
+    do not hammer the index.
+    `warm`: per kernel, a good outcome under the whole environment's signature;
+    a match skips the probe, the policy and every subprocess.
+    A changed fingerprint/signature invalidates an entry; a corrupt or unreadable
+    file is ignored (and rewritten at the next verdict), never fatal.
     """
 
-    def __init__(self, settings):
-        self.path = os.path.join(cache_root(settings), "verdicts", environment_key() + ".json")
-        self.retry_after = settings.retry_after
+    def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
+        root = root if root is not None else cache_root(settings)
+        self.path = os.path.join(root, "verdicts", environment_key() + ".json")
+        self.retry_after = retry_after if retry_after is not None else settings.retry_after
+
+    @classmethod
+    def from_environ(cls, captured: tuple) -> "VerdictCache":
+        """The cache FASTPATH_HOOKS_CACHE_DIR names (in `signature_environ()`), without parsing the settings."""
+        environ = dict(captured)
+        raw = environ.get("FASTPATH_HOOKS_CACHE_DIR")
+        if raw is not None and raw.strip():
+            root = os.path.abspath(os.path.expanduser(raw.strip()))
+        else:
+            root = default_cache_root(environ)
+        return cls(root=root, retry_after=0.0)
 
     def _read(self) -> dict:
         try:
@@ -91,8 +130,11 @@ class VerdictCache:
                 data = json.load(fh)
         except (OSError, ValueError, UnicodeDecodeError):
             return {}
-        if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict):
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             return {}
+        for section in ("kernels", "warm"):
+            if not isinstance(data.get(section), dict):
+                data[section] = {}
         return data
 
     def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
@@ -101,15 +143,39 @@ class VerdictCache:
             return None
         if entry.get("state") not in (GOOD, FAILED) or not isinstance(entry.get("ts"), (int, float)):
             return None
+        if not isinstance(entry.get("reason"), str):
+            return None
         if entry["state"] == FAILED and (time.time() if now is None else now) - entry["ts"] > self.retry_after:
             return None
         return entry
 
     def put(self, kernel: str, fingerprint: str, state: str, reason: str) -> bool:
-        data = self._read() or {"schema": 1, "kernels": {}}
-        data["schema"] = 1
+        return self._update("kernels", kernel, {"fingerprint": fingerprint, "state": state, "reason": reason,
+                                                "ts": time.time()})
+
+    def get_warm(self, kernel: str, signature: str) -> dict | None:
+        entry = self._read().get("warm", {}).get(kernel)
+        if not isinstance(entry, dict) or entry.get("signature") != signature:
+            return None
+        if not isinstance(entry.get("reason"), str) or entry.get("posed") not in (None, "cuda", "xpu"):
+            return None
+        pairs = entry.get("env") or []
+        if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                                                for p in pairs)):
+            return None
+        return entry
+
+    def put_warm(self, kernel: str, signature: str, entry: dict) -> bool:
+        return self._update("warm", kernel, dict(entry, signature=signature, ts=time.time()))
+
+    def _update(self, section: str, kernel: str, entry: dict) -> bool:
+        data = self._read() or {"kernels": {}, "warm": {}}
+        data["schema"] = SCHEMA
         data["prefix"] = os.path.realpath(sys.prefix)
-        data["kernels"][kernel] = {"fingerprint": fingerprint, "state": state, "reason": reason, "ts": time.time()}
+        data[section][kernel] = entry
+        if section == "kernels":
+            # a new verdict means the environment changed: warm verdicts are re-earned
+            data["warm"].pop(kernel, None)
         try:
             atomic_write_json(self.path, data)
             return True
@@ -119,9 +185,100 @@ class VerdictCache:
     def entries(self) -> dict:
         return dict(self._read().get("kernels", {}))
 
+    def warm_entries(self) -> dict:
+        return dict(self._read().get("warm", {}))
+
     def forget(self) -> bool:
         try:
             os.unlink(self.path)
             return True
         except FileNotFoundError:
             return False
+
+
+# -- the warm signature ----------------------------------------------------------------------
+
+def signature_environ(environ=None) -> tuple:
+    """The environment variables a decision can depend on, captured before a decision sets any."""
+    env = os.environ if environ is None else environ
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith("FASTPATH_HOOKS_") or k in SIGNATURE_VARIABLES))
+
+
+def environment_signature(captured: tuple) -> str | None:
+    """Everything a kernel decision depends on, read without probing; None while an install
+    is pending (a journal: running now, or killed half-way - the slow path recovers it).
+
+    Covered: fastpath-hooks' version and pins files, the interpreter, the variables in
+    `captured`, this host and its GPUs as the driver lists them, and every distribution on
+    sys.path (dist-info names carry versions; site-packages' mtime catches a same-version
+    reinstall such as another CUDA build of torch), the local wheelhouse's file names.
+    """
+    from . import __version__
+
+    env = dict(captured)
+    parts: list = [__version__, os.path.realpath(sys.prefix), sys.version, sys.implementation.name, captured]
+    uname = os.uname() if hasattr(os, "uname") else None
+    parts.append((uname.nodename, uname.machine) if uname else None)
+    for base, leaf in _GPU_INFO:
+        try:
+            nodes = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for node in nodes:
+            parts.append((node, _read_small(os.path.join(base, node, leaf))))
+    parts.append(os.path.isfile("/usr/local/cuda/bin/nvcc"))
+    pins_files = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "pins.json")]
+    if env.get("FASTPATH_HOOKS_PINS", "").strip():
+        pins_files.append(os.path.abspath(os.path.expanduser(env["FASTPATH_HOOKS_PINS"].strip())))
+    for path in pins_files:
+        parts.append(_stat_key(path))
+    stdlib = os.path.dirname(os.__file__)
+    skip = (stdlib, os.path.join(stdlib, "lib-dynload"))  # the interpreter's own: covered by sys.version
+    for entry in sys.path:
+        try:
+            directory = entry or os.getcwd()
+        except OSError:  # the working directory was deleted
+            continue
+        if directory in skip:
+            continue
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            parts.append((directory, _stat_key(directory)))
+            continue
+        if STATE_DIR_NAME in names and os.path.exists(os.path.join(directory, STATE_DIR_NAME, JOURNAL)):
+            return None
+        dists = sorted(n for n in names if n.endswith((".dist-info", ".egg-info", ".egg-link")) or n.startswith("~"))
+        if os.path.basename(directory) in ("site-packages", "dist-packages"):
+            parts.append((directory, _stat_key(directory), dists))
+        else:  # the script's directory or cwd: only distributions found there matter
+            parts.append(dists)
+    cache_dir = env.get("FASTPATH_HOOKS_CACHE_DIR", "").strip()
+    root = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else default_cache_root(env)
+    if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
+        return None
+    for location in env.get("FASTPATH_HOOKS_FIND_LINKS", "").replace(",", " ").split():
+        if "://" in location and not location.startswith("file://"):
+            continue
+        path = os.path.expanduser(location[len("file://"):] if location.startswith("file://") else location)
+        try:
+            parts.append((location, sorted(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))))
+        except OSError:
+            parts.append((location, None))
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _stat_key(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4096)
+    except OSError:
+        return None

@@ -1,0 +1,108 @@
+"""Helpers for tests that run the user's side as real processes: counting installer
+invocations, seeing which subprocesses a decision starts, tiny user scripts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+
+from . import venvs
+
+# Prepended to a user script: counts every process the interpreter starts from here on
+# (subprocess, os.posix_spawn, fork, exec*) - PEP 578 audit hooks see them all.
+AUDIT_PRELUDE = r'''
+import sys as _sys
+SPAWNS = []
+def _count_spawns(event, args):
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.system", "os.spawn"):
+        SPAWNS.append(event)
+_sys.addaudithook(_count_spawns)
+'''
+
+# A tiny Qwen3.5 (2 linear-attention layers + 1 full) - the modeling module transformers
+# 5.15+ resolves fla / causal-conv1d in at import time (era C).
+TINY_MODEL = r'''
+def build_tiny_model():
+    import inspect
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        layer_types=["linear_attention", "linear_attention", "full_attention"], num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=2,
+        linear_key_head_dim=32, linear_value_head_dim=32, vocab_size=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    ids = torch.randint(0, 128, (1, 6))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    module = sys.modules[type(model).__module__]
+    kernels = {}
+    for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule"):
+        fn = getattr(module, name)
+        impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
+        kernels[name] = impl.__module__
+    return {"loss": loss.item(), "kernels": kernels}
+'''
+TORCH_IMPLEMENTATION = "transformers.models.qwen3_5.modeling_qwen3_5"
+
+
+def run_env(**extra) -> dict:
+    """clean_env() that lets Python write bytecode: every test venv then compiles transformers
+    once instead of in every process (PYTHONDONTWRITEBYTECODE is set on some machines)."""
+    env = venvs.clean_env(**extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def real_uv() -> str:
+    return shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
+
+
+def link_uv(venv) -> str:
+    """Make uv available in the venv's bin, where fastpath-hooks looks for it first."""
+    path = os.path.join(venv.bin, "uv")
+    if not os.path.exists(path):
+        os.symlink(real_uv(), path)
+    return path
+
+
+def counting_uv(venv, log: str) -> str:
+    """Put a `uv` into the venv's bin (where fastpath-hooks looks first) that logs each call
+    (parent pid + arguments) to `log` and then runs the real uv."""
+    real = real_uv()
+    path = os.path.join(venv.bin, "uv")
+    with open(path, "w") as fh:
+        fh.write(f'#!/bin/sh\necho "$PPID $*" >> "{log}"\nexec "{real}" "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def installer_calls(log: str) -> list[tuple[int, str]]:
+    """[(pid of the process that ran the installer, its arguments)] from a counting_uv log."""
+    try:
+        with open(log) as fh:
+            rows = [line.rstrip("\n").split(" ", 1) for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(int(pid), args) for pid, args in rows]
+
+
+def closed_port() -> int:
+    """A localhost port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def silent_server() -> socket.socket:
+    """A localhost 'index' that accepts connections (the kernel completes the handshake from
+    the backlog) and never answers a byte. Close it to stop it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    return s

@@ -1,0 +1,269 @@
+"""The verdict cache: later starts skip probes and subprocesses; failures are remembered
+for a while; a changed environment invalidates; a corrupt cache is never fatal.
+
+The first tests use the cache directly on real files; the others run the user's side in
+real processes of a real venv and count, with a PEP 578 audit hook, every process the
+decision starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from conftest import A100, CAUSAL_WHEEL, offline_env
+from fastpath_hooks.settings import Settings
+from fastpath_hooks.state import VerdictCache, environment_signature, signature_environ
+from support import wheels
+from support.processes import AUDIT_PRELUDE, counting_uv, installer_calls, link_uv
+
+
+# -- the cache file ------------------------------------------------------------------------
+
+@pytest.fixture
+def cache(tmp_path):
+    return VerdictCache(Settings(cache_dir=str(tmp_path), retry_after=60.0))
+
+
+def test_a_verdict_is_found_under_its_fingerprint_only(cache):
+    assert cache.get("fla", "fp1") is None
+    assert cache.put("fla", "fp1", "good", "verified")
+    assert cache.get("fla", "fp1")["reason"] == "verified"
+    assert cache.get("fla", "fp2") is None            # a changed environment
+    assert cache.get("tilelang", "fp1") is None       # per kernel
+
+
+def test_a_failure_is_remembered_for_retry_after_seconds(cache):
+    cache.put("fla", "fp", "failed", "index unreachable")
+    ts = cache.get("fla", "fp")["ts"]
+    assert cache.get("fla", "fp", now=ts + 59)["reason"] == "index unreachable"
+    assert cache.get("fla", "fp", now=ts + 61) is None
+    cache.put("fla", "fp", "good", "verified")        # successes do not expire
+    assert cache.get("fla", "fp", now=ts + 10 ** 6) is not None
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b"\xff\xfe garbage", b"[]", b'{"schema": 1, "kernels": []}',
+                                     b'{"schema": 99, "kernels": {}}',
+                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good"}}}',
+                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": 3, "ts": 1}}}',
+                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "env": 5}}}'])
+def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
+    os.makedirs(os.path.dirname(cache.path))
+    with open(cache.path, "wb") as fh:
+        fh.write(content)
+    assert cache.get("fla", "fp") is None
+    assert cache.get_warm("fla", "s") is None
+    assert cache.entries() == {} or all(isinstance(v, dict) for v in cache.entries().values())
+    assert cache.put("fla", "fp", "good", "verified")
+    with open(cache.path) as fh:
+        assert json.load(fh)["kernels"]["fla"]["state"] == "good"
+
+
+def test_an_unreadable_cache_is_never_fatal(cache):
+    os.makedirs(cache.path)  # a directory where the file belongs: reads and writes fail
+    assert cache.get("fla", "fp") is None
+    assert cache.put("fla", "fp", "good", "verified") is False
+    assert cache.put_warm("fla", "sig", {"reason": "r", "posed": None, "env": []}) is False
+    assert cache.get_warm("fla", "sig") is None
+
+
+def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache):
+    cache.put_warm("fla", "sig", {"reason": "fla 0.6.0 installed", "posed": "cuda", "env": [["FLA_TILELANG", "0"]]})
+    assert cache.get_warm("fla", "sig")["env"] == [["FLA_TILELANG", "0"]]
+    assert cache.get_warm("fla", "other") is None
+    cache.put("fla", "fp", "failed", "broken")
+    assert cache.get_warm("fla", "sig") is None
+    assert cache.forget() and not os.path.exists(cache.path) and cache.forget() is False
+
+
+# -- the environment signature (the warm path's key) ----------------------------------------
+
+def test_the_signature_changes_with_what_a_decision_depends_on(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    env = (("FASTPATH_HOOKS_TARGET", A100),)
+    first = environment_signature(env)
+    assert first == environment_signature(env)
+    assert environment_signature((("FASTPATH_HOOKS_TARGET", A100 + ",python=3.12"),)) != first
+    (site / "fla_core-0.6.0.dist-info").mkdir()                 # an install
+    second = environment_signature(env)
+    assert second != first
+    (site / "fla_core-0.6.0.dist-info").rename(site / "fla_core-0.5.2.dist-info")
+    assert environment_signature(env) not in (first, second)    # another version
+    (site / "unrelated.py").write_text("")                      # site-packages' mtime: a reinstall in place
+    assert environment_signature(env) != second
+
+
+def test_no_signature_while_an_install_is_pending(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    (site / ".fastpath-hooks").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    assert environment_signature(()) is not None
+    (site / ".fastpath-hooks" / "journal.json").write_text("{}")
+    assert environment_signature(()) is None
+
+
+def test_a_deleted_working_directory_is_not_an_error(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    monkeypatch.setattr(sys, "path", [""] + sys.path)  # `python -c` puts the working directory first
+    gone.rmdir()
+    assert environment_signature(()) is not None
+
+
+def test_the_signature_covers_the_wheelhouse_and_only_relevant_variables(tmp_path, monkeypatch):
+    house = tmp_path / "wheels"
+    house.mkdir()
+    monkeypatch.setenv("FASTPATH_HOOKS_FIND_LINKS", str(house))
+    monkeypatch.setenv("SOME_OTHER_VARIABLE", "1")
+    captured = signature_environ()
+    assert ("FASTPATH_HOOKS_FIND_LINKS", str(house)) in captured
+    assert not any(name == "SOME_OTHER_VARIABLE" for name, _ in captured)
+    before = environment_signature(captured)
+    (house / "fla_core-0.6.0-py3-none-any.whl").write_bytes(b"")
+    assert environment_signature(captured) != before
+
+
+# -- in real processes ------------------------------------------------------------------------
+
+# find_spec() resolves `import causal_conv1d` - through the import hook - without running the
+# module (which imports torch: seconds per run, and nothing to do with the decision).
+CAUSAL_SCRIPT = AUDIT_PRELUDE + r'''
+import importlib.util, json, sys
+import fastpath_hooks
+fastpath_hooks.install()
+spec = importlib.util.find_spec("causal_conv1d")
+from fastpath_hooks import runtime
+print(json.dumps({"state": runtime.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS),
+                  "probed": "fastpath_hooks.probe" in sys.modules,
+                  "fake": "FAKE_CAUSAL_CONV1D" in open(spec.origin).read()}))
+'''
+
+FLA_SCRIPT = AUDIT_PRELUDE + r'''
+import json
+import fastpath_hooks
+fastpath_hooks.install()
+try:
+    import fla
+except ImportError:
+    pass
+from fastpath_hooks import runtime
+outcome = runtime.outcomes()["fla"]
+print(json.dumps({"state": outcome.state, "reason": outcome.reason, "spawns": len(SPAWNS)}))
+'''
+
+
+def _run(venv, script, env):
+    proc = venv.run(script, env=env, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _verdict_file(cache_dir: str) -> str:
+    (name,) = os.listdir(os.path.join(cache_dir, "verdicts"))
+    return os.path.join(cache_dir, "verdicts", name)
+
+
+def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wheelhouse, test_pins, tmp_path):
+    venv = make_venv(transformers=None)
+    link_uv(venv)
+    wheelhouse = make_wheelhouse(causal=True)
+    cache_dir = str(tmp_path / "cache")
+    env = offline_env(wheelhouse, A100, cache_dir=cache_dir, pins=test_pins(wheelhouse), FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    first, err = _run(venv, CAUSAL_SCRIPT, env)
+    assert first["state"] == "installed" and first["fake"] and first["spawns"] > 0, (first, err)
+
+    # A later start: the warm verdict answers; neither the probe nor any subprocess runs.
+    warm, err = _run(venv, CAUSAL_SCRIPT, env)
+    assert warm == {"state": "ok", "spawns": 0, "probed": False, "fake": True}, err
+    assert "fastpath-hooks" not in err  # nothing to say
+
+    # Without the warm verdict the probe runs, but the kernel's verified verdict saves the child process.
+    path = _verdict_file(cache_dir)
+    with open(path) as fh:
+        data = json.load(fh)
+    data.pop("warm")
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+    probed, _ = _run(venv, CAUSAL_SCRIPT, env)
+    assert probed == {"state": "ok", "spawns": 0, "probed": True, "fake": True}
+
+    # A corrupt cache: ignored (verified again, in a child process) and rewritten.
+    with open(path, "wb") as fh:
+        fh.write(b'{"schema": 1, "kernels": {"causal-conv1d": \xff')
+    reverified, err = _run(venv, CAUSAL_SCRIPT, env)
+    assert reverified["state"] == "ok" and reverified["spawns"] == 1, (reverified, err)
+    with open(path) as fh:
+        data = json.load(fh)
+    assert data["kernels"]["causal-conv1d"]["state"] == "good" and "causal-conv1d" in data["warm"]
+    assert _run(venv, CAUSAL_SCRIPT, env)[0]["spawns"] == 0
+
+    # `doctor --refresh` forgets it all.
+    doctor = venv.cli("doctor", "--refresh", env=env)
+    assert doctor.returncode == 0, doctor.stderr
+    assert not os.path.exists(path)
+    forgotten, _ = _run(venv, CAUSAL_SCRIPT, env)
+    assert forgotten["state"] == "ok" and forgotten["spawns"] == 1
+
+    # Another distribution installed: a new environment signature (the probe runs again), but
+    # causal-conv1d's own fingerprint is unchanged, so it is not verified again.
+    venv.uv_install(os.path.join(wheelhouse, [n for n in os.listdir(wheelhouse) if n.startswith("einops")][0]),
+                    no_deps=True)
+    unrelated, _ = _run(venv, CAUSAL_SCRIPT, env)
+    assert unrelated == {"state": "ok", "spawns": 0, "probed": True, "fake": True}
+
+    # causal-conv1d itself changed (another build): its fingerprint changed, so it is verified again.
+    other = wheels.fake_causal_conv1d(str(tmp_path), CAUSAL_WHEEL.replace("1.6.2.post1", "1.6.1"), version="1.6.1")
+    venv.uv_install(other, no_deps=True, extra=("--reinstall",))
+    changed, _ = _run(venv, CAUSAL_SCRIPT, env)
+    assert changed["state"] == "ok" and changed["spawns"] == 1 and changed["probed"]
+
+
+def test_a_failed_attempt_is_remembered_until_retry_after(make_venv, make_wheelhouse, tmp_path):
+    venv = make_venv(transformers=None)
+    log = str(tmp_path / "uv-calls.log")
+    counting_uv(venv, log)
+    wheelhouse = make_wheelhouse(fla="0.6.0", fla_broken="raise")
+    env = offline_env(wheelhouse, A100, cache_dir=str(tmp_path / "cache"), FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    first, err = _run(venv, FLA_SCRIPT, env)
+    assert first["state"] == "failed" and "broken on purpose" in first["reason"], (first, err)
+    assert "fla: could not install - verification failed" in err
+    attempts = len(installer_calls(log))
+    assert attempts >= 2  # the deps step and the kernel step
+    failed_at = time.time()
+
+    # Remembered: no installer, no subprocess at all, and the message says why and for how long.
+    again, err = _run(venv, FLA_SCRIPT, env)
+    assert again["state"] == "failed" and again["spawns"] == 0, (again, err)
+    assert len(installer_calls(log)) == attempts
+    assert "fla: an earlier attempt to install failed - verification failed" in err
+    assert "not retried for 60 min (FASTPATH_HOOKS_RETRY_AFTER" in err
+
+    # Expired: FASTPATH_HOOKS_RETRY_AFTER=1, a second later, retries.
+    time.sleep(max(0.0, failed_at + 1.2 - time.time()))
+    retried, err = _run(venv, FLA_SCRIPT, dict(env, FASTPATH_HOOKS_RETRY_AFTER="1"))
+    assert retried["state"] == "failed" and len(installer_calls(log)) == 2 * attempts, (retried, err)
+    assert "fla: could not install" in err
+
+    # A changed fingerprint (einops, one of fla's runtime dependencies, now installed) retries at once.
+    venv.uv_install(os.path.join(wheelhouse, [n for n in os.listdir(wheelhouse) if n.startswith("einops")][0]),
+                    no_deps=True)
+    _run(venv, FLA_SCRIPT, env)
+    assert len(installer_calls(log)) > 2 * attempts
+
+    # And `doctor --refresh` forgets a remembered failure.
+    calls = len(installer_calls(log))
+    assert _run(venv, FLA_SCRIPT, env)[0]["spawns"] == 0
+    assert venv.cli("doctor", "--refresh", env=env).returncode == 0
+    _run(venv, FLA_SCRIPT, env)
+    assert len(installer_calls(log)) > calls

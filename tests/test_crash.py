@@ -1,0 +1,168 @@
+"""Crash safety: a process killed (SIGKILL) mid-install or while waiting for the lock.
+
+The next run must find the interrupted install (its journal), restore the state before
+it, install again and verify - without waiting on a stale lock (flock dies with its
+holder) and without anything half-installed left behind.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import A100, offline_env
+from fastpath_hooks import state, transaction
+from support.processes import link_uv
+
+PADDING = 3000  # small modules in the fake fla: extracting them takes seconds, long enough to be killed
+USER_SCRIPT = r'''
+import json
+import fastpath_hooks
+fastpath_hooks.install()
+import fla
+from fastpath_hooks import runtime
+print(json.dumps({"version": fla.__version__, "state": runtime.outcomes()["fla"].state}))
+'''
+HOLD_LOCK = r'''
+import sys
+from fastpath_hooks.settings import Settings
+from fastpath_hooks.state import environment_lock
+lock = environment_lock(Settings.from_env())
+lock.acquire()
+print("held", flush=True)
+sys.stdin.readline()
+'''
+
+
+def _popen(venv, code, env, tmp_path, name):
+    out = open(tmp_path / f"{name}.out", "w")
+    err = open(tmp_path / f"{name}.err", "w")
+    return subprocess.Popen([venv.python, "-c", code], env=env, cwd=str(tmp_path), stdout=out, stderr=err,
+                            stdin=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, timeout: float, proc=None, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the process ended (exit {proc.returncode}) before {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def _children_of_venv(venv) -> list:
+    """Processes still running the venv's interpreter (an installer left behind would be one)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if venv.path in cmd and ("pip" in cmd or "uv" in cmd):
+            out.append(cmd)
+    return out
+
+
+def _fla_files(venv) -> int:
+    return len(glob.glob(os.path.join(venv.site, "fla", "_padding", "*.py")))
+
+
+def test_journal_name_matches_the_transaction():
+    # state.py looks for the journal without importing transaction.py (the warm path)
+    assert state.JOURNAL == transaction.JOURNAL
+
+
+@pytest.mark.parametrize("moment", ["extracting", "verifying"])
+def test_sigkill_mid_install_then_next_run_recovers_and_installs(moment, make_venv, make_wheelhouse, tmp_path):
+    venv = make_venv(transformers=None)
+    link_uv(venv)
+    wheelhouse = make_wheelhouse(fla="0.6.0", fla_padding=PADDING)
+    env = offline_env(wheelhouse, A100, cache_dir=str(tmp_path / "cache"), FASTPATH_HOOKS_INSTALLER="uv",
+                      FASTPATH_HOOKS_LOCK_TIMEOUT="60")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # pip writes a wheel's files one by one (uv links them all at once): the victim uses pip
+    victim_env = dict(env, FASTPATH_HOOKS_INSTALLER="pip" if moment == "extracting" else "uv")
+    pip_check_before = venv.pip_check()
+    journal = os.path.join(venv.site, ".fastpath-hooks", state.JOURNAL)
+    core_info = os.path.join(venv.site, "fla_core-0.6.0.dist-info")
+    layers_info = os.path.join(venv.site, "flash_linear_attention-0.6.0.dist-info")
+
+    victim = _popen(venv, USER_SCRIPT, victim_env, tmp_path, "victim")
+    if moment == "extracting":  # pip is writing fla's files
+        _wait_for(lambda: _fla_files(venv) > 0, 120, victim, "fla's files appear")
+    else:                       # both distributions are complete; the child-process verification runs
+        _wait_for(lambda: os.path.isdir(core_info) and os.path.isdir(layers_info), 120, victim,
+                  "fla's distributions are installed")
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    _wait_for(lambda: not _children_of_venv(venv), 10, what="the installer to die with its parent")
+
+    # What the kill left: a journal and a half-done fla.
+    assert os.path.exists(journal)
+    assert os.path.isdir(os.path.join(venv.site, "fla"))
+    if moment == "extracting":
+        assert _fla_files(venv) < PADDING or not os.path.isdir(core_info)
+
+    start = time.monotonic()
+    rerun = venv.run(USER_SCRIPT, env=env, timeout=300)
+    seconds = time.monotonic() - start
+    assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
+    assert "was interrupted" in rerun.stderr and "fla: installed" in rerun.stderr, rerun.stderr
+    assert "waiting for another process" not in rerun.stderr, rerun.stderr  # the killed holder's flock is gone
+    assert seconds < 60, seconds
+    assert json.loads(rerun.stdout.strip().splitlines()[-1]) == {"version": "0.6.0", "state": "installed"}
+
+    # Complete and clean: every file, no journal or backups, no pip stash, pip check as before.
+    assert _fla_files(venv) == PADDING
+    assert not os.path.exists(journal)
+    assert not glob.glob(os.path.join(venv.site, ".fastpath-hooks", "backup*"))
+    assert not [n for n in os.listdir(venv.site) if n.startswith("~")]
+    assert venv.pip_check() == pip_check_before
+    # and the next start just uses it
+    again = venv.run(USER_SCRIPT, env=env)
+    assert json.loads(again.stdout.strip().splitlines()[-1])["state"] == "ok", again.stderr
+
+
+def test_process_killed_while_waiting_for_the_lock(make_venv, make_wheelhouse, tmp_path):
+    import filelock
+
+    venv = make_venv(transformers=None)
+    link_uv(venv)
+    wheelhouse = make_wheelhouse(fla="0.6.0")
+    env = offline_env(wheelhouse, A100, cache_dir=str(tmp_path / "cache"), FASTPATH_HOOKS_LOCK_TIMEOUT="120",
+                      FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    before = sorted(os.listdir(venv.site))
+
+    holder = _popen(venv, HOLD_LOCK, env, tmp_path, "holder")  # another process, holding the environment's lock
+    _wait_for(lambda: "held" in (tmp_path / "holder.out").read_text(), 60, holder, "the holder takes the lock")
+    waiter = _popen(venv, USER_SCRIPT, env, tmp_path, "waiter")
+    _wait_for(lambda: "waiting for another process" in (tmp_path / "waiter.err").read_text(), 60, waiter,
+              "the waiter reports that it waits")
+    waiter.send_signal(signal.SIGKILL)
+    assert waiter.wait(timeout=30) == -signal.SIGKILL
+
+    # The waiter changed nothing, and the holder still holds the lock.
+    lock_file = os.path.join(venv.site, ".fastpath-hooks", "install.lock")
+    with pytest.raises(filelock.Timeout):
+        filelock.FileLock(lock_file).acquire(timeout=0)
+    assert sorted(os.listdir(venv.site)) == sorted(set(before) | {".fastpath-hooks"})
+    assert not os.path.exists(os.path.join(venv.site, ".fastpath-hooks", state.JOURNAL))
+
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=30) == 0
+
+    rerun = venv.run(USER_SCRIPT, env=env, timeout=300)
+    assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
+    assert "waiting for another process" not in rerun.stderr, rerun.stderr
+    assert json.loads(rerun.stdout.strip().splitlines()[-1]) == {"version": "0.6.0", "state": "installed"}
