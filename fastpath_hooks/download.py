@@ -80,6 +80,8 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
                               env={**os.environ, "FASTPATH_HOOKS_DISABLE": "1"})
         if proc.returncode != 0:
             tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            if "No module named pip" in proc.stderr:
+                tail += f" (download runs `pip download` with {sys.executable}: `{sys.executable} -m ensurepip` adds pip)"
             raise DownloadError(f"pip download failed for {' '.join(binary)}: {tail}")
     for step in wheels:
         _fetch(step, dest, settings)

@@ -2,11 +2,16 @@
 
 Protections, in order: the environment lock is held by the caller; an
 interrupted earlier install is rolled back first; only allow-listed
-distributions are named; protected distributions are pinned by a constraints
-file and checked unchanged afterwards; every step has a timeout and a heartbeat;
-resolved versions are checked (a range dependency can pull a broken one back);
-the kernel is imported in a child process; any failure restores exactly what
-was there before.
+distributions are named; a constraints file pins the protected distributions
+(torch, triton, numpy, transformers) and every other installed one the steps do
+not name, so a dependency resolve can only add; after every step, before any
+other interpreter starts (a stranger's .pth file would run in it), only
+allow-listed distributions may have changed and the protected ones not at all;
+every step has a timeout and a heartbeat every 30 s; in auto mode a step uv
+rejects (e.g. an LZMA-compressed wheel) is retried with pip; resolved versions
+are checked (a range dependency can pull a broken one back); the kernel is
+imported in a child process; any failure restores exactly what was there before
+(see transaction.py).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from . import events
 from .commands import choose_installer, constraints, invocation
@@ -69,6 +74,7 @@ def recover(state_dir: str) -> list:
     """Roll back an interrupted install found in `state_dir` (call with the lock held)."""
     tx = Transaction.pending(state_dir)
     if tx is None:
+        Transaction.discard_stale(state_dir)
         return []
     events.warning(f"an earlier install was interrupted ({tx.description or tx.id}); restoring the state before it")
     done = tx.rollback()
@@ -78,6 +84,8 @@ def recover(state_dir: str) -> list:
 
 def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=()) -> InstallResult:
     """Execute `decision.steps` in one transaction; verify; roll back on any failure."""
+    import shutil
+
     from .verify import verify
 
     check_allowed(decision.steps, pins)
@@ -95,13 +103,21 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     try:
         cfile = os.path.join(tmp, "constraints.txt")
         with open(cfile, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(constraints(real_before, pins.protected)) + "\n")
-        tx.begin()
+            fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
+        try:
+            tx.begin()
+        except OSError as exc:
+            tx.commit()  # nothing was installed yet: drop the partial backup
+            raise InstallError(f"could not back up the current state before installing ({exc}); "
+                               "nothing was changed") from None
         try:
             for step in decision.steps:
                 local = _fetch_wheel(step, settings, tmp) if step.kind == "wheel" else None
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
                                       local=local, kernel=decision.kernel)
+                # Before the next interpreter starts (installer or verification), which would run a
+                # stranger's .pth file: only allow-listed distributions may have changed.
+                _check_changes(installed_versions(), protected_before, real_before, pins)
             after = installed_versions()
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
@@ -118,8 +134,6 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             raise InstallError(detail) from None
         tx.commit()
     finally:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     import importlib
 
@@ -128,22 +142,67 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     return InstallResult(decision.kernel, changed, time.monotonic() - start, installer, _restart_advised(changed))
 
 
-def _check_result(decision, after: dict, protected_before: dict, before: dict, pins, env) -> None:
+def constraint_lines(installed: dict, protected, names) -> list:
+    """Pin every installed distribution the steps do not name to its current version.
+
+    The protected ones (torch, triton, numpy, transformers) come first, as `commands.constraints`
+    writes them; the rest keep a dependency resolve from upgrading anything the user has that
+    is not backed up by the transaction (only the named distributions are).
+    """
+    from packaging.requirements import InvalidRequirement
+
+    lines = constraints(installed, protected)
+    named = {canonical_name(n) for n in names}
+    for name in sorted(installed):
+        if name in named or name in protected or name.startswith("~"):
+            continue
+        line = f"{name}=={installed[name]}"
+        try:
+            Requirement(line)
+            Version(installed[name])
+        except (InvalidRequirement, InvalidVersion):
+            continue
+        lines.append(line)
+    return lines
+
+
+def _check_changes(after: dict, protected_before: dict, before: dict, pins) -> None:
     for name, version in protected_before.items():
         if after.get(name) != version:
             raise InstallError(f"the installer changed protected {name} ({version} -> {after.get(name)})")
+    changed = set(after) | set(before)
+    strangers = sorted(n for n in changed if before.get(n) != after.get(n) and n not in pins.allowed)
+    if strangers:
+        what = ", ".join(f"{n} ({before.get(n) or 'absent'} -> {after.get(n) or 'removed'})" for n in strangers)
+        raise InstallError(f"the installer changed {what}, which is not on the pins' allow-list")
+
+
+def _check_result(decision, after: dict, protected_before: dict, before: dict, pins, env) -> None:
+    _check_changes(after, protected_before, before, pins)
     for name, version in decision.target.items():
         have = after.get(canonical_name(name))
-        if have is None or Version(have.split("+")[0]) != Version(version.split("+")[0]):
+        if not same_release(have, version):
             raise InstallError(f"{name} resolved to {have}, not the pinned {version}")
     tl, ffi = after.get("tilelang"), after.get("apache-tvm-ffi")
     if tl and ffi and "tilelang" in decision.target:
         broken = pins.broken_for(tl, ffi, env.gpus)
         if broken is not None:
             raise InstallError(f"resolved to tilelang {tl} + apache-tvm-ffi {ffi}, a broken pair ({broken.effect})")
-    strangers = sorted(n for n, v in after.items() if before.get(n) != v and n not in pins.allowed)
-    if strangers:
-        raise InstallError(f"the installer changed {', '.join(strangers)}, which is not on the allow-list")
+
+
+def same_release(have: str | None, pinned: str) -> bool:
+    """`have` is the pinned version. A pin without a local label accepts any local build of that
+    version (the causal-conv1d release wheel 1.6.2.post1+cu12torch2.10cxx11abiTRUE is 1.6.2.post1);
+    a pin with one must match it exactly."""
+    if have is None:
+        return False
+    try:
+        got, want = Version(have), Version(pinned)
+    except InvalidVersion:
+        return have == pinned
+    if want.local is not None:
+        return got == want
+    return Version(got.public) == want
 
 
 def _fetch_wheel(step, settings, tmp: str) -> str:
@@ -179,7 +238,8 @@ def _check_sha(path: str, expected: str | None) -> None:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise InstallError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned {expected}")
+        raise InstallError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned "
+                           f"{expected} (a corrupt or substituted file); refusing it")
 
 
 def _run_step(step, *, installer, settings, env, cfile, local, kernel) -> str:
@@ -191,11 +251,16 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel) -> str:
         events.status(f"{_step_label(step)}: done in {seconds:.1f} s ({installer})", kernel, human=False)
         return installer
     if code is None:
-        raise InstallError(f"{_step_label(step)} did not finish within {settings.timeout:.0f} s (FASTPATH_HOOKS_TIMEOUT)")
+        raise InstallError(f"{_step_label(step)} did not finish within {settings.timeout:.0f} s "
+                           "(FASTPATH_HOOKS_TIMEOUT)")
     if installer == "uv" and settings.installer == "auto":
+        # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({tail}); retrying with pip", kernel)
         return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel)
-    raise InstallError(f"{_step_label(step)} failed ({installer} exit {code}): {tail}")
+    hint = ""
+    if code == 127 and installer == "uv":
+        hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"
+    raise InstallError(f"{_step_label(step)} failed ({installer} exit {code}): {tail}{hint}")
 
 
 def _step_label(step) -> str:
@@ -234,9 +299,12 @@ def _execute(inv, timeout: float, kernel, label: str):
 
 
 def _summary(text: str) -> str:
+    """The installer's error and the lines that explain it (uv puts the cause on the lines after
+    `error:`), else its last lines."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.lower().startswith(("error", "×", "x ", "  ×")) or "error:" in ln.lower()]
-    chosen = (errors or lines)[-3:]
+    first = next((i for i, ln in enumerate(lines)
+                  if ln.lower().startswith(("error", "×", "x ")) or "error:" in ln.lower()), None)
+    chosen = lines[first:first + 4] if first is not None else lines[-3:]
     return " | ".join(chosen)[-600:]
 
 
@@ -288,5 +356,5 @@ def _restart_advised(changed: dict) -> tuple:
                     top = rel.split(os.sep, 1)[0]
                     if not top.endswith(".dist-info"):
                         tops.add(top[:-3] if top.endswith(".py") else top)
-        out.extend(t for t in sorted(tops) if t in sys.modules)
+        out.extend(t for t in sorted(tops) if t in sys.modules and t not in out)
     return tuple(out)

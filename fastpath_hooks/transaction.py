@@ -1,13 +1,16 @@
 """Undo for installs: back up what may be replaced, journal it, restore it exactly.
 
-`begin()` copies every file (per RECORD) of each installed distribution the
-steps may change into a backup beside a journal; `rollback()` removes whatever
-those distributions are now (per their RECORD) and puts the copies back, so the
-environment is exactly as before - also after a crash: a journal found at the
-next start (under the environment lock, so its writer is dead) is rolled back
-first. Files nobody owns that appeared during an interrupted install (a
-half-extracted wheel has no RECORD yet) and pip's `~name` stash directories are
-removed too. Nothing outside these distributions is ever touched.
+`begin()` copies every file of each installed distribution the steps may
+change (its RECORD plus its whole dist-info directory, every copy when a
+killed installer left two) into a backup beside a journal, and lists every
+file in site-packages. `rollback()` removes those distributions as they are
+now and every distribution that appeared since `begin()`, puts the copies
+back, and deletes every file that was not there at `begin()` - a
+half-extracted wheel (no RECORD yet), pip's `~name` stash directories, stray
+bytecode - so site-packages is exactly as before. A journal found at the next
+start (under the environment lock, so its writer is dead) is rolled back the
+same way. Files that existed before and belong to other distributions are
+never touched.
 """
 
 from __future__ import annotations
@@ -23,73 +26,126 @@ from .distributions import canonical_name, record_files, scan
 from .state import atomic_write_json
 
 JOURNAL = "journal.json"
+LISTING = "listing.json"
+BACKUP_PREFIX = "backup-"
 
 
 class Transaction:
-    def __init__(self, state_dir: str, site_dir: str, names, description: str = ""):
+    def __init__(self, state_dir: str, site_dir: str, names, description: str = "", prefix: str | None = None):
         self.state_dir = state_dir
         self.site_dir = os.path.realpath(site_dir)
-        self.prefix = os.path.realpath(sys.prefix)  # console scripts live in <prefix>/bin
+        self.prefix = os.path.realpath(prefix or sys.prefix)  # console scripts live in <prefix>/bin
         self.names = sorted({canonical_name(n) for n in names})
         self.description = description
         self.id = uuid.uuid4().hex[:12]
-        self.backup_dir = os.path.join(state_dir, "backup-" + self.id)
+        self.backup_dir = os.path.join(state_dir, BACKUP_PREFIX + self.id)
         self.journal_path = os.path.join(state_dir, JOURNAL)
         self.before: dict = {}
         self.manifest: list = []
-        self.listing: list = []
+        self.listing: list = []      # top-level entries of site-packages at begin()
+        self.dist_dirs: list = []    # every *.dist-info / *.egg-info at begin()
+        self.before_dirs: dict = {}  # name -> its dist-info directories at begin() (two after a crash)
 
     # -- lifecycle -------------------------------------------------------------
     def begin(self) -> None:
-        found, _ = scan([self.site_dir])
+        found, dups = scan([self.site_dir])
         self.listing = sorted(os.listdir(self.site_dir))
+        self.dist_dirs = sorted(e for e in self.listing if e.endswith((".dist-info", ".egg-info")))
         os.makedirs(self.backup_dir, exist_ok=True)
+        atomic_write_json(os.path.join(self.backup_dir, LISTING), _file_listing(self.site_dir, self._skip_dir()))
         for name in self.names:
-            dist = found.get(name)
-            self.before[name] = dist.version if dist else None
-            if dist is None:
-                continue
-            for path in record_files(dist):
-                if not os.path.isfile(path) or os.path.islink(path):
-                    continue
-                target = os.path.join(self.backup_dir, str(len(self.manifest)))
-                shutil.copy2(path, target)
-                self.manifest.append([path, target])
+            instances = _instances(name, found, dups)
+            self.before[name] = instances[0].version if instances else None
+            self.before_dirs[name] = sorted(os.path.basename(d.path) for d in instances)
+            seen: set = set()
+            for dist in instances:
+                for path in record_files(dist) + _tree(dist.path):
+                    if path in seen or not os.path.isfile(path) or os.path.islink(path):
+                        continue
+                    seen.add(path)
+                    target = os.path.join(self.backup_dir, str(len(self.manifest)))
+                    shutil.copy2(path, target)
+                    self.manifest.append([path, target, name])
         self._write_journal()
 
     def commit(self) -> None:
-        shutil.rmtree(self.backup_dir, ignore_errors=True)
+        # The journal goes first: a crash between the two steps leaves a stale backup (removed by
+        # `discard_stale`), never a journal that points at missing backups.
         try:
             os.unlink(self.journal_path)
         except FileNotFoundError:
             pass
+        if self.backup_dir:
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def rollback(self) -> list:
         """Restore the before-state; returns a list of what was done (for the report)."""
         done = []
-        found, dups = scan([self.site_dir])
-        owned = set()
-        for name in self.names:
-            current = [found[name]] if name in found else []
-            current += [d for d in dups.get(name, []) if d not in current]
-            for dist in current:
-                files = record_files(dist)
-                for path in files:
-                    if _inside(path, self.site_dir) or _inside(path, self.prefix):
-                        _remove(path)
-                shutil.rmtree(dist.path, ignore_errors=True)
-                owned.update(files)
-                done.append(f"removed {name} {dist.version}")
-        for original, backup in self.manifest:
-            os.makedirs(os.path.dirname(original), exist_ok=True)
-            shutil.copy2(backup, original)
-        for name, version in self.before.items():
-            if version:
-                done.append(f"restored {name} {version}")
-        done += self._remove_orphans()
-        _prune_empty_dirs(self.site_dir, owned)
+        intact: set = set()
+        if self.site_dir and os.path.isdir(self.site_dir):
+            found, dups = scan([self.site_dir])
+            intact = {n for n in self.names if self._intact(n, found, dups)}
+            dist_dirs = set(self.dist_dirs)
+            removed_files: list = []
+            for name in sorted(set(found) | set(dups)):
+                if name.startswith("~"):
+                    continue  # pip's stash of a dist-info directory: a leftover, removed below
+                for dist in _instances(name, found, dups):
+                    new = os.path.basename(dist.path) not in dist_dirs
+                    if (name not in self.names and not new) or name in intact:
+                        continue
+                    files = record_files(dist)
+                    for path in files:
+                        if _inside(path, self.site_dir) or _inside(path, self.prefix):
+                            _remove(path)
+                    shutil.rmtree(dist.path, ignore_errors=True)
+                    removed_files += files
+                    if self.before.get(name) != dist.version:
+                        done.append(f"removed {name} {dist.version}")
+            _prune_empty_dirs(self.site_dir, removed_files)
+        failed = []
+        restored = set()
+        for original, backup, *owner in self.manifest:
+            if owner and owner[0] in intact:
+                continue
+            try:
+                os.makedirs(os.path.dirname(original), exist_ok=True)
+                if os.path.isdir(original) and not os.path.islink(original):
+                    shutil.rmtree(original)
+                elif os.path.lexists(original):
+                    os.unlink(original)
+                shutil.copy2(backup, original)
+                restored.update(owner)
+            except OSError as exc:
+                failed.append(f"{original}: {exc}")
+        for name in sorted(restored):
+            done.append(f"restored {name} {self.before[name]}")
+        if failed:
+            done.append(f"could not restore {len(failed)} files ({failed[0]})")
+        done += self._remove_new_files()
         self.commit()
         return done
+
+    def _intact(self, name: str, found: dict, dups: dict) -> bool:
+        """The distribution is as begin() found it: the same dist-info directories, and every
+        backed-up file still there with the backup's size and mtime (an installer that rewrote a
+        file, even with the same version, gave it a new mtime)."""
+        now = sorted(os.path.basename(d.path) for d in _instances(name, found, dups))
+        if now != self.before_dirs.get(name, []):
+            return False
+        if not now:
+            return True
+        files = [(o, b) for o, b, *owner in self.manifest if owner and owner[0] == name]
+        if not files:
+            return False
+        for original, backup in files:
+            try:
+                a, b = os.stat(original), os.stat(backup)
+            except OSError:
+                return False
+            if a.st_size != b.st_size or a.st_mtime_ns != b.st_mtime_ns:
+                return False
+        return True
 
     # -- crash recovery ----------------------------------------------------------
     @classmethod
@@ -101,14 +157,16 @@ class Transaction:
                 data = json.load(fh)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except (OSError, ValueError, UnicodeDecodeError):
             data = None
         tx = cls.__new__(cls)
         tx.state_dir = state_dir
         tx.journal_path = path
+        tx.pid = tx.started = None
         if not isinstance(data, dict):
             # unreadable journal: nothing reliable to restore; drop it
-            tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing = "", [], {}, [], []
+            tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing, tx.dist_dirs = "", [], {}, [], [], []
+            tx.before_dirs = {}
             tx.prefix = os.path.realpath(sys.prefix)
             tx.backup_dir, tx.id, tx.description = "", "unreadable", "unreadable journal"
             return tx
@@ -119,47 +177,152 @@ class Transaction:
         tx.before = dict(data.get("before", {}))
         tx.manifest = [list(x) for x in data.get("manifest", [])]
         tx.listing = list(data.get("listing", []))
+        tx.dist_dirs = list(data.get("dist_dirs", [e for e in tx.listing if e.endswith((".dist-info", ".egg-info"))]))
+        tx.before_dirs = dict(data.get("before_dirs", {}))
         tx.backup_dir = data.get("backup_dir", "")
         tx.description = data.get("description", "")
         tx.pid = data.get("pid")
         tx.started = data.get("started")
         return tx
 
+    @staticmethod
+    def discard_stale(state_dir: str) -> list:
+        """Backup directories no journal points at (a crash during begin() or commit()); call with the lock held."""
+        try:
+            entries = os.listdir(state_dir)
+        except OSError:
+            return []
+        if JOURNAL in entries:
+            return []
+        out = []
+        for entry in entries:
+            if entry.startswith(BACKUP_PREFIX):
+                shutil.rmtree(os.path.join(state_dir, entry), ignore_errors=True)
+                out.append(entry)
+        return out
+
     # -- helpers -------------------------------------------------------------------
+    def _skip_dir(self) -> str:
+        """The state directory's name when it lives inside site-packages (never listed nor cleaned)."""
+        state = os.path.realpath(self.state_dir)
+        return os.path.basename(state) if os.path.dirname(state) == self.site_dir else ""
+
     def _write_journal(self) -> None:
         atomic_write_json(self.journal_path, {
             "id": self.id, "pid": os.getpid(), "started": time.time(), "description": self.description,
-            "site_dir": self.site_dir, "prefix": self.prefix, "names": self.names, "before": self.before, "manifest": self.manifest,
-            "listing": self.listing, "backup_dir": self.backup_dir,
+            "site_dir": self.site_dir, "prefix": self.prefix, "names": self.names, "before": self.before,
+            "manifest": self.manifest, "listing": self.listing, "dist_dirs": self.dist_dirs,
+            "before_dirs": self.before_dirs,
+            "backup_dir": self.backup_dir,
         })
 
-    def _remove_orphans(self) -> list:
-        """Top-level entries that appeared since begin() and that no distribution owns."""
+    def _remove_new_files(self) -> list:
+        """Delete what appeared in site-packages since begin() and is still there."""
         if not self.site_dir or not os.path.isdir(self.site_dir):
             return []
-        before = set(self.listing)
-        new = [n for n in os.listdir(self.site_dir) if n not in before and n != os.path.basename(self.state_dir)]
-        if not new:
-            return []
-        owned_tops = set()
-        found, dups = scan([self.site_dir])
-        for dist in list(found.values()) + [d for ds in dups.values() for d in ds]:
-            owned_tops.add(os.path.basename(dist.path))
-            for path in record_files(dist):
-                rel = os.path.relpath(path, self.site_dir)
-                if not rel.startswith(".."):
-                    owned_tops.add(rel.split(os.sep, 1)[0])
+        skip = self._skip_dir()
+        before_top = set(self.listing)
+        known = None
+        if self.backup_dir:
+            try:
+                with open(os.path.join(self.backup_dir, LISTING), encoding="utf-8") as fh:
+                    known = json.load(fh)
+            except (OSError, ValueError):
+                known = None
         done = []
-        for name in new:
-            if name in owned_tops:
+        for entry in sorted(os.listdir(self.site_dir)):
+            if entry == skip or entry in before_top:
                 continue
-            path = os.path.join(self.site_dir, name)
+            path = os.path.join(self.site_dir, entry)
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 _remove(path)
-            done.append(f"removed leftover {name}")
+            done.append(f"removed leftover {entry}" + (" (an installer's stash)" if entry.startswith("~") else ""))
+        if not isinstance(known, dict):
+            return done  # the per-file listing is gone: only new top-level entries were removed
+        listing = _file_listing(self.site_dir, skip)
+        new = []
+        for rel_dir, files in listing.items():
+            before = set(known.get(rel_dir, ()))
+            new.extend(os.path.join(self.site_dir, rel_dir, name) for name in files if name not in before)
+        caches = [p for p in new if _is_bytecode(p)]
+        stray = 0
+        for path in [p for p in new if not _is_bytecode(p)] + caches:  # sources first: a cache needs its source
+            if _is_bytecode(path) and _bytecode_of_existing_source(path) and "~" not in path[len(self.site_dir):]:
+                continue  # a cache another process wrote for a module that is still there (checked at load)
+            _remove(path)
+            stray += 1
+        for rel_dir in sorted(listing, reverse=True):
+            full = os.path.join(self.site_dir, rel_dir)
+            if rel_dir != "." and rel_dir not in known and not _has_files(full):
+                shutil.rmtree(full, ignore_errors=True)
+        if stray:
+            done.append(f"removed {stray} leftover files inside existing directories")
         return done
+
+
+def _instances(name: str, found: dict, dups: dict) -> list:
+    out = list(dups.get(name, []))
+    first = found.get(name)
+    if first is not None and first.path not in {d.path for d in out}:
+        out.insert(0, first)
+    return out
+
+
+def _tree(path: str) -> list:
+    out = []
+    for root, _dirs, files in os.walk(path):
+        out.extend(os.path.join(root, f) for f in files)
+    return out
+
+
+def _file_listing(site_dir: str, skip: str) -> dict:
+    """{relative directory: [file names]} for everything under site-packages (symlinks as files)."""
+    out: dict = {}
+    for root, dirs, files in os.walk(site_dir):
+        rel = os.path.relpath(root, site_dir)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d != skip]
+        names = list(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        out[rel] = sorted(names)
+    return out
+
+
+def _is_bytecode(path: str) -> bool:
+    return path.endswith(".pyc") and os.path.basename(os.path.dirname(path)) == "__pycache__"
+
+
+def _bytecode_of_existing_source(path: str) -> bool:
+    """`pkg/__pycache__/mod.cpython-311.pyc` whose `pkg/mod.py` exists: Python re-validates it
+    against the source's size and mtime, so keeping it is safe (e.g. torch's, written by the
+    verification child)."""
+    directory, name = os.path.split(path)
+    if os.path.basename(directory) != "__pycache__" or not name.endswith(".pyc"):
+        return False
+    module = name.split(".", 1)[0]
+    return os.path.isfile(os.path.join(os.path.dirname(directory), module + ".py"))
+
+
+def _prune_empty_dirs(site_dir: str, files) -> None:
+    """Remove the directories that removing `files` left empty (or holding only bytecode caches)."""
+    dirs = sorted({os.path.dirname(f) for f in files}, key=len, reverse=True)
+    for d in dirs:
+        while d.startswith(site_dir + os.sep):
+            try:
+                if os.listdir(d) not in ([], ["__pycache__"]):
+                    break
+            except OSError:
+                break
+            shutil.rmtree(d, ignore_errors=True)
+            d = os.path.dirname(d)
+
+
+def _has_files(path: str) -> bool:
+    for _root, _dirs, files in os.walk(path):
+        if files:
+            return True
+    return False
 
 
 def _inside(path: str, root: str) -> bool:
@@ -174,19 +337,5 @@ def _inside(path: str, root: str) -> bool:
 def _remove(path: str) -> None:
     try:
         os.unlink(path)
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
+    except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
         pass
-
-
-def _prune_empty_dirs(site_dir: str, files) -> None:
-    dirs = sorted({os.path.dirname(f) for f in files}, key=len, reverse=True)
-    for d in dirs:
-        while d.startswith(site_dir) and d != site_dir:
-            try:
-                if os.listdir(d) in ([], ["__pycache__"]):
-                    shutil.rmtree(d, ignore_errors=True)
-                else:
-                    break
-            except OSError:
-                break
-            d = os.path.dirname(d)
