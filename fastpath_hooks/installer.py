@@ -128,7 +128,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
         except BaseException as exc:
             done = tx.rollback()
             detail = str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}"
-            events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), decision.kernel)
+            events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), decision.kernel, human=bool(done))
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
             raise InstallError(detail) from None

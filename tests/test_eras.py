@@ -110,8 +110,10 @@ finish()
 # The real CPU machine: gates imported by name (as a user module would), kernel imports, a model.
 CPU_MACHINE = PREAMBLE + r'''
 from transformers.utils import import_utils, is_causal_conv1d_available
-OUT["gates"] = [import_utils.is_flash_linear_attention_available(), is_causal_conv1d_available()]
 OUT["wrapped"] = hasattr(import_utils.is_flash_linear_attention_available, "_fastpath_hooks_original")
+OUT["gates"] = [import_utils.is_flash_linear_attention_available(), is_causal_conv1d_available()]
+# their job done (nothing to install or block here), the wrappers step aside: the originals are back
+OUT["stepped_aside"] = not hasattr(import_utils.is_flash_linear_attention_available, "_fastpath_hooks_original")
 for name in ("fla", "causal_conv1d"):
     try:
         __import__(name)
@@ -372,7 +374,7 @@ def test_era_c_install_then_from_config_resolves_and_calls_the_kernels(scenarios
 def test_real_cpu_machine_gates_false_nothing_installed_one_line(scenarios):
     step = scenarios["C"].result()["cpu"]
     out = step.result()
-    assert out["wrapped"] and out["gates"] == [False, False]
+    assert out["wrapped"] and out["gates"] == [False, False] and out["stepped_aside"]
     assert out["fla"] == out["causal_conv1d"] == "ModuleNotFoundError"
     assert all(r["torch"] for r in out["resolved"].values())
     assert step.facts["site_unchanged"]
