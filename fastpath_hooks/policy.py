@@ -117,14 +117,18 @@ def _same(a: str, b: str) -> bool:
         return a == b
 
 
-def _mm(version: str | None) -> str | None:
+def _parse(version: str | None) -> Version | None:
     if not version:
         return None
     try:
-        v = Version(version)
+        return Version(version)
     except InvalidVersion:
         return None
-    return f"{v.major}.{v.minor}"
+
+
+def _mm(version: str | None) -> str | None:
+    v = _parse(version)
+    return None if v is None else f"{v.major}.{v.minor}"
 
 
 def _no_accelerator_reason(env) -> str:
@@ -612,11 +616,8 @@ def _causal_build(ctx, steps, minutes, rule, reason, kw) -> Decision:
 # -- what transformers does with a kernel ---------------------------------------------
 
 def transformers_era(version: str | None) -> str | None:
-    if not version:
-        return None
-    try:
-        v = Version(version)
-    except InvalidVersion:
+    v = _parse(version)
+    if v is None:
         return None
     if v >= Version("5.15"):
         return "C"

@@ -23,9 +23,8 @@ import time
 import uuid
 
 from .distributions import canonical_name, record_files, scan
-from .state import atomic_write_json
+from .state import JOURNAL, atomic_write_json
 
-JOURNAL = "journal.json"
 LISTING = "listing.json"
 BACKUP_PREFIX = "backup-"
 

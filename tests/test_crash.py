@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks import state, transaction
-from support.processes import link_uv
+from fastpath_hooks import state
+from support.processes import link_uv, processes_with
 
 PADDING = 3000  # small modules in the fake fla: extracting them takes seconds, long enough to be killed
 USER_SCRIPT = r'''
@@ -58,27 +58,11 @@ def _wait_for(condition, timeout: float, proc=None, what: str = ""):
 
 def _children_of_venv(venv) -> list:
     """Processes still running the venv's interpreter (an installer left behind would be one)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if venv.path in cmd and ("pip" in cmd or "uv" in cmd):
-            out.append(cmd)
-    return out
+    return [cmd for _, cmd in processes_with(venv.path) if "pip" in cmd or "uv" in cmd]
 
 
 def _fla_files(venv) -> int:
     return len(glob.glob(os.path.join(venv.site, "fla", "_padding", "*.py")))
-
-
-def test_journal_name_matches_the_transaction():
-    # state.py looks for the journal without importing transaction.py (the warm path)
-    assert state.JOURNAL == transaction.JOURNAL
 
 
 @pytest.mark.parametrize("moment", ["extracting", "verifying"])

@@ -18,6 +18,7 @@ import zipfile
 import pytest
 from conftest import A100
 from support import guarded, venvs, wheels
+from support.processes import processes_with
 
 from fastpath_hooks import installer
 from fastpath_hooks.transaction import JOURNAL, Transaction
@@ -222,18 +223,7 @@ def test_recover_drops_an_unreadable_journal_and_stale_backups(site):
 # -- a real crash: fastpath-hooks killed while pip replaces fla ----------------------------------
 
 def _processes_under(path: str) -> list:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if path in cmd:
-            out.append((int(pid), cmd))
-    return out
+    return processes_with(path)
 
 
 def test_a_journal_left_by_a_killed_install_is_rolled_back_by_recover(tmp_path, fastpath_wheel, dep_wheels):

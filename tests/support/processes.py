@@ -106,3 +106,19 @@ def silent_server() -> socket.socket:
     s.bind(("127.0.0.1", 0))
     s.listen(64)
     return s
+
+
+def processes_with(text: str) -> list:
+    """(pid, command line) of every running process whose command line contains `text`."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            out.append((int(pid), cmd))
+    return out
