@@ -40,18 +40,21 @@ PTH_NAME = "fastpath-hooks-startup.pth"
 STARTUP_MODULE = "_fastpath_hooks_startup"
 BEGIN = "# >>> fastpath-hooks >>>"
 END = "# <<< fastpath-hooks <<<"
-FORMAT = "v2"
+FORMAT = "v3"
 
 # The stand-in finder. Plain top-level code: it is both a module of its own (pth) and a
 # block inside a user's sitecustomize.py, so it leaves no name behind in that namespace.
+# At its first watched import it turns inert and hands over; `hooks.install()` then puts the
+# real finder in its slot. It never removes itself from sys.meta_path: CPython iterates that
+# list while it calls us, and removing an entry would skip the finder after it.
 STARTUP = """\
 # Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.
 try:
     import os as _fph_os
-    if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in ("1", "true", "yes", "on"):
+    if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in TRUE_VALUES:
         import sys as _fph_sys
 
-        class _FastpathHooksStartup:
+        class STAND_IN:
             \"\"\"Stands in for fastpath-hooks' import finder until a watched module is imported.\"\"\"
 
             watched = frozenset(WATCHED)
@@ -59,20 +62,16 @@ try:
             def find_spec(self, fullname, path=None, target=None):
                 if fullname not in self.watched:
                     return None
-                import sys
-
-                try:
-                    sys.meta_path.remove(self)
-                except ValueError:
-                    pass
+                self.watched = frozenset()  # once: from now on the real finder (or nothing) answers
                 try:
                     from fastpath_hooks.hooks import resume
+
+                    return resume(fullname, path, target)
                 except Exception:  # the package was removed or is broken: step aside
                     return None
-                return resume(fullname, path, target)
 
-        _fph_sys.meta_path.insert(0, _FastpathHooksStartup())
-        del _fph_sys, _FastpathHooksStartup
+        _fph_sys.meta_path.insert(0, STAND_IN())
+        del _fph_sys, STAND_IN
     del _fph_os
 except Exception:
     pass
@@ -80,9 +79,10 @@ except Exception:
 
 
 def startup_source() -> str:
-    from .hooks import _WATCHED
+    from .hooks import _WATCHED, STAND_IN, TRUE_VALUES
 
-    return STARTUP.replace("WATCHED", repr(tuple(sorted(_WATCHED))))
+    return (STARTUP.replace("WATCHED", repr(tuple(sorted(_WATCHED))))
+            .replace("TRUE_VALUES", repr(TRUE_VALUES)).replace("STAND_IN", STAND_IN))
 
 
 class ActivationError(RuntimeError):

@@ -145,14 +145,30 @@ def _plan(args) -> int:
     wanted = _kernels(args.kernels)
     env, plan, real = _snapshot(settings, pins)
     if wanted:
-        from dataclasses import replace
-
-        plan = replace(plan, decisions={k: v for k, v in plan.decisions.items() if k in wanted})
+        plan = _only(plan, wanted)
     if args.json:
         print(json.dumps(report.plan_json(plan, settings, real_installed=real, pins=pins), indent=2))
     else:
         print(report.plan_text(plan, settings, real_installed=real, pins=pins))
     return 0
+
+
+def _only(plan, kernels):
+    """The plan restricted to `kernels`, in the plan's order."""
+    from dataclasses import replace
+
+    return replace(plan, decisions={k: v for k, v in plan.decisions.items() if k in kernels})
+
+
+def _with_needs(plan, kernels) -> set:
+    """`kernels` and every kernel they need first (install fla on Hopper: tilelang too)."""
+    out, todo = set(), list(kernels)
+    while todo:
+        kernel = todo.pop()
+        if kernel not in out:
+            out.add(kernel)
+            todo.extend(plan.decisions[kernel].needs)
+    return out
 
 
 def _install(args) -> int:
@@ -162,7 +178,7 @@ def _install(args) -> int:
     wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "tilelang"]
     if args.dry_run:
         env, plan, real = _snapshot(settings, pins)
-        print(report.plan_text(plan, settings, real_installed=real, pins=pins))
+        print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
         return 0
     if args.target:
         os.environ["FASTPATH_HOOKS_TARGET"] = args.target

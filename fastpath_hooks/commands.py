@@ -28,11 +28,27 @@ class Invocation:
 
 
 def choose_installer(settings, env) -> str:
-    if settings.installer == "pip":
-        return "pip"
-    if settings.installer == "uv":
-        return "uv"
-    return "uv" if env.uv else "pip"
+    return installer_choice(settings, env)[0]
+
+
+def installer_choice(settings, env) -> tuple:
+    """(uv or pip, why). Auto mode prefers uv, except where pip is configured with its own index or
+    find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
+    the unpinned dependencies from public PyPI instead of the site's index."""
+    if settings.installer != "auto":
+        return settings.installer, f"FASTPATH_HOOKS_INSTALLER={settings.installer}"
+    if not env.uv:
+        return "pip", "auto: uv not found"
+    own_index = settings.offline or settings.index_url
+    if env.pip_index_config and not own_index:
+        return "pip", (f"auto: pip's configuration names an index or find-links ({env.pip_index_config}), "
+                       "which uv would ignore")
+    return "uv", "auto: uv found"
+
+
+def uv_executable(env) -> str | None:
+    """The uv to run: None when uv is absent or only posed by a target (`uv=yes`)."""
+    return None if env.uv in (None, "posed") else env.uv
 
 
 def constraints(installed: dict, protected) -> list[str]:

@@ -56,7 +56,7 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
     from .policy import decide
     from .probe import probe
 
-    env = probe(settings)
+    env = probe(settings, pins=pins)
     plan = decide(env, settings, pins, fresh=True)
     binary, wheels, builds = requirements_for(plan, kernels)
     if not (binary or wheels):
@@ -94,12 +94,13 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
 
 def _fetch(step, dest: str, settings) -> None:
     from .installer import InstallError, _check_sha
+    from .settings import find_links_dir
 
     filename = step.requirements[0]
     target = os.path.join(dest, filename)
     for location in settings.find_links:
-        path = location[len("file://"):] if location.startswith("file://") else location
-        if os.path.isfile(os.path.join(path, filename)):
+        path = find_links_dir(location)
+        if path is not None and os.path.isfile(os.path.join(path, filename)):
             shutil.copy2(os.path.join(path, filename), target)
             break
     else:

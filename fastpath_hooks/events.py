@@ -95,6 +95,12 @@ def debug(message, kernel=None, **kw):
     return event
 
 
+def internal_error(exc) -> None:
+    """A bug of ours (or a package half-upgraded under a running process) on the import path:
+    one line, once per process; the import goes on as without fastpath-hooks."""
+    error(f"internal error, leaving this import alone: {type(exc).__name__}: {exc}", once="internal")
+
+
 def forget() -> None:
     """Forget which one-time messages were printed (uninstall() starts afresh)."""
     _said.clear()

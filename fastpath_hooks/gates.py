@@ -29,56 +29,80 @@ GATES = {
 CACHED_GATES = tuple(GATES) + ("is_kernels_available", "is_mamba_ssm_available", "is_mamba_2_ssm_available")
 CHANGED = ("installed", "repaired")  # runtime outcome states that changed what is on disk
 
-_patched: dict = {}   # gate name -> (original, wrapper)
+# gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
+# not wrap that gate again (its job is done) - only uninstall() forgets it.
+_patched: dict = {}
+# id(wrapper) -> [(namespace, key)]: where patch() bound it, so stepping aside needs no full scan.
+_bound: dict = {}
 # A wrapper's mode after its first query: pass through, answer False, or simulate an accelerator.
 _PASS, _BLOCKED = "pass", "blocked"
 _simulation_lock = threading.RLock()
 
 
-def patch(import_utils) -> None:
-    """Wrap the gates of `import_utils` and rebind them everywhere (callers hold hooks' lock)."""
+def patch(import_utils, *, just_imported: bool = False) -> None:
+    """Wrap the gates of `import_utils` and rebind them (callers hold hooks' lock).
+
+    just_imported: called right after that module executed - nothing else can hold the
+    originals yet, so only its namespace is rebound; otherwise every module's (one pass).
+    """
     swaps = {}
     for name, kernel in GATES.items():
         current = import_utils.__dict__.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
+        if name in _patched and _patched[name][0] is current:
+            continue  # the wrapper stepped aside: done, not wrapped again
         wrapper = _wrap(current, kernel, import_utils)
         _patched[name] = (current, wrapper)
         swaps[id(current)] = (current, wrapper)
-    _rebind(swaps)
+    if not swaps:
+        return
+    if just_imported:
+        bound = _rebind_in([import_utils.__dict__], swaps)
+    else:
+        bound = _rebind(swaps)
+    for namespace, key, new in bound:
+        _bound.setdefault(id(new), []).append((namespace, key))
 
 
 def unpatch() -> None:
     _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()})
     _patched.clear()
+    _bound.clear()
 
 
 def patched() -> dict:
     return {name: pair[1] for name, pair in _patched.items()}
 
 
-def _rebind(swaps: dict) -> int:
+def _rebind(swaps: dict) -> list:
     """One pass over every module's namespace: replace each `old` (by identity) with its `new`.
 
     swaps: id(old) -> (old, new). Reads `module.__dict__`, never getattr, so a lazy
-    module's `__getattr__` is not triggered.
+    module's `__getattr__` is not triggered. Returns [(namespace, key, new)] rebound.
     """
     if not swaps:
-        return 0
-    count = 0
+        return []
+    namespaces = []
     for module in list(sys.modules.values()):
         try:
             namespace = module.__dict__
         except Exception:
             continue
-        if not isinstance(namespace, dict):
-            continue
+        if isinstance(namespace, dict):
+            namespaces.append(namespace)
+    return _rebind_in(namespaces, swaps)
+
+
+def _rebind_in(namespaces, swaps: dict) -> list:
+    out = []
+    for namespace in namespaces:
         for key, value in list(namespace.items()):
             pair = swaps.get(id(value))
             if pair is not None and pair[0] is value:
                 namespace[key] = pair[1]
-                count += 1
-    return count
+                out.append((namespace, key, pair[1]))
+    return out
 
 
 def _wrap(original, kernel: str, import_utils):
@@ -108,16 +132,37 @@ def _wrap(original, kernel: str, import_utils):
 
 
 def _step_aside(wrapper, original) -> None:
-    """Put the original back wherever the wrapper is: nothing is left for the wrapper to do."""
-    from .hooks import _lock
+    """Put the original back wherever the wrapper is: nothing is left for the wrapper to do.
 
-    with _lock:
-        _rebind({id(wrapper): (wrapper, original)})
+    Where patch() bound it, and in transformers' modules, which may have copied it since
+    (`from ...import_utils import is_..._available` in a modeling module imported later) -
+    a key lookup each, no full scan. A copy elsewhere keeps the wrapper, which now only
+    passes through (one identity test)."""
+    try:
+        from .hooks import _lock
+
+        name = original.__name__
+        with _lock:
+            for namespace, key in _bound.pop(id(wrapper), ()):
+                if namespace.get(key) is wrapper:
+                    namespace[key] = original
+            for module_name, module in list(sys.modules.items()):
+                if module_name == "transformers" or module_name.startswith("transformers."):
+                    namespace = getattr(module, "__dict__", None)
+                    if isinstance(namespace, dict) and namespace.get(name) is wrapper:
+                        namespace[name] = original
+    except Exception as exc:  # the wrapper keeps passing through: only a little slower
+        from .importer import internal_error
+
+        internal_error(exc)
 
 
 def _first_query(kernel: str, import_utils):
     try:
-        from . import runtime
+        from . import hooks, runtime
+
+        if not hooks.selected(kernel):  # install(kernels=...) left this one alone
+            return _PASS
 
         outcome = runtime.ensure(kernel)
         changed = any(o.state in CHANGED for o in runtime.outcomes().values())

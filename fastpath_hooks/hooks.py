@@ -16,13 +16,24 @@ at once for every name it does not watch; for the four it does, `importer`
 import sys
 import _thread
 
-KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang"}
+# The one place these live: the start-up stand-in (activation.STARTUP) gets them written in,
+# settings reads TRUE_VALUES from here, the runtime maps kernels back to module names.
+KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang"}   # module -> kernel
+MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}                      # kernel -> module
 GATES_MODULE = "transformers.utils.import_utils"
 _WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
-_TRUE = ("1", "true", "yes", "on")
+TRUE_VALUES = ("1", "true", "yes", "on")
+STAND_IN = "_FastpathHooksStartup"   # the class name of activation.STARTUP's finder
 
 _lock = _thread.RLock()
-_state = {"finder": None, "kernels": None, "listeners": []}
+# ended: uninstall() ran - a start-up stand-in must not install the hooks again.
+_state = {"finder": None, "kernels": None, "listeners": [], "ended": False}
+
+
+def disabled() -> bool:
+    import os
+
+    return os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in TRUE_VALUES
 
 
 def activate():
@@ -32,20 +43,24 @@ def activate():
     exception reach the interpreter's start.
     """
     try:
-        import os
-
-        if os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in _TRUE:
+        if not disabled():
             install()
-    except Exception:
-        pass
+    except Exception as exc:
+        _internal_error(exc)
 
 
 def resume(fullname, path=None, target=None):
-    """Called by the start-up stand-in (activation.STARTUP) at the first watched import:
-    activate, then answer that import as the finder would."""
-    activate()
-    finder = _state["finder"]
-    return None if finder is None else finder.find_spec(fullname, path, target)
+    """Called by the start-up stand-in (activation.STARTUP) at the first watched import, from
+    inside that import: activate - unless install() or uninstall() already decided - then
+    answer the import as the finder would. Never raises into the import."""
+    try:
+        if _state["finder"] is None and not _state["ended"]:
+            activate()
+        finder = _state["finder"]
+        return None if finder is None else finder.find_spec(fullname, path, target)
+    except Exception as exc:
+        _internal_error(exc)
+        return None
 
 
 def install(*, kernels=None, on_event=None):
@@ -55,14 +70,13 @@ def install(*, kernels=None, on_event=None):
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     """
-    import os
-
-    if os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in _TRUE:
+    if disabled():
         import logging
 
         logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
         return False
     with _lock:
+        _state["ended"] = False
         if on_event is not None and on_event not in _state["listeners"]:
             _state["listeners"].append(on_event)
         if kernels is None:
@@ -71,10 +85,11 @@ def install(*, kernels=None, on_event=None):
             from .importer import normalize
 
             _state["kernels"] = normalize(kernels)
-        if _state["finder"] not in sys.meta_path:
-            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
-            _state["finder"] = KernelImportFinder()
-            sys.meta_path.insert(0, _state["finder"])
+        finder = _state["finder"]
+        if finder is None or finder not in sys.meta_path:
+            finder = _state["finder"] = KernelImportFinder()
+            _place(finder)
+        _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
             from .importer import after_gates_import
@@ -84,8 +99,11 @@ def install(*, kernels=None, on_event=None):
 
 
 def uninstall():
-    """Undo install(): finders removed, the original gates back in every module."""
+    """Undo install(): finders removed, the original gates back in every module; a start-up
+    stand-in stays quiet from now on (install() turns fastpath-hooks on again)."""
     with _lock:
+        _state["ended"] = True
+        _quiet_stand_ins()
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
         _state["finder"] = None
         _state["kernels"] = None
@@ -111,12 +129,45 @@ def selected(kernel):
     return kernels is None or kernel in kernels
 
 
+def _place(finder) -> None:
+    """Put the finder in a start-up stand-in's slot, else first. Never shifts the list: this can
+    run from inside an import (the stand-in's resume), while CPython iterates sys.meta_path -
+    removing an entry there would skip the finder after it."""
+    for i, entry in enumerate(sys.meta_path):
+        if type(entry).__name__ == STAND_IN:
+            sys.meta_path[i] = finder
+            return
+    sys.meta_path.insert(0, finder)
+
+
+def _quiet_stand_ins() -> None:
+    """Stand-ins still on sys.meta_path (another entry's, or a second enable method) watch nothing:
+    install() / uninstall() decided; they stay where they are, inert."""
+    for entry in sys.meta_path:
+        if type(entry).__name__ == STAND_IN:
+            entry.watched = frozenset()
+
+
+def _internal_error(exc) -> None:
+    """One error line for a bug of ours on the import path; the import goes on without us."""
+    try:
+        from .events import internal_error
+
+        internal_error(exc)
+    except Exception:
+        pass
+
+
 class KernelImportFinder:
     """A `sys.meta_path` finder that watches four module names and ignores the rest."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _WATCHED:
             return None
-        from .importer import find_spec
+        try:
+            from .importer import find_spec
 
-        return find_spec(fullname, path, target)
+            return find_spec(fullname, path, target)
+        except Exception as exc:  # never make an import worse than without fastpath-hooks
+            _internal_error(exc)
+            return None

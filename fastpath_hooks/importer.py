@@ -37,40 +37,43 @@ def find_spec(fullname, path, target):
 
 
 def normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored."""
-    from .settings import normalize_kernel
+    """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
+    Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
+    from .distributions import canonical_name
+    from .settings import KERNELS, normalize_kernel
 
     if isinstance(kernels, str):
         kernels = [kernels]
     out = set()
     for name in kernels:
         try:
-            out.add(normalize_kernel(name))
-        except ValueError as exc:
+            out.add(normalize_kernel(canonical_name(name)))
+        except (ValueError, AttributeError):
             from . import events
 
-            events.error(f"install(kernels=...): {exc}; ignoring it")
+            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(KERNELS)}; ignoring it")
     return frozenset(out)
 
 
-def after_gates_import(module) -> None:
+def after_gates_import(module, *, just_imported: bool = False) -> None:
     """Wrap the gates - under the hooks' lock, and only while installed (an uninstall() may
-    have run between this module's find_spec and the end of its execution)."""
+    have run between this module's find_spec and the end of its execution).
+    just_imported: the module has just executed, so only it holds the gates."""
     try:
         with hooks._lock:
             if hooks.installed():
                 from . import gates
 
-                gates.patch(module)
+                gates.patch(module, just_imported=just_imported)
     except Exception as exc:
         internal_error(exc)
 
 
 def internal_error(exc) -> None:
     try:
-        from . import events
+        from .events import internal_error as report
 
-        events.error(f"internal error, leaving this import alone: {type(exc).__name__}: {exc}", once="internal")
+        report(exc)
     except Exception:
         pass
 
@@ -108,8 +111,12 @@ def _after_import_spec(fullname, path, target):
         return None
     if spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
-    spec.loader = AfterImportLoader(spec.loader, after_gates_import)
+    spec.loader = AfterImportLoader(spec.loader, _just_imported)
     return spec
+
+
+def _just_imported(module) -> None:
+    after_gates_import(module, just_imported=True)
 
 
 class BlockedLoader:

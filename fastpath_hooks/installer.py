@@ -2,20 +2,29 @@
 
 Protections, in order: the environment lock is held by the caller; an
 interrupted earlier install is rolled back first; only allow-listed
-distributions are named; a constraints file pins the protected distributions
-(torch, triton, numpy, transformers) and every other installed one the steps do
-not name, so a dependency resolve can only add; after every step, before any
-other interpreter starts (a stranger's .pth file would run in it), only
-allow-listed distributions may have changed and the protected ones not at all;
-every step has a timeout and a heartbeat every 30 s; in auto mode a step uv
-rejects (e.g. an LZMA-compressed wheel) is retried with pip; resolved versions
-are checked (a range dependency can pull a broken one back); the kernel is
-imported in a child process; any failure restores exactly what was there before
+distributions are named, and a protected one (torch, triton, numpy,
+transformers) the user has is never named at all - an allow-listed one that is
+absent (numpy, for tilelang) may be installed; a constraints file pins the
+protected distributions and every other installed one the steps do not name,
+so a dependency resolve can only add; after every step, before any other
+interpreter starts (a stranger's .pth file would run in it), only allow-listed
+distributions may have changed and the protected ones that were there not at
+all; every step has a timeout and a heartbeat every 30 s; in auto mode a step
+uv rejects (e.g. an LZMA-compressed wheel) is retried with pip; resolved
+versions are checked (a range dependency can pull a broken one back); the
+kernel is imported in a child process; any failure - Ctrl-C included, after the
+installer's process group is killed - restores exactly what was there before
 (see transaction.py).
+
+Scratch files (the constraints file, downloads, the installer's output and
+its TMPDIR) live in a work directory inside the environment's state directory,
+so a run killed half-way leaves nothing in /tmp, and the next run's `recover()`
+removes it under the lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import signal
@@ -30,8 +39,9 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from . import events
-from .commands import choose_installer, constraints, invocation
+from .commands import choose_installer, constraints, invocation, uv_executable
 from .distributions import canonical_name, installed_versions, scan, site_packages
+from .settings import find_links_dir
 from .transaction import Transaction
 
 HEARTBEAT_SECONDS = 30.0
@@ -61,24 +71,60 @@ def step_names(steps) -> set:
     return names
 
 
-def check_allowed(steps, pins) -> None:
-    bad = sorted(n for n in step_names(steps) if n not in pins.allowed)
+def allowed_steps(steps, pins, installed: dict) -> tuple:
+    """The steps as they will run, or InstallError.
+
+    Only allow-listed distributions; a protected one never unless it is also allowed (numpy, a
+    tilelang dependency) and absent. A protected one the user has is left out of the steps when
+    it satisfies the requirement (the constraints file pins it anyway; naming it would back it
+    up, or with --force rewrite it) and refused when it does not.
+    """
+    names = step_names(steps)
+    bad = sorted(n for n in names if n not in pins.allowed)
     if bad:
         raise InstallError(f"refusing to install {', '.join(bad)}: not on the pins' allow-list")
-    protected = sorted(n for n in step_names(steps) if n in pins.protected and n != "numpy")
+    protected = sorted(n for n in names if n in pins.protected and n not in pins.allowed)
     if protected:
         raise InstallError(f"refusing to install {', '.join(protected)}: protected (never changed by fastpath-hooks)")
+    out = []
+    for step in steps:
+        if step.kind == "wheel":
+            out.append(step)
+            continue
+        keep = []
+        for raw in step.requirements:
+            req = Requirement(raw)
+            name = canonical_name(req.name)
+            have = installed.get(name)
+            if name not in pins.protected or have is None:
+                keep.append(raw)
+            elif not _satisfies(have, req):
+                raise InstallError(f"refusing to install {raw}: {name} {have} is installed and protected "
+                                   f"(fastpath-hooks never changes it); install a matching {name} yourself "
+                                   "or set FASTPATH_HOOKS_SKIP")
+        if keep:
+            out.append(dataclasses.replace(step, requirements=tuple(keep)))
+    return tuple(out)
+
+
+def _satisfies(version: str, req) -> bool:
+    try:
+        have = Version(version)
+    except InvalidVersion:
+        return False
+    return req.specifier.contains(have.public, prereleases=True)
 
 
 def recover(state_dir: str) -> list:
-    """Roll back an interrupted install found in `state_dir` (call with the lock held)."""
+    """Roll back an interrupted install found in `state_dir` and remove what killed runs left
+    there (backups, work directories). Call with the lock held."""
     tx = Transaction.pending(state_dir)
-    if tx is None:
-        Transaction.discard_stale(state_dir)
-        return []
-    events.warning(f"an earlier install was interrupted ({tx.description or tx.id}); restoring the state before it")
-    done = tx.rollback()
-    events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
+    done = []
+    if tx is not None:
+        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}); restoring the state before it")
+        done = tx.rollback()
+        events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
+    Transaction.discard_stale(state_dir)
     return done
 
 
@@ -88,22 +134,22 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
 
     from .verify import verify
 
-    check_allowed(decision.steps, pins)
+    real_before = installed_versions()
+    steps = allowed_steps(decision.steps, pins, real_before)
     site = site_packages()
     if not os.access(site, os.W_OK):
         raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
                            f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")
     installer = choose_installer(settings, env)
-    real_before = installed_versions()
     protected_before = {n: real_before.get(n) for n in pins.protected}
-    names = step_names(decision.steps)
+    names = step_names(steps)
     tx = Transaction(state_dir, site, names, description=f"{decision.action} {decision.kernel}: {decision.reason}")
     start = time.monotonic()
-    tmp = tempfile.mkdtemp(prefix="fastpath-hooks-")
+    # The work directory exists only while the journal does: a run killed at any point leaves a
+    # journal, and the next start's recover() removes both (under the lock).
+    work = tx.work_dir
+    scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))  # the installer's and verifier's temp files
     try:
-        cfile = os.path.join(tmp, "constraints.txt")
-        with open(cfile, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
         try:
             tx.begin()
         except OSError as exc:
@@ -111,17 +157,21 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             raise InstallError(f"could not back up the current state before installing ({exc}); "
                                "nothing was changed") from None
         try:
-            for step in decision.steps:
-                local = _fetch_wheel(step, settings, tmp) if step.kind == "wheel" else None
+            os.makedirs(work, exist_ok=True)
+            cfile = os.path.join(work, "constraints.txt")
+            with open(cfile, "w", encoding="utf-8") as fh:
+                fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
+            for step in steps:
+                local = _fetch_wheel(step, settings, work) if step.kind == "wheel" else None
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
-                                      local=local, kernel=decision.kernel)
+                                      local=local, kernel=decision.kernel, work=work, scratch=scratch)
                 # Before the next interpreter starts (installer or verification), which would run a
                 # stranger's .pth file: only allow-listed distributions may have changed.
                 _check_changes(installed_versions(), protected_before, real_before, pins)
             after = installed_versions()
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
-                result = verify(spec, timeout=settings.timeout, env_extra=kernel_env)
+                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch)
                 if not result.ok:
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
@@ -134,7 +184,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             raise InstallError(detail) from None
         tx.commit()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     import importlib
 
     importlib.invalidate_caches()
@@ -168,8 +218,10 @@ def constraint_lines(installed: dict, protected, names) -> list:
 
 def _check_changes(after: dict, protected_before: dict, before: dict, pins) -> None:
     for name, version in protected_before.items():
-        if after.get(name) != version:
-            raise InstallError(f"the installer changed protected {name} ({version} -> {after.get(name)})")
+        if after.get(name) == version or (version is None and name in pins.allowed):
+            continue  # unchanged, or absent before and allowed to be added (numpy for tilelang)
+        raise InstallError(f"the installer changed protected {name} ({version or 'absent'} -> "
+                           f"{after.get(name) or 'removed'})")
     changed = set(after) | set(before)
     strangers = sorted(n for n in changed if before.get(n) != after.get(n) and n not in pins.allowed)
     if strangers:
@@ -208,9 +260,9 @@ def same_release(have: str | None, pinned: str) -> bool:
 def _fetch_wheel(step, settings, tmp: str) -> str:
     filename = step.requirements[0]
     for location in settings.find_links:
-        path = location[len("file://"):] if location.startswith("file://") else location
-        candidate = os.path.join(path, filename)
-        if "://" not in path and os.path.isfile(candidate):
+        path = find_links_dir(location)
+        candidate = os.path.join(path, filename) if path is not None else None
+        if candidate is not None and os.path.isfile(candidate):
             _check_sha(candidate, step.sha256)
             return candidate
     if settings.offline or not step.url:
@@ -242,57 +294,71 @@ def _check_sha(path: str, expected: str | None) -> None:
                            f"{expected} (a corrupt or substituted file); refusing it")
 
 
-def _run_step(step, *, installer, settings, env, cfile, local, kernel) -> str:
+def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=()) -> str:
     """Run one step; in auto mode a failing uv step is retried with pip. Returns the installer used."""
-    inv = invocation(step, installer=installer, settings=settings, uv=env.uv if env.uv != "posed" else None,
+    inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
                      constraints_file=cfile, local_file=local)
-    code, tail, seconds = _execute(inv, settings.timeout, kernel, _step_label(step))
+    label = _step_label(step)
+    code, tail, seconds = _execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch)
     if code == 0:
-        events.status(f"{_step_label(step)}: done in {seconds:.1f} s ({installer})", kernel, human=False)
+        events.status(f"{label}: done in {seconds:.1f} s ({installer})", kernel, human=False)
         return installer
     if code is None:
-        raise InstallError(f"{_step_label(step)} did not finish within {settings.timeout:.0f} s "
-                           "(FASTPATH_HOOKS_TIMEOUT)")
+        raise InstallError(f"{label} did not finish within {settings.timeout:.0f} s (FASTPATH_HOOKS_TIMEOUT)")
     if installer == "uv" and settings.installer == "auto":
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({tail}); retrying with pip", kernel)
-        return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel)
+        return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel,
+                         work=work, scratch=scratch)
     hint = ""
     if code == 127 and installer == "uv":
         hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"
-    raise InstallError(f"{_step_label(step)} failed ({installer} exit {code}): {tail}{hint}")
+    raise InstallError(f"{label} failed ({installer} exit {code}): {tail}{hint}")
 
 
 def _step_label(step) -> str:
-    return f"{step.kind} {' '.join(step.requirements)}"
+    """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
+    if step.kind == "wheel":
+        return f"installing {step.requirements[0]}"
+    names = ", ".join(Requirement(raw).name for raw in step.requirements)
+    return f"{'building' if step.kind == 'build' else 'installing'} {names}"
 
 
-def _execute(inv, timeout: float, kernel, label: str):
-    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s."""
+def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=()):
+    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s.
+
+    Any exception while the installer runs (Ctrl-C: the installer is in its own session, so the
+    terminal's SIGINT never reaches it) kills its process group before it propagates: the
+    rollback that follows must have no writer left."""
     environ = dict(os.environ)
     environ.update(dict(inv.env))
+    environ.update(dict(extra_env))
     environ["FASTPATH_HOOKS_DISABLE"] = "1"
     environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     start = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+b") as out:
+    with tempfile.TemporaryFile(mode="w+b", dir=work) as out:
         try:
             proc = subprocess.Popen(list(inv.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=environ, start_new_session=True, preexec_fn=_death_signal())
         except OSError as exc:
             return 127, f"could not start {inv.argv[0]}: {exc}", 0.0
-        events.debug("running: " + " ".join(inv.argv), kernel)
-        deadline = start + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                _kill(proc)
-                code = None
-                break
-            try:
-                code = proc.wait(timeout=min(HEARTBEAT_SECONDS, remaining))
-                break
-            except subprocess.TimeoutExpired:
-                events.status(f"still running {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
+        try:
+            events.debug("running: " + " ".join(inv.argv), kernel)
+            deadline = start + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    _kill(proc)
+                    code = None
+                    break
+                try:
+                    code = proc.wait(timeout=min(HEARTBEAT_SECONDS, remaining))
+                    break
+                except subprocess.TimeoutExpired:
+                    events.status(f"still {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
+        except BaseException:
+            _kill(proc)
+            raise
         out.seek(0)
         text = out.read().decode("utf-8", errors="replace")
     return code, _summary(text), time.monotonic() - start

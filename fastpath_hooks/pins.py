@@ -21,6 +21,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .distributions import canonical_name
+from .hooks import MODULE_OF
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")
@@ -107,10 +108,13 @@ class SourceBuild:
 
 @dataclass(frozen=True)
 class Hazard:
+    """A GPU + triton range where `kernel` is wrong unless `needs` is usable. Messages read
+    `<gpu> + triton <version> <effect> (<id>)`, so `effect` is a short predicate and `fix` a
+    short imperative without parentheses."""
     id: str
     kernel: str
     gpu: tuple
-    triton: SpecifierSet
+    triton: SpecifierSet      # matched failing closed: a pre-release of a bound counts as inside
     needs: str
     effect: str
     fix: str
@@ -138,22 +142,23 @@ class Pins:
 
     def good_tvm_ffi(self, tilelang_version: str) -> tuple:
         for pair in self.tilelang_pairs:
-            if _same_version(pair.tilelang, tilelang_version):
+            if same_version(pair.tilelang, tilelang_version):
                 return pair.tvm_ffi
         return ()
 
     def broken_for(self, tilelang_version: str, tvm_ffi_version: str, archs) -> BrokenPair | None:
         for entry in self.tilelang_broken:
-            if not _same_version(entry.tilelang, tilelang_version):
+            if not same_version(entry.tilelang, tilelang_version):
                 continue
-            if not any(_same_version(v, tvm_ffi_version) for v in entry.tvm_ffi):
+            if not any(same_version(v, tvm_ffi_version) for v in entry.tvm_ffi):
                 continue
             if entry.arch == "*" or entry.arch in archs:
                 return entry
         return None
 
 
-def _same_version(a: str, b: str) -> bool:
+def same_version(a: str, b: str) -> bool:
+    """Version equality that never raises (a dist-info can carry any string)."""
     try:
         return Version(a) == Version(b)
     except InvalidVersion:
@@ -349,7 +354,7 @@ def _build(data, origins: tuple) -> Pins:
                 v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
         kernels[name] = KernelSpec(
             name=name,
-            module=v.string(k.get("module"), f"{e}.module"),
+            module=MODULE_OF[name],  # fixed: the import hook watches these names from interpreter start
             distributions=tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions")),
             python=v.specifier(k.get("python"), f"{e}.python"),
             torch=v.specifier(k.get("torch"), f"{e}.torch"),
@@ -408,7 +413,7 @@ def _build(data, origins: tuple) -> Pins:
     for i, pair in enumerate(pairs):
         for ffi in pair.tvm_ffi:
             for k, b in enumerate(broken):
-                if b.arch == "*" and _same_version(b.tilelang, pair.tilelang) and any(_same_version(x, ffi) for x in b.tvm_ffi):
+                if b.arch == "*" and same_version(b.tilelang, pair.tilelang) and any(same_version(x, ffi) for x in b.tvm_ffi):
                     v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
                            f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
 
@@ -480,7 +485,7 @@ def _build(data, origins: tuple) -> Pins:
 
     # a pinned version the index has yanked would not install (or would warn): never pin one
     def check_not_yanked(dist, version, entry):
-        if any(_same_version(version, y) for y in yanked.get(dist, ())):
+        if any(same_version(version, y) for y in yanked.get(dist, ())):
             v.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
 
     for i, pair in enumerate(pairs):
@@ -499,6 +504,10 @@ def _build(data, origins: tuple) -> Pins:
         for i, req in enumerate(spec.runtime_deps):
             if canonical_name(Requirement(req).name) not in allowed:
                 v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for name in triton_dists:
+        if name not in protected:
+            v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
+                   "protected.distributions (fastpath-hooks never changes it)")
     for p in protected:
         if p in allowed and p != "numpy":
             v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")

@@ -8,6 +8,7 @@ Rule ids in `Decision.rule` name which rule decided.
 from __future__ import annotations
 
 from dataclasses import replace as _replace
+from functools import cached_property
 from urllib.parse import quote
 
 from packaging.markers import Marker
@@ -16,6 +17,7 @@ from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sd
 from packaging.version import InvalidVersion, Version
 
 from .distributions import canonical_name
+from .pins import same_version
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, Plan, Step
 
 ORDER = ("fla", "causal-conv1d", "tilelang")
@@ -42,7 +44,7 @@ class _Context:
 
     def installed(self, dist: str) -> str | None:
         name = canonical_name(dist)
-        if self.fresh and name in _KERNEL_DISTS:
+        if self.fresh and any(name in k.distributions for k in self.pins.kernels.values()):
             return None
         return self.env.version(name)
 
@@ -54,13 +56,13 @@ class _Context:
                 continue
             if not any(g in hz.gpu for g in env.gpus):
                 continue
-            if _in(env.triton, hz.triton):
+            if _in_closed(env.triton, hz.triton):
                 out.append(hz)
         return out
 
-    @property
+    @cached_property
     def wheelhouse(self) -> dict:
-        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS."""
+        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS (parsed once)."""
         out: dict = {}
         for filename in self.env.wheelhouse:
             try:
@@ -99,9 +101,6 @@ class _Context:
         return version is not None and _in(version, req.specifier)
 
 
-_KERNEL_DISTS = ("fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "causal-conv1d")
-
-
 def _in(version: str, spec) -> bool:
     try:
         return spec.contains(Version(version).public if "+" in version else version, prereleases=True)
@@ -109,12 +108,28 @@ def _in(version: str, spec) -> bool:
         return False
 
 
-def _same(a: str, b: str) -> bool:
-    """Version equality that never raises (a dist-info can carry any string)."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
+def _in_closed(version: str, spec) -> bool:
+    """`version` in `spec`, failing closed for a safety range: a pre/dev release also counts when its
+    release is inside the bounds taken as closed (PEP 440 puts 3.7.1rc1 outside `<3.7.1` and
+    3.4.0rc1 outside `>=3.4.0`, yet each is that release's code, or close to it)."""
+    if _in(version, spec):
+        return True
+    v = _parse(version)
+    if v is None:
+        return True  # an unreadable version cannot be shown to be outside
+    if not (v.is_prerelease or v.is_devrelease):
+        return False
+    release = Version(v.base_version)
+    for s in spec:
+        if s.operator in ("<", "<="):
+            inside = release <= Version(s.version)
+        elif s.operator in (">", ">="):
+            inside = release >= Version(s.version)
+        else:
+            inside = s.contains(release, prereleases=True)
+        if not inside:
+            return False
+    return True
 
 
 def _parse(version: str | None) -> Version | None:
@@ -138,12 +153,12 @@ def _no_accelerator_reason(env) -> str:
         reason = f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build"
         if env.gpu_source == "target" and env.gpus:
             # A posed GPU with this host's CPU torch: say how to pose the GPU machine's torch too.
-            reason += f" (to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes)"
+            reason += f"; to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes"
         return reason
+    kind = env.torch_build.split()[0]  # CUDA / ROCm / XPU: the build's own kind of device
     if env.gpus:
-        return (f"no CUDA/XPU accelerator: torch {env.torch} ({env.torch_build}) cannot use "
-                f"{'+'.join(env.gpus)}")
-    return f"no CUDA/XPU accelerator: torch {env.torch} ({env.torch_build}) sees no device ({env.gpu_source})"
+        return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}"
+    return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device; {env.gpu_source}"
 
 
 def _skip(kernel, rule, reason, fix="", **kw) -> Decision:
@@ -156,7 +171,7 @@ def _common(ctx: _Context, kernel: str, *, installed: dict) -> Decision | None:
     spec = ctx.pins.kernel(kernel)
     kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, kernel)}
     if kernel in settings.skip:
-        return _skip(kernel, "skip.user", "skipped by FASTPATH_HOOKS_SKIP", "remove it from FASTPATH_HOOKS_SKIP", **kw)
+        return _skip(kernel, "skip.user", "skipped by FASTPATH_HOOKS_SKIP", f"remove {kernel} from FASTPATH_HOOKS_SKIP", **kw)
     if env.torch is None:
         return _skip(kernel, "skip.no-torch", "torch is not installed", "install torch first", **kw)
     if env.accelerator is None:
@@ -177,12 +192,16 @@ def _common(ctx: _Context, kernel: str, *, installed: dict) -> Decision | None:
         return _skip(kernel, "skip.torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})",
                      f"use torch {spec.torch}", **kw)
     if env.accelerator not in spec.accelerators:
-        reason = f"{kernel} does not support {env.accelerator.upper() if env.accelerator != 'rocm' else 'ROCm'}"
-        if kernel == "causal-conv1d" and env.accelerator == "rocm":
-            pass  # handled by the causal-conv1d rules (source build only)
-        else:
-            return _skip(kernel, f"skip.accelerator.{env.accelerator}", reason, "", **kw)
+        name = {"rocm": "ROCm"}.get(env.accelerator, env.accelerator.upper())
+        return _skip(kernel, f"skip.accelerator.{env.accelerator}", f"{kernel} does not support {name}", "", **kw)
     return None
+
+
+_HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
+
+
+def _fetch_fix(what: str, source: str = "the index") -> str:
+    return f"fetch {what} with `fastpath-hooks download --dest DIR` into FASTPATH_HOOKS_FIND_LINKS, or allow {source}"
 
 
 def _spec(text):
@@ -192,6 +211,9 @@ def _spec(text):
 
 
 def _deps_step(ctx: _Context, spec) -> Step | None:
+    """The kernel's runtime dependencies that this machine lacks (or has too old): one already
+    satisfied is neither named nor backed up by the installer. A fresh plan (`download`, for
+    another machine) names them all."""
     reqs = []
     marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
                   "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
@@ -200,6 +222,8 @@ def _deps_step(ctx: _Context, spec) -> Step | None:
     for raw in spec.runtime_deps:
         req = Requirement(raw)
         if req.marker is not None and not Marker(str(req.marker)).evaluate(marker_env):
+            continue
+        if not ctx.fresh and ctx.installed_satisfies(req):
             continue
         req.marker = None
         reqs.append(str(req))
@@ -220,44 +244,40 @@ def _decide_tilelang(ctx: _Context) -> Decision:
     needed = bool(fla_hazards) and "fla" not in settings.skip
     uses = _transformers_uses(ctx, "tilelang")
 
-    if env.accelerator == "rocm" and "tilelang" not in settings.skip and env.torch is not None:
-        return _skip("tilelang", "tilelang.rocm", "no tilelang on ROCm (fla is told FLA_TILELANG=0)", "",
-                     installed=installed, transformers_uses=uses)
     common = _common(ctx, "tilelang", installed=installed)
     if common is not None:
         if needed and common.rule == "skip.user":
             hz = fla_hazards[0]
-            common = Decision(**{**common.__dict__, "reason": f"skipped by FASTPATH_HOOKS_SKIP, although fla needs it here ({hz.id})"})
+            common = _replace(common, reason=f"skipped by FASTPATH_HOOKS_SKIP; fla needs it here because of {hz.id}")
         return common
 
     kw = {"installed": installed, "transformers_uses": uses}
     half = [d for d in ("tilelang", "apache-tvm-ffi") if d in env.half_installed and ctx.installed(d)]
     if tl and half:
-        return _tilelang_repair(ctx, tl, ffi, f"{' and '.join(half)} half-installed (two .dist-info in one directory: "
-                                "an install was interrupted)", "tilelang.repair.half-installed", kw)
+        return _tilelang_repair(ctx, tl, ffi, f"{' and '.join(half)} {_HALF_INSTALLED}", "tilelang.repair.half-installed", kw)
     if tl and ffi:
         broken = pins.broken_for(tl, ffi, env.gpus)
         if broken is not None:
             return _tilelang_repair(ctx, tl, ffi, f"apache-tvm-ffi {ffi} is broken with tilelang {tl}"
-                                    f"{'' if broken.arch == '*' else ' on ' + broken.arch}: {broken.effect} ({broken.source})",
+                                    f"{'' if broken.arch == '*' else ' on ' + broken.arch} - {broken.effect}",
                                     "tilelang.repair.broken-pair", kw)
     if tl and not ffi:
         return _tilelang_repair(ctx, tl, None, f"tilelang {tl} is installed without apache-tvm-ffi", "tilelang.repair.missing-ffi", kw)
 
     if not needed:
-        why = "no Hopper GPU here" if not any(g in h.gpu for h in pins.hazards for g in env.gpus) else \
+        why = "no Hopper GPU" if not any(g in h.gpu for h in pins.hazards for g in env.gpus) else \
             f"triton {env.triton} is outside the Hopper bug's range" if env.triton else "no triton"
         if "fla" in settings.skip and fla_hazards:
             why = "fla is skipped by FASTPATH_HOOKS_SKIP"
         if tl:
             return Decision(kernel="tilelang", action=OK, rule="tilelang.ok.not-needed",
-                            reason=f"tilelang {tl} + apache-tvm-ffi {ffi} installed; not needed by fla here ({why})", **kw)
-        return _skip("tilelang", "tilelang.not-needed", f"not needed: fla works without it here ({why})", **kw)
+                            reason=f"tilelang {tl} + apache-tvm-ffi {ffi} installed; fla does not need it here: {why}", **kw)
+        return _skip("tilelang", "tilelang.not-needed", f"fla does not need it here: {why}", **kw)
 
     hz = fla_hazards[0]
     if env.fla_tilelang_env == "0":
-        return _skip("tilelang", "tilelang.user-disabled", "FLA_TILELANG=0 is set, so fla would not use tilelang",
-                     f"unset FLA_TILELANG (fla needs tilelang here: {hz.id})", **kw)
+        return _skip("tilelang", "tilelang.user-disabled", "FLA_TILELANG=0 is set; fla would not use tilelang",
+                     f"unset FLA_TILELANG: fla needs tilelang here because of {hz.id}", **kw)
     nvcc_reqs = ()
     if spec.needs_nvcc and not env.nvcc:
         pk = spec.nvcc_packages
@@ -265,18 +285,18 @@ def _decide_tilelang(ctx: _Context) -> Decision:
             nvcc_reqs = tuple(pk["requirements"])
         else:
             return _skip("tilelang", "tilelang.no-nvcc",
-                         "tilelang compiles its kernels with nvcc at run time and fla only uses it when nvcc is found; "
-                         "no nvcc here (CUDA_HOME, PATH, /usr/local/cuda, nvidia-cuda-nvcc)",
-                         "install a CUDA toolkit matching torch (or set CUDA_HOME)", **kw)
+                         "no nvcc; tilelang compiles its kernels with it at run time, and fla uses tilelang only when "
+                         "nvcc is found in CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda or the nvidia-cuda-nvcc wheel",
+                         "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
 
     if tl:
         good = [g for g in pins.good_tvm_ffi(tl) if pins.broken_for(tl, g, env.gpus) is None]
-        if good and any(_same(ffi, g) for g in good):
+        if good and any(same_version(ffi, g) for g in good):
             if nvcc_reqs:
                 return _tilelang_install(ctx, tl, ffi, nvcc_reqs, "tilelang.install.nvcc", REPAIR,
                                          f"tilelang {tl} + apache-tvm-ffi {ffi} need nvcc; installing the nvcc wheel", kw)
             return Decision(kernel="tilelang", action=OK, rule="tilelang.ok", verify=True,
-                            reason=f"tilelang {tl} + apache-tvm-ffi {ffi} is a known-good pair; fla needs it here ({hz.id})",
+                            reason=f"tilelang {tl} + apache-tvm-ffi {ffi} is a known-good pair; fla needs it here because of {hz.id}",
                             on_failure="block", repair_steps=_pair_steps(ctx, tl, good[0], nvcc_reqs, replace_ffi=True), **kw)
         pair = _preferred_pair(ctx)
         return Decision(kernel="tilelang", action=OK, rule="tilelang.ok.unverified", verify=True,
@@ -287,10 +307,10 @@ def _decide_tilelang(ctx: _Context) -> Decision:
     pair = _preferred_pair(ctx)
     if pair is None:
         return _skip("tilelang", "tilelang.offline-missing",
-                     "offline, and FASTPATH_HOOKS_FIND_LINKS holds no known-good tilelang + apache-tvm-ffi pair",
-                     "add the wheels (`fastpath-hooks download --dest DIR`) or allow the index", **kw)
+                     "offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good tilelang + apache-tvm-ffi pair",
+                     _fetch_fix("tilelang's wheels"), **kw)
     return _tilelang_install(ctx, pair[0], pair[1], nvcc_reqs, "tilelang.install", INSTALL,
-                             f"fla needs tilelang on {'/'.join(hz.gpu)} with triton {env.triton} ({hz.id})", kw)
+                             f"fla needs tilelang on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw)
 
 
 def _preferred_pair(ctx: _Context):
@@ -329,7 +349,7 @@ def _tilelang_install(ctx, tl, ffi, nvcc_reqs, rule, action, reason, kw) -> Deci
     if missing:
         return _skip("tilelang", "tilelang.offline-missing",
                      f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                     "add the wheels (`fastpath-hooks download --dest DIR`) or allow the index", **kw)
+                     _fetch_fix("tilelang's wheels"), **kw)
     return Decision(kernel="tilelang", action=action, rule=rule, reason=reason, steps=steps,
                     target={"tilelang": tl, "apache-tvm-ffi": ffi}, on_failure="block", **kw)
 
@@ -356,7 +376,7 @@ def _tilelang_repair(ctx, tl, ffi, reason, rule, kw) -> Decision:
     if first_missing:
         return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".offline-missing",
                         reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
-                        fix="add the wheels (`fastpath-hooks download --dest DIR`) or allow the index",
+                        fix=_fetch_fix("tilelang's wheels"),
                         on_failure="block", **kw)
     return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".unrepairable",
                     reason=reason + "; the pins know no good apache-tvm-ffi for this GPU", on_failure="block",
@@ -396,25 +416,28 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
                   and not (transformers and not _in(transformers, rel.transformers))
                   and not (hz is not None and not rel.tilelang_backend)]
     needs = ("tilelang",) if hz is not None else ()
-    hazard_reason = (f"{hz.effect} ({hz.id}); tilelang: {tilelang.reason}") if hz is not None else ""
+    # Before fla-core split off (0.4), flash-linear-attention shipped the `fla` package itself.
+    fla = core or layers
 
-    if core:
+    if fla:
         if hz is not None and not tilelang_ok:
-            return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block", reason=hazard_reason,
-                            fix=hz.fix, on_failure="block", **kw)
-        known = next((r for r in pins.fla_releases if _same(r.version, core)), None)
+            return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block", reason=_hazard_reason(env, hz, tilelang),
+                            fix=_hazard_fix(hz, tilelang), on_failure="block", **kw)
+        known = next((r for r in pins.fla_releases if same_version(r.version, fla)), None)
         problems = []
+        if not core:
+            problems.append(f"flash-linear-attention {layers} without fla-core")
         half = [d for d in _FLA_DISTS if d in env.half_installed and not ctx.fresh]
         if half:
-            problems.append(f"{' and '.join(half)} half-installed (two .dist-info in one directory: an install was interrupted)")
-        if layers and not _same(layers, core):
+            problems.append(f"{' and '.join(half)} {_HALF_INSTALLED}")
+        if core and layers and not same_version(layers, core):
             problems.append(f"fla-core {core} and flash-linear-attention {layers} differ")
         incompatible = known is not None and not _in(env.triton, known.triton)
         if incompatible:
-            problems.append(f"fla {core} does not import with triton {env.triton} (needs {known.triton})")
-        unsafe = hz is not None and not _has_tilelang_backend(pins, core, known)
+            problems.append(f"fla {fla} does not import with triton {env.triton}, it needs triton {known.triton}")
+        unsafe = hz is not None and not _has_tilelang_backend(pins, fla, known)
         if unsafe:
-            problems.append(f"fla {core} has no tilelang backend, so its backward is wrong here ({hz.id})")
+            problems.append(f"fla {fla} has no tilelang backend, so its backward is wrong here because of {hz.id}")
         if problems:
             chosen, steps, missing = _pick_fla(ctx, candidates, replace=True)
             if chosen is not None:
@@ -435,27 +458,40 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
                             reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
                             needs=needs, on_failure="block" if hz else "proceed", **kw)
         return Decision(kernel="fla", action=OK, rule="fla.ok",
-                        reason=f"fla {core} installed" + (f"; needs tilelang here ({hz.id})" if hz else ""),
+                        reason=f"fla {fla} installed" + (f"; needs tilelang here because of {hz.id}" if hz else ""),
                         needs=needs, on_failure="block" if hz else "proceed", **kw)
 
     if hz is not None and not tilelang_ok:
-        return _skip("fla", "fla.hazard.skip", hazard_reason + "; installing fla alone would turn the working torch path "
-                     "into a crash", hz.fix, **kw)
+        return _skip("fla", "fla.hazard.skip", _hazard_reason(env, hz, tilelang) + "; fla alone would crash at its "
+                     "first backward", _hazard_fix(hz, tilelang), **kw)
     if not candidates:
         what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
         if hz is not None:
-            what += f" with a tilelang backend ({hz.id})"
+            what += f" with a tilelang backend, needed here because of {hz.id}"
         return _skip("fla", "fla.no-release", f"no known-good fla release for {what}",
                      "add a release to a FASTPATH_HOOKS_PINS file", **kw)
     chosen, steps, missing = _pick_fla(ctx, candidates, replace=False)
     if chosen is None:
         return _skip("fla", "fla.offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                     "add the wheels (`fastpath-hooks download --dest DIR`) or allow the index", **kw)
+                     _fetch_fix("fla's wheels"), **kw)
     reason = f"fla {chosen.version} fits triton {env.triton}" + (f" and transformers {transformers}" if transformers else "")
     if hz is not None:
-        reason += f"; together with tilelang ({hz.id})"
+        reason += f"; with tilelang because of {hz.id}"
     return Decision(kernel="fla", action=INSTALL, rule="fla.install", reason=reason, steps=steps,
                     target={"fla-core": chosen.version, "flash-linear-attention": chosen.version}, needs=needs, **kw)
+
+
+def _hazard_reason(env, hz, tilelang: Decision) -> str:
+    """The facts, in one clause each: `sm_90 + triton 3.6.0 computes fla's backward wrongly (fla#640),
+    and tilelang is unavailable: no nvcc`. A tilelang skip/block reason says why in its first clause."""
+    gpus = "+".join(g for g in env.gpus if g in hz.gpu)
+    why = tilelang.reason.split("; ")[0]
+    return f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and tilelang is unavailable: {why}"
+
+
+def _hazard_fix(hz, tilelang: Decision) -> str:
+    """tilelang's own fix first (the reason it is missing), then the hazard's (a triton without the bug)."""
+    return f"{tilelang.fix}; or {hz.fix}" if tilelang.fix else hz.fix
 
 
 def _has_tilelang_backend(pins, version: str, known) -> bool:
@@ -523,7 +559,7 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
                                        py=py, arch=env.arch)
             return name, ""
     return None, (f"no prebuilt causal-conv1d {rel.version} wheel for torch {_mm(env.torch)} + CUDA {cuda_major} + "
-                  f"cp{py} + {env.arch} (cxx11abi {abi})")
+                  f"cp{py} + {env.arch} + cxx11abi {abi}")
 
 
 def _decide_causal(ctx: _Context) -> Decision:
@@ -537,18 +573,18 @@ def _decide_causal(ctx: _Context) -> Decision:
     if installed_v and not half:
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
         return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure="block",
-                        reason=f"causal-conv1d {installed_v} installed (checked once in a child process: a wrong-arch "
-                               "build can crash at import)", **kw)
+                        reason=f"causal-conv1d {installed_v} installed; checked once in a child process, as a "
+                               "wrong-arch build can crash at import", **kw)
     decision = _causal_install(ctx, kw)
     if not half:
         return decision
-    what = f"causal-conv1d {installed_v} is half-installed (two .dist-info in one directory: an install was interrupted)"
+    what = f"causal-conv1d {installed_v} is {_HALF_INSTALLED}"
     if decision.action == INSTALL:
         steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
         return _replace(decision, action=REPAIR, rule="causal.repair.half-installed", steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure="block")
     return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure="block",
-                    reason=f"{what}; it cannot be reinstalled here ({decision.reason}); checked in a child process",
+                    reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
                     fix=decision.fix, **kw)
 
 
@@ -563,11 +599,11 @@ def _causal_install(ctx: _Context, kw) -> Decision:
         if not settings.allow_build:
             return _skip("causal-conv1d", "causal.rocm.no-build",
                          f"no prebuilt ROCm wheels; a source build takes about {minutes:.0f} minutes",
-                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build it (needs hipcc)", **kw)
+                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build it with hipcc", **kw)
         steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
                                   build_isolation=False, env=tuple(sorted(build.rocm_env.items())),
                                   note=f"source build, about {minutes:.0f} min"),)
-        return _causal_build(ctx, steps, minutes, "causal.rocm.build", "ROCm source build (allowed by FASTPATH_HOOKS_ALLOW_BUILD)", kw)
+        return _causal_build(ctx, steps, minutes, "causal.rocm.build", "ROCm source build, allowed by FASTPATH_HOOKS_ALLOW_BUILD", kw)
 
     filename, why = causal_conv1d_wheel(env, pins)
     if filename is not None:
@@ -588,11 +624,11 @@ def _causal_install(ctx: _Context, kw) -> Decision:
         if not settings.allow_build:
             return _skip("causal-conv1d", "causal.offline-missing",
                          f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                         "add the wheel (`fastpath-hooks download --dest DIR`) or allow the network", **kw)
+                         _fetch_fix("the wheel", "the network"), **kw)
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
     if not settings.allow_build:
         return _skip("causal-conv1d", "causal.no-wheel", f"{why}; a source build takes about {minutes:.0f} minutes "
-                     "(not started silently)", "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build from source (needs nvcc)", **kw)
+                     "and is not started silently", "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build from source with nvcc", **kw)
     if not env.nvcc:
         return _skip("causal-conv1d", "causal.no-nvcc", f"{why}, and a source build needs nvcc, which is not found",
                      "install a CUDA toolkit matching torch", **kw)
@@ -609,7 +645,7 @@ def _causal_build(ctx, steps, minutes, rule, reason, kw) -> Decision:
                      "add the sdist and wheels or allow the index", **kw)
     version = Requirement(ctx.pins.source_build.requirement).specifier
     target = {"causal-conv1d": str(next(iter(version)).version)} if len(version) == 1 else {}
-    return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule, reason=reason + f" (about {minutes:.0f} min)",
+    return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule, reason=reason + f", about {minutes:.0f} min",
                     steps=steps, target=target, expected_seconds=minutes * 60, **kw)
 
 
@@ -638,9 +674,6 @@ def _transformers_uses(ctx: _Context, kernel: str) -> str:
     if era == "C":
         return (f"transformers {version} (era C) uses it whenever `import {module}` succeeds when a modeling module is "
                 "imported (no device check)")
-    devices = ("cuda", "rocm")
-    if kernel == "fla" and Version(version) >= Version("5.15"):
-        devices = devices + ("xpu",)
-    yes = env.accelerator in devices
+    yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
     return (f"transformers {version} (era {era}) asks is_{'flash_linear_attention' if kernel == 'fla' else 'causal_conv1d'}"
             f"_available(): {'yes' if yes else 'no'} on this {'accelerator' if env.accelerator else 'machine (no accelerator)'}")

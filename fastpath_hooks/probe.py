@@ -24,7 +24,6 @@ WATCHED_DISTRIBUTIONS = (
     "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
     "causal-conv1d", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
 )
-TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,7 @@ class Environment:
     fla_tilelang_env: str | None = None
     posed: tuple = ()
     prefix: str = ""
+    pip_index_config: str | None = None   # where pip is told of an index/find-links (uv ignores it)
 
     # -- derived facts -------------------------------------------------------
     @property
@@ -97,13 +97,20 @@ class Environment:
         return data
 
 
-def probe(settings=None, *, allow_torch_import: bool = True) -> Environment:
+def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Environment:
+    """`pins`: the loaded pins (which distributions provide triton); default the shipped ones."""
     from .target import parse_target
+
+    if pins is None:
+        from .pins import load
+
+        pins = load(None)
+    triton_names = pins.triton_distributions
 
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
     found, duplicates = scan()
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
-    half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS or n in _kernel_names()))
+    half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS))
 
     torch_info = _torch_build_info(found.get("torch"))
     gpus, gpu_source, cxx11_abi = _gpus(torch_info, posed, allow_torch_import)
@@ -150,9 +157,9 @@ def probe(settings=None, *, allow_torch_import: bool = True) -> Environment:
         else:
             dists["torch"] = posed["torch"]
 
-    triton, triton_dist = _triton(dists, posed, facts)
+    triton, triton_dist = _triton(dists, posed, facts, triton_names)
     if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
-        for name in TRITON_DISTRIBUTIONS:
+        for name in triton_names:
             dists.pop(name, None)
         if triton_dist is not None:
             dists[triton_dist] = triton
@@ -179,12 +186,9 @@ def probe(settings=None, *, allow_torch_import: bool = True) -> Environment:
         fla_tilelang_env=os.environ.get("FLA_TILELANG"),
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
+        pip_index_config=pip_index_config(),
     )
     return env
-
-
-def _kernel_names():
-    return ("fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "causal-conv1d")
 
 
 def _torch_build_info(dist) -> dict:
@@ -247,7 +251,7 @@ def _gpus(torch_info: dict, posed: dict, allow_import: bool):
         return (), f"none: GPU query failed ({type(exc).__name__}: {exc})", abi
 
 
-def _triton(dists: dict, posed: dict, facts: dict):
+def _triton(dists: dict, posed: dict, facts: dict, names: tuple):
     if "triton" in posed:
         if posed["triton"] is None:
             return None, None
@@ -256,7 +260,7 @@ def _triton(dists: dict, posed: dict, facts: dict):
         if facts.get("xpu"):
             return posed["triton"], "pytorch-triton-xpu"
         return posed["triton"], "triton"
-    for name in TRITON_DISTRIBUTIONS:
+    for name in names:
         if name in dists:
             return dists[name], name
     return None, None
@@ -306,12 +310,75 @@ def _find_uv() -> str | None:
     return shutil.which("uv")
 
 
+_PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
+_PIP_INDEX_KEYS = ("index-url", "extra-index-url", "find-links")
+
+
+def pip_index_config(environ=None) -> str | None:
+    """Where pip is configured with an index or find-links for `pip install`, as pip reads it:
+    PIP_* variables, then the files pip loads (PIP_CONFIG_FILE=os.devnull: none), or None."""
+    env = os.environ if environ is None else environ
+    found = [name for name in _PIP_INDEX_VARIABLES if env.get(name, "").strip()]
+    for path in _pip_config_files(env):
+        keys = _pip_index_keys(path)
+        if keys:
+            found.append(f"{path} sets {', '.join(keys)}")
+    return "; ".join(found) or None
+
+
+def _pip_config_files(env) -> list:
+    """pip's configuration files in its load order: global, user (unless PIP_CONFIG_FILE names an
+    existing file), the environment's own, PIP_CONFIG_FILE."""
+    explicit = env.get("PIP_CONFIG_FILE")
+    if explicit == os.devnull:
+        return []
+    home = env.get("HOME") or os.path.expanduser("~")
+    if sys.platform == "darwin":
+        global_dirs = ["/Library/Application Support/pip"]
+        user_dirs = [os.path.join(home, "Library", "Application Support", "pip"), os.path.join(home, ".config", "pip")]
+    else:
+        global_dirs = [os.path.join(d, "pip") for d in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+        global_dirs.append("/etc")
+        user_dirs = [os.path.join(env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "pip")]
+    files = [os.path.join(d, "pip.conf") for d in global_dirs]
+    if not (explicit and os.path.exists(explicit)):
+        files += [os.path.join(home, ".pip", "pip.conf")] + [os.path.join(d, "pip.conf") for d in user_dirs]
+    files.append(os.path.join(sys.prefix, "pip.conf"))
+    if explicit:
+        files.append(explicit)
+    return files
+
+
+def _pip_index_keys(path: str) -> list:
+    """The index options a pip config file sets for `pip install` ([global] and [install])."""
+    if not os.path.isfile(path):
+        return []
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path, encoding="utf-8")
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return []
+    keys = []
+    for section in ("global", "install"):
+        if not parser.has_section(section):
+            continue
+        for key, value in parser.items(section):
+            name = key.lower().replace("_", "-").lstrip("-")
+            if name in _PIP_INDEX_KEYS and value.strip() and name not in keys:
+                keys.append(name)
+    return keys
+
+
 def _wheelhouse(find_links) -> tuple:
+    from .settings import find_links_dir
+
     names = []
     for location in find_links:
-        if "://" in location and not location.startswith("file://"):
+        path = find_links_dir(location)
+        if path is None:
             continue
-        path = location[len("file://"):] if location.startswith("file://") else location
         try:
             names.extend(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
         except OSError:

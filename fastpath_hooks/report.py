@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .commands import choose_installer, constraints, invocation
+from .commands import constraints, installer_choice, invocation, uv_executable
 from .plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
 from .policy import transformers_era
 
@@ -18,13 +18,14 @@ VERBS = {
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     """kernel -> list of invocation dicts, as `install` would run them."""
     env = plan.environment
-    installer = choose_installer(settings, env)
+    installer, why = installer_choice(settings, env)
     out = {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
         out[kernel] = [invocation(s, installer=installer, settings=settings,
-                                  uv=env.uv if env.uv not in (None, "posed") else None).to_json() for s in steps]
-    return {"installer": installer, "constraints": constraints(real_installed, pins.protected), "commands": out}
+                                  uv=uv_executable(env)).to_json() for s in steps]
+    return {"installer": installer, "installer_reason": why, "constraints": constraints(real_installed, pins.protected),
+            "commands": out}
 
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
@@ -90,9 +91,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
     row("nvcc", env.nvcc or "not found")
     tv = env.version("transformers")
     row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
-    installer = choose_installer(settings, env)
-    row("installer", f"{installer}" + (f" ({env.uv})" if installer == "uv" and env.uv else "") +
-        f" [FASTPATH_HOOKS_INSTALLER={settings.installer}]")
+    installer, why = installer_choice(settings, env)
+    row("installer", f"{installer}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
     if activation.get("pth") or activation.get("sitecustomize"):
         where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
         row("start-up", "enabled: " + ", ".join(where))
@@ -132,7 +132,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:
     data = commands_for(plan, settings, real_installed=real_installed, pins=pins)
-    lines = [f"installer: {data['installer']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
+    lines = [f"installer: {data['installer']} - {data['installer_reason']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
     for kernel, d in plan.decisions.items():
         lines.append(f"{kernel}: {d.action} - {d.reason}")
         for inv in data["commands"][kernel]:

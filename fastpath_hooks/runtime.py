@@ -12,8 +12,10 @@ Two caches make later starts cheap (`state.VerdictCache`):
 - per-kernel verdicts under a fingerprint of the probed facts: a verified
   kernel is not verified again; a failed attempt is not retried for
   FASTPATH_HOOKS_RETRY_AFTER seconds.
-Installs happen under one lock per environment; whoever waited re-reads the
-world after acquiring it, so exactly one process installs.
+Installs, repairs and the verification of an installed kernel happen under one
+lock per environment, where every per-kernel verdict is written; whoever waited
+re-reads the world (and the cache) after acquiring it, so exactly one process
+installs - or verifies.
 """
 
 from __future__ import annotations
@@ -23,14 +25,10 @@ import os
 import sys
 
 from . import events
+from .hooks import MODULE_OF
 
 GOOD = ("ok", "installed", "repaired")
 GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
-KERNEL_FINGERPRINT_DISTS = {
-    "fla": ("fla-core", "flash-linear-attention", "einops", "packaging", "tilelang", "apache-tvm-ffi"),
-    "tilelang": ("tilelang", "apache-tvm-ffi", "z3-solver", "torch-c-dlpack-ext", "nvidia-cuda-nvcc"),
-    "causal-conv1d": ("causal-conv1d",),
-}
 
 _lock = _thread.RLock()
 _outcomes: dict = {}
@@ -50,12 +48,6 @@ class Outcome:
         self.state = state      # ok installed repaired skipped blocked failed reported error
         self.reason = reason
         self.block = block      # when set, `import <kernel>` fails with this message
-
-    def __eq__(self, other):
-        return isinstance(other, Outcome) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
-
-    def __hash__(self):
-        return hash((self.kernel, self.state, self.reason, self.block))
 
     def __repr__(self):
         return f"Outcome(kernel={self.kernel!r}, state={self.state!r}, reason={self.reason!r}, block={self.block!r})"
@@ -123,14 +115,11 @@ def _warm(kernel: str, signature_env) -> Outcome | None:
 def _remember_warm(kernel: str, outcome: Outcome, signature_env) -> None:
     """Record a good outcome for the next start - only when the settings and pins were valid
     (a bad variable must be reported at every start, not skipped by a cache hit)."""
-    if outcome.state not in GOOD:
+    if outcome.state not in GOOD or _context["invalid"] is not None:
         return
     from . import state
-    from .pins import PinsError
-    from .settings import SettingsError
 
     try:
-        load_context(strict=True)
         signature = state.environment_signature(signature_env)
         if signature is None:
             return
@@ -138,8 +127,6 @@ def _remember_warm(kernel: str, outcome: Outcome, signature_env) -> None:
         state.VerdictCache.from_environ(signature_env).put_warm(
             kernel, signature, {"reason": outcome.reason, "posed": facts.get("posed"),
                                 "env": [list(pair) for pair in facts.get("env", ())]})
-    except (SettingsError, PinsError):
-        return
     except Exception as exc:  # the outcome stands; only the shortcut for the next start is lost
         events.debug(f"{kernel}: verdict not cached ({type(exc).__name__}: {exc})", kernel)
 
@@ -214,7 +201,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
         "nvcc": bool(env.nvcc), "fla_tilelang": env.fla_tilelang_env,
         "transformers": env.version("transformers"), "numpy": env.version("numpy"),
-        "dists": {d: env.version(d) for d in KERNEL_FINGERPRINT_DISTS[kernel]},
+        "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
         "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
                      settings.index_url, settings.target, settings.causal_conv1d_wheel_url],
@@ -223,11 +210,29 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def verdict_distributions(pins, kernel: str) -> tuple:
+    """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
+    dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
+    (fla on Hopper needs tilelang)."""
+    from packaging.requirements import Requirement
+
+    from .distributions import canonical_name
+
+    spec = pins.kernel(kernel)
+    names = list(spec.distributions)
+    for raw in tuple(spec.runtime_deps) + tuple((spec.nvcc_packages or {}).get("requirements", ())):
+        names.append(canonical_name(Requirement(raw).name))
+    for hazard in pins.hazards:
+        if hazard.kernel == kernel and hazard.needs:
+            names += pins.kernel(hazard.needs).distributions
+    return tuple(sorted(set(names)))
+
+
 def snapshot(settings, pins):
     from .policy import decide
     from .probe import probe
 
-    env = probe(settings)
+    env = probe(settings, pins=pins)
     return env, decide(env, settings, pins)
 
 
@@ -318,8 +323,8 @@ def _skipped(decision, plan) -> Outcome:
 
 
 def _blocked(decision, reason: str, fix: str) -> Outcome:
-    message = (f"fastpath-hooks blocked `import {_module(decision.kernel)}`: {reason}. "
-               f"transformers uses its torch path instead." + (f" To fix: {fix}." if fix else ""))
+    message = (f"fastpath-hooks blocked `import {MODULE_OF[decision.kernel]}`: {reason}; "
+               f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
     events.warning(f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""), decision.kernel,
                    once=f"block-{decision.kernel}")
     return Outcome(decision.kernel, "blocked", reason, block=message)
@@ -350,20 +355,42 @@ def _retry_in(entry: dict, settings) -> str:
 
 
 def _ok(decision, settings, pins, env, cache, fp) -> Outcome:
-    from dataclasses import replace
+    """An installed kernel: verified once (in a child process) per fingerprint, by one process.
 
-    from .plan import REPAIR
-
+    The verification runs under the environment lock after the cache is read again, so
+    ranks started together verify once and the others read that verdict."""
     if not decision.verify:
         events.debug(f"{decision.kernel}: {decision.reason}", decision.kernel)
         return Outcome(decision.kernel, "ok", decision.reason)
+    known = _known(decision, settings, cache, fp)
+    if known is not None:
+        return known
+    if settings.mode == "report":  # report mode takes no lock; a verdict is all it writes
+        return _verify(decision, settings, pins, env, cache, fp)
+    try:
+        with _EnvironmentLock(settings, decision.kernel):
+            return _act_locked(decision, settings, pins, cache, None)
+    except _LockUnavailable as exc:  # verifying unlocked is what the lock only saves repeating
+        events.debug(f"{decision.kernel}: {exc}; verifying without it", decision.kernel)
+        return _verify(decision, settings, pins, env, cache, fp)
+
+
+def _known(decision, settings, cache, fp) -> Outcome | None:
+    """The cached verdict of an installed kernel: good, or a failure remembered for
+    FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers)."""
     cached = cache.get(decision.kernel, fp)
-    if cached is not None:
-        if cached["state"] == "good":
-            events.debug(f"{decision.kernel}: verified earlier ({cached['reason']})", decision.kernel)
-            return Outcome(decision.kernel, "ok", decision.reason)
-        if not (decision.repair_steps and settings.mode == "install"):
-            return _failed(decision, cached["reason"], remembered=cached, settings=settings)
+    if cached is None:
+        return None
+    if cached["state"] == "good":
+        events.debug(f"{decision.kernel}: verified earlier ({cached['reason']})", decision.kernel)
+        return Outcome(decision.kernel, "ok", decision.reason)
+    return _failed(decision, cached["reason"], remembered=cached, settings=settings)
+
+
+def _verify(decision, settings, pins, env, cache, fp, locked: bool = False) -> Outcome:
+    from dataclasses import replace
+
+    from .plan import REPAIR
     from .verify import verify
 
     result = verify(pins.kernel(decision.kernel), timeout=settings.timeout, env_extra=decision.env)
@@ -376,6 +403,8 @@ def _ok(decision, settings, pins, env, cache, fp) -> Outcome:
         repair = replace(decision, action=REPAIR, steps=decision.repair_steps,
                          reason=f"{result.detail}; repairing", rule=decision.rule + ".repair",
                          target=_target_of(decision.repair_steps))
+        if locked:
+            return _act_locked(repair, settings, pins, cache, repair)
         return _act(repair, settings, pins, env, cache, fp, replanned=repair)
     cache.put(decision.kernel, fp, "failed", result.detail)
     return _failed(decision, result.detail)
@@ -401,6 +430,8 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
 
 
 def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
+    """Under the environment lock: re-read the world, then verify, install or repair - or take
+    what another process did while this one waited. Every verdict is written here."""
     from .installer import InstallError, recover, run_steps
     from .plan import BLOCK, OK, REPAIR, SKIP
     from .state import environment_state_dir
@@ -413,11 +444,15 @@ def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
     current = plan[kernel] if replanned is None else replanned
     fp = fingerprint(env, settings, pins, kernel)
     if replanned is None and current.action == OK:
-        cached = cache.get(kernel, fp)
-        if not current.verify or (cached is not None and cached["state"] == "good"):
-            events.status(f"{kernel}: ready ({current.reason}; done by another process)", kernel, once=f"done-{kernel}")
-            return Outcome(kernel, "ok", current.reason)
-        return _ok(current, settings, pins, env, cache, fp)
+        known = None if current.verify else Outcome(kernel, "ok", current.reason)
+        if known is None:
+            known = _known(current, settings, cache, fp)
+        if known is None:
+            return _verify(current, settings, pins, env, cache, fp, locked=True)
+        if known.state == "ok" and decision.action != OK:  # this process was about to install it
+            events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
+                          kernel, once=f"done-{kernel}")
+        return known
     if replanned is None and current.action in (SKIP, BLOCK):
         return _skipped(current, plan) if current.action == SKIP else _blocked(current, current.reason, current.fix)
     cached = cache.get(kernel, fp)
@@ -470,8 +505,9 @@ class _EnvironmentLock:
             try:
                 lock.acquire(timeout=0)
             except filelock.Timeout:
-                events.status(f"{self.kernel}: waiting for another process that is installing into this environment "
-                              f"(at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)", self.kernel,
+                events.status(f"{self.kernel}: waiting for another process that is installing or checking kernels in "
+                              f"this environment (at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
+                              self.kernel,
                               once=f"wait-{self.kernel}")
                 lock.acquire()
         except filelock.Timeout:
@@ -493,10 +529,6 @@ def _cache(settings):
     from .state import VerdictCache
 
     return VerdictCache(settings)
-
-
-def _module(kernel: str) -> str:
-    return {"fla": "fla", "causal-conv1d": "causal_conv1d", "tilelang": "tilelang"}[kernel]
 
 
 def _describe(decision) -> str:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from .hooks import TRUE_VALUES as _TRUE  # one list, shared with the start-up entry
+
 KERNELS = ("fla", "causal-conv1d", "tilelang")
 KERNEL_ALIASES = {
     "fla": "fla",
@@ -24,7 +26,6 @@ KERNEL_ALIASES = {
 MODES = ("install", "report")
 INSTALLERS = ("auto", "uv", "pip")
 LOG_LEVELS = ("off", "error", "warning", "info", "debug")
-_TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 DEFAULT_TIMEOUT = 900.0
@@ -39,7 +40,8 @@ VARIABLES = {
     "FASTPATH_HOOKS_FIND_LINKS": "comma or whitespace separated wheel directories or URLs, searched by the installer",
     "FASTPATH_HOOKS_OFFLINE": "1: never reach an index; install only from FASTPATH_HOOKS_FIND_LINKS",
     "FASTPATH_HOOKS_INDEX_URL": "an http(s):// or file:// package index to use instead of the installer's default",
-    "FASTPATH_HOOKS_INSTALLER": "auto (default: uv when available, else pip), uv or pip",
+    "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or find-links, "
+                                 "which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
     "FASTPATH_HOOKS_ALLOW_BUILD": "1: allow source builds (causal-conv1d without a prebuilt wheel; takes many minutes)",
     "FASTPATH_HOOKS_CACHE_DIR": "directory for verdicts (default: the user cache dir, e.g. ~/.cache/fastpath-hooks)",
@@ -264,6 +266,22 @@ def _parse_find_links(raw: str) -> tuple:
             raise ValueError(f"{item!r} is not a directory (create the wheelhouse with `fastpath-hooks download --dest DIR`)")
         out.append(path)
     return tuple(out)
+
+
+def find_links_dir(entry: str) -> str | None:
+    """The local directory a find-links entry names (a path or a file:// URL, read as pip reads
+    it), or None for a remote URL. Kept light: the warm path's signature calls it."""
+    if "://" in entry:
+        if not entry.startswith("file://"):
+            return None
+        entry = entry[len("file://"):]
+        if entry.startswith("localhost/"):
+            entry = entry[len("localhost"):]
+        if "%" in entry:
+            from urllib.parse import unquote
+
+            entry = unquote(entry)
+    return os.path.abspath(os.path.expanduser(entry))
 
 
 def _directory_or_creatable(raw: str) -> str:

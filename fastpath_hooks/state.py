@@ -7,8 +7,9 @@ included - sees the same ones. The verdict cache is per user
 
 The warm path (`signature_environ`, `environment_signature`,
 `VerdictCache.from_environ`) runs at every first kernel import of every
-process, so it imports only what a Python process has anyway (no settings,
-pins, probe, platformdirs or packaging) and reads a handful of directories.
+process, so it imports only what a Python process has anyway (no pins, probe,
+platformdirs or packaging; settings only for `find_links_dir` when
+FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ def environment_key() -> str:
 
 def cache_root(settings) -> str:
     return settings.cache_dir or default_cache_root()
+
+
+def cache_root_from_environ(environ) -> str:
+    """The cache root FASTPATH_HOOKS_CACHE_DIR names in `environ` (as settings parses it), without
+    parsing the settings: the warm path's."""
+    raw = environ.get("FASTPATH_HOOKS_CACHE_DIR", "").strip()
+    return os.path.abspath(os.path.expanduser(raw)) if raw else default_cache_root(environ)
 
 
 def default_cache_root(environ=None) -> str:
@@ -92,6 +100,7 @@ def atomic_write_json(path: str, data) -> None:
 GOOD = "good"
 FAILED = "failed"
 SCHEMA = 1
+_WRITE_LOCK_TIMEOUT = 30.0   # a write holds it for milliseconds
 
 
 class VerdictCache:
@@ -116,13 +125,7 @@ class VerdictCache:
     @classmethod
     def from_environ(cls, captured: tuple) -> "VerdictCache":
         """The cache FASTPATH_HOOKS_CACHE_DIR names (in `signature_environ()`), without parsing the settings."""
-        environ = dict(captured)
-        raw = environ.get("FASTPATH_HOOKS_CACHE_DIR")
-        if raw is not None and raw.strip():
-            root = os.path.abspath(os.path.expanduser(raw.strip()))
-        else:
-            root = default_cache_root(environ)
-        return cls(root=root, retry_after=0.0)
+        return cls(root=cache_root_from_environ(dict(captured)), retry_after=0.0)
 
     def _read(self) -> dict:
         try:
@@ -169,18 +172,24 @@ class VerdictCache:
         return self._update("warm", kernel, dict(entry, signature=signature, ts=time.time()))
 
     def _update(self, section: str, kernel: str, entry: dict) -> bool:
-        data = self._read() or {"kernels": {}, "warm": {}}
-        data["schema"] = SCHEMA
-        data["prefix"] = os.path.realpath(sys.prefix)
-        data[section][kernel] = entry
-        if section == "kernels":
-            # a new verdict means the environment changed: warm verdicts are re-earned
-            data["warm"].pop(kernel, None)
+        """Read, change, write - under the file's own short lock, so writers in several
+        processes (ranks recording warm verdicts at once) never drop each other's entries."""
+        import filelock
+
         try:
-            atomic_write_json(self.path, data)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with filelock.FileLock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
+                data = self._read() or {"kernels": {}, "warm": {}}
+                data["schema"] = SCHEMA
+                data["prefix"] = os.path.realpath(sys.prefix)
+                data[section][kernel] = entry
+                if section == "kernels":
+                    # a new verdict means the environment changed: warm verdicts are re-earned
+                    data["warm"].pop(kernel, None)
+                atomic_write_json(self.path, data)
             return True
-        except OSError:
-            return False  # a read-only cache only costs a re-check next time
+        except (OSError, filelock.Timeout):
+            return False  # a read-only or busy cache only costs a re-check next time
 
     def entries(self) -> dict:
         return dict(self._read().get("kernels", {}))
@@ -253,14 +262,15 @@ def environment_signature(captured: tuple) -> str | None:
             parts.append((directory, _stat_key(directory), dists))
         else:  # the script's directory or cwd: only distributions found there matter
             parts.append(dists)
-    cache_dir = env.get("FASTPATH_HOOKS_CACHE_DIR", "").strip()
-    root = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else default_cache_root(env)
+    root = cache_root_from_environ(env)
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in env.get("FASTPATH_HOOKS_FIND_LINKS", "").replace(",", " ").split():
-        if "://" in location and not location.startswith("file://"):
+        from .settings import find_links_dir  # only when FIND_LINKS is set
+
+        path = find_links_dir(location)
+        if path is None:
             continue
-        path = os.path.expanduser(location[len("file://"):] if location.startswith("file://") else location)
         try:
             parts.append((location, sorted(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))))
         except OSError:

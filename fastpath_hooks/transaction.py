@@ -10,7 +10,11 @@ half-extracted wheel (no RECORD yet), pip's `~name` stash directories, stray
 bytecode - so site-packages is exactly as before. A journal found at the next
 start (under the environment lock, so its writer is dead) is rolled back the
 same way. Files that existed before and belong to other distributions are
-never touched.
+never touched, even when a new distribution's RECORD lists them too (the
+`nvidia/__init__.py` every nvidia-* wheel ships).
+
+The installer's work directory (`work-<id>`) sits beside the backup, so
+`discard_stale` removes what a killed run left of it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from .state import JOURNAL, atomic_write_json
 
 LISTING = "listing.json"
 BACKUP_PREFIX = "backup-"
+WORK_PREFIX = "work-"   # the installer's scratch (constraints, downloads, TMPDIR) for one transaction
 
 
 class Transaction:
@@ -38,6 +43,7 @@ class Transaction:
         self.description = description
         self.id = uuid.uuid4().hex[:12]
         self.backup_dir = os.path.join(state_dir, BACKUP_PREFIX + self.id)
+        self.work_dir = os.path.join(state_dir, WORK_PREFIX + self.id)
         self.journal_path = os.path.join(state_dir, JOURNAL)
         self.before: dict = {}
         self.manifest: list = []
@@ -68,8 +74,11 @@ class Transaction:
         self._write_journal()
 
     def commit(self) -> None:
-        # The journal goes first: a crash between the two steps leaves a stale backup (removed by
-        # `discard_stale`), never a journal that points at missing backups.
+        # The work directory goes before the journal (once the journal is gone, only an install's
+        # recover() would find it). The journal before the backup: a crash between the two leaves a
+        # stale backup (removed by `discard_stale`), never a journal that points at missing backups.
+        if self.work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         try:
             os.unlink(self.journal_path)
         except FileNotFoundError:
@@ -85,6 +94,9 @@ class Transaction:
             found, dups = scan([self.site_dir])
             intact = {n for n in self.names if self._intact(n, found, dups)}
             dist_dirs = set(self.dist_dirs)
+            # Files there at begin() that no backup covers belong to another distribution (or to the
+            # user): never deleted, whichever RECORD lists them.
+            others = _paths(self.site_dir, self._known_listing() or {}) - {o for o, *_ in self.manifest}
             removed_files: list = []
             for name in sorted(set(found) | set(dups)):
                 if name.startswith("~"):
@@ -93,7 +105,7 @@ class Transaction:
                     new = os.path.basename(dist.path) not in dist_dirs
                     if (name not in self.names and not new) or name in intact:
                         continue
-                    files = record_files(dist)
+                    files = [p for p in record_files(dist) if p not in others]
                     for path in files:
                         if _inside(path, self.site_dir) or _inside(path, self.prefix):
                             _remove(path)
@@ -167,7 +179,7 @@ class Transaction:
             tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing, tx.dist_dirs = "", [], {}, [], [], []
             tx.before_dirs = {}
             tx.prefix = os.path.realpath(sys.prefix)
-            tx.backup_dir, tx.id, tx.description = "", "unreadable", "unreadable journal"
+            tx.backup_dir, tx.work_dir, tx.id, tx.description = "", "", "unreadable", "unreadable journal"
             return tx
         tx.id = data.get("id", "?")
         tx.site_dir = data.get("site_dir", "")
@@ -179,6 +191,7 @@ class Transaction:
         tx.dist_dirs = list(data.get("dist_dirs", [e for e in tx.listing if e.endswith((".dist-info", ".egg-info"))]))
         tx.before_dirs = dict(data.get("before_dirs", {}))
         tx.backup_dir = data.get("backup_dir", "")
+        tx.work_dir = os.path.join(state_dir, WORK_PREFIX + tx.id) if isinstance(tx.id, str) and tx.id.isalnum() else ""
         tx.description = data.get("description", "")
         tx.pid = data.get("pid")
         tx.started = data.get("started")
@@ -186,7 +199,8 @@ class Transaction:
 
     @staticmethod
     def discard_stale(state_dir: str) -> list:
-        """Backup directories no journal points at (a crash during begin() or commit()); call with the lock held."""
+        """Backup directories no journal points at (a crash during begin() or commit()) and the work
+        directories of killed runs; call with the lock held."""
         try:
             entries = os.listdir(state_dir)
         except OSError:
@@ -195,7 +209,7 @@ class Transaction:
             return []
         out = []
         for entry in entries:
-            if entry.startswith(BACKUP_PREFIX):
+            if entry.startswith((BACKUP_PREFIX, WORK_PREFIX)):
                 shutil.rmtree(os.path.join(state_dir, entry), ignore_errors=True)
                 out.append(entry)
         return out
@@ -215,19 +229,24 @@ class Transaction:
             "backup_dir": self.backup_dir,
         })
 
+    def _known_listing(self) -> dict | None:
+        """begin()'s {relative directory: [file names]} of site-packages, None when unreadable."""
+        if not self.backup_dir:
+            return None
+        try:
+            with open(os.path.join(self.backup_dir, LISTING), encoding="utf-8") as fh:
+                known = json.load(fh)
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return known if isinstance(known, dict) else None
+
     def _remove_new_files(self) -> list:
         """Delete what appeared in site-packages since begin() and is still there."""
         if not self.site_dir or not os.path.isdir(self.site_dir):
             return []
         skip = self._skip_dir()
         before_top = set(self.listing)
-        known = None
-        if self.backup_dir:
-            try:
-                with open(os.path.join(self.backup_dir, LISTING), encoding="utf-8") as fh:
-                    known = json.load(fh)
-            except (OSError, ValueError):
-                known = None
+        known = self._known_listing()
         done = []
         for entry in sorted(os.listdir(self.site_dir)):
             if entry == skip or entry in before_top:
@@ -267,6 +286,13 @@ def _instances(name: str, found: dict, dups: dict) -> list:
     if first is not None and first.path not in {d.path for d in out}:
         out.insert(0, first)
     return out
+
+
+def _paths(site_dir: str, listing: dict) -> set:
+    """Absolute paths of a `_file_listing`, spelled as `record_files` spells them."""
+    return {os.path.normpath(os.path.join(site_dir, rel_dir, name))
+            for rel_dir, names in listing.items() if isinstance(names, list) for name in names
+            if isinstance(name, str)}
 
 
 def _tree(path: str) -> list:

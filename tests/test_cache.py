@@ -166,7 +166,7 @@ def _run(venv, script, env):
 
 
 def _verdict_file(cache_dir: str) -> str:
-    (name,) = os.listdir(os.path.join(cache_dir, "verdicts"))
+    (name,) = [n for n in os.listdir(os.path.join(cache_dir, "verdicts")) if n.endswith(".json")]
     return os.path.join(cache_dir, "verdicts", name)
 
 

@@ -70,6 +70,12 @@ PLAN_JSON = batched("plan-json", "plan", "--json", FASTPATH_HOOKS_TARGET=HOPPER)
 PLAN_TEXT = batched("plan-text", "plan", "--target", HOPPER)
 PLAN_FLA = batched("plan-fla", "plan", "fla", "flash-linear-attention", "--json", FASTPATH_HOOKS_TARGET=HOPPER)
 NO_COMMAND = batched("no-command")
+INTERNAL_INDEX = "https://pypi.internal.example/simple"
+PLAN_PIP_CONFIG = batched("plan-pip-config", "plan", "--json", FASTPATH_HOOKS_TARGET=HOPPER, PIP_INDEX_URL=INTERNAL_INDEX)
+DOCTOR_PIP_CONFIG = batched("doctor-pip-config", "doctor", PIP_INDEX_URL=INTERNAL_INDEX)
+INSTALL_DRY_FLA = batched("install-dry-fla", "install", "fla", "--dry-run", FASTPATH_HOOKS_TARGET=HOPPER)
+INSTALL_DRY_CAUSAL = batched("install-dry-causal", "install", "causal-conv1d", "--dry-run",
+                             FASTPATH_HOOKS_TARGET=HOPPER)
 
 
 # -- doctor on this CPU machine ------------------------------------------------------------------
@@ -257,7 +263,7 @@ def test_acceptance_targets(spec, accept, via, runs):
 def test_plan_text_shows_the_commands(runs):
     result = runs[PLAN_TEXT]
     assert result.returncode == 0, result.stderr
-    assert re.search(r"^tilelang: install - .*fla-640", result.stdout, re.M)
+    assert re.search(r"^tilelang: install - .*fla#640", result.stdout, re.M)
     assert re.search(r"--no-deps .*tilelang==\S+ apache-tvm-ffi==\S+$", result.stdout, re.M)
     assert result.stdout.rstrip().splitlines()[-1].startswith("Summary: install() would install fla")
 
@@ -265,6 +271,37 @@ def test_plan_text_shows_the_commands(runs):
 def test_plan_for_some_kernels(runs):
     data = loaded(runs[PLAN_FLA])
     assert [d["kernel"] for d in data["decisions"]] == ["fla"]
+
+
+def _kernel_lines(result) -> list:
+    assert result.returncode == 0, result.stderr
+    return [line.split(":")[0] for line in result.stdout.splitlines()
+            if re.match(r"^(fla|causal-conv1d|tilelang): [a-z]+ - ", line)]
+
+
+def test_install_dry_run_shows_the_kernels_asked_for_and_what_they_need(runs):
+    # fla needs tilelang on this Hopper target (the hazard), so its dry run shows both
+    assert _kernel_lines(runs[INSTALL_DRY_FLA]) == ["fla", "tilelang"]
+    assert _kernel_lines(runs[INSTALL_DRY_CAUSAL]) == ["causal-conv1d"]
+    assert "tilelang==" not in runs[INSTALL_DRY_CAUSAL].stdout and "fla-core==" not in runs[INSTALL_DRY_CAUSAL].stdout
+
+
+# -- auto mode and pip's own index configuration -------------------------------------------------
+
+def test_auto_uses_uv_without_pip_configuration_and_pip_with_it(runs):
+    plain = loaded(runs[PLAN_JSON])
+    assert plain["environment"]["uv"] and plain["environment"]["pip_index_config"] is None
+    assert (plain["installer"], plain["installer_reason"]) == ("uv", "auto: uv found")
+    configured = loaded(runs[PLAN_PIP_CONFIG])
+    check_document(configured, "plan")
+    assert configured["environment"]["pip_index_config"] == "PIP_INDEX_URL"
+    assert configured["installer"] == "pip" and "PIP_INDEX_URL" in configured["installer_reason"]
+    assert all(c["argv"][1:3] == ["-m", "pip"] for cmds in configured["commands"].values() for c in cmds)
+    doctor = runs[DOCTOR_PIP_CONFIG]
+    assert doctor.returncode == 0, doctor.stderr
+    row = next(line for line in doctor.stdout.splitlines() if line.startswith("  installer "))
+    assert re.match(r"^  installer +pip - auto: pip's configuration names an index or find-links \(PIP_INDEX_URL\), "
+                    r"which uv would ignore$", row), row
 
 
 # -- bad input: exit 2, the message, no traceback ------------------------------------------------

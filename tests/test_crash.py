@@ -70,8 +70,10 @@ def test_sigkill_mid_install_then_next_run_recovers_and_installs(moment, make_ve
     venv = make_venv(transformers=None)
     link_uv(venv)
     wheelhouse = make_wheelhouse(fla="0.6.0", fla_padding=PADDING)
+    scratch = tmp_path / "tmp"  # the processes' TMPDIR: a killed install must leave nothing there either
+    scratch.mkdir()
     env = offline_env(wheelhouse, A100, cache_dir=str(tmp_path / "cache"), FASTPATH_HOOKS_INSTALLER="uv",
-                      FASTPATH_HOOKS_LOCK_TIMEOUT="60")
+                      FASTPATH_HOOKS_LOCK_TIMEOUT="60", TMPDIR=str(scratch))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     # pip writes a wheel's files one by one (uv links them all at once): the victim uses pip
     victim_env = dict(env, FASTPATH_HOOKS_INSTALLER="pip" if moment == "extracting" else "uv")
@@ -93,6 +95,7 @@ def test_sigkill_mid_install_then_next_run_recovers_and_installs(moment, make_ve
     # What the kill left: a journal and a half-done fla.
     assert os.path.exists(journal)
     assert os.path.isdir(os.path.join(venv.site, "fla"))
+    assert glob.glob(os.path.join(venv.site, ".fastpath-hooks", "work-*"))  # its scratch, in the state dir
     if moment == "extracting":
         assert _fla_files(venv) < PADDING or not os.path.isdir(core_info)
 
@@ -109,6 +112,8 @@ def test_sigkill_mid_install_then_next_run_recovers_and_installs(moment, make_ve
     assert _fla_files(venv) == PADDING
     assert not os.path.exists(journal)
     assert not glob.glob(os.path.join(venv.site, ".fastpath-hooks", "backup*"))
+    assert not glob.glob(os.path.join(venv.site, ".fastpath-hooks", "work-*"))  # the killed run's scratch is gone
+    assert os.listdir(scratch) == []  # and nothing was ever left under TMPDIR
     assert not [n for n in os.listdir(venv.site) if n.startswith("~")]
     assert venv.pip_check() == pip_check_before
     # and the next start just uses it

@@ -281,3 +281,49 @@ def test_install_kernels_limits_which_imports_are_managed(hooks_env):
     with pytest.raises(ModuleNotFoundError):
         import causal_conv1d  # noqa: F401 - managed: decided (no accelerator here), then the normal import
     assert [e["kernel"] for e in events if "no CUDA/XPU accelerator" in e["message"]] == ["causal-conv1d"]
+
+
+def test_a_gate_of_a_kernel_not_selected_asks_nothing(hooks_env):
+    events = []
+    fastpath_hooks.install(kernels=["causal-conv1d"], on_event=events.append)
+    from fastpath_hooks import runtime
+
+    assert import_utils.is_flash_linear_attention_available() is False
+    assert "fla" not in runtime.outcomes() and not [e for e in events if e["kernel"] == "fla"], events
+    assert import_utils.is_causal_conv1d_available() is False      # the selected one is decided
+    assert "causal-conv1d" in runtime.outcomes()
+
+
+@pytest.mark.parametrize("spelling", ["flash_linear_attention", "FLA", "Flash.Linear_Attention", "fla_core"])
+def test_install_kernels_accepts_any_spelling_of_a_distribution_name(hooks_env, spelling):
+    events = []
+    fastpath_hooks.install(kernels=[spelling], on_event=events.append)
+    assert hooks.selected("fla") and not hooks.selected("causal-conv1d")
+    assert not [e for e in events if e["type"] == "error"], events
+
+
+def test_install_again_after_the_wrappers_stepped_aside_does_not_wrap_again(hooks_env):
+    where = {name: holders(gate) for name, gate in ORIGINALS.items()}
+    fastpath_hooks.install()
+    assert import_utils.is_causal_conv1d_available() is False and import_utils.is_flash_linear_attention_available() is False
+    for name, original in ORIGINALS.items():       # stepped aside: the original back in every holder
+        assert import_utils.__dict__[name] is original and holders(original) == where[name]
+    fastpath_hooks.install()
+    for name, original in ORIGINALS.items():       # its job is done: not wrapped (and queried) again
+        assert import_utils.__dict__[name] is original and holders(original) == where[name]
+    fastpath_hooks.uninstall()
+    fastpath_hooks.install()                       # after uninstall() it starts afresh
+    assert import_utils.is_causal_conv1d_available.__wrapped__ is ORIGINALS["is_causal_conv1d_available"]
+
+
+def test_step_aside_reaches_transformers_modules_that_took_the_wrapper_later(hooks_env):
+    fastpath_hooks.install()
+    wrapper = import_utils.is_causal_conv1d_available
+    late = types.ModuleType("transformers.fastpath_hooks_test_late")
+    late.is_causal_conv1d_available = wrapper          # a modeling module imported after install()
+    sys.modules[late.__name__] = late
+    try:
+        assert wrapper() is False
+        assert late.is_causal_conv1d_available is ORIGINALS["is_causal_conv1d_available"]
+    finally:
+        del sys.modules[late.__name__]

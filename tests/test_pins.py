@@ -81,7 +81,7 @@ def test_no_known_good_pair_is_broken_on_any_arch():
 
 
 def test_the_hopper_hazard_is_data():
-    (hz,) = [h for h in SHIPPED.hazards if h.id == "fla-640"]
+    (hz,) = [h for h in SHIPPED.hazards if h.id == "fla#640"]
     assert hz.gpu == ("sm_90",) and hz.needs == "tilelang"
     assert [v for v in ("3.3.1", "3.4.0", "3.6.0", "3.7.0", "3.7.1", "3.9.0") if hz.triton.contains(v)] == \
         ["3.4.0", "3.6.0", "3.7.0"]

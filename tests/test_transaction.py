@@ -193,6 +193,28 @@ def test_an_untouched_distribution_is_left_alone(venv, site, fla_wheels):
     assert not any("einops" in d for d in done)
 
 
+def test_rollback_of_a_new_distribution_keeps_a_file_it_shares_with_another(venv, tmp_path):
+    # nvidia-* wheels all ship the namespace file nvidia/__init__.py: a failed nvidia-cuda-nvcc install
+    # must not take it away from the nvidia-cuda-cccl the user already has.
+    wh = str(tmp_path / "nvidia")
+    cccl = wheels.build_wheel(wh, "nvidia-cuda-cccl", "13.0.50",
+                              {"nvidia/__init__.py": "", "nvidia/cuda_cccl/__init__.py": "CCCL = True\n"})
+    nvcc = wheels.build_wheel(wh, "nvidia-cuda-nvcc", "13.0.48",
+                              {"nvidia/__init__.py": "", "nvidia/cuda_nvcc/__init__.py": "NVCC = True\n"})
+    pip = [venv.python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile"]
+    subprocess.run(pip + [cccl], check=True, env=venvs.clean_env(), capture_output=True)
+    before = tree(venv.site)
+    tx = new_tx(venv.site, names=("nvidia-cuda-nvcc",))
+    tx.begin()
+    subprocess.run(pip + [nvcc], check=True, env=venvs.clean_env(), capture_output=True)
+    assert version_of(venv.site, "nvidia-cuda-nvcc") == ["13.0.48"]
+    done = tx.rollback()
+    assert "removed nvidia-cuda-nvcc 13.0.48" in done
+    assert tree(venv.site) == before  # nvidia/__init__.py included
+    assert venv.run("import nvidia.cuda_cccl as m; print(m.CCCL)", env=venvs.clean_env()).stdout.strip() == "True"
+    assert_clean_state(venv.site)
+
+
 def test_bytecode_caches_written_meanwhile_stay_only_for_existing_sources(site):
     cache = os.path.join(site, "einops", "__pycache__")
     kept = [f for f in os.listdir(cache) if f.startswith("__init__.")][0]
@@ -211,8 +233,9 @@ def test_bytecode_caches_written_meanwhile_stay_only_for_existing_sources(site):
 def test_recover_drops_an_unreadable_journal_and_stale_backups(site):
     state = os.path.join(site, STATE)
     os.makedirs(os.path.join(state, "backup-0123456789ab"))
+    os.makedirs(os.path.join(state, "work-0123456789ab", "pip-unpack-x"))  # a killed run's scratch
     before = tree(site)
-    assert installer.recover(state) == []  # no journal: the stale backup (a crash inside begin()) goes
+    assert installer.recover(state) == []  # no journal: the stale backup (a crash inside begin()) and work dir go
     assert os.listdir(state) == []
     with open(os.path.join(state, JOURNAL), "w") as fh:
         fh.write("{ not json")

@@ -1,0 +1,347 @@
+"""Start-up hand-over, import-path guards and the verdict cache under many processes.
+
+- the start-up stand-in hands over IN PLACE: it never removes itself from `sys.meta_path`
+  while an import iterates it (the finder after it was skipped), never undoes uninstall(),
+  never resets install(kernels=...);
+- an exception of our own on the import path becomes one error line, the import proceeds;
+- a remembered failure is not verified again; a bad variable is named, not "report mode";
+- 8 processes on a cold cache verify an installed kernel once (under the environment lock),
+  and concurrent verdict writers lose nothing;
+- the fingerprint's distributions come from the pins data (one source of truth).
+
+The stand-in tests run the start-up source (`activation.startup_source()`, what `enable`
+writes) at the top of a fresh interpreter of the dev environment, with a finder behind it
+that provides `fla` and `causal_conv1d` from memory - like an editable install's finder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import A100, H100_OLD_TRITON, offline_env
+from fastpath_hooks import activation, pins as pins_mod, runtime
+from fastpath_hooks.probe import Environment
+from fastpath_hooks.settings import Settings
+from support import venvs, wheels
+from support.processes import AUDIT_PRELUDE, link_uv, run_env
+
+# -- the start-up stand-in ------------------------------------------------------------------
+
+PROVIDER = r'''
+import importlib.util, json, os, sys
+
+class Provider:
+    """Provides `fla` and `causal_conv1d` from memory (an editable install's finder does this)."""
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in ("fla", "causal_conv1d"):
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        module.FROM_PROVIDER = True
+
+def kinds():
+    return [type(f).__name__ for f in sys.meta_path if type(f).__name__ in
+            ("_FastpathHooksStartup", "KernelImportFinder", "Provider")]
+
+def provided(name):
+    try:
+        return getattr(__import__(name), "FROM_PROVIDER", False)
+    except ImportError as exc:
+        return type(exc).__name__ + ": " + str(exc)
+
+sys.meta_path.insert(1, Provider())   # right behind the stand-in
+out = {"start": kinds(), "length": len(sys.meta_path)}
+'''
+
+SCENARIOS = {
+    # the stand-in hands over at the first watched import: the real finder takes its slot
+    "hand-over": '''
+out["fla"] = provided("fla")
+from fastpath_hooks import hooks
+out["installed"] = hooks.installed()
+''',
+    # install() before any watched import: the finder takes the stand-in's slot at once
+    "installed-first": '''
+import fastpath_hooks
+fastpath_hooks.install(kernels=["causal-conv1d"])
+out["after_install"] = kinds()
+out["fla"] = provided("fla")
+out["causal_conv1d"] = provided("causal_conv1d")
+from fastpath_hooks import hooks
+out["selected"] = sorted(k for k in ("fla", "causal-conv1d", "tilelang") if hooks.selected(k))
+''',
+    # FASTPATH_HOOKS_DISABLE set at run time, before the first watched import
+    "disabled-at-run-time": '''
+os.environ["FASTPATH_HOOKS_DISABLE"] = "1"
+out["fla"] = provided("fla")
+out["loaded"] = "fastpath_hooks.hooks" in sys.modules
+''',
+    # uninstall() is final: the stand-in must not install the hooks again
+    "uninstalled": '''
+import fastpath_hooks
+fastpath_hooks.install()
+fastpath_hooks.uninstall()
+out["fla"] = provided("fla")
+from fastpath_hooks import hooks
+out["installed"] = hooks.installed()
+''',
+    # the package breaks under a running process (an upgrade): the import proceeds, one line says why
+    "broken-importer": '''
+sys.modules["fastpath_hooks.importer"] = None
+out["fla"] = provided("fla")
+out["causal_conv1d"] = provided("causal_conv1d")
+''',
+}
+
+
+def _scenario(name: str, tmp_path, **env) -> tuple[dict, str]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(activation.startup_source() + PROVIDER + SCENARIOS[name] + "\nout['end'] = kinds()\n"
+                      "out['end_length'] = len(sys.meta_path)\nprint(json.dumps(out))\n")
+    environ = venvs.clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"),
+                              FASTPATH_HOOKS_SKIP="fla,causal-conv1d,tilelang", **env)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=environ,
+                          cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_the_stand_in_hands_over_in_place(tmp_path):
+    out, _ = _scenario("hand-over", tmp_path)
+    assert out["start"] == ["_FastpathHooksStartup", "Provider"]
+    assert out["fla"] is True and out["installed"] is True
+    assert out["end"] == ["KernelImportFinder", "Provider"] and out["end_length"] == out["length"]
+
+
+def test_hooks_installed_before_the_first_watched_import_skip_no_finder(tmp_path):
+    out, _ = _scenario("installed-first", tmp_path)
+    assert out["fla"] is True and out["causal_conv1d"] is True             # the finder behind it was asked
+    assert out["selected"] == ["causal-conv1d"]                            # install(kernels=...) stands
+    assert out["after_install"] == ["KernelImportFinder", "Provider"]      # in the stand-in's slot
+    assert out["end_length"] == out["length"]
+
+
+def test_disable_set_at_run_time_skips_no_finder(tmp_path):
+    out, _ = _scenario("disabled-at-run-time", tmp_path)
+    assert out["fla"] is True
+    assert "KernelImportFinder" not in out["end"]
+
+
+def test_uninstall_is_not_undone_by_the_stand_in(tmp_path):
+    out, _ = _scenario("uninstalled", tmp_path)
+    assert out["fla"] is True and out["installed"] is False
+    assert "KernelImportFinder" not in out["end"]
+
+
+def test_an_internal_error_on_the_import_path_is_one_line_and_the_import_proceeds(tmp_path):
+    out, err = _scenario("broken-importer", tmp_path)
+    assert out["fla"] is True and out["causal_conv1d"] is True
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fastpath-hooks: internal error, leaving this import alone: "
+                                                   "ModuleNotFoundError: import of fastpath_hooks.importer"), err
+
+
+def test_the_stand_in_reads_disable_as_the_settings_do():
+    """One list of true values: the start-up source, hooks and settings agree."""
+    from fastpath_hooks import hooks
+    from fastpath_hooks.settings import is_disabled
+
+    source = activation.startup_source()
+    for value in ("1", "true", "YES", " on ", "0", "no", "maybe", "y", ""):
+        assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) == (value.strip().lower() in hooks.TRUE_VALUES)
+    assert repr(hooks.TRUE_VALUES) in source
+
+
+# -- one source of truth for what a kernel's verdict depends on ------------------------------
+
+def _environment(**dists) -> Environment:
+    return Environment(python="3.11.9", implementation="cpython", os="linux", arch="x86_64", glibc="2.39",
+                       torch="2.10.0", torch_cuda="12.8", torch_hip=None, torch_xpu=False, cxx11_abi=True,
+                       gpus=("sm_80",), gpu_source="target", triton="3.6.0", triton_dist="triton", nvcc="yes",
+                       distributions=dict(dists))
+
+
+def test_the_fingerprint_follows_the_pins_data(tmp_path):
+    user = tmp_path / "pins.json"
+    user.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": ["einops", "packaging", "cloudpickle"]}}}))
+    pins = pins_mod.load(str(user))
+    settings = Settings()
+    base = _environment(**{"fla-core": "0.6.0", "cloudpickle": "3.0.0"})
+    other = _environment(**{"fla-core": "0.6.0", "cloudpickle": "3.1.0"})
+    # a runtime dependency the pins name for fla is part of fla's verdict, not of the others'
+    assert runtime.fingerprint(base, settings, pins, "fla") != runtime.fingerprint(other, settings, pins, "fla")
+    assert runtime.fingerprint(base, settings, pins, "causal-conv1d") == \
+        runtime.fingerprint(other, settings, pins, "causal-conv1d")
+    # fla depends on tilelang where the Hopper hazard applies: its distributions are in fla's verdict
+    shipped = pins_mod.load()
+    with_ffi = _environment(**{"fla-core": "0.6.0", "apache-tvm-ffi": "0.1.12"})
+    other_ffi = _environment(**{"fla-core": "0.6.0", "apache-tvm-ffi": "0.1.11"})
+    assert runtime.fingerprint(with_ffi, settings, shipped, "fla") != \
+        runtime.fingerprint(other_ffi, settings, shipped, "fla")
+    assert runtime.fingerprint(with_ffi, settings, shipped, "causal-conv1d") == \
+        runtime.fingerprint(other_ffi, settings, shipped, "causal-conv1d")
+
+
+# -- concurrent verdict writers ------------------------------------------------------------------
+
+WRITER = r'''
+import sys
+from fastpath_hooks.state import VerdictCache
+cache = VerdictCache(root=sys.argv[1], retry_after=60.0)
+for j in range(12):
+    cache.put(f"k{sys.argv[2]}-{j}", "fp", "good", "verified")
+    cache.put_warm(f"w{sys.argv[2]}-{j}", "sig", {"reason": "r", "posed": None, "env": []})
+'''
+
+
+def test_concurrent_verdict_writers_lose_nothing(tmp_path):
+    root = str(tmp_path / "cache")
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, root, str(i)], env=venvs.clean_env())
+             for i in range(6)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 6
+    from fastpath_hooks.state import VerdictCache
+
+    cache = VerdictCache(root=root, retry_after=60.0)
+    assert set(cache.entries()) == {f"k{i}-{j}" for i in range(6) for j in range(12)}
+    assert set(cache.warm_entries()) == {f"w{i}-{j}" for i in range(6) for j in range(12)}
+
+
+# -- in a real venv: remembered failures, the invalid-variable line, one verification for 8 ranks --
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, torch_wheel, fastpath_wheel):
+    venv = venvs.make_venv(str(tmp_path_factory.mktemp("review") / "venv"), torch_wheel=torch_wheel,
+                           fastpath_wheel=fastpath_wheel, transformers=None)
+    link_uv(venv)
+    return venv
+
+
+TILELANG_SCRIPT = AUDIT_PRELUDE + r'''
+import json, sys
+import fastpath_hooks
+fastpath_hooks.install()
+try:
+    import ''' + "{module}" + r'''
+    result = "imported"
+except ImportError as exc:
+    result = type(exc).__name__ + ": " + str(exc)
+from fastpath_hooks import runtime
+print(json.dumps({"result": result, "spawns": len(SPAWNS),
+                  "states": {k: o.state for k, o in runtime.outcomes().items()}}))
+'''
+
+
+def _run(venv, module: str, env: dict) -> tuple[dict, str]:
+    proc = venv.run(TILELANG_SCRIPT.replace("{module}", module), env=env, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _install(venv, *paths) -> None:
+    venv.uv_install(*paths, no_deps=True, extra=("--reinstall",))
+
+
+def test_a_remembered_failure_is_not_verified_again(venv, make_wheelhouse, test_pins, tmp_path):
+    """tilelang installed with a known-good apache-tvm-ffi, but its import aborts; the repair (the same
+    pair) aborts too. The next start remembers that: no verification child, still blocked."""
+    wheelhouse = make_wheelhouse(tilelang="0.1.15", tilelang_abort=True, tvm_ffi=("0.1.12",), deps=False)
+    _install(venv, *glob.glob(os.path.join(wheelhouse, "*.whl")))
+    env = offline_env(wheelhouse, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(wheelhouse),
+                      FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    first, err = _run(venv, "tilelang", env)
+    assert first["states"]["tilelang"] == "blocked" and first["spawns"] >= 2, (first, err)
+    assert "SIGABRT" in err
+    again, err = _run(venv, "tilelang", env)
+    assert again["states"]["tilelang"] == "blocked" and again["result"].startswith("ImportError: fastpath-hooks")
+    assert again["spawns"] == 0, (again, err)
+
+
+def test_an_invalid_variable_is_named_on_the_nested_path(venv, make_wheelhouse, test_pins, tmp_path):
+    """fla needs tilelang here; tilelang is installed and good. With an invalid variable (report mode),
+    the line about fla names that variable as the reason, not FASTPATH_HOOKS_MODE=report."""
+    wheelhouse = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi=("0.1.12",))
+    _install(venv, *glob.glob(os.path.join(wheelhouse, "tilelang-*.whl")),
+             *glob.glob(os.path.join(wheelhouse, "apache_tvm_ffi-*.whl")))
+    env = offline_env(wheelhouse, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(wheelhouse),
+                      FASTPATH_HOOKS_RETRY_AFTER="soon")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    out, err = _run(venv, "fla", env)
+    assert out["states"] == {"tilelang": "ok", "fla": "reported"}, (out, err)
+    assert "FASTPATH_HOOKS_RETRY_AFTER='soon' is not valid" in err
+    assert "fla: would install" in err and "a FASTPATH_HOOKS_* variable is invalid" in err, err
+    assert "FASTPATH_HOOKS_MODE=report" not in err
+
+
+EIGHT = AUDIT_PRELUDE + r'''
+import importlib.util, json, os, sys, time
+import fastpath_hooks
+fastpath_hooks.install()
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.002)
+spec = importlib.util.find_spec("causal_conv1d")   # decided by the hook; the module itself is not run
+from fastpath_hooks import runtime
+print(json.dumps({"state": runtime.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS)}))
+'''
+
+
+def _eight(venv, env, tmp_path, phase: str) -> list:
+    """8 processes that decide at the same moment; [(report, stderr)]."""
+    go = str(tmp_path / f"{phase}-go")
+    procs = [subprocess.Popen([venv.python, "-c", EIGHT, str(tmp_path / f"{phase}-{i}"), go], env=env,
+                              cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(8)]
+    deadline = time.monotonic() + 120
+    while len(glob.glob(str(tmp_path / f"{phase}-*.ready"))) < 8:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+            [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.01)
+    open(go, "w").close()
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+    for out, err, code in results:
+        assert code == 0 and "Traceback" not in err, (out, err)
+    return [(json.loads(out.strip().splitlines()[-1]), err) for out, err, _ in results]
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def test_eight_processes_install_once_then_verify_once(venv, make_wheelhouse, test_pins, tmp_path):
+    subprocess.run([venvs.uv(), "pip", "uninstall", "-q", "--python", venv.python, "causal-conv1d"],
+                   check=True, env=venvs.clean_env(), capture_output=True)
+    wheelhouse = make_wheelhouse(causal=True, deps=False)
+    cache = tmp_path / "cache"
+    env = run_env(**offline_env(wheelhouse, A100, cache_dir=str(cache), pins=test_pins(wheelhouse),
+                                FASTPATH_HOOKS_INSTALLER="uv", FASTPATH_HOOKS_LOCK_TIMEOUT="300"))
+    # A cold start: one installs; whoever waited says what happened, in one level of parentheses.
+    first = _eight(venv, env, tmp_path, "install")
+    assert sorted(r["state"] for r, _ in first) == ["installed"] + ["ok"] * 7, first
+    assert [r["spawns"] > 0 for r, _ in first].count(True) == 1, first
+    waited = [line for _, err in first for line in err.splitlines() if "done by another process" in line]
+    assert waited, first
+    assert all(line.startswith("fastpath-hooks: causal-conv1d: ready") and _depth(line) <= 1 for line in waited), waited
+
+    # Installed, the verdicts forgotten: the installed kernel is verified again - by one process.
+    shutil.rmtree(cache)
+    second = _eight(venv, env, tmp_path, "verify")
+    assert [r["state"] for r, _ in second] == ["ok"] * 8, second
+    assert sum(r["spawns"] for r, _ in second) == 1, second     # one verification child in all
+    said = [line for _, err in second for line in err.splitlines()]
+    assert all(line.startswith("fastpath-hooks: causal-conv1d: waiting for another process that is installing or "
+                               "checking kernels") for line in said), said   # nothing else worth saying
