@@ -94,7 +94,7 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
 
 def _fetch(step, dest: str, settings) -> None:
     from .installer import InstallError, _check_sha
-    from .settings import find_links_dir
+    from .links import find_links_dir
 
     filename = step.requirements[0]
     target = os.path.join(dest, filename)

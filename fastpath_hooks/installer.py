@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 from . import events
 from .commands import choose_installer, constraints, invocation, uv_executable
 from .distributions import canonical_name, installed_versions, scan, site_packages
-from .settings import find_links_dir
+from .links import find_links_dir
 from .transaction import Transaction
 
 HEARTBEAT_SECONDS = 30.0

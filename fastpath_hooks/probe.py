@@ -372,7 +372,7 @@ def _pip_index_keys(path: str) -> list:
 
 
 def _wheelhouse(find_links) -> tuple:
-    from .settings import find_links_dir
+    from .links import find_links_dir
 
     names = []
     for location in find_links:

@@ -268,22 +268,6 @@ def _parse_find_links(raw: str) -> tuple:
     return tuple(out)
 
 
-def find_links_dir(entry: str) -> str | None:
-    """The local directory a find-links entry names (a path or a file:// URL, read as pip reads
-    it), or None for a remote URL. Kept light: the warm path's signature calls it."""
-    if "://" in entry:
-        if not entry.startswith("file://"):
-            return None
-        entry = entry[len("file://"):]
-        if entry.startswith("localhost/"):
-            entry = entry[len("localhost"):]
-        if "%" in entry:
-            from urllib.parse import unquote
-
-            entry = unquote(entry)
-    return os.path.abspath(os.path.expanduser(entry))
-
-
 def _directory_or_creatable(raw: str) -> str:
     if not raw:
         raise ValueError("expected a directory path")

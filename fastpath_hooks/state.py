@@ -7,9 +7,9 @@ included - sees the same ones. The verdict cache is per user
 
 The warm path (`signature_environ`, `environment_signature`,
 `VerdictCache.from_environ`) runs at every first kernel import of every
-process, so it imports only what a Python process has anyway (no pins, probe,
-platformdirs or packaging; settings only for `find_links_dir` when
-FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories.
+process, so it imports only what a Python process has anyway (no settings, pins,
+probe, platformdirs or packaging; the tiny `links` when FASTPATH_HOOKS_FIND_LINKS is
+set) and reads a handful of directories.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def environment_signature(captured: tuple) -> str | None:
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in env.get("FASTPATH_HOOKS_FIND_LINKS", "").replace(",", " ").split():
-        from .settings import find_links_dir  # only when FIND_LINKS is set
+        from .links import find_links_dir  # only when FIND_LINKS is set
 
         path = find_links_dir(location)
         if path is None:
