@@ -42,18 +42,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from support import venvs, wheels  # noqa: E402
+from support.processes import AUDIT_PRELUDE  # noqa: E402
 
 A100 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
 TARGET_MS = 5.0
 
-AUDIT = r'''
-import sys, time
-SPAWNS = []
-def _spawns(event, args):
-    if event in ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.system", "os.spawn"):
-        SPAWNS.append(event)
-sys.addaudithook(_spawns)
-'''
+AUDIT = AUDIT_PRELUDE + "import sys, time\n"  # counts every process started (PEP 578)
 IMPORT_FLA = AUDIT + r'''
 import json
 if sys.argv[1] == "training":
