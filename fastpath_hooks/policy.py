@@ -388,6 +388,11 @@ def _tilelang_repair(ctx, tl, ffi, reason, rule, kw) -> Decision:
 _FLA_DISTS = ("fla-core", "flash-linear-attention")
 
 
+# Skips that leave an installed fla alone even under the Hopper hazard: the user asked for it, or
+# nothing can run fla here anyway.
+_NOT_OURS = ("skip.user", "skip.no-torch", "skip.no-accelerator")
+
+
 def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     pins, env = ctx.pins, ctx.env
     core, layers = ctx.installed("fla-core"), ctx.installed("flash-linear-attention")
@@ -396,6 +401,13 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
 
     common = _common(ctx, "fla", installed=installed)
     if common is not None:
+        # An installed fla outside its support (Python, platform, torch) still imports: the Hopper
+        # hazard's block comes first. Only the user's skip list and a machine without a GPU win.
+        hazards = ctx.hazards("fla") if (core or layers) and common.rule not in _NOT_OURS else []
+        if hazards and tilelang.action not in TILELANG_GOOD:
+            return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block",
+                            reason=_hazard_reason(env, hazards[0], tilelang), fix=_hazard_fix(hazards[0], tilelang),
+                            on_failure="block", **kw)
         return common
     if env.accelerator == "rocm" and env.fla_tilelang_env is None:
         kw["env"] = (("FLA_TILELANG", "0"),)  # no tilelang on ROCm: fla must not try its tilelang backend

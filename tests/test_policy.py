@@ -266,6 +266,12 @@ ROWS = [
         check=lambda d, p: "3.7.1" in d.fix and "crash" in d.reason),
     Row("fla.hazard.block", "fla", BLOCK, "fla.hazard.block", env={"nvcc": None}, dists={"fla-core": "0.6.0"},
         check=_hazard_block),
+    # an installed fla outside its Python support still imports: the hazard's block comes before the skip
+    Row("fla.hazard.block before skip.python", "fla", BLOCK, "fla.hazard.block",
+        env={"python": "3.9.18", "torch": "2.4.0", "triton": "3.4.0"}, dists={"fla-core": "0.4.1"},
+        check=lambda d, p: p["tilelang"].rule == "skip.python" and "Python 3.9.18" in d.reason),
+    Row("skip.python with an installed fla and no hazard", "fla", SKIP, "skip.python",
+        env={"python": "3.9.18", "gpus": ("sm_80",)}, dists={"fla-core": "0.6.0"}),
     Row("fla.ok (no hazard)", "fla", OK, "fla.ok", env={"gpus": ("sm_80",)},
         dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
         check=lambda d, p: d.on_failure == "proceed" and d.needs == () and not d.steps),

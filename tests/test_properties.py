@@ -106,7 +106,7 @@ def mutated_pins(draw):
                 del parent[path[-1]]
             else:
                 parent.pop(path[-1])
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, AttributeError):  # an earlier edit replaced a container
             continue
     if draw(st.booleans()) and isinstance(data, dict):
         keep = draw(st.sampled_from(sorted(data)))
