@@ -46,7 +46,7 @@ def activate():
         if not disabled():
             install()
     except Exception as exc:
-        _internal_error(exc)
+        internal_error(exc)
 
 
 def resume(fullname, path=None, target=None):
@@ -59,7 +59,7 @@ def resume(fullname, path=None, target=None):
         finder = _state["finder"]
         return None if finder is None else finder.find_spec(fullname, path, target)
     except Exception as exc:
-        _internal_error(exc)
+        internal_error(exc)
         return None
 
 
@@ -148,12 +148,12 @@ def _quiet_stand_ins() -> None:
             entry.watched = frozenset()
 
 
-def _internal_error(exc) -> None:
+def internal_error(exc) -> None:
     """One error line for a bug of ours on the import path; the import goes on without us."""
     try:
-        from .events import internal_error
+        from .events import internal_error as report
 
-        internal_error(exc)
+        report(exc)
     except Exception:
         pass
 
@@ -169,5 +169,5 @@ class KernelImportFinder:
 
             return find_spec(fullname, path, target)
         except Exception as exc:  # never make an import worse than without fastpath-hooks
-            _internal_error(exc)
+            internal_error(exc)
             return None

@@ -69,13 +69,7 @@ def after_gates_import(module, *, just_imported: bool = False) -> None:
         internal_error(exc)
 
 
-def internal_error(exc) -> None:
-    try:
-        from .events import internal_error as report
-
-        report(exc)
-    except Exception:
-        pass
+internal_error = hooks.internal_error  # one guarded reporter for the whole import path
 
 
 def _before_kernel_import(fullname):
