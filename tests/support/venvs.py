@@ -20,6 +20,16 @@ from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROTECTED = ("torch", "numpy", "transformers", "triton")
+# "latest" in the tests means the newest transformers these tests were run against, so results do not
+# change by the day; FASTPATH_HOOKS_TEST_TRANSFORMERS=newest runs them against the real newest release
+# (the separate job in the README), or =X.Y.Z against any other.
+NEWEST_TESTED_TRANSFORMERS = "5.24.0"
+
+
+def latest_transformers() -> str | None:
+    """The version "latest" stands for; None = unpinned (the index's newest)."""
+    chosen = os.environ.get("FASTPATH_HOOKS_TEST_TRANSFORMERS", "").strip() or NEWEST_TESTED_TRANSFORMERS
+    return None if chosen == "newest" else chosen
 
 
 def uv() -> str:
@@ -143,7 +153,8 @@ def make_venv(path: str, *, torch_wheel: str | None, fastpath_wheel: str | None,
     if torch_wheel:
         reqs.append(torch_wheel)
     if transformers == "latest":
-        reqs.append("transformers")
+        transformers = latest_transformers()
+        reqs.append("transformers" if transformers is None else f"transformers=={transformers}")
     elif transformers:
         reqs.append(f"transformers=={transformers}")
     if fastpath_wheel:
