@@ -203,6 +203,42 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     return InstallResult(decision.kernel, changed, time.monotonic() - start, installer, _restart_advised(changed))
 
 
+def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
+    """`fastpath-hooks build`: the decision's dependencies installed (a transaction, as always),
+    then its source builds run into the wheel cache - not installed here, and so not verified:
+    every environment that installs one checks it in a child process. Returns the cached paths.
+    Call with the environment lock held."""
+    import shutil
+    import uuid
+
+    from . import wheelcache
+    from .state import cache_root
+    from .transaction import WORK_PREFIX
+
+    deps = tuple(s for s in decision.steps if s.kind != "build")
+    if deps:
+        run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
+                  state_dir=state_dir)
+    work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])  # a killed run's is removed by recover()
+    os.makedirs(work)
+    scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))
+    out = []
+    try:
+        for step in decision.steps:
+            if step.kind != "build":
+                continue
+            _, path, (_, name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
+                                                   kernel=decision.kernel, scratch=scratch)
+            try:
+                out.append(wheelcache.store(cache_root(settings), path, meta=meta, filename=name))
+            except Exception as exc:
+                raise InstallError(f"could not keep {name} in the wheel cache "
+                                   f"{wheelcache.directory(cache_root(settings))}: {exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
 def constraint_lines(installed: dict, protected, names) -> list:
     """Pin every installed distribution the steps do not name to its current version.
 

@@ -660,6 +660,22 @@ def _causal_install(ctx: _Context, kw) -> Decision:
     return _causal_source_build(ctx, why, dep_steps, kw)
 
 
+def decide_build(env, settings, pins) -> Decision:
+    """`fastpath-hooks build`: causal-conv1d's source build for `env.gpus` (the archs asked for,
+    on a host that may have no GPU), whatever wheels exist; the same compiler, arch and time
+    rules as an automatic build."""
+    ctx = _Context(env, settings, pins, False)
+    deps = _deps_step(ctx, pins.kernel("causal-conv1d"))
+    kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
+    return _causal_source_build(ctx, "asked for by `fastpath-hooks build`", (deps,) if deps is not None else (), kw,
+                                asked=True)
+
+
+def built_fits(env, pins, name: str) -> bool:
+    """A built wheel (by its file name) that runs here: this torch build, Python, ABI, platform and GPUs."""
+    return _built_fits(_Context(env, None, pins, False), name)
+
+
 def _built_fits(ctx: _Context, name: str) -> bool:
     env, build = ctx.env, ctx.pins.source_build
     if not env.torch or build.version is None:
@@ -703,10 +719,10 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw) -> Decision:
+def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked: bool = False) -> Decision:
     env, settings, build = ctx.env, ctx.settings, ctx.pins.source_build
     mode = settings.allow_build
-    rocm = env.accelerator == "rocm"
+    rocm = bool(env.torch_hip)
     if mode == "0":
         if rocm:
             return _skip("causal-conv1d", "causal.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
@@ -761,7 +777,7 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw) -> Decis
     if rocm:
         how += " (a CUDA build's figures)"
     if seconds > settings.timeout:
-        return _skip("causal-conv1d", "causal.build.timeout", f"{why}; a source build for {', '.join(archs)} takes about "
+        return _skip("causal-conv1d", "causal.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{_minutes(seconds)} ({how}), longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
@@ -772,9 +788,9 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw) -> Decis
     if missing:
         return _skip("causal-conv1d", "causal.offline-missing", f"{why}; offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
                      f"{', '.join(missing)} for a source build", "add the sdist and wheels or allow the index", **kw)
-    allowed = "FASTPATH_HOOKS_ALLOW_BUILD=1" if mode == "1" else "FASTPATH_HOOKS_ALLOW_BUILD=auto"
+    allowed = "" if asked else f" (FASTPATH_HOOKS_ALLOW_BUILD={mode})"
     return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
-                    reason=f"{why}; building from source for {', '.join(archs)} with {compiler} ({allowed}), "
+                    reason=f"{why}; building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with {compiler}{allowed}, "
                            f"about {_minutes(seconds)} ({how})",
                     steps=steps, target={"causal-conv1d": build.version}, expected_seconds=round(seconds), **kw)
 
