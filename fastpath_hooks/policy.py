@@ -637,7 +637,7 @@ def _causal_install(ctx: _Context, kw) -> Decision:
         for name in env.cached_wheels:
             if name == filename or _built_fits(ctx, name):
                 path = os.path.join(env.wheel_cache or "", name)
-                return prebuilt(name, "causal.cache", f"{name} from the local wheel cache ({env.wheel_cache})",
+                return prebuilt(name, "causal.cache", f"{name} from the local wheel cache, {env.wheel_cache}",
                                 url="file://" + quote(path), note="from the local wheel cache, no build")
         for name in env.wheelhouse:
             if name != filename and _built_fits(ctx, name):
@@ -710,7 +710,7 @@ def build_estimate(build, n_archs: int, cpus: int | None) -> tuple:
     seconds = build.seconds * n_archs / build.archs
     if cpus and cpus < build.cores:
         seconds *= build.cores / cpus
-    how = (f"estimate from {build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores, "
+    how = (f"an estimate: {build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores, "
            f"scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores")
     return seconds, how
 
@@ -726,9 +726,9 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked
     if mode == "0":
         if rocm:
             return _skip("causal-conv1d", "causal.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
-                         "(FASTPATH_HOOKS_ALLOW_BUILD=0)", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
+                         "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
                          "for this machine's GPUs", **kw)
-        return _skip("causal-conv1d", "causal.no-wheel", f"{why}; source builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0)",
+        return _skip("causal-conv1d", "causal.no-wheel", f"{why}; source builds are off: FASTPATH_HOOKS_ALLOW_BUILD=0",
                      "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if rocm:
@@ -756,15 +756,15 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked
     if unsupported and not rocm:
         codes = _cuda_codes(build, env.nvcc_version)
         return _skip("causal-conv1d", "causal.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
-                     f"runs on {'+'.join(unsupported)} (with {compiler} it targets {', '.join(codes)})", "", **kw)
+                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
             seconds, _ = build_estimate(build, len(_cuda_codes(build, env.nvcc_version)), env.cpus)
             return _skip("causal-conv1d", "causal.build.unrestricted", f"{why}; a source build cannot be restricted to "
-                         f"this machine's GPUs ({what}: unknown archs), and one for every arch takes long "
-                         f"(about {_minutes(seconds)}, estimate)",
+                         f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
+                         f"- about {_minutes(seconds)}, an estimate",
                          "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
         archs, rule = ("all",), "causal.rocm.build" if rocm else "causal.build.all-archs"
         n_archs = len(_cuda_codes(build, env.nvcc_version)) if not rocm else 1
@@ -775,23 +775,23 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
     seconds, how = build_estimate(build, n_archs, env.cpus)
     if rocm:
-        how += " (a CUDA build's figures)"
+        how += " of a CUDA build"
     if seconds > settings.timeout:
         return _skip("causal-conv1d", "causal.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
-                     f"{_minutes(seconds)} ({how}), longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
+                     f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
                               note=f"source build against the installed torch with {compiler}, for "
-                                   f"{', '.join(archs)}; about {_minutes(seconds)} ({how})"),)
+                                   f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
     missing = ctx.missing_offline(steps)
     if missing:
         return _skip("causal-conv1d", "causal.offline-missing", f"{why}; offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
                      f"{', '.join(missing)} for a source build", "add the sdist and wheels or allow the index", **kw)
-    allowed = "" if asked else f" (FASTPATH_HOOKS_ALLOW_BUILD={mode})"
+    allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
                     reason=f"{why}; building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with {compiler}{allowed}, "
-                           f"about {_minutes(seconds)} ({how})",
+                           f"about {_minutes(seconds)}, {how}",
                     steps=steps, target={"causal-conv1d": build.version}, expected_seconds=round(seconds), **kw)
 
 
