@@ -105,7 +105,7 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
     new torch), never a wheel instead of the sdist (--no-binary)."""
     from packaging.requirements import Requirement
 
-    argv = [python or sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-input",
+    argv = [python or sys.executable, "-m", "pip", "wheel", "-v", "--disable-pip-version-check", "--no-input",
             "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
     for raw in step.requirements:
         argv += ["--no-binary", Requirement(raw).name]
