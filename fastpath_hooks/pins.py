@@ -105,6 +105,7 @@ class SourceBuild:
     requirement: str
     env: dict
     rocm_env: dict
+    build_deps: tuple      # what setup.py imports/uses, installed first (builds run without isolation)
     seconds: float
     archs: int
     cores: int
@@ -483,6 +484,10 @@ def _build(data, origins: tuple) -> Pins:
         if not (code.startswith("sm_") and code[3:].isdigit()):
             v.fail(f"{e}.cuda_archs.pairs.{code}", "expected sm_XY (a -gencode code)")
         gencode[code] = v.specifier(spec, f"{e}.cuda_archs.pairs.{code}")
+    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
+    v.source(bd, f"{e}.build_deps")
+    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
+                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
     requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
     spec = list(Requirement(requirement).specifier)
     if len(spec) != 1 or spec[0].operator != "==":
@@ -491,6 +496,7 @@ def _build(data, origins: tuple) -> Pins:
         requirement=requirement,
         env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
         rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
+        build_deps=build_deps,
         seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
         cuda_archs=gencode,
         source=v.source(sb, e),
@@ -537,6 +543,10 @@ def _build(data, origins: tuple) -> Pins:
         for i, req in enumerate(spec.runtime_deps):
             if canonical_name(Requirement(req).name) not in allowed:
                 v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for i, req in enumerate(source_build.build_deps):
+        if canonical_name(Requirement(req).name) not in allowed:
+            v.fail(f"kernels.causal-conv1d.source_build.build_deps.requirements[{i}]",
+                   f"{Requirement(req).name} is not in allowed_distributions.names")
     for name in triton_dists:
         if name not in protected:
             v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "

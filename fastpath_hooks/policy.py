@@ -226,16 +226,18 @@ def _spec(text):
     return SpecifierSet(text)
 
 
-def _deps_step(ctx: _Context, spec) -> Step | None:
-    """The kernel's runtime dependencies that this machine lacks (or has too old): one already
-    satisfied is neither named nor backed up by the installer. A fresh plan (`download`, for
-    another machine) names them all."""
+def _deps_step(ctx: _Context, spec, extra=()) -> Step | None:
+    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine
+    lacks (or has too old): one already satisfied is neither named nor backed up by the installer.
+    A fresh plan (`download`, for another machine) names them all."""
     reqs = []
+    named = {canonical_name(Requirement(r).name) for r in spec.runtime_deps}
+    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(Requirement(r).name) not in named)
     marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
                   "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
                   "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(ctx.env.os, ctx.env.os),
                   "platform_machine": ctx.env.arch}
-    for raw in spec.runtime_deps:
+    for raw in wanted:
         req = Requirement(raw)
         if req.marker is not None and not Marker(str(req.marker)).evaluate(marker_env):
             continue
@@ -246,7 +248,8 @@ def _deps_step(ctx: _Context, spec) -> Step | None:
     if not reqs:
         return None
     return Step(kind="deps", requirements=tuple(reqs), no_deps=False,
-                note="runtime dependencies, resolved under a constraints file that pins torch, triton, numpy and transformers")
+                note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
+                      ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
 
 
 # -- tilelang ------------------------------------------------------------------
@@ -657,7 +660,7 @@ def _causal_install(ctx: _Context, kw) -> Decision:
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
         if settings.allow_build == "0":
             return _skip("causal-conv1d", "causal.offline-missing", why, _fetch_fix("the wheel", "the network"), **kw)
-    return _causal_source_build(ctx, why, dep_steps, kw)
+    return _causal_source_build(ctx, why, kw)
 
 
 def decide_build(env, settings, pins) -> Decision:
@@ -665,10 +668,8 @@ def decide_build(env, settings, pins) -> Decision:
     on a host that may have no GPU), whatever wheels exist; the same compiler, arch and time
     rules as an automatic build."""
     ctx = _Context(env, settings, pins, False)
-    deps = _deps_step(ctx, pins.kernel("causal-conv1d"))
     kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
-    return _causal_source_build(ctx, "asked for by `fastpath-hooks build`", (deps,) if deps is not None else (), kw,
-                                asked=True)
+    return _causal_source_build(ctx, "asked for by `fastpath-hooks build`", kw, asked=True)
 
 
 def built_fits(env, pins, name: str) -> bool:
@@ -719,8 +720,10 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked: bool = False) -> Decision:
+def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) -> Decision:
     env, settings, build = ctx.env, ctx.settings, ctx.pins.source_build
+    deps = _deps_step(ctx, ctx.pins.kernel("causal-conv1d"), extra=build.build_deps)
+    dep_steps = (deps,) if deps is not None else ()
     mode = settings.allow_build
     rocm = bool(env.torch_hip)
     if mode == "0":
@@ -786,8 +789,8 @@ def _causal_source_build(ctx: _Context, why: str, dep_steps: tuple, kw, *, asked
                                    f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
     missing = ctx.missing_offline(steps)
     if missing:
-        return _skip("causal-conv1d", "causal.offline-missing", f"{why}; offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
-                     f"{', '.join(missing)} for a source build", "add the sdist and wheels or allow the index", **kw)
+        return _skip("causal-conv1d", "causal.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
                     reason=f"{why}; building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with {compiler}{allowed}, "

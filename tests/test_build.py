@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from conftest import offline_env
-from support import sdists
+from support import sdists, venvs
 from support.venvs import clean_env
 
 # torch 2.13 has no causal-conv1d release wheel: only a build can bring it
@@ -27,10 +29,22 @@ def toolkit(tmp_path):
     return sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
 
 
+@pytest.fixture(scope="session")
+def build_dep_wheels(artifacts):
+    """Real wheel, ninja and packaging wheels (what the sdist's build needs installed), fetched once."""
+    dest = os.path.join(artifacts, "build-deps")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
+                    "wheel", "ninja", "packaging"], check=True, env=venvs.clean_env())
+    return dest
+
+
 @pytest.fixture
-def sdist_house(tmp_path):
+def sdist_house(tmp_path, build_dep_wheels):
+    """An offline wheelhouse: the causal-conv1d sdist and what building it needs."""
     house = str(tmp_path / "sdists")
     sdists.causal_conv1d_sdist(house)
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
     return house
 
 

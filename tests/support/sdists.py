@@ -4,7 +4,8 @@ The sdist's setup.py does what the real one (1.6.2.post1) does where fastpath-ho
 relies on it: without CAUSAL_CONV1D_FORCE_BUILD=TRUE it first tries to download a
 release wheel (here: fails, as offline); with it, it asks `$CUDA_HOME/bin/nvcc -V` for
 the release, hard-codes the same nine `-gencode` pairs by nvcc version, and compiles a
-few .cu files with the nvcc torch's ninja build would use (`PYTORCH_NVCC`, else
+few .cu files with the nvcc torch's ninja build would use (it imports `wheel` and
+`packaging` as the real one does, so they must be installed: no build isolation) (`PYTORCH_NVCC`, else
 `$CUDA_HOME/bin/nvcc`), failing the build when nvcc fails. The wheel is a platform
 wheel (cpXY-cpXY-linux_<arch>) holding the fake `causal_conv1d` module of wheels.py.
 
@@ -26,9 +27,10 @@ _SETUP = r'''
 import os
 import subprocess
 
+from packaging.version import parse  # noqa: F401 - imported like the real setup.py (no build isolation)
 from setuptools import setup
-from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.dist import Distribution
+from wheel.bdist_wheel import bdist_wheel
 
 FORCE_BUILD = os.getenv("CAUSAL_CONV1D_FORCE_BUILD", "FALSE") == "TRUE"
 SKIP_CUDA_BUILD = os.getenv("CAUSAL_CONV1D_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
