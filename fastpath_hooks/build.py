@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from . import events, wheelcache
 
+WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
 GIB_PER_JOB = 5.0   # nvcc --threads 4 of a causal-conv1d file: measured 4-6 GB resident per job (gpu-findings.md)
 
 
@@ -61,6 +62,7 @@ import os, sys
 
 REAL = {real!r}
 KEEP = {keep!r}
+MARK = {mark!r}
 
 
 def codes(spec):
@@ -99,6 +101,9 @@ while i < len(argv):
 if dropped and not kept:
     sys.stderr.write("fastpath-hooks nvcc wrapper: none of the -gencode pairs %s is for %s\n" % (dropped, ", ".join(KEEP)))
     sys.exit(2)
+if kept or dropped:
+    sys.stderr.write("%s kept %s; dropped %s\n" % (MARK, " ".join(kept), " ".join(dropped) or "none"))
+    sys.stderr.flush()
 os.execv(REAL, [REAL] + args)
 '''
 
@@ -106,7 +111,7 @@ os.execv(REAL, [REAL] + args)
 def nvcc_wrapper(work: str, real_nvcc: str, keep) -> str:
     path = os.path.join(work, "nvcc-restricted")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_WRAPPER.format(python=sys.executable, real=real_nvcc, keep=tuple(keep)))
+        fh.write(_WRAPPER.format(python=sys.executable, real=real_nvcc, keep=tuple(keep), mark=WRAPPER_MARK))
     os.chmod(path, 0o755)
     return path
 
@@ -116,8 +121,8 @@ def build_environ(step, *, env, work: str, jobs: int) -> dict:
     restricting wrapper, MAX_JOBS (unless the user set it), the interpreter's bin first on PATH
     (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours PYTORCH_NVCC)."""
     extra = dict(step.env)
-    bindir = os.path.dirname(sys.executable)
-    extra["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    path = os.environ.get("PATH", "")
+    extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
     if "MAX_JOBS" not in os.environ:
         extra["MAX_JOBS"] = str(jobs)
     if env.torch_cuda and env.nvcc and os.path.isfile(env.nvcc):
@@ -126,6 +131,21 @@ def build_environ(step, *, env, work: str, jobs: int) -> dict:
         if step.archs and step.archs != ("all",):
             extra["PYTORCH_NVCC"] = nvcc_wrapper(work, env.nvcc, step.archs)
     return extra
+
+
+def _tool_dirs() -> list:
+    """Directories to put first on the build's PATH: the interpreter's bin, and wherever a `ninja`
+    of this interpreter's distributions lives (an environment layered over another one's
+    site-packages sees its ninja package, not its bin directory)."""
+    out = [os.path.dirname(sys.executable)]
+    for entry in sys.path:
+        if not entry.endswith("site-packages"):
+            continue
+        for candidate in (os.path.join(entry, "ninja", "data", "bin"),
+                          os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(entry))), "bin")):
+            if os.path.isfile(os.path.join(candidate, "ninja")) and candidate not in out:
+                out.append(candidate)
+    return out
 
 
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) -> Built:
@@ -159,6 +179,10 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) 
     wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
     if code != 0 or len(wheels) != 1:
         raise BuildError(f"the source build of {what} failed (pip exit {code}): {tail}; full log: {log}")
+    if "PYTORCH_NVCC" in extra and not _mentions(log, WRAPPER_MARK):
+        events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
+                       "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
+                       f"still runs here; log: {log}", kernel)
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": causal_conv1d_abi(env), "platform": env.platform,
            "archs": list(archs), "nvcc": env.nvcc_version}
@@ -208,3 +232,11 @@ def relabel(wheel: str, local: str, dest: str) -> str:
             record.append(f"{new_info}/RECORD,,")
             zout.writestr(f"{new_info}/RECORD", "\n".join(record) + "\n")
     return target
+
+
+def _mentions(path: str, text: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return any(text in line for line in fh)
+    except OSError:
+        return False

@@ -81,7 +81,13 @@ def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_t
     assert len(logs) == 1
     log = logs.pop()
     assert os.path.isfile(log) and log.startswith(cache)
-    assert "compiling csrc/causal_conv1d_fwd.cu" in open(log).read()
+    text = open(log).read()
+    assert "compiling csrc/causal_conv1d_fwd.cu" in text
+    # the wrapper says what it did, in the log: the sm_90 pair kept, the sdist's eight others dropped
+    kept = re.findall(r"fastpath-hooks nvcc wrapper: kept (\S+); dropped (.*)", text)
+    assert len(kept) == 3 and {k for k, _ in kept} == {"arch=compute_90,code=sm_90"}
+    assert all(len(d.split()) == 8 and "code=sm_120" in d for _, d in kept)
+    assert "the build never ran the arch-restricting nvcc wrapper" not in proc.stderr
     built = "causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90"
     assert _import_conv(first) == {"version": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90", "fn": True}
     assert [n for n in _cached(cache) if n.endswith(".whl")] == [n for n in _cached(cache) if n.startswith(built)][:1]
