@@ -178,3 +178,59 @@ def test_auto_skips_a_build_with_a_clear_reason_when_nvcc_does_not_fit(make_venv
     proc = venv.cli("plan", "causal-conv1d", env=_env(sdist_house, HOPPER, old, str(tmp_path / "c"), test_pins()))
     assert "nvcc is CUDA 12.8 while torch is built for CUDA 13.0" in proc.stdout
     assert old.calls() == []
+
+
+# -- the cache's entries: atomic, checked, a damaged one never installed ---------------------------
+
+def _wheel(tmp_path, name="causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90-cp312-cp312-linux_x86_64.whl"):
+    from support import wheels
+
+    return wheels.fake_causal_conv1d(str(tmp_path / "w"), name)
+
+
+def test_cache_entries_are_complete_or_ignored(tmp_path):
+    from fastpath_hooks import wheelcache
+
+    root = str(tmp_path / "cache")
+    wheel = _wheel(tmp_path)
+    name = os.path.basename(wheel)
+    path = wheelcache.store(root, wheel, meta={"origin": "built", "distribution": "causal-conv1d"})
+    assert wheelcache.listing(root) == (name,)
+    assert wheelcache.recorded_sha256(path) == wheelcache.sha256_of(wheel)
+    # an interrupted store leaves a temporary file (no sidecar): never listed
+    with open(os.path.join(wheelcache.directory(root), ".tmp-abc.whl"), "wb") as fh:
+        fh.write(b"partial")
+    assert wheelcache.listing(root) == (name,)
+    # a truncated wheel: ignored, and `cache list` says why
+    with open(path, "r+b") as fh:
+        fh.truncate(100)
+    assert wheelcache.listing(root) == ()
+    (entry,) = [e for e in wheelcache.entries(root) if e["file"] == name]
+    assert not entry["ok"] and "partial or damaged" in entry["problem"]
+    # an unreadable sidecar: ignored too
+    wheelcache.store(root, wheel, meta={})
+    with open(path + ".json", "w") as fh:
+        fh.write("{not json")
+    assert wheelcache.listing(root) == ()
+    assert wheelcache.clear(root) == [".tmp-abc.whl", name]
+    assert os.listdir(wheelcache.directory(root)) == [".lock"]
+
+
+def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
+    """Same size, other bytes (a bit flip, a substituted file): the sha256 recorded at store time
+    refuses it before any installer runs."""
+    from fastpath_hooks import wheelcache
+    from fastpath_hooks.installer import InstallError, _fetch_wheel
+    from fastpath_hooks.plan import Step
+    from fastpath_hooks.settings import Settings
+
+    root = str(tmp_path / "cache")
+    path = wheelcache.store(root, _wheel(tmp_path), meta={})
+    data = bytearray(open(path, "rb").read())
+    data[-30] ^= 0xFF
+    with open(path, "wb") as fh:
+        fh.write(bytes(data))
+    assert wheelcache.listing(root), "the size still matches: only the digest can tell"
+    step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
+    with pytest.raises(InstallError, match="does not match .*cache clear"):
+        _fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
