@@ -311,7 +311,7 @@ def _export(path: str, dest) -> int:
 
 
 def _cache_list(args) -> int:
-    from . import report, wheelcache
+    from . import report
     from .state import cache_root
 
     settings, _ = _context(args)
@@ -325,7 +325,6 @@ def _cache_list(args) -> int:
 
 def _cache_clear(args) -> int:
     from . import wheelcache
-    from .pins import load
     from .state import cache_root
 
     settings, pins = _context(args)
