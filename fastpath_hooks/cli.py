@@ -1,4 +1,4 @@
-"""The `fastpath-hooks` command: doctor, plan, install, download, enable, disable.
+"""The `fastpath-hooks` command: doctor, plan, install, download, build, cache, enable, disable.
 
 All thin over the same core as the hooks. Exit codes: 0 fine, 1 something
 failed (or is blocked), 2 bad input (the message names it and the fix).
@@ -69,6 +69,26 @@ def _parser():
     dl.add_argument("--target", metavar="SPEC", help="the machine the wheels are for (python, arch, gpu, torch ...)")
     dl.set_defaults(func=_download)
 
+    b = sub.add_parser("build", help="build a compiled kernel from source now, for given GPU archs, into the wheel cache")
+    b.add_argument("kernel", metavar="KERNEL", help="causal-conv1d")
+    b.add_argument("--arch", metavar="ARCHS",
+                   help="comma list such as sm_90,sm_80 or gfx942 (default: this machine's GPUs); all: every arch "
+                        "the sdist knows (long)")
+    b.add_argument("--dest", metavar="DIR", help="also copy the wheel into this wheelhouse (for FASTPATH_HOOKS_FIND_LINKS)")
+    b.add_argument("--rebuild", action="store_true", help="build even when the cache holds a fitting wheel")
+    b.add_argument("--target", metavar="SPEC", help="pose facts of the machine the wheel is for (torch, cuda ...)")
+    b.set_defaults(func=_build)
+
+    c = sub.add_parser("cache", help="the local wheel cache of built and downloaded kernel wheels")
+    csub = c.add_subparsers(dest="cache_command")
+    cl = csub.add_parser("list", help="what is cached, with each wheel's key")
+    cl.add_argument("--json", action="store_true")
+    cl.set_defaults(func=_cache_list)
+    cc = csub.add_parser("clear", help="remove cached wheels (all, or one kernel's)")
+    cc.add_argument("kernel", nargs="?", metavar="KERNEL")
+    cc.set_defaults(func=_cache_clear)
+    c.set_defaults(func=lambda args: (c.print_help(), 2)[1])
+
     e = sub.add_parser("enable", help="activate fastpath-hooks at every interpreter start in this environment")
     e.add_argument("--method", choices=("auto", "pth", "sitecustomize"), default="auto",
                    help="auto (default): sitecustomize where this environment owns it (cheapest), else pth")
@@ -108,7 +128,7 @@ def _snapshot(settings, pins):
 
 def _doctor(args) -> int:
     from . import activation, report
-    from .state import VerdictCache
+    from .state import VerdictCache, cache_root
 
     settings, pins = _context(args)
     cache = VerdictCache(settings)
@@ -124,11 +144,13 @@ def _doctor(args) -> int:
         smoke = run_smoke(settings, env)
     if args.json:
         data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
+        data["wheel_cache"] = report.wheel_cache_json(cache_root(settings))
         if smoke is not None:
             data["smoke"] = smoke
         print(json.dumps(data, indent=2))
     else:
         print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts))
+        print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
         if smoke is not None:
             from .smoke import smoke_text
 
@@ -206,6 +228,116 @@ def _download(args) -> int:
         print(f)
     print(f"wheelhouse {os.path.abspath(args.dest)}: {len(files)} files. Install from it with "
           f"FASTPATH_HOOKS_FIND_LINKS={os.path.abspath(args.dest)} FASTPATH_HOOKS_OFFLINE=1")
+    return 0
+
+
+def _build(args) -> int:
+    from dataclasses import replace
+
+    from . import wheelcache
+    from .installer import InstallError, build_to_cache
+    from .plan import SKIP
+    from .policy import built_fits, decide_build
+    from .probe import probe, with_nvcc_version
+    from .runtime import _EnvironmentLock, _LockUnavailable
+    from .state import cache_root, environment_state_dir
+
+    settings, pins = _context(args)
+    kernel = _kernels([args.kernel])[0]
+    if kernel != "causal-conv1d":
+        raise _UsageError(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows causal-conv1d")
+    env = with_nvcc_version(probe(settings, pins=pins))
+    if not (env.torch_cuda or env.torch_hip):
+        raise _UsageError(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
+                          "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
+    if args.arch:
+        from .target import parse_target
+
+        wanted = [a.strip() for a in args.arch.split(",") if a.strip()]
+        if wanted == ["all"]:
+            archs, settings = (), replace(settings, allow_build="1")
+        else:
+            try:
+                archs = parse_target("gpu=" + "+".join(wanted))["gpus"]
+            except ValueError as exc:
+                raise _UsageError(f"--arch {args.arch}: {exc}") from None
+            settings = replace(settings, allow_build="auto")
+    elif env.gpus:
+        archs, settings = env.gpus, replace(settings, allow_build="auto")
+    else:
+        raise _UsageError(f"no GPU found here ({env.gpu_source}): name the archs to build for, e.g. --arch sm_90")
+    env = replace(env, gpus=tuple(archs))
+    root = cache_root(settings)
+    if archs and not args.rebuild:
+        have = [n for n in env.cached_wheels if built_fits(env, pins, n)]
+        if have:
+            path = os.path.join(wheelcache.directory(root), have[0])
+            print(f"{kernel}: {have[0]} is already in the wheel cache ({path}); --rebuild builds it again")
+            return _export(path, args.dest)
+    decision = decide_build(env, settings, pins)
+    if decision.action == SKIP:
+        print(f"fastpath-hooks: {kernel}: not built - {decision.reason}" + (f" ({decision.fix})" if decision.fix else ""),
+              file=sys.stderr)
+        return 1
+    print(f"{kernel}: {decision.reason}")
+    try:
+        with _EnvironmentLock(settings, kernel):
+            paths = build_to_cache(decision, settings=settings, env=env, pins=pins,
+                                   state_dir=environment_state_dir(settings))
+    except (InstallError, _LockUnavailable) as exc:
+        print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(f"{kernel}: built {path}")
+        code = _export(path, args.dest)
+        if code:
+            return code
+    return 0
+
+
+def _export(path: str, dest) -> int:
+    from . import wheelcache
+
+    if not dest:
+        return 0
+    try:
+        target = wheelcache.export(path, dest)
+    except OSError as exc:
+        print(f"fastpath-hooks: cannot copy {os.path.basename(path)} into --dest {dest}: {exc}", file=sys.stderr)
+        return 1
+    print(f"copied to {target}; install it anywhere with FASTPATH_HOOKS_FIND_LINKS={os.path.abspath(dest)} "
+          "(with FASTPATH_HOOKS_OFFLINE=1 on machines without network)")
+    return 0
+
+
+def _cache_list(args) -> int:
+    from . import report
+    from .state import cache_root
+
+    settings, _ = _context(args)
+    data = report.wheel_cache_json(cache_root(settings))
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(report.wheel_cache_text(data))
+    return 0
+
+
+def _cache_clear(args) -> int:
+    from . import wheelcache
+    from .state import cache_root
+
+    settings, pins = _context(args)
+    dist = None
+    if args.kernel:
+        kernel = _kernels([args.kernel])[0]
+        dist = pins.kernel(kernel).distributions[0]
+    root = cache_root(settings)
+    removed = wheelcache.clear(root, dist)
+    for name in removed:
+        print(f"removed {name}")
+    print(f"wheel cache {wheelcache.directory(root)}: removed {len(removed)} wheel{'s' if len(removed) != 1 else ''}"
+          + (f" of {dist}" if dist else ""))
     return 0
 
 

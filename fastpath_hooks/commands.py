@@ -60,6 +60,9 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
                constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None) -> Invocation:
     """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path."""
     python = python or sys.executable
+    if step.kind == "build":  # builds the wheel (installed next, from the work directory, and cached)
+        return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
+                          env=tuple(step.env), step=step)
     reqs = list(step.requirements)
     if step.kind == "wheel":
         reqs = [local_file or step.url or step.requirements[0]]
@@ -94,6 +97,25 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         argv += ["--find-links", link]
     argv += reqs
     return Invocation(argv=tuple(argv), env=tuple(step.env), step=step)
+
+
+def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> list:
+    """`pip wheel` of a build step's sdist: against the installed torch (no build isolation), never
+    through pip's wheel cache (keyed by the sdist alone, it would hand an old build back under a
+    new torch), never a wheel instead of the sdist (--no-binary)."""
+    from packaging.requirements import Requirement
+
+    argv = [python or sys.executable, "-m", "pip", "wheel", "-v", "--disable-pip-version-check", "--no-input",
+            "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
+    for raw in step.requirements:
+        argv += ["--no-binary", Requirement(raw).name]
+    if settings.offline:
+        argv.append("--no-index")
+    elif settings.index_url:
+        argv += ["--index-url", settings.index_url]
+    for link in settings.find_links:
+        argv += ["--find-links", link]
+    return argv + ["-w", out_dir, *step.requirements]
 
 
 def _name(requirement: str) -> str:

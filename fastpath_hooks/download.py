@@ -86,8 +86,9 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
     for step in wheels:
         _fetch(step, dest, settings)
     if builds:
-        print(f"note: source builds are not downloaded ({', '.join(builds)}); their sdists prepare metadata with "
-              "torch and nvcc - add them to the wheelhouse by hand", file=sys.stderr)
+        print(f"note: source builds are not downloaded ({', '.join(builds)}); build the wheel for the target's "
+              "GPUs into the wheelhouse on a machine with its torch and nvcc: `fastpath-hooks build causal-conv1d "
+              f"--arch ARCH --dest {dest}`", file=sys.stderr)
     return sorted(os.path.join(dest, n) for n in set(os.listdir(dest)) - before) or \
         sorted(os.path.join(dest, n) for n in os.listdir(dest))
 

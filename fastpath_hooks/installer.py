@@ -161,8 +161,17 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             cfile = os.path.join(work, "constraints.txt")
             with open(cfile, "w", encoding="utf-8") as fh:
                 fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
+            to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             for step in steps:
-                local = _fetch_wheel(step, settings, work) if step.kind == "wheel" else None
+                local = None
+                if step.kind == "build":
+                    step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
+                                                     kernel=decision.kernel, scratch=scratch)
+                    to_cache.append(entry)
+                elif step.kind == "wheel":
+                    local = _fetch_wheel(step, settings, work)
+                    if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
+                        to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
                                       local=local, kernel=decision.kernel, work=work, scratch=scratch)
                 # Before the next interpreter starts (installer or verification), which would run a
@@ -175,6 +184,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                 if not result.ok:
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
+            for path, name, meta in to_cache:
+                _cache_wheel(settings, path, name, meta, decision.kernel, env)
         except BaseException as exc:
             done = tx.rollback()
             detail = str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}"
@@ -190,6 +201,42 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     importlib.invalidate_caches()
     changed = {n: v for n, v in installed_versions().items() if real_before.get(n) != v}
     return InstallResult(decision.kernel, changed, time.monotonic() - start, installer, _restart_advised(changed))
+
+
+def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
+    """`fastpath-hooks build`: the decision's dependencies installed (a transaction, as always),
+    then its source builds run into the wheel cache - not installed here, and so not verified:
+    every environment that installs one checks it in a child process. Returns the cached paths.
+    Call with the environment lock held."""
+    import shutil
+    import uuid
+
+    from . import wheelcache
+    from .state import cache_root
+    from .transaction import WORK_PREFIX
+
+    deps = tuple(s for s in decision.steps if s.kind != "build")
+    if deps:
+        run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
+                  state_dir=state_dir)
+    work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])  # a killed run's is removed by recover()
+    os.makedirs(work)
+    scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))
+    out = []
+    try:
+        for step in decision.steps:
+            if step.kind != "build":
+                continue
+            _, path, (_, name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
+                                                   kernel=decision.kernel, scratch=scratch)
+            try:
+                out.append(wheelcache.store(cache_root(settings), path, meta=meta, filename=name))
+            except Exception as exc:
+                raise InstallError(f"could not keep {name} in the wheel cache "
+                                   f"{wheelcache.directory(cache_root(settings))}: {exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def constraint_lines(installed: dict, protected, names) -> list:
@@ -257,14 +304,76 @@ def same_release(have: str | None, pinned: str) -> bool:
     return Version(got.public) == want
 
 
+def _build_step(step, *, settings, env, pins, work, kernel, scratch):
+    """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
+    from .build import BuildError, run_build
+
+    try:
+        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch)
+    except BuildError as exc:
+        raise InstallError(str(exc)) from None
+    name = os.path.basename(built.path)
+    install = dataclasses.replace(step, kind="wheel", requirements=(name,), binary_only=True, build_isolation=True,
+                                  env=(), url=None, sha256=None, archs=())
+    meta = {"origin": "built", "key": built.key, "log": built.log, "build_seconds": round(built.seconds, 1),
+            "distribution": built.key["distribution"], "version": built.key["version"]}
+    return install, built.path, (built.path, name, meta)
+
+
+def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -> None:
+    """Keep a built or downloaded wheel in the wheel cache; a cache that cannot be written costs
+    only the next environment's build (said at warning)."""
+    from . import wheelcache
+    from .state import cache_root
+
+    root = cache_root(settings)
+    meta = dict(meta)
+    meta.setdefault("distribution", "causal-conv1d")
+    meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
+    try:
+        cached = wheelcache.store(root, path, meta=meta, filename=name)
+    except Exception as exc:  # OSError, a lock timeout: the install stands
+        events.warning(f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} ({exc})", kernel)
+        return
+    events.status(f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the same "
+                  "FASTPATH_HOOKS_CACHE_DIR install it without building", kernel, human=meta.get("origin") == "built")
+
+
+def _cached_path(url: str | None, settings) -> str | None:
+    """The local path of a file:// URL into the wheel cache, else None."""
+    if not url or not url.startswith("file:"):
+        return None
+    from urllib.parse import unquote, urlsplit
+
+    from . import wheelcache
+    from .state import cache_root
+
+    path = os.path.abspath(unquote(urlsplit(url).path))
+    where = os.path.abspath(wheelcache.directory(cache_root(settings)))
+    return path if os.path.dirname(path) == where else None
+
+
 def _fetch_wheel(step, settings, tmp: str) -> str:
+    from . import wheelcache
+
     filename = step.requirements[0]
     for location in settings.find_links:
         path = find_links_dir(location)
         candidate = os.path.join(path, filename) if path is not None else None
         if candidate is not None and os.path.isfile(candidate):
-            _check_sha(candidate, step.sha256)
+            _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
             return candidate
+    cached = _cached_path(step.url, settings)
+    if cached is not None:  # the local wheel cache
+        candidate = cached
+        if os.path.isfile(candidate):
+            try:
+                _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
+            except InstallError as exc:
+                raise InstallError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
+            return candidate
+        if settings.offline:
+            raise InstallError(f"{filename} is no longer in {os.path.dirname(candidate)} and the network is off")
     if settings.offline or not step.url:
         raise InstallError(f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the network is off")
     target = os.path.join(tmp, filename)
@@ -324,8 +433,9 @@ def _step_label(step) -> str:
     return f"{'building' if step.kind == 'build' else 'installing'} {names}"
 
 
-def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=()):
-    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s.
+def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None):
+    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s. `log`: append
+    the whole output to that file (kept), instead of a temporary one.
 
     Any exception while the installer runs (Ctrl-C: the installer is in its own session, so the
     terminal's SIGINT never reaches it) kills its process group before it propagates: the
@@ -336,7 +446,7 @@ def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None
     environ["FASTPATH_HOOKS_DISABLE"] = "1"
     environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     start = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+b", dir=work) as out:
+    with (open(log, "a+b") if log else tempfile.TemporaryFile(mode="w+b", dir=work)) as out:
         try:
             proc = subprocess.Popen(list(inv.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=environ, start_new_session=True, preexec_fn=_death_signal())
@@ -361,6 +471,8 @@ def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None
             raise
         out.seek(0)
         text = out.read().decode("utf-8", errors="replace")
+        if log:
+            out.write(f"\n# exit: {'timeout' if code is None else code} after {time.monotonic() - start:.1f} s\n".encode())
     return code, _summary(text), time.monotonic() - start
 
 

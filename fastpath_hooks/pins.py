@@ -99,11 +99,27 @@ class CausalRelease:
 
 @dataclass(frozen=True)
 class SourceBuild:
+    """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
+    `seconds` for `archs` GPU archs on `cores` cores is the measured time the estimates scale;
+    `cuda_archs`: the sdist's hard-coded -gencode pairs, code -> the nvcc versions that get it."""
     requirement: str
     env: dict
     rocm_env: dict
-    expected_minutes: float
+    build_deps: tuple      # what setup.py imports/uses, installed first (builds run without isolation)
+    seconds: float
+    archs: int
+    cores: int
+    cuda_archs: dict
     source: str
+
+    @property
+    def distribution(self) -> str:
+        return canonical_name(Requirement(self.requirement).name)
+
+    @property
+    def version(self) -> str | None:
+        spec = list(Requirement(self.requirement).specifier)
+        return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
 
 
 @dataclass(frozen=True)
@@ -451,16 +467,39 @@ def _build(data, origins: tuple) -> Pins:
         sha256=dict(sha),
         source=v.source(rel, e),
     )
-    sb = v.table(cc.get("source_build"), "kernels.causal-conv1d.source_build")
-    minutes = sb.get("expected_minutes")
-    if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes <= 0:
-        v.fail("kernels.causal-conv1d.source_build.expected_minutes", "expected a positive number of minutes")
+    e = "kernels.causal-conv1d.source_build"
+    sb = v.table(cc.get("source_build"), e)
+    measured = v.table(sb.get("measured"), f"{e}.measured")
+    v.source(measured, f"{e}.measured")
+    numbers = {}
+    for key in ("seconds", "archs", "cores"):
+        value = measured.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            v.fail(f"{e}.measured.{key}", "expected a positive number")
+        numbers[key] = value
+    arch_table = v.table(sb.get("cuda_archs"), f"{e}.cuda_archs")
+    v.source(arch_table, f"{e}.cuda_archs")
+    gencode = {}
+    for code, spec in v.table(arch_table.get("pairs"), f"{e}.cuda_archs.pairs").items():
+        if not (code.startswith("sm_") and code[3:].isdigit()):
+            v.fail(f"{e}.cuda_archs.pairs.{code}", "expected sm_XY (a -gencode code)")
+        gencode[code] = v.specifier(spec, f"{e}.cuda_archs.pairs.{code}")
+    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
+    v.source(bd, f"{e}.build_deps")
+    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
+                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
+    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
+    spec = list(Requirement(requirement).specifier)
+    if len(spec) != 1 or spec[0].operator != "==":
+        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
     source_build = SourceBuild(
-        requirement=v.requirement(sb.get("requirement"), "kernels.causal-conv1d.source_build.requirement"),
-        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), "kernels.causal-conv1d.source_build.env").items()},
-        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), "kernels.causal-conv1d.source_build.rocm_env").items()},
-        expected_minutes=float(minutes),
-        source=v.source(sb, "kernels.causal-conv1d.source_build"),
+        requirement=requirement,
+        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
+        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
+        build_deps=build_deps,
+        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
+        cuda_archs=gencode,
+        source=v.source(sb, e),
     )
 
     hazards = []
@@ -504,6 +543,10 @@ def _build(data, origins: tuple) -> Pins:
         for i, req in enumerate(spec.runtime_deps):
             if canonical_name(Requirement(req).name) not in allowed:
                 v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for i, req in enumerate(source_build.build_deps):
+        if canonical_name(Requirement(req).name) not in allowed:
+            v.fail(f"kernels.causal-conv1d.source_build.build_deps.requirements[{i}]",
+                   f"{Requirement(req).name} is not in allowed_distributions.names")
     for name in triton_dists:
         if name not in protected:
             v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "

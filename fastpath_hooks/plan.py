@@ -30,6 +30,7 @@ class Step:
     url: str | None = None           # wheel steps: where the file is fetched from
     sha256: str | None = None        # wheel steps: expected digest, when the pins know it
     note: str = ""
+    archs: tuple = ()                # build steps: the GPU archs compiled for (("all",): every arch the sdist knows)
 
     def to_json(self) -> dict:
         return {
@@ -43,6 +44,7 @@ class Step:
             "url": self.url,
             "sha256": self.sha256,
             "note": self.note,
+            "archs": list(self.archs),
         }
 
 

@@ -7,6 +7,7 @@ Rule ids in `Decision.rule` name which rule decided.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace as _replace
 from functools import cached_property
 from urllib.parse import quote
@@ -16,6 +17,7 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from . import wheelcache
 from .distributions import canonical_name
 from .pins import same_version
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, Plan, Step
@@ -75,6 +77,20 @@ class _Context:
             out.setdefault(canonical_name(name), set()).add(version)
         return out
 
+    @cached_property
+    def sdists(self) -> dict:
+        """name -> set of versions available as sdists in FASTPATH_HOOKS_FIND_LINKS (what a build needs)."""
+        out: dict = {}
+        for filename in self.env.wheelhouse:
+            if filename.endswith(".whl"):
+                continue
+            try:
+                name, version = parse_sdist_filename(filename)
+            except (InvalidSdistFilename, InvalidVersion):
+                continue
+            out.setdefault(canonical_name(name), set()).add(version)
+        return out
+
     def missing_offline(self, steps) -> list:
         """Requirements no wheelhouse file satisfies when the index is off."""
         if not self.settings.offline:
@@ -91,7 +107,7 @@ class _Context:
                 name = canonical_name(req.name)
                 if step.kind == "deps" and self.installed_satisfies(req):
                     continue
-                versions = have.get(name, set())
+                versions = self.sdists.get(name, set()) if step.kind == "build" else have.get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)
         return missing
@@ -210,16 +226,18 @@ def _spec(text):
     return SpecifierSet(text)
 
 
-def _deps_step(ctx: _Context, spec) -> Step | None:
-    """The kernel's runtime dependencies that this machine lacks (or has too old): one already
-    satisfied is neither named nor backed up by the installer. A fresh plan (`download`, for
-    another machine) names them all."""
+def _deps_step(ctx: _Context, spec, extra=()) -> Step | None:
+    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine
+    lacks (or has too old): one already satisfied is neither named nor backed up by the installer.
+    A fresh plan (`download`, for another machine) names them all."""
     reqs = []
+    named = {canonical_name(Requirement(r).name) for r in spec.runtime_deps}
+    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(Requirement(r).name) not in named)
     marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
                   "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
                   "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(ctx.env.os, ctx.env.os),
                   "platform_machine": ctx.env.arch}
-    for raw in spec.runtime_deps:
+    for raw in wanted:
         req = Requirement(raw)
         if req.marker is not None and not Marker(str(req.marker)).evaluate(marker_env):
             continue
@@ -230,7 +248,8 @@ def _deps_step(ctx: _Context, spec) -> Step | None:
     if not reqs:
         return None
     return Step(kind="deps", requirements=tuple(reqs), no_deps=False,
-                note="runtime dependencies, resolved under a constraints file that pins torch, triton, numpy and transformers")
+                note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
+                      ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
 
 
 # -- tilelang ------------------------------------------------------------------
@@ -601,64 +620,182 @@ def _decide_causal(ctx: _Context) -> Decision:
 
 
 def _causal_install(ctx: _Context, kw) -> Decision:
+    """Preference: a fitting wheel this machine (or a shared cache) already has, a fitting built
+    wheel in the wheelhouse, the release wheel, then a source build as FASTPATH_HOOKS_ALLOW_BUILD
+    allows."""
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
-    spec = pins.kernel("causal-conv1d")
-    build = pins.source_build
-    minutes = build.expected_minutes
-    deps = _deps_step(ctx, spec)
+    rel, build = pins.causal_release, pins.source_build
+    deps = _deps_step(ctx, pins.kernel("causal-conv1d"))
     dep_steps = (deps,) if deps is not None else ()
-    if env.accelerator == "rocm":
-        if not settings.allow_build:
-            return _skip("causal-conv1d", "causal.rocm.no-build",
-                         f"no prebuilt ROCm wheels; a source build takes about {minutes:.0f} minutes",
-                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build it with hipcc", **kw)
-        steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
-                                  build_isolation=False, env=tuple(sorted(build.rocm_env.items())),
-                                  note=f"source build, about {minutes:.0f} min"),)
-        return _causal_build(ctx, steps, minutes, "causal.rocm.build", "ROCm source build, allowed by FASTPATH_HOOKS_ALLOW_BUILD", kw)
-
     filename, why = causal_conv1d_wheel(env, pins)
+
+    def prebuilt(name, rule, reason, url=None, note=""):
+        steps = dep_steps + (Step(kind="wheel", requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
+        version = rel.version if name == filename else build.version
+        return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule, reason=reason, steps=steps,
+                        target={"causal-conv1d": version}, **kw)
+
+    deps_missing = ctx.missing_offline(dep_steps)
+    if not deps_missing:
+        for name in env.cached_wheels:
+            if name == filename or _built_fits(ctx, name):
+                path = os.path.join(env.wheel_cache or "", name)
+                return prebuilt(name, "causal.cache", f"{name} from the local wheel cache, {env.wheel_cache}",
+                                url="file://" + quote(path), note="from the local wheel cache, no build")
+        for name in env.wheelhouse:
+            if name != filename and _built_fits(ctx, name):
+                return prebuilt(name, "causal.wheelhouse", f"built wheel {name} from the wheelhouse",
+                                note="a wheel built for this torch and these GPUs, from the wheelhouse")
+
     if filename is not None:
-        rel = pins.causal_release
         base = settings.causal_conv1d_wheel_url or rel.base_url.format(tag=rel.tag)
         url = base.rstrip("/") + "/" + quote(filename)
         in_house = filename in env.wheelhouse
-        missing = ctx.missing_offline(dep_steps)
+        missing = list(deps_missing)
         if settings.offline and not in_house:
             missing = [filename] + missing
         if not missing:
-            steps = dep_steps + (Step(kind="wheel", requirements=(filename,), url=None if in_house else url,
-                                      sha256=rel.sha256.get(filename),
-                                      note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "")),)
-            return Decision(kernel="causal-conv1d", action=INSTALL, rule="causal.wheel",
-                            reason=f"prebuilt wheel {filename}", steps=steps,
-                            target={"causal-conv1d": rel.version}, **kw)
-        if not settings.allow_build:
-            return _skip("causal-conv1d", "causal.offline-missing",
-                         f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                         _fetch_fix("the wheel", "the network"), **kw)
+            return prebuilt(filename, "causal.wheel", f"prebuilt wheel {filename}", url=None if in_house else url,
+                            note="prebuilt release wheel" + (" from the wheelhouse" if in_house else ""))
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
-    if not settings.allow_build:
-        return _skip("causal-conv1d", "causal.no-wheel", f"{why}; a source build takes about {minutes:.0f} minutes "
-                     "and is not started silently", "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build from source with nvcc", **kw)
-    if not env.nvcc:
-        return _skip("causal-conv1d", "causal.no-nvcc", f"{why}, and a source build needs nvcc, which is not found",
-                     "install a CUDA toolkit matching torch", **kw)
+        if settings.allow_build == "0":
+            return _skip("causal-conv1d", "causal.offline-missing", why, _fetch_fix("the wheel", "the network"), **kw)
+    return _causal_source_build(ctx, why, kw)
+
+
+def decide_build(env, settings, pins) -> Decision:
+    """`fastpath-hooks build`: causal-conv1d's source build for `env.gpus` (the archs asked for,
+    on a host that may have no GPU), whatever wheels exist; the same compiler, arch and time
+    rules as an automatic build."""
+    ctx = _Context(env, settings, pins, False)
+    kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
+    return _causal_source_build(ctx, "asked for by `fastpath-hooks build`", kw, asked=True)
+
+
+def built_fits(env, pins, name: str) -> bool:
+    """A built wheel (by its file name) that runs here: this torch build, Python, ABI, platform and GPUs."""
+    return _built_fits(_Context(env, None, pins, False), name)
+
+
+def _built_fits(ctx: _Context, name: str) -> bool:
+    env, build = ctx.env, ctx.pins.source_build
+    if not env.torch or build.version is None:
+        return False
+    return wheelcache.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
+                           cuda=env.torch_cuda, hip=env.torch_hip, abi=causal_conv1d_abi(env), python=env.python,
+                           arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
+
+
+def _cuda_codes(build, nvcc_version: str | None) -> tuple:
+    """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
+    codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or _in(nvcc_version, spec))
+    return tuple(sorted(codes, key=lambda c: wheelcache.compute_capability(c) or (0, 0)))
+
+
+def build_archs(env, pins, archs=None) -> tuple:
+    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
+    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
+        return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
+    codes = _cuda_codes(pins.source_build, env.nvcc_version)
+    chosen = {g: wheelcache.pair_for(g, codes) for g in gpus}
+    return tuple(sorted({c for c in chosen.values() if c}, key=wheelcache.compute_capability)), \
+        tuple(g for g, c in chosen.items() if c is None)
+
+
+def build_estimate(build, n_archs: int, cpus: int | None) -> tuple:
+    """(seconds, how): the measured build scaled by archs (each is compiled separately) and by
+    fewer cores (more cores do not help: the big files compile one per job)."""
+    seconds = build.seconds * n_archs / build.archs
+    if cpus and cpus < build.cores:
+        seconds *= build.cores / cpus
+    how = (f"an estimate: {build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores, "
+           f"scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores")
+    return seconds, how
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) -> Decision:
+    env, settings, build = ctx.env, ctx.settings, ctx.pins.source_build
+    deps = _deps_step(ctx, ctx.pins.kernel("causal-conv1d"), extra=build.build_deps)
+    dep_steps = (deps,) if deps is not None else ()
+    mode = settings.allow_build
+    rocm = bool(env.torch_hip)
+    if mode == "0":
+        if rocm:
+            return _skip("causal-conv1d", "causal.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
+                         "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
+                         "for this machine's GPUs", **kw)
+        return _skip("causal-conv1d", "causal.no-wheel", f"{why}; source builds are off: FASTPATH_HOOKS_ALLOW_BUILD=0",
+                     "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
+                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    if rocm:
+        why = "no prebuilt ROCm wheels"
+        if not env.hipcc:
+            return _skip("causal-conv1d", "causal.rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not "
+                         "found", "install ROCm's hipcc (ROCM_HOME, PATH or /opt/rocm)", **kw)
+        compiler = "hipcc"
+    else:
+        if not env.nvcc or env.nvcc.startswith("nvidia-cuda-nvcc"):
+            return _skip("causal-conv1d", "causal.no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, "
+                         "which is not found", f"install a CUDA {env.torch_cuda} toolkit (torch's) and set CUDA_HOME", **kw)
+        torch_major = (env.torch_cuda or "").split(".")[0]
+        if env.nvcc_version is None and mode == "auto":
+            return _skip("causal-conv1d", "causal.nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) "
+                         "cannot be told, so a build for torch's CUDA is not started unasked",
+                         "point CUDA_HOME at a toolkit whose nvcc answers --version, or set FASTPATH_HOOKS_ALLOW_BUILD=1",
+                         **kw)
+        if env.nvcc_version is not None and env.nvcc_version.split(".")[0] != torch_major:
+            return _skip("causal-conv1d", "causal.nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while "
+                         f"torch is built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA "
+                         "majors", f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
+        compiler = f"nvcc {env.nvcc_version}" if env.nvcc_version else "nvcc"
+    archs, unsupported = build_archs(env, ctx.pins)
+    if unsupported and not rocm:
+        codes = _cuda_codes(build, env.nvcc_version)
+        return _skip("causal-conv1d", "causal.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
+                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
+    env_pairs = dict(build.rocm_env if rocm else build.env)
+    if unsupported or not archs:
+        what = "+".join(unsupported) or "no GPU listed"
+        if mode == "auto":
+            seconds, _ = build_estimate(build, len(_cuda_codes(build, env.nvcc_version)), env.cpus)
+            return _skip("causal-conv1d", "causal.build.unrestricted", f"{why}; a source build cannot be restricted to "
+                         f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
+                         f"- about {_minutes(seconds)}, an estimate",
+                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
+        archs, rule = ("all",), "causal.rocm.build" if rocm else "causal.build.all-archs"
+        n_archs = len(_cuda_codes(build, env.nvcc_version)) if not rocm else 1
+    else:
+        rule = "causal.rocm.build" if rocm else "causal.build"
+        n_archs = len(archs)
+        if rocm:
+            env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
+    seconds, how = build_estimate(build, n_archs, env.cpus)
+    if rocm:
+        how += " of a CUDA build"
+    if seconds > settings.timeout:
+        return _skip("causal-conv1d", "causal.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
+                     f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
+                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
-                              build_isolation=False, env=tuple(sorted(build.env.items())),
-                              note=f"source build against the installed torch, about {minutes:.0f} min"),)
-    return _causal_build(ctx, steps, minutes, "causal.build", f"{why}; source build allowed by FASTPATH_HOOKS_ALLOW_BUILD", kw)
-
-
-def _causal_build(ctx, steps, minutes, rule, reason, kw) -> Decision:
+                              build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
+                              note=f"source build against the installed torch with {compiler}, for "
+                                   f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
     missing = ctx.missing_offline(steps)
     if missing:
-        return _skip("causal-conv1d", "causal.offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                     "add the sdist and wheels or allow the index", **kw)
-    version = Requirement(ctx.pins.source_build.requirement).specifier
-    target = {"causal-conv1d": str(next(iter(version)).version)} if len(version) == 1 else {}
-    return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule, reason=reason + f", about {minutes:.0f} min",
-                    steps=steps, target=target, expected_seconds=minutes * 60, **kw)
+        return _skip("causal-conv1d", "causal.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+    allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
+    return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
+                    reason=f"{why}; building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with {compiler}{allowed}, "
+                           f"about {_minutes(seconds)}, {how}",
+                    steps=steps, target={"causal-conv1d": build.version}, expected_seconds=round(seconds), **kw)
 
 
 # -- what transformers does with a kernel ---------------------------------------------

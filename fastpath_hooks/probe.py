@@ -51,6 +51,12 @@ class Environment:
     posed: tuple = ()
     prefix: str = ""
     pip_index_config: str | None = None   # where pip is told of an index/find-links (uv ignores it)
+    nvcc_version: str | None = None   # CUDA release of that nvcc (version.json, posed, or `nvcc --version` on demand)
+    hipcc: str | None = None          # ROCm's compiler, for source builds on ROCm
+    cpus: int | None = None           # usable CPU cores (source-build estimates and MAX_JOBS)
+    memory_gib: float | None = None   # available memory (MAX_JOBS: nvcc jobs take GBs each)
+    wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
+    cached_wheels: tuple = ()         # complete entries in it (file names)
 
     # -- derived facts -------------------------------------------------------
     @property
@@ -94,6 +100,7 @@ class Environment:
         data["half_installed"] = list(self.half_installed)
         data["wheelhouse"] = list(self.wheelhouse)
         data["posed"] = list(self.posed)
+        data["cached_wheels"] = list(self.cached_wheels)
         return data
 
 
@@ -107,7 +114,11 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         pins = load(None)
     triton_names = pins.triton_distributions
 
+    from . import wheelcache
+    from .state import cache_root
+
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    cache = cache_root(settings) if settings is not None else None
     found, duplicates = scan()
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
     half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS))
@@ -128,11 +139,20 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         "cxx11_abi": cxx11_abi,
         "nvcc": _find_nvcc(dists),
         "uv": _find_uv(),
+        "hipcc": _find_hipcc(),
+        "cpus": _cpus(),
     }
+    real["nvcc_version"] = _toolkit_version(real["nvcc"])
     facts = dict(real)
-    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "nvcc", "uv"):
+    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "nvcc", "uv", "hipcc",
+                "cpus"):
         if key in posed:
             facts[key] = posed[key]
+    if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
+        facts["nvcc_version"] = None if posed["nvcc"] in (None, "posed") else posed["nvcc"]
+        facts["nvcc"] = None if posed["nvcc"] is None else "posed"
+    if isinstance(facts["hipcc"], bool):
+        facts["hipcc"] = "posed" if facts["hipcc"] else None
     if "cuda" in posed and posed["cuda"] and "hip" not in posed:
         facts["hip"] = None
     if "hip" in posed and posed["hip"] and "cuda" not in posed:
@@ -187,8 +207,93 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
         pip_index_config=pip_index_config(),
+        nvcc_version=facts["nvcc_version"],
+        hipcc=facts["hipcc"],
+        cpus=facts["cpus"],
+        memory_gib=_memory_gib(),
+        wheel_cache=wheelcache.directory(cache) if cache else None,
+        cached_wheels=wheelcache.listing(cache),
     )
     return env
+
+
+def with_nvcc_version(env: Environment) -> Environment:
+    """`env` with the CUDA release of its nvcc, asking `nvcc --version` (once per nvcc and process):
+    done only when a source build is being considered (runtime.snapshot), never at every probe."""
+    from dataclasses import replace
+
+    if env.nvcc_version or not env.nvcc or not os.path.isfile(env.nvcc):
+        return env
+    return replace(env, nvcc_version=nvcc_release(env.nvcc))
+
+
+_NVCC_RELEASES: dict = {}
+
+
+def nvcc_release(path: str) -> str | None:
+    """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
+    import re
+    import subprocess
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _NVCC_RELEASES:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        match = re.search(r"release (\d+\.\d+)", out)
+        _NVCC_RELEASES[key] = match.group(1) if match else None
+    return _NVCC_RELEASES[key]
+
+
+def _toolkit_version(nvcc: str | None) -> str | None:
+    """The CUDA release a toolkit's version.json names (11.1+ ship one beside bin/): a file read,
+    no process. None when there is none (then `nvcc --version`, on demand)."""
+    if not nvcc or not os.path.isfile(nvcc):
+        return None
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)["cuda"]["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    parts = str(value).split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+
+
+def _find_hipcc() -> str | None:
+    import shutil
+
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
+            return os.path.join(home, "bin", "hipcc")
+    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+
+
+def _cpus() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return round(int(line.split()[1]) / (1 << 20), 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _torch_build_info(dist) -> dict:

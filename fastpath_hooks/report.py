@@ -146,3 +146,25 @@ def _quote(arg: str) -> str:
     import shlex
 
     return shlex.quote(arg)
+
+
+def wheel_cache_json(root: str) -> dict:
+    """The wheel cache for `doctor --json` and `cache list --json` (docs/json-schema.md: wheel_cache)."""
+    from . import wheelcache
+
+    return {"directory": wheelcache.directory(root), "wheels": wheelcache.entries(root)}
+
+
+def wheel_cache_text(data: dict) -> str:
+    wheels = data["wheels"]
+    lines = [f"Wheel cache   {data['directory']}: " + (f"{len(wheels)} wheel{'s' if len(wheels) != 1 else ''}"
+                                                       if wheels else "empty")]
+    for w in wheels:
+        size = f"{w['size'] / 1e6:.1f} MB" if isinstance(w.get("size"), int) else "size unknown"
+        how = w.get("origin") or "?"
+        if how == "built" and w.get("log"):
+            how += f", log {w['log']}"
+        lines.append(f"  {w['file']} ({size}, {how})" + ("" if w["ok"] else f" - ignored: {w['problem']}"))
+    if wheels:
+        lines.append("  (`fastpath-hooks cache clear [KERNEL]` removes them)")
+    return "\n".join(lines)

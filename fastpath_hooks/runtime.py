@@ -199,7 +199,9 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "python": env.python, "implementation": env.implementation, "platform": env.platform, "glibc": env.glibc,
         "torch": env.torch, "cuda": env.torch_cuda, "hip": env.torch_hip, "xpu": env.torch_xpu,
         "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
-        "nvcc": bool(env.nvcc), "fla_tilelang": env.fla_tilelang_env,
+        "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version, "hipcc": bool(env.hipcc),
+        "fla_tilelang": env.fla_tilelang_env,
+        "cached_wheels": hashlib.sha256("\n".join(env.cached_wheels).encode()).hexdigest()[:16],
         "transformers": env.version("transformers"), "numpy": env.version("numpy"),
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
@@ -233,7 +235,20 @@ def snapshot(settings, pins):
     from .probe import probe
 
     env = probe(settings, pins=pins)
-    return env, decide(env, settings, pins)
+    return complete(env, decide(env, settings, pins), settings, pins)
+
+
+def complete(env, plan, settings, pins, **kw):
+    """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
+    is being considered and no version.json told it - not at every probe."""
+    from .policy import decide
+    from .probe import with_nvcc_version
+
+    if plan.decisions.get("causal-conv1d") is not None and plan["causal-conv1d"].rule == "causal.nvcc-unknown":
+        fuller = with_nvcc_version(env)
+        if fuller is not env:
+            return fuller, decide(fuller, settings, pins, **kw)
+    return env, plan
 
 
 # -- the decision -----------------------------------------------------------------------

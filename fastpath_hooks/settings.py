@@ -24,6 +24,7 @@ KERNEL_ALIASES = {
     "tilelang": "tilelang",
 }
 MODES = ("install", "report")
+BUILD_MODES = ("auto", "1", "0")
 INSTALLERS = ("auto", "uv", "pip")
 LOG_LEVELS = ("off", "error", "warning", "info", "debug")
 _FALSE = ("", "0", "false", "no", "off")
@@ -43,8 +44,11 @@ VARIABLES = {
     "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or find-links, "
                                  "which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
-    "FASTPATH_HOOKS_ALLOW_BUILD": "1: allow source builds (causal-conv1d without a prebuilt wheel; takes many minutes)",
-    "FASTPATH_HOOKS_CACHE_DIR": "directory for verdicts (default: the user cache dir, e.g. ~/.cache/fastpath-hooks)",
+    "FASTPATH_HOOKS_ALLOW_BUILD": ("source builds of causal-conv1d when no prebuilt wheel fits: auto (default: only with nvcc "
+                                   "of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 (also for all "
+                                   "archs: long), 0 (never)"),
+    "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
+                                 "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
     "FASTPATH_HOOKS_PINS": "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": "what rank 0 prints on stderr: off, error, warning, info (default) or debug",
@@ -73,7 +77,7 @@ class Settings:
     index_url: str | None = None
     installer: str = "auto"
     timeout: float = DEFAULT_TIMEOUT
-    allow_build: bool = False
+    allow_build: str = "auto"          # "auto", "1" or "0" (see BUILD_MODES)
     cache_dir: str | None = None
     pins_file: str | None = None
     target: str | None = None
@@ -111,7 +115,7 @@ class Settings:
         parse("FASTPATH_HOOKS_INDEX_URL", "index_url", _url(("http", "https", "file")))
         parse("FASTPATH_HOOKS_INSTALLER", "installer", _choice(INSTALLERS))
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
-        parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_bool)
+        parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
         parse("FASTPATH_HOOKS_CACHE_DIR", "cache_dir", _directory_or_creatable)
         parse("FASTPATH_HOOKS_PINS", "pins_file", _readable_file)
         parse("FASTPATH_HOOKS_TARGET", "target", _target_spec)
@@ -160,7 +164,8 @@ class Settings:
             "index_url": self.index_url,
             "installer": self.installer,
             "timeout": self.timeout,
-            "allow_build": self.allow_build,
+            "allow_build": self.allow_build != "0",
+            "allow_build_mode": self.allow_build,
             "cache_dir": self.cache_dir,
             "pins_file": self.pins_file,
             "target": self.target,
@@ -178,6 +183,18 @@ def parse_bool(raw: str) -> bool:
     if low in _FALSE:
         return False
     raise ValueError("expected one of 1, true, yes, on (or 0, false, no, off)")
+
+
+def parse_build_mode(raw: str) -> str:
+    """auto, 1 (also 1/true/yes/on) or 0 (also 0/false/no/off)."""
+    low = raw.strip().lower()
+    if low == "auto":
+        return "auto"
+    try:
+        return "1" if parse_bool(low) else "0"
+    except ValueError:
+        raise ValueError("expected auto (build only for the visible GPUs with a matching compiler), "
+                         "1, true, yes, on (build even for all archs) or 0, false, no, off (never build)") from None
 
 
 def is_disabled(environ: Mapping[str, str] | None = None) -> bool:

@@ -77,6 +77,14 @@ def environment_lock(settings):
     return filelock.FileLock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
 
 
+def file_lock(path: str, *, timeout: float):
+    """A cross-process lock on `path` (flock: released by the OS if the holder dies); use as a
+    context manager or acquire()/release(); filelock.Timeout after `timeout` seconds."""
+    import filelock
+
+    return filelock.FileLock(path, timeout=timeout)
+
+
 def atomic_write_json(path: str, data) -> None:
     import tempfile
 

@@ -17,7 +17,7 @@ DISTRIBUTION_KEYS = (
     "nvidia-cuda-nvcc",
 )
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "uv")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -52,8 +52,12 @@ def parse_target(spec: str) -> dict:
             facts["xpu"] = _flag(entry, value)
         elif key == "abi":
             facts["cxx11_abi"] = _flag(entry, value)
-        elif key == "uv":
-            facts["uv"] = _flag(entry, value)
+        elif key in ("uv", "hipcc"):
+            facts[key] = _flag(entry, value)
+        elif key == "cpus":
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"{entry!r}: cpus is a number of CPU cores, e.g. cpus=16")
+            facts["cpus"] = int(value)
         elif key == "nvcc":
             low = value.lower()
             if low in _NO:

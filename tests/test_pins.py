@@ -242,8 +242,17 @@ MALFORMED = [
      "os-arch"),
     ("bad accelerator", "p.json", {"kernels": {"fla": {"accelerators": ["cuda", "tpu"]}}}, "kernels.fla.accelerators[1]",
      "expected cuda, rocm or xpu"),
-    ("build minutes", "p.json", {"kernels": {"causal-conv1d": {"source_build": {"expected_minutes": 0}}}},
-     "kernels.causal-conv1d.source_build.expected_minutes", "positive number"),
+    ("build seconds", "p.json", {"kernels": {"causal-conv1d": {"source_build": {"measured": {"seconds": 0}}}}},
+     "kernels.causal-conv1d.source_build.measured.seconds", "positive number"),
+    ("build time with a guessed source", "p.json",
+     {"kernels": {"causal-conv1d": {"source_build": {"measured": {"seconds": 60, "source": "guessed: fast"}}}}},
+     "kernels.causal-conv1d.source_build.measured.source", "every fact needs a source"),
+    ("build requirement without one version", "p.json",
+     {"kernels": {"causal-conv1d": {"source_build": {"requirement": "causal-conv1d>=1.6"}}}},
+     "kernels.causal-conv1d.source_build.requirement", "one exact version"),
+    ("gencode table with a non-arch", "p.json",
+     {"kernels": {"causal-conv1d": {"source_build": {"cuda_archs": {"pairs": {"compute_90": ""}}}}}},
+     "kernels.causal-conv1d.source_build.cuda_archs.pairs.compute_90", "sm_XY"),
 ]
 
 

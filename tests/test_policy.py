@@ -19,7 +19,7 @@ from fastpath_hooks import commands, pins as pins_mod
 from fastpath_hooks.distributions import canonical_name
 from fastpath_hooks.pins import BrokenPair, Hazard
 from fastpath_hooks.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.policy import causal_conv1d_wheel, decide
+from fastpath_hooks.policy import causal_conv1d_wheel, decide, decide_build
 from fastpath_hooks.probe import Environment
 from fastpath_hooks.settings import Settings
 
@@ -34,6 +34,7 @@ BASE = dict(
     torch="2.10.0", torch_cuda="12.8", torch_hip=None, torch_xpu=False, cxx11_abi=True,
     gpus=("sm_90",), gpu_source="target", triton="3.6.0", triton_dist="triton",
     nvcc="/usr/local/cuda/bin/nvcc", uv=None, wheelhouse=(), fla_tilelang_env=None, half_installed=(),
+    nvcc_version="12.8", cpus=16, wheel_cache="/cache/wheels",
 )
 BASE_DISTS = {"transformers": "5.24.0", "numpy": "2.2.6", "einops": "0.8.1", "packaging": "25.0"}
 TILELANG_DEPS = {"z3-solver": "4.15.4.0", "torch-c-dlpack-ext": "0.1.3", "cloudpickle": "3.1.1", "ml-dtypes": "0.5.3",
@@ -42,7 +43,10 @@ WHEELS_06 = ("fla_core-0.6.0-py3-none-any.whl", "flash_linear_attention-0.6.0-py
 WHEELS_052 = ("fla_core-0.5.2-py3-none-any.whl", "flash_linear_attention-0.5.2-py3-none-any.whl")
 WHEELS_PAIR = ("tilelang-0.1.15-cp38-abi3-manylinux_2_28_x86_64.whl",
                "apache_tvm_ffi-0.1.12-cp312-abi3-manylinux_2_28_x86_64.whl")
-ROCM = dict(torch_cuda=None, torch_hip="6.4", gpus=("gfx942",), triton_dist="pytorch-triton-rocm")
+ROCM = dict(torch_cuda=None, torch_hip="6.4", gpus=("gfx942",), triton_dist="pytorch-triton-rocm", hipcc="/opt/rocm/bin/hipcc")
+# A wheel `fastpath-hooks build` made for the BASE machine, but for torch 2.13 (no release wheel)
+BUILT_213 = "causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu128.abi1.sm90-cp312-cp312-linux_x86_64.whl"
+NO_RELEASE = {"torch": "2.13.0"}
 XPU = dict(torch_cuda=None, torch_xpu=True, gpus=("xpu",), triton_dist="pytorch-triton-xpu")
 OFFLINE = dict(offline=True, find_links=("/wheelhouse",))
 
@@ -117,6 +121,7 @@ class Row:
     settings: dict = field(default_factory=dict)
     pins: object = None
     check: object = None          # check(decision, plan) -> None, asserts the key facts
+    via: object = None            # via(env, settings, pins) -> Decision instead of decide() (`fastpath-hooks build`)
 
 
 def _fla_installs(version, needs=()):
@@ -159,11 +164,31 @@ def _causal_wheel(filename, *, url=True, sha=True):
     return check
 
 
-def _causal_build(d, plan):
-    step = d.steps[-1]
-    assert step.kind == "build" and not step.build_isolation and not step.binary_only
-    assert dict(step.env) == {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE"}
-    assert d.expected_seconds == PINS.source_build.expected_minutes * 60
+def _causal_build(archs, **env):
+    """A build of exactly `archs` against the installed torch, with the sdist's own switches."""
+    def check(d, plan):
+        step = d.steps[-1]
+        assert step.kind == "build" and not step.build_isolation and not step.binary_only and step.no_deps
+        assert step.archs == archs
+        assert dict(step.env) == {**PINS.source_build.env, **env}
+        assert d.target == {"causal-conv1d": "1.6.2.post1"}
+        assert d.expected_seconds > 0 and "estimate" in d.reason and "min" in d.reason
+    return check
+
+
+def _from_cache(name):
+    def check(d, plan):
+        assert [s.kind for s in d.steps] == ["deps", "wheel"], "no build"   # ninja is not in BASE
+        assert d.steps[-1].url == "file:///cache/wheels/" + name.replace("+", "%2B")
+        assert "local wheel cache" in d.reason
+    return check
+
+
+def _no_build(fragment):
+    def check(d, plan):
+        assert fragment in d.reason, d.reason
+        assert not d.steps
+    return check
 
 
 ROWS = [
@@ -313,21 +338,66 @@ ROWS = [
         env={"wheelhouse": ("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",)},
         dists={"ninja": "1.13.0"},
         check=_causal_wheel("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl", url=False)),
-    Row("causal.offline-missing", "causal-conv1d", SKIP, "causal.offline-missing", settings=OFFLINE,
-        check=lambda d, p: "cu12torch2.10" in d.reason),
-    Row("causal.no-wheel (torch 2.13 has no release wheel)", "causal-conv1d", SKIP, "causal.no-wheel",
-        env={"torch": "2.13.0"}, check=lambda d, p: "15 minutes" in d.reason and "ALLOW_BUILD" in d.fix),
-    Row("causal.no-nvcc", "causal-conv1d", SKIP, "causal.no-nvcc", env={"torch": "2.13.0", "nvcc": None},
-        settings={"allow_build": True}),
-    Row("causal.build", "causal-conv1d", INSTALL, "causal.build", env={"torch": "2.13.0"}, settings={"allow_build": True},
-        check=_causal_build),
+    Row("causal.offline-missing (no wheel, no sdist to build)", "causal-conv1d", SKIP, "causal.offline-missing",
+        settings=OFFLINE, check=lambda d, p: "cu12torch2.10" in d.reason and "causal_conv1d==1.6.2.post1" not in d.reason),
+    Row("causal.offline-missing, builds off: the wheel is what is missing", "causal-conv1d", SKIP,
+        "causal.offline-missing", settings={**OFFLINE, "allow_build": "0"},
+        check=lambda d, p: "download" in d.fix and "cu12torch2.10" in d.reason),
+    Row("causal.cache: a wheel built earlier for this torch/CUDA/Python/ABI/GPU, before any build",
+        "causal-conv1d", INSTALL, "causal.cache", env={**NO_RELEASE, "cached_wheels": (BUILT_213,)},
+        check=_from_cache(BUILT_213)),
+    Row("causal.cache: a cached release wheel is preferred to downloading it", "causal-conv1d", INSTALL, "causal.cache",
+        env={"cached_wheels": ("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",)},
+        check=_from_cache("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl")),
+    Row("causal.cache: an sm_80 build runs on sm_86", "causal-conv1d", INSTALL, "causal.cache",
+        env={**NO_RELEASE, "gpus": ("sm_86",),
+             "cached_wheels": (BUILT_213.replace("sm90", "sm80"),)}, check=_from_cache(BUILT_213.replace("sm90", "sm80"))),
+    Row("causal.wheelhouse: a built wheel served offline, with builds forbidden", "causal-conv1d", INSTALL,
+        "causal.wheelhouse", env={**NO_RELEASE, "wheelhouse": (BUILT_213,)}, settings={**OFFLINE, "allow_build": "0"},
+        dists={"ninja": "1.13.0"},
+        check=lambda d, p: [s.kind for s in d.steps] == ["wheel"] and d.steps[0].requirements == (BUILT_213,)
+        and d.steps[0].url is None),
+    Row("causal.no-wheel (ALLOW_BUILD=0)", "causal-conv1d", SKIP, "causal.no-wheel", env=NO_RELEASE,
+        settings={"allow_build": "0"}, check=lambda d, p: "torch 2.13" in d.reason and "ALLOW_BUILD=auto" in d.fix),
+    Row("causal.no-nvcc", "causal-conv1d", SKIP, "causal.no-nvcc", env={**NO_RELEASE, "nvcc": None, "nvcc_version": None},
+        check=_no_build("needs a CUDA toolkit's nvcc")),
+    Row("causal.no-nvcc: the nvcc wheel is no toolkit to build with", "causal-conv1d", SKIP, "causal.no-nvcc",
+        env={**NO_RELEASE, "nvcc": "nvidia-cuda-nvcc 13.0.48", "nvcc_version": None}),
+    Row("causal.nvcc-unknown (auto does not guess)", "causal-conv1d", SKIP, "causal.nvcc-unknown",
+        env={**NO_RELEASE, "nvcc_version": None}, check=_no_build("cannot be told")),
+    Row("causal.nvcc-mismatch: nvcc 12.8 for a CUDA 13.0 torch", "causal-conv1d", SKIP, "causal.nvcc-mismatch",
+        env={**NO_RELEASE, "torch_cuda": "13.0"}, check=_no_build("nvcc is CUDA 12.8 while torch is built for CUDA 13.0")),
+    Row("causal.nvcc-mismatch also with ALLOW_BUILD=1 (the build would fail)", "causal-conv1d", SKIP,
+        "causal.nvcc-mismatch", env={**NO_RELEASE, "torch_cuda": "13.0"}, settings={"allow_build": "1"}),
+    Row("causal.build: torch 2.13 has no release wheel; only sm_90 is compiled", "causal-conv1d", INSTALL,
+        "causal.build", env=NO_RELEASE, check=_causal_build(("sm_90",))),
+    Row("causal.build: sm_86 + sm_90 compile sm_80 (runs on sm_86) and sm_90", "causal-conv1d", INSTALL, "causal.build",
+        env={**NO_RELEASE, "gpus": ("sm_86", "sm_90", "sm_90")}, check=_causal_build(("sm_80", "sm_90"))),
+    Row("causal.build with ALLOW_BUILD=1 and an nvcc of unknown release", "causal-conv1d", INSTALL, "causal.build",
+        env={**NO_RELEASE, "nvcc_version": None}, settings={"allow_build": "1"}, check=_causal_build(("sm_90",))),
     Row("causal.build offline from an sdist when the wheel is missing", "causal-conv1d", INSTALL, "causal.build",
-        settings={**OFFLINE, "allow_build": True}, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz",)},
-        dists={"ninja": "1.13.0"}, check=_causal_build),
-    Row("causal.rocm.no-build", "causal-conv1d", SKIP, "causal.rocm.no-build", env=ROCM,
-        check=lambda d, p: "15 minutes" in d.reason),
-    Row("causal.rocm.build", "causal-conv1d", INSTALL, "causal.rocm.build", env=ROCM, settings={"allow_build": True},
-        check=_causal_build),
+        settings=OFFLINE, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz", "wheel-0.45.1-py3-none-any.whl")},
+        dists={"ninja": "1.13.0"}, check=_causal_build(("sm_90",))),
+    Row("causal.offline-missing: what setup.py imports (wheel) is missing offline", "causal-conv1d", SKIP,
+        "causal.offline-missing", settings=OFFLINE, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz",)},
+        dists={"ninja": "1.13.0"}, check=lambda d, p: "a source build needs wheel too" in d.reason),
+    Row("causal.build: a cached build for other GPUs does not fit", "causal-conv1d", INSTALL, "causal.build",
+        env={**NO_RELEASE, "cached_wheels": (BUILT_213.replace("sm90", "sm80"),)}, check=_causal_build(("sm_90",))),
+    Row("causal.build.no-arch: the sdist compiles nothing that runs on sm_70", "causal-conv1d", SKIP,
+        "causal.build.no-arch", env={**NO_RELEASE, "gpus": ("sm_70",)}, check=_no_build("sm_70")),
+    Row("causal.build.timeout: the estimate on 2 cores outlasts FASTPATH_HOOKS_TIMEOUT", "causal-conv1d", SKIP,
+        "causal.build.timeout", env={**NO_RELEASE, "cpus": 2},
+        check=lambda d, p: "FASTPATH_HOOKS_TIMEOUT=900" in d.reason and "raise FASTPATH_HOOKS_TIMEOUT" in d.fix),
+    Row("causal.build.all-archs: `fastpath-hooks build --arch all`", "causal-conv1d", INSTALL, "causal.build.all-archs",
+        env={**NO_RELEASE, "gpus": ()}, settings={"allow_build": "1", "timeout": 1e6},
+        via=lambda env, settings, pins: decide_build(env, settings, pins), check=_causal_build(("all",))),
+    Row("causal.build.unrestricted: a GPU of unknown arch, auto", "causal-conv1d", SKIP, "causal.build.unrestricted",
+        env={**ROCM, "gpus": ("gfx",)}, check=_no_build("cannot be restricted")),
+    Row("causal.rocm.no-build", "causal-conv1d", SKIP, "causal.rocm.no-build", env=ROCM, settings={"allow_build": "0"},
+        check=lambda d, p: "ALLOW_BUILD=auto" in d.fix),
+    Row("causal.rocm.no-hipcc", "causal-conv1d", SKIP, "causal.rocm.no-hipcc", env={**ROCM, "hipcc": None}),
+    Row("causal.rocm.build: HIP_ARCHITECTURES is the visible gfx arch", "causal-conv1d", INSTALL, "causal.rocm.build",
+        env=ROCM, check=_causal_build(("gfx942",), HIP_ARCHITECTURES="gfx942")),
     Row("causal.ok", "causal-conv1d", OK, "causal.ok", dists={"causal-conv1d": "1.6.2.post1"},
         check=lambda d, p: d.verify and d.on_failure == "block"),
     Row("causal.repair.half-installed", "causal-conv1d", REPAIR, "causal.repair.half-installed",
@@ -335,6 +405,7 @@ ROWS = [
         check=lambda d, p: d.steps[-1].kind == "wheel" and d.steps[-1].force),
     Row("causal.ok.half-installed (no way to reinstall)", "causal-conv1d", OK, "causal.ok.half-installed",
         env={"half_installed": ("causal-conv1d",), "torch": "2.13.0"}, dists={"causal-conv1d": "1.6.2.post1"},
+        settings={"allow_build": "0"},
         check=lambda d, p: d.verify and d.on_failure == "block"),
 ]
 
@@ -343,7 +414,7 @@ ROWS = [
 def test_rule(row):
     settings = dataclasses.replace(Settings(), **row.settings)
     plan = plan_for(make_env(row.dists, **row.env), settings, row.pins or PINS)
-    d = plan[row.kernel]
+    d = plan[row.kernel] if row.via is None else row.via(make_env(row.dists, **row.env), settings, row.pins or PINS)
     assert (d.action, d.rule) == (row.action, row.rule), d.reason
     assert d.reason, "every decision carries a one-line reason"
     assert "\n" not in d.reason
@@ -489,7 +560,53 @@ def test_acceptance_rocm_no_tilelang_and_fla_tilelang_off():
     plan = plan_for(make_env(**{**ACCEPT, **ROCM}))
     assert plan["tilelang"].action == SKIP
     assert dict(plan["fla"].env) == {"FLA_TILELANG": "0"}
-    assert plan["causal-conv1d"].action == SKIP
+    # no ROCm wheels: a source build for the visible gfx arch with hipcc, else skipped
+    assert plan["causal-conv1d"].steps[-1].archs == ("gfx942",)
+    assert plan_for(make_env(**{**ACCEPT, **ROCM, "hipcc": None}))["causal-conv1d"].action == SKIP
+
+
+# -- source builds: the estimate, and which built wheels fit ------------------------------------
+
+def _build_seconds(**env):
+    d = plan_for(make_env(**{**NO_RELEASE, **env}), dataclasses.replace(Settings(), timeout=1e9))["causal-conv1d"]
+    assert d.rule == "causal.build", d.reason
+    return d.expected_seconds
+
+
+def test_the_build_estimate_scales_with_archs_and_fewer_cores_not_more():
+    one = _build_seconds()
+    assert _build_seconds(gpus=("sm_80", "sm_90")) == pytest.approx(2 * one, rel=0.01)
+    assert _build_seconds(gpus=("sm_90", "sm_90", "sm_90", "sm_90")) == one       # one arch, four GPUs
+    assert _build_seconds(cpus=4) == pytest.approx(one * PINS.source_build.cores / 4, rel=0.01)
+    assert _build_seconds(cpus=128) == one   # the big files compile one per job: more cores do not help
+
+
+def _with_cached(name, **env):
+    return plan_for(make_env(**{**NO_RELEASE, "cached_wheels": (name,), **env}))["causal-conv1d"]
+
+
+@pytest.mark.parametrize("name,env", [
+    (BUILT_213.replace("torch2.13.0", "torch2.12.0"), {}),                     # built against another torch
+    (BUILT_213.replace("cu128", "cu130"), {}),                                 # another CUDA build of torch
+    (BUILT_213.replace("abi1", "abi0"), {}),                                   # the pre-cxx11 ABI
+    (BUILT_213.replace("cp312-cp312", "cp311-cp311"), {}),                     # another Python
+    (BUILT_213.replace("x86_64", "aarch64"), {}),                              # another platform
+    (BUILT_213.replace("sm90", "sm80"), {}),                                   # code for other GPUs
+    (BUILT_213, {"gpus": ("sm_90", "sm_100")}),                                # one of the GPUs lacks code
+    (BUILT_213.replace("1.6.2.post1+", "1.6.1+"), {}),                         # another version
+    (BUILT_213.replace("+fph.", "+xyz."), {}),                                 # not a key of ours
+    ("causal_conv1d-1.6.2.post1-cp312-cp312-linux_x86_64.whl", {}),            # an unlabelled build (pip's cache)
+    ("not a wheel name.whl", {}),
+])
+def test_a_cached_wheel_that_does_not_fit_is_never_installed(name, env):
+    d = _with_cached(name, **env)
+    assert d.rule == "causal.build" and d.steps[-1].kind == "build", d.reason
+
+
+def test_a_cached_all_arch_build_fits_any_gpu_its_sdist_compiles_for():
+    all_archs = BUILT_213.replace("sm90", "all")
+    assert _with_cached(all_archs, gpus=("sm_89", "sm_90")).rule == "causal.cache"
+    assert _with_cached(all_archs, gpus=("sm_70",)).rule == "causal.build.no-arch"
 
 
 def test_acceptance_no_gpu_plans_nothing():

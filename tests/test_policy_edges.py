@@ -244,7 +244,7 @@ def test_a_posed_uv_is_never_run():
 def test_a_kernel_the_pins_do_not_support_on_rocm_is_skipped():
     spec = dataclasses.replace(PINS.kernel("causal-conv1d"), accelerators=("cuda",))
     pins = dataclasses.replace(PINS, kernels={**PINS.kernels, "causal-conv1d": spec})
-    d = plan_for(make_env(**ROCM), Settings(allow_build=True), pins)["causal-conv1d"]
+    d = plan_for(make_env(**ROCM), Settings(allow_build="1"), pins)["causal-conv1d"]
     assert (d.action, d.rule) == (SKIP, "skip.accelerator.rocm"), d.reason
 
 

@@ -170,6 +170,10 @@ def _wheel_names():
             names.append(f"{dist.replace('-', '_')}-{version}-py3-none-any.whl")
     for py in ("311", "312"):
         names.append(f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp{py}-cp{py}-linux_x86_64.whl")
+        for torch, cuda, archs in (("2.13.0", "cu128", "sm90"), ("2.11.0", "cu130", "sm80.sm90"), ("2.13.0", "cu130", "all"),
+                                   ("2.13.0", "rocm64", "gfx942")):
+            names.append(f"causal_conv1d-1.6.2.post1+fph.torch{torch}.{cuda}.abi1.{archs}-cp{py}-cp{py}-linux_x86_64.whl")
+    names.append("causal_conv1d-1.6.2.post1.tar.gz")
     return names
 
 
@@ -219,6 +223,11 @@ def environments(draw):
         triton=triton,
         triton_dist=triton_dist,
         nvcc=draw(st.sampled_from([None, "/usr/local/cuda/bin/nvcc"])),
+        nvcc_version=draw(st.sampled_from([None, "12.8", "13.0", "11.8"])),
+        hipcc=draw(st.sampled_from([None, "/opt/rocm/bin/hipcc"])),
+        cpus=draw(st.sampled_from([None, 2, 16, 64])),
+        wheel_cache="/cache/wheels",
+        cached_wheels=tuple(sorted(draw(st.lists(st.sampled_from(_wheel_names()), max_size=3, unique=True)))),
         distributions=dists,
         half_installed=tuple(draw(st.lists(st.sampled_from(KERNEL_DISTS), max_size=2, unique=True))),
         uv=draw(st.sampled_from([None, "/usr/bin/uv"])),
@@ -237,7 +246,8 @@ def valid_settings(draw):
         find_links=("/wheelhouse",) if offline or draw(st.booleans()) else (),
         index_url=draw(st.sampled_from([None, "https://mirror.example/simple"])),
         installer=draw(st.sampled_from(["auto", "uv", "pip"])),
-        allow_build=draw(st.booleans()),
+        allow_build=draw(st.sampled_from(["auto", "1", "0"])),
+        timeout=draw(st.sampled_from([900.0, 1e6])),
     )
 
 
@@ -273,6 +283,9 @@ def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
             for step in decision.steps:
                 for installer in ("uv", "pip"):
                     argv = invocation(step, installer=installer, settings=chosen, uv="uv").argv
+                    if step.kind == "build":  # `pip wheel --no-deps` installs nothing (its wheel is installed next)
+                        assert argv[1:4] == ("-m", "pip", "wheel") and "--no-deps" in argv and "--no-cache-dir" in argv
+                        continue
                     assert ("--constraints" in argv) or ("--constraint" in argv)
                 if step.kind != "wheel":
                     from packaging.requirements import Requirement
@@ -305,6 +318,23 @@ def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
         assert tilelang.action == SKIP
         if fla.action != SKIP and env.fla_tilelang_env is None:
             assert ("FLA_TILELANG", "0") in fla.env
+    causal = plan["causal-conv1d"]
+    builds = [s for s in causal.steps if s.kind == "build"] if causal.acts else []
+    if builds:
+        # a source build only as FASTPATH_HOOKS_ALLOW_BUILD allows, with a compiler, for code that runs on every GPU
+        assert chosen.allow_build != "0", causal
+        assert env.hipcc if env.torch_hip else (env.nvcc and env.nvcc_version in (None, *[
+            v for v in ("11.8", "12.8", "13.0") if v.split(".")[0] == env.torch_cuda.split(".")[0]])), causal
+        archs = builds[0].archs
+        if archs == ("all",):
+            assert chosen.allow_build == "1"
+        else:
+            from fastpath_hooks.wheelcache import pair_for
+
+            assert all(pair_for(g, archs) for g in env.gpus), (archs, env.gpus)
+        assert causal.expected_seconds is not None and causal.expected_seconds <= chosen.timeout
+    if causal.acts and causal.rule in ("causal.cache", "causal.wheelhouse"):
+        assert not builds and causal.steps[-1].kind == "wheel"
     if chosen.offline:
         for decision in plan.decisions.values():
             for step in decision.steps if decision.action in (INSTALL, REPAIR) else ():

@@ -41,7 +41,7 @@ BAD = {
                                  "http://"),
     "FASTPATH_HOOKS_INSTALLER": (["conda", "pip3", "poetry"], "auto, uv, pip"),
     "FASTPATH_HOOKS_TIMEOUT": (["abc", "0", "-5", "nan", "inf", "10s"], "greater than 0"),
-    "FASTPATH_HOOKS_ALLOW_BUILD": (["please", "y"], "1, true, yes, on"),
+    "FASTPATH_HOOKS_ALLOW_BUILD": (["please", "y", "automatic", "2"], "auto"),
     "FASTPATH_HOOKS_CACHE_DIR": (["{file}"], "expected a directory"),
     "FASTPATH_HOOKS_PINS": (["{missing}", "{dir}"], "JSON or TOML pins file"),
     "FASTPATH_HOOKS_TARGET": (["sm_90", "gpu=sm_9", "gpu=sm_90,torch=latest", "gpu=sm_90,gpu=sm_80", "colour=blue",
@@ -97,7 +97,10 @@ GOOD = [
     ({"FASTPATH_HOOKS_INDEX_URL": "file:///srv/simple"}, {"index_url": "file:///srv/simple"}),
     ({"FASTPATH_HOOKS_INSTALLER": "PIP"}, {"installer": "pip"}),
     ({"FASTPATH_HOOKS_TIMEOUT": "12.5"}, {"timeout": 12.5}),
-    ({"FASTPATH_HOOKS_ALLOW_BUILD": "on"}, {"allow_build": True}),
+    ({"FASTPATH_HOOKS_ALLOW_BUILD": "on"}, {"allow_build": "1"}),
+    ({"FASTPATH_HOOKS_ALLOW_BUILD": "0"}, {"allow_build": "0"}),
+    ({"FASTPATH_HOOKS_ALLOW_BUILD": "off"}, {"allow_build": "0"}),
+    ({"FASTPATH_HOOKS_ALLOW_BUILD": "AUTO"}, {"allow_build": "auto"}),
     ({"FASTPATH_HOOKS_CACHE_DIR": "{dir}/cache-not-yet"}, {"cache_dir": "{dir}/cache-not-yet"}),
     ({"FASTPATH_HOOKS_PINS": "{pins}"}, {"pins_file": "{pins}"}),
     ({"FASTPATH_HOOKS_TARGET": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"},
@@ -134,7 +137,7 @@ def test_good_values_parse_to_typed_settings(environ, expected, paths):
 def test_defaults():
     s = Settings.from_env({})
     assert (s.disable, s.mode, s.installer, s.timeout, s.offline, s.allow_build, s.log) == \
-        (False, "install", "auto", DEFAULT_TIMEOUT, False, False, "info")
+        (False, "install", "auto", DEFAULT_TIMEOUT, False, "auto", "info")
     assert s.public()["skip"] == [] and s.explicit == frozenset()
 
 
@@ -207,5 +210,8 @@ def test_public_view_is_json_ready(paths):
     s = Settings.from_env({"FASTPATH_HOOKS_SKIP": "tilelang,fla", "FASTPATH_HOOKS_FIND_LINKS": paths["{wheelhouse}"]})
     data = json.loads(json.dumps(s.public()))
     assert data["skip"] == ["fla", "tilelang"] and data["find_links"] == [paths["{wheelhouse}"]]
-    assert set(data) == set(Settings.__dataclass_fields__) - {"explicit"}
+    # every setting, plus allow_build_mode: allow_build stays the boolean doctor/1 documents
+    assert set(data) == set(Settings.__dataclass_fields__) - {"explicit"} | {"allow_build_mode"}
+    assert (data["allow_build"], data["allow_build_mode"]) == (True, "auto")
+    assert Settings.from_env({"FASTPATH_HOOKS_ALLOW_BUILD": "0"}).public()["allow_build"] is False
     assert os.path.isabs(data["find_links"][0])

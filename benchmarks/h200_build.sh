@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# causal-conv1d built from source through fastpath-hooks on a GPU machine without network (the
+# H200 of this project's device tool: torch 2.11.0+cu130, no release wheel for it), then installed
+# into a second fresh environment from the wheel cache, and into a third from `build --dest`.
+#
+# Carried in: .whl/ (the sdist, plus ninja/packaging/wheel wheels - the image has them anyway):
+#   PYTHON=.venv/bin/python ../shared/tools/gpu-wheelhouse.sh .whl sdist:causal-conv1d==1.6.2.post1 \
+#       ninja==1.13.2 packaging wheel
+# and .gpu/ (the fastpath-hooks wheel: `python -m pip wheel --no-deps -w .gpu .`).
+#
+#   bash benchmarks/h200_build.sh          # everything under $OUT (default /tmp/h200-build); ~6 min
+#
+# Each environment is a fresh venv layered over the image's site-packages (torch, ninja, pip:
+# a .pth line after its own), so causal-conv1d lands in the venv's own site-packages.
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-build}
+mkdir -p "$OUT"
+BASE=${BASE:-python3}
+export PYTHONUNBUFFERED=1
+export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$OUT/cache
+exec > >(tee -a "$OUT/log.txt") 2>&1
+
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+
+fresh_env() {   # fresh_env DIR: a venv over the image's packages, with fastpath-hooks installed
+  local dir=$1 base_site
+  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  $BASE -m venv --without-pip "$dir" || exit 1
+  "$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >/tmp/site.txt
+  echo "$base_site" > "$(cat /tmp/site.txt)/zz-image-site.pth"
+  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || exit 1
+}
+
+GPU_CHECK='
+import torch, torch.nn.functional as F, causal_conv1d, importlib.metadata as md
+x = torch.randn(2, 64, 512, device="cuda", dtype=torch.float32); w = torch.randn(64, 4, device="cuda"); b = torch.randn(64, device="cuda")
+ref = F.silu(F.conv1d(x, w.unsqueeze(1), b, padding=3, groups=64)[..., :512])
+out = causal_conv1d.causal_conv1d_fn(x, w, b, activation="silu")
+print("causal-conv1d", md.version("causal-conv1d"), "max abs err vs torch", (out - ref).abs().max().item())
+'
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+$BASE -c 'import torch, sys; print("torch", torch.__version__, "python", sys.version.split()[0])'
+which nvcc && nvcc --version | tail -2
+ls -la .whl
+
+step "1. cold environment: plan, then install (a source build for sm_90 only)"
+fresh_env /tmp/env1
+/tmp/env1/bin/fastpath-hooks plan causal-conv1d | tee "$OUT/plan.txt"
+time /tmp/env1/bin/fastpath-hooks install causal-conv1d
+/tmp/env1/bin/python -c "$GPU_CHECK"
+SO=$(/tmp/env1/bin/python -c 'import glob, sysconfig; print(glob.glob(sysconfig.get_path("platlib") + "/causal_conv1d_cuda*.so")[0])')
+echo "--- cubins in $SO (expected: sm_90 only)"
+cuobjdump --list-elf "$SO" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c
+cp "$OUT"/cache/logs/*.log "$OUT/" 2>/dev/null
+grep -c "fastpath-hooks nvcc wrapper: kept" "$OUT"/cache/logs/*.log
+
+step "2. a second fresh environment: from the wheel cache, no build"
+fresh_env /tmp/env2
+time /tmp/env2/bin/fastpath-hooks install causal-conv1d
+/tmp/env2/bin/python -c "$GPU_CHECK"
+/tmp/env2/bin/fastpath-hooks cache list
+
+step "3. build --dest: a wheelhouse for offline nodes; a third environment installs from it with builds off"
+/tmp/env2/bin/fastpath-hooks build causal-conv1d --arch sm_90 --dest "$OUT/wheelhouse"
+fresh_env /tmp/env3
+FASTPATH_HOOKS_FIND_LINKS=$OUT/wheelhouse FASTPATH_HOOKS_CACHE_DIR=/tmp/cache3 FASTPATH_HOOKS_ALLOW_BUILD=0 \
+    /tmp/env3/bin/fastpath-hooks install causal-conv1d
+/tmp/env3/bin/python -c "$GPU_CHECK"
+echo done

@@ -1,0 +1,175 @@
+"""A stand-in causal-conv1d sdist and a fake CUDA toolkit, for source builds on a CPU machine.
+
+The sdist's setup.py does what the real one (1.6.2.post1) does where fastpath-hooks
+relies on it: without CAUSAL_CONV1D_FORCE_BUILD=TRUE it first tries to download a
+release wheel (here: fails, as offline); with it, it asks `$CUDA_HOME/bin/nvcc -V` for
+the release, hard-codes the same nine `-gencode` pairs by nvcc version, and compiles a
+few .cu files with the nvcc torch's ninja build would use (it imports `wheel` and
+`packaging` as the real one does, so they must be installed: no build isolation) (`PYTORCH_NVCC`, else
+`$CUDA_HOME/bin/nvcc`), failing the build when nvcc fails. The wheel is a platform
+wheel (cpXY-cpXY-linux_<arch>) holding the fake `causal_conv1d` module of wheels.py.
+
+The toolkit's `bin/nvcc` answers `--version` like nvcc 13.0 and appends every other
+argv to `<home>/calls.jsonl`; a file `<home>/FAIL` makes it fail like a compile error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+
+from .wheels import _CONV
+
+_SETUP = r'''
+import os
+import subprocess
+
+from packaging.version import parse  # noqa: F401 - imported like the real setup.py (no build isolation)
+from setuptools import setup
+from setuptools.dist import Distribution
+from wheel.bdist_wheel import bdist_wheel
+
+FORCE_BUILD = os.getenv("CAUSAL_CONV1D_FORCE_BUILD", "FALSE") == "TRUE"
+SKIP_CUDA_BUILD = os.getenv("CAUSAL_CONV1D_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
+SOURCES = ["csrc/causal_conv1d.cu", "csrc/causal_conv1d_fwd.cu", "csrc/causal_conv1d_bwd.cu"]
+
+
+def cuda_home():
+    """As torch.utils.cpp_extension finds it: CUDA_HOME / CUDA_PATH, else /usr/local/cuda."""
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+
+
+def bare_metal_version(home):
+    out = subprocess.check_output([os.path.join(home, "bin", "nvcc"), "-V"], text=True)
+    release = out.split("release ")[1].split(",")[0]
+    return tuple(int(x) for x in release.split("."))
+
+
+def gencode_flags(version):
+    """The real setup.py's hard-coded pairs (it ignores TORCH_CUDA_ARCH_LIST)."""
+    flags = []
+    for arch in ("75", "80", "87"):
+        flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    if version >= (11, 8):
+        flags += ["-gencode", "arch=compute_90,code=sm_90"]
+    if version >= (12, 8):
+        flags += ["-gencode", "arch=compute_100,code=sm_100", "-gencode", "arch=compute_120,code=sm_120"]
+    if version >= (13, 0):
+        for arch in ("103", "110", "121"):
+            flags += ["-gencode", f"arch=compute_{arch},code=sm_{arch}"]
+    return flags
+
+
+class CachedWheelsCommand(bdist_wheel):
+    def run(self):
+        if not SKIP_CUDA_BUILD:
+            if not FORCE_BUILD:
+                raise RuntimeError("causal-conv1d: could not download the release wheel "
+                                   "(urlopen error [Errno -3] Temporary failure in name resolution)")
+            home = cuda_home()
+            nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(home, "bin", "nvcc")
+            flags = gencode_flags(bare_metal_version(home))
+            os.makedirs("build/obj", exist_ok=True)
+            for src in SOURCES:
+                obj = os.path.join("build/obj", os.path.basename(src) + ".o")
+                argv = [nvcc, "-c", src, "-o", obj, "-O3", "--threads", "4"] + flags
+                print("compiling", src, flush=True)
+                if subprocess.run(argv).returncode != 0:
+                    raise RuntimeError(f"error compiling {src} with {nvcc}")
+        super().run()
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
+
+
+setup(name="causal_conv1d", version="VERSION", packages=["causal_conv1d"], install_requires=["packaging"],
+      cmdclass={"bdist_wheel": CachedWheelsCommand}, distclass=BinaryDistribution)
+'''
+
+_NVCC = r'''#!PYTHON
+import json, os, sys
+
+HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+args = sys.argv[1:]
+if "--version" in args or "-V" in args:
+    print("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+          "Built on Wed_Aug_20_01:58:59_PM_PDT_2025\nCuda compilation tools, release RELEASE, VRELEASE.88\n"
+          "Build cuda_RELEASE.r13.0/compiler.36424714_0")
+    sys.exit(0)
+with open(os.path.join(HOME, "calls.jsonl"), "a") as fh:
+    fh.write(json.dumps(args) + "\n")
+if os.path.exists(os.path.join(HOME, "FAIL")):
+    sys.stderr.write('csrc/causal_conv1d_fwd.cu(42): error: identifier "__nv_bfloat16" is undefined (fake nvcc)\n')
+    sys.exit(1)
+with open(args[args.index("-o") + 1], "w") as fh:
+    fh.write("fake object\n")
+'''
+
+
+def causal_conv1d_sdist(dest: str, version: str = "1.6.2.post1") -> str:
+    """Write causal_conv1d-<version>.tar.gz into `dest`; return its path."""
+    os.makedirs(dest, exist_ok=True)
+    root = f"causal_conv1d-{version}"
+    files = {
+        "setup.py": _SETUP.replace("VERSION", version),
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=70.1", "torch", "packaging"]\n'
+                          'build-backend = "setuptools.build_meta"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: causal_conv1d\nVersion: {version}\n",
+        "causal_conv1d/__init__.py": _CONV.replace("VERSION", version),
+    }
+    for src in ("causal_conv1d.cu", "causal_conv1d_fwd.cu", "causal_conv1d_bwd.cu"):
+        files[f"csrc/{src}"] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
+    path = os.path.join(dest, f"{root}.tar.gz")
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mtime, info.mode = len(data), 1700000000, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class FakeToolkit:
+    def __init__(self, home: str):
+        self.home = home
+        self.nvcc = os.path.join(home, "bin", "nvcc")
+
+    def calls(self) -> list:
+        """argv of every compile (not --version) nvcc ran, in order."""
+        try:
+            with open(os.path.join(self.home, "calls.jsonl")) as fh:
+                return [json.loads(line) for line in fh if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def fail(self, on: bool = True) -> None:
+        marker = os.path.join(self.home, "FAIL")
+        if on:
+            open(marker, "w").close()
+        elif os.path.exists(marker):
+            os.unlink(marker)
+
+
+def fake_cuda_toolkit(home: str, release: str = "13.0") -> FakeToolkit:
+    os.makedirs(os.path.join(home, "bin"), exist_ok=True)
+    tk = FakeToolkit(home)
+    with open(tk.nvcc, "w") as fh:
+        fh.write(_NVCC.replace("PYTHON", sys.executable).replace("RELEASE", release))
+    os.chmod(tk.nvcc, 0o755)
+    return tk
+
+
+def gencode_codes(argv) -> list:
+    """The codes of the -gencode pairs in one nvcc argv, e.g. ['sm_90']."""
+    out = []
+    for i, arg in enumerate(argv):
+        pair = argv[i + 1] if arg in ("-gencode", "--generate-code") and i + 1 < len(argv) else \
+            arg.split("=", 1)[1] if arg.startswith(("-gencode=", "--generate-code=")) else None
+        if pair:
+            out.append(pair.split("code=", 1)[1])
+    return out

@@ -1,0 +1,236 @@
+"""Source builds on a CPU machine, for real: a stand-in causal-conv1d sdist whose setup.py
+compiles with the nvcc torch's ninja build would use, a fake CUDA toolkit found through
+CUDA_HOME (the probe's own discovery), the GPU posed by FASTPATH_HOOKS_TARGET, real pip
+building and installing into real venvs, the wheel cache shared through
+FASTPATH_HOOKS_CACHE_DIR, `fastpath-hooks build --dest` serving an offline wheelhouse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import offline_env
+from support import sdists, venvs
+from support.venvs import clean_env
+
+# torch 2.13 has no causal-conv1d release wheel: only a build can bring it
+HOPPER = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"
+BUILD_HOST = "cuda=13.0,torch=2.13.0,cpus=16"       # no GPU here: `build --arch` names it
+
+
+@pytest.fixture
+def toolkit(tmp_path):
+    return sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
+
+
+@pytest.fixture(scope="session")
+def build_dep_wheels(artifacts):
+    """Real wheel, ninja and packaging wheels (what the sdist's build needs installed), fetched once."""
+    dest = os.path.join(artifacts, "build-deps")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
+                    "wheel", "ninja", "packaging"], check=True, env=venvs.clean_env())
+    return dest
+
+
+@pytest.fixture
+def sdist_house(tmp_path, build_dep_wheels):
+    """An offline wheelhouse: the causal-conv1d sdist and what building it needs."""
+    house = str(tmp_path / "sdists")
+    sdists.causal_conv1d_sdist(house)
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
+    return house
+
+
+def _env(house, target, toolkit, cache, pins, **extra):
+    return offline_env(house, target, cache_dir=cache, pins=pins, CUDA_HOME=toolkit.home, **extra)
+
+
+def _import_conv(venv, env=None) -> dict:
+    code = ("import json, causal_conv1d as c, importlib.metadata as m\n"
+            "print(json.dumps({'version': m.version('causal-conv1d'), 'fn': callable(c.causal_conv1d_fn)}))")
+    proc = venv.run(code, env=env or clean_env(FASTPATH_HOOKS_DISABLE="1"))
+    return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr.strip().splitlines()[-1]}
+
+
+def _cached(cache) -> list:
+    where = os.path.join(cache, "wheels")
+    return sorted(os.listdir(where)) if os.path.isdir(where) else []
+
+
+def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_the_cache(
+        make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    cache = str(tmp_path / "shared-cache")
+    env = _env(sdist_house, HOPPER, toolkit, cache, test_pins())
+    first = make_venv(transformers=None)
+    proc = first.cli("install", "causal-conv1d", env=env)
+    assert proc.returncode == 0, proc.stderr
+    # up front: a build for sm_90 only, with its estimate
+    assert re.search(r"building from source for sm_90 with nvcc 13\.0.*about \d+ min, an estimate", proc.stderr)
+    calls = toolkit.calls()
+    assert len(calls) == 3, calls                                   # the three .cu files
+    assert all(sdists.gencode_codes(argv) == ["sm_90"] for argv in calls), calls
+    # the log is kept, named in the messages, and holds the compiler's run
+    logs = set(re.findall(r"log: (\S+\.log)", proc.stderr))
+    assert len(logs) == 1
+    log = logs.pop()
+    assert os.path.isfile(log) and log.startswith(cache)
+    text = open(log).read()
+    assert "compiling csrc/causal_conv1d_fwd.cu" in text
+    # the wrapper says what it did, in the log: the sm_90 pair kept, the sdist's eight others dropped
+    kept = re.findall(r"fastpath-hooks nvcc wrapper: kept (\S+); dropped (.*)", text)
+    assert len(kept) == 3 and {k for k, _ in kept} == {"arch=compute_90,code=sm_90"}
+    assert all(len(d.split()) == 8 and "code=sm_120" in d for _, d in kept)
+    assert "the build never ran the arch-restricting nvcc wrapper" not in proc.stderr
+    built = "causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90"
+    assert _import_conv(first) == {"version": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90", "fn": True}
+    assert [n for n in _cached(cache) if n.endswith(".whl")] == [n for n in _cached(cache) if n.startswith(built)][:1]
+    assert any(n.startswith(built) and n.endswith(".whl.json") for n in _cached(cache))
+
+    # another environment on the machine: from the cache, no compiler run, in seconds
+    second = make_venv(transformers=None)
+    proc = second.cli("install", "causal-conv1d", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert toolkit.calls() == calls, "nvcc compiled nothing for the second environment"
+    assert "from the local wheel cache" in proc.stderr
+    seconds = float(re.search(r"installed causal-conv1d \S+ in ([\d.]+) s", proc.stderr).group(1))
+    assert seconds < 60
+    assert _import_conv(second)["version"].endswith("+fph.torch2.13.0.cu130.abi1.sm90")
+
+    # doctor and `cache list` show the entry, documented (docs/json-schema.md)
+    from test_cli import check
+
+    listing = json.loads(second.cli("cache", "list", "--json", env=env).stdout)
+    check(listing, "wheel_cache", "wheel_cache")
+    (entry,) = listing["wheels"]
+    assert entry["ok"] and entry["origin"] == "built" and entry["key"]["archs"] == ["sm_90"] and entry["log"] == log
+    doctor = json.loads(second.cli("doctor", "--json", env=env).stdout)
+    check(doctor["wheel_cache"], "wheel_cache", "doctor.wheel_cache")
+    assert "causal_conv1d-1.6.2.post1+fph" in second.cli("doctor", env=env).stdout
+
+    # cache clear empties it; the next environment would build again
+    cleared = second.cli("cache", "clear", "causal-conv1d", env=env)
+    assert cleared.returncode == 0 and "removed 1 wheel of causal-conv1d" in cleared.stdout
+    assert not [n for n in _cached(cache) if n.endswith(".whl")]
+
+
+def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    pins = test_pins()
+    builder = make_venv(transformers=None)
+    dest = str(tmp_path / "cluster-wheelhouse")
+    env = _env(sdist_house, BUILD_HOST, toolkit, str(tmp_path / "builder-cache"), pins)
+    proc = builder.cli("build", "causal-conv1d", "--arch", "sm_90", "--dest", dest, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert all(sdists.gencode_codes(argv) == ["sm_90"] for argv in toolkit.calls()) and toolkit.calls()
+    assert "install it anywhere with FASTPATH_HOOKS_FIND_LINKS=" + dest in proc.stdout
+    assert _import_conv(builder).get("error"), "build compiles into the cache; it installs nothing"
+    calls = toolkit.calls()
+
+    # a GPU node: its own empty cache, no compiler, builds forbidden, offline from the wheelhouse
+    node = make_venv(transformers=None)
+    node_env = offline_env(dest, HOPPER, cache_dir=str(tmp_path / "node-cache"), pins=pins,
+                           FASTPATH_HOOKS_ALLOW_BUILD="0")
+    proc = node.cli("install", "causal-conv1d", env=node_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "built wheel causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90" in proc.stderr
+    assert toolkit.calls() == calls
+    assert _import_conv(node)["fn"] is True
+
+    # a node with other GPUs gets no wrong binary: it would need a build, which is forbidden
+    other = make_venv(transformers=None)
+    proc = other.cli("install", "causal-conv1d",
+                     env=offline_env(dest, HOPPER.replace("sm_90", "sm_100"), cache_dir=str(tmp_path / "other-cache"),
+                                     pins=pins, FASTPATH_HOOKS_ALLOW_BUILD="0"))
+    assert "source builds are off" in proc.stderr
+    assert _import_conv(other).get("error")
+
+
+def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
+        make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    toolkit.fail()
+    cache = str(tmp_path / "cache")
+    venv = make_venv(transformers=None)
+    before = venv.versions()
+    proc = venv.cli("install", "causal-conv1d", env=_env(sdist_house, HOPPER, toolkit, cache, test_pins()))
+    assert proc.returncode == 1
+    assert toolkit.calls(), "the compiler ran and failed"
+    match = re.search(r"source build of causal-conv1d==1\.6\.2\.post1 for sm_90 failed \(pip exit 1\).*full log: (\S+\.log)",
+                      proc.stderr)
+    assert match, proc.stderr
+    log = open(match.group(1)).read()
+    assert '__nv_bfloat16" is undefined (fake nvcc)' in log and "error compiling csrc/causal_conv1d.cu" in log
+    assert "transformers keeps its torch path" in proc.stderr
+    assert venv.versions() == before, "nothing half installed"
+    assert "ModuleNotFoundError" in _import_conv(venv)["error"]
+    assert not [n for n in _cached(cache) if n.endswith(".whl")], "a failed build caches nothing"
+
+
+def test_auto_skips_a_build_with_a_clear_reason_when_nvcc_does_not_fit(make_venv, tmp_path, sdist_house, test_pins):
+    """The real discovery path: CUDA_HOME's nvcc answers --version with another CUDA major."""
+    old = sdists.fake_cuda_toolkit(str(tmp_path / "cuda12"), release="12.8")
+    venv = make_venv(transformers=None)
+    proc = venv.cli("plan", "causal-conv1d", env=_env(sdist_house, HOPPER, old, str(tmp_path / "c"), test_pins()))
+    assert "nvcc is CUDA 12.8 while torch is built for CUDA 13.0" in proc.stdout
+    assert old.calls() == []
+
+
+# -- the cache's entries: atomic, checked, a damaged one never installed ---------------------------
+
+def _wheel(tmp_path, name="causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90-cp312-cp312-linux_x86_64.whl"):
+    from support import wheels
+
+    return wheels.fake_causal_conv1d(str(tmp_path / "w"), name)
+
+
+def test_cache_entries_are_complete_or_ignored(tmp_path):
+    from fastpath_hooks import wheelcache
+
+    root = str(tmp_path / "cache")
+    wheel = _wheel(tmp_path)
+    name = os.path.basename(wheel)
+    path = wheelcache.store(root, wheel, meta={"origin": "built", "distribution": "causal-conv1d"})
+    assert wheelcache.listing(root) == (name,)
+    assert wheelcache.recorded_sha256(path) == wheelcache.sha256_of(wheel)
+    # an interrupted store leaves a temporary file (no sidecar): never listed
+    with open(os.path.join(wheelcache.directory(root), ".tmp-abc.whl"), "wb") as fh:
+        fh.write(b"partial")
+    assert wheelcache.listing(root) == (name,)
+    # a truncated wheel: ignored, and `cache list` says why
+    with open(path, "r+b") as fh:
+        fh.truncate(100)
+    assert wheelcache.listing(root) == ()
+    (entry,) = [e for e in wheelcache.entries(root) if e["file"] == name]
+    assert not entry["ok"] and "partial or damaged" in entry["problem"]
+    # an unreadable sidecar: ignored too
+    wheelcache.store(root, wheel, meta={})
+    with open(path + ".json", "w") as fh:
+        fh.write("{not json")
+    assert wheelcache.listing(root) == ()
+    assert wheelcache.clear(root) == [".tmp-abc.whl", name]
+    assert os.listdir(wheelcache.directory(root)) == [".lock"]
+
+
+def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
+    """Same size, other bytes (a bit flip, a substituted file): the sha256 recorded at store time
+    refuses it before any installer runs."""
+    from fastpath_hooks import wheelcache
+    from fastpath_hooks.installer import InstallError, _fetch_wheel
+    from fastpath_hooks.plan import Step
+    from fastpath_hooks.settings import Settings
+
+    root = str(tmp_path / "cache")
+    path = wheelcache.store(root, _wheel(tmp_path), meta={})
+    data = bytearray(open(path, "rb").read())
+    data[-30] ^= 0xFF
+    with open(path, "wb") as fh:
+        fh.write(bytes(data))
+    assert wheelcache.listing(root), "the size still matches: only the digest can tell"
+    step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
+    with pytest.raises(InstallError, match="does not match .*cache clear"):
+        _fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
