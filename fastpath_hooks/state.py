@@ -69,12 +69,34 @@ def environment_state_dir(settings) -> str:
 
 
 def environment_lock(settings):
-    """One cross-process lock per environment (flock: the OS releases it if the holder dies)."""
-    import filelock
-
+    """One cross-process lock per environment (see file_lock)."""
     directory = environment_state_dir(settings)
     os.makedirs(directory, exist_ok=True)
-    return filelock.FileLock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
+    return file_lock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
+
+
+def file_lock(path: str, *, timeout: float):
+    """The one way fastpath-hooks takes a cross-process lock.
+
+    flock where the filesystem supports it (filelock.FileLock: the OS releases it if the
+    holder dies). Where it does not (Lustre without `-o flock`, some NFS), a lock file that
+    names its holder and is recovered from a dead one (softlock.HolderLock, at `path`.holder),
+    said once per filesystem. Either way: acquire(timeout=...)/release(), a context manager,
+    `.lock_file`, filelock.Timeout on timeout.
+    """
+    from . import softlock
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    if softlock.flock_works(directory):
+        import filelock
+
+        return filelock.FileLock(path, timeout=timeout)
+    from . import events
+
+    events.status(f"{directory} does not support flock (Lustre without -o flock?); using a lock file "
+                  f"with stale-holder recovery", once=f"no-flock:{os.stat(directory).st_dev}")  # once per filesystem
+    return softlock.HolderLock(path + ".holder", timeout=timeout)
 
 
 def atomic_write_json(path: str, data) -> None:
@@ -99,22 +121,24 @@ def atomic_write_json(path: str, data) -> None:
 
 GOOD = "good"
 FAILED = "failed"
-SCHEMA = 1
+SCHEMA = 2
+KEEP = 16                    # entries kept per kernel and section: the most recently written
 _WRITE_LOCK_TIMEOUT = 30.0   # a write holds it for milliseconds
 
 
 class VerdictCache:
     """What was verified (or failed) per kernel, and the warm verdicts.
 
-    `kernels`: per kernel, under a fingerprint of the probed facts that kernel
-    depends on (the interpreter, torch/triton/transformers, the GPU archs and
-    that kernel's own distributions), so installing fla does not invalidate
-    tilelang's verdict. Failures expire after `retry_after` seconds so restarts
-    do not hammer the index.
-    `warm`: per kernel, a good outcome under the whole environment's signature;
-    a match skips the probe, the policy and every subprocess.
-    A changed fingerprint/signature invalidates an entry; a corrupt or unreadable
-    file is ignored (and rewritten at the next verdict), never fatal.
+    `kernels`: per kernel, verdicts under fingerprints of the probed facts that kernel
+    depends on (the interpreter, torch/triton/transformers, the GPU archs and that
+    kernel's own distributions), so installing fla does not invalidate tilelang's
+    verdict. Failures expire after `retry_after` seconds so restarts do not hammer the index.
+    `warm`: per kernel, good outcomes under the whole environment's signature; a match
+    skips the probe, the policy and every subprocess.
+    Both keep several keys per kernel (the KEEP most recently written, pruned at each
+    write), so nodes or GPU types sharing one cache directory do not evict each other.
+    A changed fingerprint/signature misses; a corrupt or unreadable file is ignored (and
+    rewritten at the next verdict), never fatal.
     """
 
     def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
@@ -138,29 +162,31 @@ class VerdictCache:
         for section in ("kernels", "warm"):
             if not isinstance(data.get(section), dict):
                 data[section] = {}
+            for kernel, keyed in list(data[section].items()):
+                if not isinstance(keyed, dict):
+                    del data[section][kernel]
         return data
 
+    def _entry(self, section: str, kernel: str, key: str) -> dict | None:
+        entry = self._read().get(section, {}).get(kernel, {}).get(key)
+        return entry if isinstance(entry, dict) else None
+
     def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
-        entry = self._read().get("kernels", {}).get(kernel)
-        if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
-            return None
-        if entry.get("state") not in (GOOD, FAILED) or not isinstance(entry.get("ts"), (int, float)):
+        entry = self._entry("kernels", kernel, fingerprint)
+        if entry is None or entry.get("state") not in (GOOD, FAILED) or not isinstance(entry.get("ts"), (int, float)):
             return None
         if not isinstance(entry.get("reason"), str):
             return None
         if entry["state"] == FAILED and (time.time() if now is None else now) - entry["ts"] > self.retry_after:
             return None
-        return entry
+        return dict(entry, fingerprint=fingerprint)
 
     def put(self, kernel: str, fingerprint: str, state: str, reason: str) -> bool:
-        return self._update("kernels", kernel, {"fingerprint": fingerprint, "state": state, "reason": reason,
-                                                "ts": time.time()})
+        return self._update("kernels", kernel, fingerprint, {"state": state, "reason": reason, "ts": time.time()})
 
     def get_warm(self, kernel: str, signature: str) -> dict | None:
-        entry = self._read().get("warm", {}).get(kernel)
-        if not isinstance(entry, dict) or entry.get("signature") != signature:
-            return None
-        if not isinstance(entry.get("reason"), str) or entry.get("posed") not in (None, "cuda", "xpu"):
+        entry = self._entry("warm", kernel, signature)
+        if entry is None or not isinstance(entry.get("reason"), str) or entry.get("posed") not in (None, "cuda", "xpu"):
             return None
         pairs = entry.get("env") or []
         if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
@@ -169,32 +195,41 @@ class VerdictCache:
         return entry
 
     def put_warm(self, kernel: str, signature: str, entry: dict) -> bool:
-        return self._update("warm", kernel, dict(entry, signature=signature, ts=time.time()))
+        """`entry` may name the kernel verdict's `fingerprint` it was earned under."""
+        return self._update("warm", kernel, signature, dict(entry, ts=time.time()))
 
-    def _update(self, section: str, kernel: str, entry: dict) -> bool:
+    def _update(self, section: str, kernel: str, key: str, entry: dict) -> bool:
         """Read, change, write - under the file's own short lock, so writers in several
-        processes (ranks recording warm verdicts at once) never drop each other's entries."""
+        processes (ranks or nodes recording verdicts at once) never drop each other's entries."""
         import filelock
 
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with filelock.FileLock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
+            with file_lock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
                 data = self._read() or {"kernels": {}, "warm": {}}
                 data["schema"] = SCHEMA
                 data["prefix"] = os.path.realpath(sys.prefix)
-                data[section][kernel] = entry
+                keyed = data[section].setdefault(kernel, {})
+                keyed[key] = entry
+                data[section][kernel] = _newest(keyed)
                 if section == "kernels":
-                    # a new verdict means the environment changed: warm verdicts are re-earned
-                    data["warm"].pop(kernel, None)
+                    # a new verdict for these facts: the warm verdicts earned under them are re-earned
+                    warm = data["warm"].get(kernel, {})
+                    for signature, old in list(warm.items()):
+                        if not isinstance(old, dict) or old.get("fingerprint") in (None, key):
+                            del warm[signature]
                 atomic_write_json(self.path, data)
             return True
         except (OSError, filelock.Timeout):
             return False  # a read-only or busy cache only costs a re-check next time
 
     def entries(self) -> dict:
-        return dict(self._read().get("kernels", {}))
+        """kernel -> its most recently written verdict (with its fingerprint)."""
+        return {kernel: dict(entry, fingerprint=key)
+                for kernel, keyed in self._read().get("kernels", {}).items()
+                for key, entry in list(_newest(keyed).items())[:1]}
 
     def warm_entries(self) -> dict:
+        """kernel -> {signature: warm verdict}."""
         return dict(self._read().get("warm", {}))
 
     def forget(self) -> bool:
@@ -203,6 +238,15 @@ class VerdictCache:
             return True
         except FileNotFoundError:
             return False
+
+
+def _newest(keyed: dict) -> dict:
+    """The KEEP most recently written entries, newest first (unreadable ones dropped)."""
+    def ts(item):
+        value = item[1].get("ts") if isinstance(item[1], dict) else None
+        return value if isinstance(value, (int, float)) else float("-inf")
+
+    return dict(sorted(((k, v) for k, v in keyed.items() if isinstance(v, dict)), key=ts, reverse=True)[:KEEP])
 
 
 # -- the warm signature ----------------------------------------------------------------------
