@@ -48,9 +48,12 @@ def test_a_failure_is_remembered_for_retry_after_seconds(cache):
 
 @pytest.mark.parametrize("content", [b"", b"{", b"\xff\xfe garbage", b"[]", b'{"schema": 1, "kernels": []}',
                                      b'{"schema": 99, "kernels": {}}',
-                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good"}}}',
-                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": 3, "ts": 1}}}',
-                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "env": 5}}}'])
+                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good", "reason": "r", "ts": 1}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"fp": {"state": 3, "reason": "r", "ts": 1}}}}',
+                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "env": 5}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"fp": {"state": "good", "reason": "r"}}}}',
+                                     b'{"schema": 2, "kernels": {"fla": ["fp"]}, "warm": {"fla": {"s": []}}}',
+                                     b'{"schema": 2, "kernels": {}, "warm": {"fla": {"s": {"reason": "r", "env": 5}}}}'])
 def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
     os.makedirs(os.path.dirname(cache.path))
     with open(cache.path, "wb") as fh:
@@ -60,7 +63,7 @@ def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
     assert cache.entries() == {} or all(isinstance(v, dict) for v in cache.entries().values())
     assert cache.put("fla", "fp", "good", "verified")
     with open(cache.path) as fh:
-        assert json.load(fh)["kernels"]["fla"]["state"] == "good"
+        assert json.load(fh)["kernels"]["fla"]["fp"]["state"] == "good"
 
 
 def test_an_unreadable_cache_is_never_fatal(cache):
@@ -76,8 +79,39 @@ def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache)
     assert cache.get_warm("fla", "sig")["env"] == [["FLA_TILELANG", "0"]]
     assert cache.get_warm("fla", "other") is None
     cache.put("fla", "fp", "failed", "broken")
-    assert cache.get_warm("fla", "sig") is None
+    assert cache.get_warm("fla", "sig") is None    # earned under unknown facts: re-earned
     assert cache.forget() and not os.path.exists(cache.path) and cache.forget() is False
+
+
+def test_several_signatures_and_fingerprints_live_side_by_side(cache):
+    # Two GPU types sharing one cache directory: neither evicts the other's verdicts.
+    for n in (1, 2):
+        assert cache.put("fla", f"fp{n}", "good", f"verified on type {n}")
+        assert cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": f"fp{n}"})
+    assert cache.get("fla", "fp1")["reason"] == "verified on type 1"
+    assert cache.get("fla", "fp2")["reason"] == "verified on type 2"
+    assert cache.get_warm("fla", "sig1")["reason"] == "ok 1" and cache.get_warm("fla", "sig2")["reason"] == "ok 2"
+    assert cache.entries()["fla"]["fingerprint"] == "fp2"   # doctor shows the latest
+
+    # A new verdict for type 1's facts drops only the warm verdicts earned under them.
+    cache.put("fla", "fp1", "failed", "broken now")
+    assert cache.get_warm("fla", "sig1") is None
+    assert cache.get_warm("fla", "sig2")["reason"] == "ok 2"
+    assert cache.get("fla", "fp2")["state"] == "good"
+
+
+def test_the_cache_keeps_the_most_recently_written_entries(cache):
+    from fastpath_hooks.state import KEEP
+
+    for n in range(KEEP + 3):
+        cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})
+        cache.put("tilelang", f"fp{n}", "good", "verified")
+    kept = [n for n in range(KEEP + 3) if cache.get_warm("fla", f"sig{n}")]
+    assert kept == list(range(3, KEEP + 3))
+    assert [n for n in range(KEEP + 3) if cache.get("tilelang", f"fp{n}")] == list(range(3, KEEP + 3))
+    with open(cache.path) as fh:
+        data = json.load(fh)
+    assert len(data["warm"]["fla"]) == KEEP and len(data["kernels"]["tilelang"]) == KEEP
 
 
 # -- the environment signature (the warm path's key) ----------------------------------------
@@ -204,7 +238,8 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
     assert reverified["state"] == "ok" and reverified["spawns"] == 1, (reverified, err)
     with open(path) as fh:
         data = json.load(fh)
-    assert data["kernels"]["causal-conv1d"]["state"] == "good" and "causal-conv1d" in data["warm"]
+    assert [v["state"] for v in data["kernels"]["causal-conv1d"].values()] == ["good"]
+    assert len(data["warm"]["causal-conv1d"]) == 1
     assert _run(venv, CAUSAL_SCRIPT, env)[0]["spawns"] == 0
 
     # `doctor --refresh` forgets it all.
