@@ -303,3 +303,32 @@ def test_a_failed_attempt_is_remembered_until_retry_after(make_venv, make_wheelh
     assert venv.cli("doctor", "--refresh", env=env).returncode == 0
     _run(venv, FLA_SCRIPT, env)
     assert len(installer_calls(log)) > calls
+
+
+
+def test_two_gpu_types_sharing_one_cache_do_not_evict_each_other(make_venv, make_wheelhouse, test_pins, tmp_path):
+    """Nodes with different GPUs (posed: an A100 and an RTX A6000) on one shared FASTPATH_HOOKS_CACHE_DIR,
+    starting alternately: each verifies causal-conv1d once, then both answer from their warm verdicts."""
+    venv = make_venv(transformers=None)
+    log = str(tmp_path / "uv-calls.log")
+    counting_uv(venv, log)
+    wheelhouse = make_wheelhouse(causal=True)
+    cache_dir = str(tmp_path / "shared-cache")
+    env = offline_env(wheelhouse, A100, cache_dir=cache_dir, pins=test_pins(wheelhouse), FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    a6000 = dict(env, FASTPATH_HOOKS_TARGET=A100.replace("sm_80", "sm_86"))
+
+    first, err = _run(venv, CAUSAL_SCRIPT, env)
+    assert first["state"] == "installed" and first["fake"], (first, err)
+    installs = len(installer_calls(log))
+    other, err = _run(venv, CAUSAL_SCRIPT, a6000)
+    assert other == {"state": "ok", "spawns": 1, "probed": True, "fake": True}, (other, err)  # verified there once
+
+    for _ in range(2):
+        for node in (env, a6000):
+            again, err = _run(venv, CAUSAL_SCRIPT, node)
+            assert again == {"state": "ok", "spawns": 0, "probed": False, "fake": True}, (again, err)
+    assert len(installer_calls(log)) == installs
+    with open(_verdict_file(cache_dir)) as fh:
+        data = json.load(fh)
+    assert len(data["warm"]["causal-conv1d"]) == 2 and len(data["kernels"]["causal-conv1d"]) == 2
