@@ -120,6 +120,14 @@ def describe(record: dict) -> str:
 
 # -- the lock --------------------------------------------------------------------------------
 
+class _NoGuard:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
 class HolderLock:
     """A lock file with its holder's identity and a heartbeat; the same surface as
     filelock.FileLock where the callers use it (acquire/release, `with`, `.lock_file`,
@@ -163,8 +171,9 @@ class HolderLock:
         if self._count > 0:
             return
         fd, self._fd = self._fd, None
-        with self._guard:
+        if self._stop is not None:
             self._stop.set()
+        with self._guard or _NoGuard():
             try:
                 mine = os.fstat(fd).st_ino == os.stat(self.lock_file).st_ino
             except OSError:
