@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -49,25 +50,30 @@ def test_a_failure_is_remembered_for_retry_after_seconds(cache):
 @pytest.mark.parametrize("content", [b"", b"{", b"\xff\xfe garbage", b"[]", b'{"schema": 1, "kernels": []}',
                                      b'{"schema": 99, "kernels": {}}',
                                      b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good", "reason": "r", "ts": 1}}}',
+                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "reason": "r"}}}',
                                      b'{"schema": 2, "kernels": {"fla": {"fp": {"state": 3, "reason": "r", "ts": 1}}}}',
-                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "env": 5}}}',
                                      b'{"schema": 2, "kernels": {"fla": {"fp": {"state": "good", "reason": "r"}}}}',
-                                     b'{"schema": 2, "kernels": {"fla": ["fp"]}, "warm": {"fla": {"s": []}}}',
-                                     b'{"schema": 2, "kernels": {}, "warm": {"fla": {"s": {"reason": "r", "env": 5}}}}'])
+                                     b'{"schema": 2, "kernels": {"fla": ["fp"]}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"reason": "r", "env": 5}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"reason": "r", "posed": "tpu"}}}'])
 def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
-    os.makedirs(os.path.dirname(cache.path))
-    with open(cache.path, "wb") as fh:
-        fh.write(content)
+    os.makedirs(cache.warm_dir)
+    for path in (cache.path, os.path.join(cache.warm_dir, "s.json")):  # the verdicts, a warm signature
+        with open(path, "wb") as fh:
+            fh.write(content)
     assert cache.get("fla", "fp") is None
     assert cache.get_warm("fla", "s") is None
     assert cache.entries() == {} or all(isinstance(v, dict) for v in cache.entries().values())
     assert cache.put("fla", "fp", "good", "verified")
+    assert cache.put_warm("fla", "s", {"reason": "r", "posed": None, "env": [], "fingerprint": "fp"})
     with open(cache.path) as fh:
         assert json.load(fh)["kernels"]["fla"]["fp"]["state"] == "good"
+    assert cache.get_warm("fla", "s")["reason"] == "r"
 
 
 def test_an_unreadable_cache_is_never_fatal(cache):
-    os.makedirs(cache.path)  # a directory where the file belongs: reads and writes fail
+    os.makedirs(cache.path)  # directories where the files belong: reads and writes fail
+    os.makedirs(os.path.join(cache.warm_dir, "sig.json"))
     assert cache.get("fla", "fp") is None
     assert cache.put("fla", "fp", "good", "verified") is False
     assert cache.put_warm("fla", "sig", {"reason": "r", "posed": None, "env": []}) is False
@@ -80,7 +86,9 @@ def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache)
     assert cache.get_warm("fla", "other") is None
     cache.put("fla", "fp", "failed", "broken")
     assert cache.get_warm("fla", "sig") is None    # earned under unknown facts: re-earned
+    cache.put_warm("fla", "sig", {"reason": "again", "posed": None, "env": []})
     assert cache.forget() and not os.path.exists(cache.path) and cache.forget() is False
+    assert cache.get_warm("fla", "sig") is None and not os.path.exists(cache.warm_dir)
 
 
 def test_several_signatures_and_fingerprints_live_side_by_side(cache):
@@ -101,17 +109,18 @@ def test_several_signatures_and_fingerprints_live_side_by_side(cache):
 
 
 def test_the_cache_keeps_the_most_recently_written_entries(cache):
-    from fastpath_hooks.state import KEEP
+    from fastpath_hooks.state import KEEP, WARM_KEEP
 
-    for n in range(KEEP + 3):
+    for n in range(WARM_KEEP + 3):
         cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})
+    assert [n for n in range(WARM_KEEP + 3) if cache.get_warm("fla", f"sig{n}")] == list(range(3, WARM_KEEP + 3))
+    assert len(os.listdir(cache.warm_dir)) == WARM_KEEP       # one small file per signature
+    for n in range(KEEP + 3):
         cache.put("tilelang", f"fp{n}", "good", "verified")
-    kept = [n for n in range(KEEP + 3) if cache.get_warm("fla", f"sig{n}")]
-    assert kept == list(range(3, KEEP + 3))
     assert [n for n in range(KEEP + 3) if cache.get("tilelang", f"fp{n}")] == list(range(3, KEEP + 3))
     with open(cache.path) as fh:
-        data = json.load(fh)
-    assert len(data["warm"]["fla"]) == KEEP and len(data["kernels"]["tilelang"]) == KEEP
+        assert len(json.load(fh)["kernels"]["tilelang"]) == KEEP
+    assert cache.get_warm("fla", f"sig{WARM_KEEP + 2}") is not None   # another kernel's verdicts leave fla's
 
 
 # -- the environment signature (the warm path's key) ----------------------------------------
@@ -223,23 +232,24 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
 
     # Without the warm verdict the probe runs, but the kernel's verified verdict saves the child process.
     path = _verdict_file(cache_dir)
-    with open(path) as fh:
-        data = json.load(fh)
-    data.pop("warm")
-    with open(path, "w") as fh:
-        json.dump(data, fh)
+    warm_dir = path[:-len(".json")] + ".warm"
+    (signature,) = os.listdir(warm_dir)
+    shutil.rmtree(warm_dir)
     probed, _ = _run(venv, CAUSAL_SCRIPT, env)
     assert probed == {"state": "ok", "spawns": 0, "probed": True, "fake": True}
+    assert os.listdir(warm_dir) == [signature]  # re-earned under the same signature
 
     # A corrupt cache: ignored (verified again, in a child process) and rewritten.
-    with open(path, "wb") as fh:
-        fh.write(b'{"schema": 1, "kernels": {"causal-conv1d": \xff')
+    for corrupt in (path, os.path.join(warm_dir, signature)):
+        with open(corrupt, "wb") as fh:
+            fh.write(b'{"schema": 2, "kernels": {"causal-conv1d": \xff')
     reverified, err = _run(venv, CAUSAL_SCRIPT, env)
     assert reverified["state"] == "ok" and reverified["spawns"] == 1, (reverified, err)
     with open(path) as fh:
         data = json.load(fh)
     assert [v["state"] for v in data["kernels"]["causal-conv1d"].values()] == ["good"]
-    assert len(data["warm"]["causal-conv1d"]) == 1
+    with open(os.path.join(warm_dir, signature)) as fh:
+        assert set(json.load(fh)["kernels"]) == {"causal-conv1d"}
     assert _run(venv, CAUSAL_SCRIPT, env)[0]["spawns"] == 0
 
     # `doctor --refresh` forgets it all.
@@ -330,5 +340,5 @@ def test_two_gpu_types_sharing_one_cache_do_not_evict_each_other(make_venv, make
             assert again == {"state": "ok", "spawns": 0, "probed": False, "fake": True}, (again, err)
     assert len(installer_calls(log)) == installs
     with open(_verdict_file(cache_dir)) as fh:
-        data = json.load(fh)
-    assert len(data["warm"]["causal-conv1d"]) == 2 and len(data["kernels"]["causal-conv1d"]) == 2
+        assert len(json.load(fh)["kernels"]["causal-conv1d"]) == 2
+    assert len(os.listdir(_verdict_file(cache_dir)[:-len(".json")] + ".warm")) == 2
