@@ -20,8 +20,8 @@ each measured run is a new process:
 - `import fla` in a bare interpreter (nothing imported before): the worst case, where
   the decision also pays for loading json/hashlib/logging.
 
-`--others N`: the cache directory is shared with N other nodes or GPU types (at most 15:
-the cache keeps 16 per kernel), whose verdicts fill the file the warm path reads.
+`--others N`: the cache directory is shared with N other nodes or GPU types (at most 63:
+the cache keeps 64 signatures, and 16 fingerprints per kernel), whose verdicts fill it.
 
 Every measured run counts, with a PEP 578 audit hook, each process started during the
 decision (subprocess.Popen, os.posix_spawn, fork, exec, system): it must be 0. With
@@ -84,15 +84,17 @@ print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "answer": answer
 # fill the file up to its bound (this node's entries are kept: at most KEEP - 1 others).
 FILL = r'''
 import json, os, sys
-from fastpath_hooks.state import KEEP, VerdictCache
+from fastpath_hooks.state import KEEP, WARM_KEEP, VerdictCache
 cache = VerdictCache(root=os.environ["FASTPATH_HOOKS_CACHE_DIR"], retry_after=0.0)
-n = min(int(sys.argv[1]), KEEP - 1)
+n = int(sys.argv[1])
 for kernel in ("fla", "causal-conv1d", "tilelang"):
-    for i in range(n):
+    for i in range(min(n, KEEP - 1)):
         cache.put(kernel, f"fingerprint-of-node-{i}", "good", "verified on another node")
+    for i in range(min(n, WARM_KEEP - 1)):
         cache.put_warm(kernel, f"{i:032x}", {"reason": "ok on another node", "posed": None, "env": [],
-                                             "fingerprint": f"fingerprint-of-node-{i}"})
-print(json.dumps({"others": n, "bytes": os.path.getsize(cache.path)}))
+                                             "fingerprint": f"fingerprint-of-node-{i % KEEP}"})
+size = os.path.getsize(cache.path) + sum(os.path.getsize(os.path.join(cache.warm_dir, f)) for f in os.listdir(cache.warm_dir))
+print(json.dumps({"others": min(n, WARM_KEEP - 1), "files": 1 + len(os.listdir(cache.warm_dir)), "bytes": size}))
 '''
 
 
@@ -164,7 +166,7 @@ def main() -> int:
               f"processes (installer, verification)")
         if args.others:
             filled = child(venv, FILL, env, str(args.others))
-            print(f"cache shared with {filled['others']} other nodes: {filled['bytes']:,} bytes")
+            print(f"cache shared with {filled['others']} other nodes: {filled['files']} files, {filled['bytes']:,} bytes")
         child(venv, GATE, env)                     # compile what the gate's modules need, once
         child(venv, GATE, dict(env, FASTPATH_HOOKS_DISABLE="1"))
 
