@@ -147,8 +147,8 @@ class VerdictCache:
 
     def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
         root = root if root is not None else cache_root(settings)
-        self.path = os.path.join(root, "verdicts", environment_key() + ".json")
-        self.warm_dir = os.path.join(root, "verdicts", environment_key() + ".warm")
+        base = os.path.join(root, "verdicts", environment_key())
+        self.path, self.warm_dir = base + ".json", base + ".warm"
         self.retry_after = retry_after if retry_after is not None else settings.retry_after
 
     @classmethod
