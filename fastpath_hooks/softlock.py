@@ -27,6 +27,7 @@ import time
 REFRESH_S = 5.0          # the holder touches its lock file this often
 STALE_AFTER_S = 60.0     # untouched this long (another host's holder): it is gone
 _BREAK_STALE_S = 10.0    # breaking takes milliseconds; a breaker lock older than this was abandoned
+_MAX_POLL_S = 1.0        # a waiter looks at least this often
 _NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 _flock_works: dict = {}
 
@@ -114,10 +115,6 @@ def holder_is_dead(record: dict, mtime: float, now: float | None = None) -> bool
     return now - mtime > STALE_AFTER_S
 
 
-def describe(record: dict) -> str:
-    return f"pid {record.get('pid')} on {record.get('host')}"
-
-
 # -- the lock --------------------------------------------------------------------------------
 
 class _NoGuard:
@@ -153,13 +150,15 @@ class HolderLock:
             return self
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout if timeout is not None and timeout >= 0 else None
+        pause = poll_interval
         while not self._create():
             if self._break_if_dead():
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise filelock.Timeout(self.lock_file)
-            time.sleep(poll_interval if left is None else min(poll_interval, left))
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, _MAX_POLL_S)  # many waiters on one metadata server: back off
         self._count = 1
         self._start_heartbeat()
         return self
