@@ -25,7 +25,7 @@ the cache keeps 64 signatures, and 16 fingerprints per kernel), whose verdicts f
 
 Every measured run counts, with a PEP 578 audit hook, each process started during the
 decision (subprocess.Popen, os.posix_spawn, fork, exec, system): it must be 0. With
-valgrind, the bare case is also counted in instructions (repeatable to ~0.1%), against
+valgrind, the bare case is also counted in instructions (PYTHONHASHSEED=0: repeatable), against
 the same process with FASTPATH_HOOKS_DISABLE=1.
 """
 
@@ -138,7 +138,7 @@ def callgrind(venv, env: dict) -> None:
     counts = {}
     for label, extra in (("with fastpath-hooks (warm)", {}), ("FASTPATH_HOOKS_DISABLE=1", {"FASTPATH_HOOKS_DISABLE": "1"})):
         proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", venv.python, "-c", code],
-                              env=dict(env, **extra), capture_output=True, text=True, timeout=600)
+                              env=dict(env, PYTHONHASHSEED="0", **extra), capture_output=True, text=True, timeout=600)
         match = re.search(r"Collected : (\d+)", proc.stderr)
         counts[label] = int(match.group(1)) if match else None
     a, b = counts["with fastpath-hooks (warm)"], counts["FASTPATH_HOOKS_DISABLE=1"]
