@@ -138,6 +138,25 @@ class Hazard:
 
 
 @dataclass(frozen=True)
+class PackedPackage:
+    """A package transformers' kernel functions need to keep packed sequences apart: a kernel
+    fastpath-hooks manages (`kernel`), or a distribution it does not (mamba-ssm)."""
+    module: str
+    kernel: str | None
+    distribution: str
+    models: tuple
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """The transformers versions that raise on packed sequences (cu_seqlens / seq_idx) when a
+    kernel function is on its torch path, and the packages that concerns."""
+    transformers: SpecifierSet
+    packages: tuple
+    source: str
+
+
+@dataclass(frozen=True)
 class Pins:
     protected: tuple
     triton_distributions: tuple
@@ -152,6 +171,7 @@ class Pins:
     yanked: dict
     origins: tuple
     digest: str
+    packed_sequences: PackedSequences | None = None
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
@@ -231,7 +251,8 @@ def _read(path: str):
 
 
 def _check_user_shape(user: dict, origin: str) -> None:
-    allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked"}
+    allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked",
+               "packed_sequences"}
     for key in user:
         if key not in allowed:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
@@ -555,10 +576,33 @@ def _build(data, origins: tuple) -> Pins:
         if p in allowed and p != "numpy":
             v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
 
+    packed = _packed_sequences(v, data.get("packed_sequences"))
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     return Pins(
         protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
         fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
         causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
-        origins=origins, digest=digest,
+        origins=origins, digest=digest, packed_sequences=packed,
     )
+
+
+def _packed_sequences(v: _V, raw) -> PackedSequences | None:
+    if raw is None:
+        return None
+    e = "packed_sequences"
+    v.table(raw, e)
+    packages = []
+    for i, p in enumerate(v.list(raw.get("packages"), f"{e}.packages")):
+        pe = f"{e}.packages[{i}]"
+        v.table(p, pe)
+        kernel = p.get("kernel")
+        if kernel is not None and kernel not in KERNELS:
+            v.fail(f"{pe}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)} (or a `distribution` instead)")
+        if kernel is None and not isinstance(p.get("distribution"), str):
+            v.fail(pe, "expected a `kernel` (one of fastpath-hooks' kernels) or a `distribution`")
+        packages.append(PackedPackage(
+            module=v.string(p.get("module"), f"{pe}.module"), kernel=kernel,
+            distribution=canonical_name(p.get("distribution") or kernel),
+            models=v.strings(p.get("models", []), f"{pe}.models")))
+    return PackedSequences(transformers=v.specifier(raw.get("transformers"), f"{e}.transformers"),
+                           packages=tuple(packages), source=v.source(raw, e))

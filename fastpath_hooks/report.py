@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .commands import constraints, installer_choice, invocation, uv_executable
+from .packing import packed_sequences
 from .plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
 from .policy import transformers_era
 
@@ -70,8 +71,13 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
         "decisions": [d.to_json() for d in plan.decisions.values()],
         "notes": list(plan.notes),
         "summary": summary(plan, settings),
+        "packed_sequences": packed_sequences(plan, settings, pins, enabled=_enabled(activation)),
         **commands_for(plan, settings, real_installed=real_installed, pins=pins),
     }
+
+
+def _enabled(activation: dict) -> bool:
+    return bool(activation.get("pth") or activation.get("sitecustomize"))
 
 
 def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
@@ -93,7 +99,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
     row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
     installer, why = installer_choice(settings, env)
     row("installer", f"{installer}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
-    if activation.get("pth") or activation.get("sitecustomize"):
+    if _enabled(activation):
         where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
         row("start-up", "enabled: " + ", ".join(where))
     else:
@@ -126,8 +132,26 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         verdict = verdicts.get(kernel)
         if verdict:
             lines.append(f"    last verdict   {verdict.get('state')}: {verdict.get('reason')}")
+    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_enabled(activation)))
     lines += ["", "Summary: " + summary(plan, settings)]
     return "\n".join(lines)
+
+
+def packed_text(packed: dict) -> list:
+    """Doctor's packed-sequence section: nothing when that training would not fail here."""
+    if not packed["failures"]:
+        return []
+    names = ", ".join(f["package"] for f in packed["failures"])
+    lines = ["", "Packed sequences",
+             f"  padding-free training (cu_seqlens / seq_idx) would fail here: transformers {packed['transformers']} "
+             f"raises ValueError without {names}"]
+    for f in packed["failures"]:
+        models = f["models"]
+        lines.append(f"  {f['package']}")
+        lines.append(f"    why          {f['problem']}")
+        lines.append(f"    to fix it    {f['fix']}")
+        lines.append(f"    models       {', '.join(models[:6])}" + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
+    return lines
 
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:

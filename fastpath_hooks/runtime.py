@@ -33,7 +33,7 @@ GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
 _lock = _thread.RLock()
 _outcomes: dict = {}
 _simulation = {"kind": None}
-_facts: dict = {}   # kernel -> {"posed": accelerator kind posed by a target, "env": decision env}
+_facts: dict = {}   # kernel -> {"posed": accelerator kind posed by a target, "env": decision env, "fingerprint"}
 _context = {"invalid": None}  # why load_context() fell back to report mode, if it did
 
 
@@ -125,7 +125,7 @@ def _remember_warm(kernel: str, outcome: Outcome, signature_env) -> None:
             return
         facts = _facts.get(kernel, {})
         state.VerdictCache.from_environ(signature_env).put_warm(
-            kernel, signature, {"reason": outcome.reason, "posed": facts.get("posed"),
+            kernel, signature, {"reason": outcome.reason, "posed": facts.get("posed"), "fingerprint": facts.get("fingerprint"),
                                 "env": [list(pair) for pair in facts.get("env", ())]})
     except Exception as exc:  # the outcome stands; only the shortcut for the next start is lost
         events.debug(f"{kernel}: verdict not cached ({type(exc).__name__}: {exc})", kernel)
@@ -284,6 +284,7 @@ def _ensure(kernel: str) -> Outcome:
 
     cache = _cache(settings)
     fp = fingerprint(env, settings, pins, kernel)
+    _facts.setdefault(kernel, {})["fingerprint"] = fp  # the warm verdict names it: a new verdict for it drops the warm one
     if decision.action == OK:
         return _ok(decision, settings, pins, env, cache, fp)
     return _act(decision, settings, pins, env, cache, fp)

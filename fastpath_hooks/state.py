@@ -69,20 +69,34 @@ def environment_state_dir(settings) -> str:
 
 
 def environment_lock(settings):
-    """One cross-process lock per environment (flock: the OS releases it if the holder dies)."""
-    import filelock
-
+    """One cross-process lock per environment (see file_lock)."""
     directory = environment_state_dir(settings)
     os.makedirs(directory, exist_ok=True)
-    return filelock.FileLock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
+    return file_lock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
 
 
 def file_lock(path: str, *, timeout: float):
-    """A cross-process lock on `path` (flock: released by the OS if the holder dies); use as a
-    context manager or acquire()/release(); filelock.Timeout after `timeout` seconds."""
-    import filelock
+    """The one way fastpath-hooks takes a cross-process lock.
 
-    return filelock.FileLock(path, timeout=timeout)
+    flock where the filesystem supports it (filelock.FileLock: the OS releases it if the
+    holder dies). Where it does not (Lustre without `-o flock`, some NFS), a lock file that
+    names its holder and is recovered from a dead one (softlock.HolderLock, at `path`.holder),
+    said once per filesystem. Either way: acquire(timeout=...)/release(), a context manager,
+    `.lock_file`, filelock.Timeout on timeout.
+    """
+    from . import softlock
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    if softlock.flock_works(directory):
+        import filelock
+
+        return filelock.FileLock(path, timeout=timeout)
+    from . import events
+
+    events.status(f"{directory} does not support flock (Lustre without -o flock?); using a lock file "
+                  f"with stale-holder recovery", once=f"no-flock:{os.stat(directory).st_dev}")  # once per filesystem
+    return softlock.HolderLock(path + ".holder", timeout=timeout)
 
 
 def atomic_write_json(path: str, data) -> None:
@@ -107,27 +121,34 @@ def atomic_write_json(path: str, data) -> None:
 
 GOOD = "good"
 FAILED = "failed"
-SCHEMA = 1
+SCHEMA = 2
+KEEP = 16                    # fingerprints kept per kernel (GPU types, versions): the most recently written
+WARM_KEEP = 64               # warm signatures kept (nodes sharing the cache directory): the most recently written
 _WRITE_LOCK_TIMEOUT = 30.0   # a write holds it for milliseconds
 
 
 class VerdictCache:
     """What was verified (or failed) per kernel, and the warm verdicts.
 
-    `kernels`: per kernel, under a fingerprint of the probed facts that kernel
-    depends on (the interpreter, torch/triton/transformers, the GPU archs and
-    that kernel's own distributions), so installing fla does not invalidate
-    tilelang's verdict. Failures expire after `retry_after` seconds so restarts
-    do not hammer the index.
-    `warm`: per kernel, a good outcome under the whole environment's signature;
-    a match skips the probe, the policy and every subprocess.
-    A changed fingerprint/signature invalidates an entry; a corrupt or unreadable
-    file is ignored (and rewritten at the next verdict), never fatal.
+    `kernels` (`<env>.json`): per kernel, verdicts under fingerprints of the probed facts
+    that kernel depends on (the interpreter, torch/triton/transformers, the GPU archs and
+    that kernel's own distributions), so installing fla does not invalidate tilelang's
+    verdict; the KEEP most recent per kernel. Failures expire after `retry_after` seconds
+    so restarts do not hammer the index.
+    warm verdicts (`<env>.warm/<signature>.json`): good outcomes under the whole
+    environment's signature; a match skips the probe, the policy and every subprocess.
+    One small file per signature, so the warm path reads what it needs however many nodes
+    share the cache directory; the WARM_KEEP most recent are kept.
+    Nodes or GPU types sharing one cache directory therefore do not evict each other. Every
+    write happens under one lock and replaces a file atomically. A changed
+    fingerprint/signature misses; a corrupt or unreadable file is ignored (and rewritten at
+    the next verdict), never fatal.
     """
 
     def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
         root = root if root is not None else cache_root(settings)
-        self.path = os.path.join(root, "verdicts", environment_key() + ".json")
+        base = os.path.join(root, "verdicts", environment_key())
+        self.path, self.warm_dir = base + ".json", base + ".warm"
         self.retry_after = retry_after if retry_after is not None else settings.retry_after
 
     @classmethod
@@ -135,40 +156,37 @@ class VerdictCache:
         """The cache FASTPATH_HOOKS_CACHE_DIR names (in `signature_environ()`), without parsing the settings."""
         return cls(root=cache_root_from_environ(dict(captured)), retry_after=0.0)
 
-    def _read(self) -> dict:
+    @staticmethod
+    def _load(path: str) -> dict:
+        """{kernel: {key: entry}} of a schema-2 file (whatever else is in it dropped), or {}."""
         try:
-            with open(self.path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, ValueError, UnicodeDecodeError):
             return {}
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("kernels"), dict):
             return {}
-        for section in ("kernels", "warm"):
-            if not isinstance(data.get(section), dict):
-                data[section] = {}
-        return data
+        return {k: v for k, v in data["kernels"].items() if isinstance(v, dict)}
+
+    def _warm_path(self, signature: str) -> str | None:
+        return os.path.join(self.warm_dir, signature + ".json") if signature.isalnum() else None
 
     def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
-        entry = self._read().get("kernels", {}).get(kernel)
-        if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint:
+        entry = self._load(self.path).get(kernel, {}).get(fingerprint)
+        if not isinstance(entry, dict) or entry.get("state") not in (GOOD, FAILED):
             return None
-        if entry.get("state") not in (GOOD, FAILED) or not isinstance(entry.get("ts"), (int, float)):
-            return None
-        if not isinstance(entry.get("reason"), str):
+        if not isinstance(entry.get("ts"), (int, float)) or not isinstance(entry.get("reason"), str):
             return None
         if entry["state"] == FAILED and (time.time() if now is None else now) - entry["ts"] > self.retry_after:
             return None
-        return entry
-
-    def put(self, kernel: str, fingerprint: str, state: str, reason: str) -> bool:
-        return self._update("kernels", kernel, {"fingerprint": fingerprint, "state": state, "reason": reason,
-                                                "ts": time.time()})
+        return dict(entry, fingerprint=fingerprint)
 
     def get_warm(self, kernel: str, signature: str) -> dict | None:
-        entry = self._read().get("warm", {}).get(kernel)
-        if not isinstance(entry, dict) or entry.get("signature") != signature:
+        path = self._warm_path(signature)
+        entry = self._load(path).get(kernel) if path else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str):
             return None
-        if not isinstance(entry.get("reason"), str) or entry.get("posed") not in (None, "cuda", "xpu"):
+        if entry.get("posed") not in (None, "cuda", "xpu"):
             return None
         pairs = entry.get("env") or []
         if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
@@ -176,41 +194,108 @@ class VerdictCache:
             return None
         return entry
 
-    def put_warm(self, kernel: str, signature: str, entry: dict) -> bool:
-        return self._update("warm", kernel, dict(entry, signature=signature, ts=time.time()))
+    def put(self, kernel: str, fingerprint: str, state: str, reason: str) -> bool:
+        """Record a verdict; the warm verdicts earned under the same facts (or unknown ones) are
+        dropped, to be re-earned."""
+        def change():
+            kernels = self._load(self.path)
+            keyed = kernels.setdefault(kernel, {})
+            keyed[fingerprint] = {"state": state, "reason": reason, "ts": time.time()}
+            kernels[kernel] = _newest(keyed, KEEP)
+            _write(self.path, kernels)
+            for name in _signature_files(self.warm_dir):
+                path = os.path.join(self.warm_dir, name)
+                warm = self._load(path)
+                old = warm.get(kernel)
+                if old is not None and old.get("fingerprint") in (None, fingerprint):
+                    del warm[kernel]
+                    if warm:
+                        _write(path, warm)
+                    else:
+                        os.unlink(path)
 
-    def _update(self, section: str, kernel: str, entry: dict) -> bool:
-        """Read, change, write - under the file's own short lock, so writers in several
-        processes (ranks recording warm verdicts at once) never drop each other's entries."""
+        return self._locked(change)
+
+    def put_warm(self, kernel: str, signature: str, entry: dict) -> bool:
+        """`entry` may name the kernel verdict's `fingerprint` it was earned under."""
+        path = self._warm_path(signature)
+        if path is None:
+            return False
+
+        def change():
+            warm = self._load(path)
+            warm[kernel] = dict(entry, ts=time.time())
+            _write(path, warm)
+            names = _signature_files(self.warm_dir)
+            if len(names) > WARM_KEEP:  # the least recently written signatures go
+                def written(name):
+                    stamps = [e.get("ts") for e in self._load(os.path.join(self.warm_dir, name)).values()]
+                    return max((t for t in stamps if isinstance(t, (int, float))), default=float("-inf"))
+
+                for name in sorted(names, key=written)[:len(names) - WARM_KEEP]:
+                    try:
+                        os.unlink(os.path.join(self.warm_dir, name))
+                    except OSError:
+                        pass
+
+        return self._locked(change)
+
+    def _locked(self, change) -> bool:
+        """Read, change, write - under the cache's own short lock, so writers in several
+        processes (ranks or nodes recording verdicts at once) never drop each other's entries."""
         import filelock
 
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with filelock.FileLock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
-                data = self._read() or {"kernels": {}, "warm": {}}
-                data["schema"] = SCHEMA
-                data["prefix"] = os.path.realpath(sys.prefix)
-                data[section][kernel] = entry
-                if section == "kernels":
-                    # a new verdict means the environment changed: warm verdicts are re-earned
-                    data["warm"].pop(kernel, None)
-                atomic_write_json(self.path, data)
+            with file_lock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
+                change()
             return True
         except (OSError, filelock.Timeout):
             return False  # a read-only or busy cache only costs a re-check next time
 
     def entries(self) -> dict:
-        return dict(self._read().get("kernels", {}))
+        """kernel -> its most recently written verdict (with its fingerprint)."""
+        return {kernel: dict(entry, fingerprint=key)
+                for kernel, keyed in self._load(self.path).items()
+                for key, entry in list(_newest(keyed, 1).items())}
 
     def warm_entries(self) -> dict:
-        return dict(self._read().get("warm", {}))
+        """kernel -> {signature: warm verdict}."""
+        out: dict = {}
+        for name in sorted(_signature_files(self.warm_dir)):
+            for kernel, entry in self._load(os.path.join(self.warm_dir, name)).items():
+                out.setdefault(kernel, {})[name[:-len(".json")]] = entry
+        return out
 
     def forget(self) -> bool:
+        import shutil
+
+        shutil.rmtree(self.warm_dir, ignore_errors=True)
         try:
             os.unlink(self.path)
             return True
         except FileNotFoundError:
             return False
+
+
+def _newest(keyed: dict, keep: int) -> dict:
+    """The `keep` most recently written entries, newest first (unreadable ones dropped)."""
+    def ts(item):
+        value = item[1].get("ts")
+        return value if isinstance(value, (int, float)) else float("-inf")
+
+    return dict(sorted(((k, v) for k, v in keyed.items() if isinstance(v, dict)), key=ts, reverse=True)[:keep])
+
+
+def _write(path: str, kernels: dict) -> None:
+    atomic_write_json(path, {"schema": SCHEMA, "prefix": os.path.realpath(sys.prefix), "kernels": kernels})
+
+
+def _signature_files(directory: str) -> list:
+    """The warm verdict files (not atomic_write_json's temporary `.tmp-*` ones)."""
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith(".")]
+    except OSError:
+        return []
 
 
 # -- the warm signature ----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from .distributions import canonical_name
 DISTRIBUTION_KEYS = (
     "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
     "causal-conv1d", "numpy", "torch-c-dlpack-ext", "einops", "packaging",
-    "nvidia-cuda-nvcc",
+    "nvidia-cuda-nvcc", "mamba-ssm",
 )
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
              "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -48,23 +49,31 @@ def test_a_failure_is_remembered_for_retry_after_seconds(cache):
 
 @pytest.mark.parametrize("content", [b"", b"{", b"\xff\xfe garbage", b"[]", b'{"schema": 1, "kernels": []}',
                                      b'{"schema": 99, "kernels": {}}',
-                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good"}}}',
-                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": 3, "ts": 1}}}',
-                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "env": 5}}}'])
+                                     b'{"schema": 1, "kernels": {"fla": {"fingerprint": "fp", "state": "good", "reason": "r", "ts": 1}}}',
+                                     b'{"schema": 1, "kernels": {}, "warm": {"fla": {"signature": "s", "reason": "r"}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"fp": {"state": 3, "reason": "r", "ts": 1}}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"fp": {"state": "good", "reason": "r"}}}}',
+                                     b'{"schema": 2, "kernels": {"fla": ["fp"]}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"reason": "r", "env": 5}}}',
+                                     b'{"schema": 2, "kernels": {"fla": {"reason": "r", "posed": "tpu"}}}'])
 def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
-    os.makedirs(os.path.dirname(cache.path))
-    with open(cache.path, "wb") as fh:
-        fh.write(content)
+    os.makedirs(cache.warm_dir)
+    for path in (cache.path, os.path.join(cache.warm_dir, "s.json")):  # the verdicts, a warm signature
+        with open(path, "wb") as fh:
+            fh.write(content)
     assert cache.get("fla", "fp") is None
     assert cache.get_warm("fla", "s") is None
     assert cache.entries() == {} or all(isinstance(v, dict) for v in cache.entries().values())
     assert cache.put("fla", "fp", "good", "verified")
+    assert cache.put_warm("fla", "s", {"reason": "r", "posed": None, "env": [], "fingerprint": "fp"})
     with open(cache.path) as fh:
-        assert json.load(fh)["kernels"]["fla"]["state"] == "good"
+        assert json.load(fh)["kernels"]["fla"]["fp"]["state"] == "good"
+    assert cache.get_warm("fla", "s")["reason"] == "r"
 
 
 def test_an_unreadable_cache_is_never_fatal(cache):
-    os.makedirs(cache.path)  # a directory where the file belongs: reads and writes fail
+    os.makedirs(cache.path)  # directories where the files belong: reads and writes fail
+    os.makedirs(os.path.join(cache.warm_dir, "sig.json"))
     assert cache.get("fla", "fp") is None
     assert cache.put("fla", "fp", "good", "verified") is False
     assert cache.put_warm("fla", "sig", {"reason": "r", "posed": None, "env": []}) is False
@@ -76,8 +85,42 @@ def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache)
     assert cache.get_warm("fla", "sig")["env"] == [["FLA_TILELANG", "0"]]
     assert cache.get_warm("fla", "other") is None
     cache.put("fla", "fp", "failed", "broken")
-    assert cache.get_warm("fla", "sig") is None
+    assert cache.get_warm("fla", "sig") is None    # earned under unknown facts: re-earned
+    cache.put_warm("fla", "sig", {"reason": "again", "posed": None, "env": []})
     assert cache.forget() and not os.path.exists(cache.path) and cache.forget() is False
+    assert cache.get_warm("fla", "sig") is None and not os.path.exists(cache.warm_dir)
+
+
+def test_several_signatures_and_fingerprints_live_side_by_side(cache):
+    # Two GPU types sharing one cache directory: neither evicts the other's verdicts.
+    for n in (1, 2):
+        assert cache.put("fla", f"fp{n}", "good", f"verified on type {n}")
+        assert cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": f"fp{n}"})
+    assert cache.get("fla", "fp1")["reason"] == "verified on type 1"
+    assert cache.get("fla", "fp2")["reason"] == "verified on type 2"
+    assert cache.get_warm("fla", "sig1")["reason"] == "ok 1" and cache.get_warm("fla", "sig2")["reason"] == "ok 2"
+    assert cache.entries()["fla"]["fingerprint"] == "fp2"   # doctor shows the latest
+
+    # A new verdict for type 1's facts drops only the warm verdicts earned under them.
+    cache.put("fla", "fp1", "failed", "broken now")
+    assert cache.get_warm("fla", "sig1") is None
+    assert cache.get_warm("fla", "sig2")["reason"] == "ok 2"
+    assert cache.get("fla", "fp2")["state"] == "good"
+
+
+def test_the_cache_keeps_the_most_recently_written_entries(cache):
+    from fastpath_hooks.state import KEEP, WARM_KEEP
+
+    for n in range(WARM_KEEP + 3):
+        cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})
+    assert [n for n in range(WARM_KEEP + 3) if cache.get_warm("fla", f"sig{n}")] == list(range(3, WARM_KEEP + 3))
+    assert len(os.listdir(cache.warm_dir)) == WARM_KEEP       # one small file per signature
+    for n in range(KEEP + 3):
+        cache.put("tilelang", f"fp{n}", "good", "verified")
+    assert [n for n in range(KEEP + 3) if cache.get("tilelang", f"fp{n}")] == list(range(3, KEEP + 3))
+    with open(cache.path) as fh:
+        assert len(json.load(fh)["kernels"]["tilelang"]) == KEEP
+    assert cache.get_warm("fla", f"sig{WARM_KEEP + 2}") is not None   # another kernel's verdicts leave fla's
 
 
 # -- the environment signature (the warm path's key) ----------------------------------------
@@ -189,22 +232,24 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
 
     # Without the warm verdict the probe runs, but the kernel's verified verdict saves the child process.
     path = _verdict_file(cache_dir)
-    with open(path) as fh:
-        data = json.load(fh)
-    data.pop("warm")
-    with open(path, "w") as fh:
-        json.dump(data, fh)
+    warm_dir = path[:-len(".json")] + ".warm"
+    (signature,) = os.listdir(warm_dir)
+    shutil.rmtree(warm_dir)
     probed, _ = _run(venv, CAUSAL_SCRIPT, env)
     assert probed == {"state": "ok", "spawns": 0, "probed": True, "fake": True}
+    assert os.listdir(warm_dir) == [signature]  # re-earned under the same signature
 
     # A corrupt cache: ignored (verified again, in a child process) and rewritten.
-    with open(path, "wb") as fh:
-        fh.write(b'{"schema": 1, "kernels": {"causal-conv1d": \xff')
+    for corrupt in (path, os.path.join(warm_dir, signature)):
+        with open(corrupt, "wb") as fh:
+            fh.write(b'{"schema": 2, "kernels": {"causal-conv1d": \xff')
     reverified, err = _run(venv, CAUSAL_SCRIPT, env)
     assert reverified["state"] == "ok" and reverified["spawns"] == 1, (reverified, err)
     with open(path) as fh:
         data = json.load(fh)
-    assert data["kernels"]["causal-conv1d"]["state"] == "good" and "causal-conv1d" in data["warm"]
+    assert [v["state"] for v in data["kernels"]["causal-conv1d"].values()] == ["good"]
+    with open(os.path.join(warm_dir, signature)) as fh:
+        assert set(json.load(fh)["kernels"]) == {"causal-conv1d"}
     assert _run(venv, CAUSAL_SCRIPT, env)[0]["spawns"] == 0
 
     # `doctor --refresh` forgets it all.
@@ -268,3 +313,32 @@ def test_a_failed_attempt_is_remembered_until_retry_after(make_venv, make_wheelh
     assert venv.cli("doctor", "--refresh", env=env).returncode == 0
     _run(venv, FLA_SCRIPT, env)
     assert len(installer_calls(log)) > calls
+
+
+
+def test_two_gpu_types_sharing_one_cache_do_not_evict_each_other(make_venv, make_wheelhouse, test_pins, tmp_path):
+    """Nodes with different GPUs (posed: an A100 and an RTX A6000) on one shared FASTPATH_HOOKS_CACHE_DIR,
+    starting alternately: each verifies causal-conv1d once, then both answer from their warm verdicts."""
+    venv = make_venv(transformers=None)
+    log = str(tmp_path / "uv-calls.log")
+    counting_uv(venv, log)
+    wheelhouse = make_wheelhouse(causal=True)
+    cache_dir = str(tmp_path / "shared-cache")
+    env = offline_env(wheelhouse, A100, cache_dir=cache_dir, pins=test_pins(wheelhouse), FASTPATH_HOOKS_INSTALLER="uv")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    a6000 = dict(env, FASTPATH_HOOKS_TARGET=A100.replace("sm_80", "sm_86"))
+
+    first, err = _run(venv, CAUSAL_SCRIPT, env)
+    assert first["state"] == "installed" and first["fake"], (first, err)
+    installs = len(installer_calls(log))
+    other, err = _run(venv, CAUSAL_SCRIPT, a6000)
+    assert other == {"state": "ok", "spawns": 1, "probed": True, "fake": True}, (other, err)  # verified there once
+
+    for _ in range(2):
+        for node in (env, a6000):
+            again, err = _run(venv, CAUSAL_SCRIPT, node)
+            assert again == {"state": "ok", "spawns": 0, "probed": False, "fake": True}, (again, err)
+    assert len(installer_calls(log)) == installs
+    with open(_verdict_file(cache_dir)) as fh:
+        assert len(json.load(fh)["kernels"]["causal-conv1d"]) == 2
+    assert len(os.listdir(_verdict_file(cache_dir)[:-len(".json")] + ".warm")) == 2

@@ -168,7 +168,7 @@ def check_document(data: dict, table: str):
 
 def test_schema_doc_has_every_table():
     assert {"plan", "doctor", "environment", "settings", "decision", "step", "command", "activation", "verdict",
-            "wheel_cache", "cached_wheel"} <= \
+            "wheel_cache", "cached_wheel", "packed_sequences", "packed_failure"} <= \
         set(SCHEMA)
     assert all(SCHEMA[name] for name in SCHEMA)
 

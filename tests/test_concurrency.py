@@ -11,28 +11,12 @@ import glob
 import json
 import os
 import subprocess
-import time
 
 from conftest import A100, offline_env
-from support.processes import installer_calls, counting_uv, run_env
+from support.processes import IMPORT_FLA_TOGETHER, counting_uv, installer_calls, run_env, start_together
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_tiny_qwen3_5.py")
-
-# Each process waits for the `go` file after install(), so all eight decide at once.
-EIGHT = r'''
-import json, os, sys, time
-import fastpath_hooks
-fastpath_hooks.install()
-open(sys.argv[1] + ".ready", "w").close()
-while not os.path.exists(sys.argv[2]):
-    time.sleep(0.002)
-import fla
-from fastpath_hooks import runtime
-print(json.dumps({"pid": os.getpid(), "version": fla.__version__, "fake": fla.FAKE_FLA,
-                  "state": runtime.outcomes()["fla"].state}))
-'''
-
 
 def _planned_steps(venv, env, kernel: str) -> list:
     out = venv.cli("plan", "--json", kernel, env=env)
@@ -53,19 +37,7 @@ def test_eight_processes_started_together_install_once(make_venv, make_wheelhous
     steps = _planned_steps(venv, env, "fla")
     pip_check_before = venv.pip_check()
 
-    go = str(tmp_path / "go")
-    procs = []
-    for i in range(8):
-        marker = str(tmp_path / f"p{i}")
-        procs.append(subprocess.Popen([venv.python, "-c", EIGHT, marker, go], env=env, cwd=str(tmp_path),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + 120
-    while len(glob.glob(str(tmp_path / "p*.ready"))) < 8:
-        assert time.monotonic() < deadline, "the processes did not start"
-        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
-        time.sleep(0.01)
-    open(go, "w").close()
-    results = [(p.pid, *p.communicate(timeout=300), p.returncode) for p in procs]
+    results = start_together(venv.python, IMPORT_FLA_TOGETHER, 8, env, str(tmp_path))
 
     for pid, out, err, code in results:
         assert code == 0 and "Traceback" not in err, (pid, out, err)

@@ -4,10 +4,13 @@ invocations, seeing which subprocesses a decision starts, tiny user scripts.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import time
 
 from . import venvs
 
@@ -90,6 +93,39 @@ def installer_calls(log: str) -> list[tuple[int, str]]:
     except FileNotFoundError:
         return []
     return [(int(pid), args) for pid, args in rows]
+
+
+# Started by start_together(): waits for the `go` file after install(), so all decide at once.
+IMPORT_FLA_TOGETHER = r'''
+import json, os, sys, time
+import fastpath_hooks
+fastpath_hooks.install()
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.002)
+import fla
+from fastpath_hooks import runtime
+print(json.dumps({"pid": os.getpid(), "version": fla.__version__, "fake": fla.FAKE_FLA,
+                  "state": runtime.outcomes()["fla"].state}))
+'''
+
+
+def start_together(python: str, script: str, n: int, env: dict, workdir: str, timeout: float = 300) -> list:
+    """Run `script` in `n` processes released at the same moment (each signals it is ready,
+    then waits for a `go` file); [(pid, stdout, stderr, exit code)]."""
+    go = os.path.join(workdir, "go")
+    procs = []
+    for i in range(n):
+        marker = os.path.join(workdir, f"p{i}")
+        procs.append(subprocess.Popen([python, "-c", script, marker, go], env=env, cwd=workdir,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 120
+    while len(glob.glob(os.path.join(workdir, "p*.ready"))) < n:
+        assert time.monotonic() < deadline, "the processes did not start"
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.01)
+    open(go, "w").close()
+    return [(p.pid, *p.communicate(timeout=timeout), p.returncode) for p in procs]
 
 
 def closed_port() -> int:
