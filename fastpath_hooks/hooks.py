@@ -95,7 +95,37 @@ def install(*, kernels=None, on_event=None):
             from .importer import after_gates_import
 
             after_gates_import(gates_module)
+    if _settings_given():
+        _check_settings()
+    if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
+        _late()
     return True
+
+
+def _settings_given() -> bool:
+    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
+    import os
+
+    return any(name.startswith("FASTPATH_HOOKS_") and name != "FASTPATH_HOOKS_DISABLE" for name in os.environ)
+
+
+def _check_settings() -> None:
+    try:
+        from .runtime import check_settings
+
+        check_settings()
+    except Exception as exc:
+        internal_error(exc)
+
+
+def _late() -> None:
+    """Heal the kernel choice of modeling modules imported before install() (late.py)."""
+    try:
+        from .late import heal
+
+        heal()
+    except Exception as exc:
+        internal_error(exc)
 
 
 def uninstall():

@@ -149,8 +149,7 @@ def load_context(target: str | None = None, *, strict: bool = False):
     except SettingsError as exc:
         if strict:
             raise
-        events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are",
-                     once="settings")
+        _bad_settings(exc)
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
@@ -163,6 +162,20 @@ def load_context(target: str | None = None, *, strict: bool = False):
         settings = replace(settings, mode="report", pins_file=None)
         _context["invalid"] = "the pins file is invalid (see above)"
     return settings, pins
+
+
+def check_settings() -> None:
+    """install(): a bad FASTPATH_HOOKS_* variable is said now, once (load_context stays quiet about it later)."""
+    from .settings import Settings, SettingsError
+
+    try:
+        Settings.from_env()
+    except SettingsError as exc:
+        _bad_settings(exc)
+
+
+def _bad_settings(exc) -> None:
+    events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are", once="settings")
 
 
 def _valid_part(environ):
