@@ -96,6 +96,8 @@ MODELS = {
 # a cached (None, None) is reset so the next forward asks the (wrapped) gate again.
 RESET_CACHES = {"mamba": "_causal_conv1d_cache", "falcon_mamba": "_causal_conv1d_cache"}
 
+_NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values())  # a module holding none: nothing to heal
+
 
 def heal() -> None:
     """Rebind the kernel choice of every modeling module imported before install().
@@ -121,12 +123,12 @@ def heal() -> None:
 
 
 def imported_modeling_modules() -> list:
-    """transformers.models.<model>.modeling_<model> modules already imported, in import order."""
+    """transformers.models.<model>.modeling_<model> modules already imported that hold a kernel global."""
     out = []
     for name, module in list(sys.modules.items()):
         if name.startswith(PREFIX) and module is not None:
             parts = name.split(".")
-            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
+            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}" and not _NAMES.isdisjoint(module.__dict__):
                 out.append(module)
     return out
 
