@@ -24,7 +24,9 @@ of 4.57.6, 5.14.1 and 5.24.0):
   model built before install() keeps it - said in one line, with the fix.
 
 Whatever cannot be healed (a layout not in the tables, a kernel module already imported
-under a block, layers built earlier, graphs compiled earlier) is said in one line with the fix.
+under a block, layers built earlier, programs exported earlier) is said in one line with
+the fix. Graphs compiled by torch.compile earlier retrace by themselves: dynamo guards on
+the module globals they read.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ _SSM1 = ("selective_state_update", "selective_scan_fn") + _CONV + ("mamba_inner_
 _SSM_SHORT = ("selective_state_update",) + _CONV
 
 # Eras A/B: model -> era -> (globals rebound, `is_fast_path_available` = all(these), layers, extra tuple global).
+# Era B's mamba family binds these globals in a mixer's __init__ (lazy_load_kernel): absent until a model
+# is built - then nothing was chosen yet, and a model built after install() asks the wrapped gate itself.
 MODELS = {
     "qwen3_next": {"A": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None),
                    "B": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None)},
@@ -84,6 +88,8 @@ MODELS = {
     "lfm2": {"A": (_CONV, _CONV, CALL, "kernel_modules"), "B": (_CONV, _CONV, CALL, "kernel_modules")},
     "lfm2_moe": {"B": (_CONV, _CONV, CALL, "kernel_modules")},
     "mamba2": {"A": (_CONV, _SSM2, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
+    "mamba": {"B": (_CONV, _SSM1, CALL, None)},
+    "falcon_mamba": {"B": (_CONV, _SSM1[:-1] + ("falcon_mamba_inner_fn",), CALL, None)},
     "nemotron_h": {"B": (_CONV, _SSM2, CALL, None)},
     "jamba": {"A": (_CONV, _SSM1, CALL, None), "B": (_CONV, _SSM1, CALL, None)},
     "zamba": {"A": (_CONV, _SSM1, CALL, None), "B": (_CONV, _SSM1, CALL, None)},
@@ -129,21 +135,21 @@ def imported_modeling_modules() -> list:
         if name.startswith(PREFIX) and module is not None:
             parts = name.split(".")
             if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}" and not _NAMES.isdisjoint(module.__dict__):
-                out.append(module)
+                if not getattr(getattr(module, "__spec__", None), "_initializing", False):  # mid-import: the hooks see the rest
+                    out.append(module)
     return out
 
 
 def transformers_era() -> str | None:
-    """A (4.56 - 4.57), B (5.0 - 5.14), C (5.15 and later 5.x) or None (any other version)."""
+    """A (4.x; read from 4.57.6), B (5.0 - 5.14), C (5.15 and later) or None (no version to read).
+    Versions newer than the tables are tried as era C: every function's layout is checked first."""
     try:
         major, minor = (int(x) for x in _version().split(".")[:2])
     except ValueError:
         return None
-    if major == 4 and minor >= 56:
-        return "A"
-    if major == 5:
-        return "B" if minor < 15 else "C"
-    return None
+    if major <= 4:
+        return "A" if major == 4 else None
+    return "B" if major == 5 and minor < 15 else "C"
 
 
 def _version() -> str:
@@ -230,7 +236,10 @@ class _Pass:
                          once=f"late-unknown-{model}")
                 continue
             names, fast_path, layers, tuple_global = entry
-            if not all(name in namespace for name in names):
+            present = [name in namespace for name in names]
+            if not any(present):       # nothing chosen yet (era B's mixers bind them when a model is built)
+                continue
+            if not all(present):
                 _say("warning", None, f"{model}: imported before install(), and transformers {_version()} lays out its "
                      f"kernel globals differently than fastpath-hooks knows: it keeps the choice made then; {FIX}",
                      once=f"late-unknown-{model}")
@@ -248,12 +257,14 @@ class _Pass:
                 outcome = self.outcomes.get(package)
                 if value is None and package in sys.modules and outcome is not None and outcome.block:
                     taken.add(package)
+            lacking = ()
             if changed:
                 if "is_fast_path_available" in namespace and all(n in namespace for n in fast_path):
                     namespace["is_fast_path_available"] = all(namespace[n] for n in fast_path)
                 if tuple_global and tuple_global in namespace:
                     namespace[tuple_global] = tuple(namespace[n] for n in fast_path)
-            self.report(module, changed, [], taken, layers)
+                lacking = tuple(n for n in fast_path if namespace.get(n) is None)
+            self.report(module, changed, [], taken, layers, lacking)
 
     def stale(self, namespace, import_utils) -> bool:
         return any(self.resolve(BOUND[n][0], n, import_utils) is not namespace[n]
@@ -299,7 +310,7 @@ class _Pass:
 
     # -- what is said -------------------------------------------------------------------------
 
-    def report(self, module, changed: dict, unknown: list, taken: set, layers: str) -> None:
+    def report(self, module, changed: dict, unknown: list, taken: set, layers: str, lacking=()) -> None:
         model = _short(module)
         if unknown:
             _say("warning", None, f"{model}: imported before install(), and {', '.join(unknown)} "
@@ -312,6 +323,8 @@ class _Pass:
         off = sorted(set(kernels) - set(on))
         what = "; ".join(x for x in (f"now uses {', '.join(on)}" if on else "",
                                      f"back on the torch path for {', '.join(off)}" if off else "") if x)
+        if on and lacking:   # e.g. the mamba family's fast path needs mamba-ssm too, which is not managed here
+            what += f"; its fast path still lacks {', '.join(lacking)}"
         kernel = kernels[0] if len(kernels) == 1 else None
         if taken:
             _say("warning", kernel, f"{model}: imported before install(); {what} (blocked here, see above). "
@@ -325,10 +338,10 @@ class _Pass:
             tail = "models already built follow" if layers == CALL else "for the models built from now on"
             _say("status", kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}")
         compiled = _compiled_graphs()
-        if compiled:
-            _say("warning", kernel, f"{compiled} graph(s) compiled with torch.compile before install() may keep the "
-                 "kernel choice they traced: call torch._dynamo.reset() before the next compiled step",
-                 once="late-compiled")
+        if compiled:   # dynamo guards on the module globals a graph read (checked: a rebound global retraces)
+            _say("status", kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
+                 "next call (they guard on the rebound functions); a program exported or AOT-compiled before "
+                 "install() keeps its kernels: export it again", once="late-compiled")
 
 
 def _closure(function) -> dict | None:

@@ -70,6 +70,25 @@ OUT["events_again"] = len(list(EVENTS.queue)) - n
 finish()
 '''
 
+# torch.compile before install(): dynamo guards on the module globals the graph read, so the rebound ones retrace.
+ERA_C_COMPILED = LATE + r'''
+from transformers import Qwen3_5ForCausalLM, AutoConfig
+cfg = AutoConfig.for_model("qwen3_5_text", **ARGS["config"])
+model = Qwen3_5ForCausalLM(cfg)
+compiled = torch.compile(model, backend="eager")
+ids = torch.randint(0, cfg.vocab_size, (2, 12))
+with torch.no_grad():
+    compiled(input_ids=ids)                                  # traced on the torch path
+from torch._dynamo.utils import counters
+OUT["graphs_before"] = counters["stats"]["unique_graphs"]
+late_install()
+with torch.no_grad():
+    compiled(input_ids=ids)
+OUT["graphs_after"] = counters["stats"]["unique_graphs"]
+OUT["calls"] = calls()
+finish()
+'''
+
 ERA_C_HOPPER = LATE + r'''
 from transformers import Qwen3_5ForCausalLM, AutoConfig
 cfg = AutoConfig.for_model("qwen3_5_text", **ARGS["config"])
@@ -138,7 +157,10 @@ def scenario_c(era: Era) -> dict:
     model = dict(config=QWEN3_5_TINY, functions=("causal_conv1d_fn", "causal_conv1d_update",
                                                  "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"))
     steps["late"] = Step(era.venv, ERA_C, era.env(A100, era.wheelhouse(fla="0.6.0", causal=True)), "plain", **model)
-    if "fla-core" not in era.venv.versions():   # the step above failed: give the Hopper step its fla anyway
+    era.uninstall_kernels()
+    steps["compiled"] = Step(era.venv, ERA_C_COMPILED, era.env(A100, era.wheelhouse(fla="0.6.0", causal=True)), "plain",
+                             **model)
+    if "fla-core" not in era.venv.versions():   # a step above failed: give the Hopper step its fla anyway
         house = era.wheelhouse(fla="0.6.0", deps=False)
         era.venv.uv_install(*glob.glob(os.path.join(house, "*.whl")), no_deps=True)
     env = era.env(H100_OLD_TRITON, era.wheelhouse(fla="0.6.0"), FASTPATH_HOOKS_SKIP="causal-conv1d")
@@ -201,6 +223,16 @@ def test_era_c_late_install_heals_the_module_and_the_model_built_before(scenario
     healed = [line for line in after_install(step) if "qwen3_5: imported before install()" in line]
     assert len(healed) == 1 and "now uses causal-conv1d, fla" in healed[0] and "models already built follow" in healed[0]
     assert out["events_again"] == 0      # a second install() has nothing to heal and says nothing
+
+
+@pytest.mark.slow
+@era("C")
+def test_era_c_a_graph_compiled_before_install_retraces_onto_the_kernels(scenarios):
+    step = scenarios["C"].result()["compiled"]
+    out = step.result()
+    assert out["graphs_before"] >= 1 and out["graphs_after"] > out["graphs_before"]
+    assert out["calls"]["fla"]["chunk"] >= 1 and out["calls"]["causal_conv1d"]["fn"] >= 1, out["calls"]
+    assert any("retrace at their next call" in line for line in after_install(step)), step.stderr
 
 
 @pytest.mark.slow
