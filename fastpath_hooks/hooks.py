@@ -110,10 +110,17 @@ def _settings_given() -> bool:
 
 
 def _check_settings() -> None:
+    """Say a bad variable now, once (the runtime stays quiet about it later); valid ones cost
+    settings.py's import only."""
     try:
-        from .runtime import check_settings
+        from .settings import Settings, SettingsError
 
-        check_settings()
+        try:
+            Settings.from_env()
+        except SettingsError as exc:
+            from .runtime import bad_settings
+
+            bad_settings(exc)
     except Exception as exc:
         internal_error(exc)
 

@@ -149,7 +149,7 @@ def load_context(target: str | None = None, *, strict: bool = False):
     except SettingsError as exc:
         if strict:
             raise
-        _bad_settings(exc)
+        bad_settings(exc)
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
@@ -164,17 +164,8 @@ def load_context(target: str | None = None, *, strict: bool = False):
     return settings, pins
 
 
-def check_settings() -> None:
-    """install(): a bad FASTPATH_HOOKS_* variable is said now, once (load_context stays quiet about it later)."""
-    from .settings import Settings, SettingsError
-
-    try:
-        Settings.from_env()
-    except SettingsError as exc:
-        _bad_settings(exc)
-
-
-def _bad_settings(exc) -> None:
+def bad_settings(exc) -> None:
+    """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
     events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are", once="settings")
 
 
