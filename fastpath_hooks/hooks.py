@@ -69,6 +69,8 @@ def install(*, kernels=None, on_event=None):
     kernels: names to manage (fla, causal-conv1d, tilelang); None = all.
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
+    A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
+    already chose their kernels: late.py decides those kernels and rebinds their choice.
     """
     if disabled():
         import logging
