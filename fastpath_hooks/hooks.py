@@ -69,6 +69,8 @@ def install(*, kernels=None, on_event=None):
     kernels: names to manage (fla, causal-conv1d, tilelang); None = all.
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
+    A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
+    already chose their kernels: late.py decides those kernels and rebinds their choice.
     """
     if disabled():
         import logging
@@ -95,7 +97,44 @@ def install(*, kernels=None, on_event=None):
             from .importer import after_gates_import
 
             after_gates_import(gates_module)
+    if _settings_given():
+        _check_settings()
+    if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
+        _late()
     return True
+
+
+def _settings_given() -> bool:
+    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
+    import os
+
+    return any(name.startswith("FASTPATH_HOOKS_") and name != "FASTPATH_HOOKS_DISABLE" for name in os.environ)
+
+
+def _check_settings() -> None:
+    """Say a bad variable now, once (the runtime stays quiet about it later); valid ones cost
+    settings.py's import only."""
+    try:
+        from .settings import Settings, SettingsError
+
+        try:
+            Settings.from_env()
+        except SettingsError as exc:
+            from .runtime import bad_settings
+
+            bad_settings(exc)
+    except Exception as exc:
+        internal_error(exc)
+
+
+def _late() -> None:
+    """Heal the kernel choice of modeling modules imported before install() (late.py)."""
+    try:
+        from .late import heal
+
+        heal()
+    except Exception as exc:
+        internal_error(exc)
 
 
 def uninstall():

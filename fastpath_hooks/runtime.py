@@ -149,8 +149,7 @@ def load_context(target: str | None = None, *, strict: bool = False):
     except SettingsError as exc:
         if strict:
             raise
-        events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are",
-                     once="settings")
+        bad_settings(exc)
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
@@ -163,6 +162,11 @@ def load_context(target: str | None = None, *, strict: bool = False):
         settings = replace(settings, mode="report", pins_file=None)
         _context["invalid"] = "the pins file is invalid (see above)"
     return settings, pins
+
+
+def bad_settings(exc) -> None:
+    """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
+    events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are", once="settings")
 
 
 def _valid_part(environ):
