@@ -197,6 +197,7 @@ def _download(args) -> int:
     settings, pins = _context(args)
     if settings.offline:
         raise _UsageError("download needs the network: unset FASTPATH_HOOKS_OFFLINE")
+    _writable_dir(args.dest)
     try:
         files = download(settings, pins, dest=args.dest, kernels=_kernels(args.kernels) or None)
     except DownloadError as exc:
@@ -207,6 +208,25 @@ def _download(args) -> int:
     print(f"wheelhouse {os.path.abspath(args.dest)}: {len(files)} files. Install from it with "
           f"FASTPATH_HOOKS_FIND_LINKS={os.path.abspath(args.dest)} FASTPATH_HOOKS_OFFLINE=1")
     return 0
+
+
+def _writable_dir(dest: str) -> None:
+    """--dest must be a directory this process can write (made if absent): one line otherwise."""
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise _UsageError(f"--dest {_short(dest)} is a file; give a directory for the wheelhouse")
+    try:
+        os.makedirs(dest, exist_ok=True)
+        probe = os.path.join(dest, f".fastpath-hooks-write-test-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise _UsageError(f"--dest {_short(dest)}: cannot write there ({exc.strerror or exc}); "
+                          "give a writable directory") from None
+
+
+def _short(path: str, keep: int = 60) -> str:
+    """A path for a one-line message: an over-long one is cut in the middle."""
+    return repr(path) if len(path) <= keep else repr(path[:keep // 2] + "..." + path[-keep // 2:])
 
 
 def _enable(args) -> int:

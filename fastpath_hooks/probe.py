@@ -51,6 +51,7 @@ class Environment:
     posed: tuple = ()
     prefix: str = ""
     pip_index_config: str | None = None   # where pip is told of an index/find-links (uv ignores it)
+    pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
 
     # -- derived facts -------------------------------------------------------
     @property
@@ -187,6 +188,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
         pip_index_config=pip_index_config(),
+        pip="pip" in dists,
     )
     return env
 
@@ -301,13 +303,24 @@ def _find_nvcc(dists: dict) -> str | None:
 
 
 def _find_uv() -> str | None:
+    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
+    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
     import shutil
     import sysconfig
 
-    candidate = os.path.join(sysconfig.get_path("scripts"), "uv")
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return candidate
-    return shutil.which("uv")
+    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = os.path.join(directory, "uv")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception:  # not installed, or its binary is missing
+        return None
 
 
 _PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
