@@ -149,14 +149,33 @@ def say(type: str, message: str, *, once: str | None = None, persist: str | None
     if persist is not None and not _first_time(persist):
         if level != "debug":
             return
-        message += " (said before in this environment)"
+        message = "(said before) " + message
     _write(message)
 
 
+def fit(message: str, limit: int = MAX_LINE) -> str:
+    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
+    a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
+    the whole text is in the debug log."""
+    words = message.split()
+    line = PREFIX + " ".join(words)
+    for i in sorted(range(len(words)), key=lambda i: -len(words[i])):
+        if len(line) <= limit or len(words[i]) <= 40:
+            break
+        word = words[i]
+        keep = max(30, len(word) - (len(line) - limit) - 3)
+        head = max(keep // 2, word.find("=") + 3)   # VARIABLE='value': the name stays whole
+        if keep - head < 8:
+            continue
+        words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
+        line = PREFIX + " ".join(words)
+    if len(line) > limit:
+        line = line[:limit - 3].rstrip() + "..."
+    return line
+
+
 def _write(message: str) -> None:
-    line = PREFIX + " ".join(message.split())
-    if len(line) > MAX_LINE:  # a long reason (e.g. from a pins file): the whole text is in the debug log
-        line = line[:MAX_LINE - 3].rstrip() + "..."
+    line = fit(message)
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

@@ -149,8 +149,9 @@ def load_context(target: str | None = None, *, strict: bool = False):
     except SettingsError as exc:
         if strict:
             raise
-        events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are",
-                     once="settings")
+        first = f"{exc.problems[0][0]}={exc.problems[0][1]!r} is not valid: {exc.problems[0][2]}"
+        more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        events.error(f"not installing until fixed: {first}{more}", once="settings")
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
@@ -417,7 +418,7 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
     kernel = decision.kernel
     if settings.mode == "report":
         why = _context["invalid"] or "FASTPATH_HOOKS_MODE=report"
-        events.warning(f"{kernel}: would {decision.action} ({decision.reason}); nothing is installed because {why}",
+        events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
                        kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
         if decision.on_failure == "block" and decision.installed:
             return _blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix)
