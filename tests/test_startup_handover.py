@@ -50,8 +50,8 @@ class Provider:
         module.FROM_PROVIDER = True
 
 def kinds():
-    return [type(f).__name__ for f in sys.meta_path if type(f).__name__ in
-            ("_FastpathHooksStartup", "KernelImportFinder", "Provider")]
+    names = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]   # the stand-in is a function
+    return [n for n in names if n in ("_FastpathHooksStartup", "KernelImportFinder", "Provider")]
 
 def provided(name):
     try:
