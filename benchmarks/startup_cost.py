@@ -181,7 +181,7 @@ def _mark(name: str) -> str:
 def measure(kind: str, work: str, wheel: str, args) -> bool:
     pythons = {method or "baseline": make_venv(os.path.join(work, f"{kind}-{method or 'baseline'}"), wheel, kind, method)
                for method in (None, "pth", "sitecustomize")}
-    floors = {name: make_floor(os.path.join(work, f"{kind}-{name}"), wheel, kind, name) for name in FLOORS}
+    floors = {name: make_floor(os.path.join(work, f"{kind}-floor-{i}"), wheel, kind, name) for i, name in enumerate(FLOORS)}
     print(f"\n== {kind} venv ({'uv venv, nothing else installed' if kind == 'bare' else 'python -m venv: pip, setuptools'})")
     for name, python in pythons.items():
         print(f"  {name:14s} starts with  {started(python)}")
@@ -198,7 +198,7 @@ def measure(kind: str, work: str, wheel: str, args) -> bool:
         print(f"  instructions (callgrind, median of {args.callgrind_runs}):")
         for name, count in counts.items():
             ratio = count / counts["baseline"]
-            print(f"    {name:24s} {count:>12,d}  ratio {ratio:.4f}  ({count - counts['baseline']:+,d}){_mark(name)}")
+            print(f"    {name:28s} {count:>12,d}  ratio {ratio:.4f}  ({count - counts['baseline']:+,d}){_mark(name)}")
             ok &= ratio <= TARGET or name != DEFAULT
     else:
         print("  instructions: valgrind is not installed")

@@ -341,8 +341,8 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
     persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = (f"{decision.kernel}: an earlier attempt to {decision.action} failed, not retried for {retry} "
-                   f"(FASTPATH_HOOKS_RETRY_AFTER; `doctor --refresh` forgets it): {reason}")
+        message = (f"{decision.kernel}: {decision.action} failed earlier, not retried for {retry} "
+                   f"(FASTPATH_HOOKS_RETRY_AFTER): {reason}")
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
