@@ -13,7 +13,9 @@ compiles that line from source at every start - twice in a venv on CPython 3.11,
 processes the venv's site-packages twice) and an empty compiled sitecustomize.py.
 
 Figures:
-- instructions: valgrind --tool=callgrind "Collected" counts (repeatable to ~0.1%);
+- instructions: valgrind --tool=callgrind "Collected" counts, the median over PYTHONHASHSEED=0..N-1
+  (the same seeds for every venv: a count is exactly repeatable, while the seed alone moves
+  it by up to ~0.3%);
 - wall: the median of many `python -c pass` runs per venv (posix_spawn + wait), the venvs
   interleaved in a shuffled order each round (identical runs differ by ~7% here;
   interleaving keeps drift and other load out of the ratio);
@@ -134,9 +136,10 @@ def instructions(python: str, runs: int, extra_env: dict | None = None) -> int |
     if not shutil.which("valgrind"):
         return None
     counts = []
-    for _ in range(runs):
+    for seed in range(runs):  # the same hash seeds for every venv: counts are repeatable and paired
         proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-c", "pass"],
-                              env=env(**(extra_env or {})), capture_output=True, text=True, check=True)
+                              env=env(PYTHONHASHSEED=str(seed), **(extra_env or {})), capture_output=True, text=True,
+                              check=True)
         counts.append(int(re.search(r"Collected : (\d+)", proc.stderr).group(1)))
     return int(statistics.median(counts))
 

@@ -346,7 +346,7 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
-        message = f"{decision.kernel}: could not {decision.action} - {reason}; transformers keeps its torch path"
+        message = f"{decision.kernel}: could not {decision.action}, transformers keeps its torch path - {reason}"
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
     return Outcome(decision.kernel, "failed", reason)
 

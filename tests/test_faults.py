@@ -155,7 +155,7 @@ def _rows(base: str, good: str, broken: str) -> list[tuple]:
             expected[0] = f"{name}={value!r} is not valid: unknown variable"
         # the valid variables still count: posing as the A100, fla would be installed - but is not
         expected.append("no CUDA/XPU accelerator" if name == "FASTPATH_HOOKS_TARGET" else
-                        "fla: would install (fla 0.6.0 fits triton 3.6.0")
+                        "fla: would install fla-core 0.6.0")
         rows.append((f"garbage-{name}", offline(f"garbage-{name}", **{name: value}), expected, {}))
     return rows
 
