@@ -94,7 +94,8 @@ def _context(args):
     try:
         return load_context(getattr(args, "target", None), strict=True)
     except SettingsError as exc:  # one line per bad variable
-        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {why}" for var, value, why in exc.problems)) from None
+        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {why.replace(repr(value), 'it')}"
+                                     for var, value, why in exc.problems)) from None
     except PinsError as exc:
         raise _UsageError(str(exc)) from None
 

@@ -160,13 +160,12 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
     words = message.split()
     line = PREFIX + " ".join(words)
     for i in sorted(range(len(words)), key=lambda i: -len(words[i])):
-        if len(line) <= limit or len(words[i]) <= 40:
+        if len(line) <= limit or len(words[i]) < 60:   # shorter words read better whole
             break
         word = words[i]
-        keep = max(30, len(word) - (len(line) - limit) - 3)
-        head = max(keep // 2, word.find("=") + 3)   # VARIABLE='value': the name stays whole
-        if keep - head < 8:
-            continue
+        head = word.find("=") + 3   # VARIABLE='value': the name stays whole
+        keep = max(36, head + 16, len(word) - (len(line) - limit) - 3)
+        head = max(keep // 2, head)
         words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
         line = PREFIX + " ".join(words)
     if len(line) > limit:

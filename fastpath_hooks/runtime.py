@@ -149,9 +149,11 @@ def load_context(target: str | None = None, *, strict: bool = False):
     except SettingsError as exc:
         if strict:
             raise
-        first = f"{exc.problems[0][0]}={exc.problems[0][1]!r} is not valid: {exc.problems[0][2]}"
+        var, value, why = exc.problems[0]
         more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
-        events.error(f"not installing until fixed: {first}{more}", once="settings")
+        # the value once (a short line), what it means before why: a long reason may be cut at the end
+        events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {why.replace(repr(value), 'it')}",
+                     once="settings")
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
