@@ -159,8 +159,11 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
     the whole text is in the debug log."""
     words = message.split()
     line = PREFIX + " ".join(words)
-    for i in sorted(range(len(words)), key=lambda i: -len(words[i])):
-        if len(line) <= limit or len(words[i]) < 60:   # shorter words read better whole
+    def value(word):  # VARIABLE='value': only the value may be cut
+        return len(word) - word.find("=") - 1
+
+    for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
+        if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
             break
         word = words[i]
         head = word.find("=") + 3   # VARIABLE='value': the name stays whole
