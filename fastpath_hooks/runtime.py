@@ -343,12 +343,11 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
     persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = (f"{decision.kernel}: {decision.action} failed earlier, not retried for {retry} "
-                   f"(FASTPATH_HOOKS_RETRY_AFTER): {reason}")
+        message = f"{decision.kernel}: failed earlier, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
-        message = f"{decision.kernel}: could not {decision.action}, transformers keeps its torch path - {reason}"
+        message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
     return Outcome(decision.kernel, "failed", reason)
 
