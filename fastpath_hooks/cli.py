@@ -88,13 +88,13 @@ def _parser():
 
 def _context(args):
     from .pins import PinsError
-    from .runtime import load_context
+    from .runtime import value_once, load_context
     from .settings import SettingsError
 
     try:
         return load_context(getattr(args, "target", None), strict=True)
     except SettingsError as exc:  # one line per bad variable
-        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {why.replace(repr(value), 'it')}"
+        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {value_once(value, why)}"
                                      for var, value, why in exc.problems)) from None
     except PinsError as exc:
         raise _UsageError(str(exc)) from None

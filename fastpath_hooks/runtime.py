@@ -152,7 +152,7 @@ def load_context(target: str | None = None, *, strict: bool = False):
         var, value, why = exc.problems[0]
         more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
         # the value once (a short line), what it means before why: a long reason may be cut at the end
-        events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {why.replace(repr(value), 'it')}",
+        events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}",
                      once="settings")
         settings = _valid_part(os.environ)
         _context["invalid"] = "a FASTPATH_HOOKS_* variable is invalid (see above)"
@@ -166,6 +166,12 @@ def load_context(target: str | None = None, *, strict: bool = False):
         settings = replace(settings, mode="report", pins_file=None)
         _context["invalid"] = "the pins file is invalid (see above)"
     return settings, pins
+
+
+def value_once(value, why: str) -> str:
+    """A reason that starts by quoting the value again ("'/x' is not a directory") says "it" instead."""
+    quoted = repr(value)
+    return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
 
 
 def _valid_part(environ):
@@ -343,7 +349,7 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
     persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = f"{decision.kernel}: failed earlier, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
+        message = f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:

@@ -96,7 +96,7 @@ def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: 
         return Verification(False, f"{what} exited with code {proc.returncode}: {_tail(proc.stderr) or 'no output'}",
                             seconds, proc.returncode)
     if not result.get("ok"):
-        return Verification(False, f"{what} failed: {result.get('error')}", seconds, proc.returncode)
+        return Verification(False, f"{what}: {result.get('error')}", seconds, proc.returncode)
     return Verification(True, f"{what}: ok in {seconds:.1f} s", seconds, proc.returncode)
 
 
