@@ -54,7 +54,8 @@ def _parser():
     d = sub.add_parser("doctor", help="the facts, and per kernel what install() would do and why")
     d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/1)")
     d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
-    d.add_argument("--refresh", action="store_true", help="forget cached verdicts (and the lines said once) for this environment first")
+    d.add_argument("--refresh", action="store_true",
+                   help="forget cached verdicts (and the lines said once) for this environment first")
     d.add_argument("--smoke", action="store_true",
                    help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch reference")
     d.set_defaults(func=_doctor)

@@ -38,7 +38,8 @@ def installer_choice(settings, env) -> tuple:
     the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
     run here (`uv venv` makes no pip, and uv may not be on PATH); `why` names the fix."""
     if settings.installer == "uv" and not env.uv:
-        return None, "FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run `python -m ensurepip`"
+        return None, ("FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run "
+                      "`python -m ensurepip`")
     if settings.installer == "pip" and not env.pip:
         return None, "FASTPATH_HOOKS_INSTALLER=pip but no pip here; run `python -m ensurepip`, or put uv on PATH"
     if settings.installer != "auto":

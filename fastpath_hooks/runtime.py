@@ -443,8 +443,8 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
 def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
     """Under the environment lock: re-read the world, then verify, install or repair - or take
     what another process did while this one waited. Every verdict is written here."""
-    from .installer import InstallError, recover, run_steps
     from .commands import installer_choice
+    from .installer import InstallError, recover, run_steps
     from .plan import BLOCK, OK, REPAIR, SKIP
     from .state import environment_state_dir
 
