@@ -232,8 +232,8 @@ def _sitecustomize_target():
         module = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(package):
             raise ActivationError(
-                f"{os.path.dirname(package)} is a sitecustomize package: it runs fastpath-hooks' 'sitecustomize' "
-                "entry point already; or use --method pth")
+                f"{os.path.dirname(package)} is a sitecustomize package (it runs fastpath-hooks' entry point "
+                "already); use --method pth")
         if os.path.isfile(module):
             if not os.path.realpath(module).startswith(prefix + os.sep):
                 raise ActivationError(
