@@ -7,10 +7,15 @@ Target: at most 3% more than without (issue 3). Set-up, per kind of fresh venv:
 - standard: `python -m venv` (pip and setuptools seeded, setuptools' .pth runs at start);
 fastpath-hooks is installed from its wheel WITH compiled .pyc files (what pip does, and
 `uv pip install --compile-bytecode`); one venv stays as it is (baseline), one gets
-`fastpath-hooks enable` (.pth), one `enable --method sitecustomize`.
+`fastpath-hooks enable` (.pth), one `enable --method sitecustomize`. Two more show the floor
+of each mechanism, whatever it runs: a .pth holding only `import sys` (site.py reads the file and
+compiles that line from source at every start - twice in a venv on CPython 3.11, which
+processes the venv's site-packages twice) and an empty compiled sitecustomize.py.
 
 Figures:
-- instructions: valgrind --tool=callgrind "Collected" counts (repeatable to ~0.1%);
+- instructions: valgrind --tool=callgrind "Collected" counts, the median over PYTHONHASHSEED=0..N-1
+  (the same seeds for every venv: a count is exactly repeatable, while the seed alone moves
+  it by up to ~0.3%);
 - wall: the median of many `python -c pass` runs per venv (posix_spawn + wait), the venvs
   interleaved in a shuffled order each round (identical runs differ by ~7% here;
   interleaving keeps drift and other load out of the ratio);
@@ -36,8 +41,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = 1.03
-MODULES = ("import sys; print('meta_path:', [type(f).__name__ for f in sys.meta_path if 'astpath' in type(f).__name__ "
-           "or type(f).__name__ == 'KernelImportFinder'], 'modules:', sorted(m for m in sys.modules if 'fastpath_hooks' in m))")
+MODULES = ("import sys; names = [getattr(f, '__name__', type(f).__name__) for f in sys.meta_path]; "
+           "print('meta_path:', [n for n in names if 'astpath' in n or n == 'KernelImportFinder'], "
+           "'modules:', sorted(m for m in sys.modules if 'fastpath_hooks' in m))")
 
 
 def env(**extra) -> dict:
@@ -77,6 +83,25 @@ def make_venv(path: str, wheel: str, kind: str, method: str | None) -> str:
     return python
 
 
+FLOORS = {"floor: .pth `import sys`": ("fastpath-hooks-floor.pth", "import sys\n"),
+          "floor: empty sitecustomize": ("sitecustomize.py", "")}
+
+
+def make_floor(path: str, wheel: str, kind: str, name: str) -> str:
+    """A venv with only the mechanism: a .pth that runs one line, or an empty sitecustomize.py (compiled)."""
+    import py_compile
+
+    python = make_venv(path, wheel, kind, None)
+    site = glob.glob(os.path.join(path, "lib", "python3*", "site-packages"))[0]
+    filename, text = FLOORS[name]
+    with open(os.path.join(site, filename), "w") as fh:
+        fh.write(text)
+    if filename.endswith(".py"):
+        target = os.path.join(site, filename)
+        py_compile.compile(target, cfile=__import__("importlib.util").util.cache_from_source(target), doraise=True)
+    return python
+
+
 def wall_ms(pythons: dict, runs: int) -> dict:
     """Median wall time of `python -c pass` per venv; each round runs every venv once, shuffled."""
     import random
@@ -111,9 +136,10 @@ def instructions(python: str, runs: int, extra_env: dict | None = None) -> int |
     if not shutil.which("valgrind"):
         return None
     counts = []
-    for _ in range(runs):
+    for seed in range(runs):  # the same hash seeds for every venv: counts are repeatable and paired
         proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, "-c", "pass"],
-                              env=env(**(extra_env or {})), capture_output=True, text=True, check=True)
+                              env=env(PYTHONHASHSEED=str(seed), **(extra_env or {})), capture_output=True, text=True,
+                              check=True)
         counts.append(int(re.search(r"Collected : (\d+)", proc.stderr).group(1)))
     return int(statistics.median(counts))
 
@@ -158,6 +184,7 @@ def _mark(name: str) -> str:
 def measure(kind: str, work: str, wheel: str, args) -> bool:
     pythons = {method or "baseline": make_venv(os.path.join(work, f"{kind}-{method or 'baseline'}"), wheel, kind, method)
                for method in (None, "pth", "sitecustomize")}
+    floors = {name: make_floor(os.path.join(work, f"{kind}-floor-{i}"), wheel, kind, name) for i, name in enumerate(FLOORS)}
     print(f"\n== {kind} venv ({'uv venv, nothing else installed' if kind == 'bare' else 'python -m venv: pip, setuptools'})")
     for name, python in pythons.items():
         print(f"  {name:14s} starts with  {started(python)}")
@@ -168,11 +195,13 @@ def measure(kind: str, work: str, wheel: str, args) -> bool:
     counts = {name: instructions(python, args.callgrind_runs) for name, python in pythons.items()}
     for name in ("pth", "sitecustomize"):
         counts[f"{name}, DISABLE=1"] = instructions(pythons[name], args.callgrind_runs, {"FASTPATH_HOOKS_DISABLE": "1"})
+    for name, python in floors.items():
+        counts[name] = instructions(python, args.callgrind_runs)
     if counts["baseline"] is not None:
         print(f"  instructions (callgrind, median of {args.callgrind_runs}):")
         for name, count in counts.items():
             ratio = count / counts["baseline"]
-            print(f"    {name:24s} {count:>12,d}  ratio {ratio:.4f}  ({count - counts['baseline']:+,d}){_mark(name)}")
+            print(f"    {name:28s} {count:>12,d}  ratio {ratio:.4f}  ({count - counts['baseline']:+,d}){_mark(name)}")
             ok &= ratio <= TARGET or name != DEFAULT
     else:
         print("  instructions: valgrind is not installed")

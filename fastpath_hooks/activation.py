@@ -40,13 +40,16 @@ PTH_NAME = "fastpath-hooks-startup.pth"
 STARTUP_MODULE = "_fastpath_hooks_startup"
 BEGIN = "# >>> fastpath-hooks >>>"
 END = "# <<< fastpath-hooks <<<"
-FORMAT = "v3"
+FORMAT = "v4"
 
 # The stand-in finder. Plain top-level code: it is both a module of its own (pth) and a
 # block inside a user's sitecustomize.py, so it leaves no name behind in that namespace.
-# At its first watched import it turns inert and hands over; `hooks.install()` then puts the
-# real finder in its slot. It never removes itself from sys.meta_path: CPython iterates that
-# list while it calls us, and removing an entry would skip the finder after it.
+# A function, not a class: creating a class at every start costs ~65 K instructions more
+# (benchmarks/startup_cost.py); `find_spec` is the function itself, `watched` an attribute that
+# hooks._quiet_stand_ins() empties. At its first watched import it turns inert and hands over;
+# `hooks.install()` then puts the real finder in its slot. It never removes itself from
+# sys.meta_path: CPython iterates that list while it calls us, and removing an entry would skip
+# the finder after it.
 STARTUP = """\
 # Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.
 try:
@@ -54,15 +57,12 @@ try:
     if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in TRUE_VALUES:
         import sys as _fph_sys
 
-        class STAND_IN:
-            \"\"\"Stands in for fastpath-hooks' import finder until a watched module is imported.\"\"\"
-
-            watched = frozenset(WATCHED)
-
-            def find_spec(self, fullname, path=None, target=None):
-                if fullname not in self.watched:
+        def _fph_stand_in(watched):
+            def STAND_IN(fullname, path=None, target=None):
+                \"\"\"Stands in for fastpath-hooks' import finder until a watched module is imported.\"\"\"
+                if fullname not in STAND_IN.watched:
                     return None
-                self.watched = frozenset()  # once: from now on the real finder (or nothing) answers
+                STAND_IN.watched = ()  # once: from now on the real finder (or nothing) answers
                 try:
                     from fastpath_hooks.hooks import resume
 
@@ -70,8 +70,12 @@ try:
                 except Exception:  # the package was removed or is broken: step aside
                     return None
 
-        _fph_sys.meta_path.insert(0, STAND_IN())
-        del _fph_sys, STAND_IN
+            STAND_IN.watched = watched
+            STAND_IN.find_spec = STAND_IN
+            return STAND_IN
+
+        _fph_sys.meta_path.insert(0, _fph_stand_in(frozenset(WATCHED)))
+        del _fph_sys, _fph_stand_in
     del _fph_os
 except Exception:
     pass
@@ -228,13 +232,12 @@ def _sitecustomize_target():
         module = os.path.join(entry, "sitecustomize.py")
         if os.path.isfile(package):
             raise ActivationError(
-                f"{os.path.dirname(package)} is a sitecustomize package (sitecustomize-entrypoints?): it runs the "
-                "'sitecustomize' entry points, where fastpath-hooks is already registered; or use --method pth")
+                f"{os.path.dirname(package)} is a sitecustomize package (it runs fastpath-hooks' entry point "
+                "already); use --method pth")
         if os.path.isfile(module):
             if not os.path.realpath(module).startswith(prefix + os.sep):
                 raise ActivationError(
-                    f"{module} belongs to the system Python and runs instead of one in this environment; "
-                    "use --method pth (the default)")
+                    f"{module} is the system Python's and runs instead of one here; use --method pth")
             if not os.access(module, os.W_OK):
                 raise ActivationError(f"{module} is not writable")
             return module, False

@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except _UsageError as exc:
-        print(f"fastpath-hooks: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            _error(line)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -38,6 +39,13 @@ class _UsageError(Exception):
     pass
 
 
+def _error(message: str) -> None:
+    """One line on stderr, at most events.MAX_LINE characters."""
+    from .events import fit
+
+    print(fit(message), file=sys.stderr)
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="fastpath-hooks", description="Make transformers' fast kernel paths just work.")
     p.add_argument("--version", action="version", version=f"fastpath-hooks {__version__}")
@@ -46,7 +54,8 @@ def _parser():
     d = sub.add_parser("doctor", help="the facts, and per kernel what install() would do and why")
     d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/1)")
     d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
-    d.add_argument("--refresh", action="store_true", help="forget cached verdicts for this environment first")
+    d.add_argument("--refresh", action="store_true",
+                   help="forget cached verdicts (and the lines said once) for this environment first")
     d.add_argument("--smoke", action="store_true",
                    help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch reference")
     d.set_defaults(func=_doctor)
@@ -100,12 +109,15 @@ def _parser():
 
 def _context(args):
     from .pins import PinsError
-    from .runtime import load_context
+    from .runtime import value_once, load_context
     from .settings import SettingsError
 
     try:
         return load_context(getattr(args, "target", None), strict=True)
-    except (SettingsError, PinsError) as exc:
+    except SettingsError as exc:  # one line per bad variable
+        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {value_once(value, why)}"
+                                     for var, value, why in exc.problems)) from None
+    except PinsError as exc:
         raise _UsageError(str(exc)) from None
 
 
@@ -133,7 +145,10 @@ def _doctor(args) -> int:
     settings, pins = _context(args)
     cache = VerdictCache(settings)
     if args.refresh:
+        from .events import forget_said
+
         cache.forget()
+        forget_said()   # the lines said once per environment are said again
     env, plan, real = _snapshot(settings, pins)
     act = activation.status()
     verdicts = cache.entries()
@@ -219,10 +234,11 @@ def _download(args) -> int:
     settings, pins = _context(args)
     if settings.offline:
         raise _UsageError("download needs the network: unset FASTPATH_HOOKS_OFFLINE")
+    _writable_dir(args.dest)
     try:
         files = download(settings, pins, dest=args.dest, kernels=_kernels(args.kernels) or None)
     except DownloadError as exc:
-        print(f"fastpath-hooks: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 1
     for f in files:
         print(f)
@@ -339,6 +355,20 @@ def _cache_clear(args) -> int:
     print(f"wheel cache {wheelcache.directory(root)}: removed {len(removed)} wheel{'s' if len(removed) != 1 else ''}"
           + (f" of {dist}" if dist else ""))
     return 0
+
+
+def _writable_dir(dest: str) -> None:
+    """--dest must be a directory this process can write (made if absent): one line otherwise."""
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise _UsageError(f"--dest {dest!r} is a file; give a directory for the wheelhouse")
+    try:
+        os.makedirs(dest, exist_ok=True)
+        probe = os.path.join(dest, f".fastpath-hooks-write-test-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise _UsageError(f"--dest {dest!r}: cannot write there ({exc.strerror or exc}); "
+                          "give a writable directory") from None
 
 
 def _enable(args) -> int:

@@ -28,19 +28,29 @@ class Invocation:
 
 
 def choose_installer(settings, env) -> str:
-    return installer_choice(settings, env)[0]
+    """The installer to run (pip where none is available: `installer_choice` says why it cannot work)."""
+    return installer_choice(settings, env)[0] or "pip"
 
 
 def installer_choice(settings, env) -> tuple:
-    """(uv or pip, why). Auto mode prefers uv, except where pip is configured with its own index or
+    """(uv, pip or None, why). Auto mode prefers uv, except where pip is configured with its own index or
     find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
-    the unpinned dependencies from public PyPI instead of the site's index."""
+    the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
+    run here (`uv venv` makes no pip, and uv may not be on PATH); `why` names the fix."""
+    if settings.installer == "uv" and not env.uv:
+        return None, ("FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run "
+                      "`python -m ensurepip`")
+    if settings.installer == "pip" and not env.pip:
+        return None, "FASTPATH_HOOKS_INSTALLER=pip but no pip here; run `python -m ensurepip`, or put uv on PATH"
     if settings.installer != "auto":
         return settings.installer, f"FASTPATH_HOOKS_INSTALLER={settings.installer}"
     if not env.uv:
+        if not env.pip:
+            return None, ("no installer: no uv found, no pip here; put uv on PATH (FASTPATH_HOOKS_INSTALLER=uv) "
+                          "or run `python -m ensurepip`")
         return "pip", "auto: uv not found"
     own_index = settings.offline or settings.index_url
-    if env.pip_index_config and not own_index:
+    if env.pip_index_config and not own_index and env.pip:
         return "pip", (f"auto: pip's configuration names an index or find-links ({env.pip_index_config}), "
                        "which uv would ignore")
     return "uv", "auto: uv found"

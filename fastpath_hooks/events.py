@@ -1,9 +1,23 @@
 """Events: the `fastpath_hooks` logger, `on_event` callbacks, and the human line.
 
-Every event goes to the logger at DEBUG (all ranks) and to every `on_event`
-callback as a JSON-serialisable dict. Human messages go to stderr, prefixed
-`fastpath-hooks:`, from local rank 0 only (`LOCAL_RANK`, else `RANK`), filtered
-by FASTPATH_HOOKS_LOG.
+Every event goes to the logger at DEBUG (all processes) and to every `on_event`
+callback as a JSON-serialisable dict. Human lines go to stderr, prefixed
+`fastpath-hooks:`, filtered by FASTPATH_HOOKS_LOG, at most `MAX_LINE` characters
+(the details are in `fastpath-hooks doctor` and the debug log), and from one
+process per node (`speaks()`):
+
+- never from a multiprocessing child (DataLoader and pool workers inherit LOCAL_RANK=0);
+- else the local rank decides where a launcher gives one: LOCAL_RANK, an MPI
+  launcher's local rank, or RANK modulo LOCAL_WORLD_SIZE - local rank 0 prints;
+- else processes started by one parent (a shell loop, xargs, a launcher that sets
+  no rank) are one job: the first of them with something to say takes the node's
+  "voice" for that parent (an fcntl lock on one byte, released by the OS when it
+  exits) and the others stay quiet.
+
+A line that would repeat at every start (a skip, a remembered failure) is said
+once per environment and decision (`persist=`): a marker in the cache directory
+remembers it; later starts log it at debug (FASTPATH_HOOKS_LOG=debug prints it).
+`fastpath-hooks doctor --refresh` forgets the markers.
 """
 
 from __future__ import annotations
@@ -16,19 +30,83 @@ import time
 logger = logging.getLogger("fastpath_hooks")
 
 TYPES = ("status", "warning", "error")
+MAX_LINE = 160          # characters, "fastpath-hooks: " included
+PREFIX = "fastpath-hooks: "
 _LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
+_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
 _said: set = set()
+_voice: dict = {}       # parent pid -> True (this process holds the voice) / False
 
 
-def local_rank() -> int:
-    for var in ("LOCAL_RANK", "RANK"):
+def local_rank() -> int | None:
+    """This process's rank on its node, where a launcher says it; None where none does."""
+    for var in _LOCAL_RANK_VARIABLES:
         raw = os.environ.get(var)
         if raw is not None:
-            try:
-                return int(raw)
-            except ValueError:
-                return 0
-    return 0
+            return _int(raw)
+    rank, size = os.environ.get("RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if rank is not None and size is not None:
+        size_value = _int(size)
+        return _int(rank) % size_value if size_value > 0 else 0
+    return None
+
+
+def _int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        return 0
+
+
+def worker() -> bool:
+    """A multiprocessing child (DataLoader worker, pool worker, Process): its parent speaks for it."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return False
+    try:
+        return mp.parent_process() is not None
+    except Exception:
+        return False
+
+
+def speaks() -> bool:
+    """Whether this process prints human lines (one process per node, see the module docstring)."""
+    if worker():
+        return False
+    rank = local_rank()
+    if rank is not None:
+        return rank == 0
+    return _take_voice()
+
+
+def _take_voice() -> bool:
+    """The first process of its parent's children (on this node, in this environment) to ask keeps
+    the voice until it exits; asked once per process (per parent: a fork re-asks)."""
+    parent = os.getppid()
+    if parent not in _voice:
+        _voice[parent] = _lock_voice(parent)
+    return _voice[parent]
+
+
+def _lock_voice(parent: int) -> bool:
+    try:
+        import fcntl
+
+        from .state import environment_key
+    except ImportError:  # no fcntl (Windows): every process speaks
+        return True
+    directory = os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}-{environment_key()}.voice")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, parent)
+    except OSError:
+        os.close(fd)
+        return False
+    return True  # fd stays open: the lock lasts as long as this process
 
 
 def _listeners():
@@ -43,8 +121,9 @@ def _log_level() -> str:
 
 
 def emit(type: str, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
-         **extra) -> dict:
-    """Send one event. `once`: a key; the human line is printed once per process for it."""
+         persist: str | None = None, **extra) -> dict:
+    """Send one event. `once`: a key; the human line is printed once per process for it.
+    `persist`: a key (a decision's rule and reason); the line is printed once per environment."""
     event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
     for key, value in extra.items():
         event[key] = value
@@ -55,24 +134,89 @@ def emit(type: str, message: str, kernel: str | None = None, *, human: bool = Tr
         except Exception as exc:  # a listener's bug must not break the import it observes
             logger.debug("on_event callback %r raised %r", callback, exc)
     if human:
-        say(type, message, once=once)
+        say(type, message, once=once, persist=persist)
     return event
 
 
-def say(type: str, message: str, *, once: str | None = None) -> None:
+def say(type: str, message: str, *, once: str | None = None, persist: str | None = None) -> None:
     if once is not None:
         if once in _said:
             return
         _said.add(once)
-    if local_rank() != 0:
+    level = _log_level()
+    if _LEVELS.get(type, 1) < _LEVELS[level] or not speaks():
         return
-    if _LEVELS.get(type, 1) < _LEVELS[_log_level()]:
-        return
+    if persist is not None and not _first_time(persist):
+        if level != "debug":
+            return
+        message = "(said before) " + message
+    _write(message)
+
+
+def fit(message: str, limit: int = MAX_LINE) -> str:
+    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
+    a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
+    the whole text is in the debug log."""
+    words = message.split()
+    line = PREFIX + " ".join(words)
+    def value(word):  # VARIABLE='value': only the value may be cut
+        return len(word) - word.find("=") - 1
+
+    for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
+        if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
+            break
+        word = words[i]
+        head = word.find("=") + 3   # VARIABLE='value': the name stays whole
+        keep = max(36, head + 16, len(word) - (len(line) - limit) - 3)
+        head = max(keep // 2, head)
+        words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
+        line = PREFIX + " ".join(words)
+    if len(line) > limit:
+        line = line[:limit - 3].rstrip() + "..."
+    return line
+
+
+def _write(message: str) -> None:
+    line = fit(message)
     try:
-        sys.stderr.write(f"fastpath-hooks: {message}\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
     except Exception:
         pass
+
+
+def said_dir(environ=None) -> str:
+    """Where the lines said once per environment are remembered (beside the verdict cache)."""
+    from .state import cache_root_from_environ, environment_key
+
+    return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
+                        environment_key())
+
+
+def _first_time(key: str) -> bool:
+    """Claim `key` for this environment (atomically: concurrent processes claim it once); True
+    when no process said it before. An unwritable cache says it every time, as before."""
+    import hashlib
+
+    path = os.path.join(said_dir(), hashlib.sha256(key.encode()).hexdigest()[:24])
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def forget_said(environ=None) -> bool:
+    """Forget the lines said once in this environment (`doctor --refresh`)."""
+    import shutil
+
+    directory = said_dir(environ)
+    existed = os.path.isdir(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    return existed
 
 
 def status(message, kernel=None, **kw):
@@ -90,7 +234,7 @@ def error(message, kernel=None, **kw):
 def debug(message, kernel=None, **kw):
     """Logged and sent to callbacks as a status event, never printed unless FASTPATH_HOOKS_LOG=debug."""
     event = emit("status", message, kernel, human=False, **kw)
-    if _log_level() == "debug" and local_rank() == 0:
+    if _log_level() == "debug":
         say("debug", message)
     return event
 

@@ -23,7 +23,7 @@ MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}       
 GATES_MODULE = "transformers.utils.import_utils"
 _WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
 TRUE_VALUES = ("1", "true", "yes", "on")
-STAND_IN = "_FastpathHooksStartup"   # the class name of activation.STARTUP's finder
+STAND_IN = "_FastpathHooksStartup"   # the name of activation.STARTUP's finder (a function; a class before v4)
 
 _lock = _thread.RLock()
 # ended: uninstall() ran - a start-up stand-in must not install the hooks again.
@@ -173,7 +173,7 @@ def _place(finder) -> None:
     run from inside an import (the stand-in's resume), while CPython iterates sys.meta_path -
     removing an entry there would skip the finder after it."""
     for i, entry in enumerate(sys.meta_path):
-        if type(entry).__name__ == STAND_IN:
+        if is_stand_in(entry):
             sys.meta_path[i] = finder
             return
     sys.meta_path.insert(0, finder)
@@ -183,8 +183,13 @@ def _quiet_stand_ins() -> None:
     """Stand-ins still on sys.meta_path (another entry's, or a second enable method) watch nothing:
     install() / uninstall() decided; they stay where they are, inert."""
     for entry in sys.meta_path:
-        if type(entry).__name__ == STAND_IN:
+        if is_stand_in(entry):
             entry.watched = frozenset()
+
+
+def is_stand_in(entry) -> bool:
+    """A start-up stand-in: the function written since format v4, or an older entry's class instance."""
+    return getattr(entry, "__name__", None) == STAND_IN or type(entry).__name__ == STAND_IN
 
 
 def internal_error(exc) -> None:

@@ -57,6 +57,7 @@ class Environment:
     memory_gib: float | None = None   # available memory (MAX_JOBS: nvcc jobs take GBs each)
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
+    pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
 
     # -- derived facts -------------------------------------------------------
     @property
@@ -213,6 +214,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         memory_gib=_memory_gib(),
         wheel_cache=wheelcache.directory(cache) if cache else None,
         cached_wheels=wheelcache.listing(cache),
+        pip="pip" in dists,
     )
     return env
 
@@ -406,13 +408,24 @@ def _find_nvcc(dists: dict) -> str | None:
 
 
 def _find_uv() -> str | None:
+    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
+    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
     import shutil
     import sysconfig
 
-    candidate = os.path.join(sysconfig.get_path("scripts"), "uv")
-    if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-        return candidate
-    return shutil.which("uv")
+    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = os.path.join(directory, "uv")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception:  # not installed, or its binary is missing
+        return None
 
 
 _PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")

@@ -23,7 +23,7 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     out = {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
-        out[kernel] = [invocation(s, installer=installer, settings=settings,
+        out[kernel] = [invocation(s, installer=installer or "pip", settings=settings,
                                   uv=uv_executable(env)).to_json() for s in steps]
     return {"installer": installer, "installer_reason": why, "constraints": constraints(real_installed, pins.protected),
             "commands": out}
@@ -43,12 +43,17 @@ def plan_json(plan, settings, *, real_installed, pins) -> dict:
 
 
 def summary(plan, settings) -> str:
+    """One line; the reasons are in the per-kernel lines above it."""
     acting = [d for d in plan.decisions.values() if d.acts]
     if plan.notes and not acting:
         return f"nothing will be installed: {plan.notes[0]}."
     if not acting:
-        return "nothing will be installed: " + "; ".join(f"{d.kernel}: {d.reason}" for d in plan.decisions.values()) + "."
+        left = ", ".join(f"{d.kernel} ({VERBS[d.action]})" for d in plan.decisions.values())
+        return f"nothing will be installed: {left}."
     parts = [f"{d.action} {d.kernel} ({', '.join(f'{k} {v}' for k, v in d.target.items())})" for d in acting]
+    installer, why = installer_choice(settings, plan.environment)
+    if installer is None and settings.mode != "report":
+        return f"install() would {'; '.join(parts)} but cannot: {why}."
     if settings.mode == "report":
         return "FASTPATH_HOOKS_MODE=report: would " + "; ".join(parts) + " - nothing will be installed."
     return "install() would " + "; ".join(parts) + "."
@@ -98,7 +103,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
     tv = env.version("transformers")
     row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
     installer, why = installer_choice(settings, env)
-    row("installer", f"{installer}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
+    row("installer", f"{installer or 'none'}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
     if _enabled(activation):
         where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
         row("start-up", "enabled: " + ", ".join(where))
@@ -122,6 +127,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         what = VERBS[d.action]
         if d.action in (INSTALL, REPAIR):
             what += " " + ", ".join(f"{k}=={v}" for k, v in d.target.items())
+            if installer is None and settings.mode != "report":
+                what = f"would {what}, but no installer can run (see installer above)"
         lines.append(f"    install()      {what} - {d.reason}")
         if d.needs:
             lines.append(f"    needs          {', '.join(d.needs)}")
@@ -156,7 +163,7 @@ def packed_text(packed: dict) -> list:
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:
     data = commands_for(plan, settings, real_installed=real_installed, pins=pins)
-    lines = [f"installer: {data['installer']} - {data['installer_reason']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
+    lines = [f"installer: {data['installer'] or 'none'} - {data['installer_reason']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
     for kernel, d in plan.decisions.items():
         lines.append(f"{kernel}: {d.action} - {d.reason}")
         for inv in data["commands"][kernel]:

@@ -2,7 +2,7 @@
 
 The hooks call only this module. It never raises into the caller: every failure
 ends as an Outcome that leaves the import on transformers' working torch path,
-with one clear message (local rank 0; every rank logs at debug).
+with one clear line (one process per node, see events.py; every process logs at debug).
 
 Two caches make later starts cheap (`state.VerdictCache`):
 - the warm verdict: a kernel found good, under the environment's signature
@@ -166,7 +166,17 @@ def load_context(target: str | None = None, *, strict: bool = False):
 
 def bad_settings(exc) -> None:
     """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
-    events.error(f"{exc}. Nothing is installed until that is fixed; kernels stay as they are", once="settings")
+    var, value, why = exc.problems[0]
+    more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+    # the value once (a short line), what it means before why: a long reason may be cut at the end
+    events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}",
+                 once="settings")
+
+
+def value_once(value, why: str) -> str:
+    """A reason that starts by quoting the value again ("'/x' is not a directory") says "it" instead."""
+    quoted = repr(value)
+    return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
 
 
 def _valid_part(environ):
@@ -332,13 +342,14 @@ def _apply_env(kernel: str, pairs, why: str) -> None:
 def _skipped(decision, plan) -> Outcome:
     if decision.rule in GLOBAL_SKIPS:
         kernels = ", ".join(plan.decisions)
-        events.emit("status", f"{plan.notes[0] if plan.notes else decision.reason}; nothing is installed and "
-                    f"transformers keeps its torch path ({kernels})", decision.kernel, once="global-skip")
+        why = plan.notes[0] if plan.notes else decision.reason
+        events.emit("status", f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
+                    decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
     else:
         tail = f" ({decision.fix})" if decision.fix else ""
         kind = "warning" if decision.rule.startswith(("fla.hazard", "tilelang.no-nvcc", "causal.no-wheel")) else "status"
         events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
-                    once=f"skip-{decision.kernel}")
+                    once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
     return Outcome(decision.kernel, "skipped", decision.reason)
 
 
@@ -356,14 +367,15 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
         reason = remembered["reason"]
     if decision.on_failure == "block":
         return _blocked(decision, reason, decision.fix or "")
+    persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = (f"{decision.kernel}: an earlier attempt to {decision.action} failed - {reason}; not retried for "
-                   f"{retry} (FASTPATH_HOOKS_RETRY_AFTER; `fastpath-hooks doctor --refresh` forgets it); "
-                   "transformers keeps its torch path")
+        message = f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
+        # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
+        persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
-        message = (f"{decision.kernel}: could not {decision.action} - {reason}; transformers keeps its torch path")
-    events.error(message, decision.kernel, once=f"fail-{decision.kernel}")
+        message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
+    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
     return Outcome(decision.kernel, "failed", reason)
 
 
@@ -434,8 +446,8 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
     kernel = decision.kernel
     if settings.mode == "report":
         why = _context["invalid"] or "FASTPATH_HOOKS_MODE=report"
-        events.warning(f"{kernel}: would {decision.action} ({decision.reason}); nothing is installed because {why}",
-                       kernel, once=f"report-{kernel}")
+        events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
+                       kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
         if decision.on_failure == "block" and decision.installed:
             return _blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix)
         return Outcome(kernel, "reported", decision.reason)
@@ -452,6 +464,7 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
 def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
     """Under the environment lock: re-read the world, then verify, install or repair - or take
     what another process did while this one waited. Every verdict is written here."""
+    from .commands import installer_choice
     from .installer import InstallError, recover, run_steps
     from .plan import BLOCK, OK, REPAIR, SKIP
     from .state import environment_state_dir
@@ -480,6 +493,11 @@ def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
         # another process failed while we waited: its verdict, not a second attempt
         return _failed(current, cached["reason"], remembered=cached, settings=settings)
 
+    installer, why = installer_choice(settings, env)
+    if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
+        events.warning(f"{kernel}: not installed - {why}", kernel, once=f"fail-{kernel}",
+                       persist=f"{current.rule}:no-installer:{why}")
+        return Outcome(kernel, "failed", why)
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(f"{kernel}: {verb} {_describe(current)} ({current.reason})", kernel)
     try:
@@ -525,8 +543,8 @@ class _EnvironmentLock:
             try:
                 lock.acquire(timeout=0)
             except filelock.Timeout:
-                events.status(f"{self.kernel}: waiting for another process that is installing or checking kernels in "
-                              f"this environment (at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
+                events.status(f"{self.kernel}: waiting for another process that is installing or checking kernels "
+                              f"(at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
                               self.kernel,
                               once=f"wait-{self.kernel}")
                 lock.acquire()

@@ -57,7 +57,14 @@ def child_env(extra=()) -> dict:
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None) -> Verification:
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
     return run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                     what=f"import {', '.join(kernel_spec.verify_modules)}")
+                     what=f"import {_modules(kernel_spec.verify_modules)}")
+
+
+def _modules(names) -> str:
+    """The modules as a message names them: all when short, else their package (a line stays short)."""
+    joined = ", ".join(names)
+    packages = sorted({name.split(".")[0] for name in names})
+    return joined if len(joined) <= 24 else ", ".join(packages)
 
 
 def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: str | None = None, what: str) -> Verification:
@@ -89,7 +96,7 @@ def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: 
         return Verification(False, f"{what} exited with code {proc.returncode}: {_tail(proc.stderr) or 'no output'}",
                             seconds, proc.returncode)
     if not result.get("ok"):
-        return Verification(False, f"{what} failed: {result.get('error')}", seconds, proc.returncode)
+        return Verification(False, f"{what}: {result.get('error')}", seconds, proc.returncode)
     return Verification(True, f"{what}: ok in {seconds:.1f} s", seconds, proc.returncode)
 
 

@@ -26,7 +26,8 @@ STUB, FINDER = "_FastpathHooksStartup", "KernelImportFinder"
 PROBE = r"""
 import json, sys
 def seen():
-    return {"finders": [type(f).__name__ for f in sys.meta_path if type(f).__name__ in ("%s", "%s")],
+    names = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]   # the stand-in is a function
+    return {"finders": [n for n in names if n in ("%s", "%s")],
             "modules": sorted(m for m in sys.modules if "fastpath_hooks" in m.split(".")[0]),
             "user": getattr(sys.modules.get("sitecustomize"), "USER_CODE_RAN", False)}
 out = {"start": seen()}

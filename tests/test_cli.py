@@ -344,7 +344,11 @@ def test_bad_env_value_exits_2_with_a_clear_message(name, runs):
     value = BAD_ENV[name]
     if value == "{a-file}":
         value = result.stderr.split(f"{name}=", 1)[1].split(" is not valid")[0].strip("'")
-        assert os.path.isfile(value)
+        if "..." in value:   # a long temporary path, cut in the middle to keep the line <= 160 characters
+            head, tail = value.split("...")
+            assert head.startswith("/") and tail.endswith("/a-file") and len(result.stderr.strip()) <= 160
+        else:
+            assert os.path.isfile(value)
     assert result.returncode == 2
     assert result.stdout == ""
     assert "Traceback" not in result.stderr

@@ -131,6 +131,23 @@ def test_auto_picks_pip_when_pip_is_configured_with_an_index():
     assert commands.choose_installer(Settings(installer="uv"), configured) == "uv"
 
 
+@pytest.mark.parametrize("settings, env, fix", [
+    (Settings(), make_env(uv=None, pip=False), ("uv on PATH", "FASTPATH_HOOKS_INSTALLER=uv", "ensurepip")),
+    (Settings(installer="uv"), make_env(uv=None, pip=True), ("uv on PATH", "ensurepip")),
+    (Settings(installer="pip"), make_env(uv=UV, pip=False), ("ensurepip", "uv on PATH")),
+])
+def test_no_installer_that_can_run_is_none_with_the_fix(settings, env, fix):
+    """A `uv venv` has no pip; without uv found nothing can install: no installer is promised."""
+    name, why = commands.installer_choice(settings, env)
+    assert name is None and all(part in why for part in fix), why
+    assert len("fastpath-hooks: tilelang: not installed - " + why) <= 160
+
+
+def test_pip_configuration_does_not_pick_a_pip_that_is_absent():
+    assert commands.installer_choice(Settings(), make_env(uv=UV, pip=False, pip_index_config="PIP_INDEX_URL"))[0] == "uv"
+    assert commands.installer_choice(Settings(), make_env(uv=None, pip=True))[0] == "pip"
+
+
 def _conf(path, text: str) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:

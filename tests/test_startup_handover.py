@@ -50,8 +50,8 @@ class Provider:
         module.FROM_PROVIDER = True
 
 def kinds():
-    return [type(f).__name__ for f in sys.meta_path if type(f).__name__ in
-            ("_FastpathHooksStartup", "KernelImportFinder", "Provider")]
+    names = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]   # the stand-in is a function
+    return [n for n in names if n in ("_FastpathHooksStartup", "KernelImportFinder", "Provider")]
 
 def provided(name):
     try:
@@ -329,12 +329,15 @@ def test_eight_processes_install_once_then_verify_once(venv, make_wheelhouse, te
     cache = tmp_path / "cache"
     env = run_env(**offline_env(wheelhouse, A100, cache_dir=str(cache), pins=test_pins(wheelhouse),
                                 FASTPATH_HOOKS_INSTALLER="uv", FASTPATH_HOOKS_LOCK_TIMEOUT="300"))
-    # A cold start: one installs; whoever waited says what happened, in one level of parentheses.
+    # A cold start: one installs; one process of the eight speaks (no rank variables, one parent):
+    # the installer, or a waiter that says what happened, in one level of parentheses.
     first = _eight(venv, env, tmp_path, "install")
     assert sorted(r["state"] for r, _ in first) == ["installed"] + ["ok"] * 7, first
     assert [r["spawns"] > 0 for r, _ in first].count(True) == 1, first
-    waited = [line for _, err in first for line in err.splitlines() if "done by another process" in line]
-    assert waited, first
+    speakers = [err for _, err in first if "fastpath-hooks:" in err]
+    assert len(speakers) == 1, first
+    waited = [line for line in speakers[0].splitlines() if "done by another process" in line]
+    assert waited or "causal-conv1d: installed" in speakers[0], speakers
     assert all(line.startswith("fastpath-hooks: causal-conv1d: ready") and _depth(line) <= 1 for line in waited), waited
 
     # Installed, the verdicts forgotten: the installed kernel is verified again - by one process.
