@@ -56,8 +56,7 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
     return os.path.join(root, "logs", name)
 
 
-_WRAPPER = r'''#!{python}
-# Written by fastpath-hooks for one source build: hands nvcc only the -gencode pairs of {keep}.
+_WRAPPER = r'''# Written by fastpath-hooks for one source build: hands nvcc only the -gencode pairs of {keep}.
 import os, sys
 
 REAL = {real!r}
@@ -109,9 +108,16 @@ os.execv(REAL, [REAL] + args)
 
 
 def nvcc_wrapper(work: str, real_nvcc: str, keep) -> str:
+    """A `/bin/sh` script that runs the filter with this interpreter (a `#!python` line would break on
+    interpreter paths with spaces or longer than the kernel's shebang limit)."""
+    import shlex
+
+    script = os.path.join(work, "nvcc-restricted.py")
+    with open(script, "w", encoding="utf-8") as fh:
+        fh.write(_WRAPPER.format(real=real_nvcc, keep=tuple(keep), mark=WRAPPER_MARK))
     path = os.path.join(work, "nvcc-restricted")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(_WRAPPER.format(python=sys.executable, real=real_nvcc, keep=tuple(keep), mark=WRAPPER_MARK))
+        fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(script)} \"$@\"\n")
     os.chmod(path, 0o755)
     return path
 

@@ -296,10 +296,15 @@ def _build(args) -> int:
               file=sys.stderr)
         return 1
     print(f"{kernel}: {decision.reason}")
+    if args.dest:
+        _writable_dir(args.dest)  # before minutes of building, not after
     try:
         with _EnvironmentLock(settings, kernel):
-            paths = build_to_cache(decision, settings=settings, env=env, pins=pins,
-                                   state_dir=environment_state_dir(settings))
+            from .installer import recover
+
+            state_dir = environment_state_dir(settings)
+            recover(state_dir)  # an interrupted install's journal first: its backup must not be overwritten
+            paths = build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=state_dir)
     except (InstallError, _LockUnavailable) as exc:
         print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
         return 1
@@ -349,7 +354,11 @@ def _cache_clear(args) -> int:
         kernel = _kernels([args.kernel])[0]
         dist = pins.kernel(kernel).distributions[0]
     root = cache_root(settings)
-    removed = wheelcache.clear(root, dist)
+    try:
+        removed = wheelcache.clear(root, dist)
+    except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
+        _error(f"cannot clear the wheel cache {wheelcache.directory(root)}: {exc}")
+        return 1
     for name in removed:
         print(f"removed {name}")
     print(f"wheel cache {wheelcache.directory(root)}: removed {len(removed)} wheel{'s' if len(removed) != 1 else ''}"

@@ -6,9 +6,13 @@ callback as a JSON-serialisable dict. Human lines go to stderr, prefixed
 (the details are in `fastpath-hooks doctor` and the debug log), and from one
 process per node (`speaks()`):
 
-- never from a multiprocessing child (DataLoader and pool workers inherit LOCAL_RANK=0);
+- never from a process started by the one that speaks: install() in a launcher's local
+  rank 0 marks it (`_FASTPATH_HOOKS_VOICE`), and its DataLoader/pool workers, which inherit
+  LOCAL_RANK=0, inherit the mark too;
 - else the local rank decides where a launcher gives one: LOCAL_RANK, an MPI
-  launcher's local rank, or RANK modulo LOCAL_WORLD_SIZE - local rank 0 prints;
+  launcher's local rank, or RANK modulo LOCAL_WORLD_SIZE - local rank 0 prints (so the ranks
+  a plain script starts with torch.multiprocessing.spawn speak: rank 0 of them);
+- else never from a multiprocessing child (a rankless script's DataLoader or pool worker);
 - else processes started by one parent (a shell loop, xargs, a launcher that sets
   no rank) are one job: the first of them with something to say takes the node's
   "voice" for that parent (an fcntl lock on one byte, released by the OS when it
@@ -33,33 +37,19 @@ TYPES = ("status", "warning", "error")
 MAX_LINE = 160          # characters, "fastpath-hooks: " included
 PREFIX = "fastpath-hooks: "
 _LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
-_LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
 _said: set = set()
 _voice: dict = {}       # parent pid -> True (this process holds the voice) / False
 
 
 def local_rank() -> int | None:
     """This process's rank on its node, where a launcher says it; None where none does."""
-    for var in _LOCAL_RANK_VARIABLES:
-        raw = os.environ.get(var)
-        if raw is not None:
-            return _int(raw)
-    rank, size = os.environ.get("RANK"), os.environ.get("LOCAL_WORLD_SIZE")
-    if rank is not None and size is not None:
-        size_value = _int(size)
-        return _int(rank) % size_value if size_value > 0 else 0
-    return None
+    from .hooks import local_rank as rank
 
-
-def _int(raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        return 0
+    return rank()
 
 
 def worker() -> bool:
-    """A multiprocessing child (DataLoader worker, pool worker, Process): its parent speaks for it."""
+    """A multiprocessing child (DataLoader worker, pool worker, Process)."""
     mp = sys.modules.get("multiprocessing")
     if mp is None:
         return False
@@ -71,11 +61,16 @@ def worker() -> bool:
 
 def speaks() -> bool:
     """Whether this process prints human lines (one process per node, see the module docstring)."""
-    if worker():
-        return False
+    from .hooks import VOICE
+
+    marker = os.environ.get(VOICE)
+    if marker and marker != str(os.getpid()):
+        return False  # started by the process that speaks for the node (install() marked it)
     rank = local_rank()
     if rank is not None:
         return rank == 0
+    if worker():
+        return False  # a rankless script's DataLoader/pool worker: its parent speaks for it
     return _take_voice()
 
 

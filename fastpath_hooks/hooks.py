@@ -97,11 +97,51 @@ def install(*, kernels=None, on_event=None):
             from .importer import after_gates_import
 
             after_gates_import(gates_module)
+    _claim_voice()
     if _settings_given():
         _check_settings()
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
+
+
+# Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+VOICE = "_FASTPATH_HOOKS_VOICE"   # pid of the node's printing process; its children inherit it and stay quiet
+
+
+def local_rank():
+    """This process's rank on its node, where a launcher says it; None where none does."""
+    import os
+
+    def number(raw):
+        try:
+            return int(raw)
+        except ValueError:
+            return 0
+
+    for var in LOCAL_RANK_VARIABLES:
+        raw = os.environ.get(var)
+        if raw is not None:
+            return number(raw)
+    rank, size = os.environ.get("RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if rank is not None and size is not None:
+        size_value = number(size)
+        return number(rank) % size_value if size_value > 0 else 0
+    return None
+
+
+def _claim_voice() -> None:
+    """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later
+    (DataLoader, pool, Process: they inherit LOCAL_RANK=0 with the environment) stay quiet, while the
+    ranks that a plain script starts with torch.multiprocessing.spawn still speak for themselves."""
+    import os
+
+    marker = os.environ.get(VOICE)
+    if marker and marker != str(os.getpid()):
+        return  # a worker of a process that speaks
+    if local_rank() == 0:
+        os.environ[VOICE] = str(os.getpid())
 
 
 def _settings_given() -> bool:

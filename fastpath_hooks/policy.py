@@ -602,6 +602,16 @@ def _decide_causal(ctx: _Context) -> Decision:
     kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
     half = installed_v is not None and "causal-conv1d" in ctx.env.half_installed
     if installed_v and not half:
+        missing = _arch_gaps(installed_v, ctx.env.gpus)
+        if missing:
+            # it imports fine (no kernel launched), then fails at the first forward: worse than torch
+            have = _built_archs(installed_v)
+            union = ",".join(sorted({*missing, *ctx.env.gpus, *have}))
+            return Decision(kernel="causal-conv1d", action=BLOCK, rule="causal.block.arch", on_failure="block",
+                            reason=f"causal-conv1d {installed_v} was built for {'+'.join(have)} only and has no code for "
+                                   f"{'+'.join(missing)}",
+                            fix=f"`pip uninstall causal-conv1d`, then `fastpath-hooks build causal-conv1d --arch "
+                                f"{union}` for every GPU type sharing this environment", **kw)
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
         return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure="block",
                         reason=f"causal-conv1d {installed_v} installed; checked once in a child process, as a "
@@ -617,6 +627,23 @@ def _decide_causal(ctx: _Context) -> Decision:
     return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure="block",
                     reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
                     fix=decision.fix, **kw)
+
+
+def _built_archs(installed: str) -> tuple:
+    """The archs in the local label of a build of ours (`...+fph.torch2.11.0.cu130.abi1.sm90` ->
+    ("sm_90",)); () for anything else (a release wheel, a build for `all`)."""
+    local = installed.split("+", 1)[1] if "+" in installed else ""
+    tokens = local.split(".")
+    if not local.startswith(wheelcache.LABEL + ".") or not any(t.startswith("abi") for t in tokens):
+        return ()
+    archs = tokens[[i for i, t in enumerate(tokens) if t.startswith("abi")][0] + 1:]  # after torchX.Y.Z.cuXY.abiN
+    return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
+
+
+def _arch_gaps(installed: str, gpus) -> tuple:
+    """The visible GPUs an installed build of ours has no code for (a release wheel holds every arch)."""
+    codes = set(_built_archs(installed))
+    return tuple(g for g in gpus if wheelcache.pair_for(g, codes) is None) if codes else ()
 
 
 def _causal_install(ctx: _Context, kw) -> Decision:
@@ -733,6 +760,10 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
                          "for this machine's GPUs", **kw)
         return _skip("causal-conv1d", "causal.no-wheel", f"{why}; source builds are off: FASTPATH_HOOKS_ALLOW_BUILD=0",
                      "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
+                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    if not env.pip:  # the build runs `python -m pip wheel` (uv builds through an isolated cache of its own)
+        return _skip("causal-conv1d", "causal.build.no-pip", f"{why}, and a source build runs pip, which this "
+                     "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if rocm:
         why = "no prebuilt ROCm wheels"

@@ -76,13 +76,18 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
         "decisions": [d.to_json() for d in plan.decisions.values()],
         "notes": list(plan.notes),
         "summary": summary(plan, settings),
-        "packed_sequences": packed_sequences(plan, settings, pins, enabled=_enabled(activation)),
+        "packed_sequences": packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
         **commands_for(plan, settings, real_installed=real_installed, pins=pins),
     }
 
 
 def _enabled(activation: dict) -> bool:
     return bool(activation.get("pth") or activation.get("sitecustomize"))
+
+
+def _installs_at_start(settings, plan, activation: dict) -> bool:
+    """Enabled at start-up, with an installer that can run here."""
+    return _enabled(activation) and installer_choice(settings, plan.environment)[0] is not None
 
 
 def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
@@ -139,7 +144,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         verdict = verdicts.get(kernel)
         if verdict:
             lines.append(f"    last verdict   {verdict.get('state')}: {verdict.get('reason')}")
-    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_enabled(activation)))
+    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)))
     lines += ["", "Summary: " + summary(plan, settings)]
     return "\n".join(lines)
 

@@ -215,7 +215,11 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
         "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version, "hipcc": bool(env.hipcc),
         "fla_tilelang": env.fla_tilelang_env,
-        "cached_wheels": hashlib.sha256("\n".join(env.cached_wheels).encode()).hexdigest()[:16],
+        # only the cached wheels of this kernel's distributions: another kernel's (or another torch's) new
+        # wheel in a shared cache must not make every verdict re-check
+        "cached_wheels": hashlib.sha256("\n".join(
+            w for w in env.cached_wheels
+            if w.split("-", 1)[0].replace("_", "-").lower() in pins.kernel(kernel).distributions).encode()).hexdigest()[:16],
         "transformers": env.version("transformers"), "numpy": env.version("numpy"),
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
@@ -507,7 +511,9 @@ def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
         cache.put(kernel, fp, "failed", str(exc))
         return _failed(current, str(exc))
     env_after, _ = snapshot(settings, pins)
-    cache.put(kernel, fingerprint(env_after, settings, pins, kernel), "good", f"{verb[:-3]}ed in {result.seconds:.1f} s")
+    fp_after = fingerprint(env_after, settings, pins, kernel)
+    cache.put(kernel, fp_after, "good", f"{verb[:-3]}ed in {result.seconds:.1f} s")
+    _facts.setdefault(kernel, {})["fingerprint"] = fp_after  # the warm verdict is earned under what is there now
     done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(current)
     events.status(f"{kernel}: {'repaired' if current.action == REPAIR else 'installed'} {done} in "
                   f"{result.seconds:.1f} s with {result.installer}; verified in a child process", kernel)

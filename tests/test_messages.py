@@ -203,6 +203,34 @@ def test_workers_that_inherit_local_rank_zero_print_nothing(tmp_path, kind):
     assert len(human(after)) == 1 and "no CUDA/XPU accelerator" in after, after   # the parent had it to say
 
 
+SPAWNED_RANKS = textwrap.dedent('''
+    import importlib.util, os, sys
+    import torch.multiprocessing as mp
+
+    def rank(i):
+        os.environ["LOCAL_RANK"] = str(i)   # as a training function started by mp.spawn sets it
+        import fastpath_hooks
+
+        fastpath_hooks.install()
+        importlib.util.find_spec("fla")
+
+    if __name__ == "__main__":
+        mp.spawn(rank, nprocs=2)
+''')
+
+
+def test_ranks_started_by_spawn_from_a_plain_script_speak_once(tmp_path):
+    """torch.multiprocessing.spawn's children are the ranks (their parent never imports the model):
+    local rank 0 of them prints, rank 1 does not."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED_RANKS)
+    proc = subprocess.run([sys.executable, str(script)], env=env_for(tmp_path), capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    said = human(proc.stderr)
+    assert len(said) == 1 and "no CUDA/XPU accelerator" in said[0], said
+
+
 # -- a repeating skip is said once per environment -----------------------------------------------
 
 def test_a_repeating_skip_is_said_once_per_environment_then_at_debug(tmp_path):
