@@ -184,7 +184,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) 
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
     wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
     if code != 0 or len(wheels) != 1:
-        raise BuildError(f"the source build of {what} failed (pip exit {code}): {tail}; full log: {log}")
+        raise BuildError(f"the source build of {what} failed (pip exit {code}); full log: {log}; {tail}")
     if "PYTORCH_NVCC" in extra and not _mentions(log, WRAPPER_MARK):
         events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
                        "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "

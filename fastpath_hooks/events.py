@@ -90,9 +90,14 @@ def _lock_voice(parent: int) -> bool:
         from .state import environment_key
     except ImportError:  # no fcntl (Windows): every process speaks
         return True
-    directory = os.environ.get("TMPDIR") or "/tmp"
-    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}-{environment_key()}.voice")
+    from .state import cache_root_from_environ
+
+    # in the cache directory, not TMPDIR (a scratch directory others clean); per host, as the
+    # cache may be shared by the nodes of a cluster
+    directory = os.path.join(cache_root_from_environ(os.environ), "voice")
+    path = os.path.join(directory, f"{os.uname().nodename}-{os.getuid()}-{environment_key()}.voice")
     try:
+        os.makedirs(directory, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return True
@@ -151,15 +156,22 @@ def say(type: str, message: str, *, once: str | None = None, persist: str | None
 def fit(message: str, limit: int = MAX_LINE) -> str:
     """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
     a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
-    the whole text is in the debug log."""
+    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path is never cut (every message about a
+    build names it): the line then ends after it, even past `limit`."""
     words = message.split()
     line = PREFIX + " ".join(words)
+
     def value(word):  # VARIABLE='value': only the value may be cut
         return len(word) - word.find("=") - 1
+
+    def is_log(word):
+        return word.rstrip(";,)").endswith(".log")
 
     for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
         if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
             break
+        if is_log(words[i]):
+            continue
         word = words[i]
         head = word.find("=") + 3   # VARIABLE='value': the name stays whole
         keep = max(36, head + 16, len(word) - (len(line) - limit) - 3)
@@ -167,12 +179,16 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
         words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
         line = PREFIX + " ".join(words)
     if len(line) > limit:
-        line = line[:limit - 3].rstrip() + "..."
+        logs = [i for i, w in enumerate(words) if is_log(w)]
+        # cut at the end - but never before a build log's path ends
+        end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
+        line = line if end >= len(line) else line[:max(limit - 3, end)].rstrip() + "..."
     return line
 
 
 def _write(message: str) -> None:
-    line = fit(message)
+    # FASTPATH_HOOKS_LOG=debug asks for the details: lines are printed whole there
+    line = PREFIX + " ".join(message.split()) if _log_level() == "debug" else fit(message)
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

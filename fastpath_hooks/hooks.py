@@ -152,9 +152,20 @@ def _settings_given() -> bool:
 
 
 def _check_settings() -> None:
-    """Say a bad variable now, once (the runtime stays quiet about it later); valid ones cost
-    settings.py's import only."""
+    """Say a bad variable now, once (the runtime stays quiet about it later). Values found valid
+    before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
+    start with the same variables costs a digest and a stat, not settings.py's import."""
     try:
+        import hashlib
+        import os
+
+        from .state import cache_root_from_environ
+
+        given = sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTPATH_HOOKS_"))
+        digest = hashlib.sha256(repr(given).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
+        if os.path.exists(marker):
+            return
         from .settings import Settings, SettingsError
 
         try:
@@ -163,6 +174,12 @@ def _check_settings() -> None:
             from .runtime import bad_settings
 
             bad_settings(exc)
+            return
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "a").close()
+        except OSError:
+            pass  # only the shortcut is lost
     except Exception as exc:
         internal_error(exc)
 

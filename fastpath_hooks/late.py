@@ -34,7 +34,7 @@ from __future__ import annotations
 import sys
 
 PREFIX = "transformers.models."
-FIX = "call fastpath_hooks.install() before importing transformers' models, or run `fastpath-hooks enable` once"
+FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
 
 # package -> kernel it is managed as (None: not managed here; re-resolved only, never installed)
 PACKAGES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "mamba_ssm": None}
@@ -327,13 +327,12 @@ class _Pass:
             what += f"; its fast path still lacks {', '.join(lacking)}"
         kernel = kernels[0] if len(kernels) == 1 else None
         if taken:
-            _say("warning", kernel, f"{model}: imported before install(); {what} (blocked here, see above). "
-                 f"{', '.join(sorted(taken))} itself was already imported and stays loaded for any other code in this "
-                 f"process; {FIX}", once=f"late-{model}")
+            _say("warning", kernel, f"{model}: imported before install(); {what}; "
+                 f"{', '.join(sorted(taken))} stays imported; {FIX}", once=f"late-{model}")
         elif layers == BUILT and _built(module):
-            _say("warning", kernel, f"{model}: imported before install(); {what} for models built from now on, but a "
-                 f"model built before install() keeps what it got then (transformers {_version()} copies the kernels "
-                 f"into each layer it builds): build it again; {FIX}", once=f"late-{model}")
+            # transformers copies the kernels into each layer it builds: a model built before keeps its own
+            _say("warning", kernel, f"{model}: imported before install(); {what} for models built from now on; "
+                 "older ones keep theirs: rebuild them", once=f"late-{model}")
         else:
             tail = "models already built follow" if layers == CALL else "for the models built from now on"
             _say("status", kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}")

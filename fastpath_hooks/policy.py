@@ -824,8 +824,10 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
                      "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
-                    reason=f"{why}; building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with {compiler}{allowed}, "
-                           f"about {_minutes(seconds)}, {how}",
+                    # what happens and how long first: a line cut at 160 characters keeps it (the step's note
+                    # says how the estimate was made)
+                    reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
+                           f"{compiler}, about {_minutes(seconds)}, an estimate{allowed}; {why}",
                     steps=steps, target={"causal-conv1d": build.version}, expected_seconds=round(seconds), **kw)
 
 

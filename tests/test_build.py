@@ -138,7 +138,8 @@ def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, 
                            FASTPATH_HOOKS_ALLOW_BUILD="0")
     proc = node.cli("install", "causal-conv1d", env=node_env)
     assert proc.returncode == 0, proc.stderr
-    assert "built wheel causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90" in proc.stderr
+    assert "(built wheel causal_conv1d-1.6.2.post1+f" in proc.stderr   # a long wheel name is cut in the middle
+    assert "installed causal-conv1d 1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90 in" in proc.stderr
     assert toolkit.calls() == calls
     assert _import_conv(node)["fn"] is True
 
@@ -160,12 +161,12 @@ def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
     proc = venv.cli("install", "causal-conv1d", env=_env(sdist_house, HOPPER, toolkit, cache, test_pins()))
     assert proc.returncode == 1
     assert toolkit.calls(), "the compiler ran and failed"
-    match = re.search(r"source build of causal-conv1d==1\.6\.2\.post1 for sm_90 failed \(pip exit 1\).*full log: (\S+\.log)",
+    match = re.search(r"source build of causal-conv1d==1\.6\.2\.post1 for sm_90 failed \(pip exit 1\); full log: (\S+\.log)",
                       proc.stderr)
     assert match, proc.stderr
     log = open(match.group(1)).read()
     assert '__nv_bfloat16" is undefined (fake nvcc)' in log and "error compiling csrc/causal_conv1d.cu" in log
-    assert "transformers keeps its torch path" in proc.stderr
+    assert "causal-conv1d: could not install" in proc.stderr    # and the import stays as without it:
     assert venv.versions() == before, "nothing half installed"
     assert "ModuleNotFoundError" in _import_conv(venv)["error"]
     assert not [n for n in _cached(cache) if n.endswith(".whl")], "a failed build caches nothing"

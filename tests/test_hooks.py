@@ -274,13 +274,16 @@ def test_install_kernels_limits_which_imports_are_managed(hooks_env):
     fastpath_hooks.install(kernels=["causal_conv1d", "no-such-kernel"], on_event=events.append)
     assert any(e["type"] == "error" and "no-such-kernel" in e["message"] for e in events)
     assert hooks.selected("causal-conv1d") and not hooks.selected("fla") and not hooks.selected("tilelang")
+    # (a modeling module another test imported into this process makes install()'s late pass decide already)
+    at_install = list(events)
     events.clear()
     with pytest.raises(ModuleNotFoundError):
         import fla  # noqa: F401 - not managed: no decision, no event
     assert events == []
     with pytest.raises(ModuleNotFoundError):
         import causal_conv1d  # noqa: F401 - managed: decided (no accelerator here), then the normal import
-    assert [e["kernel"] for e in events if "no CUDA/XPU accelerator" in e["message"]] == ["causal-conv1d"]
+    decided = [e["kernel"] for e in at_install + events if "no CUDA/XPU accelerator" in e["message"]]
+    assert decided == ["causal-conv1d"]
 
 
 def test_a_gate_of_a_kernel_not_selected_asks_nothing(hooks_env):

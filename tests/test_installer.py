@@ -363,6 +363,7 @@ def test_causal_conv1d_release_wheel_sha256(venv, fresh, tmp_path, make_wheelhou
         env = env_for(tmp_path, A100, offline=False, installer="pip", pins=pins,
                       FASTPATH_HOOKS_INDEX_URL=empty_index,
                       FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL="file://" + wh + "/")
+    env["FASTPATH_HOOKS_LOG"] = "debug"  # the lines whole (URLs and digests are long)
     proc = venv.cli("install", "causal-conv1d", env=env)
     if source == "release-url":
         assert "downloading file://" + wh + "/causal_conv1d-1.6.2.post1%2Bcu12torch2.10" in proc.stderr
