@@ -22,35 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
-KERNEL_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update", "torch_chunk_gated_delta_rule",
-                    "torch_recurrent_gated_delta_rule")
-
-
-class _Blocker:
-    """Benchmark-only: make the kernel packages unimportable so the torch path is measured."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("fla", "causal_conv1d"):
-            raise ModuleNotFoundError(f"{name} blocked for the torch-path measurement", name=name)
-        return None
-
-
-def resolved(model) -> dict:
-    import inspect
-
-    module = sys.modules[type(model).__module__]
-    out = {}
-    for name in KERNEL_FUNCTIONS:
-        fn = getattr(module, name, None)
-        if fn is None:
-            continue
-        impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
-        out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
-    return out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_speedup import _Blocker, _resolved as resolved  # noqa: E402 - the same torch-path blocker and report
 
 
 def doc_losses(logits, ids, lengths):
