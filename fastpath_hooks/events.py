@@ -6,9 +6,9 @@ callback as a JSON-serialisable dict. Human lines go to stderr, prefixed
 (the details are in `fastpath-hooks doctor` and the debug log), and from one
 process per node (`speaks()`):
 
-- never from a process started by the one that speaks: install() in a launcher's local
-  rank 0 marks it (`_FASTPATH_HOOKS_VOICE`), and its DataLoader/pool workers, which inherit
-  LOCAL_RANK=0, inherit the mark too;
+- never from a multiprocessing worker of the process that speaks: install() in a launcher's
+  local rank 0 marks it (`_FASTPATH_HOOKS_VOICE`), and its DataLoader/pool workers, which
+  inherit LOCAL_RANK=0, inherit the mark too (other subprocesses, a CLI run, are not workers);
 - else the local rank decides where a launcher gives one: LOCAL_RANK, an MPI
   launcher's local rank, or RANK modulo LOCAL_WORLD_SIZE - local rank 0 prints (so the ranks
   a plain script starts with torch.multiprocessing.spawn speak: rank 0 of them);
@@ -64,8 +64,8 @@ def speaks() -> bool:
     from .hooks import VOICE
 
     marker = os.environ.get(VOICE)
-    if marker and marker != str(os.getpid()):
-        return False  # started by the process that speaks for the node (install() marked it)
+    if marker and marker != str(os.getpid()) and worker():
+        return False  # a worker of the process that speaks for the node (install() marked it)
     rank = local_rank()
     if rank is not None:
         return rank == 0

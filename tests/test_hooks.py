@@ -39,9 +39,10 @@ THIS = sys.modules[__name__]
 def hooks_env(monkeypatch, tmp_path):
     """This machine as it is (no FASTPATH_HOOKS_* from outside), a private cache; uninstall() after."""
     for name in list(os.environ):
-        if name.startswith("FASTPATH_HOOKS_") or name in ("LOCAL_RANK", "RANK"):
+        if name.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_")) or name in ("LOCAL_RANK", "RANK"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("_FASTPATH_HOOKS_VOICE", "")   # install() may mark this process: undone after the test
     fastpath_hooks.uninstall()
     yield
     fastpath_hooks.uninstall()

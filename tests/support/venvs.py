@@ -47,7 +47,7 @@ def base_python() -> str:
 def clean_env(**extra) -> dict:
     """os.environ without FASTPATH_HOOKS_* and torch-distributed rank variables, pip config off."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FASTPATH_HOOKS_", "PIP_")) and k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "VIRTUAL_ENV")}
+           if not k.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_", "PIP_")) and k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "VIRTUAL_ENV")}
     env["PIP_CONFIG_FILE"] = os.devnull
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
