@@ -272,7 +272,7 @@ def clear(root: str, distribution: str | None = None) -> list:
     removed = []
     with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
         for name in sorted(os.listdir(where)):
-            if name.startswith("."):  # the lock (and a no-flock holder file) stay: a store may wait on them
+            if name.startswith(".lock"):  # the lock (and a no-flock holder file) stay: a store may wait on them
                 continue
             base = name[: -len(SIDECAR)] if name.endswith(".whl" + SIDECAR) else name
             if want is not None:
