@@ -90,14 +90,11 @@ def _lock_voice(parent: int) -> bool:
         from .state import environment_key
     except ImportError:  # no fcntl (Windows): every process speaks
         return True
-    from .state import cache_root_from_environ
-
-    # in the cache directory, not TMPDIR (a scratch directory others clean); per host, as the
-    # cache may be shared by the nodes of a cluster
-    directory = os.path.join(cache_root_from_environ(os.environ), "voice")
-    path = os.path.join(directory, f"{os.uname().nodename}-{os.getuid()}-{environment_key()}.voice")
+    # node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
+    # process its own of; not the cache directory, which each process may set apart or nodes share)
+    directory = "/tmp" if os.path.isdir("/tmp") else os.environ.get("TMPDIR") or "."
+    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}-{environment_key()}.voice")
     try:
-        os.makedirs(directory, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return True

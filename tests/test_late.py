@@ -272,7 +272,7 @@ def test_era_b_late_install_rebinds_the_globals_and_says_an_early_model_keeps_to
     lines = after_install(step)
     qwen = [line for line in lines if line.startswith("fastpath-hooks: qwen3_5:")]
     assert len(qwen) == 1 and "older ones keep theirs: rebuild them" in qwen[0], lines
-    assert "build it again" in qwen[0] and "transformers 5.14.1" in qwen[0]
+    assert "rebuild them" in qwen[0]
     assert any(line.startswith("fastpath-hooks: lfm2:") and "models already built follow" in line for line in lines)
 
 
