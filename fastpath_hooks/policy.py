@@ -758,7 +758,7 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
             return _skip("causal-conv1d", "causal.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
                          "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
                          "for this machine's GPUs", **kw)
-        return _skip("causal-conv1d", "causal.no-wheel", f"source builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0) and {why}",
+        return _skip("causal-conv1d", "causal.no-wheel", f"source builds are off by FASTPATH_HOOKS_ALLOW_BUILD=0, and {why}",
                      "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if not env.pip:  # the build runs `python -m pip wheel` (uv builds through an isolated cache of its own)
