@@ -38,9 +38,9 @@ TARGET = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.7.1"
 # Runs inside the fresh venv: the policy's fla decision for the posed machine, executed by the installer.
 INSTALLER_RUN = r'''
 import json, sys, time
-from fastpath_hooks.runtime import load_context, snapshot
-from fastpath_hooks.installer import run_steps
-from fastpath_hooks.state import environment_state_dir
+from fastpath_hooks.engine import load_context, snapshot
+from fastpath_hooks.act.installer import run_steps
+from fastpath_hooks.act.state import environment_state_dir
 settings, pins = load_context()
 env, plan = snapshot(settings, pins)
 decision = plan["fla"]

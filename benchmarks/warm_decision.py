@@ -60,9 +60,9 @@ fastpath_hooks.install()
 t0 = time.perf_counter()
 import fla
 t1 = time.perf_counter()
-from fastpath_hooks import runtime
-print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "state": runtime.outcomes()["fla"].state,
-                  "probed": "fastpath_hooks.probe" in sys.modules, "fake": getattr(fla, "FAKE_FLA", False)}))
+from fastpath_hooks import engine
+print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "state": engine.outcomes()["fla"].state,
+                  "probed": "fastpath_hooks.facts.probe" in sys.modules, "fake": getattr(fla, "FAKE_FLA", False)}))
 '''
 GATE = AUDIT + r'''
 import json
@@ -84,7 +84,7 @@ print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "answer": answer
 # fill the file up to its bound (this node's entries are kept: at most KEEP - 1 others).
 FILL = r'''
 import json, os, sys
-from fastpath_hooks.state import KEEP, WARM_KEEP, VerdictCache
+from fastpath_hooks.act.state import KEEP, WARM_KEEP, VerdictCache
 cache = VerdictCache(root=os.environ["FASTPATH_HOOKS_CACHE_DIR"], retry_after=0.0)
 n = int(sys.argv[1])
 for kernel in ("fla", "causal-conv1d", "tilelang"):

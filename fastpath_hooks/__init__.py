@@ -7,7 +7,7 @@ Importing this package is nearly free (it runs at interpreter start when enabled
 everything heavy loads the first time transformers or a kernel import needs it.
 """
 
-__version__ = "0.1.0"
+from ._names import VERSION as __version__
 __all__ = ["install", "uninstall", "__version__"]
 
 

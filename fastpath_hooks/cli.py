@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from . import __version__
+from ._names import VERSION as __version__
 
 
 def main(argv=None) -> int:
@@ -108,9 +108,9 @@ def _parser():
 
 
 def _context(args):
-    from .pins import PinsError
-    from .runtime import value_once, load_context
-    from .settings import SettingsError
+    from .facts.pins import PinsError
+    from .engine import value_once, load_context
+    from .facts.settings import SettingsError
 
     try:
         return load_context(getattr(args, "target", None), strict=True)
@@ -122,7 +122,7 @@ def _context(args):
 
 
 def _kernels(names):
-    from .settings import normalize_kernel
+    from .facts.settings import normalize_kernel
 
     try:
         return [normalize_kernel(n) for n in names]
@@ -131,16 +131,18 @@ def _kernels(names):
 
 
 def _snapshot(settings, pins):
-    from .distributions import installed_versions
-    from .runtime import snapshot
+    from .facts.distributions import installed_versions
+    from .engine import snapshot
 
     env, plan = snapshot(settings, pins)
     return env, plan, installed_versions()
 
 
 def _doctor(args) -> int:
-    from . import activation, report
-    from .state import VerdictCache, cache_root
+    from .hooks import activation
+    from . import report
+    from ._names import cache_root
+    from .act.state import VerdictCache
 
     settings, pins = _context(args)
     cache = VerdictCache(settings)
@@ -154,7 +156,7 @@ def _doctor(args) -> int:
     verdicts = cache.entries()
     smoke = None
     if args.smoke:
-        from .smoke import run_smoke
+        from .act.smoke import run_smoke
 
         smoke = run_smoke(settings, env)
     if args.json:
@@ -167,7 +169,7 @@ def _doctor(args) -> int:
         print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts))
         print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
         if smoke is not None:
-            from .smoke import smoke_text
+            from .act.smoke import smoke_text
 
             print("\n" + smoke_text(smoke))
     if smoke is not None and smoke.get("status") == "fail":
@@ -209,7 +211,8 @@ def _with_needs(plan, kernels) -> set:
 
 
 def _install(args) -> int:
-    from . import report, runtime
+    from . import report
+    from . import engine
 
     settings, pins = _context(args)
     wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "tilelang"]
@@ -221,7 +224,7 @@ def _install(args) -> int:
         os.environ["FASTPATH_HOOKS_TARGET"] = args.target
     bad = 0
     for kernel in wanted:
-        outcome = runtime.ensure(kernel)
+        outcome = engine.ensure(kernel)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
         if outcome.state in ("failed", "error", "blocked"):
             bad += 1
@@ -229,7 +232,7 @@ def _install(args) -> int:
 
 
 def _download(args) -> int:
-    from .download import DownloadError, download
+    from .act.download import DownloadError, download
 
     settings, pins = _context(args)
     if settings.offline:
@@ -250,13 +253,14 @@ def _download(args) -> int:
 def _build(args) -> int:
     from dataclasses import replace
 
-    from . import wheelcache
-    from .installer import InstallError, build_to_cache
-    from .plan import SKIP
-    from .policy import built_fits, decide_build
-    from .probe import probe, with_nvcc_version
-    from .runtime import _EnvironmentLock, _LockUnavailable
-    from .state import cache_root, environment_state_dir
+    from .act import wheelcache
+    from .act.installer import InstallError, build_to_cache
+    from .decide.plan import SKIP
+    from .decide.policy import built_fits, decide_build
+    from .facts.probe import probe, with_nvcc_version
+    from .engine import _EnvironmentLock, _LockUnavailable
+    from ._names import cache_root
+    from .act.state import environment_state_dir
 
     settings, pins = _context(args)
     kernel = _kernels([args.kernel])[0]
@@ -267,7 +271,7 @@ def _build(args) -> int:
         raise _UsageError(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
                           "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
     if args.arch:
-        from .target import parse_target
+        from .facts.target import parse_target
 
         wanted = [a.strip() for a in args.arch.split(",") if a.strip()]
         if wanted == ["all"]:
@@ -300,7 +304,7 @@ def _build(args) -> int:
         _writable_dir(args.dest)  # before minutes of building, not after
     try:
         with _EnvironmentLock(settings, kernel):
-            from .installer import recover
+            from .act.installer import recover
 
             state_dir = environment_state_dir(settings)
             recover(state_dir)  # an interrupted install's journal first: its backup must not be overwritten
@@ -317,7 +321,7 @@ def _build(args) -> int:
 
 
 def _export(path: str, dest) -> int:
-    from . import wheelcache
+    from .act import wheelcache
 
     if not dest:
         return 0
@@ -333,7 +337,7 @@ def _export(path: str, dest) -> int:
 
 def _cache_list(args) -> int:
     from . import report
-    from .state import cache_root
+    from ._names import cache_root
 
     settings, _ = _context(args)
     data = report.wheel_cache_json(cache_root(settings))
@@ -345,8 +349,8 @@ def _cache_list(args) -> int:
 
 
 def _cache_clear(args) -> int:
-    from . import wheelcache
-    from .state import cache_root
+    from .act import wheelcache
+    from ._names import cache_root
 
     settings, pins = _context(args)
     dist = None
@@ -381,7 +385,7 @@ def _writable_dir(dest: str) -> None:
 
 
 def _enable(args) -> int:
-    from .activation import ActivationError, enable
+    from .hooks.activation import ActivationError, enable
 
     try:
         for line in enable(args.method):
@@ -394,7 +398,7 @@ def _enable(args) -> int:
 
 
 def _disable(args) -> int:
-    from .activation import disable
+    from .hooks.activation import disable
 
     done = disable()
     for line in done:

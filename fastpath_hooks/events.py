@@ -31,6 +31,9 @@ import os
 import sys
 import time
 
+from ._names import VOICE, environment_key, local_rank
+from ._names import log_level as _given_log_level
+
 logger = logging.getLogger("fastpath_hooks")
 
 TYPES = ("status", "warning", "error")
@@ -41,11 +44,6 @@ _said: set = set()
 _voice: dict = {}       # parent pid -> True (this process holds the voice) / False
 
 
-def local_rank() -> int | None:
-    """This process's rank on its node, where a launcher says it; None where none does."""
-    from .hooks import local_rank as rank
-
-    return rank()
 
 
 def worker() -> bool:
@@ -61,8 +59,6 @@ def worker() -> bool:
 
 def speaks() -> bool:
     """Whether this process prints human lines (one process per node, see the module docstring)."""
-    from .hooks import VOICE
-
     marker = os.environ.get(VOICE)
     if marker and marker != str(os.getpid()) and worker():
         return False  # a worker of the process that speaks for the node (install() marked it)
@@ -86,8 +82,6 @@ def _take_voice() -> bool:
 def _lock_voice(parent: int) -> bool:
     try:
         import fcntl
-
-        from .state import environment_key
     except ImportError:  # no fcntl (Windows): every process speaks
         return True
     # node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
@@ -106,15 +100,25 @@ def _lock_voice(parent: int) -> bool:
     return True  # fd stays open: the lock lasts as long as this process
 
 
-def _listeners():
-    from . import hooks
+_listeners_list: list = []   # install(on_event=...) callbacks, in the order given
 
-    return list(hooks.listeners())
+
+def add_listener(callback) -> None:
+    if callback not in _listeners_list:
+        _listeners_list.append(callback)
+
+
+def clear_listeners() -> None:
+    _listeners_list.clear()
+
+
+def _listeners():
+    return list(_listeners_list)
 
 
 def _log_level() -> str:
-    raw = os.environ.get("FASTPATH_HOOKS_LOG", "info").strip().lower()
-    return raw if raw in _LEVELS else "info"
+    # a bad value is said by settings (install() and the CLI); the lines follow the default meanwhile
+    return _given_log_level() or "info"
 
 
 def emit(type: str, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
@@ -195,7 +199,7 @@ def _write(message: str) -> None:
 
 def said_dir(environ=None) -> str:
     """Where the lines said once per environment are remembered (beside the verdict cache)."""
-    from .state import cache_root_from_environ, environment_key
+    from ._names import cache_root_from_environ
 
     return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
                         environment_key())

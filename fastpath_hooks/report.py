@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .commands import constraints, installer_choice, invocation, uv_executable
-from .packing import packed_sequences
-from .plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
-from .policy import transformers_era
+from .decide.commands import constraints, installer_choice, invocation, uv_executable
+from .decide.packing import packed_sequences
+from .decide.plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
+from .decide.policy import transformers_era
 
 VERBS = {
     "ok": "nothing to do",
@@ -31,7 +31,7 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
     """Schema fastpath-hooks.plan/1, documented field by field in docs/json-schema.md."""
-    from . import __version__
+    from ._names import VERSION as __version__
 
     data = plan.to_json()
     data["fastpath_hooks"] = __version__
@@ -61,7 +61,7 @@ def summary(plan, settings) -> str:
 
 def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_installed: dict) -> dict:
     """Schema fastpath-hooks.doctor/1, documented field by field in docs/json-schema.md."""
-    from . import __version__
+    from ._names import VERSION as __version__
 
     env = plan.environment
     return {
@@ -91,7 +91,7 @@ def _installs_at_start(settings, plan, activation: dict) -> bool:
 
 
 def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
-    from . import __version__
+    from ._names import VERSION as __version__
 
     env = plan.environment
     lines = [f"fastpath-hooks {__version__} doctor", "", "Environment"]
@@ -186,7 +186,7 @@ def _quote(arg: str) -> str:
 
 def wheel_cache_json(root: str) -> dict:
     """The wheel cache for `doctor --json` and `cache list --json` (docs/json-schema.md: wheel_cache)."""
-    from . import wheelcache
+    from .act import wheelcache  # entries: complete or not
 
     return {"directory": wheelcache.directory(root), "wheels": wheelcache.entries(root)}
 

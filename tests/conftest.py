@@ -67,7 +67,7 @@ def make_wheelhouse(tmp_path, dep_wheels):
         for v in tvm:
             wheels.fake_tvm_ffi(dest, v)
         if tilelang:
-            from fastpath_hooks import pins as pins_mod
+            from fastpath_hooks.facts import pins as pins_mod
 
             if tilelang_abort:
                 wheels.fake_tilelang(dest, tilelang, always_abort=True)
@@ -95,7 +95,7 @@ def test_pins(tmp_path):
             data["kernels"]["causal-conv1d"]["release"] = {
                 "sha256": {CAUSAL_WHEEL: wheels.sha256_of(os.path.join(wheelhouse, CAUSAL_WHEEL))}}
         if extra:
-            from fastpath_hooks.pins import _merge
+            from fastpath_hooks.facts.pins import _merge
 
             data = _merge(data, extra, ())
         path = str(tmp_path / f"pins-{len(os.listdir(tmp_path))}.json")

@@ -219,7 +219,7 @@ def test_the_sitecustomize_entry_point_is_declared_and_activates(venv, fastpath_
 def test_a_removed_or_broken_package_never_breaks_interpreter_start(tmp_path, fastpath_wheel, method):
     venv = venvs.make_venv(str(tmp_path / "venv"), torch_wheel=None, fastpath_wheel=fastpath_wheel, transformers=None)
     _cli(venv, "enable", "--method", method)
-    hooks_py = os.path.join(venv.site, "fastpath_hooks", "hooks.py")
+    hooks_py = os.path.join(venv.site, "fastpath_hooks", "hooks", "__init__.py")
     # broken: the module the stand-in hands over to raises on import. A new file, never an edit
     # in place: uv hard-links installed files to its cache, an in-place edit would reach every venv.
     with open(hooks_py) as fh:
@@ -227,7 +227,7 @@ def test_a_removed_or_broken_package_never_breaks_interpreter_start(tmp_path, fa
     with open(hooks_py + ".new", "w") as fh:
         fh.write(broken)
     os.replace(hooks_py + ".new", hooks_py)
-    for cache in glob.glob(os.path.join(venv.site, "fastpath_hooks", "__pycache__", "hooks.*.pyc")):
+    for cache in glob.glob(os.path.join(venv.site, "fastpath_hooks", "hooks", "__pycache__", "__init__.*.pyc")):
         os.unlink(cache)
     started = _start(venv, "watch")
     assert started["start"]["finders"] == [STUB] and FINDER not in started["after"]["finders"]

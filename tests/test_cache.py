@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import A100, CAUSAL_WHEEL, offline_env
-from fastpath_hooks.settings import Settings
-from fastpath_hooks.state import VerdictCache, environment_signature, signature_environ
+from fastpath_hooks.facts.settings import Settings
+from fastpath_hooks.act.state import VerdictCache, environment_signature, signature_environ
 from support import wheels
 from support.processes import AUDIT_PRELUDE, counting_uv, installer_calls, link_uv
 
@@ -109,7 +109,7 @@ def test_several_signatures_and_fingerprints_live_side_by_side(cache):
 
 
 def test_the_cache_keeps_the_most_recently_written_entries(cache):
-    from fastpath_hooks.state import KEEP, WARM_KEEP
+    from fastpath_hooks.act.state import KEEP, WARM_KEEP
 
     for n in range(WARM_KEEP + 3):
         cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})
@@ -182,10 +182,10 @@ import importlib.util, json, sys
 import fastpath_hooks
 fastpath_hooks.install()
 spec = importlib.util.find_spec("causal_conv1d")
-from fastpath_hooks import runtime
-print(json.dumps({"state": runtime.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS),
+from fastpath_hooks import engine
+print(json.dumps({"state": engine.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS),
                   # the warm path loads none of these (settings alone costs ~4 ms of dataclass set-up)
-                  "probed": bool({"fastpath_hooks.probe", "fastpath_hooks.settings", "fastpath_hooks.pins"} & set(sys.modules)),
+                  "probed": bool({"fastpath_hooks.facts.probe", "fastpath_hooks.facts.settings", "fastpath_hooks.facts.pins"} & set(sys.modules)),
                   "fake": "FAKE_CAUSAL_CONV1D" in open(spec.origin).read()}))
 '''
 
@@ -197,8 +197,8 @@ try:
     import fla
 except ImportError:
     pass
-from fastpath_hooks import runtime
-outcome = runtime.outcomes()["fla"]
+from fastpath_hooks import engine
+outcome = engine.outcomes()["fla"]
 print(json.dumps({"state": outcome.state, "reason": outcome.reason, "spawns": len(SPAWNS)}))
 '''
 

@@ -40,7 +40,7 @@ def runs(cache_dir, tmp_path_factory):
     from concurrent.futures import ThreadPoolExecutor
 
     # a remembered verdict, so the verdict table of the schema is checked against real output too
-    code = ("from fastpath_hooks.settings import Settings; from fastpath_hooks.state import VerdictCache\n"
+    code = ("from fastpath_hooks.facts.settings import Settings; from fastpath_hooks.act.state import VerdictCache\n"
             "assert VerdictCache(Settings.from_env()).put('fla', 'f' * 32, 'failed', 'test verdict')")
     subprocess.run([sys.executable, "-c", code], env=clean_env(FASTPATH_HOOKS_CACHE_DIR=cache_dir), check=True)
     a_file = str(tmp_path_factory.mktemp("cli-files") / "a-file")
@@ -204,7 +204,7 @@ def _requirements(data):
 def accept_hopper(data):
     reqs = _requirements(data)
     assert {"fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi"} <= set(reqs)
-    from fastpath_hooks.pins import load
+    from fastpath_hooks.facts.pins import load
 
     pins = load()
     assert reqs["apache-tvm-ffi"] in pins.good_tvm_ffi(reqs["tilelang"])
@@ -329,7 +329,7 @@ BAD_ENV = {
 
 
 def test_bad_env_table_covers_every_variable():
-    from fastpath_hooks.settings import VARIABLES
+    from fastpath_hooks.facts.settings import VARIABLES
 
     assert set(VARIABLES) <= set(BAD_ENV)
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks import state
+from fastpath_hooks.act import state
 from support.processes import link_uv, processes_with
 
 PADDING = 3000  # small modules in the fake fla: extracting them takes seconds, long enough to be killed
@@ -26,13 +26,13 @@ import json
 import fastpath_hooks
 fastpath_hooks.install()
 import fla
-from fastpath_hooks import runtime
-print(json.dumps({"version": fla.__version__, "state": runtime.outcomes()["fla"].state}))
+from fastpath_hooks import engine
+print(json.dumps({"version": fla.__version__, "state": engine.outcomes()["fla"].state}))
 '''
 HOLD_LOCK = r'''
 import sys
-from fastpath_hooks.settings import Settings
-from fastpath_hooks.state import environment_lock
+from fastpath_hooks.facts.settings import Settings
+from fastpath_hooks.act.state import environment_lock
 lock = environment_lock(Settings.from_env())
 lock.acquire()
 print("held", flush=True)

@@ -17,7 +17,7 @@ import pytest
 from conftest import H100_OLD_TRITON
 from support import guarded, venvs, wheels
 
-from fastpath_hooks import pins as pins_mod
+from fastpath_hooks.facts import pins as pins_mod
 
 DEAD_INDEX = "http://127.0.0.1:9/simple/"
 PY = "cp311"

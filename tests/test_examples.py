@@ -32,7 +32,7 @@ def test_smoke_reference_matches_transformers_torch_gated_delta_rule():
     torch = pytest.importorskip("torch")
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from fastpath_hooks.smoke import reference
+    from fastpath_hooks.act.smoke import reference
 
     gen = torch.Generator().manual_seed(0)
     B, T, H, K = 1, 96, 2, 16

@@ -24,7 +24,7 @@ import tempfile
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks.settings import VARIABLES
+from fastpath_hooks.facts.settings import VARIABLES
 from support import venvs, wheels
 from support.processes import TINY_MODEL, TORCH_IMPLEMENTATION, closed_port, link_uv, silent_server
 

@@ -22,7 +22,8 @@ import types
 import pytest
 
 import fastpath_hooks
-from fastpath_hooks import gates, hooks
+from fastpath_hooks.hooks import gates
+from fastpath_hooks import hooks
 from support import venvs
 from transformers.utils import is_causal_conv1d_available
 from transformers.utils.import_utils import is_flash_linear_attention_available
@@ -290,12 +291,12 @@ def test_install_kernels_limits_which_imports_are_managed(hooks_env):
 def test_a_gate_of_a_kernel_not_selected_asks_nothing(hooks_env):
     events = []
     fastpath_hooks.install(kernels=["causal-conv1d"], on_event=events.append)
-    from fastpath_hooks import runtime
+    from fastpath_hooks import engine
 
     assert import_utils.is_flash_linear_attention_available() is False
-    assert "fla" not in runtime.outcomes() and not [e for e in events if e["kernel"] == "fla"], events
+    assert "fla" not in engine.outcomes() and not [e for e in events if e["kernel"] == "fla"], events
     assert import_utils.is_causal_conv1d_available() is False      # the selected one is decided
-    assert "causal-conv1d" in runtime.outcomes()
+    assert "causal-conv1d" in engine.outcomes()
 
 
 @pytest.mark.parametrize("spelling", ["flash_linear_attention", "FLA", "Flash.Linear_Attention", "fla_core"])

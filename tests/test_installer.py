@@ -20,8 +20,8 @@ import pytest
 from conftest import A100, CAUSAL_WHEEL, H100_OLD_TRITON
 from support import guarded, venvs, wheels
 
-from fastpath_hooks import pins as pins_mod
-from fastpath_hooks.installer import constraint_lines, same_release
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks.act.installer import constraint_lines, same_release
 
 PINS = pins_mod.load()
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"

@@ -19,8 +19,8 @@ from support import guarded, venvs, wheels
 from support.processes import processes_with
 from test_transaction import tree
 
-from fastpath_hooks import pins as pins_mod
-from fastpath_hooks.transaction import JOURNAL
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks.act.transaction import JOURNAL
 
 PINS = pins_mod.load()
 STATE = ".fastpath-hooks"

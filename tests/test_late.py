@@ -299,7 +299,7 @@ def test_every_decorated_kernel_function_of_the_installed_transformers_is_in_the
     transformers is known to late.py with the same arguments (a new one would not be healed)."""
     import transformers
 
-    from fastpath_hooks import late
+    from fastpath_hooks.hooks import late
 
     if late.transformers_era() != "C":
         pytest.skip(f"transformers {transformers.__version__} is not era C")
@@ -330,8 +330,8 @@ try:
     import fla          # the first kernel import: the runtime decides (and reads the settings) now
 except ImportError:
     pass
-from fastpath_hooks import runtime
-print(runtime.outcomes()["fla"].state)
+from fastpath_hooks import engine
+print(engine.outcomes()["fla"].state)
 '''
 
 
@@ -356,4 +356,4 @@ def test_install_without_settings_or_transformers_imports_nothing_more(tmp_path)
     proc = subprocess.run([sys.executable, "-c", code], env=venvs.clean_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["fastpath_hooks", "fastpath_hooks.hooks"]
+    assert proc.stdout.split() == ["fastpath_hooks", "fastpath_hooks._names", "fastpath_hooks.hooks"]

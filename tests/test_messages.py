@@ -271,7 +271,7 @@ def test_download_dest_errors_are_one_line_exit_2(tmp_path):
 # -- no installer: a `uv venv` (no pip) without uv on PATH ---------------------------------------
 
 CAUSAL = "import importlib.util, fastpath_hooks\nfastpath_hooks.install()\nimportlib.util.find_spec('causal_conv1d')\n" \
-         "from fastpath_hooks import runtime\nprint(runtime.outcomes()['causal-conv1d'].state)"
+         "from fastpath_hooks import engine\nprint(engine.outcomes()['causal-conv1d'].state)"
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from conftest import A100
-from fastpath_hooks import pins as pins_mod
+from fastpath_hooks.facts import pins as pins_mod
 from support.venvs import clean_env
 
 PACKED = pins_mod.load().packed_sequences

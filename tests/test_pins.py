@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from fastpath_hooks import pins as pins_mod
-from fastpath_hooks.pins import SOURCE_KINDS, PinsError, load
-from fastpath_hooks.plan import INSTALL, OK, REPAIR
-from fastpath_hooks.policy import decide
-from fastpath_hooks.settings import Settings
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks.facts.pins import SOURCE_KINDS, PinsError, load
+from fastpath_hooks.decide.plan import INSTALL, OK, REPAIR
+from fastpath_hooks.decide.policy import decide
+from fastpath_hooks.facts.settings import Settings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.venvs import clean_env  # noqa: E402
@@ -101,7 +101,7 @@ def test_causal_conv1d_hashes_belong_to_the_published_builds():
 def test_allow_list_covers_every_installable_and_no_protected_distribution():
     from packaging.requirements import Requirement
 
-    from fastpath_hooks.distributions import canonical_name
+    from fastpath_hooks.facts.distributions import canonical_name
 
     for spec in SHIPPED.kernels.values():
         for dist in spec.distributions:

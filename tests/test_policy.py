@@ -15,19 +15,21 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fastpath_hooks import commands, pins as pins_mod
-from fastpath_hooks.distributions import canonical_name
-from fastpath_hooks.pins import BrokenPair, Hazard
-from fastpath_hooks.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.policy import causal_conv1d_wheel, decide, decide_build
-from fastpath_hooks.probe import Environment
-from fastpath_hooks.settings import Settings
+from fastpath_hooks.decide import commands
+
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks.facts.distributions import canonical_name
+from fastpath_hooks.facts.pins import BrokenPair, Hazard
+from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
+from fastpath_hooks.decide.policy import causal_conv1d_wheel, decide, decide_build
+from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.settings import Settings
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 PINS = pins_mod.load()
-POLICY_SOURCE = os.path.join(os.path.dirname(pins_mod.__file__), "policy.py")
+POLICY_SOURCE = os.path.join(os.path.dirname(os.path.dirname(pins_mod.__file__)), "decide", "policy.py")
 
 BASE = dict(
     python="3.12.3", implementation="cpython", os="linux", arch="x86_64", glibc="2.36",

@@ -14,11 +14,13 @@ import sys
 import pytest
 from packaging.requirements import Requirement
 
-from fastpath_hooks import commands, policy, probe as probe_mod
-from fastpath_hooks.distributions import canonical_name
-from fastpath_hooks.pins import PinsError, load
-from fastpath_hooks.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.settings import Settings
+from fastpath_hooks.decide import commands, policy
+
+from fastpath_hooks.facts import probe as probe_mod
+from fastpath_hooks.facts.distributions import canonical_name
+from fastpath_hooks.facts.pins import PinsError, load
+from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
+from fastpath_hooks.facts.settings import Settings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.venvs import clean_env  # noqa: E402
@@ -174,7 +176,7 @@ def test_pip_index_config_reads_variables_and_files_as_pip_does(tmp_path):
 
 
 def test_the_probe_records_pip_configuration_in_a_real_process():
-    code = ("import json; from fastpath_hooks.probe import probe; from fastpath_hooks.settings import Settings\n"
+    code = ("import json; from fastpath_hooks.facts.probe import probe; from fastpath_hooks.facts.settings import Settings\n"
             "print(json.dumps(probe(Settings()).to_json()['pip_index_config']))")
     run = lambda **env: json.loads(subprocess.run([sys.executable, "-c", code], env=clean_env(**env),  # noqa: E731
                                                   capture_output=True, text=True, timeout=60, check=True).stdout)
@@ -204,7 +206,7 @@ def test_wheelhouse_is_parsed_once():
     ("http://example.org/wheels/", None),
 ])
 def test_find_links_entry_to_local_directory(entry, expected):
-    from fastpath_hooks.links import find_links_dir
+    from fastpath_hooks.facts.links import find_links_dir
 
     assert find_links_dir(entry) == expected
 
@@ -219,7 +221,7 @@ def test_probe_lists_a_file_url_wheelhouse_as_the_installer_reads_it(tmp_path):
 
 
 def test_one_version_equality():
-    from fastpath_hooks.pins import same_version
+    from fastpath_hooks.facts.pins import same_version
 
     assert same_version("0.6", "0.6.0") and same_version("not a version", "not a version")
     assert not same_version("0.1.12", "0.1.12.post1")
@@ -233,8 +235,8 @@ def test_the_probe_takes_triton_distribution_names_from_the_pins(tmp_path):
     user = tmp_path / "pins.json"
     user.write_text(json.dumps({"triton_distributions": {"names": names},
                                 "protected": {"distributions": list(PINS.protected) + ["triton-nightly"]}}))
-    code = ("import json; from fastpath_hooks.probe import probe; from fastpath_hooks.pins import load\n"
-            "from fastpath_hooks.settings import Settings\n"
+    code = ("import json; from fastpath_hooks.facts.probe import probe; from fastpath_hooks.facts.pins import load\n"
+            "from fastpath_hooks.facts.settings import Settings\n"
             f"env = probe(Settings(), pins=load({str(user)!r}))\n"
             "print(json.dumps([env.triton, env.triton_dist]))")
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(site)), capture_output=True,
@@ -292,7 +294,7 @@ def test_hazard_messages_say_why_tilelang_is_unavailable(settings, dists, why, f
 
 def test_the_blocked_import_says_it_in_one_short_line(tmp_path):
     target = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=no,fla-core=0.6.0,flash-linear-attention=0.6.0"
-    code = "from fastpath_hooks import runtime; print(runtime.ensure('fla').block)"
+    code = "from fastpath_hooks import engine; print(engine.ensure('fla').block)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=clean_env(FASTPATH_HOOKS_TARGET=target, FASTPATH_HOOKS_CACHE_DIR=str(tmp_path),
                                        FASTPATH_HOOKS_LOG="off"))

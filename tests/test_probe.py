@@ -11,9 +11,9 @@ from importlib.metadata import version as dist_version
 
 import pytest
 
-from fastpath_hooks.distributions import canonical_name, scan
-from fastpath_hooks.probe import Environment, probe
-from fastpath_hooks.settings import Settings
+from fastpath_hooks.facts.distributions import canonical_name, scan
+from fastpath_hooks.facts.probe import Environment, probe
+from fastpath_hooks.facts.settings import Settings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from support.venvs import clean_env  # noqa: E402
@@ -30,7 +30,7 @@ def run_probe(code: str, **env) -> dict:
 def test_real_probe_on_this_machine_is_cheap_and_correct():
     data = run_probe(
         "import json, sys\n"
-        "from fastpath_hooks.probe import probe\n"
+        "from fastpath_hooks.facts.probe import probe\n"
         "env = probe()\n"
         "print(json.dumps({'env': env.to_json(), 'torch_imported': 'torch' in sys.modules,"
         " 'metadata_imported': 'importlib.metadata' in sys.modules}))")
@@ -109,7 +109,7 @@ def test_first_directory_on_the_path_wins(tmp_path):
 def test_half_installed_kernel_distribution_is_reported(tmp_path):
     for name in ("apache_tvm_ffi-0.1.12.dist-info", "apache_tvm_ffi-0.1.15.post2.dist-info", "tilelang-0.1.15.dist-info"):
         (tmp_path / name).mkdir()
-    data = run_probe("import json; from fastpath_hooks.probe import probe; print(json.dumps(probe().to_json()))",
+    data = run_probe("import json; from fastpath_hooks.facts.probe import probe; print(json.dumps(probe().to_json()))",
                      PYTHONPATH=str(tmp_path))
     assert data["half_installed"] == ["apache-tvm-ffi"]
     assert data["distributions"]["tilelang"] == "0.1.15"
@@ -122,7 +122,7 @@ def test_torch_build_is_read_from_version_py_without_importing_torch(tmp_path):
         "from typing import Optional\n__version__ = '2.10.0+cu128'\ncuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n")
     (tmp_path / "torch" / "__init__.py").write_text("raise RuntimeError('the probe must not import torch here')\n")
     data = run_probe(
-        "import json, sys; from fastpath_hooks.probe import probe; from fastpath_hooks.settings import Settings\n"
+        "import json, sys; from fastpath_hooks.facts.probe import probe; from fastpath_hooks.facts.settings import Settings\n"
         "env = probe(Settings(), allow_torch_import=False)\n"
         "print(json.dumps({'build': env.torch_build, 'torch': env.torch, 'source': env.gpu_source,"
         " 'imported': 'torch' in sys.modules}))", PYTHONPATH=str(tmp_path))

@@ -12,14 +12,14 @@ import os
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from fastpath_hooks import pins as pins_mod
-from fastpath_hooks.commands import invocation
-from fastpath_hooks.pins import PinsError
-from fastpath_hooks.plan import ACTIONS, BLOCK, INSTALL, OK, REPAIR, SKIP, Plan
-from fastpath_hooks.policy import ORDER, decide
-from fastpath_hooks.probe import Environment
-from fastpath_hooks.settings import KERNELS, VARIABLES, Settings, SettingsError
-from fastpath_hooks.target import DISTRIBUTION_KEYS, FACT_KEYS, parse_target
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks.decide.commands import invocation
+from fastpath_hooks.facts.pins import PinsError
+from fastpath_hooks.decide.plan import ACTIONS, BLOCK, INSTALL, OK, REPAIR, SKIP, Plan
+from fastpath_hooks.decide.policy import ORDER, decide
+from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.settings import KERNELS, VARIABLES, Settings, SettingsError
+from fastpath_hooks.facts.target import DISTRIBUTION_KEYS, FACT_KEYS, parse_target
 
 # Sane for a 2-core CI machine; no example database written into the repository.
 # FASTPATH_HOOKS_TEST_EXAMPLES=20000 for a deeper search (4 tests, ~9 min on 2 cores; passed on 2026-11-30)
@@ -329,7 +329,7 @@ def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
         if archs == ("all",):
             assert chosen.allow_build == "1"
         else:
-            from fastpath_hooks.wheelcache import pair_for
+            from fastpath_hooks.facts.cached_wheels import pair_for
 
             assert all(pair_for(g, archs) for g in env.gpus), (archs, env.gpus)
         assert causal.expected_seconds is not None and causal.expected_seconds <= chosen.timeout

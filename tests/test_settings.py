@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fastpath_hooks.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, is_disabled
+from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, is_disabled
 
 
 @pytest.fixture

@@ -27,9 +27,11 @@ import time
 import pytest
 
 from conftest import A100, H100_OLD_TRITON, offline_env
-from fastpath_hooks import activation, pins as pins_mod, runtime
-from fastpath_hooks.probe import Environment
-from fastpath_hooks.settings import Settings
+from fastpath_hooks.hooks import activation
+from fastpath_hooks.facts import pins as pins_mod
+from fastpath_hooks import engine
+from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.settings import Settings
 from support import venvs, wheels
 from support.processes import AUDIT_PRELUDE, link_uv, run_env
 
@@ -97,7 +99,7 @@ out["installed"] = hooks.installed()
 ''',
     # the package breaks under a running process (an upgrade): the import proceeds, one line says why
     "broken-importer": '''
-sys.modules["fastpath_hooks.importer"] = None
+sys.modules["fastpath_hooks.hooks.importer"] = None
 out["fla"] = provided("fla")
 out["causal_conv1d"] = provided("causal_conv1d")
 ''',
@@ -148,18 +150,18 @@ def test_an_internal_error_on_the_import_path_is_one_line_and_the_import_proceed
     assert out["fla"] is True and out["causal_conv1d"] is True
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fastpath-hooks: internal error, leaving this import alone: "
-                                                   "ModuleNotFoundError: import of fastpath_hooks.importer"), err
+                                                   "ModuleNotFoundError: import of fastpath_hooks.hooks.importer"), err
 
 
 def test_the_stand_in_reads_disable_as_the_settings_do():
     """One list of true values: the start-up source, hooks and settings agree."""
-    from fastpath_hooks import hooks
-    from fastpath_hooks.settings import is_disabled
+    from fastpath_hooks import _names
+    from fastpath_hooks.facts.settings import is_disabled
 
     source = activation.startup_source()
     for value in ("1", "true", "YES", " on ", "0", "no", "maybe", "y", ""):
-        assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) == (value.strip().lower() in hooks.TRUE_VALUES)
-    assert repr(hooks.TRUE_VALUES) in source
+        assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) == (value.strip().lower() in _names.TRUE_VALUES)
+    assert repr(_names.TRUE_VALUES) in source
 
 
 # -- one source of truth for what a kernel's verdict depends on ------------------------------
@@ -179,24 +181,24 @@ def test_the_fingerprint_follows_the_pins_data(tmp_path):
     base = _environment(**{"fla-core": "0.6.0", "cloudpickle": "3.0.0"})
     other = _environment(**{"fla-core": "0.6.0", "cloudpickle": "3.1.0"})
     # a runtime dependency the pins name for fla is part of fla's verdict, not of the others'
-    assert runtime.fingerprint(base, settings, pins, "fla") != runtime.fingerprint(other, settings, pins, "fla")
-    assert runtime.fingerprint(base, settings, pins, "causal-conv1d") == \
-        runtime.fingerprint(other, settings, pins, "causal-conv1d")
+    assert engine.fingerprint(base, settings, pins, "fla") != engine.fingerprint(other, settings, pins, "fla")
+    assert engine.fingerprint(base, settings, pins, "causal-conv1d") == \
+        engine.fingerprint(other, settings, pins, "causal-conv1d")
     # fla depends on tilelang where the Hopper hazard applies: its distributions are in fla's verdict
     shipped = pins_mod.load()
     with_ffi = _environment(**{"fla-core": "0.6.0", "apache-tvm-ffi": "0.1.12"})
     other_ffi = _environment(**{"fla-core": "0.6.0", "apache-tvm-ffi": "0.1.11"})
-    assert runtime.fingerprint(with_ffi, settings, shipped, "fla") != \
-        runtime.fingerprint(other_ffi, settings, shipped, "fla")
-    assert runtime.fingerprint(with_ffi, settings, shipped, "causal-conv1d") == \
-        runtime.fingerprint(other_ffi, settings, shipped, "causal-conv1d")
+    assert engine.fingerprint(with_ffi, settings, shipped, "fla") != \
+        engine.fingerprint(other_ffi, settings, shipped, "fla")
+    assert engine.fingerprint(with_ffi, settings, shipped, "causal-conv1d") == \
+        engine.fingerprint(other_ffi, settings, shipped, "causal-conv1d")
 
 
 # -- concurrent verdict writers ------------------------------------------------------------------
 
 WRITER = r'''
 import sys
-from fastpath_hooks.state import VerdictCache
+from fastpath_hooks.act.state import VerdictCache
 cache = VerdictCache(root=sys.argv[1], retry_after=60.0)
 for j in range(12):
     cache.put(f"k{sys.argv[2]}-{j}", "fp", "good", "verified")
@@ -209,7 +211,7 @@ def test_concurrent_verdict_writers_lose_nothing(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, root, str(i)], env=venvs.clean_env())
              for i in range(6)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 6
-    from fastpath_hooks.state import VerdictCache
+    from fastpath_hooks.act.state import VerdictCache
 
     cache = VerdictCache(root=root, retry_after=60.0)
     assert set(cache.entries()) == {f"k{i}-{j}" for i in range(6) for j in range(12)}
@@ -235,9 +237,9 @@ try:
     result = "imported"
 except ImportError as exc:
     result = type(exc).__name__ + ": " + str(exc)
-from fastpath_hooks import runtime
+from fastpath_hooks import engine
 print(json.dumps({"result": result, "spawns": len(SPAWNS),
-                  "states": {k: o.state for k, o in runtime.outcomes().items()}}))
+                  "states": {k: o.state for k, o in engine.outcomes().items()}}))
 '''
 
 
@@ -291,8 +293,8 @@ open(sys.argv[1] + ".ready", "w").close()
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.002)
 spec = importlib.util.find_spec("causal_conv1d")   # decided by the hook; the module itself is not run
-from fastpath_hooks import runtime
-print(json.dumps({"state": runtime.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS)}))
+from fastpath_hooks import engine
+print(json.dumps({"state": engine.outcomes()["causal-conv1d"].state, "spawns": len(SPAWNS)}))
 '''
 
 

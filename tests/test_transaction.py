@@ -20,8 +20,8 @@ from conftest import A100
 from support import guarded, venvs, wheels
 from support.processes import processes_with
 
-from fastpath_hooks import installer
-from fastpath_hooks.transaction import JOURNAL, Transaction
+from fastpath_hooks.act import installer
+from fastpath_hooks.act.transaction import JOURNAL, Transaction
 
 STATE = ".fastpath-hooks"
 FLA = ("fla-core", "flash-linear-attention")

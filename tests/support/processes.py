@@ -104,9 +104,9 @@ open(sys.argv[1] + ".ready", "w").close()
 while not os.path.exists(sys.argv[2]):
     time.sleep(0.002)
 import fla
-from fastpath_hooks import runtime
+from fastpath_hooks import engine
 print(json.dumps({"pid": os.getpid(), "version": fla.__version__, "fake": fla.FAKE_FLA,
-                  "state": runtime.outcomes()["fla"].state}))
+                  "state": engine.outcomes()["fla"].state}))
 '''
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 
-from .distributions import canonical_name, record_files, scan
+from ..facts.distributions import canonical_name, record_files, scan
 from .state import JOURNAL, atomic_write_json
 
 LISTING = "listing.json"

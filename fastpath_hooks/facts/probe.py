@@ -115,8 +115,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         pins = load(None)
     triton_names = pins.triton_distributions
 
-    from . import wheelcache
-    from .state import cache_root
+    from . import cached_wheels
+    from .._names import cache_root
 
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
     cache = cache_root(settings) if settings is not None else None
@@ -212,8 +212,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         hipcc=facts["hipcc"],
         cpus=facts["cpus"],
         memory_gib=_memory_gib(),
-        wheel_cache=wheelcache.directory(cache) if cache else None,
-        cached_wheels=wheelcache.listing(cache),
+        wheel_cache=cached_wheels.directory(cache) if cache else None,
+        cached_wheels=cached_wheels.listing(cache),
         pip="pip" in dists,
     )
     return env

@@ -27,10 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -38,13 +35,13 @@ from dataclasses import dataclass
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from . import events
-from .commands import choose_installer, constraints, invocation, uv_executable
-from .distributions import canonical_name, installed_versions, scan, site_packages
-from .links import find_links_dir
+from .. import events
+from ..decide.commands import choose_installer, constraints, invocation, uv_executable
+from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
+from ..facts.links import find_links_dir
+from .runner import execute
 from .transaction import Transaction
 
-HEARTBEAT_SECONDS = 30.0
 
 
 class InstallError(Exception):
@@ -212,7 +209,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     import uuid
 
     from . import wheelcache
-    from .state import cache_root
+    from .._names import cache_root
     from .transaction import WORK_PREFIX
 
     deps = tuple(s for s in decision.steps if s.kind != "build")
@@ -324,7 +321,7 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     """Keep a built or downloaded wheel in the wheel cache; a cache that cannot be written costs
     only the next environment's build (said at warning)."""
     from . import wheelcache
-    from .state import cache_root
+    from .._names import cache_root
 
     root = cache_root(settings)
     meta = dict(meta)
@@ -346,7 +343,7 @@ def _cached_path(url: str | None, settings) -> str | None:
     from urllib.parse import unquote, urlsplit
 
     from . import wheelcache
-    from .state import cache_root
+    from .._names import cache_root
 
     path = os.path.abspath(unquote(urlsplit(url).path))
     where = os.path.abspath(wheelcache.directory(cache_root(settings)))
@@ -408,7 +405,7 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
                      constraints_file=cfile, local_file=local)
     label = _step_label(step)
-    code, tail, seconds = _execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch)
+    code, tail, seconds = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch)
     if code == 0:
         events.status(f"{label}: done in {seconds:.1f} s ({installer})", kernel, human=False)
         return installer
@@ -433,86 +430,6 @@ def _step_label(step) -> str:
     return f"{'building' if step.kind == 'build' else 'installing'} {names}"
 
 
-def _execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None):
-    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s. `log`: append
-    the whole output to that file (kept), instead of a temporary one.
-
-    Any exception while the installer runs (Ctrl-C: the installer is in its own session, so the
-    terminal's SIGINT never reaches it) kills its process group before it propagates: the
-    rollback that follows must have no writer left."""
-    environ = dict(os.environ)
-    environ.update(dict(inv.env))
-    environ.update(dict(extra_env))
-    environ["FASTPATH_HOOKS_DISABLE"] = "1"
-    environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    start = time.monotonic()
-    with (open(log, "a+b") if log else tempfile.TemporaryFile(mode="w+b", dir=work)) as out:
-        try:
-            proc = subprocess.Popen(list(inv.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environ, start_new_session=True, preexec_fn=_death_signal())
-        except OSError as exc:
-            return 127, f"could not start {inv.argv[0]}: {exc}", 0.0
-        try:
-            events.debug("running: " + " ".join(inv.argv), kernel)
-            deadline = start + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    _kill(proc)
-                    code = None
-                    break
-                try:
-                    code = proc.wait(timeout=min(HEARTBEAT_SECONDS, remaining))
-                    break
-                except subprocess.TimeoutExpired:
-                    events.status(f"still {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
-        except BaseException:
-            _kill(proc)
-            raise
-        out.seek(0)
-        text = out.read().decode("utf-8", errors="replace")
-        if log:
-            out.write(f"\n# exit: {'timeout' if code is None else code} after {time.monotonic() - start:.1f} s\n".encode())
-    return code, _summary(text), time.monotonic() - start
-
-
-def _summary(text: str) -> str:
-    """The installer's error and the lines that explain it (uv puts the cause on the lines after
-    `error:`), else its last lines."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    first = next((i for i, ln in enumerate(lines)
-                  if ln.lower().startswith(("error", "×", "x ")) or "error:" in ln.lower()), None)
-    chosen = lines[first:first + 4] if first is not None else lines[-3:]
-    return " | ".join(chosen)[-600:]
-
-
-def _kill(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
-    proc.wait()
-
-
-def _death_signal():
-    """Linux: make the installer die with us (PR_SET_PDEATHSIG), so a killed process never
-    leaves pip writing behind the next lock holder. Resolved before fork: the child only
-    makes one C call (no imports, no locks)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_death_signal():
-        prctl(1, signal.SIGKILL)
-
-    return set_death_signal
-
-
 def _restart_advised(changed: dict) -> tuple:
     """Modules already imported in this process whose distribution just changed."""
     found, _ = scan()
@@ -526,7 +443,7 @@ def _restart_advised(changed: dict) -> tuple:
             with open(os.path.join(dist.path, "top_level.txt"), encoding="utf-8") as fh:
                 tops.update(line.strip() for line in fh if line.strip())
         except OSError:
-            from .distributions import record_files
+            from ..facts.distributions import record_files
 
             for path in record_files(dist):
                 rel = os.path.relpath(path, dist.site)

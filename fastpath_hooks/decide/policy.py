@@ -17,9 +17,9 @@ from packaging.requirements import Requirement
 from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import wheelcache
-from .distributions import canonical_name
-from .pins import same_version
+from ..facts import cached_wheels
+from ..facts.distributions import canonical_name
+from ..facts.pins import same_version
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, Plan, Step
 
 ORDER = ("fla", "causal-conv1d", "tilelang")
@@ -634,7 +634,7 @@ def _built_archs(installed: str) -> tuple:
     ("sm_90",)); () for anything else (a release wheel, a build for `all`)."""
     local = installed.split("+", 1)[1] if "+" in installed else ""
     tokens = local.split(".")
-    if not local.startswith(wheelcache.LABEL + ".") or not any(t.startswith("abi") for t in tokens):
+    if not local.startswith(cached_wheels.LABEL + ".") or not any(t.startswith("abi") for t in tokens):
         return ()
     archs = tokens[[i for i, t in enumerate(tokens) if t.startswith("abi")][0] + 1:]  # after torchX.Y.Z.cuXY.abiN
     return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
@@ -643,7 +643,7 @@ def _built_archs(installed: str) -> tuple:
 def _arch_gaps(installed: str, gpus) -> tuple:
     """The visible GPUs an installed build of ours has no code for (a release wheel holds every arch)."""
     codes = set(_built_archs(installed))
-    return tuple(g for g in gpus if wheelcache.pair_for(g, codes) is None) if codes else ()
+    return tuple(g for g in gpus if cached_wheels.pair_for(g, codes) is None) if codes else ()
 
 
 def _causal_install(ctx: _Context, kw) -> Decision:
@@ -708,7 +708,7 @@ def _built_fits(ctx: _Context, name: str) -> bool:
     env, build = ctx.env, ctx.pins.source_build
     if not env.torch or build.version is None:
         return False
-    return wheelcache.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
+    return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
                            cuda=env.torch_cuda, hip=env.torch_hip, abi=causal_conv1d_abi(env), python=env.python,
                            arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
 
@@ -716,7 +716,7 @@ def _built_fits(ctx: _Context, name: str) -> bool:
 def _cuda_codes(build, nvcc_version: str | None) -> tuple:
     """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
     codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or _in(nvcc_version, spec))
-    return tuple(sorted(codes, key=lambda c: wheelcache.compute_capability(c) or (0, 0)))
+    return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
 
 
 def build_archs(env, pins, archs=None) -> tuple:
@@ -727,8 +727,8 @@ def build_archs(env, pins, archs=None) -> tuple:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
     codes = _cuda_codes(pins.source_build, env.nvcc_version)
-    chosen = {g: wheelcache.pair_for(g, codes) for g in gpus}
-    return tuple(sorted({c for c in chosen.values() if c}, key=wheelcache.compute_capability)), \
+    chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
+    return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
 
 

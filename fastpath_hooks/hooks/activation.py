@@ -34,7 +34,7 @@ import os
 import py_compile
 import sys
 
-from .distributions import site_packages
+from ..facts.distributions import site_packages
 
 PTH_NAME = "fastpath-hooks-startup.pth"
 STARTUP_MODULE = "_fastpath_hooks_startup"
@@ -83,9 +83,9 @@ except Exception:
 
 
 def startup_source() -> str:
-    from .hooks import _WATCHED, STAND_IN, TRUE_VALUES
+    from .._names import STAND_IN, TRUE_VALUES, WATCHED
 
-    return (STARTUP.replace("WATCHED", repr(tuple(sorted(_WATCHED))))
+    return (STARTUP.replace("WATCHED", repr(tuple(sorted(WATCHED))))
             .replace("TRUE_VALUES", repr(TRUE_VALUES)).replace("STAND_IN", STAND_IN))
 
 
@@ -94,7 +94,7 @@ class ActivationError(RuntimeError):
 
 
 def package_dir() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # fastpath_hooks/
 
 
 def pth_line() -> str:
@@ -278,7 +278,7 @@ def _remove_pyc(path: str) -> None:
 def _compile_package() -> list[str]:
     """The modules that run at start (package __init__ and hooks) need their .pyc."""
     out = []
-    for name in ("__init__.py", "hooks.py", "importer.py"):
+    for name in ("__init__.py", "_names.py", "hooks/__init__.py", "hooks/importer.py"):
         path = os.path.join(package_dir(), name)
         if not os.path.exists(importlib.util.cache_from_source(path)):
             _compile(path)

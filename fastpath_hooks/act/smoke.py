@@ -117,7 +117,7 @@ def run_smoke(settings, env) -> dict:
         return {"status": "skipped", "reason": f"needs a CUDA GPU (accelerator here: {env.accelerator or 'none'})"}
     child_env = {**os.environ, "FASTPATH_HOOKS_DISABLE": "1"}
     try:
-        proc = subprocess.run([sys.executable, "-m", "fastpath_hooks.smoke"], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "fastpath_hooks.act.smoke"], capture_output=True, text=True,
                               timeout=settings.timeout, env=child_env)
     except subprocess.TimeoutExpired:
         return {"status": "fail", "reason": f"did not finish within {settings.timeout:.0f} s"}

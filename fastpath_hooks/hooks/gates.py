@@ -139,7 +139,7 @@ def _step_aside(wrapper, original) -> None:
     a key lookup each, no full scan. A copy elsewhere keeps the wrapper, which now only
     passes through (one identity test)."""
     try:
-        from .hooks import _lock
+        from ..hooks import _lock
 
         name = original.__name__
         with _lock:
@@ -159,17 +159,18 @@ def _step_aside(wrapper, original) -> None:
 
 def _first_query(kernel: str, import_utils):
     try:
-        from . import hooks, runtime
+        from .. import hooks
+        from .. import engine
 
         if not hooks.selected(kernel):  # install(kernels=...) left this one alone
             return _PASS
 
-        outcome = runtime.ensure(kernel)
-        changed = any(o.state in CHANGED for o in runtime.outcomes().values())
+        outcome = engine.ensure(kernel)
+        changed = any(o.state in CHANGED for o in engine.outcomes().values())
         refresh(import_utils, distributions=changed)
         if outcome.block is not None:
             return _BLOCKED
-        return runtime.simulation() or _PASS
+        return engine.simulation() or _PASS
     except Exception as exc:  # the original gate's answer, untouched
         from .importer import internal_error
 

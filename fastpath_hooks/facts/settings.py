@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from .hooks import TRUE_VALUES as _TRUE  # one list, shared with the start-up entry
+from .._names import TRUE_VALUES as _TRUE  # one list, shared with the start-up entry
+from .._names import disabled
 
 KERNELS = ("fla", "causal-conv1d", "tilelang")
 KERNEL_ALIASES = {
@@ -199,8 +200,7 @@ def parse_build_mode(raw: str) -> str:
 
 def is_disabled(environ: Mapping[str, str] | None = None) -> bool:
     """The start-up check: only an explicit true value disables (garbage is reported later)."""
-    env = os.environ if environ is None else environ
-    return env.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in _TRUE
+    return disabled(environ)
 
 
 def parse_kernel_list(raw: str) -> frozenset:

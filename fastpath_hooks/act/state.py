@@ -20,6 +20,8 @@ import os
 import sys
 import time
 
+from .._names import cache_root, cache_root_from_environ, environment_key
+
 JOURNAL = "journal.json"        # written by transaction.py while an install runs
 STATE_DIR_NAME = ".fastpath-hooks"
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
@@ -29,38 +31,9 @@ SIGNATURE_VARIABLES = ("FLA_TILELANG", "CUDA_HOME", "CUDA_PATH", "PATH", "CUDA_V
 _GPU_INFO = (("/proc/driver/nvidia/gpus", "information"), ("/sys/class/kfd/kfd/topology/nodes", "name"))
 
 
-def environment_key() -> str:
-    # sys.executable differs between `python` and a console script in one venv; the prefix does not.
-    return hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:16]
-
-
-def cache_root(settings) -> str:
-    return settings.cache_dir or default_cache_root()
-
-
-def cache_root_from_environ(environ) -> str:
-    """The cache root FASTPATH_HOOKS_CACHE_DIR names in `environ` (as settings parses it), without
-    parsing the settings: the warm path's."""
-    raw = environ.get("FASTPATH_HOOKS_CACHE_DIR", "").strip()
-    return os.path.abspath(os.path.expanduser(raw)) if raw else default_cache_root(environ)
-
-
-def default_cache_root(environ=None) -> str:
-    """platformdirs' user cache dir; on Linux computed the same way without importing it (~10 ms)."""
-    env = os.environ if environ is None else environ
-    if sys.platform.startswith("linux"):
-        base = env.get("XDG_CACHE_HOME", "")
-        if not base.strip():
-            base = os.path.expanduser("~/.cache")
-        return os.path.join(base, "fastpath-hooks")
-    import platformdirs
-
-    return platformdirs.user_cache_dir("fastpath-hooks", appauthor=False)
-
-
 def environment_state_dir(settings) -> str:
     """`.fastpath-hooks/` beside site-packages when writable, else under the cache root."""
-    from .distributions import site_packages
+    from ..facts.distributions import site_packages
 
     site = site_packages()
     if os.access(site, os.W_OK):
@@ -92,7 +65,7 @@ def file_lock(path: str, *, timeout: float):
         import filelock
 
         return filelock.FileLock(path, timeout=timeout)
-    from . import events
+    from .. import events
 
     events.status(f"{directory} does not support flock (Lustre without -o flock?); using a lock file "
                   f"with stale-holder recovery", once=f"no-flock:{os.stat(directory).st_dev}")  # once per filesystem
@@ -315,7 +288,7 @@ def environment_signature(captured: tuple) -> str | None:
     sys.path (dist-info names carry versions; site-packages' mtime catches a same-version
     reinstall such as another CUDA build of torch), the local wheelhouse's file names.
     """
-    from . import __version__
+    from .._names import VERSION as __version__
 
     env = dict(captured)
     parts: list = [__version__, os.path.realpath(sys.prefix), sys.version, sys.implementation.name, captured]
@@ -359,7 +332,7 @@ def environment_signature(captured: tuple) -> str | None:
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in env.get("FASTPATH_HOOKS_FIND_LINKS", "").replace(",", " ").split():
-        from .links import find_links_dir  # only when FIND_LINKS is set
+        from ..facts.links import find_links_dir  # only when FIND_LINKS is set
 
         path = find_links_dir(location)
         if path is None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import sys
 import _thread
 
-from . import hooks
+from .. import hooks
+from .._names import GATES_MODULE, KERNEL_MODULES
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -29,7 +30,7 @@ def find_spec(fullname, path, target):
         return None
     _busy.add(key)
     try:
-        if fullname == hooks.GATES_MODULE:
+        if fullname == GATES_MODULE:
             return _after_import_spec(fullname, path, target)
         return _before_kernel_import(fullname)
     finally:
@@ -39,8 +40,8 @@ def find_spec(fullname, path, target):
 def normalize(kernels) -> frozenset:
     """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
     Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
-    from .distributions import canonical_name
-    from .settings import KERNELS, normalize_kernel
+    from ..facts.distributions import canonical_name
+    from ..facts.settings import KERNELS, normalize_kernel
 
     if isinstance(kernels, str):
         kernels = [kernels]
@@ -49,7 +50,7 @@ def normalize(kernels) -> frozenset:
         try:
             out.add(normalize_kernel(canonical_name(name)))
         except (ValueError, AttributeError):
-            from . import events
+            from .. import events
 
             events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(KERNELS)}; ignoring it")
     return frozenset(out)
@@ -73,13 +74,13 @@ internal_error = hooks.internal_error  # one guarded reporter for the whole impo
 
 
 def _before_kernel_import(fullname):
-    kernel = hooks.KERNEL_MODULES[fullname]
+    kernel = KERNEL_MODULES[fullname]
     if not hooks.selected(kernel):
         return None
     try:
-        from . import runtime
+        from .. import engine
 
-        message = runtime.before_import(kernel)
+        message = engine.before_import(kernel)
     except Exception as exc:  # never make an import worse than without fastpath-hooks
         internal_error(exc)
         return None

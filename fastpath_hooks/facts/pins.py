@@ -21,7 +21,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .distributions import canonical_name
-from .hooks import MODULE_OF
+from .._names import MODULE_OF
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")

@@ -16,24 +16,11 @@ at once for every name it does not watch; for the four it does, `importer`
 import sys
 import _thread
 
-# The one place these live: the start-up stand-in (activation.STARTUP) gets them written in,
-# settings reads TRUE_VALUES from here, the runtime maps kernels back to module names.
-KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang"}   # module -> kernel
-MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}                      # kernel -> module
-GATES_MODULE = "transformers.utils.import_utils"
-_WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
-TRUE_VALUES = ("1", "true", "yes", "on")
-STAND_IN = "_FastpathHooksStartup"   # the name of activation.STARTUP's finder (a function; a class before v4)
+from .._names import GATES_MODULE, STAND_IN, VOICE, WATCHED, disabled, local_rank
 
 _lock = _thread.RLock()
 # ended: uninstall() ran - a start-up stand-in must not install the hooks again.
-_state = {"finder": None, "kernels": None, "listeners": [], "ended": False}
-
-
-def disabled() -> bool:
-    import os
-
-    return os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() in TRUE_VALUES
+_state = {"finder": None, "kernels": None, "ended": False}
 
 
 def activate():
@@ -79,8 +66,10 @@ def install(*, kernels=None, on_event=None):
         return False
     with _lock:
         _state["ended"] = False
-        if on_event is not None and on_event not in _state["listeners"]:
-            _state["listeners"].append(on_event)
+        if on_event is not None:
+            from ..events import add_listener
+
+            add_listener(on_event)
         if kernels is None:
             _state["kernels"] = None
         else:
@@ -103,32 +92,6 @@ def install(*, kernels=None, on_event=None):
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
-
-
-# Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).
-LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
-VOICE = "_FASTPATH_HOOKS_VOICE"   # pid of the node's printing process; its children inherit it and stay quiet
-
-
-def local_rank():
-    """This process's rank on its node, where a launcher says it; None where none does."""
-    import os
-
-    def number(raw):
-        try:
-            return int(raw)
-        except ValueError:
-            return 0
-
-    for var in LOCAL_RANK_VARIABLES:
-        raw = os.environ.get(var)
-        if raw is not None:
-            return number(raw)
-    rank, size = os.environ.get("RANK"), os.environ.get("LOCAL_WORLD_SIZE")
-    if rank is not None and size is not None:
-        size_value = number(size)
-        return number(rank) % size_value if size_value > 0 else 0
-    return None
 
 
 def _claim_voice() -> None:
@@ -159,19 +122,19 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .state import cache_root_from_environ
+        from .._names import cache_root_from_environ
 
         given = sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTPATH_HOOKS_"))
         digest = hashlib.sha256(repr(given).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
         if os.path.exists(marker):
             return
-        from .settings import Settings, SettingsError
+        from ..facts.settings import Settings, SettingsError
 
         try:
             Settings.from_env()
         except SettingsError as exc:
-            from .runtime import bad_settings
+            from ..engine import bad_settings
 
             bad_settings(exc)
             return
@@ -203,21 +166,19 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
         _state["finder"] = None
         _state["kernels"] = None
-        _state["listeners"] = []
-        gates = sys.modules.get("fastpath_hooks.gates")
+        events = sys.modules.get("fastpath_hooks.events")
+        if events is not None:
+            events.clear_listeners()
+        gates = sys.modules.get("fastpath_hooks.hooks.gates")
         if gates is not None:
             gates.unpatch()
-        runtime = sys.modules.get("fastpath_hooks.runtime")
+        runtime = sys.modules.get("fastpath_hooks.engine")
         if runtime is not None:
             runtime.forget()
 
 
 def installed():
     return _state["finder"] is not None and _state["finder"] in sys.meta_path
-
-
-def listeners():
-    return tuple(_state["listeners"])
 
 
 def selected(kernel):
@@ -252,7 +213,7 @@ def is_stand_in(entry) -> bool:
 def internal_error(exc) -> None:
     """One error line for a bug of ours on the import path; the import goes on without us."""
     try:
-        from .events import internal_error as report
+        from ..events import internal_error as report
 
         report(exc)
     except Exception:
@@ -263,7 +224,7 @@ class KernelImportFinder:
     """A `sys.meta_path` finder that watches four module names and ignores the rest."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _WATCHED:
+        if fullname not in WATCHED:
             return None
         try:
             from .importer import find_spec

@@ -5,7 +5,7 @@ A modeling module chooses its kernels when it is imported (transformers-eras.md)
 or, on Hopper with an fla installed by hand, a kernel that crashes at the first backward.
 `heal()` runs at every install() (and so at the start-up hand-over) once transformers is
 imported: for each kernel an already-imported modeling module uses it decides as usual
-(`runtime.ensure`, through the gates in eras A/B), then rebinds that module's globals to
+(`engine.ensure`, through the gates in eras A/B), then rebinds that module's globals to
 what a fresh import would choose now - the kernel when it is usable, the torch path when
 it is not or is blocked (the Hopper rule takes fla away again, even if fla was imported).
 
@@ -111,7 +111,7 @@ def heal() -> None:
     modules = imported_modeling_modules()
     if not modules:
         return
-    from . import hooks
+    from .. import hooks
 
     with hooks._lock:
         if not hooks.installed():
@@ -171,14 +171,15 @@ class _Pass:
 
     def decide(self, package: str):
         if package not in self.outcomes:
-            from . import hooks, runtime
+            from .. import hooks
+            from .. import engine
 
             kernel = PACKAGES.get(package)
-            self.outcomes[package] = runtime.ensure(kernel) if kernel and hooks.selected(kernel) else None
+            self.outcomes[package] = engine.ensure(kernel) if kernel and hooks.selected(kernel) else None
         return self.outcomes[package]
 
     def managed(self, package: str) -> bool:
-        from . import hooks
+        from .. import hooks
 
         kernel = PACKAGES.get(package)
         return kernel is None or hooks.selected(kernel)
@@ -387,6 +388,6 @@ def _compiled_graphs() -> int:
 
 
 def _say(kind: str, kernel, message: str, *, once: str) -> None:
-    from . import events
+    from .. import events
 
     events.emit(kind, message, kernel, once=once)

@@ -25,7 +25,7 @@ import os
 import sys
 
 from . import events
-from .hooks import MODULE_OF
+from ._names import MODULE_OF
 
 GOOD = ("ok", "installed", "repaired")
 GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
@@ -62,7 +62,7 @@ def ensure(kernel: str) -> Outcome:
         if kernel in _outcomes:
             return _outcomes[kernel]
         try:
-            from . import state
+            from .act import state
 
             signature_env = state.signature_environ()
             outcome = _warm(kernel, signature_env)
@@ -96,7 +96,7 @@ def forget() -> None:
 
 def _warm(kernel: str, signature_env) -> Outcome | None:
     """The recorded good outcome, or None (a miss, or anything odd: the slow path decides)."""
-    from . import state
+    from .act import state
 
     try:
         signature = state.environment_signature(signature_env)
@@ -117,7 +117,7 @@ def _remember_warm(kernel: str, outcome: Outcome, signature_env) -> None:
     (a bad variable must be reported at every start, not skipped by a cache hit)."""
     if outcome.state not in GOOD or _context["invalid"] is not None:
         return
-    from . import state
+    from .act import state
 
     try:
         signature = state.environment_signature(signature_env)
@@ -138,8 +138,8 @@ def load_context(target: str | None = None, *, strict: bool = False):
     (a posed target, a skip list...), so decisions - blocks included - stay right; or raise, strict."""
     from dataclasses import replace
 
-    from .pins import PinsError, load
-    from .settings import Settings, SettingsError
+    from .facts.pins import PinsError, load
+    from .facts.settings import Settings, SettingsError
 
     _context["invalid"] = None
     try:
@@ -183,7 +183,7 @@ def _valid_part(environ):
     """Settings from the variables that are valid on their own, in report mode."""
     from dataclasses import replace
 
-    from .settings import VARIABLES, Settings, SettingsError
+    from .facts.settings import VARIABLES, Settings, SettingsError
 
     valid = {}
     for name in VARIABLES:
@@ -204,7 +204,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
     import hashlib
     import json
 
-    from . import __version__
+    from ._names import VERSION as __version__
 
     facts = {
         "fastpath_hooks": __version__,
@@ -236,7 +236,7 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     (fla on Hopper needs tilelang)."""
     from packaging.requirements import Requirement
 
-    from .distributions import canonical_name
+    from .facts.distributions import canonical_name
 
     spec = pins.kernel(kernel)
     names = list(spec.distributions)
@@ -249,8 +249,8 @@ def verdict_distributions(pins, kernel: str) -> tuple:
 
 
 def snapshot(settings, pins):
-    from .policy import decide
-    from .probe import probe
+    from .decide.policy import decide
+    from .facts.probe import probe
 
     env = probe(settings, pins=pins)
     return complete(env, decide(env, settings, pins), settings, pins)
@@ -259,8 +259,8 @@ def snapshot(settings, pins):
 def complete(env, plan, settings, pins, **kw):
     """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
     is being considered and no version.json told it - not at every probe."""
-    from .policy import decide
-    from .probe import with_nvcc_version
+    from .decide.policy import decide
+    from .facts.probe import with_nvcc_version
 
     if plan.decisions.get("causal-conv1d") is not None and plan["causal-conv1d"].rule == "causal.nvcc-unknown":
         fuller = with_nvcc_version(env)
@@ -272,7 +272,7 @@ def complete(env, plan, settings, pins, **kw):
 # -- the decision -----------------------------------------------------------------------
 
 def _ensure(kernel: str) -> Outcome:
-    from .plan import BLOCK, OK, SKIP
+    from .decide.plan import BLOCK, OK, SKIP
 
     settings, pins = load_context()
     if kernel in settings.skip:
@@ -314,7 +314,7 @@ def _recover_interrupted(kernel: str, settings) -> Outcome | None:
     The journal exists while an install runs too; taking the lock waits for that
     install, after which the journal is gone (committed) or its writer is dead.
     """
-    from .state import JOURNAL, environment_state_dir
+    from .act.state import JOURNAL, environment_state_dir
 
     state_dir = environment_state_dir(settings)
     if not os.path.exists(os.path.join(state_dir, JOURNAL)):
@@ -324,7 +324,7 @@ def _recover_interrupted(kernel: str, settings) -> Outcome | None:
                        f"because {_context['invalid'] or 'FASTPATH_HOOKS_MODE=report'}", kernel,
                        once="interrupted-report")
         return None
-    from .installer import recover
+    from .act.installer import recover
 
     try:
         with _EnvironmentLock(settings, kernel):
@@ -426,8 +426,8 @@ def _known(decision, settings, cache, fp) -> Outcome | None:
 def _verify(decision, settings, pins, env, cache, fp, locked: bool = False) -> Outcome:
     from dataclasses import replace
 
-    from .plan import REPAIR
-    from .verify import verify
+    from .decide.plan import REPAIR
+    from .act.verify import verify
 
     result = verify(pins.kernel(decision.kernel), timeout=settings.timeout, env_extra=decision.env)
     if result.ok:
@@ -468,10 +468,10 @@ def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
 def _act_locked(decision, settings, pins, cache, replanned) -> Outcome:
     """Under the environment lock: re-read the world, then verify, install or repair - or take
     what another process did while this one waited. Every verdict is written here."""
-    from .commands import installer_choice
-    from .installer import InstallError, recover, run_steps
-    from .plan import BLOCK, OK, REPAIR, SKIP
-    from .state import environment_state_dir
+    from .decide.commands import installer_choice
+    from .act.installer import InstallError, recover, run_steps
+    from .decide.plan import BLOCK, OK, REPAIR, SKIP
+    from .act.state import environment_state_dir
 
     kernel = decision.kernel
     state_dir = environment_state_dir(settings)
@@ -538,7 +538,7 @@ class _EnvironmentLock:
     def __enter__(self):
         import filelock
 
-        from .state import environment_lock
+        from .act.state import environment_lock
 
         settings = self.settings
         try:
@@ -570,7 +570,7 @@ class _EnvironmentLock:
 # -- helpers -----------------------------------------------------------------------------
 
 def _cache(settings):
-    from .state import VerdictCache
+    from .act.state import VerdictCache
 
     return VerdictCache(settings)
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import urllib.request
 
-from .plan import INSTALL, REPAIR
+from ..decide.plan import INSTALL, REPAIR
 
 
 class DownloadError(Exception):
@@ -53,8 +53,8 @@ def _needed_by(plan, kernels) -> set:
 
 
 def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
-    from .policy import decide
-    from .probe import probe
+    from ..decide.policy import decide
+    from ..facts.probe import probe
 
     env = probe(settings, pins=pins)
     plan = decide(env, settings, pins, fresh=True)
@@ -95,7 +95,7 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
 
 def _fetch(step, dest: str, settings) -> None:
     from .installer import InstallError, _check_sha
-    from .links import find_links_dir
+    from ..facts.links import find_links_dir
 
     filename = step.requirements[0]
     target = os.path.join(dest, filename)

@@ -12,7 +12,7 @@ alone, it would hand an old build back under a new torch), never taking a wheel 
 of the sdist. `MAX_JOBS` comes from the cores and the memory (nvcc runs 4 threads per job,
 GBs each). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
 named in every message about the build. The wheel is then relabelled with its key
-(`wheelcache.label`) so that it can be cached and shared.
+(`facts.cached_wheels.label`) so that it can be cached and shared.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import time
 import zipfile
 from dataclasses import dataclass
 
-from . import events, wheelcache
+from .. import events
+from ..facts import cached_wheels
 
 WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
 GIB_PER_JOB = 5.0   # nvcc --threads 4 of a causal-conv1d file: measured 4-6 GB resident per job (gpu-findings.md)
@@ -156,10 +157,10 @@ def _tool_dirs() -> list:
 
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log."""
-    from .commands import build_argv
-    from .installer import _execute
-    from .policy import causal_conv1d_abi
-    from .state import cache_root
+    from ..decide.commands import build_argv
+    from .runner import execute
+    from ..decide.policy import causal_conv1d_abi
+    from .._names import cache_root
 
     spec = pins.source_build
     archs = tuple(step.archs) or ("all",)
@@ -177,7 +178,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) 
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    code, tail, seconds = _execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work,
+    code, tail, seconds = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work,
                                    extra_env=scratch, log=log)
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
@@ -192,7 +193,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) 
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": causal_conv1d_abi(env), "platform": env.platform,
            "archs": list(archs), "nvcc": env.nvcc_version}
-    lab = wheelcache.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
+    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
     events.status(f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}", kernel)
     return Built(path=path, log=log, seconds=seconds, key=key)

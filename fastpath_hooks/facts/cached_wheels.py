@@ -1,0 +1,146 @@
+"""The wheel cache's keys and listing (facts): what a cached wheel is called and which are complete.
+
+act/wheelcache.py stores, exports and clears entries; the scheme is described there. This part
+is read by the probe (the listing) and the policy (whether a built wheel fits here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+SUBDIR = "wheels"
+LABEL = "fph"
+SIDECAR = ".json"
+
+
+def directory(root: str) -> str:
+    return os.path.join(root, SUBDIR)
+
+
+# -- keys (pure) -----------------------------------------------------------------------------
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def toolkit_tag(cuda: str | None, hip: str | None) -> str:
+    """cu130 for CUDA 13.0, rocm64 for HIP 6.4 (major and minor, as torch's own wheel labels)."""
+    if cuda:
+        return "cu" + "".join(cuda.split(".")[:2])
+    if hip:
+        return "rocm" + "".join(hip.split(".")[:2])
+    return "cpu"
+
+
+def arch_token(arch: str) -> str:
+    return arch.replace("_", "").lower()
+
+
+def key_prefix(*, torch: str, cuda: str | None, hip: str | None, abi: str) -> str:
+    """The label's fixed part: `fph.torch2.11.0.cu130.abi1` (abi: TRUE/FALSE, the cxx11 ABI flag)."""
+    return ".".join((LABEL, "torch" + _public(torch).lower(), toolkit_tag(cuda, hip), "abi1" if abi == "TRUE" else "abi0"))
+
+
+def label(*, torch: str, cuda: str | None, hip: str | None, abi: str, archs) -> str:
+    """The local version label of a built wheel; archs `("all",)` for an unrestricted build."""
+    return key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "." + ".".join(arch_token(a) for a in archs)
+
+
+def compute_capability(arch: str) -> tuple | None:
+    """sm_90 -> (9, 0), sm_121 -> (12, 1); None for anything else."""
+    digits = arch[3:] if arch.startswith("sm_") else arch[2:] if arch.startswith("sm") else ""
+    if len(digits) < 2 or not digits.isdigit():
+        return None
+    return int(digits[:-1]), int(digits[-1])
+
+
+def pair_for(gpu: str, codes) -> str | None:
+    """The code in `codes` whose binary runs on `gpu`: ROCm gfx archs exactly; CUDA cubins run on
+    their own major with an equal or higher minor (sm_80 code runs on sm_86 and sm_89)."""
+    if gpu.startswith("gfx"):
+        return gpu if gpu in codes else None
+    want = compute_capability(gpu)
+    if want is None:
+        return None
+    best = None
+    for code in codes:
+        cc = compute_capability(code)
+        if cc is not None and cc[0] == want[0] and cc[1] <= want[1] and (best is None or cc[1] > best[1]):
+            best = cc
+    return None if best is None else f"sm_{best[0]}{best[1]}"
+
+
+def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
+         abi: str, python: str, arch: str, gpus, all_codes=()) -> bool:
+    """A built wheel (fph label) that runs here: same distribution and version, same key, this
+    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import InvalidVersion
+
+    try:
+        name, ver, _, tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return False
+    if canonicalize_name(name) != canonicalize_name(distribution) or ver.public != _public(version) or not ver.local:
+        return False
+    prefix = key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "."
+    if not ver.local.startswith(prefix):
+        return False
+    have = ver.local[len(prefix):].split(".")
+    py = "cp" + "".join(python.split(".")[:2])
+    if not any(t.interpreter == py and t.platform.endswith("_" + arch) and t.platform.startswith(("linux_", "manylinux"))
+               for t in tags):
+        return False
+    codes = set(all_codes) if "all" in have else {(f"sm_{a[2:]}" if a.startswith("sm") else a) for a in have}
+    return bool(gpus) and all(pair_for(g, codes) is not None for g in gpus)
+
+
+# -- the directory ----------------------------------------------------------------------------
+
+def listing(root: str | None) -> tuple:
+    """File names of the complete entries (wheel + sidecar of the right size). Others are left
+    out (an interrupted store, a truncated file, a sidecar that is not ours), reported at debug."""
+    if not root:
+        return ()
+    where = directory(root)
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return ()
+    out = []
+    for name in sorted(names):
+        if not name.endswith(".whl"):
+            continue
+        problem = defect(os.path.join(where, name))
+        if problem:
+            from .. import events
+
+            events.debug(f"wheel cache: ignoring {name}: {problem}")
+            continue
+        out.append(name)
+    return tuple(out)
+
+
+def sidecar(path: str) -> dict | None:
+    try:
+        with open(path + SIDECAR, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def defect(path: str) -> str | None:
+    meta = sidecar(path)
+    if meta is None:
+        return "no readable sidecar (an interrupted store?)"
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    if meta.get("size") != size or not isinstance(meta.get("sha256"), str):
+        return f"size {size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
+    return None
+
+

@@ -1,0 +1,174 @@
+"""The house's imports flow one way: _names -> events -> facts -> decide -> act -> engine -> hooks ->
+report/cli. Every import counts, lazy ones inside functions included (they are how the start-up path
+stays cheap, not a licence to reach up), and so do `sys.modules.get("fastpath_hooks....")` lookups.
+Circles are allowed only inside the hook layer (the finder, the gates and the late pass call each
+other by design)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+
+import pytest
+
+import fastpath_hooks
+
+PACKAGE = "fastpath_hooks"
+ROOT = os.path.dirname(fastpath_hooks.__file__)
+
+# lowest first; a module may import its own layer or lower ones
+LAYERS = (
+    ("_names",),
+    ("events",),
+    ("facts",),
+    ("decide",),
+    ("act",),
+    ("engine",),
+    ("hooks",),
+    ("report", "cli", "__main__"),
+    ("",),                       # the package itself: install()/uninstall() hand over to hooks
+)
+CIRCLES_ALLOWED_IN = ("hooks",)
+
+
+def modules(root: str, package: str) -> dict:
+    """dotted name -> source path, for every module of the package under `root`."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(folder, name), root)[:-3].split(os.sep)
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            out[".".join([package, *rel])] = os.path.join(folder, name)
+    return out
+
+
+def imports(name: str, path: str, known: dict) -> set:
+    """The package modules `name` imports (anywhere in its body) or looks up in sys.modules."""
+    is_package = path.endswith("__init__.py")
+    here = name if is_package else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            for alias in node.names:
+                sub = f"{origin}.{alias.name}"
+                targets.append(sub if sub in known else origin)
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
+            targets = [node.value]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(name: str) -> int:
+    inner = name.split(".", 1)[1] if "." in name else ""
+    head = inner.split(".")[0]
+    for rank, heads in enumerate(LAYERS):
+        if head in heads:
+            return rank
+    raise AssertionError(f"{name}: in no layer - add it to LAYERS")
+
+
+def circles(graph: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def problems(root: str, package: str = PACKAGE) -> list:
+    known = modules(root, package)
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    found = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(name):
+                found.append(f"{name} imports {target}, a higher layer")
+    for component in circles(graph):
+        inside = all(m.split(".")[1] in CIRCLES_ALLOWED_IN for m in component if "." in m)
+        if not inside:
+            found.append("import circle: " + " -> ".join(component))
+    return found
+
+
+def test_imports_flow_one_way():
+    assert problems(ROOT) == []
+
+
+def test_the_leaf_is_stdlib_only_and_imports_nothing_at_module_level():
+    tree = ast.parse(open(os.path.join(ROOT, "_names.py"), encoding="utf-8").read())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert top == [], "the start-up path loads _names: keep its imports inside functions"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0 and node.module in ("os", "sys", "hashlib"), ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            assert all(a.name in ("os", "sys", "hashlib", "platformdirs") for a in node.names), ast.unparse(node)
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"facts/__init__.py": "", "facts/probe.py": "def f():\n    from ..act import state\n",
+      "act/__init__.py": "", "act/state.py": ""},
+     ["pkg.facts.probe imports pkg.act.state, a higher layer"]),
+    ({"act/__init__.py": "", "act/a.py": "from . import b\n", "act/b.py": "def f():\n    from .a import x\n"},
+     ["import circle: pkg.act.a -> pkg.act.b"]),
+    ({"hooks/__init__.py": "from . import gates\n", "hooks/gates.py": "from .. import hooks\n"}, []),
+    ({"events.py": "import sys\nm = sys.modules.get('pkg.engine')\n", "engine.py": ""},
+     ["pkg.events imports pkg.engine, a higher layer"]),
+])
+def test_the_checker_finds_what_it_is_for(tmp_path, files, expected):
+    """The check itself can fail: an upward lazy import, a circle outside the hook layer and an
+    upward sys.modules lookup are found; a circle inside the hook layer is allowed."""
+    global PACKAGE
+    (tmp_path / "__init__.py").write_text("")
+    for rel, source in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    saved, PACKAGE = PACKAGE, "pkg"
+    try:
+        assert problems(str(tmp_path), "pkg") == expected
+    finally:
+        PACKAGE = saved
