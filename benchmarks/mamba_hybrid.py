@@ -214,6 +214,32 @@ def run_child(args, mode: str, seq: int) -> dict:
             "oom": oom, "stderr_tail": proc.stderr.strip().splitlines()[-15:]}
 
 
+def summary(seqs, results) -> list:
+    """One row per sequence length: both modes side by side, and the speedup where both ran."""
+    table = []
+    for seq in seqs:
+        row = {"seq": seq}
+        for key in ("torch", "fastpath"):
+            r = next((r for r in results if r["seq"] == seq and r["path"] == key), None)
+            if r is not None:
+                row.update({f"{key}_ms": r.get("median_step_ms"), f"{key}_peak_gb": r.get("peak_mem_gb"),
+                            f"{key}_first_loss": r.get("first_loss"), f"{key}_error": r.get("error")})
+                if key == "fastpath":
+                    row["fastpath_on_kernels"] = not r.get("unresolved_kernels")
+        if row.get("torch_ms") and row.get("fastpath_ms") and row.get("fastpath_on_kernels"):
+            row["speedup"] = row["torch_ms"] / row["fastpath_ms"]
+        table.append(row)
+    return table
+
+
+def write_json(args, modes, table, results, bad) -> None:
+    data = {"date": time.strftime("%Y-%m-%d"), "versions": versions(), "args": vars(args), "table": table,
+            "kernels_resolved": not bad if "fastpath" in modes else None, "results": results}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(data, fh, indent=2)
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -270,24 +296,17 @@ def main() -> int:
                 print("!" * 100 + f"\n!! fastpath seq {seq}: NOT ON THE KERNELS: {', '.join(r['unresolved_kernels'])} "
                       "stayed on transformers' torch functions - this run measured the torch path, its figures "
                       "mean nothing\n" + "!" * 100, flush=True)
-    table = []
-    for seq in seqs:
-        t = next((r for r in results if r["seq"] == seq and r["path"] == "torch"), None)
-        f = next((r for r in results if r["seq"] == seq and r["path"] == "fastpath"), None)
-        row = {"seq": seq}
-        for key, r in (("torch", t), ("fastpath", f)):
-            if r is not None:
-                row.update({f"{key}_ms": r.get("median_step_ms"), f"{key}_peak_gb": r.get("peak_mem_gb"),
-                            f"{key}_first_loss": r.get("first_loss"), f"{key}_error": r.get("error")})
-        if row.get("torch_ms") and row.get("fastpath_ms"):
-            row["speedup"] = row["torch_ms"] / row["fastpath_ms"]
-        table.append(row)
+            if args.out:  # after every child: a call cut short keeps what it measured
+                write_json(args, modes, summary(seqs, results), results, bad)
+    table = summary(seqs, results)
     print("\n| seq | torch path (ms) | fastpath-hooks (ms) | speedup | peak mem torch / fast (GB) | first loss torch / fast |")
     print("|---|---|---|---|---|---|")
     for row in table:
         tms = _fmt(row.get("torch_ms"), ".1f") if not row.get("torch_error") else row["torch_error"][:40]
         fms = _fmt(row.get("fastpath_ms"), ".1f") if not row.get("fastpath_error") else row["fastpath_error"][:40]
         sp = f"{row['speedup']:.1f}x" if "speedup" in row else "-"
+        if row.get("fastpath_on_kernels") is False:
+            sp = "NONE: fastpath not on the kernels"
         print(f"| {row['seq']} | {tms} | {fms} | {sp} | {_fmt(row.get('torch_peak_gb'), '.1f')} / "
               f"{_fmt(row.get('fastpath_peak_gb'), '.1f')} | {_fmt(row.get('torch_first_loss'), '.4f')} / "
               f"{_fmt(row.get('fastpath_first_loss'), '.4f')} |")
@@ -297,11 +316,6 @@ def main() -> int:
             for name, info in r["resolved"].items():
                 print(f"  {name} ({info['package']}) -> {info['impl']}{'' if info['kernel'] else '  [torch]'}")
     if args.out:
-        data = {"date": time.strftime("%Y-%m-%d"), "versions": versions(), "args": vars(args), "table": table,
-                "kernels_resolved": not bad if "fastpath" in modes else None, "results": results}
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(data, fh, indent=2)
         print(f"\nwrote {args.out}")
     if bad:
         return 2
