@@ -84,10 +84,10 @@ PY
 
 phase_build() {   # start _build in the background, return at once
   step "build: started in the background (log $WORK/build.log, marker $WORK/build.done)"
-  rm -f "$WORK/build.done" "$WORK/build.log"
+  rm -f "$WORK/build.done" "$WORK/build.log" "$WORK/build.pid" "$WORK/build.started"
   local detach=; command -v setsid >/dev/null && detach=setsid   # outlive this call's process group
+  date -u > "$WORK/build.started"
   nohup $detach bash "$0" _build > "$WORK/build.log" 2>&1 < /dev/null &
-  echo "pid $!"
 }
 
 timed_install() {   # timed_install KERNEL: `fastpath-hooks install KERNEL`, its wall time and exit status
@@ -100,6 +100,7 @@ timed_install() {   # timed_install KERNEL: `fastpath-hooks install KERNEL`, its
 phase__build() {   # the background part: a cold environment, plan, install(s), each timed
   local prc
   BUILD_RC=0
+  echo "$$" > "$WORK/build.pid"
   step "1. cold environment"
   fresh_env "$ENV1" || { echo 1 > "$WORK/build.done"; exit 1; }
   step "2. fastpath-hooks plan mamba-ssm"
@@ -137,7 +138,11 @@ collect_build() {   # the build's files into $OUT (names without '+', each well 
 phase_wait() {
   local until=${WAIT_UNTIL:-540}
   step "wait for the build (until ${until}s into this call)"
+  [ -f "$WORK/build.started" ] || { echo "no build started in $WORK: run the build phase first (or the machine went cold)"; return 1; }
   while [ ! -f "$WORK/build.done" ]; do
+    if [ -f "$WORK/build.pid" ] && ! kill -0 "$(cat "$WORK/build.pid")" 2>/dev/null && [ ! -f "$WORK/build.done" ]; then
+      echo "the build process is gone without finishing:"; tail -5 "$WORK/build.log"; collect_build; return 1
+    fi
     if [ "$until" != none ] && [ "$SECONDS" -ge "$until" ]; then
       echo "build still running at ${SECONDS}s; call 'wait' again"; tail -3 "$WORK/build.log"; collect_build; return 1
     fi
