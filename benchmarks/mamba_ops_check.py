@@ -4,9 +4,12 @@
 
 mamba_chunk_scan_combined, selective_state_update and selective_scan_fn are checked against a
 plain sequential recurrence written here in float32 torch (independent of mamba-ssm's code);
-mamba_split_conv1d_scan_combined and mamba_inner_fn against mamba-ssm's own torch references
-(`*_ref`, which use causal_conv1d_fn for the convolution). The two autograd functions also run
-backward. Prints one line per function (max abs error, tolerance) and exits 1 on any failure.
+mamba_split_conv1d_scan_combined and mamba_inner_fn against mamba-ssm's own references
+(`*_ref`: unfused, causal_conv1d_fn for the convolution, selective_scan_fn for the scan - checked
+above - and, for the first, mamba-ssm's Triton gated RMSNorm). The fused functions also run
+backward. Prints one line per function (error relative to the reference's largest magnitude,
+tolerance) and exits 1 on any failure. An argument `cpu` runs it on the CPU, which only makes
+sense with the kernels swapped for their `*_ref` stand-ins (a check of the script itself).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ def main() -> int:
     from mamba_ssm.ops.triton.ssd_combined import (mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined,
                                                    mamba_split_conv1d_scan_ref)
 
+    dev = sys.argv[1] if len(sys.argv) > 1 else "cuda"  # cpu: only with stand-ins for the kernels (a script check)
     torch.manual_seed(0)
-    dev = "cuda"
     failures = []
 
     def report(name, got, ref, tol):
@@ -64,7 +67,7 @@ def main() -> int:
             failures.append(name)
 
     print(f"mamba_ssm {mamba_ssm.__version__} from {mamba_ssm.__file__}; torch {torch.__version__}; "
-          f"{torch.cuda.get_device_name()}", flush=True)
+          f"{torch.cuda.get_device_name() if dev == 'cuda' else dev}", flush=True)
 
     # Mamba-2 chunked scan (Triton), against the sequential recurrence; then backward.
     b, l, h, p, g, n = 2, 192, 4, 32, 2, 16
