@@ -185,6 +185,15 @@ PY
   [ -n "$so" ] && { echo "$so"; cuobjdump --list-elf "$so" | sed 's/.*\.\(sm_[0-9a-z]*\)\..*/\1/' | sort | uniq -c; }
 }
 
+phase_cache2() {   # a second fresh environment on this machine: both kernels from the wheel cache, no compiler run
+  step "7. a second fresh environment: install from the wheel cache"
+  fresh_env "$WORK/env2" || return 1
+  local s=$SECONDS
+  time "$WORK/env2/bin/fastpath-hooks" install causal-conv1d mamba-ssm
+  echo "second environment: causal-conv1d + mamba-ssm in $((SECONDS - s)) s (exit $?)"
+  "$WORK/env2/bin/python" -c 'import mamba_ssm, causal_conv1d, importlib.metadata as md; print("env2:", md.version("mamba-ssm"), md.version("causal-conv1d"))'
+}
+
 phase_train() {
   need_env
   step "6. tiny Granite-4.0-H training step: torch path vs fastpath-hooks, seq $SEQS"
@@ -201,6 +210,7 @@ for phase in "$@"; do
     wait) phase_wait || exit 1 ;;
     check) phase_check ;;
     train) phase_train ;;
+    cache2) phase_cache2 ;;
     bench) phase_check; phase_train ;;
     all) phase_facts; phase_build; WAIT_UNTIL=none phase_wait || exit 1; phase_check; phase_train ;;
     *) echo "unknown phase $phase: facts, build, wait, check, train, bench or all"; exit 2 ;;
