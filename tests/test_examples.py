@@ -12,6 +12,7 @@ import pytest
 from support.venvs import ROOT, clean_env
 
 
+@pytest.mark.slow
 def test_training_example_runs_on_cpu_on_the_torch_path(tmp_path):
     env = clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_tiny_qwen3_5.py"), "--steps", "3",

@@ -253,6 +253,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_gates_module_imported_after_install_is_wrapped_and_its_loader_is_transparent():
     proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=venvs.clean_env(),
                           timeout=300)
