@@ -149,6 +149,7 @@ def test_install_is_idempotent(hooks_env):
     assert finders() == [] and import_utils.is_flash_linear_attention_available is wrapper.__wrapped__
 
 
+@pytest.mark.slow
 def test_concurrent_install_and_uninstall_end_consistent(hooks_env):
     errors, barrier = [], threading.Barrier(12)
 
