@@ -21,6 +21,24 @@ H100_NEW_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.7.1,nvcc=yes"
 CAUSAL_WHEEL = f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
 
 
+# Fixtures that make real venvs, build wheels or fetch from the index: a test using one is slow (minutes in
+# all, and not offline). The fast subset, `pytest -m "not slow"`, must stay fast and offline, so such a test
+# fails unless it is marked slow, instead of silently making the subset slow.
+SLOW_FIXTURES = frozenset({"torch_wheel", "fastpath_wheel", "dep_wheels", "make_wheelhouse", "make_venv"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow") is not None:
+        return
+    heavy = sorted(SLOW_FIXTURES.intersection(item.fixturenames))
+    if item.get_closest_marker("network") is not None:
+        heavy.append("the network")
+    if heavy:
+        pytest.fail(f"{item.nodeid} uses {', '.join(heavy)}: mark it slow (@pytest.mark.slow, or pytestmark = "
+                    "pytest.mark.slow for the whole module)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory):
     return str(tmp_path_factory.mktemp("artifacts"))

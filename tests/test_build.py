@@ -64,6 +64,7 @@ def _cached(cache) -> list:
     return sorted(os.listdir(where)) if os.path.isdir(where) else []
 
 
+@pytest.mark.slow
 def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_the_cache(
         make_venv, toolkit, sdist_house, tmp_path, test_pins):
     cache = str(tmp_path / "shared-cache")
@@ -120,6 +121,7 @@ def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_t
     assert not [n for n in _cached(cache) if n.endswith(".whl")]
 
 
+@pytest.mark.slow
 def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, toolkit, sdist_house, tmp_path, test_pins):
     pins = test_pins()
     builder = make_venv(transformers=None)
@@ -152,6 +154,7 @@ def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, 
     assert _import_conv(other).get("error")
 
 
+@pytest.mark.slow
 def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
         make_venv, toolkit, sdist_house, tmp_path, test_pins):
     toolkit.fail()
@@ -172,6 +175,7 @@ def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
     assert not [n for n in _cached(cache) if n.endswith(".whl")], "a failed build caches nothing"
 
 
+@pytest.mark.slow
 def test_auto_skips_a_build_with_a_clear_reason_when_nvcc_does_not_fit(make_venv, tmp_path, sdist_house, test_pins):
     """The real discovery path: CUDA_HOME's nvcc answers --version with another CUDA major."""
     old = sdists.fake_cuda_toolkit(str(tmp_path / "cuda12"), release="12.8")
@@ -191,28 +195,29 @@ def _wheel(tmp_path, name="causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.
 
 def test_cache_entries_are_complete_or_ignored(tmp_path):
     from fastpath_hooks.act import wheelcache
+    from fastpath_hooks.facts.cached_wheels import listing
 
     root = str(tmp_path / "cache")
     wheel = _wheel(tmp_path)
     name = os.path.basename(wheel)
     path = wheelcache.store(root, wheel, meta={"origin": "built", "distribution": "causal-conv1d"})
-    assert wheelcache.listing(root) == (name,)
+    assert listing(root) == (name,)
     assert wheelcache.recorded_sha256(path) == wheelcache.sha256_of(wheel)
     # an interrupted store leaves a temporary file (no sidecar): never listed
     with open(os.path.join(wheelcache.directory(root), ".tmp-abc.whl"), "wb") as fh:
         fh.write(b"partial")
-    assert wheelcache.listing(root) == (name,)
+    assert listing(root) == (name,)
     # a truncated wheel: ignored, and `cache list` says why
     with open(path, "r+b") as fh:
         fh.truncate(100)
-    assert wheelcache.listing(root) == ()
+    assert listing(root) == ()
     (entry,) = [e for e in wheelcache.entries(root) if e["file"] == name]
     assert not entry["ok"] and "partial or damaged" in entry["problem"]
     # an unreadable sidecar: ignored too
     wheelcache.store(root, wheel, meta={})
     with open(path + ".json", "w") as fh:
         fh.write("{not json")
-    assert wheelcache.listing(root) == ()
+    assert listing(root) == ()
     assert wheelcache.clear(root) == [".tmp-abc.whl", name]
     assert os.listdir(wheelcache.directory(root)) == [".lock"]
 
@@ -222,6 +227,7 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     refuses it before any installer runs."""
     from fastpath_hooks.act import wheelcache
     from fastpath_hooks.act.installer import InstallError, _fetch_wheel
+    from fastpath_hooks.facts.cached_wheels import listing
     from fastpath_hooks.decide.plan import Step
     from fastpath_hooks.facts.settings import Settings
 
@@ -231,7 +237,7 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     data[-30] ^= 0xFF
     with open(path, "wb") as fh:
         fh.write(bytes(data))
-    assert wheelcache.listing(root), "the size still matches: only the digest can tell"
+    assert listing(root), "the size still matches: only the digest can tell"
     step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
     with pytest.raises(InstallError, match="does not match .*cache clear"):
         _fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))

@@ -214,6 +214,7 @@ def _verdict_file(cache_dir: str) -> str:
     return os.path.join(cache_dir, "verdicts", name)
 
 
+@pytest.mark.slow
 def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wheelhouse, test_pins, tmp_path):
     venv = make_venv(transformers=None)
     link_uv(venv)
@@ -273,6 +274,7 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
     assert changed["state"] == "ok" and changed["spawns"] == 1 and changed["probed"]
 
 
+@pytest.mark.slow
 def test_a_failed_attempt_is_remembered_until_retry_after(make_venv, make_wheelhouse, tmp_path):
     venv = make_venv(transformers=None)
     log = str(tmp_path / "uv-calls.log")
@@ -319,6 +321,7 @@ def test_a_failed_attempt_is_remembered_until_retry_after(make_venv, make_wheelh
 
 
 
+@pytest.mark.slow
 def test_two_gpu_types_sharing_one_cache_do_not_evict_each_other(make_venv, make_wheelhouse, test_pins, tmp_path):
     """Nodes with different GPUs (posed: an A100 and an RTX A6000) on one shared FASTPATH_HOOKS_CACHE_DIR,
     starting alternately: each verifies causal-conv1d once, then both answer from their warm verdicts."""

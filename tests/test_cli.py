@@ -19,6 +19,9 @@ SCHEMA_DOC = os.path.join(ROOT, "docs", "json-schema.md")
 CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "fastpath-hooks")
 HOPPER = "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"
 
+# slow: about forty real `fastpath-hooks` processes (tests/test_events.py and the policy tables are the fast part)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):

@@ -12,8 +12,13 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from conftest import A100, offline_env
 from support.processes import IMPORT_FLA_TOGETHER, counting_uv, installer_calls, run_env, start_together
+
+# slow: real venvs, many processes at once (README, Development)
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "train_tiny_qwen3_5.py")

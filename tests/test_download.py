@@ -22,6 +22,9 @@ from fastpath_hooks.facts import pins as pins_mod
 DEAD_INDEX = "http://127.0.0.1:9/simple/"
 PY = "cp311"
 
+# slow: real venvs, real downloads into a wheelhouse (README, Development)
+pytestmark = pytest.mark.slow
+
 
 def causal_name(py: str) -> str:
     return f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{py}-{py}-linux_x86_64.whl"

@@ -12,6 +12,7 @@ import pytest
 from support.venvs import ROOT, clean_env
 
 
+@pytest.mark.slow
 def test_training_example_runs_on_cpu_on_the_torch_path(tmp_path):
     env = clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_tiny_qwen3_5.py"), "--steps", "3",
@@ -28,6 +29,7 @@ def test_training_example_runs_on_cpu_on_the_torch_path(tmp_path):
     assert all(impl.startswith("transformers.models.qwen3_5.") for impl in result["kernels"].values()), result
 
 
+@pytest.mark.slow
 def test_smoke_reference_matches_transformers_torch_gated_delta_rule():
     torch = pytest.importorskip("torch")
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m

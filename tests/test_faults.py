@@ -229,6 +229,7 @@ def test_every_variable_has_a_garbage_row():
     assert set(GARBAGE) - {"FASTPATH_HOOKS_BOGUS"} == set(VARIABLES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 def test_fault_ends_on_the_torch_path_with_a_clear_message(faults, fault):
     row = faults[fault]
@@ -247,6 +248,7 @@ def test_fault_ends_on_the_torch_path_with_a_clear_message(faults, fault):
     assert not row["fla_installed"], "a fault must not leave anything installed"
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_file_is_rewritten(faults):
     with open(faults["corrupt-cache-json"]["verdicts"]) as fh:
         data = json.load(fh)
@@ -255,6 +257,7 @@ def test_a_corrupt_cache_file_is_rewritten(faults):
     assert os.path.isdir(faults["cache-unreadable"]["verdicts"])  # could not be written: ignored, never fatal
 
 
+@pytest.mark.slow
 def test_without_a_fault_the_same_venv_takes_the_fast_path(faults):
     row = faults["no-fault"]
     assert row["code"] == 0 and "Traceback" not in row["stderr"], row["stderr"]

@@ -149,6 +149,7 @@ def test_install_is_idempotent(hooks_env):
     assert finders() == [] and import_utils.is_flash_linear_attention_available is wrapper.__wrapped__
 
 
+@pytest.mark.slow
 def test_concurrent_install_and_uninstall_end_consistent(hooks_env):
     errors, barrier = [], threading.Barrier(12)
 
@@ -253,6 +254,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.slow
 def test_gates_module_imported_after_install_is_wrapped_and_its_loader_is_transparent():
     proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=venvs.clean_env(),
                           timeout=300)

@@ -23,6 +23,9 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.act.transaction import JOURNAL
 
 PINS = pins_mod.load()
+
+# slow: real venvs, installers interrupted mid-step (README, Development)
+pytestmark = pytest.mark.slow
 STATE = ".fastpath-hooks"
 
 

@@ -294,6 +294,7 @@ def test_era_a_late_install_rebinds_the_globals_and_an_early_lfm2_model_follows(
 
 # -- the data table against the real sources ------------------------------------------------------
 
+@pytest.mark.slow
 def test_every_decorated_kernel_function_of_the_installed_transformers_is_in_the_table():
     """Era C: every `@use_kernel_func_from_hub_with_fallback(func, package)` in this environment's
     transformers is known to late.py with the same arguments (a new one would not be healed)."""

@@ -116,6 +116,7 @@ def test_the_shim_makes_flock_fail_only_under_its_directory(noflock_library, tmp
     assert not [n for n in os.listdir(tmp_path / "lustre")]  # the probe leaves nothing behind
 
 
+@pytest.mark.slow
 def test_a_holder_killed_with_sigkill_does_not_block_the_next_process(noflock_library, tmp_path):
     env = without_flock(dict(os.environ), noflock_library, str(tmp_path))
     path = str(tmp_path / "install.lock")
@@ -204,6 +205,7 @@ def test_the_holder_keeps_its_lock_file_fresh(tmp_path, monkeypatch):
             time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_eight_processes_without_flock_at_filelocks_floor_install_once(make_venv, make_wheelhouse, noflock_library,
                                                                         tmp_path):
     """filelock 3.12.0 (the declared floor) raises NotImplementedError where flock fails with ENOSYS."""

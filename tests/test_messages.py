@@ -21,6 +21,9 @@ from conftest import A100, CAUSAL_WHEEL, H100_OLD_TRITON
 from support import guarded, venvs
 
 MAX = 160
+
+# slow: every scenario is real processes and launches (tests/test_events.py checks the lines in this process)
+pytestmark = pytest.mark.slow
 # install(), then the decision of each kernel (what era C's `import fla` triggers), then wait for
 # argv[1] (a directory) to hold argv[2] files: processes started together stay alive together.
 DECIDE = textwrap.dedent('''

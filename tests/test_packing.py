@@ -25,6 +25,9 @@ PACKED = pins_mod.load().packed_sequences
 HAVE_ALL = ",fla-core=0.6.0,flash-linear-attention=0.6.0,causal-conv1d=1.6.2.post1,mamba-ssm=2.2.4"
 HEADLINE = "padding-free training (cu_seqlens / seq_idx) would fail here: transformers {} raises ValueError without {}"
 
+# slow: reads every modeling module of the installed transformers, runs it and doctor in processes
+pytestmark = pytest.mark.slow
+
 
 def _transformers():
     try:
@@ -116,6 +119,7 @@ def test_the_listed_models_route_packed_sequences_to_their_package():
         model = os.path.basename(os.path.dirname(path))
         for module in _routes(path):
             routes.setdefault(module, set()).add(model)
+    assert PACKED.packages, "the pins list the packages that route packed sequences"
     for package in PACKED.packages:
         assert set(package.models) <= routes.get(package.module, set()), package
         if transformers.__version__ == "5.24.0":  # the release the list was read from: complete
@@ -172,6 +176,7 @@ def test_doctor_names_the_setting_or_what_fastpath_hooks_would_do():
         "causal-conv1d": "unset FASTPATH_HOOKS_MODE: fastpath-hooks would then install causal-conv1d==1.6.2.post1"}
 
 
+@pytest.mark.slow
 def test_doctor_is_quiet_about_a_planned_install_once_fastpath_hooks_runs_at_start_up(make_venv, tmp_path):
     venv = make_venv()
     assert venv.cli("enable", env=clean_env()).returncode == 0

@@ -313,10 +313,16 @@ def test_a_rocm_torch_without_a_device_is_not_called_cuda_or_xpu():
     assert plan.notes[0].startswith("no ROCm accelerator: torch 2.10.0 (ROCm 6.4) sees no device"), plan.notes
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
-def test_reasons_do_not_nest_parentheses_when_wrapped(row):
-    """runtime wraps an acting or good decision's reason: `installing X (reason)`, `ready (reason; ...)`."""
+def _wrapped_reasons(row) -> list:
+    """The reasons the engine wraps: an acting or good decision's, `installing X (reason)`, `ready (reason; ...)`."""
     plan = plan_for(make_env(row.dists, **row.env), dataclasses.replace(Settings(), **row.settings), row.pins or PINS)
-    for d in plan.decisions.values():
-        if d.action in (OK, INSTALL, REPAIR):
-            assert depth(f"ready ({d.reason}; done by another process)") <= 1, d.reason
+    return [d.reason for d in plan.decisions.values() if d.action in (OK, INSTALL, REPAIR)]
+
+
+WRAPPING_ROWS = [r for r in ROWS if _wrapped_reasons(r)]   # a row that only skips or blocks would check nothing
+
+
+@pytest.mark.parametrize("row", WRAPPING_ROWS, ids=[r.id for r in WRAPPING_ROWS])
+def test_reasons_do_not_nest_parentheses_when_wrapped(row):
+    for reason in _wrapped_reasons(row):
+        assert depth(f"ready ({reason}; done by another process)") <= 1, reason

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -118,6 +119,7 @@ def mutated_pins(draw):
 _counter = itertools.count()
 
 
+@pytest.mark.slow
 @FAST
 @given(json_value | mutated_pins(), st.sampled_from([".json", ".toml"]))
 def test_a_pins_file_loads_or_raises_pins_error(tmp_path_factory, data, suffix):
@@ -268,6 +270,7 @@ HOPPER_FLA_MISMATCH = Environment(  # a rare corner: fla on disk needs a repair 
                    "tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12", "transformers": "5.24.0"})
 
 
+@pytest.mark.slow
 @FAST
 @given(environments(), valid_settings())
 @example(HOPPER_FLA_MISMATCH, Settings())

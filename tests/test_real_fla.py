@@ -16,7 +16,7 @@ from support import guarded
 TRITON = "3.7.1"  # torch 2.13.0's Requires-Dist: triton==3.7.1 (Linux)
 TARGET = f"gpu=sm_80,cuda=12.8,triton={TRITON}"
 
-pytestmark = pytest.mark.network
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 
 def test_real_fla_installs_from_the_index_and_imports(make_venv, tmp_path_factory, tmp_path):

@@ -206,6 +206,7 @@ for j in range(12):
 '''
 
 
+@pytest.mark.slow
 def test_concurrent_verdict_writers_lose_nothing(tmp_path):
     root = str(tmp_path / "cache")
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, root, str(i)], env=venvs.clean_env())
@@ -253,6 +254,7 @@ def _install(venv, *paths) -> None:
     venv.uv_install(*paths, no_deps=True, extra=("--reinstall",))
 
 
+@pytest.mark.slow
 def test_a_remembered_failure_is_not_verified_again(venv, make_wheelhouse, test_pins, tmp_path):
     """tilelang installed with a known-good apache-tvm-ffi, but its import aborts; the repair (the same
     pair) aborts too. The next start remembers that: no verification child, still blocked."""
@@ -269,6 +271,7 @@ def test_a_remembered_failure_is_not_verified_again(venv, make_wheelhouse, test_
     assert again["spawns"] == 0, (again, err)
 
 
+@pytest.mark.slow
 def test_an_invalid_variable_is_named_on_the_nested_path(venv, make_wheelhouse, test_pins, tmp_path):
     """fla needs tilelang here; tilelang is installed and good. With an invalid variable (report mode),
     the line about fla names that variable as the reason, not FASTPATH_HOOKS_MODE=report."""
@@ -324,6 +327,7 @@ def _depth(text: str) -> int:
     return deepest
 
 
+@pytest.mark.slow
 def test_eight_processes_install_once_then_verify_once(venv, make_wheelhouse, test_pins, tmp_path):
     subprocess.run([venvs.uv(), "pip", "uninstall", "-q", "--python", venv.python, "causal-conv1d"],
                    check=True, env=venvs.clean_env(), capture_output=True)

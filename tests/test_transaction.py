@@ -26,6 +26,9 @@ from fastpath_hooks.act.transaction import JOURNAL, Transaction
 STATE = ".fastpath-hooks"
 FLA = ("fla-core", "flash-linear-attention")
 
+# slow: real pip installs of real wheels into real directories, processes killed mid-install
+pytestmark = pytest.mark.slow
+
 
 def tree(site: str) -> dict:
     """relative path -> sha256 of every file (and symlink target) under `site`, the state directory left out."""
