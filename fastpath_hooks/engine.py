@@ -272,7 +272,7 @@ def complete(env, plan, settings, pins, **kw):
 # -- the decision -----------------------------------------------------------------------
 
 def _ensure(kernel: str) -> Outcome:
-    from .decide.plan import BLOCK, OK, SKIP
+    from .decide.plan import BLOCK, OK, SKIP, OnFailure
 
     settings, pins = load_context()
     if kernel in settings.skip:
@@ -295,7 +295,7 @@ def _ensure(kernel: str) -> Outcome:
         dep_outcome = ensure(dep)
         if dep_outcome.state not in GOOD:
             why = f"{kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
-            if decision.on_failure == "block":
+            if decision.on_failure == OnFailure.BLOCK:
                 return _blocked(decision, why, decision.fix or _hazard_fix(pins, kernel))
             events.warning(f"{why}; {kernel} is not installed, transformers keeps its torch path", kernel)
             return Outcome(kernel, "skipped", why)
@@ -347,11 +347,12 @@ def _skipped(decision, plan) -> Outcome:
     if decision.rule in GLOBAL_SKIPS:
         kernels = ", ".join(plan.decisions)
         why = plan.notes[0] if plan.notes else decision.reason
-        events.emit("status", f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
+        events.emit(events.Severity.STATUS, f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
                     decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
     else:
         tail = f" ({decision.fix})" if decision.fix else ""
-        kind = "warning" if decision.rule.startswith(("fla.hazard", "tilelang.no-nvcc", "causal.no-wheel")) else "status"
+        kind = events.Severity.WARNING if decision.rule.startswith(("fla.hazard", "tilelang.no-nvcc", "causal.no-wheel")) \
+            else events.Severity.STATUS
         events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
                     once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
     return Outcome(decision.kernel, "skipped", decision.reason)
@@ -367,9 +368,11 @@ def _blocked(decision, reason: str, fix: str) -> Outcome:
 
 def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
     """remembered: the cached verdict of an earlier failed attempt (not retried until it expires)."""
+    from .decide.plan import OnFailure
+
     if remembered is not None:
         reason = remembered["reason"]
-    if decision.on_failure == "block":
+    if decision.on_failure == OnFailure.BLOCK:
         return _blocked(decision, reason, decision.fix or "")
     persist = None
     if remembered is not None:
@@ -447,12 +450,14 @@ def _verify(decision, settings, pins, env, cache, fp, locked: bool = False) -> O
 
 
 def _act(decision, settings, pins, env, cache, fp, replanned=None) -> Outcome:
+    from .decide.plan import OnFailure
+
     kernel = decision.kernel
     if settings.mode == "report":
         why = _context["invalid"] or "FASTPATH_HOOKS_MODE=report"
         events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
                        kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
-        if decision.on_failure == "block" and decision.installed:
+        if decision.on_failure == OnFailure.BLOCK and decision.installed:
             return _blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix)
         return Outcome(kernel, "reported", decision.reason)
     cached = cache.get(kernel, fp)
@@ -582,16 +587,11 @@ def _describe(decision) -> str:
 
 
 def _target_of(steps) -> dict:
-    from packaging.requirements import Requirement
-
+    """dist -> version the kernel/replace steps pin (read from the steps' parsed requirements)."""
     out = {}
     for step in steps:
         if step.kind in ("kernel", "replace"):
-            for raw in step.requirements:
-                req = Requirement(raw)
-                spec = list(req.specifier)
-                if len(spec) == 1 and spec[0].operator == "==":
-                    out[req.name] = spec[0].version
+            out.update(step.exact)
     return out
 
 

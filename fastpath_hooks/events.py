@@ -30,13 +30,35 @@ import logging
 import os
 import sys
 import time
+from enum import Enum
 
 from ._names import VOICE, environment_key, local_rank
 from ._names import log_level as _given_log_level
 
 logger = logging.getLogger("fastpath_hooks")
 
-TYPES = ("status", "warning", "error")
+
+
+class TextEnum(str, Enum):
+    """A str enum (enum.StrEnum is 3.11+): members equal their strings, print and format as them,
+    and JSON writes them as plain strings, so output, callbacks and comparisons with the old strings
+    keep working."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class Severity(TextEnum):
+    """An event's `type` (what on_event callbacks and the JSON see) and a human line's level."""
+    STATUS = "status"
+    WARNING = "warning"
+    ERROR = "error"
+    DEBUG = "debug"      # printed only under FASTPATH_HOOKS_LOG=debug; sent to callbacks as status
+
+
+TYPES = (Severity.STATUS, Severity.WARNING, Severity.ERROR)
 MAX_LINE = 160          # characters, "fastpath-hooks: " included
 PREFIX = "fastpath-hooks: "
 _LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
@@ -121,10 +143,11 @@ def _log_level() -> str:
     return _given_log_level() or "info"
 
 
-def emit(type: str, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
+def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
          persist: str | None = None, **extra) -> dict:
     """Send one event. `once`: a key; the human line is printed once per process for it.
     `persist`: a key (a decision's rule and reason); the line is printed once per environment."""
+    type = Severity(type)
     event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
     for key, value in extra.items():
         event[key] = value
@@ -139,7 +162,7 @@ def emit(type: str, message: str, kernel: str | None = None, *, human: bool = Tr
     return event
 
 
-def say(type: str, message: str, *, once: str | None = None, persist: str | None = None) -> None:
+def say(type: Severity, message: str, *, once: str | None = None, persist: str | None = None) -> None:
     if once is not None:
         if once in _said:
             return
@@ -232,22 +255,22 @@ def forget_said(environ=None) -> bool:
 
 
 def status(message, kernel=None, **kw):
-    return emit("status", message, kernel, **kw)
+    return emit(Severity.STATUS, message, kernel, **kw)
 
 
 def warning(message, kernel=None, **kw):
-    return emit("warning", message, kernel, **kw)
+    return emit(Severity.WARNING, message, kernel, **kw)
 
 
 def error(message, kernel=None, **kw):
-    return emit("error", message, kernel, **kw)
+    return emit(Severity.ERROR, message, kernel, **kw)
 
 
 def debug(message, kernel=None, **kw):
     """Logged and sent to callbacks as a status event, never printed unless FASTPATH_HOOKS_LOG=debug."""
-    event = emit("status", message, kernel, human=False, **kw)
+    event = emit(Severity.STATUS, message, kernel, human=False, **kw)
     if _log_level() == "debug":
-        say("debug", message)
+        say(Severity.DEBUG, message)
     return event
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from .decide.commands import constraints, installer_choice, invocation, uv_executable
 from .decide.packing import packed_sequences
-from .decide.plan import DOCTOR_SCHEMA, INSTALL, REPAIR, SKIP
+from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP
 from .decide.policy import transformers_era
 
 VERBS = {
-    "ok": "nothing to do",
-    "install": "install",
-    "repair": "repair",
-    "skip": "leave it alone",
-    "block": "block its import",
+    OK: "nothing to do",
+    INSTALL: "install",
+    REPAIR: "repair",
+    SKIP: "leave it alone",
+    BLOCK: "block its import",
 }
 
 
@@ -139,7 +139,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
             lines.append(f"    needs          {', '.join(d.needs)}")
         if d.env:
             lines.append(f"    sets           {', '.join(f'{k}={v}' for k, v in d.env)}")
-        if d.fix and d.action in (SKIP, "block"):
+        if d.fix and d.action in (SKIP, BLOCK):
             lines.append(f"    to change it   {d.fix}")
         verdict = verdicts.get(kernel)
         if verdict:

@@ -58,14 +58,8 @@ class InstallResult:
 
 
 def step_names(steps) -> set:
-    names = set()
-    for step in steps:
-        if step.kind == "wheel":
-            names.add("causal-conv1d")
-            continue
-        for raw in step.requirements:
-            names.add(canonical_name(Requirement(raw).name))
-    return names
+    """The canonical distribution names the steps install (a wheel step: its file's distribution)."""
+    return {name for step in steps for name in step.names}
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -89,13 +83,12 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
             out.append(step)
             continue
         keep = []
-        for raw in step.requirements:
-            req = Requirement(raw)
-            name = canonical_name(req.name)
+        for raw, want in zip(step.requirements, step.wants):
+            name = want.name
             have = installed.get(name)
             if name not in pins.protected or have is None:
                 keep.append(raw)
-            elif not _satisfies(have, req):
+            elif not _satisfies(have, want.specifier):
                 raise InstallError(f"refusing to install {raw}: {name} {have} is installed and protected "
                                    f"(fastpath-hooks never changes it); install a matching {name} yourself "
                                    "or set FASTPATH_HOOKS_SKIP")
@@ -104,12 +97,12 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
     return tuple(out)
 
 
-def _satisfies(version: str, req) -> bool:
+def _satisfies(version: str, specifier) -> bool:
     try:
         have = Version(version)
     except InvalidVersion:
         return False
-    return req.specifier.contains(have.public, prereleases=True)
+    return specifier.contains(have.public, prereleases=True)
 
 
 def recover(state_dir: str) -> list:
@@ -426,7 +419,7 @@ def _step_label(step) -> str:
     """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
     if step.kind == "wheel":
         return f"installing {step.requirements[0]}"
-    names = ", ".join(Requirement(raw).name for raw in step.requirements)
+    names = ", ".join(step.names)
     return f"{'building' if step.kind == 'build' else 'installing'} {names}"
 
 

@@ -83,8 +83,8 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         if step.binary_only:
             argv += ["--only-binary", ":all:"]
         if step.force:
-            for req in step.requirements:
-                argv += ["--reinstall-package", _name(req)]
+            for name in step.names:
+                argv += ["--reinstall-package", name]
         if not step.build_isolation:
             argv.append("--no-build-isolation")
         argv += ["--constraints", constraints_file]
@@ -113,12 +113,10 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
     """`pip wheel` of a build step's sdist: against the installed torch (no build isolation), never
     through pip's wheel cache (keyed by the sdist alone, it would hand an old build back under a
     new torch), never a wheel instead of the sdist (--no-binary)."""
-    from packaging.requirements import Requirement
-
     argv = [python or sys.executable, "-m", "pip", "wheel", "-v", "--disable-pip-version-check", "--no-input",
             "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
-    for raw in step.requirements:
-        argv += ["--no-binary", Requirement(raw).name]
+    for name in step.names:
+        argv += ["--no-binary", name]
     if settings.offline:
         argv.append("--no-index")
     elif settings.index_url:
@@ -126,14 +124,3 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
     for link in settings.find_links:
         argv += ["--find-links", link]
     return argv + ["-w", out_dir, *step.requirements]
-
-
-def _name(requirement: str) -> str:
-    """The project name of a requirement, or of a wheel file name (wheel steps)."""
-    if requirement.endswith(".whl"):
-        from packaging.utils import parse_wheel_filename
-
-        return str(parse_wheel_filename(requirement.rsplit("/", 1)[-1])[0])
-    from packaging.requirements import Requirement
-
-    return Requirement(requirement).name

@@ -8,8 +8,6 @@ reports it; nothing here acts.
 
 from __future__ import annotations
 
-from packaging.version import InvalidVersion, Version
-
 from .plan import BLOCK, INSTALL, OK, REPAIR
 
 
@@ -19,7 +17,8 @@ def packed_sequences(plan, settings, pins, *, enabled: bool) -> dict:
     facts = pins.packed_sequences
     env = plan.environment
     version = env.version("transformers")
-    raises = facts is not None and version is not None and _within(version, facts.transformers)
+    parsed = env.dist_version("transformers")   # a 5.25 dev build raises too: pre-releases count
+    raises = facts is not None and parsed is not None and facts.transformers.contains(parsed, prereleases=True)
     failures = []
     for package in facts.packages if raises else ():
         failure = _failure(package, plan, settings, enabled)
@@ -59,10 +58,3 @@ def _failure(package, plan, settings, enabled: bool) -> dict | None:
     verb = "blocked" if decision.action == BLOCK else "left alone"
     return {"action": decision.action, "problem": f"{kernel} is {verb} here: {decision.reason}",
             "fix": decision.fix or "none on this machine"}
-
-
-def _within(version: str, specifier) -> bool:
-    try:
-        return specifier.contains(Version(version), prereleases=True)  # a 5.25 dev build raises too
-    except InvalidVersion:
-        return False

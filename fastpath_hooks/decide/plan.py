@@ -3,18 +3,67 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
-OK = "ok"            # already good: nothing to install
-INSTALL = "install"  # install these exact requirements
-REPAIR = "repair"    # replace what is installed (broken pair, incompatible version)
-SKIP = "skip"        # leave alone; transformers keeps whatever it would use
-BLOCK = "block"      # installed but would crash/compute wrongly here: make its import fail
-ACTIONS = (OK, INSTALL, REPAIR, SKIP, BLOCK)
+import os
+
+from packaging.requirements import Requirement
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from ..events import TextEnum
+from ..facts.distributions import canonical_name
+from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields
+
+
+class Action(TextEnum):
+    OK = "ok"            # already good: nothing to install
+    INSTALL = "install"  # install these exact requirements
+    REPAIR = "repair"    # replace what is installed (broken pair, incompatible version)
+    SKIP = "skip"        # leave alone; transformers keeps whatever it would use
+    BLOCK = "block"      # installed but would crash/compute wrongly here: make its import fail
+
+
+class OnFailure(TextEnum):
+    """What the import does when the decided action (or its child-process check) fails."""
+    PROCEED = "proceed"  # let the import go on: transformers finds whatever is there
+    BLOCK = "block"      # make the import fail: transformers keeps its torch path
+
+
+OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
+ACTIONS = tuple(Action)
 
 # The JSON schemas, documented field by field in docs/json-schema.md (checked by tests/test_cli.py).
 # Fields are only added within a version; removing, renaming or changing one bumps the number.
 PLAN_SCHEMA = "fastpath-hooks.plan/1"
 DOCTOR_SCHEMA = "fastpath-hooks.doctor/1"
+
+
+@dataclass(frozen=True)
+class Want:
+    """One requirement of a step, parsed once when the step is made (the installer, the commands
+    and the engine read these, never the requirement text)."""
+    name: str                          # canonical distribution name
+    specifier: FrozenSpecifierSet      # a wheel file: ==its version
+
+    @property
+    def exact(self) -> str | None:
+        """The version an `==X` requirement pins, else None."""
+        specs = list(self.specifier)
+        if len(specs) == 1 and specs[0].operator == "==" and not specs[0].version.endswith(".*"):
+            return specs[0].version
+        return None
+
+
+def _want(kind: str, raw: str) -> Want:
+    if kind == "wheel" or raw.endswith(".whl"):
+        filename = os.path.basename(raw)
+        try:
+            name, version, _, _ = parse_wheel_filename(filename)
+        except InvalidWheelFilename:  # not a standard name: its distribution is what comes before the version
+            return Want(canonical_name(filename.split("-", 1)[0]), FrozenSpecifierSet())
+        return Want(canonical_name(name), FrozenSpecifierSet(f"=={version}"))
+    req = Requirement(raw)
+    return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
 
 
 @dataclass(frozen=True)
@@ -31,6 +80,27 @@ class Step:
     sha256: str | None = None        # wheel steps: expected digest, when the pins know it
     note: str = ""
     archs: tuple = ()                # build steps: the GPU archs compiled for (("all",): every arch the sdist knows)
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
+
+    @cached_property
+    def wants(self) -> tuple:
+        """One Want per requirement, in order: parsed once, when the installer first asks (a
+        replaced step, dataclasses.replace, parses its own)."""
+        return tuple(_want(self.kind, raw) for raw in self.requirements)
+
+    @property
+    def names(self) -> tuple:
+        """The canonical distribution names this step installs, in order."""
+        return tuple(w.name for w in self.wants)
+
+    @property
+    def exact(self) -> FrozenMap:
+        """name -> version for the requirements that pin one exact version."""
+        return FrozenMap((w.name, w.exact) for w in self.wants if w.exact is not None)
 
     def to_json(self) -> dict:
         return {
@@ -51,20 +121,28 @@ class Step:
 @dataclass(frozen=True)
 class Decision:
     kernel: str
-    action: str
+    action: Action
     reason: str
     rule: str                         # id of the rule that decided (tests, debugging)
     steps: tuple = ()
-    target: dict = field(default_factory=dict)      # dist -> exact version after the steps
-    installed: dict = field(default_factory=dict)   # dist -> version now
+    target: FrozenMap = field(default_factory=FrozenMap)      # dist -> exact version after the steps
+    installed: FrozenMap = field(default_factory=FrozenMap)   # dist -> version now
     needs: tuple = ()                 # kernels that must be good first
     env: tuple = ()                   # ((NAME, VALUE), ...) set in this process before import
     verify: bool = False              # OK but a child-process check is due (unverified combination)
     repair_steps: tuple = ()          # what to run if that check fails
-    on_failure: str = "proceed"       # proceed | block: what the import does if the action fails
+    on_failure: OnFailure = OnFailure.PROCEED   # what the import does if the action fails
     fix: str = ""                     # how the user can change the outcome
     transformers_uses: str = ""
     expected_seconds: float | None = None
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        # a plain string from an older caller (or a test) becomes the member it names
+        object.__setattr__(self, "action", Action(self.action))
+        object.__setattr__(self, "on_failure", OnFailure(self.on_failure))
+        freeze_fields(self)
 
     @property
     def acts(self) -> bool:
@@ -93,8 +171,13 @@ class Decision:
 @dataclass(frozen=True)
 class Plan:
     environment: object               # probe.Environment
-    decisions: dict                   # kernel -> Decision, in display order
+    decisions: FrozenMap              # kernel -> Decision, in display order
     notes: tuple = ()
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
 
     def __getitem__(self, kernel: str) -> Decision:
         return self.decisions[kernel]

@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
-from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, Plan, Step
+from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step
 
 ORDER = ("fla", "causal-conv1d", "tilelang")
 TILELANG_GOOD = (OK, INSTALL, REPAIR)
@@ -58,7 +58,7 @@ class _Context:
                 continue
             if not any(g in hz.gpu for g in env.gpus):
                 continue
-            if _in_closed(env.triton, hz.triton):
+            if _in_closed(env.triton_version, hz.triton):
                 out.append(hz)
         return out
 
@@ -113,18 +113,17 @@ class _Context:
         return missing
 
     def installed_satisfies(self, req: Requirement) -> bool:
-        version = self.env.version(req.name)
-        return version is not None and _in(version, req.specifier)
+        return _in(self.env.dist_version(req.name), req.specifier)
 
 
-def _in(version: str, spec) -> bool:
-    try:
-        return spec.contains(Version(version).public if "+" in version else version, prereleases=True)
-    except InvalidVersion:
-        return False
+def _in(version, spec) -> bool:
+    """`version` (a Version parsed once, e.g. `env.torch_version`, or text) in `spec`, pre-releases
+    included; a local label (+cu130) is ignored against a specifier without one, as PEP 440 says."""
+    v = _parse(version)
+    return v is not None and spec.contains(v, prereleases=True)
 
 
-def _in_closed(version: str, spec) -> bool:
+def _in_closed(version, spec) -> bool:
     """`version` in `spec`, failing closed for a safety range: a pre/dev release also counts when its
     release is inside the bounds taken as closed (PEP 440 puts 3.7.1rc1 outside `<3.7.1` and
     3.4.0rc1 outside `>=3.4.0`, yet each is that release's code, or close to it)."""
@@ -148,7 +147,9 @@ def _in_closed(version: str, spec) -> bool:
     return True
 
 
-def _parse(version: str | None) -> Version | None:
+def _parse(version) -> Version | None:
+    if isinstance(version, Version):
+        return version
     if not version:
         return None
     try:
@@ -157,7 +158,7 @@ def _parse(version: str | None) -> Version | None:
         return None
 
 
-def _mm(version: str | None) -> str | None:
+def _mm(version) -> str | None:
     v = _parse(version)
     return None if v is None else f"{v.major}.{v.minor}"
 
@@ -194,17 +195,17 @@ def _common(ctx: _Context, kernel: str, *, installed: dict) -> Decision | None:
         return _skip(kernel, "skip.no-accelerator",
                      _no_accelerator_reason(env) + f"; {kernel} runs on GPUs only",
                      "run on a machine with a CUDA (or XPU) GPU and a matching torch build", **kw)
-    if not _in(env.python, spec.python):
+    if not _in(env.python_version, spec.python):
         return _skip(kernel, "skip.python", f"Python {env.python} is outside {kernel}'s support ({spec.python})",
                      f"use Python {spec.python}", **kw)
     if env.platform not in spec.platforms:
         return _skip(kernel, "skip.platform",
                      f"no {kernel} builds for {env.platform} (supported: {', '.join(spec.platforms)})", "", **kw)
     glibc_spec = spec.glibc.get(env.arch)
-    if glibc_spec and env.glibc and not _in(env.glibc, _spec(glibc_spec)):
+    if glibc_spec and env.glibc and not _in(env.glibc_version, _spec(glibc_spec)):
         return _skip(kernel, "skip.glibc", f"{kernel} wheels for {env.arch} need glibc {glibc_spec}; this system has {env.glibc}",
                      "", **kw)
-    if not _in(env.torch, spec.torch):
+    if not _in(env.torch_version, spec.torch):
         return _skip(kernel, "skip.torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})",
                      f"use torch {spec.torch}", **kw)
     if env.accelerator not in spec.accelerators:
@@ -300,7 +301,7 @@ def _decide_tilelang(ctx: _Context) -> Decision:
     nvcc_reqs = ()
     if spec.needs_nvcc and not env.nvcc:
         pk = spec.nvcc_packages
-        if pk and env.torch_cuda and _in(env.torch_cuda, _spec(pk["cuda"])):
+        if pk and env.torch_cuda and _in(env.cuda_version, _spec(pk["cuda"])):
             nvcc_reqs = tuple(pk["requirements"])
         else:
             return _skip("tilelang", "tilelang.no-nvcc",
@@ -316,11 +317,11 @@ def _decide_tilelang(ctx: _Context) -> Decision:
                                          f"tilelang {tl} + apache-tvm-ffi {ffi} need nvcc; installing the nvcc wheel", kw)
             return Decision(kernel="tilelang", action=OK, rule="tilelang.ok", verify=True,
                             reason=f"tilelang {tl} + apache-tvm-ffi {ffi} is a known-good pair; fla needs it here because of {hz.id}",
-                            on_failure="block", repair_steps=_pair_steps(ctx, tl, good[0], nvcc_reqs, replace_ffi=True), **kw)
+                            on_failure=OnFailure.BLOCK, repair_steps=_pair_steps(ctx, tl, good[0], nvcc_reqs, replace_ffi=True), **kw)
         pair = _preferred_pair(ctx)
         return Decision(kernel="tilelang", action=OK, rule="tilelang.ok.unverified", verify=True,
                         reason=f"tilelang {tl} + apache-tvm-ffi {ffi} is not in the pins; checking it in a child process",
-                        on_failure="block",
+                        on_failure=OnFailure.BLOCK,
                         repair_steps=_pair_steps(ctx, pair[0], pair[1], nvcc_reqs, replace_ffi=True) if pair else (), **kw)
 
     pair = _preferred_pair(ctx)
@@ -370,7 +371,7 @@ def _tilelang_install(ctx, tl, ffi, nvcc_reqs, rule, action, reason, kw) -> Deci
                      f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
                      _fetch_fix("tilelang's wheels"), **kw)
     return Decision(kernel="tilelang", action=action, rule=rule, reason=reason, steps=steps,
-                    target={"tilelang": tl, "apache-tvm-ffi": ffi}, on_failure="block", **kw)
+                    target={"tilelang": tl, "apache-tvm-ffi": ffi}, on_failure=OnFailure.BLOCK, **kw)
 
 
 def _tilelang_repair(ctx, tl, ffi, reason, rule, kw) -> Decision:
@@ -391,14 +392,14 @@ def _tilelang_repair(ctx, tl, ffi, reason, rule, kw) -> Decision:
             continue
         return Decision(kernel="tilelang", action=REPAIR, rule=rule, reason=reason + f"; repairing to tilelang {target_tl} + "
                         f"apache-tvm-ffi {target_ffi}", steps=steps,
-                        target={"tilelang": target_tl, "apache-tvm-ffi": target_ffi}, on_failure="block", **kw)
+                        target={"tilelang": target_tl, "apache-tvm-ffi": target_ffi}, on_failure=OnFailure.BLOCK, **kw)
     if first_missing:
         return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".offline-missing",
                         reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
                         fix=_fetch_fix("tilelang's wheels"),
-                        on_failure="block", **kw)
+                        on_failure=OnFailure.BLOCK, **kw)
     return Decision(kernel="tilelang", action=BLOCK, rule=rule + ".unrepairable",
-                    reason=reason + "; the pins know no good apache-tvm-ffi for this GPU", on_failure="block",
+                    reason=reason + "; the pins know no good apache-tvm-ffi for this GPU", on_failure=OnFailure.BLOCK,
                     fix="add a known-good tilelang + apache-tvm-ffi pair in a FASTPATH_HOOKS_PINS file", **kw)
 
 
@@ -426,12 +427,12 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
         if hazards and tilelang.action not in TILELANG_GOOD:
             return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block",
                             reason=_hazard_reason(env, hazards[0], tilelang), fix=_hazard_fix(hazards[0], tilelang),
-                            on_failure="block", **kw)
+                            on_failure=OnFailure.BLOCK, **kw)
         return common
     if env.accelerator == "rocm" and env.fla_tilelang_env is None:
         kw["env"] = (("FLA_TILELANG", "0"),)  # no tilelang on ROCm: fla must not try its tilelang backend
     transformers = env.version("transformers")
-    if env.accelerator == "xpu" and transformers_era(transformers) in ("A", "B"):
+    if env.accelerator == "xpu" and transformers_era(env.dist_version("transformers")) in ("A", "B"):
         return _skip("fla", "fla.xpu.old-transformers",
                      f"transformers {transformers} uses fla on CUDA only (on XPU from 5.15)",
                      "upgrade transformers to >= 5.15", **kw)
@@ -442,9 +443,10 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     hazards = ctx.hazards("fla")
     hz = hazards[0] if hazards else None
     tilelang_ok = tilelang.action in TILELANG_GOOD
+    transformers_version = env.dist_version("transformers")
     candidates = [rel for rel in pins.fla_releases
-                  if _in(env.torch, rel.torch) and _in(env.triton, rel.triton)
-                  and not (transformers and not _in(transformers, rel.transformers))
+                  if _in(env.torch_version, rel.torch) and _in(env.triton_version, rel.triton)
+                  and not (transformers and not _in(transformers_version, rel.transformers))
                   and not (hz is not None and not rel.tilelang_backend)]
     needs = ("tilelang",) if hz is not None else ()
     # Before fla-core split off (0.4), flash-linear-attention shipped the `fla` package itself.
@@ -453,7 +455,7 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     if fla:
         if hz is not None and not tilelang_ok:
             return Decision(kernel="fla", action=BLOCK, rule="fla.hazard.block", reason=_hazard_reason(env, hz, tilelang),
-                            fix=_hazard_fix(hz, tilelang), on_failure="block", **kw)
+                            fix=_hazard_fix(hz, tilelang), on_failure=OnFailure.BLOCK, **kw)
         known = next((r for r in pins.fla_releases if same_version(r.version, fla)), None)
         problems = []
         if not core:
@@ -463,7 +465,7 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
             problems.append(f"{' and '.join(half)} {_HALF_INSTALLED}")
         if core and layers and not same_version(layers, core):
             problems.append(f"fla-core {core} and flash-linear-attention {layers} differ")
-        incompatible = known is not None and not _in(env.triton, known.triton)
+        incompatible = known is not None and not _in(env.triton_version, known.triton)
         if incompatible:
             problems.append(f"fla {fla} does not import with triton {env.triton}, it needs triton {known.triton}")
         unsafe = hz is not None and not _has_tilelang_backend(pins, fla, known)
@@ -475,7 +477,7 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
                 return Decision(kernel="fla", action=REPAIR, rule="fla.repair", reason="; ".join(problems) +
                                 f"; replacing with fla {chosen.version}", steps=steps,
                                 target={"fla-core": chosen.version, "flash-linear-attention": chosen.version},
-                                needs=needs, on_failure="block" if (unsafe or incompatible or hz) else "proceed", **kw)
+                                needs=needs, on_failure=OnFailure.BLOCK if (unsafe or incompatible or hz) else OnFailure.PROCEED, **kw)
             nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
                        else "no known-good fla release fits here")
             if unsafe or incompatible:
@@ -484,13 +486,13 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
                 fix = f"install fla {pins.fla_releases[0].version} or newer" if unsafe else \
                     "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index"
                 return Decision(kernel="fla", action=BLOCK, rule=rule, reason="; ".join(problems) + f"; {nothing}",
-                                fix=fix, on_failure="block", **kw)
+                                fix=fix, on_failure=OnFailure.BLOCK, **kw)
             return Decision(kernel="fla", action=OK, rule="fla.ok.with-problems",
                             reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
-                            needs=needs, on_failure="block" if hz else "proceed", **kw)
+                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
         return Decision(kernel="fla", action=OK, rule="fla.ok",
                         reason=f"fla {fla} installed" + (f"; needs tilelang here because of {hz.id}" if hz else ""),
-                        needs=needs, on_failure="block" if hz else "proceed", **kw)
+                        needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
 
     if hz is not None and not tilelang_ok:
         return _skip("fla", "fla.hazard.skip", _hazard_reason(env, hz, tilelang) + "; fla alone would crash at its "
@@ -566,8 +568,8 @@ def causal_conv1d_abi(env) -> str:
     torch wheels use the cxx11 ABI from 2.7 on, the pre-cxx11 one before."""
     if env.cxx11_abi is not None:
         return "TRUE" if env.cxx11_abi else "FALSE"
-    mm = _mm(env.torch)
-    return "FALSE" if mm is not None and Version(mm) < Version("2.7") else "TRUE"
+    v = env.torch_version
+    return "FALSE" if v is not None and (v.major, v.minor) < (2, 7) else "TRUE"
 
 
 def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
@@ -578,7 +580,7 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
     if not env.torch_cuda:
         return None, "release wheels are CUDA builds"
     cuda_major = env.torch_cuda.split(".")[0]
-    torch_mm = _mm(env.torch)
+    torch_mm = _mm(env.torch_version)
     torch_mm = rel.torch_aliases.get(torch_mm, torch_mm)
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
@@ -589,7 +591,7 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
             name = rel.filename.format(version=rel.version, cuda_major=cuda_major, torch_mm=torch_mm, abi=abi,
                                        py=py, arch=env.arch)
             return name, ""
-    return None, (f"no prebuilt causal-conv1d {rel.version} wheel for torch {_mm(env.torch)} + CUDA {cuda_major} + "
+    return None, (f"no prebuilt causal-conv1d {rel.version} wheel for torch {_mm(env.torch_version)} + CUDA {cuda_major} + "
                   f"cp{py} + {env.arch} + cxx11abi {abi}")
 
 
@@ -607,13 +609,13 @@ def _decide_causal(ctx: _Context) -> Decision:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = _built_archs(installed_v)
             union = ",".join(sorted({*missing, *ctx.env.gpus, *have}))
-            return Decision(kernel="causal-conv1d", action=BLOCK, rule="causal.block.arch", on_failure="block",
+            return Decision(kernel="causal-conv1d", action=BLOCK, rule="causal.block.arch", on_failure=OnFailure.BLOCK,
                             reason=f"causal-conv1d {installed_v} was built for {'+'.join(have)} only and has no code for "
                                    f"{'+'.join(missing)}",
                             fix=f"`pip uninstall causal-conv1d`, then `fastpath-hooks build causal-conv1d --arch "
                                 f"{union}` for every GPU type sharing this environment", **kw)
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
-        return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure="block",
+        return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure=OnFailure.BLOCK,
                         reason=f"causal-conv1d {installed_v} installed; checked once in a child process, as a "
                                "wrong-arch build can crash at import", **kw)
     decision = _causal_install(ctx, kw)
@@ -623,8 +625,8 @@ def _decide_causal(ctx: _Context) -> Decision:
     if decision.action == INSTALL:
         steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
         return _replace(decision, action=REPAIR, rule="causal.repair.half-installed", steps=steps,
-                        reason=f"{what}; reinstalling: {decision.reason}", on_failure="block")
-    return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure="block",
+                        reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
+    return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure=OnFailure.BLOCK,
                     reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
                     fix=decision.fix, **kw)
 
@@ -833,13 +835,17 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
 
 # -- what transformers does with a kernel ---------------------------------------------
 
-def transformers_era(version: str | None) -> str | None:
+_ERA_B, _ERA_C = Version("5.0"), Version("5.15")
+
+
+def transformers_era(version) -> str | None:
+    """A / B / C (see shared notes) for a transformers version (parsed or text); None when none."""
     v = _parse(version)
     if v is None:
         return None
-    if v >= Version("5.15"):
+    if v >= _ERA_C:
         return "C"
-    if v >= Version("5.0"):
+    if v >= _ERA_B:
         return "B"
     return "A"
 
@@ -847,7 +853,7 @@ def transformers_era(version: str | None) -> str | None:
 def _transformers_uses(ctx: _Context, kernel: str) -> str:
     env = ctx.env
     version = env.version("transformers")
-    era = transformers_era(version)
+    era = transformers_era(env.dist_version("transformers"))
     if era is None:
         return "transformers is not installed"
     if kernel == "tilelang":

@@ -14,13 +14,14 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .distributions import canonical_name
+from .frozen import FrozenSpecifierSet, freeze
 from .._names import MODULE_OF
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
@@ -112,11 +113,11 @@ class SourceBuild:
     cuda_archs: dict
     source: str
 
-    @property
+    @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
         return canonical_name(Requirement(self.requirement).name)
 
-    @property
+    @cached_property
     def version(self) -> str | None:
         spec = list(Requirement(self.requirement).specifier)
         return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
@@ -322,7 +323,7 @@ class _V:
         if not isinstance(value, str):
             self.fail(entry, "expected a version specifier string such as '>=3.4,<3.9'")
         try:
-            return SpecifierSet(value)
+            return FrozenSpecifierSet(value)
         except InvalidSpecifier:
             self.fail(entry, f"{value!r} is not a version specifier (e.g. '>=3.4,<3.9')")
 
@@ -578,12 +579,13 @@ def _build(data, origins: tuple) -> Pins:
 
     packed = _packed_sequences(v, data.get("packed_sequences"))
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-    return Pins(
+    # frozen all the way down: `load()` is cached and shared by every caller in the process
+    return freeze(Pins(
         protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
         fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
         causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
-    )
+    ))
 
 
 def _packed_sequences(v: _V, raw) -> PackedSequences | None:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 from .distributions import canonical_name, scan
+from .frozen import FrozenMap, freeze_fields, thaw
 
 WATCHED_DISTRIBUTIONS = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
@@ -43,7 +45,7 @@ class Environment:
     triton: str | None
     triton_dist: str | None
     nvcc: str | None
-    distributions: dict = field(default_factory=dict)
+    distributions: FrozenMap = field(default_factory=FrozenMap)   # canonical name -> version (read-only)
     half_installed: tuple = ()
     uv: str | None = None
     wheelhouse: tuple = ()
@@ -58,6 +60,12 @@ class Environment:
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        # read-only all the way down, however it was made (probe(), dataclasses.replace, a test)
+        freeze_fields(self)
 
     # -- derived facts -------------------------------------------------------
     @property
@@ -92,17 +100,57 @@ class Environment:
     def version(self, dist: str) -> str | None:
         return self.distributions.get(canonical_name(dist))
 
+    # -- versions, parsed once (packaging Versions; None when absent or not PEP 440) ---------------
+    @cached_property
+    def python_version(self):
+        return parse_version(self.python)
+
+    @cached_property
+    def torch_version(self):
+        return parse_version(self.torch)
+
+    @cached_property
+    def triton_version(self):
+        return parse_version(self.triton)
+
+    @cached_property
+    def glibc_version(self):
+        return parse_version(self.glibc)
+
+    @cached_property
+    def cuda_version(self):
+        """torch's CUDA release (torch_cuda)."""
+        return parse_version(self.torch_cuda)
+
+    @cached_property
+    def _watched_versions(self) -> FrozenMap:
+        return FrozenMap((n, parse_version(self.distributions.get(n))) for n in WATCHED_DISTRIBUTIONS)
+
+    def dist_version(self, dist: str):
+        """The installed version of `dist`, parsed (once for the distributions the policy watches)."""
+        name = canonical_name(dist)
+        if name in self._watched_versions:
+            return self._watched_versions[name]
+        return parse_version(self.distributions.get(name))
+
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
         data["platform"] = self.platform
         data["accelerator"] = self.accelerator
         data["torch_build"] = self.torch_build
-        data["gpus"] = list(self.gpus)
-        data["half_installed"] = list(self.half_installed)
-        data["wheelhouse"] = list(self.wheelhouse)
-        data["posed"] = list(self.posed)
-        data["cached_wheels"] = list(self.cached_wheels)
         return data
+
+
+def parse_version(text: str | None):
+    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any string)."""
+    if not text:
+        return None
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
 
 
 def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Environment:

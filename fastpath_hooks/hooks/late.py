@@ -118,7 +118,7 @@ def heal() -> None:
             return
         era = transformers_era()
         if era is None:
-            _say("warning", None, f"transformers {_version()} is not a version fastpath-hooks knows; modeling modules "
+            _warning(None, f"transformers {_version()} is not a version fastpath-hooks knows; modeling modules "
                  f"imported before install() keep their kernel choice ({', '.join(_short(m) for m in modules)}): {FIX}",
                  once="late-unknown")
             return
@@ -232,7 +232,7 @@ class _Pass:
             entry = MODELS.get(model, {}).get(era)
             if entry is None:
                 if any(name in namespace for name in BOUND) and self.stale(namespace, import_utils):
-                    _say("warning", None, f"{model}: imported before install(), and its kernel globals are not in "
+                    _warning(None, f"{model}: imported before install(), and its kernel globals are not in "
                          f"fastpath-hooks' table for transformers {_version()}: it keeps the choice made then; {FIX}",
                          once=f"late-unknown-{model}")
                 continue
@@ -241,7 +241,7 @@ class _Pass:
             if not any(present):       # nothing chosen yet (era B's mixers bind them when a model is built)
                 continue
             if not all(present):
-                _say("warning", None, f"{model}: imported before install(), and transformers {_version()} lays out its "
+                _warning(None, f"{model}: imported before install(), and transformers {_version()} lays out its "
                      f"kernel globals differently than fastpath-hooks knows: it keeps the choice made then; {FIX}",
                      once=f"late-unknown-{model}")
                 continue
@@ -314,7 +314,7 @@ class _Pass:
     def report(self, module, changed: dict, unknown: list, taken: set, layers: str, lacking=()) -> None:
         model = _short(module)
         if unknown:
-            _say("warning", None, f"{model}: imported before install(), and {', '.join(unknown)} "
+            _warning(None, f"{model}: imported before install(), and {', '.join(unknown)} "
                  f"{'is' if len(unknown) == 1 else 'are'} not laid out as fastpath-hooks knows for transformers "
                  f"{_version()}: kept as chosen then; {FIX}", once=f"late-unknown-{model}")
         if not changed:
@@ -328,18 +328,18 @@ class _Pass:
             what += f"; its fast path still lacks {', '.join(lacking)}"
         kernel = kernels[0] if len(kernels) == 1 else None
         if taken:
-            _say("warning", kernel, f"{model}: imported before install(); {what}; "
+            _warning(kernel, f"{model}: imported before install(); {what}; "
                  f"{', '.join(sorted(taken))} stays imported; {FIX}", once=f"late-{model}")
         elif layers == BUILT and _built(module):
             # transformers copies the kernels into each layer it builds: a model built before keeps its own
-            _say("warning", kernel, f"{model}: imported before install(); {what} for models built from now on; "
+            _warning(kernel, f"{model}: imported before install(); {what} for models built from now on; "
                  "older ones keep theirs: rebuild them", once=f"late-{model}")
         else:
             tail = "models already built follow" if layers == CALL else "for the models built from now on"
-            _say("status", kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}")
+            _status(kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}")
         compiled = _compiled_graphs()
         if compiled:   # dynamo guards on the module globals a graph read (checked: a rebound global retraces)
-            _say("status", kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
+            _status(kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
                  "next call (they guard on the rebound functions); a program exported or AOT-compiled before "
                  "install() keeps its kernels: export it again", once="late-compiled")
 
@@ -387,7 +387,13 @@ def _compiled_graphs() -> int:
         return 0
 
 
-def _say(kind: str, kernel, message: str, *, once: str) -> None:
+def _warning(kernel, message: str, *, once: str) -> None:
+    from .. import events   # not at module level: this module loads at start-up
+
+    events.warning(message, kernel, once=once)
+
+
+def _status(kernel, message: str, *, once: str) -> None:
     from .. import events
 
-    events.emit(kind, message, kernel, once=once)
+    events.status(message, kernel, once=once)
