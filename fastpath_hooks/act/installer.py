@@ -118,7 +118,11 @@ def recover(state_dir: str) -> list:
     tx = Transaction.pending(state_dir)
     done = []
     if tx is not None:
-        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}); restoring the state before it")
+        # Its writer died; its installer may not have (it runs in its own session): stop it first.
+        stopped = tx.stop_group()
+        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
+        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}){still}; "
+                       "restoring the state before it")
         done = tx.rollback()
         events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
     Transaction.discard_stale(state_dir)
@@ -163,21 +167,23 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                 local = None
                 if step.kind == "build":
                     step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                                     kernel=decision.kernel, scratch=scratch)
+                                                     kernel=decision.kernel, scratch=scratch, started=tx.record_group)
                     to_cache.append(entry)
                 elif step.kind == "wheel":
                     local = _fetch_wheel(step, settings, work)
                     if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
                         to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
-                                      local=local, kernel=decision.kernel, work=work, scratch=scratch)
+                                      local=local, kernel=decision.kernel, work=work, scratch=scratch,
+                                      started=tx.record_group)
                 # Before the next interpreter starts (installer or verification), which would run a
                 # stranger's .pth file: only allow-listed distributions may have changed.
                 _check_changes(installed_versions(), protected_before, real_before, pins)
             after = installed_versions()
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
-                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch)
+                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
+                                started=tx.record_group)
                 if not result.ok:
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
@@ -301,12 +307,13 @@ def same_release(have: str | None, pinned: str) -> bool:
     return Version(got.public) == want
 
 
-def _build_step(step, *, settings, env, pins, work, kernel, scratch):
+def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None):
     """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
     from .build import BuildError, run_build
 
     try:
-        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch)
+        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
+                          started=started)
     except BuildError as exc:
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
@@ -400,12 +407,13 @@ def _check_sha(path: str, expected: str | None) -> None:
                            f"{expected} (a corrupt or substituted file); refusing it")
 
 
-def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=()) -> str:
+def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:
     """Run one step; in auto mode a failing uv step is retried with pip. Returns the installer used."""
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
                      constraints_file=cfile, local_file=local)
     label = _step_label(step)
-    code, tail, seconds = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch)
+    ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
+    code, tail, seconds = ran.code, ran.tail, ran.seconds
     if code == 0:
         events.status(f"{label}: done in {seconds:.1f} s ({installer})", kernel, human=False)
         return installer
@@ -415,7 +423,7 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({tail}); retrying with pip", kernel)
         return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel,
-                         work=work, scratch=scratch)
+                         work=work, scratch=scratch, started=started)
     hint = ""
     if code == 127 and installer == "uv":
         hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"
