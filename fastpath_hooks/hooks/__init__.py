@@ -109,9 +109,9 @@ def _claim_voice() -> None:
 
 def _settings_given() -> bool:
     """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
-    import os
+    from .._names import DISABLE, given
 
-    return any(name.startswith("FASTPATH_HOOKS_") and name != "FASTPATH_HOOKS_DISABLE" for name in os.environ)
+    return any(name != DISABLE for name, _ in given())
 
 
 def _check_settings() -> None:
@@ -122,10 +122,9 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._names import cache_root_from_environ
+        from .._names import cache_root_from_environ, given
 
-        given = sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTPATH_HOOKS_"))
-        digest = hashlib.sha256(repr(given).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
         if os.path.exists(marker):
             return
