@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .. import events
-from ..decide.commands import choose_installer, constraints, invocation, uv_executable
+from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
 from ..facts.links import find_links_dir
 from .runner import execute
@@ -55,17 +55,6 @@ class InstallResult:
     seconds: float
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
-
-
-def step_names(steps) -> set:
-    names = set()
-    for step in steps:
-        if step.kind == "wheel":
-            names.add("causal-conv1d")
-            continue
-        for raw in step.requirements:
-            names.add(canonical_name(Requirement(raw).name))
-    return names
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -161,7 +150,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             os.makedirs(work, exist_ok=True)
             cfile = os.path.join(work, "constraints.txt")
             with open(cfile, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
+                # the same lines `fastpath-hooks plan` prints for this decision
+                fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             for step in steps:
                 local = None
@@ -240,30 +230,6 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
-
-
-def constraint_lines(installed: dict, protected, names) -> list:
-    """Pin every installed distribution the steps do not name to its current version.
-
-    The protected ones (torch, triton, numpy, transformers) come first, as `commands.constraints`
-    writes them; the rest keep a dependency resolve from upgrading anything the user has that
-    is not backed up by the transaction (only the named distributions are).
-    """
-    from packaging.requirements import InvalidRequirement
-
-    lines = constraints(installed, protected)
-    named = {canonical_name(n) for n in names}
-    for name in sorted(installed):
-        if name in named or name in protected or name.startswith("~"):
-            continue
-        line = f"{name}=={installed[name]}"
-        try:
-            Requirement(line)
-            Version(installed[name])
-        except (InvalidRequirement, InvalidVersion):
-            continue
-        lines.append(line)
-    return lines
 
 
 def _check_changes(after: dict, protected_before: dict, before: dict, pins) -> None:
