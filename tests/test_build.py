@@ -191,28 +191,29 @@ def _wheel(tmp_path, name="causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.
 
 def test_cache_entries_are_complete_or_ignored(tmp_path):
     from fastpath_hooks.act import wheelcache
+    from fastpath_hooks.facts import cached_wheels
 
     root = str(tmp_path / "cache")
     wheel = _wheel(tmp_path)
     name = os.path.basename(wheel)
     path = wheelcache.store(root, wheel, meta={"origin": "built", "distribution": "causal-conv1d"})
-    assert wheelcache.listing(root) == (name,)
+    assert cached_wheels.listing(root) == (name,)
     assert wheelcache.recorded_sha256(path) == wheelcache.sha256_of(wheel)
     # an interrupted store leaves a temporary file (no sidecar): never listed
     with open(os.path.join(wheelcache.directory(root), ".tmp-abc.whl"), "wb") as fh:
         fh.write(b"partial")
-    assert wheelcache.listing(root) == (name,)
+    assert cached_wheels.listing(root) == (name,)
     # a truncated wheel: ignored, and `cache list` says why
     with open(path, "r+b") as fh:
         fh.truncate(100)
-    assert wheelcache.listing(root) == ()
+    assert cached_wheels.listing(root) == ()
     (entry,) = [e for e in wheelcache.entries(root) if e["file"] == name]
     assert not entry["ok"] and "partial or damaged" in entry["problem"]
     # an unreadable sidecar: ignored too
     wheelcache.store(root, wheel, meta={})
     with open(path + ".json", "w") as fh:
         fh.write("{not json")
-    assert wheelcache.listing(root) == ()
+    assert cached_wheels.listing(root) == ()
     assert wheelcache.clear(root) == [".tmp-abc.whl", name]
     assert os.listdir(wheelcache.directory(root)) == [".lock"]
 
@@ -222,6 +223,7 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     refuses it before any installer runs."""
     from fastpath_hooks.act import wheelcache
     from fastpath_hooks.act.installer import InstallError, _fetch_wheel
+    from fastpath_hooks.facts import cached_wheels
     from fastpath_hooks.decide.plan import Step
     from fastpath_hooks.facts.settings import Settings
 
@@ -231,7 +233,7 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     data[-30] ^= 0xFF
     with open(path, "wb") as fh:
         fh.write(bytes(data))
-    assert wheelcache.listing(root), "the size still matches: only the digest can tell"
+    assert cached_wheels.listing(root), "the size still matches: only the digest can tell"
     step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
     with pytest.raises(InstallError, match="does not match .*cache clear"):
         _fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
