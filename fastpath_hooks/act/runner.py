@@ -111,7 +111,10 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
         except BaseException:
             _kill(proc)
             if gated:
-                started(None)
+                try:
+                    started(None)
+                except Exception:
+                    pass  # the exception that stopped the run is the one to report
             raise
         if code is not None:
             _kill_leftovers(proc.pid)  # nothing of the tool outlives its run
