@@ -18,15 +18,20 @@ WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
 STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function; a class before v4)
+# The start-up stand-in's format (hooks/startup.py passes it to hooks.resume; v4 passed none).
+STARTUP_FORMAT = 5
+STARTUP_FORMATS = (None, 4, 5)      # the formats this version hands over from
 
 # Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
 VOICE = "_FASTPATH_HOOKS_VOICE"   # pid of the node's printing process; its children inherit it and stay quiet
 
+PREFIX = "FASTPATH_HOOKS_"
 DISABLE = "FASTPATH_HOOKS_DISABLE"
 LOG = "FASTPATH_HOOKS_LOG"
 CACHE_DIR = "FASTPATH_HOOKS_CACHE_DIR"
-LOG_LEVELS = ("debug", "status", "info", "warning", "error", "off")
+FIND_LINKS = "FASTPATH_HOOKS_FIND_LINKS"
+LOG_LEVELS = ("off", "error", "warning", "info", "debug")
 DEFAULT_LOG = "info"
 
 
@@ -50,6 +55,16 @@ def log_level(environ=None) -> str | None:
     if not raw:
         return DEFAULT_LOG
     return raw if raw in LOG_LEVELS else None
+
+
+def find_links_given(environ=None) -> tuple:
+    """FASTPATH_HOOKS_FIND_LINKS's entries (comma or whitespace separated) as given; () when unset."""
+    return tuple(_environ(environ).get(FIND_LINKS, "").replace(",", " ").split())
+
+
+def given(environ=None) -> tuple:
+    """Every FASTPATH_HOOKS_* variable set, as sorted (name, value) pairs."""
+    return tuple(sorted((k, v) for k, v in _environ(environ).items() if k.startswith(PREFIX)))
 
 
 def local_rank(environ=None):

@@ -33,6 +33,7 @@ import time
 from enum import Enum
 
 from ._names import VOICE, environment_key, local_rank
+from ._names import DEFAULT_LOG
 from ._names import log_level as _given_log_level
 
 logger = logging.getLogger("fastpath_hooks")
@@ -140,7 +141,7 @@ def _listeners():
 
 def _log_level() -> str:
     # a bad value is said by settings (install() and the CLI); the lines follow the default meanwhile
-    return _given_log_level() or "info"
+    return _given_log_level() or DEFAULT_LOG
 
 
 def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,

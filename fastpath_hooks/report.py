@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .decide.commands import constraints, installer_choice, invocation, uv_executable
+from .decide.commands import constraints, installer_choice, invocation, protected_constraints, step_names, uv_executable
 from .decide.packing import packed_sequences
 from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP
 from .decide.policy import transformers_era
@@ -20,13 +20,16 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     """kernel -> list of invocation dicts, as `install` would run them."""
     env = plan.environment
     installer, why = installer_choice(settings, env)
-    out = {}
+    out, files = {}, {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
         out[kernel] = [invocation(s, installer=installer or "pip", settings=settings,
                                   uv=uv_executable(env)).to_json() for s in steps]
-    return {"installer": installer, "installer_reason": why, "constraints": constraints(real_installed, pins.protected),
-            "commands": out}
+        # the installer writes exactly these lines (the same function) into its constraints file
+        files[kernel] = constraints(real_installed, pins.protected, step_names(steps)) if steps else []
+    return {"installer": installer, "installer_reason": why,
+            "constraints": protected_constraints(real_installed, pins.protected),
+            "kernel_constraints": files, "commands": out}
 
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
@@ -174,6 +177,8 @@ def plan_text(plan, settings, *, real_installed, pins) -> str:
         for inv in data["commands"][kernel]:
             env = " ".join(f"{k}={v}" for k, v in inv["env"].items())
             lines.append("    " + (env + " " if env else "") + " ".join(_quote(a) for a in inv["argv"]))
+        if data["kernel_constraints"][kernel]:
+            lines.append("    <constraints.txt>: " + " ".join(data["kernel_constraints"][kernel]))
     lines.append("Summary: " + summary(plan, settings))
     return "\n".join(lines)
 

@@ -334,3 +334,49 @@ def test_step_aside_reaches_transformers_modules_that_took_the_wrapper_later(hoo
         assert late.is_causal_conv1d_available is ORIGINALS["is_causal_conv1d_available"]
     finally:
         del sys.modules[late.__name__]
+
+
+# -- fail safe at the seams: a refresh that throws keeps the block ----------------------------------
+
+BROKEN_FINDER_SCRIPT = r'''
+import sys
+import torch
+torch.cuda.is_available = lambda: True  # the posed H100 (transformers' own gate asks torch, not the target)
+import fastpath_hooks
+fastpath_hooks.install()
+
+class BrokenFinder:  # a third-party finder whose cache reset raises (importlib.invalidate_caches calls it)
+    def find_spec(self, *args):
+        return None
+    def invalidate_caches(self):
+        raise RuntimeError("broken finder")
+
+sys.meta_path.append(BrokenFinder())
+from transformers.utils.import_utils import is_flash_linear_attention_available
+print(is_flash_linear_attention_available(), is_flash_linear_attention_available())
+'''
+
+
+def test_a_gate_refresh_that_throws_keeps_the_kernel_blocked(tmp_path):
+    """The refresh after the decision (importlib.invalidate_caches) throws through a real path - a
+    broken finder on sys.meta_path; the blocked fla stays blocked (without the fail-safe, the
+    original gate said True: fla is importable here)."""
+    import subprocess
+
+    standin = tmp_path / "site"
+    (standin / "fla").mkdir(parents=True)
+    (standin / "fla" / "__init__.py").write_text("__version__ = '0.6.0'\n")
+    for dist in ("fla_core", "flash_linear_attention"):
+        info = standin / f"{dist}-0.6.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.6.0\n")
+        (info / "RECORD").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_"))}
+    env.update(FASTPATH_HOOKS_TARGET="gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes",
+               FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), FASTPATH_HOOKS_SKIP="causal-conv1d,tilelang",
+               PYTHONPATH=os.pathsep.join(p for p in (str(standin), env.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", BROKEN_FINDER_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False"], proc.stderr
+    assert "fla: blocked" in proc.stderr and "internal error" in proc.stderr and "broken finder" in proc.stderr

@@ -21,7 +21,8 @@ from conftest import A100, CAUSAL_WHEEL, H100_OLD_TRITON
 from support import guarded, venvs, wheels
 
 from fastpath_hooks.facts import pins as pins_mod
-from fastpath_hooks.act.installer import constraint_lines, same_release
+from fastpath_hooks.act.installer import same_release
+from fastpath_hooks.decide.commands import constraints
 
 PINS = pins_mod.load()
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
@@ -69,7 +70,7 @@ def test_resolved_version_check(have, pinned, ok):
 def test_constraints_pin_everything_the_steps_do_not_name():
     installed = {"torch": "2.13.0+cpu", "numpy": "2.4.6", "einops": "0.8.2", "psutil": "5.9.0",
                  "fla-core": "0.5.2", "~la-core": "0.5.2", "odd": "not a version"}
-    lines = constraint_lines(installed, PINS.protected, ["fla-core", "flash-linear-attention", "einops"])
+    lines = constraints(installed, PINS.protected, ["fla-core", "flash-linear-attention", "einops"])
     assert lines[:2] == ["torch==2.13.0+cpu", "numpy==2.4.6"]  # the protected ones first
     assert lines[2:] == ["psutil==5.9.0"]  # named ones free, a stash and an unparsable version left out
 
@@ -135,6 +136,42 @@ def test_install_fla_with_each_installer(venv, fresh, tmp_path, make_wheelhouse,
     again = venv.cli("install", "fla", env=env)
     assert again.returncode == 0 and "fla: ok" in again.stdout, again.stdout + again.stderr
     assert "installing" not in again.stderr  # installed and verified: nothing to do
+    assert_untouched(venv, fresh)
+
+
+def test_plan_prints_the_constraints_the_installer_writes(venv, fresh, tmp_path, make_wheelhouse, test_pins):
+    """`plan` shows the exact constraints file: a uv in front of the real one keeps a copy of every
+    constraints file the installer passes it, through a real install."""
+    import json
+
+    wh = make_wheelhouse(fla="0.6.0")
+    captured = tmp_path / "captured"
+    captured.mkdir()
+    bindir = tmp_path / "capturing-uv"
+    bindir.mkdir()
+    (bindir / "uv").write_text(
+        '#!/bin/sh\nprev=""\nfor a in "$@"; do\n'
+        f'  if [ "$prev" = "--constraints" ]; then cp "$a" "{captured}/$$.txt"; fi\n'
+        '  prev="$a"\ndone\n'
+        f'exec "{venvs.uv()}" "$@"\n')
+    os.chmod(bindir / "uv", 0o755)
+    env = env_for(tmp_path, A100, wheelhouse=wh, installer="uv", pins=test_pins(), uv=str(bindir))
+
+    plan = venv.cli("plan", "--json", env=env)
+    assert plan.returncode == 0, plan.stderr
+    data = json.loads(plan.stdout)
+    expected = data["kernel_constraints"]["fla"]
+    assert expected[:len(data["constraints"])] == data["constraints"]   # the protected ones first ...
+    assert len(expected) > len(data["constraints"]) + 5                 # ... then everything else installed
+    text = venv.cli("plan", env=env).stdout
+    assert "    <constraints.txt>: " + " ".join(expected) in text.splitlines()
+
+    proc = venv.cli("install", "fla", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = sorted(captured.iterdir())
+    assert len(files) == len(data["commands"]["fla"]) >= 1  # one per installer run
+    for path in files:
+        assert path.read_text().splitlines() == expected, path
     assert_untouched(venv, fresh)
 
 

@@ -215,3 +215,91 @@ def test_public_view_is_json_ready(paths):
     assert (data["allow_build"], data["allow_build_mode"]) == (True, "auto")
     assert Settings.from_env({"FASTPATH_HOOKS_ALLOW_BUILD": "0"}).public()["allow_build"] is False
     assert os.path.isabs(data["find_links"][0])
+
+
+# -- one parser per variable: the start-up path's raw readers and settings agree -------------------
+
+def test_the_start_up_readers_and_settings_agree(tmp_path):
+    from fastpath_hooks import _names
+
+    wheelhouse = tmp_path / "wh"
+    wheelhouse.mkdir()
+    rows = {
+        _names.DISABLE: (["1", "TRUE", " yes ", "on", "0", "off", "no", "maybe", "2"], _names.disabled, "disable"),
+        _names.LOG: (["debug", "INFO", " warning ", "off", "error", "status", "verbose", ""], _names.log_level, "log"),
+        _names.CACHE_DIR: ([str(tmp_path / "c"), "~/x", "rel/dir", " ", str(wheelhouse)], _names.cache_dir_given,
+                           "cache_dir"),
+        _names.FIND_LINKS: ([str(wheelhouse), f"{wheelhouse}, {wheelhouse}", f" {wheelhouse}\t{wheelhouse}",
+                             "https://x.example/w"], _names.find_links_given, "find_links"),
+    }
+    for name, (values, reader, field) in rows.items():
+        for raw in values:
+            raw_value = reader({name: raw})
+            try:
+                parsed = getattr(Settings.from_env({name: raw}), field)
+            except SettingsError:
+                # invalid: the start-up path falls back to the default (the bad value is said at install())
+                assert name in (_names.DISABLE, _names.LOG), (name, raw)
+                assert raw_value in (False, None), (name, raw, raw_value)
+                continue
+            if name == _names.LOG and not raw.strip():
+                assert parsed == raw_value == _names.DEFAULT_LOG
+            elif name == _names.CACHE_DIR and not raw.strip():
+                assert parsed is None and raw_value is None
+            else:
+                assert parsed == raw_value, (name, raw, parsed, raw_value)
+
+
+def test_a_bad_log_level_is_said_with_the_fix(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
+    env.update(FASTPATH_HOOKS_LOG="verbose", FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", "import fastpath_hooks; fastpath_hooks.install()"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if "FASTPATH_HOOKS_LOG" in ln]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stderr
+    assert "'verbose'" in lines[0] and "off, error, warning, info, debug" in lines[0]
+
+
+# -- the README's settings table is settings.VARIABLES -----------------------------------------------
+
+def _readme_settings_table() -> list:
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    with open(readme, encoding="utf-8") as fh:
+        text = fh.read()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("| `FASTPATH_HOOKS_"):
+            name, meaning = (cell.strip() for cell in line.strip().strip("|").split("|", 1))
+            rows.append((name.strip("`"), meaning))
+    return rows
+
+
+def test_the_readme_settings_table_is_the_variables_of_settings():
+    assert _readme_settings_table() == list(VARIABLES.items())
+
+
+def test_the_defaults_the_table_names_are_the_parsed_defaults():
+    import re
+
+    defaults = Settings()
+    fields = {"FASTPATH_HOOKS_PINS": "pins_file", "FASTPATH_HOOKS_TARGET": "target"}
+    checked = 0
+    for name, meaning in _readme_settings_table():
+        field = fields.get(name, name[len("FASTPATH_HOOKS_"):].lower())
+        value = getattr(defaults, field)
+        if value is None:   # CACHE_DIR: unset means the user cache dir (its default is not a setting)
+            assert "(default" not in meaning or "(default: the user cache dir" in meaning, name
+            continue
+        number = re.search(r"\(default (\d+)\)", meaning)
+        word = re.search(r"(\w+) \(default", meaning)
+        if number:
+            assert value == float(number.group(1)), name
+            checked += 1
+        elif word:
+            assert str(value) == word.group(1), (name, value, word.group(1))
+            checked += 1
+    assert checked == 7  # TIMEOUT, RETRY_AFTER, LOCK_TIMEOUT; MODE, INSTALLER, ALLOW_BUILD, LOG

@@ -106,9 +106,9 @@ out["causal_conv1d"] = provided("causal_conv1d")
 }
 
 
-def _scenario(name: str, tmp_path, **env) -> tuple[dict, str]:
+def _scenario(name: str, tmp_path, source: str | None = None, **env) -> tuple[dict, str]:
     script = tmp_path / f"{name}.py"
-    script.write_text(activation.startup_source() + PROVIDER + SCENARIOS[name] + "\nout['end'] = kinds()\n"
+    script.write_text((source or activation.startup_source()) + PROVIDER + SCENARIOS[name] + "\nout['end'] = kinds()\n"
                       "out['end_length'] = len(sys.meta_path)\nprint(json.dumps(out))\n")
     environ = venvs.clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"),
                               FASTPATH_HOOKS_SKIP="fla,causal-conv1d,tilelang", **env)
@@ -123,6 +123,56 @@ def test_the_stand_in_hands_over_in_place(tmp_path):
     assert out["start"] == ["_FastpathHooksStartup", "Provider"]
     assert out["fla"] is True and out["installed"] is True
     assert out["end"] == ["KernelImportFinder", "Provider"] and out["end_length"] == out["length"]
+
+
+def test_a_stand_in_of_another_format_hands_over_safely(tmp_path):
+    source = activation.startup_source()
+    tag = f"format={activation.STARTUP_FORMAT})"
+    assert source.count(tag) == 1
+    # a newer fastpath-hooks wrote the entry (then the package was downgraded): one line, the hand-over goes on
+    out, err = _scenario("hand-over", tmp_path, source=source.replace(tag, "format=99, future_option=1)"))
+    assert out["fla"] is True and out["installed"] is True and out["end"] == ["KernelImportFinder", "Provider"]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "newer format (99)" in lines[0] and "fastpath-hooks enable" in lines[0], err
+    # a v4 entry (before the tag) hands over silently
+    out, err = _scenario("hand-over", tmp_path, source=source.replace(", " + tag, ")"))
+    assert out["fla"] is True and out["installed"] is True and err.strip() == ""
+
+
+def test_the_startup_module_is_what_enable_writes_and_agrees_with_names(tmp_path):
+    """hooks/startup.py is code: its source is what `enable` writes, its names are _names', and
+    run at the top of an interpreter it leaves nothing but the stand-in behind."""
+    import ast
+
+    from fastpath_hooks import _names
+
+    with open(activation.STARTUP_FILE, encoding="utf-8") as fh:
+        shipped = fh.read()
+    text = activation.startup_source()
+    # what enable writes is the module, its watched names filled in from _names (a new kernel needs no edit)
+    differ = [(a, b) for a, b in zip(shipped.splitlines(), text.splitlines()) if a != b]
+    assert len(shipped.splitlines()) == len(text.splitlines()) and len(differ) <= 1
+    assert all(a.endswith(activation.WATCHED_MARK) and b.endswith(activation.WATCHED_MARK) for a, b in differ)
+    tree = ast.parse(text)
+    functions = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert _names.STAND_IN in functions
+    strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert _names.DISABLE in strings
+    tuples = [ast.literal_eval(n) for n in ast.walk(tree) if isinstance(n, ast.Tuple)]
+    assert _names.TRUE_VALUES in tuples and tuple(sorted(_names.WATCHED)) in tuples
+    formats = [k.value.value for n in ast.walk(tree) if isinstance(n, ast.Call)
+               for k in n.keywords if k.arg == "format"]
+    assert formats == [_names.STARTUP_FORMAT] and _names.STARTUP_FORMAT in _names.STARTUP_FORMATS
+    assert activation.FORMAT == f"v{_names.STARTUP_FORMAT}"
+    code = ("import json, sys\nns = {'__name__': 'sitecustomize'}\nexec(compile(sys.argv[1], 'startup.py', 'exec'), ns)\n"
+            "print(json.dumps([sorted(k for k in ns if k != '__builtins__'), sys.meta_path[0].__name__, "
+            "sorted(sys.meta_path[0].watched), 'fastpath_hooks' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", code, text], capture_output=True, text=True, timeout=60,
+                          env=venvs.clean_env())
+    assert proc.returncode == 0, proc.stderr
+    names, first, watched, imported = json.loads(proc.stdout)
+    assert names == ["__name__"] and first == _names.STAND_IN and watched == sorted(_names.WATCHED)
+    assert imported is False   # nothing of the package at start
 
 
 def test_hooks_installed_before_the_first_watched_import_skip_no_finder(tmp_path):

@@ -155,7 +155,7 @@ def _tool_dirs() -> list:
     return out
 
 
-def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) -> Built:
+def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log."""
     from ..decide.commands import build_argv
     from .runner import execute
@@ -178,8 +178,9 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=()) 
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    code, tail, seconds = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work,
-                                   extra_env=scratch, log=log)
+    ran = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work, extra_env=scratch,
+                  log=log, started=started)
+    code, tail, seconds = ran.code, ran.tail, ran.seconds
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")

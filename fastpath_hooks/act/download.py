@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import urllib.request
 
@@ -76,11 +75,15 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
         for link in settings.find_links:
             argv += ["--find-links", link]
         argv += binary
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=settings.timeout,
-                              env={**os.environ, "FASTPATH_HOOKS_DISABLE": "1"})
-        if proc.returncode != 0:
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-            if "No module named pip" in proc.stderr:
+        from .runner import run
+
+        ran = run(argv, timeout=settings.timeout, label=f"downloading {', '.join(binary)}")
+        if ran.timed_out:
+            raise DownloadError(f"pip download of {' '.join(binary)} did not finish within {settings.timeout:.0f} s "
+                                "(FASTPATH_HOOKS_TIMEOUT)")
+        if ran.code != 0:
+            tail = " | ".join(ran.output.strip().splitlines()[-3:])
+            if "No module named pip" in ran.output:
                 tail += f" (download runs `pip download` with {sys.executable}: `{sys.executable} -m ensurepip` adds pip)"
             raise DownloadError(f"pip download failed for {' '.join(binary)}: {tail}")
     for step in wheels:

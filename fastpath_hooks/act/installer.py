@@ -36,7 +36,7 @@ from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .. import events
-from ..decide.commands import choose_installer, constraints, invocation, uv_executable
+from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
 from ..facts.links import find_links_dir
 from .runner import execute
@@ -55,11 +55,6 @@ class InstallResult:
     seconds: float
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
-
-
-def step_names(steps) -> set:
-    """The canonical distribution names the steps install (a wheel step: its file's distribution)."""
-    return {name for step in steps for name in step.names}
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -111,7 +106,11 @@ def recover(state_dir: str) -> list:
     tx = Transaction.pending(state_dir)
     done = []
     if tx is not None:
-        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}); restoring the state before it")
+        # Its writer died; its installer may not have (it runs in its own session): stop it first.
+        stopped = tx.stop_group()
+        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
+        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}){still}; "
+                       "restoring the state before it")
         done = tx.rollback()
         events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
     Transaction.discard_stale(state_dir)
@@ -150,27 +149,30 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             os.makedirs(work, exist_ok=True)
             cfile = os.path.join(work, "constraints.txt")
             with open(cfile, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(constraint_lines(real_before, pins.protected, names)) + "\n")
+                # the same lines `fastpath-hooks plan` prints for this decision
+                fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             for step in steps:
                 local = None
                 if step.kind == "build":
                     step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                                     kernel=decision.kernel, scratch=scratch)
+                                                     kernel=decision.kernel, scratch=scratch, started=tx.record_group)
                     to_cache.append(entry)
                 elif step.kind == "wheel":
                     local = _fetch_wheel(step, settings, work)
                     if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
                         to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
-                                      local=local, kernel=decision.kernel, work=work, scratch=scratch)
+                                      local=local, kernel=decision.kernel, work=work, scratch=scratch,
+                                      started=tx.record_group)
                 # Before the next interpreter starts (installer or verification), which would run a
                 # stranger's .pth file: only allow-listed distributions may have changed.
                 _check_changes(installed_versions(), protected_before, real_before, pins)
             after = installed_versions()
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
-                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch)
+                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
+                                started=tx.record_group)
                 if not result.ok:
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
@@ -229,30 +231,6 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     return out
 
 
-def constraint_lines(installed: dict, protected, names) -> list:
-    """Pin every installed distribution the steps do not name to its current version.
-
-    The protected ones (torch, triton, numpy, transformers) come first, as `commands.constraints`
-    writes them; the rest keep a dependency resolve from upgrading anything the user has that
-    is not backed up by the transaction (only the named distributions are).
-    """
-    from packaging.requirements import InvalidRequirement
-
-    lines = constraints(installed, protected)
-    named = {canonical_name(n) for n in names}
-    for name in sorted(installed):
-        if name in named or name in protected or name.startswith("~"):
-            continue
-        line = f"{name}=={installed[name]}"
-        try:
-            Requirement(line)
-            Version(installed[name])
-        except (InvalidRequirement, InvalidVersion):
-            continue
-        lines.append(line)
-    return lines
-
-
 def _check_changes(after: dict, protected_before: dict, before: dict, pins) -> None:
     for name, version in protected_before.items():
         if after.get(name) == version or (version is None and name in pins.allowed):
@@ -294,12 +272,13 @@ def same_release(have: str | None, pinned: str) -> bool:
     return Version(got.public) == want
 
 
-def _build_step(step, *, settings, env, pins, work, kernel, scratch):
+def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None):
     """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
     from .build import BuildError, run_build
 
     try:
-        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch)
+        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
+                          started=started)
     except BuildError as exc:
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
@@ -393,12 +372,13 @@ def _check_sha(path: str, expected: str | None) -> None:
                            f"{expected} (a corrupt or substituted file); refusing it")
 
 
-def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=()) -> str:
+def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:
     """Run one step; in auto mode a failing uv step is retried with pip. Returns the installer used."""
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
                      constraints_file=cfile, local_file=local)
     label = _step_label(step)
-    code, tail, seconds = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch)
+    ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
+    code, tail, seconds = ran.code, ran.tail, ran.seconds
     if code == 0:
         events.status(f"{label}: done in {seconds:.1f} s ({installer})", kernel, human=False)
         return installer
@@ -408,7 +388,7 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({tail}); retrying with pip", kernel)
         return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel,
-                         work=work, scratch=scratch)
+                         work=work, scratch=scratch, started=started)
     hint = ""
     if code == 127 and installer == "uv":
         hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"

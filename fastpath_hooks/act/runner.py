@@ -1,41 +1,100 @@
-"""The one way fastpath-hooks runs a tool (pip, uv, a build): its own session and process group,
-the whole group killed on a timeout or an exception (Ctrl-C), output captured, a heartbeat."""
+"""The one way fastpath-hooks runs a child process (pip, uv, a build, a verification, a download, the
+smoke test): its own session and process group, the whole group killed on a timeout or on any
+exception (Ctrl-C), output captured (a temporary file, or a kept log) with a heartbeat, and a small
+result value.
+
+No `preexec_fn` (unsafe in a threaded parent: a training process has many threads). What stands in
+for "the child dies with its parent" (PR_SET_PDEATHSIG, which needs one): the caller may record the
+child's process group before the child runs anything (`started=`; the installer writes it into its
+journal), and whoever recovers the interrupted install kills a still-living group first
+(`kill_group`), under the environment lock, before it rolls back. The child waits at a gate (a
+`sh` that reads one line from a pipe) until `started` returned: a parent killed before recording
+closes the pipe, and the gate exits without running the command.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from .. import events
 
 HEARTBEAT_SECONDS = 30.0
+TAIL_BYTES = 64 * 1024        # the output a result keeps (a verification's marker line is its last)
+GATE = 'IFS= read -r _ || exit 125; exec "$@"'   # run the command only once the parent said "go"
+GATE_CLOSED = 125
 
 
-def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None):
-    """(exit code or None on timeout, output tail, seconds). Heartbeat every 30 s. `log`: append
-    the whole output to that file (kept), instead of a temporary one.
+@dataclass(frozen=True)
+class Ran:
+    """One child process's end. `code`: its exit status (negative: killed by that signal), None
+    when it ran past its timeout (its group was killed). `output`: the last TAIL_BYTES of its
+    stdout and stderr together."""
+    code: int | None
+    output: str
+    seconds: float
 
-    Any exception while the installer runs (Ctrl-C: the installer is in its own session, so the
-    terminal's SIGINT never reaches it) kills its process group before it propagates: the
-    rollback that follows must have no writer left."""
+    @property
+    def timed_out(self) -> bool:
+        return self.code is None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def tail(self) -> str:
+        return summary(self.output)
+
+
+def child_environ(extra=(), drop=()) -> dict:
+    """This process's environment for a child: fastpath-hooks off in it (it must not install hooks
+    or recurse), pip quiet about its version, `extra` on top, `drop` removed."""
     environ = dict(os.environ)
-    environ.update(dict(inv.env))
-    environ.update(dict(extra_env))
+    for name in drop:
+        environ.pop(name, None)
     environ["FASTPATH_HOOKS_DISABLE"] = "1"
     environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    environ.update(dict(extra))
+    return environ
+
+
+def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,
+        log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS) -> Ran:
+    """Run `argv` in its own session; the whole process group is killed when `timeout` passes or
+    when anything (Ctrl-C's KeyboardInterrupt included: the child's session gets no terminal
+    signal) interrupts the wait, before the exception propagates - a rollback that follows has
+    no writer left.
+
+    `environ`: the child's whole environment (default `child_environ()`). `label`: said with the
+    heartbeat (`still <label> (N s)`) every `heartbeat` seconds; none without one. `work`: the
+    directory of the temporary output file. `log`: append the whole output there (kept) instead.
+    `started(pgid)`: called once the group exists, before the command runs (see the module
+    docstring), and `started(None)` once the group is gone; an exception from the first kills the
+    group and propagates. Members the command left running when it exited are killed too."""
+    argv = [str(a) for a in argv]
+    environ = child_environ() if environ is None else environ
+    gated = started is not None
+    command = ["/bin/sh", "-c", GATE, "fastpath-hooks-gate", *argv] if gated else argv
     start = time.monotonic()
     with (open(log, "a+b") if log else tempfile.TemporaryFile(mode="w+b", dir=work)) as out:
+        offset = out.seek(0, os.SEEK_END)
         try:
-            proc = subprocess.Popen(list(inv.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=environ, start_new_session=True, preexec_fn=_death_signal())
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
+                                    env=environ, start_new_session=True)
         except OSError as exc:
-            return 127, f"could not start {inv.argv[0]}: {exc}", 0.0
+            return Ran(127, f"could not start {argv[0]}: {exc}", 0.0)
         try:
-            events.debug("running: " + " ".join(inv.argv), kernel)
+            events.debug("running: " + " ".join(argv), kernel)
+            if gated:
+                started(proc.pid)
+                proc.stdin.write(b"go\n")
+                proc.stdin.close()
             deadline = start + timeout
             while True:
                 remaining = deadline - time.monotonic()
@@ -44,22 +103,41 @@ def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None,
                     code = None
                     break
                 try:
-                    code = proc.wait(timeout=min(HEARTBEAT_SECONDS, remaining))
+                    code = proc.wait(timeout=min(heartbeat, remaining))
                     break
                 except subprocess.TimeoutExpired:
-                    events.status(f"still {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
+                    if label:
+                        events.status(f"still {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
         except BaseException:
             _kill(proc)
+            if gated:
+                try:
+                    started(None)
+                except Exception:
+                    pass  # the exception that stopped the run is the one to report
             raise
-        out.seek(0)
+        if code is not None:
+            _kill_leftovers(proc.pid)  # nothing of the tool outlives its run
+        if gated:
+            started(None)
+        seconds = time.monotonic() - start
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(offset, size - TAIL_BYTES))
         text = out.read().decode("utf-8", errors="replace")
         if log:
-            out.write(f"\n# exit: {'timeout' if code is None else code} after {time.monotonic() - start:.1f} s\n".encode())
-    return code, _summary(text), time.monotonic() - start
+            out.write(f"\n# exit: {'timeout' if code is None else code} after {seconds:.1f} s\n".encode())
+    return Ran(code, text, seconds)
 
 
-def _summary(text: str) -> str:
-    """The installer's error and the lines that explain it (uv puts the cause on the lines after
+def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None,
+            started=None) -> Ran:
+    """Run an installer or build `Invocation` (its argv and extra environment) with `run`."""
+    return run(inv.argv, timeout=timeout, environ=child_environ(tuple(inv.env) + tuple(extra_env)), kernel=kernel,
+               label=label, work=work, log=log, started=started)
+
+
+def summary(text: str) -> str:
+    """A tool's error and the lines that explain it (uv puts the cause on the lines after
     `error:`), else its last lines."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     first = next((i for i, ln in enumerate(lines)
@@ -69,29 +147,102 @@ def _summary(text: str) -> str:
 
 
 def _kill(proc) -> None:
+    """SIGKILL the child's whole group (grandchildren too), reap the child, and wait (a few seconds
+    at most) until no member of the group runs any more."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
         proc.kill()
     proc.wait()
+    _wait_gone(proc.pid, 10.0)
 
 
-def _death_signal():
-    """Linux: make the installer die with us (PR_SET_PDEATHSIG), so a killed process never
-    leaves pip writing behind the next lock holder. Resolved before fork: the child only
-    makes one C call (no imports, no locks)."""
-    if not sys.platform.startswith("linux"):
-        return None
+def _kill_leftovers(pgid: int) -> None:
     try:
-        import ctypes
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        return  # no member left
+    _wait_gone(pgid, 10.0)
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+
+# -- a group recorded by a process that died -------------------------------------------------------
+
+def group_record(pgid: int) -> dict:
+    """What identifies the process group `pgid` (led by the child `run` just started) later, in
+    another process: its leader's start time and the boot (a pid is reused; a group's number is
+    not while any member lives)."""
+    stat = _stat(pgid)
+    return {"pgid": pgid, "start": stat[2] if stat else None, "boot": _boot_id()}
+
+
+def kill_group(record) -> int:
+    """Kill what is left of a recorded group; the number of processes that were still running.
+
+    Only where it is provably the same group: the same boot, and either its leader is still the
+    recorded process (same start time) or the leader is gone and members remain (the number
+    cannot have been reused then). Without /proc (not Linux) nothing is killed: 0."""
+    if not isinstance(record, dict) or not isinstance(record.get("pgid"), int) or record["pgid"] <= 1:
+        return 0
+    pgid = record["pgid"]
+    if not os.path.isdir("/proc/self") or record.get("boot") != _boot_id():
+        return 0
+    members = _members(pgid)
+    if not members:
+        return 0
+    leader = _stat(pgid)
+    if leader is not None and leader[1] == pgid and leader[2] != record.get("start"):
+        return 0  # the number leads a new group now
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        return 0
+    _wait_gone(pgid, 10.0)
+    return len(members)
+
+
+def _wait_gone(pgid: int, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if os.path.isdir("/proc/self"):
+            if not _members(pgid):
+                return
+        else:
+            try:
+                os.killpg(pgid, 0)
+            except OSError:
+                return
+        time.sleep(0.01)
+
+
+def _members(pgid: int) -> list:
+    """Pids of the group's living members (zombies are done writing)."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                out.append(int(entry))
+    return out
+
+
+def _stat(pid: int):
+    """(state, process group, start time in clock ticks since boot) from /proc, None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+        fields = data[data.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[2]), int(fields[19])
+    except (OSError, ValueError, IndexError):
         return None
 
-    def set_death_signal():
-        prctl(1, signal.SIGKILL)
 
-    return set_death_signal
-
-
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None

@@ -14,8 +14,6 @@ chunked kernel re-associates sums, so gradients drift further than outputs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 OUTPUT_TOL = 2e-2
@@ -115,17 +113,16 @@ def _child(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
 def run_smoke(settings, env) -> dict:
     if env.accelerator != "cuda":
         return {"status": "skipped", "reason": f"needs a CUDA GPU (accelerator here: {env.accelerator or 'none'})"}
-    child_env = {**os.environ, "FASTPATH_HOOKS_DISABLE": "1"}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "fastpath_hooks.act.smoke"], capture_output=True, text=True,
-                              timeout=settings.timeout, env=child_env)
-    except subprocess.TimeoutExpired:
+    from .runner import run
+
+    ran = run([sys.executable, "-m", "fastpath_hooks.act.smoke"], timeout=settings.timeout, label="running the smoke test")
+    if ran.timed_out:
         return {"status": "fail", "reason": f"did not finish within {settings.timeout:.0f} s"}
-    for line in proc.stdout.splitlines():
+    for line in ran.output.splitlines():
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK):])
-    tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-    return {"status": "fail", "reason": f"the smoke process exited with {proc.returncode}: {tail}"}
+    tail = " | ".join(ln for ln in ran.output.strip().splitlines()[-3:])
+    return {"status": "fail", "reason": f"the smoke process exited with {ran.code}: {tail}"}
 
 
 def smoke_text(result: dict) -> str:

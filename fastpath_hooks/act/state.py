@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from .._names import cache_root, cache_root_from_environ, environment_key
+from .._names import cache_root, cache_root_from_environ, environment_key, find_links_given
 
 JOURNAL = "journal.json"        # written by transaction.py while an install runs
 STATE_DIR_NAME = ".fastpath-hooks"
@@ -331,7 +331,7 @@ def environment_signature(captured: tuple) -> str | None:
     root = cache_root_from_environ(env)
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
-    for location in env.get("FASTPATH_HOOKS_FIND_LINKS", "").replace(",", " ").split():
+    for location in find_links_given(env):
         from ..facts.links import find_links_dir  # only when FIND_LINKS is set
 
         path = find_links_dir(location)

@@ -50,6 +50,7 @@ class Transaction:
         self.listing: list = []      # top-level entries of site-packages at begin()
         self.dist_dirs: list = []    # every *.dist-info / *.egg-info at begin()
         self.before_dirs: dict = {}  # name -> its dist-info directories at begin() (two after a crash)
+        self.group = None            # the running child's process group (runner.group_record), if any
 
     # -- lifecycle -------------------------------------------------------------
     def begin(self) -> None:
@@ -72,6 +73,22 @@ class Transaction:
                     shutil.copy2(path, target)
                     self.manifest.append([path, target, name])
         self._write_journal()
+
+    def record_group(self, pgid) -> None:
+        """Journal the process group of the child about to run (None: it ended), so that whoever
+        recovers this transaction after our death kills what is left of it first (the runner's
+        `started=` callback; the child waits until this returned)."""
+        from .runner import group_record
+
+        self.group = group_record(pgid) if pgid is not None else None
+        self._write_journal()
+
+    def stop_group(self) -> int:
+        """Kill what is left of the recorded child's group (a dead writer's installer); the number
+        of processes that were still running."""
+        from .runner import kill_group
+
+        return kill_group(self.group) if self.group else 0
 
     def commit(self) -> None:
         # The work directory goes before the journal (once the journal is gone, only an install's
@@ -173,7 +190,7 @@ class Transaction:
         tx = cls.__new__(cls)
         tx.state_dir = state_dir
         tx.journal_path = path
-        tx.pid = tx.started = None
+        tx.pid = tx.started = tx.group = None
         if not isinstance(data, dict):
             # unreadable journal: nothing reliable to restore; drop it
             tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing, tx.dist_dirs = "", [], {}, [], [], []
@@ -195,6 +212,7 @@ class Transaction:
         tx.description = data.get("description", "")
         tx.pid = data.get("pid")
         tx.started = data.get("started")
+        tx.group = data.get("group")
         return tx
 
     @staticmethod
@@ -226,7 +244,7 @@ class Transaction:
             "site_dir": self.site_dir, "prefix": self.prefix, "names": self.names, "before": self.before,
             "manifest": self.manifest, "listing": self.listing, "dist_dirs": self.dist_dirs,
             "before_dirs": self.before_dirs,
-            "backup_dir": self.backup_dir,
+            "backup_dir": self.backup_dir, "group": self.group,
         })
 
     def _known_listing(self) -> dict | None:

@@ -7,11 +7,8 @@ process (SIGABRT), and a wrong-arch causal-conv1d build can segfault.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 _MARK = "FASTPATH_HOOKS_VERIFY "
@@ -47,17 +44,16 @@ class Verification:
 
 
 def child_env(extra=()) -> dict:
-    env = dict(os.environ)
-    env["FASTPATH_HOOKS_DISABLE"] = "1"   # the child must not install hooks (or recurse)
-    env.pop("FASTPATH_HOOKS_TARGET", None)
-    env.update(dict(extra))
-    return env
+    """The verification child's environment: hooks off, no posed target (it imports the real thing)."""
+    from .runner import child_environ
+
+    return child_environ(extra, drop=("FASTPATH_HOOKS_TARGET",))
 
 
-def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None) -> Verification:
+def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None) -> Verification:
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
     return run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                     what=f"import {_modules(kernel_spec.verify_modules)}")
+                     what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
 
 
 def _modules(names) -> str:
@@ -67,37 +63,39 @@ def _modules(names) -> str:
     return joined if len(joined) <= 24 else ", ".join(packages)
 
 
-def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: str | None = None, what: str) -> Verification:
-    start = time.monotonic()
-    try:
-        proc = subprocess.run([python or sys.executable, "-c", code, payload], env=child_env(env_extra),
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return Verification(False, f"{what} did not finish within {timeout:.0f} s", time.monotonic() - start, None)
-    except OSError as exc:
-        return Verification(False, f"could not start {python or sys.executable}: {exc}", time.monotonic() - start, None)
-    seconds = time.monotonic() - start
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        tail = _tail(proc.stderr)
-        return Verification(False, f"{what} killed the process ({name})" + (f": {tail}" if tail else ""),
-                            seconds, proc.returncode)
+def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: str | None = None, what: str,
+              started=None) -> Verification:
+    """Run `code` in a child interpreter (the runner: its own process group, killed whole on a
+    timeout or Ctrl-C) and read the result line it prints last."""
+    from .runner import run
+
+    ran = run([python or sys.executable, "-c", code, payload], timeout=timeout, environ=child_env(env_extra),
+              started=started)
+    lines = ran.output.splitlines()
     result = None
-    for line in proc.stdout.splitlines():
+    for line in lines:
         if line.startswith(_MARK):
             try:
                 result = json.loads(line[len(_MARK):])
             except ValueError:
                 result = None
+    other = "\n".join(ln for ln in lines if not ln.startswith(_MARK))
+    if ran.timed_out:
+        return Verification(False, f"{what} did not finish within {timeout:.0f} s", ran.seconds, None)
+    if ran.code < 0:
+        try:
+            name = signal.Signals(-ran.code).name
+        except ValueError:
+            name = f"signal {-ran.code}"
+        tail = _tail(other)
+        return Verification(False, f"{what} killed the process ({name})" + (f": {tail}" if tail else ""),
+                            ran.seconds, ran.code)
     if result is None:
-        return Verification(False, f"{what} exited with code {proc.returncode}: {_tail(proc.stderr) or 'no output'}",
-                            seconds, proc.returncode)
+        return Verification(False, f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}",
+                            ran.seconds, ran.code)
     if not result.get("ok"):
-        return Verification(False, f"{what}: {result.get('error')}", seconds, proc.returncode)
-    return Verification(True, f"{what}: ok in {seconds:.1f} s", seconds, proc.returncode)
+        return Verification(False, f"{what}: {result.get('error')}", ran.seconds, ran.code)
+    return Verification(True, f"{what}: ok in {ran.seconds:.1f} s", ran.seconds, ran.code)
 
 
 def _tail(text: str, lines: int = 3) -> str:

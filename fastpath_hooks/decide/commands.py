@@ -61,9 +61,40 @@ def uv_executable(env) -> str | None:
     return None if env.uv in (None, "posed") else env.uv
 
 
-def constraints(installed: dict, protected) -> list[str]:
+def protected_constraints(installed: dict, protected) -> list[str]:
     """`name==version` for each protected distribution that is installed (real versions, never posed ones)."""
     return [f"{name}=={installed[name]}" for name in protected if name in installed]
+
+
+def constraints(installed: dict, protected, named=()) -> list[str]:
+    """The constraints file's lines, as the installer writes them for steps that name `named`
+    (and as `fastpath-hooks plan` prints them): every installed distribution the steps do not name
+    pinned to its current version, the protected ones (torch, triton, numpy, transformers) first.
+    The rest keep a dependency resolve from upgrading anything the user has that the transaction
+    does not back up (only the named distributions are). Real versions only, never posed ones."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    from ..facts.distributions import canonical_name
+
+    lines = protected_constraints(installed, protected)
+    free = {canonical_name(n) for n in named}
+    for name in sorted(installed):
+        if name in free or name in protected or name.startswith("~"):
+            continue
+        line = f"{name}=={installed[name]}"
+        try:
+            Requirement(line)
+            Version(installed[name])
+        except (InvalidRequirement, InvalidVersion):
+            continue
+        lines.append(line)
+    return lines
+
+
+def step_names(steps) -> set:
+    """The canonical distribution names the steps install (a wheel step: its file's distribution)."""
+    return {name for step in steps for name in step.names}
 
 
 def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,

@@ -12,8 +12,11 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from .._names import TRUE_VALUES as _TRUE  # one list, shared with the start-up entry
-from .._names import disabled
+# The start-up path's raw readers (_names) give the values of the variables it reads before the
+# settings are parsed; settings only adds the validation, so the two cannot disagree.
+from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS
+from .._names import TRUE_VALUES as _TRUE
+from .._names import cache_dir_given, disabled, find_links_given, log_level
 
 KERNELS = ("fla", "causal-conv1d", "tilelang")
 KERNEL_ALIASES = {
@@ -27,14 +30,14 @@ KERNEL_ALIASES = {
 MODES = ("install", "report")
 BUILD_MODES = ("auto", "1", "0")
 INSTALLERS = ("auto", "uv", "pip")
-LOG_LEVELS = ("off", "error", "warning", "info", "debug")
-_FALSE = ("", "0", "false", "no", "off")
+_FALSE = ("",) + FALSE_VALUES
 
 DEFAULT_TIMEOUT = 900.0
 DEFAULT_LOCK_TIMEOUT = 1800.0
 DEFAULT_RETRY_AFTER = 3600.0
 
-# name -> (accepted, default shown in docs); the README table is generated from the same words.
+# name -> what it means, its accepted values and default: the README's settings table says the same
+# (tests/test_settings.py compares them).
 VARIABLES = {
     "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",
     "FASTPATH_HOOKS_SKIP": "comma list of kernels to leave alone: fla, causal-conv1d, tilelang",
@@ -52,7 +55,8 @@ VARIABLES = {
                                  "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
     "FASTPATH_HOOKS_PINS": "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
-    "FASTPATH_HOOKS_LOG": "what rank 0 prints on stderr: off, error, warning, info (default) or debug",
+    "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
+                           "info (default) or debug"),
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "base URL (http(s):// or file://) of a causal-conv1d release-wheel mirror",
     "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
@@ -82,7 +86,7 @@ class Settings:
     cache_dir: str | None = None
     pins_file: str | None = None
     target: str | None = None
-    log: str = "info"
+    log: str = DEFAULT_LOG
     causal_conv1d_wheel_url: str | None = None
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
@@ -108,19 +112,19 @@ class Settings:
             except ValueError as exc:
                 problems.append((name, env.get(name, ""), str(exc)))
 
-        parse("FASTPATH_HOOKS_DISABLE", "disable", parse_bool)
+        parse(DISABLE, "disable", lambda raw: parse_bool(raw) and disabled({DISABLE: raw}))
         parse("FASTPATH_HOOKS_SKIP", "skip", parse_kernel_list)
         parse("FASTPATH_HOOKS_MODE", "mode", _choice(MODES))
-        parse("FASTPATH_HOOKS_FIND_LINKS", "find_links", _parse_find_links)
+        parse(FIND_LINKS, "find_links", _parse_find_links)
         parse("FASTPATH_HOOKS_OFFLINE", "offline", parse_bool)
         parse("FASTPATH_HOOKS_INDEX_URL", "index_url", _url(("http", "https", "file")))
         parse("FASTPATH_HOOKS_INSTALLER", "installer", _choice(INSTALLERS))
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
         parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
-        parse("FASTPATH_HOOKS_CACHE_DIR", "cache_dir", _directory_or_creatable)
+        parse(CACHE_DIR, "cache_dir", _directory_or_creatable)
         parse("FASTPATH_HOOKS_PINS", "pins_file", _readable_file)
         parse("FASTPATH_HOOKS_TARGET", "target", _target_spec)
-        parse("FASTPATH_HOOKS_LOG", "log", _choice(LOG_LEVELS))
+        parse(LOG, "log", _log_level)
         parse("FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "causal_conv1d_wheel_url", _url(("http", "https", "file")))
         parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", _seconds_or_zero)
         parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
@@ -267,8 +271,15 @@ def _url(schemes):
     return parse
 
 
+def _log_level(raw: str) -> str:
+    level = log_level({LOG: raw})
+    if level is None:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (unset: {DEFAULT_LOG})")
+    return level
+
+
 def _parse_find_links(raw: str) -> tuple:
-    items = [p for p in raw.replace(",", " ").split() if p]
+    items = list(find_links_given({FIND_LINKS: raw}))
     if not items:
         raise ValueError("expected one or more wheel directories or URLs")
     out = []
@@ -286,9 +297,9 @@ def _parse_find_links(raw: str) -> tuple:
 
 
 def _directory_or_creatable(raw: str) -> str:
-    if not raw:
+    path = cache_dir_given({CACHE_DIR: raw})
+    if not path:
         raise ValueError("expected a directory path")
-    path = os.path.abspath(os.path.expanduser(raw))
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError("exists and is not a directory; expected a directory (created if missing)")
     return path

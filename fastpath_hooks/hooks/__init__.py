@@ -16,7 +16,7 @@ at once for every name it does not watch; for the four it does, `importer`
 import sys
 import _thread
 
-from .._names import GATES_MODULE, STAND_IN, VOICE, WATCHED, disabled, local_rank
+from .._names import GATES_MODULE, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, local_rank
 
 _lock = _thread.RLock()
 # ended: uninstall() ran - a start-up stand-in must not install the hooks again.
@@ -24,7 +24,7 @@ _state = {"finder": None, "kernels": None, "ended": False}
 
 
 def activate():
-    """The start-up entry (via activation.STARTUP, or the `sitecustomize` entry point).
+    """The start-up entry (via hooks/startup.py, or the `sitecustomize` entry point).
 
     Reads FASTPATH_HOOKS_DISABLE before anything else and never lets an
     exception reach the interpreter's start.
@@ -36,11 +36,18 @@ def activate():
         internal_error(exc)
 
 
-def resume(fullname, path=None, target=None):
-    """Called by the start-up stand-in (activation.STARTUP) at the first watched import, from
+def resume(fullname, path=None, target=None, *, format=None, **_newer):
+    """Called by the start-up stand-in (hooks/startup.py) at the first watched import, from
     inside that import: activate - unless install() or uninstall() already decided - then
-    answer the import as the finder would. Never raises into the import."""
+    answer the import as the finder would. Never raises into the import. `format`: the
+    stand-in's format (None: v4, before the tag); one this version does not know (a newer
+    fastpath-hooks wrote the entry) is said in one line, and the hand-over goes on."""
     try:
+        if format not in STARTUP_FORMATS:
+            from ..events import warning
+
+            warning(f"the start-up entry here is of a newer format ({format!r}) than this fastpath-hooks knows; "
+                    "run `fastpath-hooks enable` again to rewrite it", once="startup-format")
         if _state["finder"] is None and not _state["ended"]:
             activate()
         finder = _state["finder"]
@@ -109,9 +116,9 @@ def _claim_voice() -> None:
 
 def _settings_given() -> bool:
     """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
-    import os
+    from .._names import DISABLE, given
 
-    return any(name.startswith("FASTPATH_HOOKS_") and name != "FASTPATH_HOOKS_DISABLE" for name in os.environ)
+    return any(name != DISABLE for name, _ in given())
 
 
 def _check_settings() -> None:
@@ -122,10 +129,9 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._names import cache_root_from_environ
+        from .._names import cache_root_from_environ, given
 
-        given = sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTPATH_HOOKS_"))
-        digest = hashlib.sha256(repr(given).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
         if os.path.exists(marker):
             return

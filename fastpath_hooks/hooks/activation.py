@@ -1,6 +1,6 @@
 """`fastpath-hooks enable / disable`: a start-up entry in the current environment.
 
-Both methods put the same small stand-in finder (`STARTUP`, written as source and
+Both methods put the same small stand-in finder (hooks/startup.py, written as source and
 compiled to .pyc) on `sys.meta_path` at interpreter start. It reads
 FASTPATH_HOOKS_DISABLE before anything else (coverage.py's pattern), imports
 nothing of fastpath_hooks at start, and at the first import of a watched module
@@ -34,59 +34,35 @@ import os
 import py_compile
 import sys
 
+from .._names import STARTUP_FORMAT  # noqa: F401 (activation.STARTUP_FORMAT: the tag tests read)
 from ..facts.distributions import site_packages
 
 PTH_NAME = "fastpath-hooks-startup.pth"
 STARTUP_MODULE = "_fastpath_hooks_startup"
 BEGIN = "# >>> fastpath-hooks >>>"
 END = "# <<< fastpath-hooks <<<"
-FORMAT = "v4"
+FORMAT = f"v{STARTUP_FORMAT}"   # the block's header; the stand-in tells resume() the same number
 
-# The stand-in finder. Plain top-level code: it is both a module of its own (pth) and a
-# block inside a user's sitecustomize.py, so it leaves no name behind in that namespace.
-# A function, not a class: creating a class at every start costs ~65 K instructions more
-# (benchmarks/startup_cost.py); `find_spec` is the function itself, `watched` an attribute that
-# hooks._quiet_stand_ins() empties. At its first watched import it turns inert and hands over;
-# `hooks.install()` then puts the real finder in its slot. It never removes itself from
-# sys.meta_path: CPython iterates that list while it calls us, and removing an entry would skip
-# the finder after it.
-STARTUP = """\
-# Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.
-try:
-    import os as _fph_os
-    if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in TRUE_VALUES:
-        import sys as _fph_sys
-
-        def _fph_stand_in(watched):
-            def STAND_IN(fullname, path=None, target=None):
-                \"\"\"Stands in for fastpath-hooks' import finder until a watched module is imported.\"\"\"
-                if fullname not in STAND_IN.watched:
-                    return None
-                STAND_IN.watched = ()  # once: from now on the real finder (or nothing) answers
-                try:
-                    from fastpath_hooks.hooks import resume
-
-                    return resume(fullname, path, target)
-                except Exception:  # the package was removed or is broken: step aside
-                    return None
-
-            STAND_IN.watched = watched
-            STAND_IN.find_spec = STAND_IN
-            return STAND_IN
-
-        _fph_sys.meta_path.insert(0, _fph_stand_in(frozenset(WATCHED)))
-        del _fph_sys, _fph_stand_in
-    del _fph_os
-except Exception:
-    pass
-"""
+# The stand-in finder is the real module hooks/startup.py (linted and tested as code; see its
+# header); `startup_source()` is what `enable` writes.
+STARTUP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup.py")
+WATCHED_MARK = "  # _names.WATCHED"
 
 
 def startup_source() -> str:
-    from .._names import STAND_IN, TRUE_VALUES, WATCHED
+    """hooks/startup.py as `enable` writes it, its watched names taken from _names.WATCHED (a new
+    kernel needs no edit there; tests check the rest of its names against _names)."""
+    from .._names import WATCHED
 
-    return (STARTUP.replace("WATCHED", repr(tuple(sorted(WATCHED))))
-            .replace("TRUE_VALUES", repr(TRUE_VALUES)).replace("STAND_IN", STAND_IN))
+    with open(STARTUP_FILE, encoding="utf-8") as fh:
+        lines = fh.read().splitlines(keepends=True)
+    out = []
+    for line in lines:
+        if line.rstrip("\n").endswith(WATCHED_MARK):
+            indent = line[:len(line) - len(line.lstrip())]
+            line = f"{indent}{tuple(sorted(WATCHED))!r})))" + WATCHED_MARK + "\n"
+        out.append(line)
+    return "".join(out)
 
 
 class ActivationError(RuntimeError):

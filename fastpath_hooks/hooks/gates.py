@@ -166,16 +166,22 @@ def _first_query(kernel: str, import_utils):
             return _PASS
 
         outcome = engine.ensure(kernel)
-        changed = any(o.state in CHANGED for o in engine.outcomes().values())
-        refresh(import_utils, distributions=changed)
-        if outcome.block is not None:
-            return _BLOCKED
-        return engine.simulation() or _PASS
     except Exception as exc:  # the original gate's answer, untouched
         from .importer import internal_error
 
         internal_error(exc)
         return _PASS
+    # The block is decided: nothing after this point may drop it (fail safe at the seam).
+    mode = _BLOCKED if outcome.block is not None else None
+    try:
+        changed = any(o.state in CHANGED for o in engine.outcomes().values())
+        refresh(import_utils, distributions=changed)
+        return mode or engine.simulation() or _PASS
+    except Exception as exc:  # a stale cache at worst; a blocked kernel stays blocked
+        from .importer import internal_error
+
+        internal_error(exc)
+        return mode or _PASS
 
 
 def refresh(import_utils, *, distributions: bool = True) -> None:
