@@ -32,7 +32,6 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .. import events
