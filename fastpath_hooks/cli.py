@@ -258,7 +258,7 @@ def _build(args) -> int:
     from .decide.plan import SKIP
     from .decide.policy import built_fits, decide_build
     from .facts.probe import probe, with_nvcc_version
-    from .engine import _EnvironmentLock, _LockUnavailable
+    from .engine.lock import EnvironmentLock, LockUnavailable
     from ._names import cache_root
     from .act.state import environment_state_dir
 
@@ -303,13 +303,13 @@ def _build(args) -> int:
     if args.dest:
         _writable_dir(args.dest)  # before minutes of building, not after
     try:
-        with _EnvironmentLock(settings, kernel):
+        with EnvironmentLock(settings, kernel):
             from .act.installer import recover
 
             state_dir = environment_state_dir(settings)
             recover(state_dir)  # an interrupted install's journal first: its backup must not be overwritten
             paths = build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=state_dir)
-    except (InstallError, _LockUnavailable) as exc:
+    except (InstallError, LockUnavailable) as exc:
         print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
         return 1
     for path in paths:

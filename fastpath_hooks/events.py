@@ -22,6 +22,11 @@ A line that would repeat at every start (a skip, a remembered failure) is said
 once per environment and decision (`persist=`): a marker in the cache directory
 remembers it; later starts log it at debug (FASTPATH_HOOKS_LOG=debug prints it).
 `fastpath-hooks doctor --refresh` forgets the markers.
+
+Callbacks never run while the sending thread holds a lock of ours: while the engine holds the
+environment's install lock (`hold()` ... `deliver()`), that thread's events are logged and their
+human lines printed at once, and the callbacks get them, in order, right after the lock is
+released. A callback may therefore block or call fastpath-hooks itself.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading  # loaded with logging anyway
 import time
 from enum import Enum
 
@@ -64,9 +70,9 @@ MAX_LINE = 160          # characters, "fastpath-hooks: " included
 PREFIX = "fastpath-hooks: "
 _LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
 _said: set = set()
+_said_lock = threading.Lock()   # "once" is checked and claimed in one step (several threads decide kernels)
 _voice: dict = {}       # parent pid -> True (this process holds the voice) / False
-
-
+_held = threading.local()       # per thread: .depth (locks of ours held) and .queue (events for the callbacks)
 
 
 def worker() -> bool:
@@ -139,6 +145,37 @@ def _listeners():
     return list(_listeners_list)
 
 
+def hold() -> None:
+    """This thread takes a lock of ours: its events wait for the callbacks until `deliver()`."""
+    _held.depth = getattr(_held, "depth", 0) + 1
+    if _held.depth == 1:
+        _held.queue = []
+
+
+def deliver() -> None:
+    """This thread released that lock: the callbacks get the events sent meanwhile, in order
+    (after the outermost lock only)."""
+    _held.depth = max(0, getattr(_held, "depth", 0) - 1)
+    if _held.depth:
+        return
+    queue, _held.queue = getattr(_held, "queue", None) or [], []
+    for event in queue:
+        _call(event)
+
+
+def held() -> bool:
+    """Whether this thread holds a lock of ours now (its callbacks wait)."""
+    return getattr(_held, "depth", 0) > 0
+
+
+def _call(event: dict) -> None:
+    for callback in _listeners():
+        try:
+            callback(dict(event))
+        except Exception as exc:  # a listener's bug must not break the import it observes
+            logger.debug("on_event callback %r raised %r", callback, exc)
+
+
 def _log_level() -> str:
     # a bad value is said by settings (install() and the CLI); the lines follow the default meanwhile
     return _given_log_level() or DEFAULT_LOG
@@ -153,11 +190,10 @@ def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool
     for key, value in extra.items():
         event[key] = value
     logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", message)
-    for callback in _listeners():
-        try:
-            callback(dict(event))
-        except Exception as exc:  # a listener's bug must not break the import it observes
-            logger.debug("on_event callback %r raised %r", callback, exc)
+    if getattr(_held, "depth", 0):
+        _held.queue.append(dict(event))   # called after the lock is released (deliver)
+    else:
+        _call(event)
     if human:
         say(type, message, once=once, persist=persist)
     return event
@@ -165,9 +201,10 @@ def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool
 
 def say(type: Severity, message: str, *, once: str | None = None, persist: str | None = None) -> None:
     if once is not None:
-        if once in _said:
-            return
-        _said.add(once)
+        with _said_lock:
+            if once in _said:
+                return
+            _said.add(once)
     level = _log_level()
     if _LEVELS.get(type, 1) < _LEVELS[level] or not speaks():
         return

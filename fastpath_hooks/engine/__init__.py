@@ -1,0 +1,258 @@
+"""The engine: `ensure(kernel)` decides a kernel once per process - the one entry point of the hooks.
+
+It never raises into the caller: every failure ends as an Outcome that leaves the import on
+transformers' working torch path, with one clear line (one process per node, see events.py).
+
+- Run once per kernel (`_Registry`): the first caller of a kernel runs its decision in its own
+  thread; concurrent callers of the same kernel wait for that result (a future); callers of
+  other kernels go on. No lock of ours is held while a kernel is decided or waited for, or while
+  an `on_event` callback runs. A wait that would close a circle (a callback of fla's run asking
+  for fla, or two runs asking for each other) is not made: that caller gets a `pending` outcome.
+- The warm path (here): a good outcome recorded under this environment's signature
+  (`state.VerdictCache`: interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts,
+  read without importing anything heavy) answers at once - no settings, pins, probe or policy
+  modules are imported, no subprocess starts, the state machine is not even loaded.
+- Otherwise `machine.run(kernel, needs=ensure)`: the explicit state machine probe -> plan -> cached? -> act
+  (under the environment lock, `lock.py`) -> verify -> record. `context.py` holds what a
+  decision is made from (settings and pins, the probed snapshot, fingerprints).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading  # loaded with logging (events) anyway
+
+from .. import events
+from .outcome import GOOD, Outcome, apply_env
+
+_CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions", "snapshot",
+            "complete")
+
+__all__ = ("GOOD", "Outcome", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT
+
+
+def __getattr__(name: str):
+    """The context functions the CLI and the hooks use (`from fastpath_hooks.engine import snapshot`),
+    loaded when first asked for: not on the warm path."""
+    if name in _CONTEXT:
+        from . import context
+
+        return getattr(context, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def before_import(kernel: str) -> str | None:
+    return ensure(kernel).block
+
+
+def ensure(kernel: str) -> Outcome:
+    """The kernel's outcome in this process: decided by the first caller, waited for by the others."""
+    while True:
+        future, mine = _registry.claim(kernel)
+        if not mine:
+            outcome = _registry.wait(future)
+            if outcome is not None:
+                return outcome
+            continue  # its runner gave up (an exception such as Ctrl-C went through it): claim it again
+        finished = False
+        try:
+            outcome, simulated = _decide(kernel)
+            _registry.finish(future, outcome, simulated)
+            finished = True
+            return outcome
+        finally:
+            if not finished:
+                _registry.abandon(future)
+
+
+def outcomes() -> dict:
+    """kernel -> Outcome of every kernel decided in this process."""
+    return _registry.outcomes()
+
+
+def simulation(kernel: str | None = None) -> str | None:
+    """The accelerator kind ("cuda"/"xpu") that FASTPATH_HOOKS_TARGET poses for `kernel`'s decision (any
+    decided kernel's when None) and this machine lacks: wrapped gates then answer as on the posed machine."""
+    return _registry.simulated(kernel)
+
+
+def forget() -> None:
+    """Forget every decision of this process (uninstall()): the next ensure() decides again."""
+    _registry.clear()
+    events.forget()
+
+
+# -- run once per kernel ---------------------------------------------------------------------
+
+class _Future:
+    """One kernel's decision in this process: run by the thread that claimed it, waited for by the others."""
+
+    __slots__ = ("kernel", "owner", "done", "outcome", "simulated")
+
+    def __init__(self, kernel: str, owner: int):
+        self.kernel, self.owner = kernel, owner
+        self.done = threading.Event()
+        self.outcome = None     # None once done: abandoned, to be claimed again
+        self.simulated = None
+
+
+class _Registry:
+    """The per-kernel results of this process, owned by the engine: the only place they live.
+
+    One short lock guards the tables; it is never held while a kernel is decided, while a
+    caller waits, or while a callback runs."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._futures: dict = {}    # kernel -> _Future (running or done)
+        self._waiting: dict = {}    # thread id -> the _Future it waits for (to refuse a circular wait)
+
+    def claim(self, kernel: str):
+        """(future, True) to run it in this thread, or (the existing future, False)."""
+        me = threading.get_ident()
+        with self._lock:
+            future = self._futures.get(kernel)
+            if future is not None:
+                return future, False
+            future = self._futures[kernel] = _Future(kernel, me)
+            return future, True
+
+    def wait(self, future: _Future) -> Outcome | None:
+        """Its outcome - at once when done, else when its runner finishes; None when the runner gave
+        up; a `pending` outcome when waiting would never end (this thread is, directly or through
+        threads that wait for each other, the one running it)."""
+        if future.done.is_set():
+            return future.outcome
+        me = threading.get_ident()
+        with self._lock:
+            owner, seen = future.owner, set()
+            while owner != me and owner not in seen:   # follow who waits for whom, to this thread or an end
+                seen.add(owner)
+                awaited = self._waiting.get(owner)
+                if awaited is None or awaited.done.is_set():  # running, or about to wake up
+                    break
+                owner = awaited.owner
+            circle = owner == me
+            if not circle:
+                self._waiting[me] = future
+        if circle:  # said outside the lock: a callback may call ensure() again
+            events.debug(f"{future.kernel}: asked for from inside its own decision (an on_event callback, or "
+                         "decisions that wait for each other); answered 'pending', not waited for", future.kernel)
+            return Outcome(future.kernel, "pending", "being decided by this thread (asked for from inside its own "
+                                                     "decision)")
+        try:
+            future.done.wait()
+        finally:
+            with self._lock:
+                self._waiting.pop(me, None)
+        return future.outcome
+
+    def finish(self, future: _Future, outcome: Outcome, simulated: str | None) -> None:
+        future.outcome, future.simulated = outcome, simulated
+        future.done.set()
+
+    def abandon(self, future: _Future) -> None:
+        with self._lock:
+            if self._futures.get(future.kernel) is future:
+                del self._futures[future.kernel]
+        future.done.set()   # its waiters claim the kernel again
+
+    def outcomes(self) -> dict:
+        with self._lock:
+            futures = list(self._futures.values())
+        return {f.kernel: f.outcome for f in futures if f.done.is_set() and f.outcome is not None}
+
+    def simulated(self, kernel: str | None) -> str | None:
+        with self._lock:
+            futures = [self._futures.get(kernel)] if kernel is not None else list(self._futures.values())
+        return next((f.simulated for f in futures if f is not None and f.done.is_set() and f.simulated), None)
+
+    def clear(self) -> None:
+        """Forget every decision (runs in flight finish for their own callers only)."""
+        with self._lock:
+            self._futures = {}
+
+    def after_fork(self) -> None:
+        """In a forked child: the decisions made are kept; one running in another thread of the parent never
+        finishes here (that thread is gone), so it is forgotten, to be decided again when asked."""
+        self._lock = threading.Lock()
+        self._waiting = {}
+        self._futures = {k: f for k, f in self._futures.items() if f.done.is_set() and f.outcome is not None}
+
+
+_registry = _Registry()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_registry.after_fork)
+
+
+# -- one decision: the warm verdict, else the state machine ---------------------------------
+
+def _decide(kernel: str):
+    """(Outcome, simulated accelerator kind); never raises an Exception."""
+    try:
+        from ..act import state
+
+        signature_env = state.signature_environ()
+        warm = _warm(kernel, signature_env)
+        if warm is not None:
+            return warm
+        from . import machine
+
+        run = machine.run(kernel, needs=ensure)
+        simulated = _simulated(run.posed)
+        _remember_warm(run, signature_env)
+        return run.outcome, simulated
+    except Exception as exc:  # never into the user's import
+        outcome = Outcome(kernel, "error", f"internal error: {type(exc).__name__}: {exc}")
+        events.error(f"{kernel}: {outcome.reason}; leaving it as it is", kernel, once="internal")
+        return outcome, None
+
+
+def _warm(kernel: str, signature_env):
+    """(the recorded good Outcome, simulated kind), or None (a miss, or anything odd: the machine decides)."""
+    from ..act import state
+
+    try:
+        signature = state.environment_signature(signature_env)
+        entry = state.VerdictCache.from_environ(signature_env).get_warm(kernel, signature) if signature else None
+    except Exception as exc:  # e.g. a deleted working directory: only the shortcut is lost
+        events.debug(f"{kernel}: no cached verdict ({type(exc).__name__}: {exc})", kernel)
+        return None
+    if entry is None:
+        return None
+    apply_env(kernel, entry.get("env") or (), entry.get("reason", ""))
+    events.debug(f"{kernel}: {entry['reason']} (verdict cached for this environment; nothing probed)", kernel)
+    return Outcome(kernel, "ok", entry["reason"]), _simulated(entry.get("posed"))
+
+
+def _remember_warm(run, signature_env) -> None:
+    """Record a good outcome for the next start - only when the settings and pins were valid
+    (a bad variable must be reported at every start, not skipped by a cache hit)."""
+    if run.outcome.state not in GOOD or run.invalid is not None:
+        return
+    from ..act import state
+
+    try:
+        signature = state.environment_signature(signature_env)
+        if signature is None:
+            return
+        state.VerdictCache.from_environ(signature_env).put_warm(
+            run.kernel, signature, {"reason": run.outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
+                                    "env": [list(pair) for pair in run.env_pairs]})
+    except Exception as exc:  # the outcome stands; only the shortcut for the next start is lost
+        events.debug(f"{run.kernel}: verdict not cached ({type(exc).__name__}: {exc})", run.kernel)
+
+
+def _simulated(posed: str | None) -> str | None:
+    """The posed accelerator kind when this machine does not really have it (dry runs, tests)."""
+    if posed is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.xpu.is_available() if posed == "xpu" else torch.cuda.is_available():
+                return None
+        except Exception:
+            pass
+    return posed

@@ -1,0 +1,157 @@
+"""What a decision is made from: the settings and pins (`load_context`), the probed environment and
+its plan (`snapshot`, `complete`), and the fingerprint of the facts a kernel's verdict depends on.
+Shared by the state machine, the CLI and the reports."""
+
+from __future__ import annotations
+
+import os
+
+from .. import events
+
+
+def load_context(target: str | None = None, *, strict: bool = False):
+    """(settings, pins). Bad settings or pins: report-only mode with every valid variable kept
+    (a posed target, a skip list...), so decisions - blocks included - stay right; or raise, strict."""
+    settings, pins, _ = load(target, strict=strict)
+    return settings, pins
+
+
+def load(target: str | None = None, *, strict: bool = False):
+    """(settings, pins, invalid): `invalid` says why the run is in report mode although nobody asked for
+    it (a bad variable or pins file, said above), else None."""
+    from dataclasses import replace
+
+    from ..facts.pins import PinsError
+    from ..facts.pins import load as load_pins
+    from ..facts.settings import Settings, SettingsError
+
+    invalid = None
+    try:
+        settings = Settings.from_env()
+        if target is not None:
+            settings = settings.with_target(target)
+    except SettingsError as exc:
+        if strict:
+            raise
+        bad_settings(exc)
+        settings = _valid_part(os.environ)
+        invalid = "a FASTPATH_HOOKS_* variable is invalid (see above)"
+    try:
+        pins = load_pins(settings.pins_file)
+    except PinsError as exc:
+        if strict:
+            raise
+        events.error(f"{exc}. Using the shipped pins in report mode (nothing is installed)", once="pins")
+        pins = load_pins(None)
+        settings = replace(settings, mode="report", pins_file=None)
+        invalid = "the pins file is invalid (see above)"
+    return settings, pins, invalid
+
+
+def bad_settings(exc) -> None:
+    """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
+    var, value, why = exc.problems[0]
+    more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+    # the value once (a short line), what it means before why: a long reason may be cut at the end
+    events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}",
+                 once="settings")
+
+
+def value_once(value, why: str) -> str:
+    """A reason that starts by quoting the value again ("'/x' is not a directory") says "it" instead."""
+    quoted = repr(value)
+    return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
+
+
+def _valid_part(environ):
+    """Settings from the variables that are valid on their own, in report mode."""
+    from dataclasses import replace
+
+    from ..facts.settings import VARIABLES, Settings, SettingsError
+
+    valid = {}
+    for name in VARIABLES:
+        if name in environ:
+            try:
+                Settings.from_env({name: environ[name]})
+                valid[name] = environ[name]
+            except SettingsError:
+                pass
+    try:
+        return replace(Settings.from_env(valid), mode="report")
+    except SettingsError:  # valid alone, invalid together (OFFLINE without FIND_LINKS is caught alone)
+        return Settings(mode="report")
+
+
+def fingerprint(env, settings, pins, kernel: str) -> str:
+    """The probed facts one kernel's verdict depends on (installing fla leaves tilelang's alone)."""
+    import hashlib
+    import json
+
+    from .._names import VERSION as __version__
+
+    facts = {
+        "fastpath_hooks": __version__,
+        "pins": pins.digest,
+        "prefix": env.prefix,
+        "python": env.python, "implementation": env.implementation, "platform": env.platform, "glibc": env.glibc,
+        "torch": env.torch, "cuda": env.torch_cuda, "hip": env.torch_hip, "xpu": env.torch_xpu,
+        "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
+        "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version, "hipcc": bool(env.hipcc),
+        "fla_tilelang": env.fla_tilelang_env,
+        # only the cached wheels of this kernel's distributions: another kernel's (or another torch's) new
+        # wheel in a shared cache must not make every verdict re-check
+        "cached_wheels": hashlib.sha256("\n".join(
+            w for w in env.cached_wheels
+            if w.split("-", 1)[0].replace("_", "-").lower() in pins.kernel(kernel).distributions).encode()).hexdigest()[:16],
+        "transformers": env.version("transformers"), "numpy": env.version("numpy"),
+        "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
+        "half_installed": list(env.half_installed),
+        "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
+                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url],
+        "wheelhouse": hashlib.sha256("\n".join(env.wheelhouse).encode()).hexdigest()[:16],
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def verdict_distributions(pins, kernel: str) -> tuple:
+    """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
+    dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
+    (fla on Hopper needs tilelang)."""
+    from packaging.requirements import Requirement
+
+    from ..facts.distributions import canonical_name
+
+    spec = pins.kernel(kernel)
+    names = list(spec.distributions)
+    for raw in tuple(spec.runtime_deps) + tuple((spec.nvcc_packages or {}).get("requirements", ())):
+        names.append(canonical_name(Requirement(raw).name))
+    for hazard in pins.hazards:
+        if hazard.kernel == kernel and hazard.needs:
+            names += pins.kernel(hazard.needs).distributions
+    return tuple(sorted(set(names)))
+
+
+def snapshot(settings, pins):
+    """(env, plan): the environment probed now and the policy's plan for it."""
+    from ..decide.policy import decide
+    from ..facts.probe import probe
+
+    env = probe(settings, pins=pins)
+    return complete(env, decide(env, settings, pins), settings, pins)
+
+
+NVCC_UNKNOWN = ".nvcc-unknown"   # the rule family of a source build waiting for nvcc's CUDA release
+
+
+def complete(env, plan, settings, pins, **kw):
+    """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
+    is being considered and no version.json told it - not at every probe."""
+    from ..decide.policy import decide
+    from ..facts.probe import with_nvcc_version
+
+    if any(d.rule.endswith(NVCC_UNKNOWN) for d in plan.decisions.values()):
+        fuller = with_nvcc_version(env)
+        if fuller is not env:
+            return fuller, decide(fuller, settings, pins, **kw)
+    return env, plan
