@@ -8,8 +8,9 @@ builds), real venvs, stand-in kernel wheels (tests/support/wheels.py: `mamba_ssm
   that is when the decorated functions choose) and a tiny model is built (eras A/B: era B's
   mixers bind their kernels in `__init__` through `lazy_load_kernel`; era A's mamba and
   falcon_mamba cache causal-conv1d at the first layer). Every kernel function the family
-  names - era C: every decorated module global, found in the module, not listed here;
-  eras A/B: the gated globals read from the sources (GATED) - must be the stand-in's.
+  names - era C: every decorated module global, found in the module (and compared with the list
+  read from the source, families.DECORATED); eras A/B: the gated globals read from the sources
+  (families.GATED) - must be the stand-in's.
 - "late": install() AFTER the modeling import (and, in era B, after a model was built):
   late.py must rebind the module's choice. causal-conv1d is installed by the engine from the
   wheelhouse; mamba-ssm is put on disk by the child itself between the modeling import and
@@ -17,8 +18,8 @@ builds), real venvs, stand-in kernel wheels (tests/support/wheels.py: `mamba_ssm
   mamba-ssm's pins data (branch `mamba`); install() then decides and rebinds.
 - The README's family table is rebuilt from these observations and must equal the README's.
 
-causal-conv1d is installed by fastpath-hooks (the engine) in each era; the mamba-ssm stand-in is
-installed into the venv with uv (`--no-deps`) before the "families" step.
+causal-conv1d is installed by fastpath-hooks (the engine) in each era's late step; the mamba-ssm
+stand-in (with einops, its runtime need) is on disk before the "families" step.
 """
 
 from __future__ import annotations

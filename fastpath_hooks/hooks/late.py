@@ -44,8 +44,8 @@ PACKAGES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-
 # transformers==X`), with `ast`, never by eye alone:
 # - DECORATED (era C, 5.24.0): every module-level `@use_kernel_func_from_hub_with_fallback(func, package)`
 #   function AND assignment (`x = use_kernel_func_from_hub_with_fallback(func, package)(torch_x)`: zamba) in
-#   models/*/modeling_*.py; tests/test_late.py reads the installed transformers the same way and fails on
-#   a difference.
+#   models/*/modeling_*.py; tests/test_late.py (functions) and tests/test_mamba_families.py (the mamba
+#   families, assignments too) read the installed transformers the same way and fail on a difference.
 # - MODELS "A" (4.57.6): the module-level `if is_X_available(): from pkg import ... / else: ... = None`
 #   blocks of every modeling module that names a gate, and its module-level `is_fast_path_available = all(...)`.
 # - MODELS "B" (5.14.1): the names each mixer's __init__ declares `global` and binds from
