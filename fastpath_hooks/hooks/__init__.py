@@ -4,10 +4,10 @@ This module is what an enabled environment loads at the first watched import (or
 `sitecustomize-entrypoints` at every start), so it holds only what that needs: it
 imports nothing new (`sys` and `_thread` are loaded by then) and puts one finder
 on `sys.meta_path`. The finder returns None
-at once for every name it does not watch; for the four it does, `importer`
-(loaded then) acts:
+at once for every name it does not watch; for the ones it does (`_names.WATCHED`),
+`importer` (loaded then) acts:
 
-- `fla`, `causal_conv1d`, `tilelang`: before the import resolves - install,
+- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: before the import resolves - install,
   repair, or make the import fail with an explanation (era C of transformers
   chooses kernels with exactly this import, see transformers-eras.md);
 - `transformers.utils.import_utils`: after it executed - wrap the gates.
@@ -60,7 +60,7 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage (fla, causal-conv1d, tilelang); None = all.
+    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm); None = all.
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
@@ -227,7 +227,7 @@ def internal_error(exc) -> None:
 
 
 class KernelImportFinder:
-    """A `sys.meta_path` finder that watches four module names and ignores the rest."""
+    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module (`_names.WATCHED`), and ignores the rest."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in WATCHED:

@@ -4,7 +4,7 @@ Both methods put the same small stand-in finder (hooks/startup.py, written as so
 compiled to .pyc) on `sys.meta_path` at interpreter start. It reads
 FASTPATH_HOOKS_DISABLE before anything else (coverage.py's pattern), imports
 nothing of fastpath_hooks at start, and at the first import of a watched module
-(fla, causal_conv1d, tilelang, transformers.utils.import_utils) loads
+(fla, causal_conv1d, tilelang, mamba_ssm, transformers.utils.import_utils) loads
 `fastpath_hooks.hooks`, activates it and hands that import over. A removed or
 broken package then costs nothing and says nothing: the stand-in steps aside.
 

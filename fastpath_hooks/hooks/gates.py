@@ -21,12 +21,21 @@ import sys
 import threading
 from contextlib import contextmanager
 
+# gate -> the kernels its first query ensures: the gate's own first (its answer; a block makes it
+# False), then the ones its models need with it. The mamba gates' models (mamba, mamba2, jamba,
+# bamba, zamba, ... in eras A/B) take their fast path only with causal-conv1d too (`is_fast_path_available
+# = all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))`), and mamba-ssm's
+# mamba_inner_fn calls causal_conv1d: asking for one gets both. Read from transformers 4.57.6 / 5.14.1 /
+# 5.24.0 `utils/import_utils.py` (the gates) and the mamba-family modeling files (what they need);
+# era B's `lazy_load_kernel("mamba-ssm")` finds `is_mamba_ssm_available` by name here.
 GATES = {
-    "is_flash_linear_attention_available": "fla",
-    "is_causal_conv1d_available": "causal-conv1d",
+    "is_flash_linear_attention_available": ("fla",),
+    "is_causal_conv1d_available": ("causal-conv1d",),
+    "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
+    "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d"),
 }
 # Cleared after the first query so a later call re-reads the environment.
-CACHED_GATES = tuple(GATES) + ("is_kernels_available", "is_mamba_ssm_available", "is_mamba_2_ssm_available")
+CACHED_GATES = tuple(GATES) + ("is_kernels_available",)
 CHANGED = ("installed", "repaired")  # runtime outcome states that changed what is on disk
 
 # gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
@@ -46,13 +55,13 @@ def patch(import_utils, *, just_imported: bool = False) -> None:
     originals yet, so only its namespace is rebound; otherwise every module's (one pass).
     """
     swaps = {}
-    for name, kernel in GATES.items():
+    for name, kernels in GATES.items():
         current = import_utils.__dict__.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
         if name in _patched and _patched[name][0] is current:
             continue  # the wrapper stepped aside: done, not wrapped again
-        wrapper = _wrap(current, kernel, import_utils)
+        wrapper = _wrap(current, kernels, import_utils)
         _patched[name] = (current, wrapper)
         swaps[id(current)] = (current, wrapper)
     if not swaps:
@@ -105,7 +114,7 @@ def _rebind_in(namespaces, swaps: dict) -> list:
     return out
 
 
-def _wrap(original, kernel: str, import_utils):
+def _wrap(original, kernels: tuple, import_utils):
     mode = None  # None until the first query; then _PASS, _BLOCKED or an accelerator kind to simulate
 
     @functools.wraps(original)
@@ -114,7 +123,7 @@ def _wrap(original, kernel: str, import_utils):
         if mode is _PASS:  # the common case after the first query: one identity test
             return original(*args, **kwargs)
         if mode is None:
-            mode = _first_query(kernel, import_utils)
+            mode = _first_query(kernels, import_utils)
             if mode is _PASS:
                 _step_aside(gate, original)
                 return original(*args, **kwargs)
@@ -127,7 +136,7 @@ def _wrap(original, kernel: str, import_utils):
         if hasattr(original, attr):
             setattr(gate, attr, getattr(original, attr))
     gate._fastpath_hooks_original = original
-    gate._fastpath_hooks_kernel = kernel
+    gate._fastpath_hooks_kernel = kernels[0]
     return gate
 
 
@@ -157,15 +166,19 @@ def _step_aside(wrapper, original) -> None:
         internal_error(exc)
 
 
-def _first_query(kernel: str, import_utils):
+def _first_query(kernels: tuple, import_utils):
     try:
         from .. import hooks
         from .. import engine
 
+        kernel = kernels[0]
         if not hooks.selected(kernel):  # install(kernels=...) left this one alone
             return _PASS
 
         outcome = engine.ensure(kernel)
+        for partner in kernels[1:]:     # what the gate's models need with it; its answer stays the gate's own
+            if hooks.selected(partner):
+                engine.ensure(partner)
     except Exception as exc:  # the original gate's answer, untouched
         from .importer import internal_error
 

@@ -32,14 +32,31 @@ the module globals they read.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 PREFIX = "transformers.models."
 FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
 
-# package -> kernel it is managed as (None: not managed here; re-resolved only, never installed)
-PACKAGES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "mamba_ssm": None}
+# package -> kernel it is managed as (the import name -> the distribution fastpath-hooks manages)
+PACKAGES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm"}
+
+# How these tables were read (2026-12-01), from the released wheels' sources (`pip download --no-deps
+# transformers==X`), with `ast`, never by eye alone:
+# - DECORATED (era C, 5.24.0): every module-level `@use_kernel_func_from_hub_with_fallback(func, package)`
+#   function AND assignment (`x = use_kernel_func_from_hub_with_fallback(func, package)(torch_x)`: zamba) in
+#   models/*/modeling_*.py; tests/test_late.py (functions) and tests/test_mamba_families.py (the mamba
+#   families, assignments too) read the installed transformers the same way and fail on a difference.
+# - MODELS "A" (4.57.6): the module-level `if is_X_available(): from pkg import ... / else: ... = None`
+#   blocks of every modeling module that names a gate, and its module-level `is_fast_path_available = all(...)`.
+# - MODELS "B" (5.14.1): the names each mixer's __init__ declares `global` and binds from
+#   `lazy_load_kernel("causal-conv1d" | "mamba-ssm")` (which asks `is_{name}_available` by name), and its
+#   `is_fast_path_available` when that is global too.
 
 # Era C: module global -> (func_name, package) passed to use_kernel_func_from_hub_with_fallback.
+# Families (5.24.0): the mamba_ssm group - mamba, falcon_mamba, jamba (mamba_inner_fn, selective_state_update,
+# selective_scan_fn; zamba the last two), mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2
+# (mamba_split_conv1d_scan_combined, selective_state_update, mamba_chunk_scan_combined) - each with the
+# causal_conv1d pair; and the fla group (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, ...).
 DECORATED = {
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
     "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d"),
@@ -56,6 +73,8 @@ DECORATED = {
 }
 
 # Eras A/B: module global -> (package, module it comes from, attribute), bound behind the package's gate.
+_SSM_SCAN = "mamba_ssm.ops.selective_scan_interface"
+_SSM_SSD = "mamba_ssm.ops.triton.ssd_combined"
 BOUND = {
     "causal_conv1d_fn": ("causal_conv1d", "causal_conv1d", "causal_conv1d_fn"),
     "causal_conv1d_update": ("causal_conv1d", "causal_conv1d", "causal_conv1d_update"),
@@ -63,40 +82,80 @@ BOUND = {
     "fused_recurrent_gated_delta_rule": ("fla", "fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),
     "FusedRMSNormGated": ("fla", "fla.modules", "FusedRMSNormGated"),
     "ShortConvolution": ("fla", "fla.modules", "ShortConvolution"),
+    "selective_state_update": ("mamba_ssm", "mamba_ssm.ops.triton.selective_state_update", "selective_state_update"),
+    "mamba_chunk_scan_combined": ("mamba_ssm", _SSM_SSD, "mamba_chunk_scan_combined"),
+    "mamba_split_conv1d_scan_combined": ("mamba_ssm", _SSM_SSD, "mamba_split_conv1d_scan_combined"),
+    # era B reads these two from the package root (`getattr(mamba_ssm, ...)`), which re-exports them from here
+    "selective_scan_fn": ("mamba_ssm", _SSM_SCAN, "selective_scan_fn"),
+    "mamba_inner_fn": ("mamba_ssm", _SSM_SCAN, "mamba_inner_fn"),
 }
-GATES = {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available"}
+GATES = {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
+         "mamba_ssm": "is_mamba_ssm_available"}
 
 # How a layer sees the module's choice: CALL - forward reads the module globals at call time
 # (a model built before install() follows); BUILT - copied into the layer when it is built.
 CALL, BUILT = "call", "built"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one modeling module of one era holds its kernel choice."""
+
+    names: tuple                    # the module globals a fresh import (A) or a fresh mixer (B) binds behind gates
+    fast_path: tuple                # `is_fast_path_available` = all(these), where the module has that global
+    layers: str = CALL
+    tuple_global: str | None = None  # a module tuple of the fast-path objects (lfm2's `kernel_modules`)
+    optional: tuple = ()            # names bound only when the gate says yes (no `else: name = None`)
+    gates: tuple = ()               # (package, gate) where the module asks another gate than GATES[package]
+    sources: tuple = ()             # (name, (package, module, attribute)) where it is not BOUND[name]
+
+    def source(self, name: str) -> tuple:
+        return dict(self.sources).get(name) or BOUND[name]
+
+    def gate(self, package: str) -> str:
+        return dict(self.gates).get(package) or GATES.get(package, "")
+
+
 _CONV = ("causal_conv1d_fn", "causal_conv1d_update")
 _GDN = _CONV + ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
 _OLMO = ("ShortConvolution", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "FusedRMSNormGated")
-_SSM2 = ("selective_state_update", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined") + _CONV
-_SSM1 = ("selective_state_update", "selective_scan_fn") + _CONV + ("mamba_inner_fn",)
-_SSM_SHORT = ("selective_state_update",) + _CONV
+_SSM1 = ("selective_state_update", "selective_scan_fn", "mamba_inner_fn")                    # mamba, jamba, zamba
+_SSM2 = ("selective_state_update", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")  # Mamba-2 mixers
+_MAMBA2_GATE = (("mamba_ssm", "is_mamba_2_ssm_available"),)
+_QWEN = Layout(_GDN + ("FusedRMSNormGated",), _GDN, BUILT)
 
-# Eras A/B: model -> era -> (globals rebound, `is_fast_path_available` = all(these), layers, extra tuple global).
-# Era B's mamba family binds these globals in a mixer's __init__ (lazy_load_kernel): absent until a model
-# is built - then nothing was chosen yet, and a model built after install() asks the wrapped gate itself.
+# Eras A/B: model -> era -> Layout. Era B's mamba family binds its globals in a mixer's __init__
+# (lazy_load_kernel): absent until a model is built - then nothing was chosen yet, and a model built
+# after install() asks the wrapped gate itself.
 MODELS = {
-    "qwen3_next": {"A": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None),
-                   "B": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None)},
-    "qwen3_5": {"B": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None)},
-    "qwen3_5_moe": {"B": (_GDN + ("FusedRMSNormGated",), _GDN, BUILT, None)},
-    "olmo_hybrid": {"B": (_OLMO, _OLMO, BUILT, None)},
-    "lfm2": {"A": (_CONV, _CONV, CALL, "kernel_modules"), "B": (_CONV, _CONV, CALL, "kernel_modules")},
-    "lfm2_moe": {"B": (_CONV, _CONV, CALL, "kernel_modules")},
-    "mamba2": {"A": (_CONV, _SSM2, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
-    "mamba": {"B": (_CONV, _SSM1, CALL, None)},
-    "falcon_mamba": {"B": (_CONV, _SSM1[:-1] + ("falcon_mamba_inner_fn",), CALL, None)},
-    "nemotron_h": {"B": (_CONV, _SSM2, CALL, None)},
-    "jamba": {"A": (_CONV, _SSM1, CALL, None), "B": (_CONV, _SSM1, CALL, None)},
-    "zamba": {"A": (_CONV, _SSM1, CALL, None), "B": (_CONV, _SSM1, CALL, None)},
-    "bamba": {"A": (_CONV, _SSM_SHORT, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
-    "granitemoehybrid": {"A": (_CONV, _SSM_SHORT, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
-    "zamba2": {"A": (_CONV, _SSM_SHORT, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
-    "falcon_h1": {"A": (_CONV, _SSM_SHORT, CALL, None), "B": (_CONV, _SSM2, CALL, None)},
+    "qwen3_next": {"A": _QWEN, "B": _QWEN},
+    "qwen3_5": {"B": _QWEN},
+    "qwen3_5_moe": {"B": _QWEN},
+    "olmo_hybrid": {"B": Layout(_OLMO, _OLMO, BUILT)},
+    "lfm2": {"A": Layout(_CONV, _CONV, CALL, "kernel_modules"), "B": Layout(_CONV, _CONV, CALL, "kernel_modules")},
+    "lfm2_moe": {"B": Layout(_CONV, _CONV, CALL, "kernel_modules")},
+    # era A: the causal-conv1d pair is cached in `_causal_conv1d_cache` (RESET_CACHES), not a module global;
+    # falcon_mamba's mamba_inner_fn is transformers' own (kernels/falcon_mamba), imported behind the mamba gate
+    "mamba": {"A": Layout(_SSM1, _SSM1), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
+    "falcon_mamba": {"A": Layout(_SSM1, _SSM1, sources=(
+                         ("mamba_inner_fn", ("mamba_ssm", "transformers.kernels.falcon_mamba", "mamba_inner_fn")),)),
+                     # era B asks lazy_load_kernel("falcon_mamba-ssm"): no `is_falcon_mamba_ssm_available`
+                     # exists, so without the hub's `kernels` it never gets mamba_ssm - only causal-conv1d
+                     "B": Layout(_CONV, ("selective_state_update", "selective_scan_fn", "falcon_mamba_inner_fn") + _CONV)},
+    "jamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
+    "zamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
+    "mamba2": {"A": Layout(_SSM2 + _CONV, _SSM2 + _CONV, gates=_MAMBA2_GATE), "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+    "zamba2": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV), "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+    # era A: `else: selective_state_update = None` only - the two scans exist only when the gate said yes
+    "bamba": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:], gates=_MAMBA2_GATE),
+              "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+    "falcon_h1": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:],
+                              gates=_MAMBA2_GATE),
+                  "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+    "granitemoehybrid": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:],
+                                     gates=_MAMBA2_GATE),
+                         "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+    "nemotron_h": {"B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
 }
 # Era A: mamba and falcon_mamba cache (update, fn) in this global at the first layer built;
 # a cached (None, None) is reset so the next forward asks the (wrapped) gate again.
@@ -165,7 +224,8 @@ class _Pass:
 
     def __init__(self):
         self.outcomes: dict = {}   # package -> runtime Outcome (None: not managed / not selected)
-        self.fresh: dict = {}      # package -> {attribute path: object or None} (eras A/B)
+        self.gate_says: dict = {}  # gate name -> its answer now (eras A/B)
+        self.fresh: dict = {}      # "module.attribute" -> the object a fresh import binds, or None (eras A/B)
 
     # -- the kernel decision ---------------------------------------------------------------
 
@@ -228,16 +288,14 @@ class _Pass:
             namespace = module.__dict__
             if model in RESET_CACHES and era == "A":
                 self.reset_cache(module, RESET_CACHES[model])
-                continue
-            entry = MODELS.get(model, {}).get(era)
-            if entry is None:
+            layout = MODELS.get(model, {}).get(era)
+            if layout is None:
                 if any(name in namespace for name in BOUND) and self.stale(namespace, import_utils):
                     _warning(None, f"{model}: imported before install(), and its kernel globals are not in "
                          f"fastpath-hooks' table for transformers {_version()}: it keeps the choice made then; {FIX}",
                          once=f"late-unknown-{model}")
                 continue
-            names, fast_path, layers, tuple_global = entry
-            present = [name in namespace for name in names]
+            present = [name in namespace for name in layout.names if name not in layout.optional]
             if not any(present):       # nothing chosen yet (era B's mixers bind them when a model is built)
                 continue
             if not all(present):
@@ -246,13 +304,13 @@ class _Pass:
                      once=f"late-unknown-{model}")
                 continue
             changed, taken = {}, set()
-            for name in names:
-                package, _, _ = BOUND[name]
+            for name in layout.names:
+                package = layout.source(name)[0]
                 if not self.managed(package):
                     continue
-                value = self.resolve(package, name, import_utils)
-                if value is namespace[name]:
-                    continue
+                value = self.resolve(package, name, import_utils, layout)
+                if value is namespace.get(name) or (value is None and name in layout.optional):
+                    continue       # an optional name a fresh import leaves unbound: only reached on the fast path
                 namespace[name] = value
                 changed[name] = (package, value is not None)
                 outcome = self.outcomes.get(package)
@@ -260,44 +318,44 @@ class _Pass:
                     taken.add(package)
             lacking = ()
             if changed:
+                fast_path = layout.fast_path
                 if "is_fast_path_available" in namespace and all(n in namespace for n in fast_path):
                     namespace["is_fast_path_available"] = all(namespace[n] for n in fast_path)
-                if tuple_global and tuple_global in namespace:
-                    namespace[tuple_global] = tuple(namespace[n] for n in fast_path)
+                if layout.tuple_global and layout.tuple_global in namespace:
+                    namespace[layout.tuple_global] = tuple(namespace[n] for n in fast_path)
                 lacking = tuple(n for n in fast_path if namespace.get(n) is None)
-            self.report(module, changed, [], taken, layers, lacking)
+            self.report(module, changed, [], taken, layout.layers, lacking)
 
     def stale(self, namespace, import_utils) -> bool:
         return any(self.resolve(BOUND[n][0], n, import_utils) is not namespace[n]
                    for n in BOUND if n in namespace and self.managed(BOUND[n][0]))
 
-    def resolve(self, package: str, name: str, import_utils):
+    def resolve(self, package: str, name: str, import_utils, layout: Layout | None = None):
         """What a fresh modeling import binds `name` to: behind the (wrapped) gate, as transformers does."""
-        if package not in self.fresh:
-            self.fresh[package] = {}
-            gate = getattr(import_utils, "__dict__", {}).get(GATES.get(package, ""))
-            kernel = PACKAGES.get(package)
-            if kernel is not None:
+        _, source, attribute = layout.source(name) if layout else BOUND[name]
+        gate_name = layout.gate(package) if layout else GATES.get(package, "")
+        if gate_name not in self.gate_says:
+            if PACKAGES.get(package) is not None:
                 self.decide(package)
+            gate = getattr(import_utils, "__dict__", {}).get(gate_name)
             ok = False
             if gate is not None:
                 try:
                     ok = bool(gate())
                 except Exception:
                     ok = False
-            self.fresh[package]["ok"] = ok
-        if not self.fresh[package]["ok"]:
+            self.gate_says[gate_name] = ok
+        if not self.gate_says[gate_name]:
             return None
-        _, source, attribute = BOUND[name]
         key = f"{source}.{attribute}"
-        if key not in self.fresh[package]:
+        if key not in self.fresh:
             import importlib
 
             try:
-                self.fresh[package][key] = getattr(importlib.import_module(source), attribute, None)
+                self.fresh[key] = getattr(importlib.import_module(source), attribute, None)
             except Exception:
-                self.fresh[package][key] = None
-        return self.fresh[package][key]
+                self.fresh[key] = None
+        return self.fresh[key]
 
     def reset_cache(self, module, name: str) -> None:
         if module.__dict__.get(name) == (None, None) and self.managed("causal_conv1d"):
@@ -324,7 +382,7 @@ class _Pass:
         off = sorted(set(kernels) - set(on))
         what = "; ".join(x for x in (f"now uses {', '.join(on)}" if on else "",
                                      f"back on the torch path for {', '.join(off)}" if off else "") if x)
-        if on and lacking:   # e.g. the mamba family's fast path needs mamba-ssm too, which is not managed here
+        if on and lacking:   # e.g. falcon_mamba in era B: its mamba_ssm comes only from the hub's `kernels`
             what += f"; its fast path still lacks {', '.join(lacking)}"
         kernel = kernels[0] if len(kernels) == 1 else None
         if taken:

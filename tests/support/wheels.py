@@ -253,3 +253,50 @@ def simple_index(wheel_dir: str, index_dir: str) -> str:
                 for f in files)
             fh.write(f"<html><body>{links}</body></html>")
     return "file://" + os.path.abspath(index_dir) + "/"
+
+
+# -- mamba-ssm --------------------------------------------------------------------------
+
+# The real package's layout where transformers looks (read from the mamba-ssm 2.3.2.post1 sdist): the root
+# re-exports selective_scan_fn / mamba_inner_fn and loads the triton ops (era B reads them there); selective_scan_interface imports
+# the compiled `selective_scan_cuda` and triton.layer_norm (so does transformers 4.57's kernels/falcon_mamba).
+# The functions keep their real names and count their calls; they compute nothing (resolution tests).
+_MAMBA_FUNCTION = '''
+def NAME(*args, **kwargs):
+    CALLS["NAME"] += 1
+    raise NotImplementedError("stand-in mamba_ssm: NAME is resolved, not computed")
+'''
+
+
+def _mamba_module(doc: str, names, head: str = "") -> str:
+    body = f'"""{doc}"""\n{head}CALLS = {{{", ".join(f"{n!r}: 0" for n in names)}}}\nFAKE_MAMBA_SSM = True\n'
+    return body + "".join(_MAMBA_FUNCTION.replace("NAME", n) for n in names)
+
+
+def mamba_ssm_wheel(dest: str, version: str = "2.3.2.post1", *, requires=(), tag: str = "py3-none-any",
+                    filename: str | None = None) -> str:
+    """A stand-in mamba-ssm wheel: mamba_ssm.ops.triton.ssd_combined (mamba_chunk_scan_combined,
+    mamba_split_conv1d_scan_combined), .ops.triton.selective_state_update, .ops.selective_scan_interface
+    (selective_scan_fn, mamba_inner_fn), the root's `__version__` and re-exports, and the top-level
+    `selective_scan_cuda` extension module the real wheel ships."""
+    files = {
+        # the real root imports Mamba / Mamba2, whose modules load ops.triton.selective_state_update and
+        # ssd_combined: era B reaches them from the root by attribute (`resolve_internal_import`)
+        "mamba_ssm/__init__.py": (f'__version__ = "{version}"\nFAKE_MAMBA_SSM = True\n\n'
+                                  "from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, mamba_inner_fn\n"
+                                  "import mamba_ssm.ops.triton.selective_state_update  # noqa: F401\n"
+                                  "import mamba_ssm.ops.triton.ssd_combined  # noqa: F401\n"),
+        "mamba_ssm/ops/__init__.py": "",
+        "mamba_ssm/ops/triton/__init__.py": "",
+        "mamba_ssm/ops/triton/ssd_combined.py": _mamba_module(
+            "Stand-in Mamba-2 chunked scans.", ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
+        "mamba_ssm/ops/triton/selective_state_update.py": _mamba_module(
+            "Stand-in decoding step.", ("selective_state_update",)),
+        "mamba_ssm/ops/triton/layer_norm.py": _mamba_module("Stand-in fused layer norm.", ("_layer_norm_fwd",)),
+        "mamba_ssm/ops/selective_scan_interface.py": _mamba_module(
+            "Stand-in selective scan (Mamba-1).", ("selective_scan_fn", "mamba_inner_fn"),
+            head="import selective_scan_cuda  # noqa: F401  (the compiled extension, as in the real module)\n"
+                 "from mamba_ssm.ops.triton.layer_norm import _layer_norm_fwd  # noqa: F401\n"),
+        "selective_scan_cuda.py": '"""Stand-in of mamba-ssm\'s compiled extension module."""\nFAKE_MAMBA_SSM = True\n',
+    }
+    return build_wheel(dest, "mamba-ssm", version, files, requires=tuple(requires), tag=tag, filename=filename)
