@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.slow   # real venvs, real threads installing stand-in wheels
+
 from conftest import A100, H100_OLD_TRITON, offline_env
 from support import guarded, venvs
 from support.processes import counting_uv, installer_calls
