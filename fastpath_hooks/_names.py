@@ -10,7 +10,7 @@ VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 
 # module -> kernel (the distribution name fastpath-hooks manages); the start-up stand-in
 # (hooks/startup.py) and the finder watch exactly these module names.
-KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang"}
+KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang", "mamba_ssm": "mamba-ssm"}
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
 KERNELS = tuple(MODULE_OF)
 GATES_MODULE = "transformers.utils.import_utils"

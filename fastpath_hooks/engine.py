@@ -224,7 +224,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
         "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
-                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url],
+                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url, settings.mamba_ssm_wheel_url],
         "wheelhouse": hashlib.sha256("\n".join(env.wheelhouse).encode()).hexdigest()[:16],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
@@ -245,6 +245,8 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     for hazard in pins.hazards:
         if hazard.kernel == kernel and hazard.needs:
             names += pins.kernel(hazard.needs).distributions
+    for partner in spec.with_kernels:   # mamba-ssm is decided with causal-conv1d
+        names += pins.kernel(partner).distributions
     return tuple(sorted(set(names)))
 
 
@@ -262,7 +264,7 @@ def complete(env, plan, settings, pins, **kw):
     from .decide.policy import decide
     from .facts.probe import with_nvcc_version
 
-    if plan.decisions.get("causal-conv1d") is not None and plan["causal-conv1d"].rule == "causal.nvcc-unknown":
+    if any(d.rule.endswith(".nvcc-unknown") for d in plan.decisions.values()):  # causal-conv1d, mamba-ssm
         fuller = with_nvcc_version(env)
         if fuller is not env:
             return fuller, decide(fuller, settings, pins, **kw)
@@ -351,7 +353,8 @@ def _skipped(decision, plan) -> Outcome:
                     decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
     else:
         tail = f" ({decision.fix})" if decision.fix else ""
-        kind = "warning" if decision.rule.startswith(("fla.hazard", "tilelang.no-nvcc", "causal.no-wheel")) else "status"
+        kind = "warning" if decision.rule.startswith(("fla.hazard", "tilelang.no-nvcc", "causal.no-wheel", "mamba.no-wheel")) \
+            else "status"
         events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
                     once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
     return Outcome(decision.kernel, "skipped", decision.reason)

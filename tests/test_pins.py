@@ -36,7 +36,7 @@ def write(tmp_path, name: str, content) -> str:
 
 def test_shipped_pins_validate():
     assert SHIPPED.origins == (pins_mod.SHIPPED,)
-    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d"}
+    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm"}
     assert SHIPPED.fla_releases and SHIPPED.tilelang_pairs and SHIPPED.tilelang_broken and SHIPPED.hazards
 
 

@@ -661,7 +661,7 @@ def test_causal_conv1d_mirror_url():
 
 def test_fresh_plans_as_if_no_kernel_were_installed():
     env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
-                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1"})
+                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1"})
     assert all(d.action == OK for d in plan_for(env).decisions.values())
     fresh = plan_for(env, fresh=True)
     assert all(d.action == INSTALL for d in fresh.decisions.values())
@@ -680,4 +680,4 @@ def test_plan_json_round_trips():
 
     data = plan_for().to_json()
     assert json.loads(json.dumps(data)) == data
-    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "tilelang"]
+    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]

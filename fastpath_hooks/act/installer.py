@@ -61,11 +61,21 @@ def step_names(steps) -> set:
     names = set()
     for step in steps:
         if step.kind == "wheel":
-            names.add("causal-conv1d")
+            names.add(wheel_distribution(step.requirements[0]))
             continue
         for raw in step.requirements:
             names.add(canonical_name(Requirement(raw).name))
     return names
+
+
+def wheel_distribution(filename: str) -> str:
+    """The distribution a wheel file (a release or built wheel of a compiled kernel) installs."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    try:
+        return canonical_name(parse_wheel_filename(os.path.basename(filename))[0])
+    except (InvalidWheelFilename, InvalidVersion):
+        return canonical_name(os.path.basename(filename).split("-", 1)[0])
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -325,7 +335,7 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
 
     root = cache_root(settings)
     meta = dict(meta)
-    meta.setdefault("distribution", "causal-conv1d")
+    meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
     try:
         cached = wheelcache.store(root, path, meta=meta, filename=name)

@@ -22,7 +22,7 @@ from .distributions import canonical_name, scan
 WATCHED_DISTRIBUTIONS = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
     "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
-    "causal-conv1d", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
+    "causal-conv1d", "mamba-ssm", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
 )
 
 
