@@ -139,3 +139,84 @@ def test_plan_and_install_build_mamba_ssm_with_causal_conv1d_for_sm_90_offline(
     assert proc.returncode == 0, proc.stderr
     assert toolkit.calls() == calls, "nvcc compiled nothing for the second environment"
     assert _imports(second)["mamba-ssm"] == "2.3.2.post1" + LABEL
+
+
+# -- release wheels: coherence with fla's tilelang pair, rollback, download ------------------------
+
+from conftest import CAUSAL_WHEEL, H100_OLD_TRITON, PY  # noqa: E402
+
+MAMBA_WHEEL = f"mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
+PAIR = ("tilelang", "apache-tvm-ffi")
+
+
+def test_installing_mamba_ssm_keeps_flas_tilelang_pair_and_all_import_together(make_venv, make_wheelhouse, test_pins,
+                                                                                tmp_path):
+    """A posed Hopper with triton 3.6: fla 0.6.0 relies on tilelang 0.1.15 + apache-tvm-ffi 0.1.12. The
+    mamba-ssm wheel declares tilelang==0.1.8 and apache-tvm-ffi<=0.1.9, and the wheelhouse holds exactly
+    those (a resolver could take them); the install leaves the pair as it was."""
+    from fastpath_hooks.facts import pins as pins_mod
+
+    house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi=("0.1.12", "0.1.9"), causal=True)
+    wheels.fake_tilelang_from_pins(house, "0.1.8", pins_mod.load())
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
+    venv = make_venv()
+    venv.uv_install("fla-core==0.6.0", "flash-linear-attention==0.6.0", "tilelang==0.1.15", "apache-tvm-ffi==0.1.12",
+                    "einops", no_deps=True, extra=("--no-index", "--find-links", house))
+    before = venv.file_hashes(PAIR + ("fla-core", "flash-linear-attention"))
+    env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
+
+    plan = {d["kernel"]: d for d in json.loads(venv.cli("plan", "--json", env=env).stdout)["decisions"]}
+    assert (plan["tilelang"]["action"], plan["fla"]["action"]) == ("ok", "ok")
+    mamba = plan["mamba-ssm"]
+    assert (mamba["action"], mamba["rule"], mamba["needs"]) == ("install", "mamba.wheel", ["causal-conv1d"])
+    assert "declares tilelang==0.1.8 while tilelang 0.1.15 is installed" in mamba["reason"]
+    assert all(step["no_deps"] for step in mamba["steps"] if step["kind"] == "wheel")
+
+    proc = venv.cli("install", "mamba-ssm", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert venv.file_hashes(PAIR + ("fla-core", "flash-linear-attention")) == before
+    assert venv.versions()["mamba-ssm"] == "2.3.2.post1+cu12torch2.10cxx11abiTRUE"   # the release wheel
+    requires = venv.run("import importlib.metadata as m; print(m.requires('mamba-ssm'))", check=True).stdout
+    assert "tilelang==0.1.8" in requires and "apache-tvm-ffi<=0.1.9" in requires   # declared, left unmet
+    code = ("import json, fla, tilelang, tvm_ffi, causal_conv1d, mamba_ssm\n"
+            "from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined\n"
+            "from fla.ops.gated_delta_rule import chunk_gated_delta_rule\n"
+            "print(json.dumps([fla.__version__, tilelang.__version__, tvm_ffi.__version__, mamba_ssm.__version__]))")
+    out = venv.run(code, env=clean_env(FASTPATH_HOOKS_DISABLE="1"), check=True).stdout
+    assert json.loads(out) == ["0.6.0", "0.1.15", "0.1.12", "2.3.2.post1+cu12torch2.10cxx11abiTRUE"]
+
+
+def test_a_mamba_ssm_that_crashes_at_import_is_rolled_back(make_venv, make_wheelhouse, test_pins, tmp_path):
+    house = make_wheelhouse(causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL, crash=True)
+    venv = make_venv()
+    before = venv.versions()
+    env = offline_env(house, H100_OLD_TRITON.replace("sm_90", "sm_80"), cache_dir=str(tmp_path / "cache"),
+                      pins=test_pins(house))
+    proc = venv.cli("install", "mamba-ssm", env=env)
+    assert proc.returncode == 1
+    assert re.search(r"mamba-ssm: .*import mamba_ssm.* killed the process \(SIGABRT\)", proc.stderr), proc.stderr
+    assert "rolled back" in proc.stderr
+    after = venv.versions()
+    # causal-conv1d (installed first, verified) stays; mamba-ssm and the deps of its transaction are gone
+    assert after.pop("causal-conv1d").startswith("1.6.2.post1")
+    assert after == before
+    assert "ModuleNotFoundError" in venv.run("import mamba_ssm", env=clean_env(FASTPATH_HOOKS_DISABLE="1")).stderr
+
+
+def test_download_mamba_ssm_fetches_its_release_wheel_and_causal_conv1d_s(make_venv, tmp_path, test_pins):
+    """`download mamba-ssm` for a posed Hopper: the release wheels of mamba-ssm and of the kernel it is
+    used with, from the mirrors FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL / _CAUSAL_CONV1D_WHEEL_URL name."""
+    release = str(tmp_path / "release")
+    mamba = wheels.mamba_ssm_wheel(release, filename=MAMBA_WHEEL)
+    wheels.fake_causal_conv1d(release, CAUSAL_WHEEL)
+    pins = test_pins(release, extra={"kernels": {"mamba-ssm": {"runtime_deps": []}}})
+    venv = make_venv(transformers=None, torch=False)
+    dest = str(tmp_path / "wheelhouse")
+    env = clean_env(FASTPATH_HOOKS_PINS=pins, FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"),
+                    FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL="file://" + release + "/",
+                    FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL="file://" + release + "/")
+    proc = venv.cli("download", "mamba-ssm", "--dest", dest, "--target", H100_OLD_TRITON + ",transformers=5.24.0", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(os.listdir(dest)) == sorted([CAUSAL_WHEEL, MAMBA_WHEEL])
+    assert wheels.sha256_of(os.path.join(dest, MAMBA_WHEEL)) == wheels.sha256_of(mamba)

@@ -586,7 +586,7 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
     rel = pins.release(kernel)
     if version is not None and not same_version(version, rel.version):
-        return None, f"release wheels are pinned for {kernel} {rel.version} only, not {version}"
+        return None, f"no release wheels are pinned for {kernel} {version} (only for {rel.version})"
     if env.os != "linux":
         return None, f"release wheels are Linux-only (this is {env.os})"
     if not env.torch_cuda:
@@ -679,14 +679,14 @@ def _prerequisites(ctx: _Context, kernel: str, decided: dict, kw) -> Decision | 
 
 
 def _release_order(ctx: _Context, kernel: str, decided: dict):
-    """(versions to try, first preferred; why the first fitting one was passed over, or ""), or
-    (None, why none fits). Releases whose metadata declares a requirement the installed (or planned)
-    distributions do not meet come last: a --no-deps install leaves it unmet, and the next resolver
-    run would "fix" it (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade fla's tilelang)."""
+    """(the pinned versions that fit here, in the pins' order of preference; version -> the declared
+    requirement the installed or planned distributions do not meet), or (None, why none fits).
+    A --no-deps install leaves such a requirement unmet, and the next resolver run would "fix" it
+    (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
     env, pins = ctx.env, ctx.pins
     releases = pins.kernel_releases.get(kernel)
     if not releases:
-        return (pins.build(kernel).version,), ""
+        return (pins.build(kernel).version,), {}
     transformers = env.version("transformers")
     fits = [r for r in releases if _in(env.torch, r.torch) and (env.triton is None or _in(env.triton, r.triton))
             and not (transformers and not _in(transformers, r.transformers))]
@@ -704,30 +704,31 @@ def _release_order(ctx: _Context, kernel: str, decided: dict):
             name = canonical_name(req.name)
             have = planned.get(name) or ctx.installed(name)
             if have is not None and not _in(have, req.specifier):
-                clashes.setdefault(r.version, f"{raw}, while {name} {have} is "
+                clashes.setdefault(r.version, f"{raw} while {name} {have} is "
                                               f"{'planned' if name in planned else 'installed'}")
-    ordered = [r.version for r in fits if r.version not in clashes] + [r.version for r in fits if r.version in clashes]
-    first = fits[0].version
-    why = "" if ordered[0] == first else (f"{kernel} {ordered[0]}, not {first}: {first} declares {clashes[first]} "
-                                          "and a later resolver run would change it")
-    return tuple(ordered), why
+    return tuple(r.version for r in fits), clashes
 
 
 def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
-    """The install of the first release (in `_release_order`) that can be installed here; when none
-    can, the first one's reason."""
-    versions, why = _release_order(ctx, kernel, decided)
+    """The install of one pinned release: one that needs no build before one that does, then one
+    whose declared requirements agree with what is installed or planned, then the pins' order. When
+    none can be installed, the first one's reason."""
+    versions, clashes = _release_order(ctx, kernel, decided)
     if versions is None:
-        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", why, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
-    first = None
-    for version in versions:
-        decision = _compiled_install(ctx, kernel, version, kw)
-        if why and version == versions[0] and decision.action != SKIP:
-            decision = _replace(decision, reason=f"{decision.reason}; {why}")
-        if decision.action != SKIP:
-            return _with_partners(ctx, kernel, decided, decision)
-        first = first or decision
-    return first
+        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                     **kw)
+    options = [(version, _compiled_install(ctx, kernel, version, kw)) for version in versions]
+    acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
+    if not acting:
+        return options[0][1]
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == "build" for s in o[2].steps), o[1] in clashes, o[0]))
+    if version in clashes:
+        decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: left unmet "
+                                             "(--no-deps), a later resolver run could change it")
+    elif version != versions[0] and versions[0] in clashes:
+        decision = _replace(decision, reason=f"{decision.reason}; {kernel} {version}, not {versions[0]}, which declares "
+                                             f"{clashes[versions[0]]}")
+    return _with_partners(ctx, kernel, decided, decision)
 
 
 def _with_partners(ctx: _Context, kernel: str, decided: dict, decision: Decision) -> Decision:
@@ -811,11 +812,13 @@ def decide_build(env, settings, pins, kernel: str = "causal-conv1d") -> Decision
     time rules as an automatic build."""
     ctx = _Context(env, settings, pins, False)
     kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, kernel)}
-    versions, why = _release_order(ctx, kernel, {})
+    versions, clashes = _release_order(ctx, kernel, {})
     if versions is None:
-        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", why, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
-    return _compiled_source_build(ctx, kernel, pins.build(kernel, versions[0]),
-                                  "asked for by `fastpath-hooks build`" + (f"; {why}" if why else ""), kw, asked=True)
+        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                     **kw)
+    version = next((v for v in versions if v not in clashes), versions[0])
+    return _compiled_source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`",
+                                  kw, asked=True)
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
