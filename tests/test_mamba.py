@@ -220,3 +220,37 @@ def test_download_mamba_ssm_fetches_its_release_wheel_and_causal_conv1d_s(make_v
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(os.listdir(dest)) == sorted([CAUSAL_WHEEL, MAMBA_WHEEL])
     assert wheels.sha256_of(os.path.join(dest, MAMBA_WHEEL)) == wheels.sha256_of(mamba)
+
+
+def test_build_mamba_ssm_for_a_cluster_then_nodes_install_offline_with_builds_forbidden(
+        make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    """`fastpath-hooks build mamba-ssm --arch sm_90 --dest DIR` on a host without a GPU (the same
+    nvcc wrapper, MAMBA_FORCE_BUILD), and causal-conv1d's; a node installs both from DIR alone."""
+    pins = test_pins()
+    builder = make_venv(transformers=None)
+    dest = str(tmp_path / "cluster-wheelhouse")
+    env = offline_env(sdist_house, "cuda=13.0,torch=2.11.0,triton=3.6.0,cpus=16", cache_dir=str(tmp_path / "builder"),
+                      pins=pins, CUDA_HOME=toolkit.home)
+    for kernel in ("mamba-ssm", "causal-conv1d"):
+        proc = builder.cli("build", kernel, "--arch", "sm_90", "--dest", dest, env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert len(_mamba_calls(toolkit)) == 9 and len(_conv_calls(toolkit)) == 3
+    assert all(sdists.gencode_codes(argv) == ["sm_90"] for argv in toolkit.calls())
+    built = sorted(n for n in os.listdir(dest) if n.endswith(".whl"))
+    assert [n.split("-")[:2] for n in built] == [["causal_conv1d", "1.6.2.post1" + LABEL],
+                                                 ["mamba_ssm", "2.3.2.post1" + LABEL]]
+    # asked again, the cache answers
+    again = builder.cli("build", "mamba-ssm", "--arch", "sm_90", env=env)
+    assert again.returncode == 0 and "is already in the wheel cache" in again.stdout
+    # `build fla` is refused with the kernels that are built
+    refused = builder.cli("build", "fla", env=env)
+    assert refused.returncode == 2 and "`build` knows causal-conv1d, mamba-ssm" in refused.stderr
+
+    calls = toolkit.calls()
+    node = make_venv()
+    node_env = offline_env(dest, H200, cache_dir=str(tmp_path / "node"), pins=pins, FASTPATH_HOOKS_ALLOW_BUILD="0")
+    proc = node.cli("install", "mamba-ssm", env=node_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "(built wheel mamba_ssm-2.3.2.post1+f" in proc.stderr and toolkit.calls() == calls
+    assert _imports(node) == {"mamba-ssm": "2.3.2.post1" + LABEL, "causal-conv1d": "1.6.2.post1" + LABEL,
+                              "five": [True] * 5}

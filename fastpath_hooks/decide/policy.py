@@ -669,7 +669,7 @@ def _prerequisites(ctx: _Context, kernel: str, decided: dict, kw) -> Decision | 
         if d is None or d.action in TILELANG_GOOD:
             continue
         partner_dist = ctx.pins.kernel(partner).distributions[0]
-        if ctx.env.version(partner_dist):
+        if ctx.installed(partner_dist):
             continue  # the user's own (skipped or blocked) install: not ours to judge here
         verb = "blocked" if d.action == BLOCK else "not installed"
         return _skip(kernel, f"{p}.without.{RULE_PREFIX.get(partner, partner)}",
