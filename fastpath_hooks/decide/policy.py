@@ -778,16 +778,18 @@ def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
                         target={dist: version}, **kw)
 
     deps_missing = ctx.missing_offline(dep_steps)
-    if not deps_missing:
-        for name in env.cached_wheels:
-            if name == filename or _built_fits(ctx, name, build):
-                path = os.path.join(env.wheel_cache or "", name)
-                return prebuilt(name, f"{p}.cache", f"{name} from the local wheel cache, {env.wheel_cache}",
-                                url="file://" + quote(path), note="from the local wheel cache, no build")
-        for name in env.wheelhouse:
-            if name != filename and _built_fits(ctx, name, build):
-                return prebuilt(name, f"{p}.wheelhouse", f"built wheel {name} from the wheelhouse",
-                                note="a wheel built for this torch and these GPUs, from the wheelhouse")
+    cached = next((n for n in env.cached_wheels if n == filename or _built_fits(ctx, n, build)), None)
+    housed = next((n for n in env.wheelhouse if n != filename and _built_fits(ctx, n, build)), None)
+    if deps_missing and (cached or housed):
+        return _skip(kernel, f"{p}.offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
+                     f"{', '.join(deps_missing)}, which {cached or housed} needs", _fetch_fix("them"), **kw)
+    if cached:
+        path = os.path.join(env.wheel_cache or "", cached)
+        return prebuilt(cached, f"{p}.cache", f"{cached} from the local wheel cache, {env.wheel_cache}",
+                        url="file://" + quote(path), note="from the local wheel cache, no build")
+    if housed:
+        return prebuilt(housed, f"{p}.wheelhouse", f"built wheel {housed} from the wheelhouse",
+                        note="a wheel built for this torch and these GPUs, from the wheelhouse")
 
     if filename is not None:
         base = release_wheel_url(settings, kernel) or rel.base_url.format(tag=rel.tag)
