@@ -537,7 +537,7 @@ ROWS = [
         check=lambda d, p: "FASTPATH_HOOKS_SKIP" in d.reason and not d.steps),
     Row("mamba.without.causal: causal-conv1d cannot be built either (no nvcc)", "mamba-ssm", SKIP,
         "mamba.without.causal", env={**MAMBA_NO_RELEASE, "nvcc": None, "nvcc_version": None},
-        check=lambda d, p: "causal-conv1d is not installed here" in d.reason and "CUDA" in d.fix),
+        check=lambda d, p: "only with causal-conv1d, which is not installed here: " in d.reason and "CUDA" in d.fix),
     Row("mamba.wheel: the user's own causal-conv1d (skipped) is enough", "mamba-ssm", INSTALL, "mamba.wheel",
         settings={"skip": frozenset({"causal-conv1d"})}, dists={"causal-conv1d": "1.5.0"},
         check=lambda d, p: d.needs == ()),

@@ -586,7 +586,7 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
     rel = pins.release(kernel)
     if version is not None and not same_version(version, rel.version):
-        return None, f"no release wheels are pinned for {kernel} {version} (only for {rel.version})"
+        return None, f"no release wheels are pinned for {kernel} {version}, only for {rel.version}"
     if env.os != "linux":
         return None, f"release wheels are Linux-only (this is {env.os})"
     if not env.torch_cuda:
@@ -673,7 +673,7 @@ def _prerequisites(ctx: _Context, kernel: str, decided: dict, kw) -> Decision | 
             continue  # the user's own (skipped or blocked) install: not ours to judge here
         verb = "blocked" if d.action == BLOCK else "not installed"
         return _skip(kernel, f"{p}.without.{RULE_PREFIX.get(partner, partner)}",
-                     f"{partner} is {verb} here ({d.reason}), and transformers uses {kernel} only with it",
+                     f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}",
                      d.fix, **kw)
     return None
 
@@ -723,8 +723,8 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
         return options[0][1]
     _, version, decision = min(acting, key=lambda o: (any(s.kind == "build" for s in o[2].steps), o[1] in clashes, o[0]))
     if version in clashes:
-        decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: left unmet "
-                                             "(--no-deps), a later resolver run could change it")
+        decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
+                                             "install leaves it unmet, a later resolver run could change it")
     elif version != versions[0] and versions[0] in clashes:
         decision = _replace(decision, reason=f"{decision.reason}; {kernel} {version}, not {versions[0]}, which declares "
                                              f"{clashes[versions[0]]}")
