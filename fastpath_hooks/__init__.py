@@ -1,4 +1,4 @@
-"""fastpath-hooks: make transformers' fast kernel paths (fla, causal-conv1d, tilelang) just work.
+"""fastpath-hooks: make transformers' fast kernel paths (fla, causal-conv1d, mamba-ssm, tilelang) just work.
 
     import fastpath_hooks
     fastpath_hooks.install()

@@ -67,7 +67,7 @@ def _parser():
     pl.set_defaults(func=_plan)
 
     i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
-    i.add_argument("kernels", nargs="*", metavar="KERNEL", help="fla, causal-conv1d, tilelang (default: all)")
+    i.add_argument("kernels", nargs="*", metavar="KERNEL", help="fla, causal-conv1d, mamba-ssm, tilelang (default: all)")
     i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
     i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
     i.set_defaults(func=_install)
@@ -79,7 +79,7 @@ def _parser():
     dl.set_defaults(func=_download)
 
     b = sub.add_parser("build", help="build a compiled kernel from source now, for given GPU archs, into the wheel cache")
-    b.add_argument("kernel", metavar="KERNEL", help="causal-conv1d")
+    b.add_argument("kernel", metavar="KERNEL", help="causal-conv1d or mamba-ssm")
     b.add_argument("--arch", metavar="ARCHS",
                    help="comma list such as sm_90,sm_80 or gfx942 (default: this machine's GPUs); all: every arch "
                         "the sdist knows (long)")
@@ -215,7 +215,7 @@ def _install(args) -> int:
     from . import engine
 
     settings, pins = _context(args)
-    wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "tilelang"]
+    wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
     if args.dry_run:
         env, plan, real = _snapshot(settings, pins)
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
@@ -264,8 +264,9 @@ def _build(args) -> int:
 
     settings, pins = _context(args)
     kernel = _kernels([args.kernel])[0]
-    if kernel != "causal-conv1d":
-        raise _UsageError(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows causal-conv1d")
+    if kernel not in pins.source_builds:
+        raise _UsageError(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
+                          f"{', '.join(pins.source_builds)}")
     env = with_nvcc_version(probe(settings, pins=pins))
     if not (env.torch_cuda or env.torch_hip):
         raise _UsageError(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
@@ -289,12 +290,12 @@ def _build(args) -> int:
     env = replace(env, gpus=tuple(archs))
     root = cache_root(settings)
     if archs and not args.rebuild:
-        have = [n for n in env.cached_wheels if built_fits(env, pins, n)]
+        have = [n for n in env.cached_wheels if built_fits(env, pins, n, kernel=kernel)]
         if have:
             path = os.path.join(wheelcache.directory(root), have[0])
             print(f"{kernel}: {have[0]} is already in the wheel cache ({path}); --rebuild builds it again")
             return _export(path, args.dest)
-    decision = decide_build(env, settings, pins)
+    decision = decide_build(env, settings, pins, kernel)
     if decision.action == SKIP:
         print(f"fastpath-hooks: {kernel}: not built - {decision.reason}" + (f" ({decision.fix})" if decision.fix else ""),
               file=sys.stderr)

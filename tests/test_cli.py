@@ -94,7 +94,7 @@ def test_doctor_on_a_cpu_machine_says_nothing_will_be_installed_and_why(runs):
     assert "nothing will be installed" in summary[0]
     assert "no CUDA/XPU accelerator" in summary[0] or "torch is not installed" in summary[0]
     assert re.search(r"^  accelerator +none - ", out, re.M)
-    for kernel in ("fla", "causal-conv1d", "tilelang"):
+    for kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang"):
         assert re.search(rf"^  {kernel}\n    installed .*\n    transformers .*\n    install\(\) +leave it alone - ", out, re.M)
     assert "to change it   run on a machine with a CUDA (or XPU) GPU" in out
 
@@ -163,7 +163,7 @@ def check_document(data: dict, table: str):
     check_table(data, table, table)
     assert data["schema"] == f"fastpath-hooks.{table}/1"
     for kernel, commands in data["commands"].items():
-        assert kernel in ("fla", "causal-conv1d", "tilelang")
+        assert kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
         check(commands, "list of command", f"{table}.commands.{kernel}")
     for kernel, verdict in data.get("verdicts", {}).items():
         check(verdict, "verdict", f"{table}.verdicts.{kernel}")
@@ -280,7 +280,7 @@ def test_plan_for_some_kernels(runs):
 def _kernel_lines(result) -> list:
     assert result.returncode == 0, result.stderr
     return [line.split(":")[0] for line in result.stdout.splitlines()
-            if re.match(r"^(fla|causal-conv1d|tilelang): [a-z]+ - ", line)]
+            if re.match(r"^(fla|causal-conv1d|mamba-ssm|tilelang): [a-z]+ - ", line)]
 
 
 def test_install_dry_run_shows_the_kernels_asked_for_and_what_they_need(runs):
@@ -325,6 +325,7 @@ BAD_ENV = {
     "FASTPATH_HOOKS_TARGET": "gpu=hopper",
     "FASTPATH_HOOKS_LOG": "verbose",
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "github.com/releases",
+    "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "s3://bucket/mamba",
     "FASTPATH_HOOKS_RETRY_AFTER": "-1",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "0",
     "FASTPATH_HOOKS_OFLINE": "1",

@@ -137,8 +137,9 @@ def test_doctor_says_it_would_fail_on_this_cpu_machine():
     assert fla["action"] == "skip" and "no CUDA/XPU accelerator" in fla["problem"]
     assert fla["fix"] == "run on a machine with a CUDA (or XPU) GPU and a matching torch build"
     assert fla["models"][:3] == ["qwen3_5", "qwen3_5_moe", "qwen3_next"] and "qwen3_next" in causal["models"]
-    assert mamba["kernel"] is None and mamba["action"] is None and "mamba2" in mamba["models"]
-    assert mamba["fix"] == "install mamba-ssm (pip install mamba-ssm)"
+    # mamba-ssm is managed too (its skip says why, like fla's)
+    assert mamba["kernel"] == "mamba-ssm" and mamba["action"] == "skip" and "mamba2" in mamba["models"]
+    assert "no CUDA/XPU accelerator" in mamba["problem"] and mamba["fix"] == fla["fix"]
     assert HEADLINE.format(packed["transformers"], "fla, causal-conv1d, mamba-ssm") in text
     assert f"    to fix it    {fla['fix']}" in text
 

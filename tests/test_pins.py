@@ -36,7 +36,7 @@ def write(tmp_path, name: str, content) -> str:
 
 def test_shipped_pins_validate():
     assert SHIPPED.origins == (pins_mod.SHIPPED,)
-    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d"}
+    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm"}
     assert SHIPPED.fla_releases and SHIPPED.tilelang_pairs and SHIPPED.tilelang_broken and SHIPPED.hazards
 
 
@@ -253,7 +253,38 @@ MALFORMED = [
     ("gencode table with a non-arch", "p.json",
      {"kernels": {"causal-conv1d": {"source_build": {"cuda_archs": {"pairs": {"compute_90": ""}}}}}},
      "kernels.causal-conv1d.source_build.cuda_archs.pairs.compute_90", "sm_XY"),
+    ("mamba-ssm build of a version not among its releases", "p.json",
+     {"kernels": {"mamba-ssm": {"source_build": {"requirement": "mamba-ssm==2.2.4"}}}},
+     "kernels.mamba-ssm.releases", "mamba-ssm==2.2.4 is not one of the releases"),
+    ("mamba-ssm with an unknown partner kernel", "p.json", {"kernels": {"mamba-ssm": {"with": ["mamba"]}}},
+     "kernels.mamba-ssm.with[0]", "expected another kernel"),
+    ("mamba-ssm release declaring a bad requirement", "p.json",
+     {"kernels": {"mamba-ssm": {"releases": [{"version": "2.3.2.post1", "declares": ["tilelang=0.1.8"],
+                                              "source": "upstream: x"}]}}},
+     "kernels.mamba-ssm.releases[0].declares[0]", "is not a requirement"),
+    ("mamba-ssm build for another distribution", "p.json",
+     {"kernels": {"mamba-ssm": {"source_build": {"requirement": "causal-conv1d==1.6.2.post1"}}}},
+     "kernels.mamba-ssm.releases", "is not one of the releases"),
 ]
+
+
+def test_mamba_ssm_is_data_like_causal_conv1d():
+    """The second compiled kernel: its release-wheel scheme (no hashes known), its own build data,
+    and the releases the policy chooses from per machine."""
+    rel, build = SHIPPED.release("mamba-ssm"), SHIPPED.build("mamba-ssm")
+    assert rel.filename.startswith("mamba_ssm-{version}+cu{cuda_major}torch{torch_mm}") and rel.sha256 == {}
+    assert {m for b in rel.builds for m in b["torch_mm"]} == {"2.6", "2.7", "2.8", "2.9", "2.10"}
+    assert build.requirement == "mamba-ssm==2.3.2.post1" and build.env == {"MAMBA_FORCE_BUILD": "TRUE"}
+    assert (build.seconds, build.archs, build.cores) == (117, 1, 16)
+    assert SHIPPED.build("causal-conv1d") is SHIPPED.source_build and SHIPPED.release("causal-conv1d") is SHIPPED.causal_release
+    old = SHIPPED.build("mamba-ssm", "2.3.1")
+    assert old.requirement == "mamba-ssm==2.3.1" and {"sm_53", "sm_70"} <= set(old.cuda_archs) - set(build.cuda_archs)
+    assert old.seconds == build.seconds
+    spec = SHIPPED.kernel("mamba-ssm")
+    assert spec.with_kernels == ("causal-conv1d",) and spec.runtime_deps == ("einops", "packaging")
+    assert not {"tilelang", "apache-tvm-ffi", "quack-kernels"} & set(spec.runtime_deps)
+    assert [r.version for r in SHIPPED.kernel_releases["mamba-ssm"]] == ["2.3.2.post1", "2.3.1"]
+    assert SHIPPED.build_for_distribution("mamba_ssm") == ("mamba-ssm", build)
 
 
 @pytest.mark.parametrize("name,filename,content,entry,fragment", MALFORMED, ids=[m[0] for m in MALFORMED])

@@ -24,7 +24,7 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.decide.policy import causal_conv1d_wheel, decide, decide_build
+from fastpath_hooks.decide.policy import RULE_PREFIX, causal_conv1d_wheel, decide, decide_build
 from fastpath_hooks.facts.probe import Environment
 from fastpath_hooks.facts.settings import Settings
 
@@ -223,6 +223,40 @@ def _causal_build(archs, **env):
         assert d.target == {"causal-conv1d": "1.6.2.post1"}
         assert d.expected_seconds > 0 and "estimate" in d.reason and "min" in d.reason
         return True
+    return check
+
+
+MAMBA_WHEEL = "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+MAMBA_BUILT = "mamba_ssm-2.3.2.post1+fph.torch2.13.0.cu128.abi1.sm90-cp312-cp312-linux_x86_64.whl"
+CONV = {"causal-conv1d": "1.6.2.post1"}        # a release wheel (all archs): causal.ok
+MAMBA_NO_RELEASE = {"torch": "2.13.0", "triton": "3.7.1"}   # no release wheel; no Hopper hazard, so no tilelang planned
+MAMBA_SDIST_HOUSE = ("mamba_ssm-2.3.2.post1.tar.gz", "causal_conv1d-1.6.2.post1.tar.gz", "wheel-0.45.1-py3-none-any.whl",
+                     "setuptools-80.0.0-py3-none-any.whl")
+
+
+def _mamba_wheel(filename):
+    def check(d, plan):
+        step = d.steps[-1]
+        assert step.kind == "wheel" and step.requirements == (filename,) and step.no_deps
+        assert step.url == "https://github.com/state-spaces/mamba/releases/download/v2.3.2.post1/" + \
+            filename.replace("+", "%2B")
+        assert step.sha256 is None and "no pinned sha256" in step.note   # the pins do not know the hashes
+        assert d.target == {"mamba-ssm": "2.3.2.post1"} and d.needs == ("causal-conv1d",)
+        assert plan["causal-conv1d"].action == INSTALL
+        assert "declares tilelang==0.1.8 while tilelang 0.1.15 is planned" in d.reason
+    return check
+
+
+def _mamba_build(version, archs, why=None):
+    def check(d, plan):
+        step = d.steps[-1]
+        assert step.kind == "build" and not step.build_isolation and not step.binary_only and step.no_deps
+        assert step.requirements == (f"mamba-ssm=={version}",) and step.archs == archs
+        assert dict(step.env) == {"MAMBA_FORCE_BUILD": "TRUE"}
+        assert d.target == {"mamba-ssm": version} and d.needs == ("causal-conv1d",)
+        assert d.expected_seconds == 117 * len(archs)
+        if why:
+            assert why in d.reason, d.reason
     return check
 
 
@@ -478,6 +512,96 @@ ROWS = [
         env={"half_installed": ("causal-conv1d",), "torch": "2.13.0"}, dists={"causal-conv1d": "1.6.2.post1"},
         settings={"allow_build": "0"},
         check=lambda d, p: d.verify and d.on_failure == "block"),
+
+    # mamba-ssm: the same compiled-kernel path with its own pins entry (and causal-conv1d with it)
+    Row("mamba.wheel: the release wheel, with causal-conv1d first; the declared tilelang==0.1.8 is said",
+        "mamba-ssm", INSTALL, "mamba.wheel", check=_mamba_wheel(MAMBA_WHEEL)),
+    Row("mamba.wheel from a mirror (FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL)", "mamba-ssm", INSTALL, "mamba.wheel",
+        settings={"mamba_ssm_wheel_url": "https://mirror.example/mamba/"},
+        check=lambda d, p: d.steps[-1].url == "https://mirror.example/mamba/" + MAMBA_WHEEL.replace("+", "%2B")),
+    Row("mamba.build: torch 2.13 has no release wheel; 2.3.2.post1 for sm_90 with MAMBA_FORCE_BUILD", "mamba-ssm",
+        INSTALL, "mamba.build", env=MAMBA_NO_RELEASE, check=_mamba_build("2.3.2.post1", ("sm_90",))),
+    Row("mamba.build: both need a build and fla's tilelang 0.1.15 is planned: 2.3.1, which declares no tilelang",
+        "mamba-ssm", INSTALL, "mamba.build", env={"torch": "2.11.0", "torch_cuda": "13.0", "nvcc_version": "13.0"},
+        check=_mamba_build("2.3.1", ("sm_90",), why="which declares tilelang==0.1.8 while tilelang 0.1.15 is planned")),
+    Row("mamba.build: a V100 (sm_70) with nvcc 12.8 gets 2.3.1, whose setup.py still compiles sm_70", "mamba-ssm",
+        INSTALL, "mamba.build", env={**MAMBA_NO_RELEASE, "gpus": ("sm_70",)}, dists=CONV, check=_mamba_build("2.3.1", ("sm_70",))),
+    Row("mamba.build: triton 3.4 (torch 2.8) is below 2.3.2.post1's triton>=3.5.0: 2.3.1", "mamba-ssm", INSTALL,
+        "mamba.build", env={"torch": "2.8.0", "triton": "3.4.0"}, check=_mamba_build("2.3.1", ("sm_90",))),
+    Row("mamba.build offline from the sdist when only 2.3.2.post1's is in the wheelhouse", "mamba-ssm", INSTALL,
+        "mamba.build", settings=OFFLINE, env={"torch": "2.11.0", "torch_cuda": "13.0", "nvcc_version": "13.0",
+                                              "wheelhouse": MAMBA_SDIST_HOUSE}, dists={"ninja": "1.13.0"},
+        check=_mamba_build("2.3.2.post1", ("sm_90",))),
+    Row("mamba.build.no-arch: neither release compiles sm_70 with nvcc 13.0", "mamba-ssm", SKIP, "mamba.build.no-arch",
+        env={**MAMBA_NO_RELEASE, "gpus": ("sm_70",), "torch_cuda": "13.0", "nvcc_version": "13.0"},
+        dists=CONV, check=_no_build("sm_70")),
+    Row("mamba.cache: a build of ours for this torch and GPU, before any build", "mamba-ssm", INSTALL, "mamba.cache",
+        env={**MAMBA_NO_RELEASE, "cached_wheels": (MAMBA_BUILT,)},
+        check=lambda d, p: [s.kind for s in d.steps] == ["wheel"] and "local wheel cache" in d.reason
+        and d.target == {"mamba-ssm": "2.3.2.post1"}),
+    Row("mamba.cache: another kernel's cached build is not taken", "mamba-ssm", INSTALL, "mamba.build",
+        env={**MAMBA_NO_RELEASE, "cached_wheels": (BUILT_213,)}, check=_mamba_build("2.3.2.post1", ("sm_90",))),
+    Row("mamba.wheelhouse: a built wheel served offline, with builds forbidden", "mamba-ssm", INSTALL,
+        "mamba.wheelhouse", env={**MAMBA_NO_RELEASE, "wheelhouse": (MAMBA_BUILT,)}, settings={**OFFLINE, "allow_build": "0"},
+        dists=CONV, check=lambda d, p: [s.kind for s in d.steps] == ["wheel"] and d.steps[0].requirements == (MAMBA_BUILT,)),
+    Row("mamba.offline-missing: a built wheel in the wheelhouse, but not einops, which it imports", "mamba-ssm", SKIP,
+        "mamba.offline-missing", env={**MAMBA_NO_RELEASE, "wheelhouse": (MAMBA_BUILT,)},
+        settings={**OFFLINE, "allow_build": "0"}, dists={"einops": None, **CONV},
+        check=lambda d, p: "lacks einops, which " + MAMBA_BUILT + " needs" in d.reason),
+    Row("mamba.offline-missing (no wheel, no sdist)", "mamba-ssm", SKIP, "mamba.offline-missing", settings=OFFLINE,
+        dists=CONV, check=lambda d, p: "mamba_ssm-2.3.2.post1+cu12torch2.10" in d.reason),
+    Row("mamba.no-wheel (ALLOW_BUILD=0)", "mamba-ssm", SKIP, "mamba.no-wheel", env=MAMBA_NO_RELEASE,
+        settings={"allow_build": "0"}, dists=CONV, check=lambda d, p: "torch 2.13" in d.reason and "ALLOW_BUILD=auto" in d.fix),
+    Row("mamba.no-nvcc", "mamba-ssm", SKIP, "mamba.no-nvcc", env={**MAMBA_NO_RELEASE, "nvcc": None, "nvcc_version": None},
+        dists=CONV, check=_no_build("needs a CUDA toolkit's nvcc")),
+    Row("mamba.nvcc-unknown (auto does not guess)", "mamba-ssm", SKIP, "mamba.nvcc-unknown",
+        env={**MAMBA_NO_RELEASE, "nvcc_version": None}, dists=CONV, check=_no_build("cannot be told")),
+    Row("mamba.nvcc-mismatch: nvcc 12.8 for a CUDA 13.0 torch", "mamba-ssm", SKIP, "mamba.nvcc-mismatch",
+        env={**MAMBA_NO_RELEASE, "torch_cuda": "13.0"}, dists=CONV, check=_no_build("nvcc is CUDA 12.8 while torch")),
+    Row("mamba.build.timeout: 117 s for one arch on 16 cores is 15.6 min on 2", "mamba-ssm", SKIP, "mamba.build.timeout",
+        env={**MAMBA_NO_RELEASE, "cpus": 2}, dists=CONV, check=lambda d, p: "about 16 min" in d.reason and "1404" in d.fix),
+    Row("mamba.build.all-archs: `fastpath-hooks build mamba-ssm --arch all`", "mamba-ssm", INSTALL,
+        "mamba.build.all-archs", env={**MAMBA_NO_RELEASE, "gpus": ()}, settings={"allow_build": "1", "timeout": 1e6},
+        via=lambda env, settings, pins: decide_build(env, settings, pins, "mamba-ssm"),
+        check=lambda d, p: d.steps[-1].archs == ("all",) and d.expected_seconds == 117 * 6),
+    Row("mamba.build.unrestricted: a GPU of unknown arch, auto", "mamba-ssm", SKIP, "mamba.build.unrestricted",
+        env={**ROCM, "gpus": ("gfx",)}, dists=CONV, check=_no_build("cannot be restricted")),
+    Row("mamba.rocm.no-build", "mamba-ssm", SKIP, "mamba.rocm.no-build", env=ROCM, settings={"allow_build": "0"},
+        dists=CONV, check=lambda d, p: "hipcc" in d.fix),
+    Row("mamba.rocm.no-hipcc", "mamba-ssm", SKIP, "mamba.rocm.no-hipcc", env={**ROCM, "hipcc": None},
+        dists=CONV, check=_no_build("needs hipcc")),
+    Row("mamba.rocm.build: HIP_ARCHITECTURES is the visible gfx arch", "mamba-ssm", INSTALL, "mamba.rocm.build",
+        env=ROCM, check=lambda d, p: dict(d.steps[-1].env) == {"MAMBA_FORCE_BUILD": "TRUE", "HIP_ARCHITECTURES": "gfx942"}),
+    Row("mamba.ok", "mamba-ssm", OK, "mamba.ok", dists={"mamba-ssm": "2.3.2.post1"},
+        check=lambda d, p: d.verify and d.on_failure == "block" and not d.needs),
+    Row("mamba.block.arch: a build of ours for sm_90 only, on an sm_80 GPU", "mamba-ssm", BLOCK, "mamba.block.arch",
+        env={"gpus": ("sm_80",)}, dists={"mamba-ssm": "2.3.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
+        check=lambda d, p: "sm_80" in d.reason and "build mamba-ssm --arch sm_80,sm_90" in d.fix),
+    Row("mamba.build.no-pip: a source build needs pip", "mamba-ssm", SKIP, "mamba.build.no-pip",
+        env={**MAMBA_NO_RELEASE, "pip": False}, dists=CONV, check=lambda d, p: "ensurepip" in d.fix),
+    Row("mamba.repair.half-installed", "mamba-ssm", REPAIR, "mamba.repair.half-installed",
+        env={"half_installed": ("mamba-ssm",)}, dists={"mamba-ssm": "2.3.2.post1"},
+        check=lambda d, p: d.steps[-1].kind == "wheel" and d.steps[-1].force),
+    Row("mamba.ok.half-installed (no way to reinstall)", "mamba-ssm", OK, "mamba.ok.half-installed",
+        env={"half_installed": ("mamba-ssm",), **MAMBA_NO_RELEASE}, dists={"mamba-ssm": "2.3.2.post1"},
+        settings={"allow_build": "0"}, check=lambda d, p: d.verify and d.on_failure == "block"),
+    Row("mamba.no-release: only 2.3.2.post1 pinned and triton 3.4", "mamba-ssm", SKIP, "mamba.no-release",
+        env={"torch": "2.8.0", "triton": "3.4.0"},
+        pins=dataclasses.replace(PINS, kernel_releases={"mamba-ssm": PINS.kernel_releases["mamba-ssm"][:1]}),
+        check=lambda d, p: "no pinned mamba-ssm release fits torch 2.8.0, triton 3.4.0" in d.reason),
+    Row("mamba.no-transformers: `import mamba_ssm` imports transformers", "mamba-ssm", SKIP, "mamba.no-transformers",
+        dists={"transformers": None}, check=lambda d, p: p["causal-conv1d"].action == INSTALL),
+    Row("mamba.no-triton: its ssd kernels are triton programs", "mamba-ssm", SKIP, "mamba.no-triton",
+        env={"triton": None}, check=lambda d, p: "pip install torch==" in d.fix),
+    Row("mamba.without.causal: causal-conv1d skipped by the user: mamba-ssm alone is not installed", "mamba-ssm", SKIP,
+        "mamba.without.causal", settings={"skip": frozenset({"causal-conv1d"})},
+        check=lambda d, p: "FASTPATH_HOOKS_SKIP" in d.reason and not d.steps),
+    Row("mamba.without.causal: causal-conv1d cannot be built either (no nvcc)", "mamba-ssm", SKIP,
+        "mamba.without.causal", env={**MAMBA_NO_RELEASE, "nvcc": None, "nvcc_version": None},
+        check=lambda d, p: "only with causal-conv1d, which is not installed here: " in d.reason and "CUDA" in d.fix),
+    Row("mamba.wheel: the user's own causal-conv1d (skipped) is enough", "mamba-ssm", INSTALL, "mamba.wheel",
+        settings={"skip": frozenset({"causal-conv1d"})}, dists={"causal-conv1d": "1.5.0"},
+        check=lambda d, p: d.needs == ()),
 ]
 
 
@@ -569,8 +693,19 @@ def test_a_check_that_cannot_fail_fails_the_row(check):
 def test_every_rule_in_policy_has_a_row():
     with open(POLICY_SOURCE) as fh:
         source = fh.read()
-    literal = set(re.findall(r'"((?:skip|fla|tilelang|causal)\.[a-z0-9.\-]+)"', source))
-    assert len(literal) > 30, "the rule ids are string literals in policy.py"
+    literal = set(re.findall(r'"((?:skip|fla|tilelang|causal|mamba)\.[a-z0-9.\-]+)"', source))
+    # the compiled kernels' rules are f"{p}.<rule>", p from RULE_PREFIX: one row per kernel and rule
+    # (no-release needs pinned releases, which only mamba-ssm has)
+    compiled = set(re.findall(r'f"\{p\}\.([a-z0-9.\-]+)"', source))
+    assert len(compiled) > 20
+    literal |= {f"{prefix}.{rule}" for kernel, prefix in RULE_PREFIX.items() for rule in compiled
+                if rule != "no-release" or kernel in PINS.kernel_releases}
+    # and the ones named from pins data: imports_installed, with
+    for kernel, prefix in RULE_PREFIX.items():
+        spec = PINS.kernel(kernel)
+        literal |= {f"{prefix}.no-{name}" for name in spec.imports_installed}
+        literal |= {f"{prefix}.without.{RULE_PREFIX[k]}" for k in spec.with_kernels}
+    assert len(literal) > 60, "the rule ids are string literals in policy.py"
     covered = {r.rule for r in ROWS}
     # rule ids built at run time: skip.accelerator.<acc>, <repair rule>.offline-missing / .unrepairable
     assert "f\"skip.accelerator.{env.accelerator}\"" in source and "skip.accelerator.xpu" in covered
@@ -770,7 +905,7 @@ def test_causal_conv1d_mirror_url():
 
 def test_fresh_plans_as_if_no_kernel_were_installed():
     env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
-                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1"})
+                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1"})
     assert all(d.action == OK for d in plan_for(env).decisions.values())
     fresh = plan_for(env, fresh=True)
     assert all(d.action == INSTALL for d in fresh.decisions.values())
@@ -789,4 +924,4 @@ def test_plan_json_round_trips():
 
     data = plan_for().to_json()
     assert json.loads(json.dumps(data)) == data
-    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "tilelang"]
+    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]

@@ -32,7 +32,7 @@ def fill(value: str, paths: dict) -> str:
 # variable -> (bad values, a fragment every message must contain: what is accepted)
 BAD = {
     "FASTPATH_HOOKS_DISABLE": (["maybe", "2", "enable", "-1"], "1, true, yes, on"),
-    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, tilelang"),
+    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, mamba-ssm, tilelang"),
     "FASTPATH_HOOKS_MODE": (["dry-run", "installl", "1"], "install, report"),
     "FASTPATH_HOOKS_FIND_LINKS": (["{missing}", "{file}", "ftp://mirror.example/wheels", "{wheelhouse},{missing}"],
                                   "directories or URLs"),
@@ -49,6 +49,7 @@ BAD = {
                               "gpu="),
     "FASTPATH_HOOKS_LOG": (["verbose", "trace", "5"], "off, error, warning, info"),
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": (["github.com/x/releases", "s3://bucket/wheels"], "http://"),
+    "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": (["github.com/state-spaces/mamba/releases", "ftp://mirror/mamba"], "http://"),
     "FASTPATH_HOOKS_RETRY_AFTER": (["-1", "later", "inf"], ">= 0"),
     "FASTPATH_HOOKS_LOCK_TIMEOUT": (["0", "forever", "-3"], "greater than 0"),
 }
@@ -86,7 +87,8 @@ GOOD = [
     ({"FASTPATH_HOOKS_DISABLE": "off"}, {"disable": False}),
     ({"FASTPATH_HOOKS_SKIP": "fla, causal_conv1d"}, {"skip": frozenset({"fla", "causal-conv1d"})}),
     ({"FASTPATH_HOOKS_SKIP": "flash-linear-attention tilelang"}, {"skip": frozenset({"fla", "tilelang"})}),
-    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "tilelang"})}),
+    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "mamba-ssm", "tilelang"})}),
+    ({"FASTPATH_HOOKS_SKIP": "mamba_ssm"}, {"skip": frozenset({"mamba-ssm"})}),
     ({"FASTPATH_HOOKS_MODE": "Report"}, {"mode": "report"}),
     ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}"}, {"find_links": ("{wheelhouse}",)}),
     ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}, https://example.org/wheels/"},
@@ -108,6 +110,7 @@ GOOD = [
     ({"FASTPATH_HOOKS_LOG": "debug"}, {"log": "debug"}),
     ({"FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "https://mirror.example/cc1d/"},
      {"causal_conv1d_wheel_url": "https://mirror.example/cc1d/"}),
+    ({"FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "file:///mirror/mamba/"}, {"mamba_ssm_wheel_url": "file:///mirror/mamba/"}),
     ({"FASTPATH_HOOKS_RETRY_AFTER": "0"}, {"retry_after": 0.0}),
     ({"FASTPATH_HOOKS_LOCK_TIMEOUT": "60"}, {"lock_timeout": 60.0}),
     # an empty value counts as unset (`ENV FASTPATH_HOOKS_MODE=` in a Dockerfile)

@@ -157,12 +157,17 @@ def _tool_dirs() -> list:
 
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log."""
+    from packaging.requirements import Requirement
+
     from ..decide.commands import build_argv
     from .runner import execute
     from ..decide.policy import causal_conv1d_abi
     from .._names import cache_root
 
-    spec = pins.source_build
+    # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
+    req = Requirement(step.requirements[0])
+    pinned = [s.version for s in req.specifier if s.operator == "=="]
+    spec = pins.build(kernel, pinned[0] if pinned else None) if kernel in pins.source_builds else pins.source_build
     archs = tuple(step.archs) or ("all",)
     root = cache_root(settings)
     log = log_path(root, spec.distribution, spec.version or "", archs)

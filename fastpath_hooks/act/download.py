@@ -89,9 +89,12 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
     for step in wheels:
         _fetch(step, dest, settings)
     if builds:
+        from packaging.requirements import Requirement
+
+        kernels_built = [pins.build_for_distribution(Requirement(r).name)[0] or Requirement(r).name for r in builds]
+        how = "; ".join(f"`fastpath-hooks build {k} --arch ARCH --dest {dest}`" for k in kernels_built)
         print(f"note: source builds are not downloaded ({', '.join(builds)}); build the wheel for the target's "
-              "GPUs into the wheelhouse on a machine with its torch and nvcc: `fastpath-hooks build causal-conv1d "
-              f"--arch ARCH --dest {dest}`", file=sys.stderr)
+              f"GPUs into the wheelhouse on a machine with its torch and nvcc: {how}", file=sys.stderr)
     return sorted(os.path.join(dest, n) for n in set(os.listdir(dest)) - before) or \
         sorted(os.path.join(dest, n) for n in os.listdir(dest))
 
@@ -114,8 +117,8 @@ def _fetch(step, dest: str, settings) -> None:
             with urllib.request.urlopen(step.url, timeout=120) as resp, open(target, "wb") as out:
                 shutil.copyfileobj(resp, out)
         except OSError as exc:
-            raise DownloadError(f"could not download {step.url}: {exc} (FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL "
-                                "points at a mirror)") from None
+            raise DownloadError(f"could not download {step.url}: {exc} (FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL or "
+                                "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL points at a mirror)") from None
     try:
         _check_sha(target, step.sha256)
     except InstallError as exc:

@@ -296,7 +296,9 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
 
     root = cache_root(settings)
     meta = dict(meta)
-    meta.setdefault("distribution", "causal-conv1d")
+    from ..decide.plan import wheel_distribution
+
+    meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
     try:
         cached = wheelcache.store(root, path, meta=meta, filename=name)

@@ -54,6 +54,11 @@ class Want:
         return None
 
 
+def wheel_distribution(filename: str) -> str:
+    """The distribution a wheel file installs (a release or built wheel of a compiled kernel)."""
+    return _want("wheel", filename).name
+
+
 def _want(kind: str, raw: str) -> Want:
     if kind == "wheel" or raw.endswith(".whl"):
         filename = os.path.basename(raw)

@@ -22,7 +22,7 @@ from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step
 
-ORDER = ("fla", "causal-conv1d", "tilelang")
+ORDER = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
 TILELANG_GOOD = (OK, INSTALL, REPAIR)
 
 
@@ -32,8 +32,9 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     ctx = _Context(env, settings, pins, fresh)
     tilelang = _decide_tilelang(ctx)
     fla = _decide_fla(ctx, tilelang)
-    causal = _decide_causal(ctx)
-    decisions = {"fla": fla, "causal-conv1d": causal, "tilelang": tilelang}
+    decisions = {"fla": fla, "tilelang": tilelang}
+    decisions["causal-conv1d"] = _decide_compiled(ctx, "causal-conv1d", decisions)
+    decisions["mamba-ssm"] = _decide_compiled(ctx, "mamba-ssm", decisions)
     notes = []
     if ctx.env.accelerator is None:
         notes.append(_no_accelerator_reason(ctx.env))
@@ -561,7 +562,15 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
     return tuple(steps)
 
 
-# -- causal-conv1d -------------------------------------------------------------------
+# -- compiled kernels: causal-conv1d, mamba-ssm ------------------------------------------------
+#
+# One path, parameterized by the kernel's pins entry (release wheels, source build, releases):
+# a fitting wheel in the local cache -> a built wheel in the wheelhouse -> the release wheel ->
+# a source build for the visible GPUs (FASTPATH_HOOKS_ALLOW_BUILD); ROCm only by a build; an
+# installed build of ours without code for a visible GPU is blocked. Rule ids carry the prefix.
+
+RULE_PREFIX = {"causal-conv1d": "causal", "mamba-ssm": "mamba"}
+
 
 def causal_conv1d_abi(env) -> str:
     """TRUE/FALSE for the wheel name. Unknown (torch not imported, or posed without abi=): PyPI's
@@ -572,9 +581,14 @@ def causal_conv1d_abi(env) -> str:
     return "FALSE" if v is not None and (v.major, v.minor) < (2, 7) else "TRUE"
 
 
-def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
-    """The release wheel's file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
-    rel = pins.causal_release
+cxx11_abi_flag = causal_conv1d_abi   # every compiled kernel's wheel names use it
+
+
+def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[str | None, str]:
+    """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
+    rel = pins.release(kernel)
+    if version is not None and not same_version(version, rel.version):
+        return None, f"no release wheels are pinned for {kernel} {version}, only for {rel.version}"
     if env.os != "linux":
         return None, f"release wheels are Linux-only (this is {env.os})"
     if not env.torch_cuda:
@@ -591,44 +605,143 @@ def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
             name = rel.filename.format(version=rel.version, cuda_major=cuda_major, torch_mm=torch_mm, abi=abi,
                                        py=py, arch=env.arch)
             return name, ""
-    return None, (f"no prebuilt causal-conv1d {rel.version} wheel for torch {_mm(env.torch_version)} + CUDA {cuda_major} + "
+    return None, (f"no prebuilt {kernel} {rel.version} wheel for torch {_mm(env.torch_version)} + CUDA {cuda_major} + "
                   f"cp{py} + {env.arch} + cxx11abi {abi}")
 
 
-def _decide_causal(ctx: _Context) -> Decision:
-    installed_v = ctx.installed("causal-conv1d")
-    installed = {"causal-conv1d": installed_v} if installed_v else {}
-    common = _common(ctx, "causal-conv1d", installed=installed)
+def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
+    return release_wheel(env, pins, "causal-conv1d")
+
+
+def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
+    p = RULE_PREFIX[kernel]
+    spec = ctx.pins.kernel(kernel)
+    dist = spec.distributions[0]
+    installed_v = ctx.installed(dist)
+    installed = {dist: installed_v} if installed_v else {}
+    common = _common(ctx, kernel, installed=installed)
     if common is not None:
         return common
-    kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
-    half = installed_v is not None and "causal-conv1d" in ctx.env.half_installed
+    kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, kernel)}
+    half = installed_v is not None and dist in ctx.env.half_installed
     if installed_v and not half:
         missing = _arch_gaps(installed_v, ctx.env.gpus)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = _built_archs(installed_v)
             union = ",".join(sorted({*missing, *ctx.env.gpus, *have}))
-            return Decision(kernel="causal-conv1d", action=BLOCK, rule="causal.block.arch", on_failure=OnFailure.BLOCK,
-                            reason=f"causal-conv1d {installed_v} was built for {'+'.join(have)} only and has no code for "
+            return Decision(kernel=kernel, action=BLOCK, rule=f"{p}.block.arch", on_failure=OnFailure.BLOCK,
+                            reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
                                    f"{'+'.join(missing)}",
-                            fix=f"`pip uninstall causal-conv1d`, then `fastpath-hooks build causal-conv1d --arch "
+                            fix=f"`pip uninstall {dist}`, then `fastpath-hooks build {kernel} --arch "
                                 f"{union}` for every GPU type sharing this environment", **kw)
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
-        return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok", verify=True, on_failure=OnFailure.BLOCK,
-                        reason=f"causal-conv1d {installed_v} installed; checked once in a child process, as a "
+        return Decision(kernel=kernel, action=OK, rule=f"{p}.ok", verify=True, on_failure=OnFailure.BLOCK,
+                        reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
                                "wrong-arch build can crash at import", **kw)
-    decision = _causal_install(ctx, kw)
+    if not installed_v:
+        blocked = _prerequisites(ctx, kernel, decided, kw)
+        if blocked is not None:
+            return blocked
+    decision = _compiled_choice(ctx, kernel, decided, kw)
     if not half:
         return decision
-    what = f"causal-conv1d {installed_v} is {_HALF_INSTALLED}"
+    what = f"{dist} {installed_v} is {_HALF_INSTALLED}"
     if decision.action == INSTALL:
         steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
-        return _replace(decision, action=REPAIR, rule="causal.repair.half-installed", steps=steps,
+        return _replace(decision, action=REPAIR, rule=f"{p}.repair.half-installed", steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
-    return Decision(kernel="causal-conv1d", action=OK, rule="causal.ok.half-installed", verify=True, on_failure=OnFailure.BLOCK,
+    return Decision(kernel=kernel, action=OK, rule=f"{p}.ok.half-installed", verify=True, on_failure=OnFailure.BLOCK,
                     reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
                     fix=decision.fix, **kw)
+
+
+def _prerequisites(ctx: _Context, kernel: str, decided: dict, kw) -> Decision | None:
+    """What must be there before installing the kernel is worth it (pins: `imports_installed`,
+    which fastpath-hooks never installs, and `with`, the kernels it is only useful with)."""
+    env, p, spec = ctx.env, RULE_PREFIX[kernel], ctx.pins.kernel(kernel)
+    for name in spec.imports_installed:
+        have = env.triton if name == "triton" else env.version(name)
+        if have is None:
+            fix = ("install the triton your torch build depends on (pip install torch==<yours> reinstalls it)"
+                   if name == "triton" else f"install {name}")
+            return _skip(kernel, f"{p}.no-{name}", f"no {name}: `import {spec.module}` imports it", fix, **kw)
+    for partner in spec.with_kernels:
+        d = decided.get(partner)
+        if d is None or d.action in TILELANG_GOOD:
+            continue
+        partner_dist = ctx.pins.kernel(partner).distributions[0]
+        if ctx.installed(partner_dist):
+            continue  # the user's own (skipped or blocked) install: not ours to judge here
+        verb = "blocked" if d.action == BLOCK else "not installed"
+        return _skip(kernel, f"{p}.without.{RULE_PREFIX.get(partner, partner)}",
+                     f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}",
+                     d.fix, **kw)
+    return None
+
+
+def _release_order(ctx: _Context, kernel: str, decided: dict):
+    """(the pinned versions that fit here, in the pins' order of preference; version -> the declared
+    requirement the installed or planned distributions do not meet), or (None, why none fits).
+    A --no-deps install leaves such a requirement unmet, and the next resolver run would "fix" it
+    (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
+    env, pins = ctx.env, ctx.pins
+    releases = pins.kernel_releases.get(kernel)
+    if not releases:
+        return (pins.build(kernel).version,), {}
+    transformers = env.version("transformers")
+    fits = [r for r in releases if _in(env.torch, r.torch) and (env.triton is None or _in(env.triton, r.triton))
+            and not (transformers and not _in(transformers, r.transformers))]
+    if not fits:
+        what = f"torch {env.torch}, triton {env.triton}" + (f", transformers {transformers}" if transformers else "")
+        return None, f"no pinned {kernel} release fits {what}"
+    planned = {}
+    for d in decided.values():
+        if d.action in (INSTALL, REPAIR):
+            planned.update({canonical_name(k): v for k, v in d.target.items()})
+    clashes = {}
+    for r in fits:
+        for raw in r.declares:
+            req = Requirement(raw)
+            name = canonical_name(req.name)
+            have = planned.get(name) or ctx.installed(name)
+            if have is not None and not _in(have, req.specifier):
+                clashes.setdefault(r.version, f"{raw} while {name} {have} is "
+                                              f"{'planned' if name in planned else 'installed'}")
+    return tuple(r.version for r in fits), clashes
+
+
+def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
+    """The install of one pinned release: one that needs no build before one that does, then one
+    whose declared requirements agree with what is installed or planned, then the pins' order. When
+    none can be installed, the first one's reason."""
+    versions, clashes = _release_order(ctx, kernel, decided)
+    if versions is None:
+        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                     **kw)
+    options = [(version, _compiled_install(ctx, kernel, version, kw)) for version in versions]
+    acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
+    if not acting:
+        return options[0][1]
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == "build" for s in o[2].steps), o[1] in clashes, o[0]))
+    if version in clashes:
+        decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
+                                             "install leaves it unmet, a later resolver run could change it")
+    elif version != versions[0] and versions[0] in clashes:
+        decision = _replace(decision, reason=f"{decision.reason}; {kernel} {version}, not {versions[0]}, which declares "
+                                             f"{clashes[versions[0]]}")
+    return _with_partners(ctx, kernel, decided, decision)
+
+
+def _with_partners(ctx: _Context, kernel: str, decided: dict, decision: Decision) -> Decision:
+    """The kernels it is only useful with are ensured first (the engine's `needs`)."""
+    needs = tuple(k for k in ctx.pins.kernel(kernel).with_kernels
+                  if decided.get(k) is not None and decided[k].action in TILELANG_GOOD)
+    if not needs:
+        return decision
+    first = [k for k in needs if decided[k].action != OK]
+    return _replace(decision, needs=needs, reason=decision.reason + (
+        f"; with {', '.join(first)}, installed first" if first else f"; with {', '.join(needs)}"))
 
 
 def _built_archs(installed: str) -> tuple:
@@ -648,71 +761,93 @@ def _arch_gaps(installed: str, gpus) -> tuple:
     return tuple(g for g in gpus if cached_wheels.pair_for(g, codes) is None) if codes else ()
 
 
-def _causal_install(ctx: _Context, kw) -> Decision:
+def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
     """Preference: a fitting wheel this machine (or a shared cache) already has, a fitting built
     wheel in the wheelhouse, the release wheel, then a source build as FASTPATH_HOOKS_ALLOW_BUILD
     allows."""
+    from ..facts.settings import release_wheel_url
+
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
-    rel, build = pins.causal_release, pins.source_build
-    deps = _deps_step(ctx, pins.kernel("causal-conv1d"))
+    p, dist = RULE_PREFIX[kernel], pins.kernel(kernel).distributions[0]
+    rel, build = pins.release(kernel), pins.build(kernel, version)
+    deps = _deps_step(ctx, pins.kernel(kernel))
     dep_steps = (deps,) if deps is not None else ()
-    filename, why = causal_conv1d_wheel(env, pins)
+    filename, why = release_wheel(env, pins, kernel, version)
 
     def prebuilt(name, rule, reason, url=None, note=""):
         steps = dep_steps + (Step(kind="wheel", requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
-        version = rel.version if name == filename else build.version
-        return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule, reason=reason, steps=steps,
-                        target={"causal-conv1d": version}, **kw)
+        return Decision(kernel=kernel, action=INSTALL, rule=rule, reason=reason, steps=steps,
+                        target={dist: version}, **kw)
 
     deps_missing = ctx.missing_offline(dep_steps)
-    if not deps_missing:
-        for name in env.cached_wheels:
-            if name == filename or _built_fits(ctx, name):
-                path = os.path.join(env.wheel_cache or "", name)
-                return prebuilt(name, "causal.cache", f"{name} from the local wheel cache, {env.wheel_cache}",
-                                url="file://" + quote(path), note="from the local wheel cache, no build")
-        for name in env.wheelhouse:
-            if name != filename and _built_fits(ctx, name):
-                return prebuilt(name, "causal.wheelhouse", f"built wheel {name} from the wheelhouse",
-                                note="a wheel built for this torch and these GPUs, from the wheelhouse")
+    cached = next((n for n in env.cached_wheels if n == filename or _built_fits(ctx, n, build)), None)
+    housed = next((n for n in env.wheelhouse if n != filename and _built_fits(ctx, n, build)), None)
+    if deps_missing and (cached or housed):
+        return _skip(kernel, f"{p}.offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
+                     f"{', '.join(deps_missing)}, which {cached or housed} needs", _fetch_fix("them"), **kw)
+    if cached:
+        path = os.path.join(env.wheel_cache or "", cached)
+        return prebuilt(cached, f"{p}.cache", f"{cached} from the local wheel cache, {env.wheel_cache}",
+                        url="file://" + quote(path), note="from the local wheel cache, no build")
+    if housed:
+        return prebuilt(housed, f"{p}.wheelhouse", f"built wheel {housed} from the wheelhouse",
+                        note="a wheel built for this torch and these GPUs, from the wheelhouse")
 
     if filename is not None:
-        base = settings.causal_conv1d_wheel_url or rel.base_url.format(tag=rel.tag)
+        base = release_wheel_url(settings, kernel) or rel.base_url.format(tag=rel.tag)
         url = base.rstrip("/") + "/" + quote(filename)
         in_house = filename in env.wheelhouse
         missing = list(deps_missing)
         if settings.offline and not in_house:
             missing = [filename] + missing
         if not missing:
-            return prebuilt(filename, "causal.wheel", f"prebuilt wheel {filename}", url=None if in_house else url,
-                            note="prebuilt release wheel" + (" from the wheelhouse" if in_house else ""))
+            return prebuilt(filename, f"{p}.wheel", f"prebuilt wheel {filename}", url=None if in_house else url,
+                            note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "") +
+                                 ("" if rel.sha256.get(filename) else "; no pinned sha256 (the pins do not know it)"))
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
         if settings.allow_build == "0":
-            return _skip("causal-conv1d", "causal.offline-missing", why, _fetch_fix("the wheel", "the network"), **kw)
-    return _causal_source_build(ctx, why, kw)
+            return _skip(kernel, f"{p}.offline-missing", why, _fetch_fix("the wheel", "the network"), **kw)
+    return _compiled_source_build(ctx, kernel, build, why, kw)
 
 
-def decide_build(env, settings, pins) -> Decision:
-    """`fastpath-hooks build`: causal-conv1d's source build for `env.gpus` (the archs asked for,
-    on a host that may have no GPU), whatever wheels exist; the same compiler, arch and time
-    rules as an automatic build."""
+def decide_build(env, settings, pins, kernel: str = "causal-conv1d") -> Decision:
+    """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a
+    host that may have no GPU), whatever wheels exist; the same release choice, compiler, arch and
+    time rules as an automatic build."""
     ctx = _Context(env, settings, pins, False)
-    kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, "causal-conv1d")}
-    return _causal_source_build(ctx, "asked for by `fastpath-hooks build`", kw, asked=True)
+    kw = {"installed": {}, "transformers_uses": _transformers_uses(ctx, kernel)}
+    versions, clashes = _release_order(ctx, kernel, {})
+    if versions is None:
+        return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                     **kw)
+    version = next((v for v in versions if v not in clashes), versions[0])
+    return _compiled_source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`",
+                                  kw, asked=True)
 
 
-def built_fits(env, pins, name: str) -> bool:
-    """A built wheel (by its file name) that runs here: this torch build, Python, ABI, platform and GPUs."""
-    return _built_fits(_Context(env, None, pins, False), name)
+def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
+    """A built wheel (by its file name) of a compiled kernel's pinned version (of `kernel` when given)
+    that runs here: this torch build, Python, ABI, platform and GPUs."""
+    try:
+        dist = canonical_name(parse_wheel_filename(name)[0])
+    except (InvalidWheelFilename, InvalidVersion):
+        return False
+    owner, build = pins.build_for_distribution(dist)
+    if owner is None or (kernel is not None and owner != kernel):
+        return False
+    kernel = owner
+    ctx = _Context(env, None, pins, False)
+    versions = [r.version for r in pins.kernel_releases.get(kernel, ())] or [build.version]
+    return any(_built_fits(ctx, name, pins.build(kernel, v)) for v in versions)
 
 
-def _built_fits(ctx: _Context, name: str) -> bool:
-    env, build = ctx.env, ctx.pins.source_build
+def _built_fits(ctx: _Context, name: str, build) -> bool:
+    env = ctx.env
     if not env.torch or build.version is None:
         return False
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
-                           cuda=env.torch_cuda, hip=env.torch_hip, abi=causal_conv1d_abi(env), python=env.python,
-                           arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
+                              cuda=env.torch_cuda, hip=env.torch_hip, abi=causal_conv1d_abi(env), python=env.python,
+                              arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
 
 
 def _cuda_codes(build, nvcc_version: str | None) -> tuple:
@@ -721,14 +856,15 @@ def _cuda_codes(build, nvcc_version: str | None) -> tuple:
     return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
 
 
-def build_archs(env, pins, archs=None) -> tuple:
+def build_archs(env, pins, archs=None, build=None) -> tuple:
     """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
-    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is."""
+    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is.
+    `build`: the kernel's SourceBuild (default causal-conv1d's)."""
     gpus = tuple(archs if archs is not None else env.gpus)
     if env.torch_hip:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
-    codes = _cuda_codes(pins.source_build, env.nvcc_version)
+    codes = _cuda_codes(build or pins.source_build, env.nvcc_version)
     chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
     return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
@@ -749,63 +885,64 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) -> Decision:
-    env, settings, build = ctx.env, ctx.settings, ctx.pins.source_build
-    deps = _deps_step(ctx, ctx.pins.kernel("causal-conv1d"), extra=build.build_deps)
+def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, asked: bool = False) -> Decision:
+    env, settings = ctx.env, ctx.settings
+    p = RULE_PREFIX[kernel]
+    deps = _deps_step(ctx, ctx.pins.kernel(kernel), extra=build.build_deps)
     dep_steps = (deps,) if deps is not None else ()
     mode = settings.allow_build
     rocm = bool(env.torch_hip)
     if mode == "0":
         if rocm:
-            return _skip("causal-conv1d", "causal.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
+            return _skip(kernel, f"{p}.rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
                          "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
                          "for this machine's GPUs", **kw)
-        return _skip("causal-conv1d", "causal.no-wheel", f"source builds are off by FASTPATH_HOOKS_ALLOW_BUILD=0, and {why}",
+        return _skip(kernel, f"{p}.no-wheel", f"source builds are off by FASTPATH_HOOKS_ALLOW_BUILD=0, and {why}",
                      "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if not env.pip:  # the build runs `python -m pip wheel` (uv builds through an isolated cache of its own)
-        return _skip("causal-conv1d", "causal.build.no-pip", f"{why}, and a source build runs pip, which this "
+        return _skip(kernel, f"{p}.build.no-pip", f"{why}, and a source build runs pip, which this "
                      "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if rocm:
         why = "no prebuilt ROCm wheels"
         if not env.hipcc:
-            return _skip("causal-conv1d", "causal.rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not "
+            return _skip(kernel, f"{p}.rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not "
                          "found", "install ROCm's hipcc (ROCM_HOME, PATH or /opt/rocm)", **kw)
         compiler = "hipcc"
     else:
         if not env.nvcc or env.nvcc.startswith("nvidia-cuda-nvcc"):
-            return _skip("causal-conv1d", "causal.no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, "
+            return _skip(kernel, f"{p}.no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, "
                          "which is not found", f"install a CUDA {env.torch_cuda} toolkit (torch's) and set CUDA_HOME", **kw)
         torch_major = (env.torch_cuda or "").split(".")[0]
         if env.nvcc_version is None and mode == "auto":
-            return _skip("causal-conv1d", "causal.nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) "
+            return _skip(kernel, f"{p}.nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) "
                          "cannot be told, so a build for torch's CUDA is not started unasked",
                          "point CUDA_HOME at a toolkit whose nvcc answers --version, or set FASTPATH_HOOKS_ALLOW_BUILD=1",
                          **kw)
         if env.nvcc_version is not None and env.nvcc_version.split(".")[0] != torch_major:
-            return _skip("causal-conv1d", "causal.nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while "
+            return _skip(kernel, f"{p}.nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while "
                          f"torch is built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA "
                          "majors", f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
         compiler = f"nvcc {env.nvcc_version}" if env.nvcc_version else "nvcc"
-    archs, unsupported = build_archs(env, ctx.pins)
+    archs, unsupported = build_archs(env, ctx.pins, build=build)
     if unsupported and not rocm:
         codes = _cuda_codes(build, env.nvcc_version)
-        return _skip("causal-conv1d", "causal.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
+        return _skip(kernel, f"{p}.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
                      f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
             seconds, _ = build_estimate(build, len(_cuda_codes(build, env.nvcc_version)), env.cpus)
-            return _skip("causal-conv1d", "causal.build.unrestricted", f"{why}; a source build cannot be restricted to "
+            return _skip(kernel, f"{p}.build.unrestricted", f"{why}; a source build cannot be restricted to "
                          f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
                          f"- about {_minutes(seconds)}, an estimate",
                          "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
-        archs, rule = ("all",), "causal.rocm.build" if rocm else "causal.build.all-archs"
+        archs, rule = ("all",), f"{p}.rocm.build" if rocm else f"{p}.build.all-archs"
         n_archs = len(_cuda_codes(build, env.nvcc_version)) if not rocm else 1
     else:
-        rule = "causal.rocm.build" if rocm else "causal.build"
+        rule = f"{p}.rocm.build" if rocm else f"{p}.build"
         n_archs = len(archs)
         if rocm:
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
@@ -813,7 +950,7 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
     if rocm:
         how += " of a CUDA build"
     if seconds > settings.timeout:
-        return _skip("causal-conv1d", "causal.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
+        return _skip(kernel, f"{p}.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
@@ -822,15 +959,15 @@ def _causal_source_build(ctx: _Context, why: str, kw, *, asked: bool = False) ->
                                    f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
     missing = ctx.missing_offline(steps)
     if missing:
-        return _skip("causal-conv1d", "causal.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+        return _skip(kernel, f"{p}.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
                      "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
-    return Decision(kernel="causal-conv1d", action=INSTALL, rule=rule,
+    return Decision(kernel=kernel, action=INSTALL, rule=rule,
                     # what happens and how long first: a line cut at 160 characters keeps it (the step's note
                     # says how the estimate was made)
                     reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
                            f"{compiler}, about {_minutes(seconds)}, an estimate{allowed}; {why}",
-                    steps=steps, target={"causal-conv1d": build.version}, expected_seconds=round(seconds), **kw)
+                    steps=steps, target={build.distribution: build.version}, expected_seconds=round(seconds), **kw)
 
 
 # -- what transformers does with a kernel ---------------------------------------------
@@ -858,10 +995,14 @@ def _transformers_uses(ctx: _Context, kernel: str) -> str:
         return "transformers is not installed"
     if kernel == "tilelang":
         return "not directly: fla uses it for its Hopper backward"
-    module = "fla" if kernel == "fla" else "causal_conv1d"
+    module = ctx.pins.kernel(kernel).module
     if era == "C":
         return (f"transformers {version} (era C) uses it whenever `import {module}` succeeds when a modeling module is "
                 "imported (no device check)")
     yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
+    if kernel == "mamba-ssm":
+        return (f"transformers {version} (era {era}) asks is_mamba_ssm_available() / is_mamba_2_ssm_available(), which "
+                f"also need causal-conv1d: {'yes' if yes else 'no'} on this "
+                f"{'accelerator' if env.accelerator else 'machine (no accelerator)'}")
     return (f"transformers {version} (era {era}) asks is_{'flash_linear_attention' if kernel == 'fla' else 'causal_conv1d'}"
             f"_available(): {'yes' if yes else 'no'} on this {'accelerator' if env.accelerator else 'machine (no accelerator)'}")

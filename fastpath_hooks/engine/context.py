@@ -108,7 +108,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
         "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
-                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url],
+                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url, settings.mamba_ssm_wheel_url],
         "wheelhouse": hashlib.sha256("\n".join(env.wheelhouse).encode()).hexdigest()[:16],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
@@ -129,6 +129,8 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     for hazard in pins.hazards:
         if hazard.kernel == kernel and hazard.needs:
             names += pins.kernel(hazard.needs).distributions
+    for partner in spec.with_kernels:   # mamba-ssm is decided with causal-conv1d
+        names += pins.kernel(partner).distributions
     return tuple(sorted(set(names)))
 
 

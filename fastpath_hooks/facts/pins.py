@@ -26,9 +26,14 @@ from .._names import MODULE_OF
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")
-KERNELS = ("fla", "tilelang", "causal-conv1d")
+KERNELS = ("fla", "tilelang", "causal-conv1d", "mamba-ssm")
+# The compiled kernels: sdists with hard-coded -gencode pairs, release wheels on GitHub for some
+# torch builds, arch-restricted source builds otherwise (one decision path, parameterized by these
+# entries: kernels.<name>.release and .source_build).
+COMPILED = ("causal-conv1d", "mamba-ssm")
 _RECORD_KEYS = {
     ("kernels", "fla", "releases"): ("version",),
+    ("kernels", "mamba-ssm", "releases"): ("version",),
     ("kernels", "tilelang", "pairs"): ("tilelang",),
     ("kernels", "tilelang", "broken"): ("tilelang", "arch", "effect"),
     ("hazards",): ("id",),
@@ -68,6 +73,8 @@ class KernelSpec:
     glibc: dict = field(default_factory=dict)
     needs_nvcc: bool = False
     nvcc_packages: dict | None = None
+    with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
+    imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
 
 
 @dataclass(frozen=True)
@@ -87,7 +94,21 @@ class BrokenPair:
 
 
 @dataclass(frozen=True)
-class CausalRelease:
+class KernelRelease:
+    """One pinned release of a compiled kernel (mamba-ssm): where it fits, and the requirements its
+    metadata declares that a --no-deps install leaves unmet (a later resolver may act on them)."""
+    version: str
+    torch: SpecifierSet
+    triton: SpecifierSet
+    transformers: SpecifierSet
+    declares: tuple
+    cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
+    source: str
+
+
+@dataclass(frozen=True)
+class ReleaseWheels:
+    """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
     version: str
     tag: str
     base_url: str
@@ -96,6 +117,9 @@ class CausalRelease:
     torch_aliases: dict
     sha256: dict
     source: str
+
+
+CausalRelease = ReleaseWheels   # the name before mamba-ssm shared the scheme
 
 
 @dataclass(frozen=True)
@@ -166,16 +190,42 @@ class Pins:
     fla_releases: tuple
     tilelang_pairs: tuple
     tilelang_broken: tuple
-    causal_release: CausalRelease
-    source_build: SourceBuild
+    causal_release: ReleaseWheels      # = release_wheels["causal-conv1d"]
+    source_build: SourceBuild          # = source_builds["causal-conv1d"]
     hazards: tuple
     yanked: dict
     origins: tuple
     digest: str
     packed_sequences: PackedSequences | None = None
+    release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels
+    source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
+    kernel_releases: dict = field(default_factory=dict)   # compiled kernel -> (KernelRelease, ...) when pinned per machine
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
+
+    def release(self, kernel: str) -> ReleaseWheels:
+        return self.release_wheels[kernel]
+
+    def build(self, kernel: str, version: str | None = None) -> SourceBuild:
+        """The kernel's source build, of `version` when given (a pinned release: its own -gencode
+        table where the data has one; the measured time stays the source build's)."""
+        base = self.source_builds[kernel]
+        if version is None or (base.version is not None and same_version(base.version, version)):
+            return base
+        from dataclasses import replace
+
+        rel = next((r for r in self.kernel_releases.get(kernel, ()) if same_version(r.version, version)), None)
+        return replace(base, requirement=f"{base.distribution}=={version}",
+                       cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
+
+    def build_for_distribution(self, distribution: str):
+        """(kernel, SourceBuild) of the compiled kernel that ships `distribution`, else (None, None)."""
+        name = canonical_name(distribution)
+        for kernel, build in self.source_builds.items():
+            if build.distribution == name:
+                return kernel, build
+        return None, None
 
     def good_tvm_ffi(self, tilelang_version: str) -> tuple:
         for pair in self.tilelang_pairs:
@@ -405,6 +455,9 @@ def _build(data, origins: tuple) -> Pins:
             glibc=dict(glibc),
             needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
             nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
+            with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name),
+            imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
+                                                                        f"{e}.imports_installed")),
         )
 
     fla = kernels_raw["fla"]
@@ -455,74 +508,15 @@ def _build(data, origins: tuple) -> Pins:
                     v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
                            f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
 
-    cc = kernels_raw["causal-conv1d"]
-    rel = v.table(cc.get("release"), "kernels.causal-conv1d.release")
-    e = "kernels.causal-conv1d.release"
-    fname = v.string(rel.get("filename"), f"{e}.filename")
-    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
-        if fieldname not in fname:
-            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
-    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
-    builds = []
-    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
-        be = f"{e}.builds[{i}]"
-        v.table(b, be)
-        builds.append({
-            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
-            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
-            "python": v.strings(b.get("python"), f"{be}.python"),
-            "arch": v.strings(b.get("arch"), f"{be}.arch"),
-            "abi": v.strings(b.get("abi"), f"{be}.abi"),
-        })
-    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
-    for key, digest in sha.items():
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
-    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
-    causal = CausalRelease(
-        version=v.version(rel.get("version"), f"{e}.version"),
-        tag=v.string(rel.get("tag"), f"{e}.tag"),
-        base_url=base_url,
-        filename=fname,
-        builds=tuple(builds),
-        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
-        sha256=dict(sha),
-        source=v.source(rel, e),
-    )
-    e = "kernels.causal-conv1d.source_build"
-    sb = v.table(cc.get("source_build"), e)
-    measured = v.table(sb.get("measured"), f"{e}.measured")
-    v.source(measured, f"{e}.measured")
-    numbers = {}
-    for key in ("seconds", "archs", "cores"):
-        value = measured.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            v.fail(f"{e}.measured.{key}", "expected a positive number")
-        numbers[key] = value
-    arch_table = v.table(sb.get("cuda_archs"), f"{e}.cuda_archs")
-    v.source(arch_table, f"{e}.cuda_archs")
-    gencode = {}
-    for code, spec in v.table(arch_table.get("pairs"), f"{e}.cuda_archs.pairs").items():
-        if not (code.startswith("sm_") and code[3:].isdigit()):
-            v.fail(f"{e}.cuda_archs.pairs.{code}", "expected sm_XY (a -gencode code)")
-        gencode[code] = v.specifier(spec, f"{e}.cuda_archs.pairs.{code}")
-    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
-    v.source(bd, f"{e}.build_deps")
-    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
-                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
-    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
-    spec = list(Requirement(requirement).specifier)
-    if len(spec) != 1 or spec[0].operator != "==":
-        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
-    source_build = SourceBuild(
-        requirement=requirement,
-        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
-        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
-        build_deps=build_deps,
-        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
-        cuda_archs=gencode,
-        source=v.source(sb, e),
-    )
+    release_wheels, source_builds, kernel_releases = {}, {}, {}
+    for name in COMPILED:
+        raw = kernels_raw[name]
+        release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
+        source_builds[name] = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
+        if "releases" in raw:
+            kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
+                                                     source_builds[name])
+    causal, source_build = release_wheels["causal-conv1d"], source_builds["causal-conv1d"]
 
     hazards = []
     for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
@@ -565,10 +559,13 @@ def _build(data, origins: tuple) -> Pins:
         for i, req in enumerate(spec.runtime_deps):
             if canonical_name(Requirement(req).name) not in allowed:
                 v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
-    for i, req in enumerate(source_build.build_deps):
-        if canonical_name(Requirement(req).name) not in allowed:
-            v.fail(f"kernels.causal-conv1d.source_build.build_deps.requirements[{i}]",
-                   f"{Requirement(req).name} is not in allowed_distributions.names")
+    for name, build in source_builds.items():
+        for i, req in enumerate(build.build_deps):
+            if canonical_name(Requirement(req).name) not in allowed:
+                v.fail(f"kernels.{name}.source_build.build_deps.requirements[{i}]",
+                       f"{Requirement(req).name} is not in allowed_distributions.names")
+        if build.distribution not in kernels[name].distributions:
+            v.fail(f"kernels.{name}.source_build.requirement", f"{build.distribution} is not one of the kernel's distributions")
     for name in triton_dists:
         if name not in protected:
             v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
@@ -585,6 +582,7 @@ def _build(data, origins: tuple) -> Pins:
         fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
         causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
+        release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
     ))
 
 
@@ -608,3 +606,113 @@ def _packed_sequences(v: _V, raw) -> PackedSequences | None:
             models=v.strings(p.get("models", []), f"{pe}.models")))
     return PackedSequences(transformers=v.specifier(raw.get("transformers"), f"{e}.transformers"),
                            packages=tuple(packages), source=v.source(raw, e))
+
+
+def _kernel_names(v: _V, raw, entry: str, own: str) -> tuple:
+    names = v.strings(raw, entry)
+    for i, name in enumerate(names):
+        if name not in KERNELS or name == own:
+            v.fail(f"{entry}[{i}]", f"{name!r}: expected another kernel, one of {', '.join(k for k in KERNELS if k != own)}")
+    return names
+
+
+def _gencode_table(v: _V, raw, e: str) -> dict:
+    arch_table = v.table(raw, e)
+    v.source(arch_table, e)
+    gencode = {}
+    for code, spec in v.table(arch_table.get("pairs"), f"{e}.pairs").items():
+        if not (code.startswith("sm_") and code[3:].isdigit()):
+            v.fail(f"{e}.pairs.{code}", "expected sm_XY (a -gencode code)")
+        gencode[code] = v.specifier(spec, f"{e}.pairs.{code}")
+    return gencode
+
+
+def _release_wheels(v: _V, raw, e: str) -> ReleaseWheels:
+    rel = v.table(raw, e)
+    fname = v.string(rel.get("filename"), f"{e}.filename")
+    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
+        if fieldname not in fname:
+            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
+    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
+    builds = []
+    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
+        be = f"{e}.builds[{i}]"
+        v.table(b, be)
+        builds.append({
+            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
+            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
+            "python": v.strings(b.get("python"), f"{be}.python"),
+            "arch": v.strings(b.get("arch"), f"{be}.arch"),
+            "abi": v.strings(b.get("abi"), f"{be}.abi"),
+        })
+    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
+    for key, digest in sha.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
+    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
+    return ReleaseWheels(
+        version=v.version(rel.get("version"), f"{e}.version"),
+        tag=v.string(rel.get("tag"), f"{e}.tag"),
+        base_url=base_url,
+        filename=fname,
+        builds=tuple(builds),
+        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
+        sha256=dict(sha),
+        source=v.source(rel, e),
+    )
+
+
+def _source_build(v: _V, raw, e: str) -> SourceBuild:
+    sb = v.table(raw, e)
+    measured = v.table(sb.get("measured"), f"{e}.measured")
+    v.source(measured, f"{e}.measured")
+    numbers = {}
+    for key in ("seconds", "archs", "cores"):
+        value = measured.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            v.fail(f"{e}.measured.{key}", "expected a positive number")
+        numbers[key] = value
+    gencode = _gencode_table(v, sb.get("cuda_archs"), f"{e}.cuda_archs")
+    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
+    v.source(bd, f"{e}.build_deps")
+    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
+                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
+    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
+    spec = list(Requirement(requirement).specifier)
+    if len(spec) != 1 or spec[0].operator != "==":
+        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
+    return SourceBuild(
+        requirement=requirement,
+        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
+        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
+        build_deps=build_deps,
+        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
+        cuda_archs=gencode,
+        source=v.source(sb, e),
+    )
+
+
+def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
+    out, seen = [], set()
+    for i, r in enumerate(v.list(raw, e)):
+        re_ = f"{e}[{i}]"
+        v.table(r, re_)
+        ver = v.version(r.get("version"), f"{re_}.version")
+        if ver in seen:
+            v.fail(f"{re_}.version", f"{ver} is listed twice")
+        seen.add(ver)
+        out.append(KernelRelease(
+            version=ver,
+            torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
+            triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
+            transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
+            declares=tuple(v.requirement(x, f"{re_}.declares[{j}]") for j, x in enumerate(v.list(r.get("declares", []),
+                                                                                              f"{re_}.declares"))),
+            cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+            source=v.source(r, re_),
+        ))
+    if not out:
+        v.fail(e, "at least one release is needed")
+    if build.version is not None and not any(same_version(r.version, build.version) for r in out):
+        v.fail(e, f"the source build's {build.requirement} is not one of the releases")
+    return tuple(out)

@@ -24,7 +24,7 @@ from .frozen import FrozenMap, freeze_fields, thaw
 WATCHED_DISTRIBUTIONS = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
     "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
-    "causal-conv1d", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
+    "causal-conv1d", "mamba-ssm", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
 )
 
 

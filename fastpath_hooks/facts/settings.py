@@ -18,13 +18,15 @@ from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, 
 from .._names import TRUE_VALUES as _TRUE
 from .._names import cache_dir_given, disabled, find_links_given, log_level
 
-KERNELS = ("fla", "causal-conv1d", "tilelang")
+KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
 KERNEL_ALIASES = {
     "fla": "fla",
     "flash-linear-attention": "fla",
     "fla-core": "fla",
     "causal-conv1d": "causal-conv1d",
     "causal_conv1d": "causal-conv1d",
+    "mamba-ssm": "mamba-ssm",
+    "mamba_ssm": "mamba-ssm",
     "tilelang": "tilelang",
 }
 MODES = ("install", "report")
@@ -40,7 +42,7 @@ DEFAULT_RETRY_AFTER = 3600.0
 # (tests/test_settings.py compares them).
 VARIABLES = {
     "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",
-    "FASTPATH_HOOKS_SKIP": "comma list of kernels to leave alone: fla, causal-conv1d, tilelang",
+    "FASTPATH_HOOKS_SKIP": "comma list of kernels to leave alone: fla, causal-conv1d, mamba-ssm, tilelang",
     "FASTPATH_HOOKS_MODE": "install (default): act on the plan; report: decide and report, never install",
     "FASTPATH_HOOKS_FIND_LINKS": "comma or whitespace separated wheel directories or URLs, searched by the installer",
     "FASTPATH_HOOKS_OFFLINE": "1: never reach an index; install only from FASTPATH_HOOKS_FIND_LINKS",
@@ -48,7 +50,7 @@ VARIABLES = {
     "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or find-links, "
                                  "which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
-    "FASTPATH_HOOKS_ALLOW_BUILD": ("source builds of causal-conv1d when no prebuilt wheel fits: auto (default: only with nvcc "
+    "FASTPATH_HOOKS_ALLOW_BUILD": ("source builds of causal-conv1d and mamba-ssm when no prebuilt wheel fits: auto (default: only with nvcc "
                                    "of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 (also for all "
                                    "archs: long), 0 (never)"),
     "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
@@ -58,6 +60,7 @@ VARIABLES = {
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
                            "info (default) or debug"),
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "base URL (http(s):// or file://) of a causal-conv1d release-wheel mirror",
+    "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "base URL (http(s):// or file://) of a mamba-ssm release-wheel mirror",
     "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
 }
@@ -88,6 +91,7 @@ class Settings:
     target: str | None = None
     log: str = DEFAULT_LOG
     causal_conv1d_wheel_url: str | None = None
+    mamba_ssm_wheel_url: str | None = None
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     # Variables the user set (names only): lets reports tell defaults from choices.
@@ -126,6 +130,7 @@ class Settings:
         parse("FASTPATH_HOOKS_TARGET", "target", _target_spec)
         parse(LOG, "log", _log_level)
         parse("FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "causal_conv1d_wheel_url", _url(("http", "https", "file")))
+        parse("FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL", "mamba_ssm_wheel_url", _url(("http", "https", "file")))
         parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", _seconds_or_zero)
         parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
 
@@ -176,6 +181,7 @@ class Settings:
             "target": self.target,
             "log": self.log,
             "causal_conv1d_wheel_url": self.causal_conv1d_wheel_url,
+            "mamba_ssm_wheel_url": self.mamba_ssm_wheel_url,
             "retry_after": self.retry_after,
             "lock_timeout": self.lock_timeout,
         }
@@ -328,3 +334,8 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 
     match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
     return match[0] if match else None
+
+
+def release_wheel_url(settings, kernel: str) -> str | None:
+    """The user's mirror of a compiled kernel's release wheels (FASTPATH_HOOKS_<KERNEL>_WHEEL_URL)."""
+    return getattr(settings, kernel.replace("-", "_") + "_wheel_url", None)

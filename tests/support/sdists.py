@@ -1,4 +1,4 @@
-"""A stand-in causal-conv1d sdist and a fake CUDA toolkit, for source builds on a CPU machine.
+"""Stand-in causal-conv1d and mamba-ssm sdists and a fake CUDA toolkit, for source builds on a CPU machine.
 
 The sdist's setup.py does what the real one (1.6.2.post1) does where fastpath-hooks
 relies on it: without CAUSAL_CONV1D_FORCE_BUILD=TRUE it first tries to download a
@@ -173,3 +173,57 @@ def gencode_codes(argv) -> list:
         if pair:
             out.append(pair.split("code=", 1)[1])
     return out
+
+
+# -- mamba-ssm -------------------------------------------------------------------------------
+
+MAMBA_SOURCES = ("csrc/selective_scan/selective_scan.cpp",) + tuple(
+    f"csrc/selective_scan/selective_scan_{kind}.cu" for kind in (
+        "fwd_fp32", "fwd_fp16", "fwd_bf16", "bwd_fp32_real", "bwd_fp32_complex", "bwd_fp16_real",
+        "bwd_fp16_complex", "bwd_bf16_real", "bwd_bf16_complex"))
+
+
+def _mamba_setup(version: str, requires) -> str:
+    """The causal-conv1d stand-in's setup.py, with mamba-ssm's switches (MAMBA_FORCE_BUILD,
+    MAMBA_SKIP_CUDA_BUILD), its nine .cu files and its package tree (the real 2.3.2.post1 hard-codes
+    the same -gencode pairs by nvcc version)."""
+    text = _SETUP.replace("CAUSAL_CONV1D_FORCE_BUILD", "MAMBA_FORCE_BUILD")
+    text = text.replace("CAUSAL_CONV1D_SKIP_CUDA_BUILD", "MAMBA_SKIP_CUDA_BUILD")
+    text = text.replace('"causal-conv1d: could not download', '"mamba-ssm: could not download')
+    cu = [s for s in MAMBA_SOURCES if s.endswith(".cu")]
+    text = text.replace('SOURCES = ["csrc/causal_conv1d.cu", "csrc/causal_conv1d_fwd.cu", "csrc/causal_conv1d_bwd.cu"]',
+                        f"SOURCES = {cu!r}")
+    old = ('setup(name="causal_conv1d", version="VERSION", packages=["causal_conv1d"], install_requires=["packaging"],')
+    assert old in text
+    packages = ["mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton"]
+    return text.replace(old, f'setup(name="mamba_ssm", version="{version}", packages={packages!r}, '
+                             f'install_requires={list(requires)!r},')
+
+
+def mamba_ssm_sdist(dest: str, version: str = "2.3.2.post1", *, requires=None) -> str:
+    """Write mamba_ssm-<version>.tar.gz into `dest` (the stand-in package of wheels.mamba_ssm_files,
+    built by a setup.py that compiles like the real one, see _mamba_setup); return its path."""
+    from .wheels import MAMBA_REQUIRES, mamba_ssm_files
+
+    if requires is None:
+        requires = MAMBA_REQUIRES.get(version, MAMBA_REQUIRES["2.3.2.post1"])
+    os.makedirs(dest, exist_ok=True)
+    root = f"mamba_ssm-{version}"
+    files = {
+        "setup.py": _mamba_setup(version, requires),
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61.0.0", "wheel", "packaging", "ninja"]\n'
+                          'build-backend = "setuptools.build_meta"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: mamba_ssm\nVersion: {version}\n" +
+                    "".join(f"Requires-Dist: {r}\n" for r in requires),
+        **mamba_ssm_files(version),
+    }
+    for src in MAMBA_SOURCES:
+        files[src] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
+    path = os.path.join(dest, f"{root}.tar.gz")
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"{root}/{name}")
+            info.size, info.mtime, info.mode = len(data), 1700000000, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path

@@ -255,48 +255,276 @@ def simple_index(wheel_dir: str, index_dir: str) -> str:
     return "file://" + os.path.abspath(index_dir) + "/"
 
 
-# -- mamba-ssm --------------------------------------------------------------------------
+# -- mamba-ssm ------------------------------------------------------------------------------
 
-# The real package's layout where transformers looks (read from the mamba-ssm 2.3.2.post1 sdist): the root
-# re-exports selective_scan_fn / mamba_inner_fn and loads the triton ops (era B reads them there); selective_scan_interface imports
-# the compiled `selective_scan_cuda` and triton.layer_norm (so does transformers 4.57's kernels/falcon_mamba).
-# The functions keep their real names and count their calls; they compute nothing (resolution tests).
-_MAMBA_FUNCTION = '''
-def NAME(*args, **kwargs):
-    CALLS["NAME"] += 1
-    raise NotImplementedError("stand-in mamba_ssm: NAME is resolved, not computed")
+# The real wheels' Requires-Dist (read from the sdists' PKG-INFO): 2.3.2 / 2.3.2.post1 pin the
+# Mamba-3 tilelang pair (guarded import); 2.3.1 declares neither.
+MAMBA_REQUIRES = {
+    "2.3.2.post1": ("torch", "tilelang==0.1.8", "apache-tvm-ffi<=0.1.9", "quack-kernels>=0.3.4", "triton>=3.5.0",
+                    "ninja", "einops", "transformers", "packaging", "setuptools>=61.0.0"),
+    "2.3.1": ("torch", "triton", "ninja", "einops", "transformers", "packaging", "setuptools>=61.0.0"),
+}
+MAMBA_REQUIRES["2.3.2"] = MAMBA_REQUIRES["2.3.2.post1"]
+
+_MAMBA_INIT = '''
+__version__ = "VERSION"
+FAKE_MAMBA_SSM = True
+# The real package imports its compiled selective_scan_cuda here (unconditionally).
+from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, mamba_inner_fn  # noqa: E402,F401
+# the real root imports Mamba / Mamba2, whose modules load the triton ops: era B reaches them from the root
+import mamba_ssm.ops.triton.selective_state_update  # noqa: E402,F401
+import mamba_ssm.ops.triton.ssd_combined  # noqa: E402,F401
+'''
+
+_MAMBA_CALLS = '''
+"""Counts of the fake kernels' calls (tests read these to see the kernel path ran)."""
+CALLS = {"chunk_scan": 0, "split_conv1d_scan": 0, "state_update": 0, "selective_scan": 0, "inner": 0}
+'''
+
+_SSD = '''
+"""Fake mamba_ssm.ops.triton.ssd_combined: the Mamba-2 scan as a float32 torch recurrence."""
+import torch
+import torch.nn.functional as F
+
+from mamba_ssm.ops._calls import CALLS
+
+FAKE_MAMBA_SSM = True
+
+
+def _dt(dt, dt_bias, dt_softplus, dt_limit):
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if dt_softplus:
+        dt = F.softplus(dt)
+    lo, hi = dt_limit
+    if lo > 0.0 or hi != float("inf"):
+        dt = dt.clamp(min=lo, max=hi)
+    return dt
+
+
+def _scan(x, dt, A, B, C, D, z, initial_states):
+    """x (b,l,h,p), dt (b,l,h) already processed, A (h), B/C (b,l,g,n) -> y (b,l,h,p), state (b,h,p,n)."""
+    b, l, h, p = x.shape
+    g, n = B.shape[2], B.shape[3]
+    xf = x.float()
+    Bf = B.float().repeat_interleave(h // g, dim=2)
+    Cf = C.float().repeat_interleave(h // g, dim=2)
+    state = x.new_zeros(b, h, p, n, dtype=torch.float32) if initial_states is None else initial_states.float()
+    outs = []
+    for t in range(l):
+        dA = torch.exp(dt[:, t] * A.float())                                     # (b,h)
+        state = state * dA[..., None, None] + (dt[:, t][..., None] * xf[:, t])[..., None] * Bf[:, t][:, :, None, :]
+        outs.append(torch.einsum("bhpn,bhn->bhp", state, Cf[:, t]))
+    y = torch.stack(outs, dim=1)
+    if D is not None:
+        Df = D.float()
+        y = y + (Df[..., None] if Df.dim() == 1 else Df) * xf
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(x.dtype), state
+
+
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, chunk_indices=None, chunk_offsets=None, cu_seqlens=None,
+                              dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+                              return_varlen_states=False):
+    CALLS["chunk_scan"] += 1
+    y, state = _scan(x, _dt(dt, dt_bias, dt_softplus, dt_limit), A, B, C, D, z, initial_states)
+    return (y, state) if return_final_states else y
+
+
+def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                                     initial_states=None, seq_idx=None, dt_limit=(0.0, float("inf")),
+                                     return_final_states=False, activation="silu", rmsnorm_weight=None,
+                                     rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
+                                     ngroups=1, norm_before_gate=True):
+    CALLS["split_conv1d_scan"] += 1
+    b, l, _ = zxbcdt.shape
+    nheads = A.shape[0]
+    dim = conv1d_weight.shape[0]                      # d_inner + 2 * ngroups * d_state
+    d_inner = nheads * headdim if headdim is not None else (D.shape[0] if D.dim() > 1 else None)
+    dstate = (dim - d_inner) // (2 * ngroups)
+    z, xbc, dt = torch.split(zxbcdt, [d_inner, dim, nheads], dim=-1)
+    width = conv1d_weight.shape[-1]
+    xbc = F.conv1d(xbc.transpose(1, 2), conv1d_weight.unsqueeze(1) if conv1d_weight.dim() == 2 else conv1d_weight,
+                   conv1d_bias, padding=width - 1, groups=dim)[..., :l].transpose(1, 2)
+    if activation in ("silu", "swish"):
+        xbc = F.silu(xbc)
+    x, B, C = torch.split(xbc, [d_inner, ngroups * dstate, ngroups * dstate], dim=-1)
+    p = d_inner // nheads
+    y, state = _scan(x.reshape(b, l, nheads, p), _dt(dt, dt_bias, True, dt_limit), A,
+                     B.reshape(b, l, ngroups, dstate), C.reshape(b, l, ngroups, dstate), D,
+                     None, initial_states)
+    y = y.reshape(b, l, d_inner).float()
+    if rmsnorm_weight is not None:
+        zf = F.silu(z.float())
+        if not norm_before_gate:
+            y = y * zf
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + rmsnorm_eps) * rmsnorm_weight.float()
+        if norm_before_gate:
+            y = y * zf
+    else:
+        y = y * F.silu(z.float())
+    y = y.to(zxbcdt.dtype)
+    if outproj_weight is not None:
+        y = F.linear(y, outproj_weight, outproj_bias)
+    return (y, state) if return_final_states else y
+'''
+
+_STATE_UPDATE = '''
+"""Fake mamba_ssm.ops.triton.selective_state_update: one recurrent step in torch, state updated in place."""
+import torch
+import torch.nn.functional as F
+
+from mamba_ssm.ops._calls import CALLS
+
+FAKE_MAMBA_SSM = True
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, pad_slot_id=-1, out=None, **kwargs):
+    CALLS["state_update"] += 1
+    heads = state.dim() == 4
+    if not heads:                                       # (b, d, n): one "head"
+        state, x, dt, A, B, C = state[:, None], x[:, None], dt[:, None], A[None], B[:, None], C[:, None]
+        D = D[None] if D is not None else None
+        z = z[:, None] if z is not None else None
+        dt_bias = dt_bias[None] if dt_bias is not None else None
+    h = state.shape[1]
+    g = B.shape[1]
+    dtf = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    if dt_softplus:
+        dtf = F.softplus(dtf)
+    Bf = B.float().repeat_interleave(h // g, dim=1)     # (b,h,n)
+    Cf = C.float().repeat_interleave(h // g, dim=1)
+    dA = torch.exp(dtf[..., None] * A.float())          # (b,h,p,n)
+    new = state.float() * dA + (dtf * x.float())[..., None] * Bf[:, :, None, :]
+    state.copy_(new.to(state.dtype))
+    y = torch.einsum("bhpn,bhn->bhp", new, Cf)
+    if D is not None:
+        y = y + D.float() * x.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    y = y.to(x.dtype)
+    if not heads:
+        y = y[:, 0]
+    if out is not None:
+        out.copy_(y)
+    return y
+'''
+
+_SELECTIVE = '''
+"""Fake mamba_ssm.ops.selective_scan_interface: Mamba-1's selective scan (the reference recurrence)."""
+import selective_scan_cuda  # noqa: F401  (the compiled extension, as in the real module)
+import torch
+import torch.nn.functional as F
+
+from mamba_ssm.ops._calls import CALLS
+
+FAKE_MAMBA_SSM = True
+
+
+def _selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                    return_last_state=False):
+    dtype = u.dtype
+    u, delta = u.float(), delta.float()
+    if delta_bias is not None:
+        delta = delta + delta_bias[..., None].float()
+    if delta_softplus:
+        delta = F.softplus(delta)
+    b, d, l = u.shape
+    n = A.shape[1]
+
+    def per_step(M):                                      # (d,n) | (b,n,l) | (b,g,n,l) -> (b|1, d|1, n, l|1)
+        M = M.float()
+        if M.dim() == 2:
+            return M[None, :, :, None]
+        if M.dim() == 3:
+            return M[:, None]
+        return M.repeat_interleave(d // M.shape[1], dim=1)
+
+    Bf, Cf = per_step(B), per_step(C)
+    state = u.new_zeros(b, d, n)
+    ys = []
+    for t in range(l):
+        dA = torch.exp(delta[:, :, t, None] * A.float())
+        Bt, Ct = Bf[..., min(t, Bf.shape[-1] - 1)], Cf[..., min(t, Cf.shape[-1] - 1)]
+        state = state * dA + delta[:, :, t, None] * Bt * u[:, :, t, None]
+        ys.append((state * Ct).sum(-1))
+    y = torch.stack(ys, dim=2)
+    if D is not None:
+        y = y + u * D.float()[:, None]
+    if z is not None:
+        y = y * F.silu(z.float())
+    y = y.to(dtype)
+    return (y, state) if return_last_state else y
+
+
+def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                      return_last_state=False):
+    CALLS["selective_scan"] += 1
+    return _selective_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+
+
+def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+                   out_proj_bias, A, B=None, C=None, D=None, delta_bias=None, B_proj_bias=None,
+                   C_proj_bias=None, delta_softplus=True, checkpoint_lvl=1, b_rms_weight=None,
+                   c_rms_weight=None, dt_rms_weight=None, b_c_dt_rnorm_eps=1e-6):
+    CALLS["inner"] += 1
+    l = xz.shape[-1]
+    d_state = A.shape[-1]
+    delta_rank = delta_proj_weight.shape[1]
+    x, z = xz.chunk(2, dim=1)
+    width = conv1d_weight.shape[-1]
+    weight = conv1d_weight if conv1d_weight.dim() == 3 else conv1d_weight.unsqueeze(1)
+    x = F.silu(F.conv1d(x, weight, conv1d_bias, padding=width - 1, groups=x.shape[1])[..., :l])
+    x_dbl = F.linear(x.transpose(1, 2).reshape(-1, x.shape[1]), x_proj_weight)      # (b*l, r + 2n)
+    delta = F.linear(x_dbl[:, :delta_rank], delta_proj_weight).reshape(xz.shape[0], l, -1).transpose(1, 2)
+    B = x_dbl[:, delta_rank:delta_rank + d_state].reshape(xz.shape[0], l, d_state).transpose(1, 2) if B is None else B
+    C = x_dbl[:, -d_state:].reshape(xz.shape[0], l, d_state).transpose(1, 2) if C is None else C
+    y = _selective_scan(x, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return F.linear(y.transpose(1, 2), out_proj_weight, out_proj_bias)
 '''
 
 
-def _mamba_module(doc: str, names, head: str = "") -> str:
-    body = f'"""{doc}"""\n{head}CALLS = {{{", ".join(f"{n!r}: 0" for n in names)}}}\nFAKE_MAMBA_SSM = True\n'
-    return body + "".join(_MAMBA_FUNCTION.replace("NAME", n) for n in names)
-
-
-def mamba_ssm_wheel(dest: str, version: str = "2.3.2.post1", *, requires=(), tag: str = "py3-none-any",
-                    filename: str | None = None) -> str:
-    """A stand-in mamba-ssm wheel: mamba_ssm.ops.triton.ssd_combined (mamba_chunk_scan_combined,
-    mamba_split_conv1d_scan_combined), .ops.triton.selective_state_update, .ops.selective_scan_interface
-    (selective_scan_fn, mamba_inner_fn), the root's `__version__` and re-exports, and the top-level
-    `selective_scan_cuda` extension module the real wheel ships."""
-    files = {
-        # the real root imports Mamba / Mamba2, whose modules load ops.triton.selective_state_update and
-        # ssd_combined: era B reaches them from the root by attribute (`resolve_internal_import`)
-        "mamba_ssm/__init__.py": (f'__version__ = "{version}"\nFAKE_MAMBA_SSM = True\n\n'
-                                  "from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, mamba_inner_fn\n"
-                                  "import mamba_ssm.ops.triton.selective_state_update  # noqa: F401\n"
-                                  "import mamba_ssm.ops.triton.ssd_combined  # noqa: F401\n"),
+def mamba_ssm_files(version: str) -> dict:
+    """The stand-in `mamba_ssm` package (path -> text); wheels and the stand-in sdist share it."""
+    return {
+        "mamba_ssm/__init__.py": _MAMBA_INIT.replace("VERSION", version),
         "mamba_ssm/ops/__init__.py": "",
+        "mamba_ssm/ops/_calls.py": _MAMBA_CALLS,
         "mamba_ssm/ops/triton/__init__.py": "",
-        "mamba_ssm/ops/triton/ssd_combined.py": _mamba_module(
-            "Stand-in Mamba-2 chunked scans.", ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
-        "mamba_ssm/ops/triton/selective_state_update.py": _mamba_module(
-            "Stand-in decoding step.", ("selective_state_update",)),
-        "mamba_ssm/ops/triton/layer_norm.py": _mamba_module("Stand-in fused layer norm.", ("_layer_norm_fwd",)),
-        "mamba_ssm/ops/selective_scan_interface.py": _mamba_module(
-            "Stand-in selective scan (Mamba-1).", ("selective_scan_fn", "mamba_inner_fn"),
-            head="import selective_scan_cuda  # noqa: F401  (the compiled extension, as in the real module)\n"
-                 "from mamba_ssm.ops.triton.layer_norm import _layer_norm_fwd  # noqa: F401\n"),
+        "mamba_ssm/ops/triton/ssd_combined.py": _SSD,
+        "mamba_ssm/ops/triton/selective_state_update.py": _STATE_UPDATE,
+        "mamba_ssm/ops/selective_scan_interface.py": _SELECTIVE,
+        # as the real wheel: a fused layer norm transformers 4.57's kernels/falcon_mamba imports, and the
+        # top-level compiled extension
+        "mamba_ssm/ops/triton/layer_norm.py": '"""Stand-in fused layer norm."""\nFAKE_MAMBA_SSM = True\n\n\n'
+                                              'def _layer_norm_fwd(*args, **kwargs):\n'
+                                              '    raise NotImplementedError("stand-in mamba_ssm")\n',
         "selective_scan_cuda.py": '"""Stand-in of mamba-ssm\'s compiled extension module."""\nFAKE_MAMBA_SSM = True\n',
     }
+
+
+def mamba_ssm_wheel(dest: str, version: str = "2.3.2.post1", *, filename: str | None = None,
+                    requires=None, crash: bool = False) -> str:
+    """A stand-in mamba-ssm wheel: the five kernel functions transformers imports, in plain torch.
+
+    Its metadata declares the real release's Requires-Dist (MAMBA_REQUIRES: 2.3.2.post1 pins
+    tilelang==0.1.8 and apache-tvm-ffi<=0.1.9), unless `requires` says otherwise. `filename`: a
+    release-style name (mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp311-cp311-linux_x86_64.whl);
+    default py3-none-any. crash=True: `import mamba_ssm` aborts the process (a broken build).
+    """
+    if requires is None:
+        requires = MAMBA_REQUIRES.get(version, MAMBA_REQUIRES["2.3.2.post1"])
+    files = mamba_ssm_files(version)
+    tag = "py3-none-any"
+    if filename:
+        stem = filename[: -len(".whl")]
+        parts = stem.split("-")
+        version, tag = parts[1], "-".join(parts[2:])
+        files["mamba_ssm/__init__.py"] = _MAMBA_INIT.replace("VERSION", version)
+    if crash:
+        files["mamba_ssm/__init__.py"] = "import os\nos.abort()\n" + files["mamba_ssm/__init__.py"]
     return build_wheel(dest, "mamba-ssm", version, files, requires=tuple(requires), tag=tag, filename=filename)
