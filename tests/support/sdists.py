@@ -197,7 +197,7 @@ def _mamba_setup(version: str, requires) -> str:
     assert old in text
     packages = ["mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.triton"]
     return text.replace(old, f'setup(name="mamba_ssm", version="{version}", packages={packages!r}, '
-                             f'install_requires={list(requires)!r},')
+                             f'py_modules=["selective_scan_cuda"], install_requires={list(requires)!r},')
 
 
 def mamba_ssm_sdist(dest: str, version: str = "2.3.2.post1", *, requires=None) -> str:
