@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow   # real venvs, real pip/uv installs and builds
+
 from conftest import offline_env
 from support import sdists, venvs, wheels
 from support.venvs import clean_env
