@@ -13,6 +13,10 @@ VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang", "mamba_ssm": "mamba-ssm"}
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
 KERNELS = tuple(MODULE_OF)
+# A kernel that only serves another (tilelang: fla's Hopper backend) is not installed for another
+# package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
+# it nor what it serves is on the path: that import goes on as without fastpath-hooks.
+SERVES = {"tilelang": ("fla",)}   # module -> modules it serves
 GATES_MODULE = "transformers.utils.import_utils"
 WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
 TRUE_VALUES = ("1", "true", "yes", "on")

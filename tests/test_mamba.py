@@ -262,3 +262,23 @@ def test_build_mamba_ssm_for_a_cluster_then_nodes_install_offline_with_builds_fo
     assert toolkit.calls() == calls, "no compiler on the node"
     assert _imports(node) == {"mamba-ssm": "2.3.2.post1" + LABEL, "causal-conv1d": "1.6.2.post1" + LABEL,
                               "five": [True] * 5}
+
+
+def test_mamba_ssms_optional_tilelang_import_installs_nothing_until_fla_asks(make_venv, make_wheelhouse, test_pins,
+                                                                              tmp_path):
+    """mamba-ssm 2.3.2.post1 tries `import tilelang` for its Mamba-3 kernels (guarded by `except ImportError`).
+    On a posed Hopper with triton 3.6, with the tilelang pair in the wheelhouse, that import installs nothing
+    while neither tilelang nor fla is here (tilelang serves fla); `import fla` still brings its pair."""
+    house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi=("0.1.12",), causal=True)
+    venv = make_venv()
+    env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
+    optional = ("import fastpath_hooks; fastpath_hooks.install()\n"
+                "try:\n    import tilelang\n    print('imported', tilelang.__version__)\n"
+                "except ImportError as exc:\n    print(type(exc).__name__)\n")
+    proc = venv.run(optional, env=env)
+    assert proc.stdout.strip() == "ModuleNotFoundError", proc.stdout + proc.stderr
+    assert "tilelang" not in venv.versions() and "tilelang" not in proc.stderr
+    proc = venv.run("import fastpath_hooks; fastpath_hooks.install()\nimport fla, tilelang\nprint(tilelang.__version__)",
+                    env=env)
+    assert proc.stdout.strip() == "0.1.15", proc.stdout + proc.stderr
+    assert venv.versions()["tilelang"] == "0.1.15"

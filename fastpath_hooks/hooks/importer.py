@@ -19,7 +19,7 @@ import sys
 import _thread
 
 from .. import hooks
-from .._names import GATES_MODULE, KERNEL_MODULES
+from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -77,6 +77,9 @@ def _before_kernel_import(fullname):
     kernel = KERNEL_MODULES[fullname]
     if not hooks.selected(kernel):
         return None
+    served = SERVES.get(fullname)
+    if served and not any(_on_path(name) for name in (fullname, *served)):
+        return None   # someone else's optional import (see _names.SERVES): not ours to install
     try:
         from .. import engine
 
@@ -89,6 +92,14 @@ def _before_kernel_import(fullname):
     from importlib.machinery import ModuleSpec
 
     return ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _on_path(module: str) -> bool:
+    """Whether a top-level module is installed, asked of the path finder alone (never of
+    sys.meta_path, where this finder would decide it)."""
+    from importlib.machinery import PathFinder
+
+    return PathFinder.find_spec(module) is not None
 
 
 def _after_import_spec(fullname, path, target):
