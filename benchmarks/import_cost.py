@@ -49,7 +49,7 @@ def package_dir(python: str) -> str:
 
 def compile_package(python: str, pkg: str) -> list[str]:
     """Write the .pyc of every module of the package, with the measured interpreter."""
-    sources = sorted(glob.glob(os.path.join(pkg, "*.py")))
+    sources = sorted(glob.glob(os.path.join(pkg, "**", "*.py"), recursive=True))   # the subpackages too
     code = ("import py_compile, sys\n"
             "for path in sys.argv[1:]:\n"
             "    py_compile.compile(path, doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)\n")

@@ -7,8 +7,16 @@ Importing this package is nearly free (it runs at interpreter start when enabled
 everything heavy loads the first time transformers or a kernel import needs it.
 """
 
-from ._names import VERSION as __version__
 __all__ = ["install", "uninstall", "__version__"]
+
+
+def __getattr__(name):
+    # `import fastpath_hooks` loads nothing else: the version lives in the leaf, read when asked for
+    if name == "__version__":
+        from ._names import VERSION
+
+        return VERSION
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install(*, kernels=None, on_event=None):

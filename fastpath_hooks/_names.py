@@ -39,7 +39,7 @@ LOG_LEVELS = ("off", "error", "warning", "info", "debug")
 DEFAULT_LOG = "info"
 
 
-def _environ(environ):
+def environ_of(environ):
     if environ is None:
         import os
 
@@ -49,31 +49,17 @@ def _environ(environ):
 
 def disabled(environ=None) -> bool:
     """FASTPATH_HOOKS_DISABLE: read first at start, before anything of ours is imported."""
-    return _environ(environ).get(DISABLE, "").strip().lower() in TRUE_VALUES
-
-
-def log_level(environ=None) -> str | None:
-    """FASTPATH_HOOKS_LOG as given (lower case), the default when unset, None when not a level
-    (settings reports the bad value; events then uses the default)."""
-    raw = _environ(environ).get(LOG, "").strip().lower()
-    if not raw:
-        return DEFAULT_LOG
-    return raw if raw in LOG_LEVELS else None
-
-
-def find_links_given(environ=None) -> tuple:
-    """FASTPATH_HOOKS_FIND_LINKS's entries (comma or whitespace separated) as given; () when unset."""
-    return tuple(_environ(environ).get(FIND_LINKS, "").replace(",", " ").split())
+    return environ_of(environ).get(DISABLE, "").strip().lower() in TRUE_VALUES
 
 
 def given(environ=None) -> tuple:
     """Every FASTPATH_HOOKS_* variable set, as sorted (name, value) pairs."""
-    return tuple(sorted((k, v) for k, v in _environ(environ).items() if k.startswith(PREFIX)))
+    return tuple(sorted((k, v) for k, v in environ_of(environ).items() if k.startswith(PREFIX)))
 
 
 def local_rank(environ=None):
     """This process's rank on its node, where a launcher says it; None where none does."""
-    env = _environ(environ)
+    env = environ_of(environ)
 
     def number(raw):
         try:
@@ -90,48 +76,3 @@ def local_rank(environ=None):
         size_value = number(size)
         return number(rank) % size_value if size_value > 0 else 0
     return None
-
-
-def environment_key() -> str:
-    """This environment (sys.prefix): sys.executable differs between `python` and a console script
-    in one venv; the prefix does not."""
-    import hashlib
-    import os
-    import sys
-
-    return hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:16]
-
-
-def cache_dir_given(environ=None) -> str | None:
-    """FASTPATH_HOOKS_CACHE_DIR as an absolute path, None when unset."""
-    import os
-
-    raw = _environ(environ).get(CACHE_DIR, "").strip()
-    return os.path.abspath(os.path.expanduser(raw)) if raw else None
-
-
-def cache_root_from_environ(environ=None) -> str:
-    """The cache root FASTPATH_HOOKS_CACHE_DIR names (as settings parses it), without parsing the
-    settings: the warm path's."""
-    return cache_dir_given(environ) or default_cache_root(environ)
-
-
-def default_cache_root(environ=None) -> str:
-    """platformdirs' user cache dir; on Linux computed the same way without importing it (~10 ms)."""
-    import os
-    import sys
-
-    env = _environ(environ)
-    if sys.platform.startswith("linux"):
-        base = env.get("XDG_CACHE_HOME", "")
-        if not base.strip():
-            base = os.path.expanduser("~/.cache")
-        return os.path.join(base, "fastpath-hooks")
-    import platformdirs
-
-    return platformdirs.user_cache_dir("fastpath-hooks", appauthor=False)
-
-
-def cache_root(settings) -> str:
-    """The cache root of parsed settings."""
-    return settings.cache_dir or default_cache_root()

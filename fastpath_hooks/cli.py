@@ -141,7 +141,7 @@ def _snapshot(settings, pins):
 def _doctor(args) -> int:
     from .hooks import activation
     from . import report
-    from ._names import cache_root
+    from ._environ import cache_root
     from .act.state import VerdictCache
 
     settings, pins = _context(args)
@@ -259,7 +259,7 @@ def _build(args) -> int:
     from .decide.policy import built_fits, decide_build
     from .facts.probe import probe, with_nvcc_version
     from .engine.lock import EnvironmentLock, LockUnavailable
-    from ._names import cache_root
+    from ._environ import cache_root
     from .act.state import environment_state_dir
 
     settings, pins = _context(args)
@@ -338,7 +338,7 @@ def _export(path: str, dest) -> int:
 
 def _cache_list(args) -> int:
     from . import report
-    from ._names import cache_root
+    from ._environ import cache_root
 
     settings, _ = _context(args)
     data = report.wheel_cache_json(cache_root(settings))
@@ -351,7 +351,7 @@ def _cache_list(args) -> int:
 
 def _cache_clear(args) -> int:
     from .act import wheelcache
-    from ._names import cache_root
+    from ._environ import cache_root
 
     settings, pins = _context(args)
     dist = None

@@ -38,9 +38,10 @@ import threading  # loaded with logging anyway
 import time
 from enum import Enum
 
-from ._names import VOICE, environment_key, local_rank
-from ._names import DEFAULT_LOG
-from ._names import log_level as _given_log_level
+from ._environ import environment_key
+from ._environ import log_level as _given_log_level
+from ._names import DEFAULT_LOG, VOICE, local_rank
+
 
 logger = logging.getLogger("fastpath_hooks")
 
@@ -260,7 +261,7 @@ def _write(message: str) -> None:
 
 def said_dir(environ=None) -> str:
     """Where the lines said once per environment are remembered (beside the verdict cache)."""
-    from ._names import cache_root_from_environ
+    from ._environ import cache_root_from_environ
 
     return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
                         environment_key())

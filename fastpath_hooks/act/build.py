@@ -162,7 +162,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     from ..decide.commands import build_argv
     from .runner import execute
     from ..decide.policy import causal_conv1d_abi
-    from .._names import cache_root
+    from .._environ import cache_root
 
     # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
     req = Requirement(step.requirements[0])

@@ -203,7 +203,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     import uuid
 
     from . import wheelcache
-    from .._names import cache_root
+    from .._environ import cache_root
     from .transaction import WORK_PREFIX
 
     deps = tuple(s for s in decision.steps if s.kind != "build")
@@ -292,7 +292,7 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     """Keep a built or downloaded wheel in the wheel cache; a cache that cannot be written costs
     only the next environment's build (said at warning)."""
     from . import wheelcache
-    from .._names import cache_root
+    from .._environ import cache_root
 
     root = cache_root(settings)
     meta = dict(meta)
@@ -316,7 +316,7 @@ def _cached_path(url: str | None, settings) -> str | None:
     from urllib.parse import unquote, urlsplit
 
     from . import wheelcache
-    from .._names import cache_root
+    from .._environ import cache_root
 
     path = os.path.abspath(unquote(urlsplit(url).path))
     where = os.path.abspath(wheelcache.directory(cache_root(settings)))

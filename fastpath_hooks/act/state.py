@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from .._names import cache_root, cache_root_from_environ, environment_key, find_links_given
+from .._environ import cache_root, cache_root_from_environ, environment_key, find_links_given
 
 JOURNAL = "journal.json"        # written by transaction.py while an install runs
 STATE_DIR_NAME = ".fastpath-hooks"

@@ -164,7 +164,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
     triton_names = pins.triton_distributions
 
     from . import cached_wheels
-    from .._names import cache_root
+    from .._environ import cache_root
 
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
     cache = cache_root(settings) if settings is not None else None

@@ -16,7 +16,8 @@ from typing import Mapping
 # settings are parsed; settings only adds the validation, so the two cannot disagree.
 from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS
 from .._names import TRUE_VALUES as _TRUE
-from .._names import cache_dir_given, disabled, find_links_given, log_level
+from .._names import disabled
+from .._environ import cache_dir_given, find_links_given, log_level
 
 KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
 KERNEL_ALIASES = {

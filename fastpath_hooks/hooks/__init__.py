@@ -129,7 +129,9 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._names import cache_root_from_environ, given
+        from .._names import given
+
+        from .._environ import cache_root_from_environ
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
