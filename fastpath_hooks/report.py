@@ -53,7 +53,11 @@ def summary(plan, settings) -> str:
     if not acting:
         left = ", ".join(f"{d.kernel} ({VERBS[d.action]})" for d in plan.decisions.values())
         return f"nothing will be installed: {left}."
-    parts = [f"{d.action} {d.kernel} ({', '.join(f'{k} {v}' for k, v in d.target.items())})" for d in acting]
+    by_action = {}
+    for d in acting:   # one version per kernel (its own distribution's, else the first it installs)
+        version = d.target.get(d.kernel) or next(iter(d.target.values()), "")
+        by_action.setdefault(d.action, []).append(f"{d.kernel} {version}".strip())
+    parts = [f"{action} {', '.join(kernels)}" for action, kernels in by_action.items()]
     installer, why = installer_choice(settings, plan.environment)
     if installer is None and settings.mode != "report":
         return f"install() would {'; '.join(parts)} but cannot: {why}."
