@@ -32,7 +32,7 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks import engine
 from fastpath_hooks.facts.probe import Environment
 from fastpath_hooks.facts.settings import Settings
-from support import venvs, wheels
+from support import venvs
 from support.processes import AUDIT_PRELUDE, link_uv, run_env
 
 # -- the start-up stand-in ------------------------------------------------------------------
