@@ -464,10 +464,12 @@ class _Stalled:
         return self.output
 
     def close(self):
+        # the waiter thread owns communicate(): a second reader of the same pipes fails (EBADF) when
+        # the module's tests that read the result were deselected and the install still runs
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
         self.server.release.set()
+        self.waiter.join(timeout=60)
         self.server.shutdown()
 
 
