@@ -17,7 +17,7 @@ is, no FASTPATH_HOOKS_* variable unless the case sets one):
 - auto: after `from transformers import AutoModelForCausalLM` (+ torch, ~2000 modules, still no
   model's modeling module);
 - +setting: the same with FASTPATH_HOOKS_LOG=info set, so install() also validates the settings
-  (settings.py is imported for that - runtime.py only to report a bad one: in a bare interpreter
+  (settings.py is imported for that - the engine only to report a bad one: in a bare interpreter
   that brings typing and dataclasses, which transformers imports anyway).
 
 Figures (wall, this machine's noise is ~10%): the first install() call (median over --runs

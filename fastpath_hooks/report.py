@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .decide.commands import constraints, installer_choice, invocation, protected_constraints, step_names, uv_executable
+from .decide.commands import constraints, installed_after_needs, installer_choice, invocation, protected_constraints, step_names, uv_executable
 from .decide.packing import packed_sequences
 from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP
 from .decide.policy import transformers_era
@@ -25,8 +25,10 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
         out[kernel] = [invocation(s, installer=installer or "pip", settings=settings,
                                   uv=uv_executable(env)).to_json() for s in steps]
-        # the installer writes exactly these lines (the same function) into its constraints file
-        files[kernel] = constraints(real_installed, pins.protected, step_names(steps)) if steps else []
+        # the installer writes exactly these lines (the same function) into its constraints file, after
+        # the kernels this one needs are installed
+        before = installed_after_needs(plan.decisions, kernel, real_installed)
+        files[kernel] = constraints(before, pins.protected, step_names(steps)) if steps else []
     return {"installer": installer, "installer_reason": why,
             "constraints": protected_constraints(real_installed, pins.protected),
             "kernel_constraints": files, "commands": out}

@@ -146,16 +146,8 @@ def test_plan_prints_the_constraints_the_installer_writes(venv, fresh, tmp_path,
 
     wh = make_wheelhouse(fla="0.6.0")
     captured = tmp_path / "captured"
-    captured.mkdir()
-    bindir = tmp_path / "capturing-uv"
-    bindir.mkdir()
-    (bindir / "uv").write_text(
-        '#!/bin/sh\nprev=""\nfor a in "$@"; do\n'
-        f'  if [ "$prev" = "--constraints" ]; then cp "$a" "{captured}/$$.txt"; fi\n'
-        '  prev="$a"\ndone\n'
-        f'exec "{venvs.uv()}" "$@"\n')
-    os.chmod(bindir / "uv", 0o755)
-    env = env_for(tmp_path, A100, wheelhouse=wh, installer="uv", pins=test_pins(), uv=str(bindir))
+    bindir = guarded.capturing_uv(str(tmp_path), str(captured))
+    env = env_for(tmp_path, A100, wheelhouse=wh, installer="uv", pins=test_pins(), uv=bindir)
 
     plan = venv.cli("plan", "--json", env=env)
     assert plan.returncode == 0, plan.stderr
@@ -472,10 +464,12 @@ class _Stalled:
         return self.output
 
     def close(self):
+        # the waiter thread owns communicate(): a second reader of the same pipes fails (EBADF) when
+        # the module's tests that read the result were deselected and the install still runs
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
         self.server.release.set()
+        self.waiter.join(timeout=60)
         self.server.shutdown()
 
 

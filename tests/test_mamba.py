@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.slow   # real venvs, real pip/uv installs and builds
 
 from conftest import offline_env
-from support import sdists, venvs, wheels
+from support import guarded, sdists, venvs, wheels
 from support.venvs import clean_env
 
 # The lead's H200: torch 2.11 (no release wheels for either kernel), CUDA 13.0, triton 3.6, 16 cores
@@ -204,6 +204,35 @@ def test_a_mamba_ssm_that_crashes_at_import_is_rolled_back(make_venv, make_wheel
     assert after.pop("causal-conv1d").startswith("1.6.2.post1")
     assert after == before
     assert "ModuleNotFoundError" in venv.run("import mamba_ssm", env=clean_env(FASTPATH_HOOKS_DISABLE="1")).stderr
+
+
+def test_plan_prints_the_constraints_mamba_ssm_is_installed_under_after_causal_conv1d(
+        make_venv, make_wheelhouse, test_pins, tmp_path):
+    """mamba-ssm needs causal-conv1d, installed first in its own transaction: the constraints file of
+    mamba-ssm's install pins the causal-conv1d release wheel that install put there, and `plan`
+    prints that file before anything is installed (a uv in front of the real one keeps a copy)."""
+    house = make_wheelhouse(causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
+    venv = make_venv()
+    # the runtime deps beforehand: a version the resolver picks in an earlier transaction is not plannable
+    venv.uv_install("einops", "packaging", extra=("--no-index", "--find-links", house))
+    captured = str(tmp_path / "captured")
+    bindir = guarded.capturing_uv(str(tmp_path), captured)
+    env = offline_env(house, H100_OLD_TRITON.replace("sm_90", "sm_80"), cache_dir=str(tmp_path / "cache"),
+                      pins=test_pins(house), FASTPATH_HOOKS_INSTALLER="uv")
+    env["PATH"] = bindir + os.pathsep + env["PATH"]
+
+    data = json.loads(venv.cli("plan", "--json", env=env).stdout)
+    assert data["installer"] == "uv"
+    expected = {k: data["kernel_constraints"][k] for k in ("causal-conv1d", "mamba-ssm")}
+    assert f"causal-conv1d=={CAUSAL_WHEEL.split('-')[1]}" in expected["mamba-ssm"]  # installed first
+    assert not any(line.startswith("causal-conv1d==") for line in expected["causal-conv1d"])
+
+    proc = venv.cli("install", "mamba-ssm", env=env)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(open(os.path.join(captured, name)).read().splitlines() for name in os.listdir(captured))
+    runs = {k: len(data["commands"][k]) for k in expected}
+    assert files == sorted([expected["causal-conv1d"]] * runs["causal-conv1d"] + [expected["mamba-ssm"]] * runs["mamba-ssm"])
 
 
 def test_download_mamba_ssm_fetches_its_release_wheel_and_causal_conv1d_s(make_venv, tmp_path, test_pins):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import A100, CAUSAL_WHEEL, H100_OLD_TRITON
+from conftest import A100, H100_OLD_TRITON
 from support import guarded, venvs
 
 MAX = 160

@@ -9,6 +9,7 @@ pip's or uv's own configuration.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -90,6 +91,42 @@ def constraints(installed: dict, protected, named=()) -> list[str]:
             continue
         lines.append(line)
     return lines
+
+
+def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
+    """What the installer finds installed when `kernel`'s own steps run: `installed`, then the
+    targets of the kernels it needs, in the order the engine installs them (depth first:
+    causal-conv1d before mamba-ssm, tilelang before fla). A wheel step's version is its file's
+    (local label included); a build's is its public version, which `==` matches whatever local
+    label the build adds. A dependency's version the resolver picks cannot be known in advance."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    from ..facts.distributions import canonical_name
+
+    out, seen = dict(installed), set()
+
+    def add(name: str) -> None:
+        for dep in decisions[name].needs:
+            if dep in seen or dep not in decisions:
+                continue
+            seen.add(dep)
+            add(dep)
+            decision = decisions[dep]
+            if not decision.acts:
+                continue
+            out.update((canonical_name(d), v) for d, v in decision.target.items())
+            for step in decision.steps:
+                if step.kind != "wheel":
+                    continue
+                filename = os.path.basename(step.url or step.requirements[0])
+                try:
+                    dist = parse_wheel_filename(filename)[0]
+                except InvalidWheelFilename:
+                    continue
+                out[canonical_name(dist)] = filename.split("-")[1]   # as spelled (`abiTRUE`), as installed
+
+    add(kernel)
+    return out
 
 
 def step_names(steps) -> set:

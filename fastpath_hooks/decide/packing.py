@@ -29,7 +29,7 @@ def packed_sequences(plan, settings, pins, *, enabled: bool) -> dict:
 
 
 def _failure(package, plan, settings, enabled: bool) -> dict | None:
-    if package.kernel is None:  # not one of ours (mamba-ssm): only whether it is installed
+    if package.kernel is None:  # a distribution fastpath-hooks does not manage: only whether it is installed
         if plan.environment.version(package.distribution):
             return None
         return {"action": None, "problem": f"{package.distribution} is not installed (fastpath-hooks does not manage it)",

@@ -165,7 +165,8 @@ class Hazard:
 @dataclass(frozen=True)
 class PackedPackage:
     """A package transformers' kernel functions need to keep packed sequences apart: a kernel
-    fastpath-hooks manages (`kernel`), or a distribution it does not (mamba-ssm)."""
+    fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
+    (`kernel` None: only whether it is installed is checked)."""
     module: str
     kernel: str | None
     distribution: str

@@ -269,7 +269,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
 
 def with_nvcc_version(env: Environment) -> Environment:
     """`env` with the CUDA release of its nvcc, asking `nvcc --version` (once per nvcc and process):
-    done only when a source build is being considered (runtime.snapshot), never at every probe."""
+    done only when a source build is being considered (engine.context.snapshot), never at every probe."""
     from dataclasses import replace
 
     if env.nvcc_version or not env.nvcc or not os.path.isfile(env.nvcc):
@@ -291,7 +291,7 @@ def nvcc_release(path: str) -> str | None:
         return None
     key = (path, st.st_mtime_ns, st.st_size)
     if key not in _NVCC_RELEASES:
-        try:
+        try:   # subprocess here, not act/runner.py (facts may not import act): a 10 s read of a version
             out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
                                  stdin=subprocess.DEVNULL).stdout
         except (OSError, subprocess.SubprocessError):

@@ -64,7 +64,7 @@ def install(*, kernels=None, on_event=None):
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
-    already chose their kernels: late.py decides those kernels and rebinds their choice.
+    already chose their kernels: hooks/late.py decides those kernels and rebinds their choice.
     """
     if disabled():
         import logging
@@ -122,7 +122,7 @@ def _settings_given() -> bool:
 
 
 def _check_settings() -> None:
-    """Say a bad variable now, once (the runtime stays quiet about it later). Values found valid
+    """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
     start with the same variables costs a digest and a stat, not settings.py's import."""
     try:
@@ -156,7 +156,7 @@ def _check_settings() -> None:
 
 
 def _late() -> None:
-    """Heal the kernel choice of modeling modules imported before install() (late.py)."""
+    """Heal the kernel choice of modeling modules imported before install() (hooks/late.py)."""
     try:
         from .late import heal
 
@@ -180,9 +180,9 @@ def uninstall():
         gates = sys.modules.get("fastpath_hooks.hooks.gates")
         if gates is not None:
             gates.unpatch()
-        runtime = sys.modules.get("fastpath_hooks.engine")
-        if runtime is not None:
-            runtime.forget()
+        engine = sys.modules.get("fastpath_hooks.engine")
+        if engine is not None:
+            engine.forget()
 
 
 def installed():

@@ -50,8 +50,8 @@ WATCHED_MARK = "  # _names.WATCHED"
 
 
 def startup_source() -> str:
-    """hooks/startup.py as `enable` writes it, its watched names taken from _names.WATCHED (a new
-    kernel needs no edit there; tests check the rest of its names against _names)."""
+    """hooks/startup.py as `enable` writes it, its watched names taken from _names.WATCHED (a test
+    keeps the shipped file's line equal to them, and checks the rest of its names against _names)."""
     from .._names import WATCHED
 
     with open(STARTUP_FILE, encoding="utf-8") as fh:

@@ -1,8 +1,8 @@
 """Wrappers for transformers' availability gates (eras A and B; `lazy_load_kernel`).
 
-A wrapper asks the runtime once (which may install or repair), then clears the
+A wrapper asks the engine once (`engine.ensure`, which may install or repair), then clears the
 import and gate caches and returns the ORIGINAL gate's fresh answer - never a
-True the real gate would not give. When the runtime blocks a kernel, the wrapper
+True the real gate would not give. When the engine blocks a kernel, the wrapper
 says False without asking (the import would fail). Otherwise, its job done, the
 wrapper steps aside: the original is rebound wherever the wrapper was, so later
 calls cost exactly what the original (cached) gate costs (benchmarks/gate_cost.py).
@@ -36,7 +36,7 @@ GATES = {
 }
 # Cleared after the first query so a later call re-reads the environment.
 CACHED_GATES = tuple(GATES) + ("is_kernels_available",)
-CHANGED = ("installed", "repaired")  # runtime outcome states that changed what is on disk
+CHANGED = ("installed", "repaired")  # engine Outcome states that changed what is on disk
 
 # gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
 # not wrap that gate again (its job is done) - only uninstall() forgets it.

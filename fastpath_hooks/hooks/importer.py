@@ -2,8 +2,8 @@
 
 Loaded at the first watched import, never at interpreter start:
 
-- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: ask the runtime BEFORE the import resolves. It may
-  install or repair (then the normal import proceeds and finds the new files), or say the
+- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: ask the engine (`engine.ensure`) BEFORE the
+  import resolves. It may install or repair (then the normal import proceeds and finds the new files), or say the
   kernel would crash here: the import then fails with an ImportError carrying the reason,
   before any of the kernel's code runs, so transformers keeps its torch path.
 - `transformers.utils.import_utils`: let the real finder and loader import it, then wrap

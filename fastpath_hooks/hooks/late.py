@@ -223,7 +223,7 @@ class _Pass:
     """One heal pass: kernel decisions and fresh resolutions are asked once per package."""
 
     def __init__(self):
-        self.outcomes: dict = {}   # package -> runtime Outcome (None: not managed / not selected)
+        self.outcomes: dict = {}   # package -> engine Outcome (None: not managed / not selected)
         self.gate_says: dict = {}  # gate name -> its answer now (eras A/B)
         self.fresh: dict = {}      # "module.attribute" -> the object a fresh import binds, or None (eras A/B)
 

@@ -32,6 +32,22 @@ def uv_dir(base: str) -> str:
     return path
 
 
+def capturing_uv(base: str, captured: str) -> str:
+    """A directory holding a `uv` in front of the real one that keeps a copy of every constraints file
+    it is passed (`captured/<pid>.txt`): the files a real install wrote, for `plan` to be compared with."""
+    path = os.path.join(base, "capturing-uv")
+    os.makedirs(path, exist_ok=True)
+    os.makedirs(captured, exist_ok=True)
+    exe = os.path.join(path, "uv")
+    with open(exe, "w") as fh:
+        fh.write('#!/bin/sh\nprev=""\nfor a in "$@"; do\n'
+                 f'  if [ "$prev" = "--constraints" ]; then cp "$a" "{captured}/$$.txt"; fi\n'
+                 '  prev="$a"\ndone\n'
+                 f'exec "{venvs.uv()}" "$@"\n')
+    os.chmod(exe, 0o755)
+    return path
+
+
 def without_uv_path() -> str:
     """PATH without any directory that holds a uv executable (so auto mode really means pip)."""
     keep = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and not os.path.exists(os.path.join(p, "uv"))]
