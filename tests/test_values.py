@@ -117,14 +117,14 @@ def test_a_user_pins_file_is_frozen_too(tmp_path):
 
 def test_clearing_the_shared_pins_sha256_raises_and_changes_nothing():
     pins = pins_module.load()
-    before = dict(pins.causal_release.sha256)
+    before = dict(pins.release("causal-conv1d").sha256)
     with pytest.raises(AttributeError):
-        pins.causal_release.sha256.clear()
+        pins.release("causal-conv1d").sha256.clear()
     with pytest.raises(TypeError):
-        pins.causal_release.sha256["x.whl"] = "0" * 64
+        pins.release("causal-conv1d").sha256["x.whl"] = "0" * 64
     with pytest.raises(AttributeError):
         pins.kernel("fla").torch.prereleases = True
-    assert pins_module.load() is pins and dict(pins_module.load().causal_release.sha256) == before
+    assert pins_module.load() is pins and dict(pins_module.load().release("causal-conv1d").sha256) == before
 
 
 @pytest.mark.parametrize("target", [HOPPER, "gpu=gfx942,hip=6.4,torch=2.9.1,triton=3.5.1",

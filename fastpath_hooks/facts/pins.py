@@ -119,9 +119,6 @@ class ReleaseWheels:
     source: str
 
 
-CausalRelease = ReleaseWheels   # the name before mamba-ssm shared the scheme
-
-
 @dataclass(frozen=True)
 class SourceBuild:
     """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
@@ -190,8 +187,6 @@ class Pins:
     fla_releases: tuple
     tilelang_pairs: tuple
     tilelang_broken: tuple
-    causal_release: ReleaseWheels      # = release_wheels["causal-conv1d"]
-    source_build: SourceBuild          # = source_builds["causal-conv1d"]
     hazards: tuple
     yanked: dict
     origins: tuple
@@ -516,7 +511,6 @@ def _build(data, origins: tuple) -> Pins:
         if "releases" in raw:
             kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
                                                      source_builds[name])
-    causal, source_build = release_wheels["causal-conv1d"], source_builds["causal-conv1d"]
 
     hazards = []
     for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
@@ -580,7 +574,7 @@ def _build(data, origins: tuple) -> Pins:
     return freeze(Pins(
         protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
         fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
-        causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
+        hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
         release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
     ))

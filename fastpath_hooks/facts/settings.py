@@ -209,11 +209,6 @@ def parse_build_mode(raw: str) -> str:
                          "1, true, yes, on (build even for all archs) or 0, false, no, off (never build)") from None
 
 
-def is_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """The start-up check: only an explicit true value disables (garbage is reported later)."""
-    return disabled(environ)
-
-
 def parse_kernel_list(raw: str) -> frozenset:
     names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
     out = set()
