@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import os
 
 from packaging.requirements import Requirement
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
 from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields
+from ..facts.wheel_names import parse_wheel, wheel_distribution
 
 
 class Action(TextEnum):
@@ -54,19 +53,12 @@ class Want:
         return None
 
 
-def wheel_distribution(filename: str) -> str:
-    """The distribution a wheel file installs (a release or built wheel of a compiled kernel)."""
-    return _want("wheel", filename).name
-
-
 def _want(kind: str, raw: str) -> Want:
     if kind == "wheel" or raw.endswith(".whl"):
-        filename = os.path.basename(raw)
-        try:
-            name, version, _, _ = parse_wheel_filename(filename)
-        except InvalidWheelFilename:  # not a standard name: its distribution is what comes before the version
-            return Want(canonical_name(filename.split("-", 1)[0]), FrozenSpecifierSet())
-        return Want(canonical_name(name), FrozenSpecifierSet(f"=={version}"))
+        parsed = parse_wheel(raw)
+        if parsed is None:  # not a standard name: its distribution is what comes before the version
+            return Want(wheel_distribution(raw), FrozenSpecifierSet())
+        return Want(parsed.distribution, FrozenSpecifierSet(f"=={parsed.version}"))
     req = Requirement(raw)
     return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
 
