@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .. import events
 from ..facts import cached_wheels
+from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.wheel_names import parse_wheel, with_local_label
 
 WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
@@ -42,7 +43,12 @@ class Built:
     path: str          # the relabelled wheel, in the work directory
     log: str
     seconds: float
-    key: dict          # what the binary depends on (also in the file name)
+    key: FrozenMap     # what the binary depends on (also in the file name)
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
 
 
 def max_jobs(cpus: int | None, memory_gib: float | None) -> int:

@@ -14,7 +14,7 @@ import shutil
 import sys
 import urllib.request
 
-from ..decide.plan import INSTALL, REPAIR
+from ..decide.plan import INSTALL, REPAIR, StepKind
 
 
 class DownloadError(Exception):
@@ -35,9 +35,9 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
         if decision.action not in (INSTALL, REPAIR):
             continue
         for step in decision.steps:
-            if step.kind == "wheel":
+            if step.kind == StepKind.WHEEL:
                 wheels.append(step)
-            elif step.kind == "build":
+            elif step.kind == StepKind.BUILD:
                 builds.extend(step.requirements)
             else:
                 binary.extend(r for r in step.requirements if r not in binary)

@@ -36,7 +36,9 @@ from packaging.version import InvalidVersion, Version
 
 from .. import events
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
+from ..decide.plan import StepKind
 from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
+from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.links import find_links_dir
 from .runner import execute
 from .transaction import Transaction
@@ -50,10 +52,15 @@ class InstallError(Exception):
 @dataclass(frozen=True)
 class InstallResult:
     kernel: str
-    installed: dict          # dist -> version now present that was not before (or changed)
+    installed: FrozenMap     # dist -> version now present that was not before (or changed)
     seconds: float
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -73,7 +80,7 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
         raise InstallError(f"refusing to install {', '.join(protected)}: protected (never changed by fastpath-hooks)")
     out = []
     for step in steps:
-        if step.kind == "wheel":
+        if step.kind == StepKind.WHEEL:
             out.append(step)
             continue
         keep = []
@@ -153,11 +160,11 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             for step in steps:
                 local = None
-                if step.kind == "build":
+                if step.kind == StepKind.BUILD:
                     step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
                                                      kernel=decision.kernel, scratch=scratch, started=tx.record_group)
                     to_cache.append(entry)
-                elif step.kind == "wheel":
+                elif step.kind == StepKind.WHEEL:
                     local = _fetch_wheel(step, settings, work)
                     if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
                         to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
@@ -206,7 +213,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     from .._environ import cache_root
     from .transaction import WORK_PREFIX
 
-    deps = tuple(s for s in decision.steps if s.kind != "build")
+    deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
         run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
                   state_dir=state_dir)
@@ -216,7 +223,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     out = []
     try:
         for step in decision.steps:
-            if step.kind != "build":
+            if step.kind != StepKind.BUILD:
                 continue
             _, path, (_, name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
                                                    kernel=decision.kernel, scratch=scratch)
@@ -281,9 +288,9 @@ def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=Non
     except BuildError as exc:
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
-    install = dataclasses.replace(step, kind="wheel", requirements=(name,), binary_only=True, build_isolation=True,
+    install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
                                   env=(), url=None, sha256=None, archs=())
-    meta = {"origin": "built", "key": built.key, "log": built.log, "build_seconds": round(built.seconds, 1),
+    meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
             "distribution": built.key["distribution"], "version": built.key["version"]}
     return install, built.path, (built.path, name, meta)
 
@@ -398,10 +405,10 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
 
 def _step_label(step) -> str:
     """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
-    if step.kind == "wheel":
+    if step.kind == StepKind.WHEEL:
         return f"installing {step.requirements[0]}"
     names = ", ".join(step.names)
-    return f"{'building' if step.kind == 'build' else 'installing'} {names}"
+    return f"{'building' if step.kind == StepKind.BUILD else 'installing'} {names}"
 
 
 def _restart_advised(changed: dict) -> tuple:

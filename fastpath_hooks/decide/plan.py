@@ -28,6 +28,15 @@ class OnFailure(TextEnum):
     BLOCK = "block"      # make the import fail: transformers keeps its torch path
 
 
+class StepKind(TextEnum):
+    """What one installer invocation does."""
+    DEPS = "deps"          # the kernel's runtime dependencies, resolved (never torch & co: constraints)
+    KERNEL = "kernel"      # the kernel's pinned distributions, without their dependencies
+    REPLACE = "replace"    # a broken companion replaced in place (tilelang's apache-tvm-ffi)
+    WHEEL = "wheel"        # one wheel file (a release wheel, or one from the cache)
+    BUILD = "build"        # a source build into a wheel, then that wheel installed
+
+
 OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
 ACTIONS = tuple(Action)
 
@@ -54,7 +63,7 @@ class Want:
 
 
 def _want(kind: str, raw: str) -> Want:
-    if kind == "wheel" or raw.endswith(".whl"):
+    if kind == StepKind.WHEEL or raw.endswith(".whl"):
         parsed = parse_wheel(raw)
         if parsed is None:  # not a standard name: its distribution is what comes before the version
             return Want(wheel_distribution(raw), FrozenSpecifierSet())
@@ -66,7 +75,7 @@ def _want(kind: str, raw: str) -> Want:
 @dataclass(frozen=True)
 class Step:
     """One installer invocation."""
-    kind: str                        # deps | kernel | replace | wheel | build
+    kind: StepKind
     requirements: tuple
     no_deps: bool = True
     force: bool = False
@@ -81,6 +90,7 @@ class Step:
     _freezes_itself = True
 
     def __post_init__(self):
+        object.__setattr__(self, "kind", StepKind(self.kind))
         freeze_fields(self)
 
     @cached_property

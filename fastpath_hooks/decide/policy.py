@@ -21,7 +21,7 @@ from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
 from ..facts.wheel_names import parse_wheel
-from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step
+from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step, StepKind
 
 ORDER = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
 TILELANG_GOOD = (OK, INSTALL, REPAIR)
@@ -104,15 +104,15 @@ class _Context:
         missing = []
         for step in steps:
             for raw in step.requirements:
-                if step.kind == "wheel":
+                if step.kind == StepKind.WHEEL:
                     if raw not in self.env.wheelhouse:
                         missing.append(raw)
                     continue
                 req = Requirement(raw)
                 name = canonical_name(req.name)
-                if step.kind == "deps" and self.installed_satisfies(req):
+                if step.kind == StepKind.DEPS and self.installed_satisfies(req):
                     continue
-                versions = self.sdists.get(name, set()) if step.kind == "build" else have.get(name, set())
+                versions = self.sdists.get(name, set()) if step.kind == StepKind.BUILD else have.get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)
         return missing
@@ -253,7 +253,7 @@ def _deps_step(ctx: _Context, spec, extra=()) -> Step | None:
         reqs.append(str(req))
     if not reqs:
         return None
-    return Step(kind="deps", requirements=tuple(reqs), no_deps=False,
+    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
                 note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
                       ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
 
@@ -356,14 +356,14 @@ def _pair_steps(ctx, tl, ffi, nvcc_reqs, *, replace_ffi: bool) -> tuple:
     spec = ctx.pins.kernel("tilelang")
     steps = []
     if replace_ffi:
-        steps.append(Step(kind="replace", requirements=(f"apache-tvm-ffi=={ffi}",), no_deps=True, force=True,
+        steps.append(Step(kind=StepKind.REPLACE, requirements=(f"apache-tvm-ffi=={ffi}",), no_deps=True, force=True,
                           note="replace apache-tvm-ffi alone first: the broken pair can abort any process that imports it"))
     deps = _deps_step(ctx, spec)
     if deps is not None:
         steps.append(deps)
     if nvcc_reqs:
-        steps.append(Step(kind="deps", requirements=tuple(nvcc_reqs), no_deps=False, note="nvcc for tilelang's JIT"))
-    steps.append(Step(kind="kernel", requirements=(f"tilelang=={tl}", f"apache-tvm-ffi=={ffi}"), no_deps=True,
+        steps.append(Step(kind=StepKind.DEPS, requirements=tuple(nvcc_reqs), no_deps=False, note="nvcc for tilelang's JIT"))
+    steps.append(Step(kind=StepKind.KERNEL, requirements=(f"tilelang=={tl}", f"apache-tvm-ffi=={ffi}"), no_deps=True,
                       note="the known-good pair, pinned together (a fresh resolve picks a broken apache-tvm-ffi)"))
     return tuple(steps)
 
@@ -560,7 +560,7 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
     deps = _deps_step(ctx, ctx.pins.kernel("fla"))
     if deps is not None:
         steps.append(deps)
-    steps.append(Step(kind="kernel", requirements=(f"fla-core=={version}", f"flash-linear-attention=={version}"),
+    steps.append(Step(kind=StepKind.KERNEL, requirements=(f"fla-core=={version}", f"flash-linear-attention=={version}"),
                       no_deps=True, force=replace,
                       note="both distributions at one version, without their torch/transformers requirements"))
     return tuple(steps)
@@ -646,7 +646,7 @@ def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
         return decision
     what = f"{dist} {installed_v} is {_HALF_INSTALLED}"
     if decision.action == INSTALL:
-        steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
+        steps = tuple(_replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
         return _replace(decision, action=REPAIR, rule=f"{p}.repair.half-installed", steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
     return Decision(kernel=kernel, action=OK, rule=f"{p}.ok.half-installed", verify=True, on_failure=OnFailure.BLOCK,
@@ -721,7 +721,7 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
     if not acting:
         return options[0][1]
-    _, version, decision = min(acting, key=lambda o: (any(s.kind == "build" for s in o[2].steps), o[1] in clashes, o[0]))
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps), o[1] in clashes, o[0]))
     if version in clashes:
         decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
                                              "install leaves it unmet, a later resolver run could change it")
@@ -773,7 +773,7 @@ def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
     filename, why = release_wheel(env, pins, kernel, version)
 
     def prebuilt(name, rule, reason, url=None, note=""):
-        steps = dep_steps + (Step(kind="wheel", requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
+        steps = dep_steps + (Step(kind=StepKind.WHEEL, requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
         return Decision(kernel=kernel, action=INSTALL, rule=rule, reason=reason, steps=steps,
                         target={dist: version}, **kw)
 
@@ -950,7 +950,7 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
         return _skip(kernel, f"{p}.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
-    steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
+    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
                               note=f"source build against the installed torch with {compiler}, for "
                                    f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
