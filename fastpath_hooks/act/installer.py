@@ -25,11 +25,9 @@ removes it under the lock.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
@@ -39,7 +37,7 @@ from ..decide.commands import choose_installer, constraints, invocation, step_na
 from ..decide.plan import StepKind
 from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
-from ..facts.links import find_links_dir
+from .fetch import FetchError, fetch_wheel
 from .runner import execute
 from .transaction import Transaction
 
@@ -165,7 +163,10 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                                                      kernel=decision.kernel, scratch=scratch, started=tx.record_group)
                     to_cache.append(entry)
                 elif step.kind == StepKind.WHEEL:
-                    local = _fetch_wheel(step, settings, work)
+                    try:
+                        local = fetch_wheel(step, settings, work)
+                    except FetchError as exc:
+                        raise InstallError(str(exc)) from None
                     if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
                         to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
@@ -314,70 +315,6 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
         return
     events.status(f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the same "
                   "FASTPATH_HOOKS_CACHE_DIR install it without building", kernel, human=meta.get("origin") == "built")
-
-
-def _cached_path(url: str | None, settings) -> str | None:
-    """The local path of a file:// URL into the wheel cache, else None."""
-    if not url or not url.startswith("file:"):
-        return None
-    from urllib.parse import unquote, urlsplit
-
-    from . import wheelcache
-    from .._environ import cache_root
-
-    path = os.path.abspath(unquote(urlsplit(url).path))
-    where = os.path.abspath(wheelcache.directory(cache_root(settings)))
-    return path if os.path.dirname(path) == where else None
-
-
-def _fetch_wheel(step, settings, tmp: str) -> str:
-    from . import wheelcache
-
-    filename = step.requirements[0]
-    for location in settings.find_links:
-        path = find_links_dir(location)
-        candidate = os.path.join(path, filename) if path is not None else None
-        if candidate is not None and os.path.isfile(candidate):
-            _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
-            return candidate
-    cached = _cached_path(step.url, settings)
-    if cached is not None:  # the local wheel cache
-        candidate = cached
-        if os.path.isfile(candidate):
-            try:
-                _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
-            except InstallError as exc:
-                raise InstallError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
-            return candidate
-        if settings.offline:
-            raise InstallError(f"{filename} is no longer in {os.path.dirname(candidate)} and the network is off")
-    if settings.offline or not step.url:
-        raise InstallError(f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the network is off")
-    target = os.path.join(tmp, filename)
-    events.status(f"downloading {step.url}")
-    try:
-        with urllib.request.urlopen(step.url, timeout=min(settings.timeout, 120)) as resp, open(target, "wb") as out:
-            while True:
-                chunk = resp.read(1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-    except OSError as exc:
-        raise InstallError(f"could not download {step.url}: {exc}") from None
-    _check_sha(target, step.sha256)
-    return target
-
-
-def _check_sha(path: str, expected: str | None) -> None:
-    if not expected:
-        return
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise InstallError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned "
-                           f"{expected} (a corrupt or substituted file); refusing it")
 
 
 def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:

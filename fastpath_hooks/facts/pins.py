@@ -456,25 +456,8 @@ def _build(data, origins: tuple) -> Pins:
         )
 
     fla = kernels_raw["fla"]
-    releases = []
-    seen = set()
-    for i, r in enumerate(v.list(fla.get("releases"), "kernels.fla.releases")):
-        e = f"kernels.fla.releases[{i}]"
-        v.table(r, e)
-        ver = v.version(r.get("version"), f"{e}.version")
-        if ver in seen:
-            v.fail(f"{e}.version", f"{ver} is listed twice")
-        seen.add(ver)
-        releases.append(FlaRelease(
-            version=ver,
-            torch=v.specifier(r.get("torch", ""), f"{e}.torch"),
-            triton=v.specifier(r.get("triton", ""), f"{e}.triton"),
-            transformers=v.specifier(r.get("transformers", ""), f"{e}.transformers"),
-            tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"),
-            source=v.source(r, e),
-        ))
-    if not releases:
-        v.fail("kernels.fla.releases", "at least one release is needed")
+    releases = _releases(v, fla.get("releases"), "kernels.fla.releases", lambda r, e, **common: FlaRelease(
+        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"), **common))
 
     tl = kernels_raw["tilelang"]
     pairs = []
@@ -686,7 +669,9 @@ def _source_build(v: _V, raw, e: str) -> SourceBuild:
     )
 
 
-def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
+def _releases(v: _V, raw, e: str, make) -> list:
+    """A list of releases (fla's, a compiled kernel's): tables, each version listed once, with
+    torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
     out, seen = [], set()
     for i, r in enumerate(v.list(raw, e)):
         re_ = f"{e}[{i}]"
@@ -695,18 +680,22 @@ def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
         if ver in seen:
             v.fail(f"{re_}.version", f"{ver} is listed twice")
         seen.add(ver)
-        out.append(KernelRelease(
-            version=ver,
-            torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
-            triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
-            transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
-            declares=tuple(v.requirement(x, f"{re_}.declares[{j}]") for j, x in enumerate(v.list(r.get("declares", []),
-                                                                                              f"{re_}.declares"))),
-            cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
-            source=v.source(r, re_),
-        ))
+        out.append(make(r, re_, version=ver,
+                        torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
+                        triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
+                        transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
+                        source=v.source(r, re_)))
     if not out:
         v.fail(e, "at least one release is needed")
+    return out
+
+
+def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
+    out = _releases(v, raw, e, lambda r, re_, **common: KernelRelease(
+        declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
+                       for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
+        cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        **common))
     if build.version is not None and not any(same_version(r.version, build.version) for r in out):
         v.fail(e, f"the source build's {build.requirement} is not one of the releases")
     return tuple(out)

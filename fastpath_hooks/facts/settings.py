@@ -335,3 +335,8 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 def release_wheel_url(settings, kernel: str) -> str | None:
     """The user's mirror of a compiled kernel's release wheels (FASTPATH_HOOKS_<KERNEL>_WHEEL_URL)."""
     return getattr(settings, kernel.replace("-", "_") + "_wheel_url", None)
+
+
+def wheel_url_variable(kernel: str) -> str:
+    """The name of the variable release_wheel_url reads (a kernel without one is not in VARIABLES)."""
+    return "FASTPATH_HOOKS_" + kernel.replace("-", "_").upper() + "_WHEEL_URL"
