@@ -213,6 +213,7 @@ def _with_needs(plan, kernels) -> set:
 def _install(args) -> int:
     from . import report
     from . import engine
+    from .engine.outcome import BAD
 
     settings, pins = _context(args)
     wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
@@ -226,7 +227,7 @@ def _install(args) -> int:
     for kernel in wanted:
         outcome = engine.ensure(kernel)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
-        if outcome.state in ("failed", "error", "blocked"):
+        if outcome.state in BAD:
             bad += 1
     return 1 if bad else 0
 

@@ -226,7 +226,7 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     """Same size, other bytes (a bit flip, a substituted file): the sha256 recorded at store time
     refuses it before any installer runs."""
     from fastpath_hooks.act import wheelcache
-    from fastpath_hooks.act.installer import InstallError, _fetch_wheel
+    from fastpath_hooks.act.fetch import FetchError, fetch_wheel
     from fastpath_hooks.facts.cached_wheels import listing
     from fastpath_hooks.decide.plan import Step
     from fastpath_hooks.facts.settings import Settings
@@ -239,5 +239,5 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
         fh.write(bytes(data))
     assert listing(root), "the size still matches: only the digest can tell"
     step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
-    with pytest.raises(InstallError, match="does not match .*cache clear"):
-        _fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
+    with pytest.raises(FetchError, match="does not match .*cache clear"):
+        fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))

@@ -402,7 +402,7 @@ def test_causal_conv1d_release_wheel_sha256(venv, fresh, tmp_path, make_wheelhou
     if digest == "mismatch":
         assert proc.returncode == 1, proc.stdout + proc.stderr
         assert f"{CAUSAL_WHEEL}: sha256 {wheels.sha256_of(os.path.join(wh, CAUSAL_WHEEL))} does not match the pinned " \
-               f"{PINS.causal_release.sha256[CAUSAL_WHEEL]}" in proc.stderr
+               f"{PINS.release('causal-conv1d').sha256[CAUSAL_WHEEL]}" in proc.stderr
         assert guarded.kernel_versions(venv) == {} and guarded.site_entries(venv) == []
     else:
         assert proc.returncode == 0, proc.stdout + proc.stderr

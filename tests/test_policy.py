@@ -24,7 +24,7 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.decide.policy import RULE_PREFIX, causal_conv1d_wheel, decide, decide_build
+from fastpath_hooks.decide.policy import RULE_PREFIX, decide, decide_build, release_wheel
 from fastpath_hooks.facts.probe import Environment
 from fastpath_hooks.facts.settings import Settings
 
@@ -487,7 +487,7 @@ ROWS = [
         check=lambda d, p: "FASTPATH_HOOKS_TIMEOUT=900" in d.reason and "raise FASTPATH_HOOKS_TIMEOUT" in d.fix),
     Row("causal.build.all-archs: `fastpath-hooks build --arch all`", "causal-conv1d", INSTALL, "causal.build.all-archs",
         env={**NO_RELEASE, "gpus": ()}, settings={"allow_build": "1", "timeout": 1e6},
-        via=lambda env, settings, pins: decide_build(env, settings, pins), check=_causal_build(("all",))),
+        via=lambda env, settings, pins: decide_build(env, settings, pins, "causal-conv1d"), check=_causal_build(("all",))),
     Row("causal.build.unrestricted: a GPU of unknown arch, auto", "causal-conv1d", SKIP, "causal.build.unrestricted",
         env={**ROCM, "gpus": ("gfx",)}, check=_no_build("cannot be restricted")),
     Row("causal.rocm.no-build", "causal-conv1d", SKIP, "causal.rocm.no-build", env=ROCM, settings={"allow_build": "0"},
@@ -893,7 +893,7 @@ def test_multi_gpu_any_hopper_triggers_the_hazard():
 ])
 def test_causal_conv1d_wheel_name(torch, cuda, python, arch, abi, expected):
     env = make_env(torch=torch, torch_cuda=cuda, python=python, arch=arch, cxx11_abi=abi)
-    name, why = causal_conv1d_wheel(env, PINS)
+    name, why = release_wheel(env, PINS, "causal-conv1d")
     if expected is None:
         assert name is None and "no prebuilt" in why
     else:

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, is_disabled
+from fastpath_hooks._names import disabled
+from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError
 
 
 @pytest.fixture
@@ -201,10 +202,10 @@ def test_from_env_reads_os_environ(monkeypatch):
     assert Settings.from_env().mode == "report"
 
 
-@pytest.mark.parametrize("value,disabled", [("1", True), ("true", True), (" On", True), ("0", False), ("", False),
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), (" On", True), ("0", False), ("", False),
                                             ("garbage", False)])
-def test_start_up_disable_check(value, disabled):
-    assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) is disabled
+def test_start_up_disable_check(value, expected):
+    assert disabled({"FASTPATH_HOOKS_DISABLE": value}) is expected
 
 
 def test_public_view_is_json_ready(paths):

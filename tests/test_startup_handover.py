@@ -206,11 +206,10 @@ def test_an_internal_error_on_the_import_path_is_one_line_and_the_import_proceed
 def test_the_stand_in_reads_disable_as_the_settings_do():
     """One list of true values: the start-up source, hooks and settings agree."""
     from fastpath_hooks import _names
-    from fastpath_hooks.facts.settings import is_disabled
 
     source = activation.startup_source()
     for value in ("1", "true", "YES", " on ", "0", "no", "maybe", "y", ""):
-        assert is_disabled({"FASTPATH_HOOKS_DISABLE": value}) == (value.strip().lower() in _names.TRUE_VALUES)
+        assert _names.disabled({"FASTPATH_HOOKS_DISABLE": value}) == (value.strip().lower() in _names.TRUE_VALUES)
     assert repr(_names.TRUE_VALUES) in source
 
 

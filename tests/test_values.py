@@ -3,9 +3,9 @@
 `pins.load()` is cached and shared by every caller in a process, so one caller's
 `pins.load().causal_release.sha256.clear()` used to switch sha256 checking off for the rest of it.
 The walker below visits every reachable field, property, key and item of the loaded pins, a probed
-Environment and a Plan, and tries every mutation it knows on each: a field added later is covered
+Environment, a Plan, an install result and a built wheel, and tries every mutation it knows on each: a field added later is covered
 without touching this file, and a new type of value fails here until it is known to be read-only.
-Also: the enums for actions, failure modes and event severities are their old strings to JSON,
+Also: the enums for actions, failure modes, step kinds, outcome states and event severities are their old strings to JSON,
 comparisons and callbacks, and versions/requirements are parsed once where the values are made."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from fastpath_hooks import events
-from fastpath_hooks.decide.plan import Action, Decision, OnFailure, Step
+from fastpath_hooks.decide.plan import Action, Decision, OnFailure, Step, StepKind
 from fastpath_hooks.decide.policy import decide
+from fastpath_hooks.engine.outcome import BAD, CHANGED, GOOD, Outcome, OutcomeState
 from fastpath_hooks.facts import pins as pins_module
 from fastpath_hooks.facts.frozen import FrozenMap, FrozenSpecifierSet, freeze, thaw
 from fastpath_hooks.facts.probe import probe
@@ -117,14 +118,14 @@ def test_a_user_pins_file_is_frozen_too(tmp_path):
 
 def test_clearing_the_shared_pins_sha256_raises_and_changes_nothing():
     pins = pins_module.load()
-    before = dict(pins.causal_release.sha256)
+    before = dict(pins.release("causal-conv1d").sha256)
     with pytest.raises(AttributeError):
-        pins.causal_release.sha256.clear()
+        pins.release("causal-conv1d").sha256.clear()
     with pytest.raises(TypeError):
-        pins.causal_release.sha256["x.whl"] = "0" * 64
+        pins.release("causal-conv1d").sha256["x.whl"] = "0" * 64
     with pytest.raises(AttributeError):
         pins.kernel("fla").torch.prereleases = True
-    assert pins_module.load() is pins and dict(pins_module.load().causal_release.sha256) == before
+    assert pins_module.load() is pins and dict(pins_module.load().release("causal-conv1d").sha256) == before
 
 
 @pytest.mark.parametrize("target", [HOPPER, "gpu=gfx942,hip=6.4,torch=2.9.1,triton=3.5.1",
@@ -147,6 +148,22 @@ def test_a_plan_its_decisions_and_steps_are_read_only():
     assert_read_only(plan, "plan")
     fresh = decide(env, settings, pins_module.load(), fresh=True)
     assert_read_only(fresh, "fresh plan")
+
+
+def test_install_results_and_built_wheels_are_read_only():
+    """What the installer and a source build hand back (shared by the engine, the cache's sidecar)."""
+    from fastpath_hooks.act.build import Built
+    from fastpath_hooks.act.installer import InstallResult
+
+    changed = {"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"}
+    result = InstallResult("fla", changed, 1.5, "uv", ("fla",))
+    changed["einops"] = "0.8.1"   # the caller's dict stays its own
+    assert dict(result.installed) == {"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"}
+    assert_read_only(result, "install result")
+    key = {"distribution": "causal-conv1d", "version": "1.6.2.post1", "cuda": "13.0", "archs": ["sm_90"]}
+    built = Built(path="/w/x.whl", log="/w/x.log", seconds=90.0, key=key)
+    assert_read_only(built, "built")
+    assert json.loads(json.dumps(thaw(built.key))) == key   # the cache's sidecar gets the same JSON
 
 
 def test_json_output_is_unchanged_by_the_frozen_values():
@@ -188,6 +205,28 @@ def test_actions_and_failure_modes_are_their_strings():
     assert json.loads(json.dumps(decision.to_json()))["on_failure"] == "block"
     with pytest.raises(ValueError):
         Decision(kernel="fla", action="later", reason="r", rule="x")
+
+
+def test_step_kinds_are_their_strings():
+    assert [str(k) for k in StepKind] == ["deps", "kernel", "replace", "wheel", "build"]
+    step = Step(kind="build", requirements=("causal-conv1d==1.6.2.post1",))   # an old string
+    assert step.kind is StepKind.BUILD and f"{step.kind}" == "build"
+    assert json.loads(json.dumps(step.to_json()))["kind"] == "build"
+    assert dataclasses.replace(step, kind="wheel", requirements=("x-1.0-py3-none-any.whl",)).kind is StepKind.WHEEL
+    with pytest.raises(ValueError):
+        Step(kind="download", requirements=("x",))
+
+
+def test_outcome_states_are_their_strings():
+    assert [str(s) for s in OutcomeState] == ["ok", "installed", "repaired", "skipped", "blocked", "failed",
+                                              "reported", "error", "pending"]
+    outcome = Outcome("fla", "installed", "r")   # an old string
+    assert outcome.state is OutcomeState.INSTALLED and outcome.state in GOOD and outcome.state in CHANGED
+    assert f"fla: {outcome.state}" == "fla: installed" and json.dumps({"state": outcome.state}) == '{"state": "installed"}'
+    assert repr(outcome) == "Outcome(kernel='fla', state='installed', reason='r', block=None)"
+    assert {OutcomeState.FAILED, OutcomeState.ERROR, OutcomeState.BLOCKED} == set(BAD) and not set(BAD) & set(GOOD)
+    with pytest.raises(ValueError):
+        Outcome("fla", "done", "r")
 
 
 def test_event_types_are_severities_and_plain_strings_to_callbacks(monkeypatch):

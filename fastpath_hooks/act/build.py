@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from .. import events
 from ..facts import cached_wheels
+from ..facts.frozen import FrozenMap, freeze_fields
+from ..facts.wheel_names import parse_wheel, with_local_label
 
 WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
 GIB_PER_JOB = 5.0   # nvcc --threads 4 of a causal-conv1d file: measured 4-6 GB resident per job (gpu-findings.md)
@@ -41,7 +43,12 @@ class Built:
     path: str          # the relabelled wheel, in the work directory
     log: str
     seconds: float
-    key: dict          # what the binary depends on (also in the file name)
+    key: FrozenMap     # what the binary depends on (also in the file name)
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
 
 
 def max_jobs(cpus: int | None, memory_gib: float | None) -> int:
@@ -161,13 +168,15 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
     from ..decide.commands import build_argv
     from .runner import execute
-    from ..decide.policy import causal_conv1d_abi
+    from ..decide.policy import cxx11_abi_flag
     from .._environ import cache_root
 
     # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
     req = Requirement(step.requirements[0])
     pinned = [s.version for s in req.specifier if s.operator == "=="]
-    spec = pins.build(kernel, pinned[0] if pinned else None) if kernel in pins.source_builds else pins.source_build
+    if kernel not in pins.source_builds:
+        raise BuildError(f"{kernel} has no source build in the pins (kernels.{kernel}.source_build)")
+    spec = pins.build(kernel, pinned[0] if pinned else None)
     archs = tuple(step.archs) or ("all",)
     root = cache_root(settings)
     log = log_path(root, spec.distribution, spec.version or "", archs)
@@ -197,7 +206,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
                        "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
                        f"still runs here; log: {log}", kernel)
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
-           "hip": env.torch_hip, "python": env.python, "cxx11_abi": causal_conv1d_abi(env), "platform": env.platform,
+           "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
            "archs": list(archs), "nvcc": env.nvcc_version}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
@@ -215,10 +224,8 @@ def relabel(wheel: str, local: str, dest: str) -> str:
     """A copy of `wheel` whose version carries the local label `local` (file name, dist-info
     directory, METADATA and RECORD agree, as installers check)."""
     base = os.path.basename(wheel)
-    parts = base[: -len(".whl")].split("-")
-    dist, version, rest = parts[0], parts[1], "-".join(parts[2:])
-    new_version = f"{version.split('+', 1)[0]}+{local}"
-    new_name = f"{dist}-{new_version}-{rest}.whl"
+    new_name = with_local_label(base, local)
+    new_version = str(parse_wheel(new_name).version)
     target = os.path.join(dest, new_name)
     with zipfile.ZipFile(wheel) as zin:
         infos = zin.infolist()

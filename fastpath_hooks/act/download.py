@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import urllib.request
 
-from ..decide.plan import INSTALL, REPAIR
+from ..decide.plan import INSTALL, REPAIR, StepKind
 
 
 class DownloadError(Exception):
@@ -35,9 +34,9 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
         if decision.action not in (INSTALL, REPAIR):
             continue
         for step in decision.steps:
-            if step.kind == "wheel":
+            if step.kind == StepKind.WHEEL:
                 wheels.append(step)
-            elif step.kind == "build":
+            elif step.kind == StepKind.BUILD:
                 builds.extend(step.requirements)
             else:
                 binary.extend(r for r in step.requirements if r not in binary)
@@ -100,27 +99,13 @@ def download(settings, pins, *, dest: str, kernels=None) -> list[str]:
 
 
 def _fetch(step, dest: str, settings) -> None:
-    from .installer import InstallError, _check_sha
-    from ..facts.links import find_links_dir
+    """The step's wheel into `dest` (copied from FASTPATH_HOOKS_FIND_LINKS or the wheel cache where it lies)."""
+    from .fetch import FetchError, fetch_wheel
 
-    filename = step.requirements[0]
-    target = os.path.join(dest, filename)
-    for location in settings.find_links:
-        path = find_links_dir(location)
-        if path is not None and os.path.isfile(os.path.join(path, filename)):
-            shutil.copy2(os.path.join(path, filename), target)
-            break
-    else:
-        if not step.url:
-            raise DownloadError(f"no URL for {filename}")
-        try:
-            with urllib.request.urlopen(step.url, timeout=120) as resp, open(target, "wb") as out:
-                shutil.copyfileobj(resp, out)
-        except OSError as exc:
-            raise DownloadError(f"could not download {step.url}: {exc} (FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL or "
-                                "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL points at a mirror)") from None
     try:
-        _check_sha(target, step.sha256)
-    except InstallError as exc:
-        os.unlink(target)
+        local = fetch_wheel(step, settings, dest)
+    except FetchError as exc:
         raise DownloadError(str(exc)) from None
+    target = os.path.join(dest, os.path.basename(local))
+    if os.path.abspath(local) != os.path.abspath(target):
+        shutil.copy2(local, target)

@@ -25,19 +25,19 @@ removes it under the lock.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
 from .. import events
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
+from ..decide.plan import StepKind
 from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
-from ..facts.links import find_links_dir
+from ..facts.frozen import FrozenMap, freeze_fields, thaw
+from .fetch import FetchError, fetch_wheel
 from .runner import execute
 from .transaction import Transaction
 
@@ -50,10 +50,15 @@ class InstallError(Exception):
 @dataclass(frozen=True)
 class InstallResult:
     kernel: str
-    installed: dict          # dist -> version now present that was not before (or changed)
+    installed: FrozenMap     # dist -> version now present that was not before (or changed)
     seconds: float
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -73,7 +78,7 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
         raise InstallError(f"refusing to install {', '.join(protected)}: protected (never changed by fastpath-hooks)")
     out = []
     for step in steps:
-        if step.kind == "wheel":
+        if step.kind == StepKind.WHEEL:
             out.append(step)
             continue
         keep = []
@@ -153,12 +158,15 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             for step in steps:
                 local = None
-                if step.kind == "build":
+                if step.kind == StepKind.BUILD:
                     step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
                                                      kernel=decision.kernel, scratch=scratch, started=tx.record_group)
                     to_cache.append(entry)
-                elif step.kind == "wheel":
-                    local = _fetch_wheel(step, settings, work)
+                elif step.kind == StepKind.WHEEL:
+                    try:
+                        local = fetch_wheel(step, settings, work)
+                    except FetchError as exc:
+                        raise InstallError(str(exc)) from None
                     if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
                         to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
                 installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
@@ -206,7 +214,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     from .._environ import cache_root
     from .transaction import WORK_PREFIX
 
-    deps = tuple(s for s in decision.steps if s.kind != "build")
+    deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
         run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
                   state_dir=state_dir)
@@ -216,7 +224,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     out = []
     try:
         for step in decision.steps:
-            if step.kind != "build":
+            if step.kind != StepKind.BUILD:
                 continue
             _, path, (_, name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
                                                    kernel=decision.kernel, scratch=scratch)
@@ -281,9 +289,9 @@ def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=Non
     except BuildError as exc:
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
-    install = dataclasses.replace(step, kind="wheel", requirements=(name,), binary_only=True, build_isolation=True,
+    install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
                                   env=(), url=None, sha256=None, archs=())
-    meta = {"origin": "built", "key": built.key, "log": built.log, "build_seconds": round(built.seconds, 1),
+    meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
             "distribution": built.key["distribution"], "version": built.key["version"]}
     return install, built.path, (built.path, name, meta)
 
@@ -296,7 +304,7 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
 
     root = cache_root(settings)
     meta = dict(meta)
-    from ..decide.plan import wheel_distribution
+    from ..facts.wheel_names import wheel_distribution
 
     meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
@@ -307,70 +315,6 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
         return
     events.status(f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the same "
                   "FASTPATH_HOOKS_CACHE_DIR install it without building", kernel, human=meta.get("origin") == "built")
-
-
-def _cached_path(url: str | None, settings) -> str | None:
-    """The local path of a file:// URL into the wheel cache, else None."""
-    if not url or not url.startswith("file:"):
-        return None
-    from urllib.parse import unquote, urlsplit
-
-    from . import wheelcache
-    from .._environ import cache_root
-
-    path = os.path.abspath(unquote(urlsplit(url).path))
-    where = os.path.abspath(wheelcache.directory(cache_root(settings)))
-    return path if os.path.dirname(path) == where else None
-
-
-def _fetch_wheel(step, settings, tmp: str) -> str:
-    from . import wheelcache
-
-    filename = step.requirements[0]
-    for location in settings.find_links:
-        path = find_links_dir(location)
-        candidate = os.path.join(path, filename) if path is not None else None
-        if candidate is not None and os.path.isfile(candidate):
-            _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
-            return candidate
-    cached = _cached_path(step.url, settings)
-    if cached is not None:  # the local wheel cache
-        candidate = cached
-        if os.path.isfile(candidate):
-            try:
-                _check_sha(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
-            except InstallError as exc:
-                raise InstallError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
-            return candidate
-        if settings.offline:
-            raise InstallError(f"{filename} is no longer in {os.path.dirname(candidate)} and the network is off")
-    if settings.offline or not step.url:
-        raise InstallError(f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the network is off")
-    target = os.path.join(tmp, filename)
-    events.status(f"downloading {step.url}")
-    try:
-        with urllib.request.urlopen(step.url, timeout=min(settings.timeout, 120)) as resp, open(target, "wb") as out:
-            while True:
-                chunk = resp.read(1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-    except OSError as exc:
-        raise InstallError(f"could not download {step.url}: {exc}") from None
-    _check_sha(target, step.sha256)
-    return target
-
-
-def _check_sha(path: str, expected: str | None) -> None:
-    if not expected:
-        return
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise InstallError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned "
-                           f"{expected} (a corrupt or substituted file); refusing it")
 
 
 def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:
@@ -398,10 +342,10 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
 
 def _step_label(step) -> str:
     """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
-    if step.kind == "wheel":
+    if step.kind == StepKind.WHEEL:
         return f"installing {step.requirements[0]}"
     names = ", ".join(step.names)
-    return f"{'building' if step.kind == 'build' else 'installing'} {names}"
+    return f"{'building' if step.kind == StepKind.BUILD else 'installing'} {names}"
 
 
 def _restart_advised(changed: dict) -> tuple:

@@ -129,14 +129,15 @@ def export(path: str, dest: str) -> str:
 
 def clear(root: str, distribution: str | None = None) -> list:
     """Remove every entry (or those of one distribution), under the lock; the removed file names."""
-    from packaging.utils import canonicalize_name
+    from ..facts.distributions import canonical_name
+    from ..facts.wheel_names import wheel_distribution
 
     from .state import file_lock
 
     where = directory(root)
     if not os.path.isdir(where):
         return []
-    want = canonicalize_name(distribution) if distribution else None
+    want = canonical_name(distribution) if distribution else None
     removed = []
     with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
         for name in sorted(os.listdir(where)):
@@ -144,7 +145,7 @@ def clear(root: str, distribution: str | None = None) -> list:
                 continue
             base = name[: -len(SIDECAR)] if name.endswith(".whl" + SIDECAR) else name
             if want is not None:
-                if not base.endswith(".whl") or canonicalize_name(base.split("-", 1)[0]) != want:
+                if not base.endswith(".whl") or wheel_distribution(base) != want:
                     continue
             try:
                 os.unlink(os.path.join(where, name))

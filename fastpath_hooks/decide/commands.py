@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .plan import Step
+from .plan import Step, StepKind
 
 CONSTRAINTS_PLACEHOLDER = "<constraints.txt>"
 
@@ -138,11 +138,11 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
                constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None) -> Invocation:
     """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path."""
     python = python or sys.executable
-    if step.kind == "build":  # builds the wheel (installed next, from the work directory, and cached)
+    if step.kind == StepKind.BUILD:  # builds the wheel (installed next, from the work directory, and cached)
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind == "wheel":
+    if step.kind == StepKind.WHEEL:
         reqs = [local_file or step.url or step.requirements[0]]
     if installer == "uv":
         argv = [uv or "uv", "pip", "install", "--python", python]

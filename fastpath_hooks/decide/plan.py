@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import os
 
 from packaging.requirements import Requirement
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
 from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields
+from ..facts.wheel_names import parse_wheel, wheel_distribution
 
 
 class Action(TextEnum):
@@ -27,6 +26,15 @@ class OnFailure(TextEnum):
     """What the import does when the decided action (or its child-process check) fails."""
     PROCEED = "proceed"  # let the import go on: transformers finds whatever is there
     BLOCK = "block"      # make the import fail: transformers keeps its torch path
+
+
+class StepKind(TextEnum):
+    """What one installer invocation does."""
+    DEPS = "deps"          # the kernel's runtime dependencies, resolved (never torch & co: constraints)
+    KERNEL = "kernel"      # the kernel's pinned distributions, without their dependencies
+    REPLACE = "replace"    # a broken companion replaced in place (tilelang's apache-tvm-ffi)
+    WHEEL = "wheel"        # one wheel file (a release wheel, or one from the cache)
+    BUILD = "build"        # a source build into a wheel, then that wheel installed
 
 
 OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
@@ -54,19 +62,12 @@ class Want:
         return None
 
 
-def wheel_distribution(filename: str) -> str:
-    """The distribution a wheel file installs (a release or built wheel of a compiled kernel)."""
-    return _want("wheel", filename).name
-
-
 def _want(kind: str, raw: str) -> Want:
-    if kind == "wheel" or raw.endswith(".whl"):
-        filename = os.path.basename(raw)
-        try:
-            name, version, _, _ = parse_wheel_filename(filename)
-        except InvalidWheelFilename:  # not a standard name: its distribution is what comes before the version
-            return Want(canonical_name(filename.split("-", 1)[0]), FrozenSpecifierSet())
-        return Want(canonical_name(name), FrozenSpecifierSet(f"=={version}"))
+    if kind == StepKind.WHEEL or raw.endswith(".whl"):
+        parsed = parse_wheel(raw)
+        if parsed is None:  # not a standard name: its distribution is what comes before the version
+            return Want(wheel_distribution(raw), FrozenSpecifierSet())
+        return Want(parsed.distribution, FrozenSpecifierSet(f"=={parsed.version}"))
     req = Requirement(raw)
     return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
 
@@ -74,7 +75,7 @@ def _want(kind: str, raw: str) -> Want:
 @dataclass(frozen=True)
 class Step:
     """One installer invocation."""
-    kind: str                        # deps | kernel | replace | wheel | build
+    kind: StepKind
     requirements: tuple
     no_deps: bool = True
     force: bool = False
@@ -89,6 +90,7 @@ class Step:
     _freezes_itself = True
 
     def __post_init__(self):
+        object.__setattr__(self, "kind", StepKind(self.kind))
         freeze_fields(self)
 
     @cached_property

@@ -14,13 +14,14 @@ from urllib.parse import quote
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
-from packaging.utils import InvalidSdistFilename, InvalidWheelFilename, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
 from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
-from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step
+from ..facts.wheel_names import parse_wheel
+from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Plan, Step, StepKind
 
 ORDER = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
 TILELANG_GOOD = (OK, INSTALL, REPAIR)
@@ -70,10 +71,13 @@ class _Context:
         for filename in self.env.wheelhouse:
             try:
                 if filename.endswith(".whl"):
-                    name, version, _, _ = parse_wheel_filename(filename)
+                    wheel = parse_wheel(filename)
+                    if wheel is None:
+                        continue
+                    name, version = wheel.distribution, wheel.version
                 else:
                     name, version = parse_sdist_filename(filename)
-            except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            except (InvalidSdistFilename, InvalidVersion):
                 continue
             out.setdefault(canonical_name(name), set()).add(version)
         return out
@@ -100,15 +104,15 @@ class _Context:
         missing = []
         for step in steps:
             for raw in step.requirements:
-                if step.kind == "wheel":
+                if step.kind == StepKind.WHEEL:
                     if raw not in self.env.wheelhouse:
                         missing.append(raw)
                     continue
                 req = Requirement(raw)
                 name = canonical_name(req.name)
-                if step.kind == "deps" and self.installed_satisfies(req):
+                if step.kind == StepKind.DEPS and self.installed_satisfies(req):
                     continue
-                versions = self.sdists.get(name, set()) if step.kind == "build" else have.get(name, set())
+                versions = self.sdists.get(name, set()) if step.kind == StepKind.BUILD else have.get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)
         return missing
@@ -249,7 +253,7 @@ def _deps_step(ctx: _Context, spec, extra=()) -> Step | None:
         reqs.append(str(req))
     if not reqs:
         return None
-    return Step(kind="deps", requirements=tuple(reqs), no_deps=False,
+    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
                 note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
                       ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
 
@@ -352,14 +356,14 @@ def _pair_steps(ctx, tl, ffi, nvcc_reqs, *, replace_ffi: bool) -> tuple:
     spec = ctx.pins.kernel("tilelang")
     steps = []
     if replace_ffi:
-        steps.append(Step(kind="replace", requirements=(f"apache-tvm-ffi=={ffi}",), no_deps=True, force=True,
+        steps.append(Step(kind=StepKind.REPLACE, requirements=(f"apache-tvm-ffi=={ffi}",), no_deps=True, force=True,
                           note="replace apache-tvm-ffi alone first: the broken pair can abort any process that imports it"))
     deps = _deps_step(ctx, spec)
     if deps is not None:
         steps.append(deps)
     if nvcc_reqs:
-        steps.append(Step(kind="deps", requirements=tuple(nvcc_reqs), no_deps=False, note="nvcc for tilelang's JIT"))
-    steps.append(Step(kind="kernel", requirements=(f"tilelang=={tl}", f"apache-tvm-ffi=={ffi}"), no_deps=True,
+        steps.append(Step(kind=StepKind.DEPS, requirements=tuple(nvcc_reqs), no_deps=False, note="nvcc for tilelang's JIT"))
+    steps.append(Step(kind=StepKind.KERNEL, requirements=(f"tilelang=={tl}", f"apache-tvm-ffi=={ffi}"), no_deps=True,
                       note="the known-good pair, pinned together (a fresh resolve picks a broken apache-tvm-ffi)"))
     return tuple(steps)
 
@@ -556,7 +560,7 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
     deps = _deps_step(ctx, ctx.pins.kernel("fla"))
     if deps is not None:
         steps.append(deps)
-    steps.append(Step(kind="kernel", requirements=(f"fla-core=={version}", f"flash-linear-attention=={version}"),
+    steps.append(Step(kind=StepKind.KERNEL, requirements=(f"fla-core=={version}", f"flash-linear-attention=={version}"),
                       no_deps=True, force=replace,
                       note="both distributions at one version, without their torch/transformers requirements"))
     return tuple(steps)
@@ -572,16 +576,14 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
 RULE_PREFIX = {"causal-conv1d": "causal", "mamba-ssm": "mamba"}
 
 
-def causal_conv1d_abi(env) -> str:
-    """TRUE/FALSE for the wheel name. Unknown (torch not imported, or posed without abi=): PyPI's
-    torch wheels use the cxx11 ABI from 2.7 on, the pre-cxx11 one before."""
+def cxx11_abi_flag(env) -> str:
+    """TRUE/FALSE for every compiled kernel's wheel names (release wheels, cache labels). Unknown (torch
+    not imported, or posed without abi=): PyPI's torch wheels use the cxx11 ABI from 2.7 on, the
+    pre-cxx11 one before."""
     if env.cxx11_abi is not None:
         return "TRUE" if env.cxx11_abi else "FALSE"
     v = env.torch_version
     return "FALSE" if v is not None and (v.major, v.minor) < (2, 7) else "TRUE"
-
-
-cxx11_abi_flag = causal_conv1d_abi   # every compiled kernel's wheel names use it
 
 
 def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[str | None, str]:
@@ -598,7 +600,7 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     torch_mm = rel.torch_aliases.get(torch_mm, torch_mm)
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
-    abi = causal_conv1d_abi(env)
+    abi = cxx11_abi_flag(env)
     for build in rel.builds:
         if (build["cuda_major"] == cuda_major and torch_mm in build["torch_mm"] and py_dotted in build["python"]
                 and env.arch in build["arch"] and abi in build["abi"]):
@@ -607,10 +609,6 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
             return name, ""
     return None, (f"no prebuilt {kernel} {rel.version} wheel for torch {_mm(env.torch_version)} + CUDA {cuda_major} + "
                   f"cp{py} + {env.arch} + cxx11abi {abi}")
-
-
-def causal_conv1d_wheel(env, pins) -> tuple[str | None, str]:
-    return release_wheel(env, pins, "causal-conv1d")
 
 
 def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
@@ -648,7 +646,7 @@ def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
         return decision
     what = f"{dist} {installed_v} is {_HALF_INSTALLED}"
     if decision.action == INSTALL:
-        steps = tuple(_replace(s, force=True) if s.kind in ("wheel", "build") else s for s in decision.steps)
+        steps = tuple(_replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
         return _replace(decision, action=REPAIR, rule=f"{p}.repair.half-installed", steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
     return Decision(kernel=kernel, action=OK, rule=f"{p}.ok.half-installed", verify=True, on_failure=OnFailure.BLOCK,
@@ -723,7 +721,7 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
     if not acting:
         return options[0][1]
-    _, version, decision = min(acting, key=lambda o: (any(s.kind == "build" for s in o[2].steps), o[1] in clashes, o[0]))
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps), o[1] in clashes, o[0]))
     if version in clashes:
         decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
                                              "install leaves it unmet, a later resolver run could change it")
@@ -775,7 +773,7 @@ def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
     filename, why = release_wheel(env, pins, kernel, version)
 
     def prebuilt(name, rule, reason, url=None, note=""):
-        steps = dep_steps + (Step(kind="wheel", requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
+        steps = dep_steps + (Step(kind=StepKind.WHEEL, requirements=(name,), url=url, sha256=rel.sha256.get(name), note=note),)
         return Decision(kernel=kernel, action=INSTALL, rule=rule, reason=reason, steps=steps,
                         target={dist: version}, **kw)
 
@@ -810,7 +808,7 @@ def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
     return _compiled_source_build(ctx, kernel, build, why, kw)
 
 
-def decide_build(env, settings, pins, kernel: str = "causal-conv1d") -> Decision:
+def decide_build(env, settings, pins, kernel: str) -> Decision:
     """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a
     host that may have no GPU), whatever wheels exist; the same release choice, compiler, arch and
     time rules as an automatic build."""
@@ -828,11 +826,10 @@ def decide_build(env, settings, pins, kernel: str = "causal-conv1d") -> Decision
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
     """A built wheel (by its file name) of a compiled kernel's pinned version (of `kernel` when given)
     that runs here: this torch build, Python, ABI, platform and GPUs."""
-    try:
-        dist = canonical_name(parse_wheel_filename(name)[0])
-    except (InvalidWheelFilename, InvalidVersion):
+    wheel = parse_wheel(name)
+    if wheel is None:
         return False
-    owner, build = pins.build_for_distribution(dist)
+    owner, build = pins.build_for_distribution(wheel.distribution)
     if owner is None or (kernel is not None and owner != kernel):
         return False
     kernel = owner
@@ -846,7 +843,7 @@ def _built_fits(ctx: _Context, name: str, build) -> bool:
     if not env.torch or build.version is None:
         return False
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
-                              cuda=env.torch_cuda, hip=env.torch_hip, abi=causal_conv1d_abi(env), python=env.python,
+                              cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
                               arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
 
 
@@ -856,15 +853,15 @@ def _cuda_codes(build, nvcc_version: str | None) -> tuple:
     return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
 
 
-def build_archs(env, pins, archs=None, build=None) -> tuple:
+def build_archs(env, build, archs=None) -> tuple:
     """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
     `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is.
-    `build`: the kernel's SourceBuild (default causal-conv1d's)."""
+    `build`: the kernel's SourceBuild (pins.build(kernel))."""
     gpus = tuple(archs if archs is not None else env.gpus)
     if env.torch_hip:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
-    codes = _cuda_codes(build or pins.source_build, env.nvcc_version)
+    codes = _cuda_codes(build, env.nvcc_version)
     chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
     return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
@@ -925,7 +922,7 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
                          f"torch is built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA "
                          "majors", f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
         compiler = f"nvcc {env.nvcc_version}" if env.nvcc_version else "nvcc"
-    archs, unsupported = build_archs(env, ctx.pins, build=build)
+    archs, unsupported = build_archs(env, build)
     if unsupported and not rocm:
         codes = _cuda_codes(build, env.nvcc_version)
         return _skip(kernel, f"{p}.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
@@ -953,7 +950,7 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
         return _skip(kernel, f"{p}.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
-    steps = dep_steps + (Step(kind="build", requirements=(build.requirement,), no_deps=True, binary_only=False,
+    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
                               note=f"source build against the installed torch with {compiler}, for "
                                    f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)

@@ -24,12 +24,12 @@ import sys
 import threading  # loaded with logging (events) anyway
 
 from .. import events
-from .outcome import GOOD, Outcome, apply_env
+from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
 _CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions", "snapshot",
             "complete")
 
-__all__ = ("GOOD", "Outcome", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT
+__all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT
 
 
 def __getattr__(name: str):
@@ -139,7 +139,7 @@ class _Registry:
         if circle:  # said outside the lock: a callback may call ensure() again
             events.debug(f"{future.kernel}: asked for from inside its own decision (an on_event callback, or "
                          "decisions that wait for each other); answered 'pending', not waited for", future.kernel)
-            return Outcome(future.kernel, "pending", "being decided by this thread (asked for from inside its own "
+            return Outcome(future.kernel, OutcomeState.PENDING, "being decided by this thread (asked for from inside its own "
                                                      "decision)")
         try:
             future.done.wait()
@@ -204,7 +204,7 @@ def _decide(kernel: str):
         _remember_warm(run, signature_env)
         return run.outcome, simulated
     except Exception as exc:  # never into the user's import
-        outcome = Outcome(kernel, "error", f"internal error: {type(exc).__name__}: {exc}")
+        outcome = Outcome(kernel, OutcomeState.ERROR, f"internal error: {type(exc).__name__}: {exc}")
         events.error(f"{kernel}: {outcome.reason}; leaving it as it is", kernel, once="internal")
         return outcome, None
 
@@ -223,7 +223,7 @@ def _warm(kernel: str, signature_env):
         return None
     apply_env(kernel, entry.get("env") or (), entry.get("reason", ""))
     events.debug(f"{kernel}: {entry['reason']} (verdict cached for this environment; nothing probed)", kernel)
-    return Outcome(kernel, "ok", entry["reason"]), _simulated(entry.get("posed"))
+    return Outcome(kernel, OutcomeState.OK, entry["reason"]), _simulated(entry.get("posed"))
 
 
 def _remember_warm(run, signature_env) -> None:

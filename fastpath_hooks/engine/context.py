@@ -89,6 +89,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
     import json
 
     from .._names import VERSION as __version__
+    from ..facts.wheel_names import wheel_distribution
 
     facts = {
         "fastpath_hooks": __version__,
@@ -103,7 +104,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         # wheel in a shared cache must not make every verdict re-check
         "cached_wheels": hashlib.sha256("\n".join(
             w for w in env.cached_wheels
-            if w.split("-", 1)[0].replace("_", "-").lower() in pins.kernel(kernel).distributions).encode()).hexdigest()[:16],
+            if wheel_distribution(w) in pins.kernel(kernel).distributions).encode()).hexdigest()[:16],
         "transformers": env.version("transformers"), "numpy": env.version("numpy"),
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),

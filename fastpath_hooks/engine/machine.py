@@ -27,10 +27,10 @@ from dataclasses import dataclass, replace
 
 from .. import events
 from .._names import MODULE_OF
-from .outcome import GOOD, Outcome, apply_env
+from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .context import complete, fingerprint, load
 from .lock import EnvironmentLock, LockUnavailable
-from ..decide.plan import OnFailure
+from ..decide.plan import OnFailure, StepKind
 
 GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
 # rule families (the part after "<kernel>.") whose skip is a warning: the user can and should act on it
@@ -111,7 +111,7 @@ def _context(run: Run):
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
-        return run.done(Outcome(run.kernel, "skipped", "skipped by FASTPATH_HOOKS_SKIP"))
+        return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
     return State.RECOVER, run
 
 
@@ -137,7 +137,7 @@ def _recover(run: Run):
             recover(state_dir)
     except LockUnavailable as exc:
         events.error(f"{run.kernel}: {exc}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-        return run.done(Outcome(run.kernel, "failed", str(exc)))
+        return run.done(Outcome(run.kernel, OutcomeState.FAILED, str(exc)))
     return State.PROBE, run
 
 
@@ -171,7 +171,7 @@ def _needs(run: Run):
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
             events.warning(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
-            return run.done(Outcome(run.kernel, "skipped", why))
+            return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
 
@@ -184,7 +184,7 @@ def _cached(run: Run):
     if decision.action == OK:
         if not decision.verify:
             events.debug(f"{run.kernel}: {decision.reason}", run.kernel)
-            return run.done(Outcome(run.kernel, "ok", decision.reason))
+            return run.done(Outcome(run.kernel, OutcomeState.OK, decision.reason))
         known = _known(run)
         if known is not None:
             return run.done(known)
@@ -203,7 +203,7 @@ def _report(run: Run):
                    kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
         return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
-    return run.done(Outcome(kernel, "reported", decision.reason))
+    return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
 
 
 def _lock(run: Run):
@@ -235,12 +235,12 @@ def _replan(run: Run):
     kernel = run.kernel
     if not run.repairing:
         if current.action == OK:
-            known = None if current.verify else Outcome(kernel, "ok", current.reason)
+            known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
             if known is None:
                 known = _known(run)
             if known is None:
                 return State.VERIFY, run
-            if known.state == "ok" and run.planned != OK:  # this process was about to install it
+            if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
                 events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
                               kernel, once=f"done-{kernel}")
             return run.done(known)
@@ -280,7 +280,7 @@ def _install(run: Run):
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
         events.warning(f"{kernel}: not installed - {why}", kernel, once=f"fail-{kernel}",
                        persist=f"{current.rule}:no-installer:{why}")
-        return run.done(Outcome(kernel, "failed", why))
+        return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(f"{kernel}: {verb} {_describe(current)} ({current.reason})", kernel)
     try:
@@ -311,7 +311,7 @@ def _record(run: Run):
     result = run.installed
     if result is None:
         events.debug(f"{kernel}: {detail}", kernel)
-        return run.done(Outcome(kernel, "ok", decision.reason))
+        return run.done(Outcome(kernel, OutcomeState.OK, decision.reason))
     repaired = decision.action == REPAIR
     done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
     events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {done} in {result.seconds:.1f} s with "
@@ -319,7 +319,7 @@ def _record(run: Run):
     if result.restart_advised:
         events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
                        "disk; restart it to avoid running mixed versions", kernel)
-    return run.done(Outcome(kernel, "repaired" if repaired else "installed", decision.reason))
+    return run.done(Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, decision.reason))
 
 
 STEP = {
@@ -343,19 +343,23 @@ STEP = {
 def _known(run: Run) -> Outcome | None:
     """The cached verdict of an installed kernel: good, or a failure remembered for
     FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers)."""
+    from ..act.state import GOOD as VERIFIED
+
     decision = run.decision
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is None:
         return None
-    if cached["state"] == "good":
+    if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
-        return Outcome(run.kernel, "ok", decision.reason)
+        return Outcome(run.kernel, OutcomeState.OK, decision.reason)
     return _failed(decision, cached["reason"], remembered=cached, settings=run.settings)
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
+    from ..act.state import FAILED
+
     cached = run.cache.get(run.kernel, run.fingerprint)
-    if cached is not None and cached["state"] == "failed":
+    if cached is not None and cached["state"] == FAILED:
         return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings)
     return None
 
@@ -372,7 +376,7 @@ def _skipped(decision, plan) -> Outcome:
         kind = events.Severity.WARNING if family in WARNING_SKIPS else events.Severity.STATUS
         events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
                     once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
-    return Outcome(decision.kernel, "skipped", decision.reason)
+    return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
 def _blocked(decision, reason: str, fix: str) -> Outcome:
@@ -380,7 +384,7 @@ def _blocked(decision, reason: str, fix: str) -> Outcome:
                f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
     events.warning(f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""), decision.kernel,
                    once=f"block-{decision.kernel}")
-    return Outcome(decision.kernel, "blocked", reason, block=message)
+    return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
 
 
 def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
@@ -398,7 +402,7 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
     else:
         message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
-    return Outcome(decision.kernel, "failed", reason)
+    return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
 def _retry_in(entry: dict, settings) -> str:
@@ -418,7 +422,7 @@ def _target_of(steps) -> dict:
     """dist -> version the kernel/replace steps pin (read from the steps' parsed requirements)."""
     out = {}
     for step in steps:
-        if step.kind in ("kernel", "replace"):
+        if step.kind in (StepKind.KERNEL, StepKind.REPLACE):
             out.update(step.exact)
     return out
 

@@ -5,8 +5,25 @@ from __future__ import annotations
 import os
 
 from .. import events
+from ..events import TextEnum
 
-GOOD = ("ok", "installed", "repaired")
+
+class OutcomeState(TextEnum):
+    """What ensure() did for a kernel (the `state` of `install` output and verdicts)."""
+    OK = "ok"                  # usable as it was
+    INSTALLED = "installed"    # installed and verified now
+    REPAIRED = "repaired"      # a broken install replaced and verified now
+    SKIPPED = "skipped"        # left alone: transformers keeps its torch path
+    BLOCKED = "blocked"        # `import <kernel>` fails on purpose (it would crash or compute wrongly)
+    FAILED = "failed"          # the install or its check failed; nothing is left half installed
+    REPORTED = "reported"      # report mode: decided, nothing done
+    ERROR = "error"            # an internal error; transformers keeps its torch path
+    PENDING = "pending"        # asked for from inside its own decision (a callback)
+
+
+GOOD = (OutcomeState.OK, OutcomeState.INSTALLED, OutcomeState.REPAIRED)     # the kernel is usable
+CHANGED = (OutcomeState.INSTALLED, OutcomeState.REPAIRED)                   # what is on disk changed
+BAD = (OutcomeState.FAILED, OutcomeState.ERROR, OutcomeState.BLOCKED)       # `install` exits 1
 
 
 class Outcome:
@@ -15,9 +32,9 @@ class Outcome:
 
     __slots__ = ("kernel", "state", "reason", "block")
 
-    def __init__(self, kernel: str, state: str, reason: str, block: str | None = None):
+    def __init__(self, kernel: str, state: OutcomeState, reason: str, block: str | None = None):
         self.kernel = kernel
-        self.state = state      # ok installed repaired skipped blocked failed reported error pending
+        self.state = OutcomeState(state)
         self.reason = reason
         self.block = block      # when set, `import <kernel>` fails with this message
 
@@ -27,7 +44,7 @@ class Outcome:
         object.__setattr__(self, name, value)
 
     def __repr__(self):
-        return f"Outcome(kernel={self.kernel!r}, state={self.state!r}, reason={self.reason!r}, block={self.block!r})"
+        return f"Outcome(kernel={self.kernel!r}, state={self.state.value!r}, reason={self.reason!r}, block={self.block!r})"
 
 
 def apply_env(kernel: str, pairs, why: str) -> None:

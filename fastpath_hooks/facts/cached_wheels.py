@@ -75,14 +75,14 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
          abi: str, python: str, arch: str, gpus, all_codes=()) -> bool:
     """A built wheel (fph label) that runs here: same distribution and version, same key, this
     Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)."""
-    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-    from packaging.version import InvalidVersion
+    from .distributions import canonical_name
+    from .wheel_names import parse_wheel
 
-    try:
-        name, ver, _, tags = parse_wheel_filename(filename)
-    except (InvalidWheelFilename, InvalidVersion):
+    wheel = parse_wheel(filename)
+    if wheel is None:
         return False
-    if canonicalize_name(name) != canonicalize_name(distribution) or ver.public != _public(version) or not ver.local:
+    ver, tags = wheel.version, wheel.tags
+    if wheel.distribution != canonical_name(distribution) or ver.public != _public(version) or not ver.local:
         return False
     prefix = key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "."
     if not ver.local.startswith(prefix):

@@ -119,9 +119,6 @@ class ReleaseWheels:
     source: str
 
 
-CausalRelease = ReleaseWheels   # the name before mamba-ssm shared the scheme
-
-
 @dataclass(frozen=True)
 class SourceBuild:
     """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
@@ -191,8 +188,6 @@ class Pins:
     fla_releases: tuple
     tilelang_pairs: tuple
     tilelang_broken: tuple
-    causal_release: ReleaseWheels      # = release_wheels["causal-conv1d"]
-    source_build: SourceBuild          # = source_builds["causal-conv1d"]
     hazards: tuple
     yanked: dict
     origins: tuple
@@ -462,25 +457,8 @@ def _build(data, origins: tuple) -> Pins:
         )
 
     fla = kernels_raw["fla"]
-    releases = []
-    seen = set()
-    for i, r in enumerate(v.list(fla.get("releases"), "kernels.fla.releases")):
-        e = f"kernels.fla.releases[{i}]"
-        v.table(r, e)
-        ver = v.version(r.get("version"), f"{e}.version")
-        if ver in seen:
-            v.fail(f"{e}.version", f"{ver} is listed twice")
-        seen.add(ver)
-        releases.append(FlaRelease(
-            version=ver,
-            torch=v.specifier(r.get("torch", ""), f"{e}.torch"),
-            triton=v.specifier(r.get("triton", ""), f"{e}.triton"),
-            transformers=v.specifier(r.get("transformers", ""), f"{e}.transformers"),
-            tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"),
-            source=v.source(r, e),
-        ))
-    if not releases:
-        v.fail("kernels.fla.releases", "at least one release is needed")
+    releases = _releases(v, fla.get("releases"), "kernels.fla.releases", lambda r, e, **common: FlaRelease(
+        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"), **common))
 
     tl = kernels_raw["tilelang"]
     pairs = []
@@ -517,7 +495,6 @@ def _build(data, origins: tuple) -> Pins:
         if "releases" in raw:
             kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
                                                      source_builds[name])
-    causal, source_build = release_wheels["causal-conv1d"], source_builds["causal-conv1d"]
 
     hazards = []
     for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
@@ -581,7 +558,7 @@ def _build(data, origins: tuple) -> Pins:
     return freeze(Pins(
         protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
         fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
-        causal_release=causal, source_build=source_build, hazards=tuple(hazards), yanked=yanked,
+        hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
         release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
     ))
@@ -693,7 +670,9 @@ def _source_build(v: _V, raw, e: str) -> SourceBuild:
     )
 
 
-def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
+def _releases(v: _V, raw, e: str, make) -> list:
+    """A list of releases (fla's, a compiled kernel's): tables, each version listed once, with
+    torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
     out, seen = [], set()
     for i, r in enumerate(v.list(raw, e)):
         re_ = f"{e}[{i}]"
@@ -702,18 +681,22 @@ def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
         if ver in seen:
             v.fail(f"{re_}.version", f"{ver} is listed twice")
         seen.add(ver)
-        out.append(KernelRelease(
-            version=ver,
-            torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
-            triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
-            transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
-            declares=tuple(v.requirement(x, f"{re_}.declares[{j}]") for j, x in enumerate(v.list(r.get("declares", []),
-                                                                                              f"{re_}.declares"))),
-            cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
-            source=v.source(r, re_),
-        ))
+        out.append(make(r, re_, version=ver,
+                        torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
+                        triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
+                        transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
+                        source=v.source(r, re_)))
     if not out:
         v.fail(e, "at least one release is needed")
+    return out
+
+
+def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
+    out = _releases(v, raw, e, lambda r, re_, **common: KernelRelease(
+        declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
+                       for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
+        cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        **common))
     if build.version is not None and not any(same_version(r.version, build.version) for r in out):
         v.fail(e, f"the source build's {build.requirement} is not one of the releases")
     return tuple(out)

@@ -209,11 +209,6 @@ def parse_build_mode(raw: str) -> str:
                          "1, true, yes, on (build even for all archs) or 0, false, no, off (never build)") from None
 
 
-def is_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    """The start-up check: only an explicit true value disables (garbage is reported later)."""
-    return disabled(environ)
-
-
 def parse_kernel_list(raw: str) -> frozenset:
     names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
     out = set()
@@ -340,3 +335,8 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 def release_wheel_url(settings, kernel: str) -> str | None:
     """The user's mirror of a compiled kernel's release wheels (FASTPATH_HOOKS_<KERNEL>_WHEEL_URL)."""
     return getattr(settings, kernel.replace("-", "_") + "_wheel_url", None)
+
+
+def wheel_url_variable(kernel: str) -> str:
+    """The name of the variable release_wheel_url reads (a kernel without one is not in VARIABLES)."""
+    return "FASTPATH_HOOKS_" + kernel.replace("-", "_").upper() + "_WHEEL_URL"

@@ -36,7 +36,6 @@ GATES = {
 }
 # Cleared after the first query so a later call re-reads the environment.
 CACHED_GATES = tuple(GATES) + ("is_kernels_available",)
-CHANGED = ("installed", "repaired")  # engine Outcome states that changed what is on disk
 
 # gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
 # not wrap that gate again (its job is done) - only uninstall() forgets it.
@@ -170,6 +169,7 @@ def _first_query(kernels: tuple, import_utils):
     try:
         from .. import hooks
         from .. import engine
+        from ..engine.outcome import CHANGED
 
         kernel = kernels[0]
         if not hooks.selected(kernel):  # install(kernels=...) left this one alone

@@ -1,0 +1,98 @@
+"""One wheel file a plan step names, made local: from FASTPATH_HOOKS_FIND_LINKS, the local wheel
+cache (a file:// URL into it) or its URL, and checked against its sha256 (the pinned one, else the
+one the cache recorded when it stored the file). The installer and `fastpath-hooks download` both
+get their wheel steps' files here."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import urllib.request
+
+from .. import events
+
+
+class FetchError(Exception):
+    """The file is not to be had, or is not the pinned one (nothing corrupt is left behind)."""
+
+
+def check_sha256(path: str, expected: str | None) -> None:
+    if not expected:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        raise FetchError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned "
+                         f"{expected} (a corrupt or substituted file); refusing it")
+
+
+def cached_path(url: str | None, settings) -> str | None:
+    """The local path of a file:// URL into the wheel cache, else None."""
+    if not url or not url.startswith("file:"):
+        return None
+    from urllib.parse import unquote, urlsplit
+
+    from . import wheelcache
+    from .._environ import cache_root
+
+    path = os.path.abspath(unquote(urlsplit(url).path))
+    where = os.path.abspath(wheelcache.directory(cache_root(settings)))
+    return path if os.path.dirname(path) == where else None
+
+
+def fetch_wheel(step, settings, dest: str) -> str:
+    """The local path of the step's wheel: a FASTPATH_HOOKS_FIND_LINKS file or a cache entry where
+    it lies, else downloaded from the step's URL into `dest`. FetchError names what to do."""
+    from . import wheelcache
+    from ..facts.links import find_links_dir
+
+    filename = step.requirements[0]
+    for location in settings.find_links:
+        path = find_links_dir(location)
+        candidate = os.path.join(path, filename) if path is not None else None
+        if candidate is not None and os.path.isfile(candidate):
+            check_sha256(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
+            return candidate
+    cached = cached_path(step.url, settings)
+    if cached is not None:  # the local wheel cache
+        if os.path.isfile(cached):
+            try:
+                check_sha256(cached, step.sha256 or wheelcache.recorded_sha256(cached))
+            except FetchError as exc:
+                raise FetchError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
+            return cached
+        if settings.offline:
+            raise FetchError(f"{filename} is no longer in {os.path.dirname(cached)} and the network is off")
+    if settings.offline or not step.url:
+        raise FetchError(f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the network is off" if settings.offline
+                         else f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the plan has no URL for it")
+    target = os.path.join(dest, filename)
+    events.status(f"downloading {step.url}")
+    try:
+        with urllib.request.urlopen(step.url, timeout=min(settings.timeout, 120)) as resp, open(target, "wb") as out:
+            while True:
+                chunk = resp.read(1 << 20)
+                if not chunk:
+                    break
+                out.write(chunk)
+        check_sha256(target, step.sha256)
+    except (OSError, FetchError) as exc:
+        try:
+            os.unlink(target)   # never a partial or substituted file left where a wheelhouse is read
+        except OSError:
+            pass
+        if isinstance(exc, FetchError):
+            raise
+        raise FetchError(f"could not download {step.url}: {exc}{_mirror_hint(filename)}") from None
+    return target
+
+
+def _mirror_hint(filename: str) -> str:
+    """The wheel's own mirror variable, for a compiled kernel's release wheel."""
+    from ..facts.settings import VARIABLES, wheel_url_variable
+    from ..facts.wheel_names import wheel_distribution
+
+    variable = wheel_url_variable(wheel_distribution(filename))
+    return f" ({variable} points at a mirror)" if variable in VARIABLES else ""
