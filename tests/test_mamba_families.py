@@ -27,6 +27,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -242,6 +243,9 @@ def test_install_after_the_modeling_import_rebinds_the_family(observed, key):
     assert after == expected
     lines = [line for line in step.ours() if f"{family}: imported before install()" in line]
     assert len(lines) == 1 and "now uses causal-conv1d, mamba-ssm" in lines[0], step.stderr
+    # the engine installed both from the wheelhouse (mamba-ssm: its release-named stand-in, from the pins)
+    assert re.search(r"installed .*mamba-ssm 2\.3\.2\.post1\+cu12torch2\.10cxx11abiTRUE", step.stderr), step.stderr
+    assert re.search(r"installed .*causal-conv1d 1\.6\.2\.post1", step.stderr), step.stderr
 
 
 # -- the README table --------------------------------------------------------------------------------
