@@ -289,3 +289,25 @@ def test_mamba_ssms_optional_tilelang_import_installs_nothing_until_fla_asks(mak
                     env=env)
     assert proc.stdout.strip() == "0.1.15", proc.stdout + proc.stderr
     assert venv.versions()["tilelang"] == "0.1.15"
+
+
+def test_a_broken_tilelang_is_checked_before_mamba_ssm_which_is_not_blamed(make_venv, make_wheelhouse, test_pins,
+                                                                           tmp_path):
+    """`import mamba_ssm` imports an installed tilelang under `except ImportError`: a pair that aborts kills
+    it. So on a posed Hopper the installed tilelang is checked first (mamba-ssm `needs` it, pins
+    `imports_optional`); when it cannot be made to work, mamba-ssm's message names tilelang, and mamba-ssm
+    itself is left installed, never rolled back for tilelang's fault."""
+    house = make_wheelhouse(tilelang="0.1.15", tilelang_abort=True, tvm_ffi=("0.1.12",), causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
+    venv = make_venv()
+    venv.uv_install(*(os.path.join(house, f) for f in os.listdir(house)
+                      if f.startswith(("tilelang", "apache_tvm_ffi", "mamba_ssm", "causal_conv1d", "einops"))),
+                    no_deps=True)
+    env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
+    plan = {d["kernel"]: d for d in json.loads(venv.cli("plan", "--json", env=env).stdout)["decisions"]}
+    assert (plan["mamba-ssm"]["rule"], plan["mamba-ssm"]["needs"]) == ("mamba.ok", ["tilelang"])
+    proc = venv.cli("install", "mamba-ssm", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "mamba-ssm needs tilelang here and tilelang is not usable" in proc.stderr, proc.stderr
+    assert not re.search(r"mamba-ssm: .*import mamba_ssm.* killed the process", proc.stderr), proc.stderr
+    assert venv.versions()["mamba-ssm"] == "2.3.2.post1+cu12torch2.10cxx11abiTRUE"
