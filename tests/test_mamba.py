@@ -170,7 +170,8 @@ def test_installing_mamba_ssm_keeps_flas_tilelang_pair_and_all_import_together(m
     plan = {d["kernel"]: d for d in json.loads(venv.cli("plan", "--json", env=env).stdout)["decisions"]}
     assert (plan["tilelang"]["action"], plan["fla"]["action"]) == ("ok", "ok")
     mamba = plan["mamba-ssm"]
-    assert (mamba["action"], mamba["rule"], mamba["needs"]) == ("install", "mamba.wheel", ["causal-conv1d"])
+    # the installed tilelang is checked first: `import mamba_ssm` imports it
+    assert (mamba["action"], mamba["rule"], mamba["needs"]) == ("install", "mamba.wheel", ["causal-conv1d", "tilelang"])
     assert "declares tilelang==0.1.8 while tilelang 0.1.15 is installed" in mamba["reason"]
     assert all(step["no_deps"] for step in mamba["steps"] if step["kind"] == "wheel")
 
@@ -295,19 +296,47 @@ def test_build_mamba_ssm_for_a_cluster_then_nodes_install_offline_with_builds_fo
 
 def test_mamba_ssms_optional_tilelang_import_installs_nothing_until_fla_asks(make_venv, make_wheelhouse, test_pins,
                                                                               tmp_path):
-    """mamba-ssm 2.3.2.post1 tries `import tilelang` for its Mamba-3 kernels (guarded by `except ImportError`).
-    On a posed Hopper with triton 3.6, with the tilelang pair in the wheelhouse, that import installs nothing
-    while neither tilelang nor fla is here (tilelang serves fla); `import fla` still brings its pair."""
+    """mamba-ssm 2.3.2.post1 tries `import tilelang` for its Mamba-3 kernels (guarded by `except ImportError`,
+    as the stand-in's __init__). On a posed Hopper with triton 3.6, with the tilelang pair in the wheelhouse,
+    `import mamba_ssm` installs nothing while neither tilelang nor fla is here (tilelang serves fla), and
+    mamba-ssm imports with its kernels; `import fla` still brings its pair."""
     house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi=("0.1.12",), causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
     venv = make_venv()
+    venv.uv_install(os.path.join(house, MAMBA_WHEEL), "einops", no_deps=True, extra=("--no-index", "--find-links", house))
     env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
     optional = ("import fastpath_hooks; fastpath_hooks.install()\n"
-                "try:\n    import tilelang\n    print('imported', tilelang.__version__)\n"
-                "except ImportError as exc:\n    print(type(exc).__name__)\n")
+                "import sys, mamba_ssm\n"
+                "from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined\n"
+                "print(mamba_ssm.__version__, 'tilelang' in sys.modules, mamba_chunk_scan_combined.__module__)\n")
     proc = venv.run(optional, env=env)
-    assert proc.stdout.strip() == "ModuleNotFoundError", proc.stdout + proc.stderr
-    assert "tilelang" not in venv.versions() and "tilelang" not in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["2.3.2.post1+cu12torch2.10cxx11abiTRUE", "False",
+                                   "mamba_ssm.ops.triton.ssd_combined"], proc.stdout + proc.stderr
+    assert "tilelang" not in venv.versions() and "tilelang" not in proc.stderr, proc.stderr
     proc = venv.run("import fastpath_hooks; fastpath_hooks.install()\nimport fla, tilelang\nprint(tilelang.__version__)",
                     env=env)
     assert proc.stdout.strip() == "0.1.15", proc.stdout + proc.stderr
     assert venv.versions()["tilelang"] == "0.1.15"
+
+
+def test_a_broken_tilelang_is_checked_before_mamba_ssm_which_is_not_blamed(make_venv, make_wheelhouse, test_pins,
+                                                                           tmp_path):
+    """`import mamba_ssm` imports an installed tilelang under `except ImportError`: a pair that aborts kills
+    it. So on a posed Hopper the installed tilelang is checked first (mamba-ssm `needs` it, pins
+    `imports_optional`); when it cannot be made to work, mamba-ssm's message names tilelang, and mamba-ssm
+    itself is left installed, never rolled back for tilelang's fault."""
+    house = make_wheelhouse(tilelang="0.1.15", tilelang_abort=True, tvm_ffi=("0.1.12",), causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
+    venv = make_venv()
+    venv.uv_install(*(os.path.join(house, f) for f in os.listdir(house)
+                      if f.startswith(("tilelang", "apache_tvm_ffi", "mamba_ssm", "causal_conv1d", "einops"))),
+                    no_deps=True)
+    env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
+    plan = {d["kernel"]: d for d in json.loads(venv.cli("plan", "--json", env=env).stdout)["decisions"]}
+    assert (plan["mamba-ssm"]["rule"], plan["mamba-ssm"]["needs"]) == ("mamba.ok", ["tilelang"])
+    proc = venv.cli("install", "mamba-ssm", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "mamba-ssm needs tilelang here and tilelang is not usable" in proc.stderr, proc.stderr
+    assert not re.search(r"mamba-ssm: .*import mamba_ssm.* killed the process", proc.stderr), proc.stderr
+    assert venv.versions()["mamba-ssm"] == "2.3.2.post1+cu12torch2.10cxx11abiTRUE"

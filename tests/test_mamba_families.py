@@ -12,14 +12,14 @@ builds), real venvs, stand-in kernel wheels (tests/support/wheels.py: `mamba_ssm
   read from the source, families.DECORATED); eras A/B: the gated globals read from the sources
   (families.GATED) - must be the stand-in's.
 - "late": install() AFTER the modeling import (and, in era B, after a model was built):
-  late.py must rebind the module's choice. causal-conv1d is installed by the engine from the
-  wheelhouse; mamba-ssm is put on disk by the child itself between the modeling import and
-  install() (a user's `pip install` in a running notebook), so the test does not depend on
-  mamba-ssm's pins data (branch `mamba`); install() then decides and rebinds.
+  late.py must rebind the module's choice. Both kernels are installed by the engine from the
+  wheelhouse (their release-named stand-in wheels; einops, mamba-ssm's runtime need, beside them)
+  when install() heals the module, which it then rebinds.
 - The README's family table is rebuilt from these observations and must equal the README's.
 
-causal-conv1d is installed by fastpath-hooks (the engine) in each era's late step; the mamba-ssm
-stand-in (with einops, its runtime need) is on disk before the "families" step.
+causal-conv1d and mamba-ssm are installed by fastpath-hooks (the engine) in each era's late step;
+the "families" step runs in the same venv (should the late step fail before installing mamba-ssm,
+the stand-in, with einops, is put there first).
 """
 
 from __future__ import annotations
@@ -27,17 +27,19 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import A100, CAUSAL_WHEEL
+from conftest import A100, CAUSAL_WHEEL, PY
 from support import families, venvs, wheels
 from test_eras import PREAMBLE, Era, Step
 
 FAMILIES = families.FAMILIES
+MAMBA_WHEEL = f"mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
 
 # Tiny configs, valid in 4.57.6, 5.14.1 and 5.24.0 (one Mamba layer where the family allows; hybrids
 # with one attention layer too).
@@ -120,11 +122,6 @@ def build(family):
     cfg = AutoConfig.for_model(family, **ARGS["tiny"][family])
     return AutoModelForCausalLM.from_config(cfg)
 
-def put_mamba_on_disk():
-    """What a `pip install` in a running notebook does: the stand-in lands on disk, nothing imports it."""
-    uv = os.path.join(os.path.dirname(sys.executable), "uv")
-    subprocess.run([uv, "pip", "install", "-q", "--no-deps", "--python", sys.executable, *ARGS["mamba_wheels"]],
-                   check=True, capture_output=True)
 '''
 
 FAMILIES_SCRIPT = KERNELS + r'''
@@ -152,7 +149,6 @@ modeling = importlib.import_module(f"transformers.models.{family}.modeling_{fami
 early = build(family) if ARGS["era"] == "B" else None                                    # chooses (B): no kernels
 names = ARGS["gated"][family] if ARGS["era"] != "C" else None
 OUT["before"] = decorated_choice(modeling) if names is None else gated_choice(modeling, names)
-put_mamba_on_disk()
 import fastpath_hooks
 assert fastpath_hooks.install(on_event=EVENTS.put) is True
 OUT["after"] = decorated_choice(modeling) if names is None else gated_choice(modeling, names)
@@ -171,9 +167,11 @@ def scenario(key: str, era: Era) -> dict:
     gated = {f: list(families.GATED.get(key, {}).get(f, ())) for f in FAMILIES}
     steps = {}
     late_family = families.LATE_FAMILY[key]
-    steps["late"] = Step(era.venv, LATE_SCRIPT, era.env(A100, era.wheelhouse(causal=True)), "plain", era=key,
-                         family=late_family, tiny=TINY, gated=gated, mamba_wheels=mamba_wheels)
-    if "mamba-ssm" not in era.venv.versions():   # the late step failed before it put it there
+    house = era.wheelhouse(causal=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)    # the release wheel for the posed A100's torch 2.10
+    steps["late"] = Step(era.venv, LATE_SCRIPT, era.env(A100, house), "plain", era=key,
+                         family=late_family, tiny=TINY, gated=gated)
+    if "mamba-ssm" not in era.venv.versions():   # the late step failed before the engine installed it
         era.venv.uv_install(*mamba_wheels, no_deps=True)
     steps["families"] = Step(era.venv, FAMILIES_SCRIPT, era.env(A100, era.wheelhouse(causal=True)), "hook", era=key,
                              families=list(FAMILIES), tiny=TINY, gated=gated)
@@ -245,6 +243,9 @@ def test_install_after_the_modeling_import_rebinds_the_family(observed, key):
     assert after == expected
     lines = [line for line in step.ours() if f"{family}: imported before install()" in line]
     assert len(lines) == 1 and "now uses causal-conv1d, mamba-ssm" in lines[0], step.stderr
+    # the engine installed both from the wheelhouse (mamba-ssm: its release-named stand-in, from the pins)
+    assert re.search(r"installed .*mamba-ssm 2\.3\.2\.post1\+cu12torch2\.10cxx11abiTRUE", step.stderr), step.stderr
+    assert re.search(r"installed .*causal-conv1d 1\.6\.2\.post1", step.stderr), step.stderr
 
 
 # -- the README table --------------------------------------------------------------------------------
@@ -275,12 +276,18 @@ def test_the_tables_are_read_from_the_installed_transformers_source():
             assert late.DECORATED[name] == pair
 
 
-def test_the_stand_in_is_installed_by_uv_the_way_the_tests_use_it(tmp_path):
+def _einops(dep_wheels) -> list:
+    """The einops wheel: the stand-in's selective_scan_interface imports it, as the real one does."""
+    return glob.glob(os.path.join(dep_wheels, "einops-*.whl"))
+
+
+@pytest.mark.slow
+def test_the_stand_in_is_installed_by_uv_the_way_the_tests_use_it(tmp_path, dep_wheels):
     """mamba_ssm_wheel builds a wheel uv installs, with the layout transformers resolves."""
     wheel = wheels.mamba_ssm_wheel(str(tmp_path / "house"))
     target = tmp_path / "site"
-    subprocess.run([venvs.uv(), "pip", "install", "-q", "--no-deps", "--target", str(target), wheel], check=True,
-                   env=venvs.clean_env(), capture_output=True)
+    subprocess.run([venvs.uv(), "pip", "install", "-q", "--no-deps", "--target", str(target), wheel, *_einops(dep_wheels)],
+                   check=True, env=venvs.clean_env(), capture_output=True)
     code = ("import mamba_ssm, mamba_ssm.ops.triton.ssd_combined as s, mamba_ssm.ops.triton.selective_state_update as u;"
             "print(mamba_ssm.__version__, s.mamba_chunk_scan_combined.__name__, s.mamba_split_conv1d_scan_combined.__name__,"
             " u.selective_state_update.__name__, mamba_ssm.selective_scan_fn.__name__, mamba_ssm.mamba_inner_fn.__name__)")
@@ -305,13 +312,14 @@ print(json.dumps({"mamba_gate": first, "asked": sorted(engine.outcomes()),
 '''
 
 
-def test_the_mamba_gates_decide_mamba_ssm_and_causal_conv1d_and_answer_as_on_the_posed_gpu(tmp_path):
+@pytest.mark.slow
+def test_the_mamba_gates_decide_mamba_ssm_and_causal_conv1d_and_answer_as_on_the_posed_gpu(tmp_path, dep_wheels):
     """Asked first, `is_mamba_ssm_available` decides mamba-ssm and causal-conv1d (the families' fast path
     needs both); on a posed A100 (report mode, the stand-ins importable) both mamba gates answer as the real
     gates would there, while the rest of the process sees no GPU. (Era B's `lazy_load_kernel("mamba-ssm")`
     reaches this wrapper by name: the 5.14.1 family observations above go through it.)"""
     house = str(tmp_path / "house")
-    stand_ins = [wheels.mamba_ssm_wheel(house), wheels.fake_causal_conv1d(house, CAUSAL_WHEEL)]
+    stand_ins = [wheels.mamba_ssm_wheel(house), wheels.fake_causal_conv1d(house, CAUSAL_WHEEL), *_einops(dep_wheels)]
     target = tmp_path / "site"
     subprocess.run([venvs.uv(), "pip", "install", "-q", "--no-deps", "--target", str(target), *stand_ins], check=True,
                    env=venvs.clean_env(), capture_output=True)

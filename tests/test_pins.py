@@ -258,6 +258,8 @@ MALFORMED = [
      "kernels.mamba-ssm.releases", "mamba-ssm==2.2.4 is not one of the releases"),
     ("mamba-ssm with an unknown partner kernel", "p.json", {"kernels": {"mamba-ssm": {"with": ["mamba"]}}},
      "kernels.mamba-ssm.with[0]", "expected another kernel"),
+    ("mamba-ssm importing itself optionally", "p.json", {"kernels": {"mamba-ssm": {"imports_optional": ["mamba-ssm"]}}},
+     "kernels.mamba-ssm.imports_optional[0]", "expected another kernel"),
     ("mamba-ssm release declaring a bad requirement", "p.json",
      {"kernels": {"mamba-ssm": {"releases": [{"version": "2.3.2.post1", "declares": ["tilelang=0.1.8"],
                                               "source": "upstream: x"}]}}},
@@ -281,6 +283,7 @@ def test_mamba_ssm_is_data_like_causal_conv1d():
     assert old.seconds == build.seconds
     spec = SHIPPED.kernel("mamba-ssm")
     assert spec.with_kernels == ("causal-conv1d",) and spec.runtime_deps == ("einops", "packaging")
+    assert spec.imports_optional == ("tilelang",) and SHIPPED.kernel("causal-conv1d").imports_optional == ()
     assert not {"tilelang", "apache-tvm-ffi", "quack-kernels"} & set(spec.runtime_deps)
     assert [r.version for r in SHIPPED.kernel_releases["mamba-ssm"]] == ["2.3.2.post1", "2.3.1"]
     assert SHIPPED.build_for_distribution("mamba_ssm") == ("mamba-ssm", build)
@@ -321,3 +324,12 @@ def test_bad_pins_file_through_the_cli_exits_2_with_the_message(tmp_path):
 def test_pins_are_immutable_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SHIPPED.fla_releases[0].version = "9"  # type: ignore[misc]
+
+
+def test_a_kernels_verdict_depends_on_the_kernels_its_import_runs():
+    """`import mamba_ssm` imports an installed tilelang (a broken pair aborts it): a change to that pair must
+    re-check mamba-ssm; causal-conv1d imports no tilelang, so its verdict stays."""
+    from fastpath_hooks.engine.context import verdict_distributions
+
+    assert {"mamba-ssm", "causal-conv1d", "tilelang", "apache-tvm-ffi", "einops"} <= set(verdict_distributions(SHIPPED, "mamba-ssm"))
+    assert not {"tilelang", "apache-tvm-ffi"} & set(verdict_distributions(SHIPPED, "causal-conv1d"))

@@ -230,31 +230,36 @@ MAMBA_WHEEL = "mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux
 MAMBA_BUILT = "mamba_ssm-2.3.2.post1+fph.torch2.13.0.cu128.abi1.sm90-cp312-cp312-linux_x86_64.whl"
 CONV = {"causal-conv1d": "1.6.2.post1"}        # a release wheel (all archs): causal.ok
 MAMBA_NO_RELEASE = {"torch": "2.13.0", "triton": "3.7.1"}   # no release wheel; no Hopper hazard, so no tilelang planned
+H200 = {"torch": "2.11.0", "torch_cuda": "13.0", "nvcc_version": "13.0"}   # no release wheel for torch 2.11
+PAIR_015 = {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}
 MAMBA_SDIST_HOUSE = ("mamba_ssm-2.3.2.post1.tar.gz", "causal_conv1d-1.6.2.post1.tar.gz", "wheel-0.45.1-py3-none-any.whl",
                      "setuptools-80.0.0-py3-none-any.whl")
 
 
-def _mamba_wheel(filename):
+def _mamba_wheel(filename, needs=("causal-conv1d",), declares=None):
     def check(d, plan):
         step = d.steps[-1]
         assert step.kind == "wheel" and step.requirements == (filename,) and step.no_deps
         assert step.url == "https://github.com/state-spaces/mamba/releases/download/v2.3.2.post1/" + \
             filename.replace("+", "%2B")
         assert step.sha256 is None and "no pinned sha256" in step.note   # the pins do not know the hashes
-        assert d.target == {"mamba-ssm": "2.3.2.post1"} and d.needs == ("causal-conv1d",)
+        assert d.target == {"mamba-ssm": "2.3.2.post1"} and d.needs == needs
         assert plan["causal-conv1d"].action == INSTALL
-        assert "declares tilelang==0.1.8 while tilelang 0.1.15 is planned" in d.reason
+        if declares:
+            assert f"declares {declares}: the --no-deps install leaves it unmet" in d.reason, d.reason
+        else:   # fla's planned tilelang pair is no clash: fla may never be imported, and the install is --no-deps
+            assert plan["tilelang"].action == INSTALL and "declares" not in d.reason, d.reason
         return True
     return check
 
 
-def _mamba_build(version, archs, why=None):
+def _mamba_build(version, archs, why=None, needs=("causal-conv1d",)):
     def check(d, plan):
         step = d.steps[-1]
         assert step.kind == "build" and not step.build_isolation and not step.binary_only and step.no_deps
         assert step.requirements == (f"mamba-ssm=={version}",) and step.archs == archs
         assert dict(step.env) == {"MAMBA_FORCE_BUILD": "TRUE"}
-        assert d.target == {"mamba-ssm": version} and d.needs == ("causal-conv1d",)
+        assert d.target == {"mamba-ssm": version} and d.needs == needs
         assert d.expected_seconds == 117 * len(archs)
         if why:
             assert why in d.reason, d.reason
@@ -516,16 +521,25 @@ ROWS = [
         check=lambda d, p: d.verify and d.on_failure == "block"),
 
     # mamba-ssm: the same compiled-kernel path with its own pins entry (and causal-conv1d with it)
-    Row("mamba.wheel: the release wheel, with causal-conv1d first; the declared tilelang==0.1.8 is said",
+    Row("mamba.wheel: the release wheel, with causal-conv1d first; fla's planned tilelang is no clash",
         "mamba-ssm", INSTALL, "mamba.wheel", check=_mamba_wheel(MAMBA_WHEEL)),
+    Row("mamba.wheel: with tilelang installed it is checked first, and the declared tilelang==0.1.8 is said",
+        "mamba-ssm", INSTALL, "mamba.wheel", dists=PAIR_015,
+        check=_mamba_wheel(MAMBA_WHEEL, needs=("causal-conv1d", "tilelang"),
+                           declares="tilelang==0.1.8 while tilelang 0.1.15 is installed")),
     Row("mamba.wheel from a mirror (FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL)", "mamba-ssm", INSTALL, "mamba.wheel",
         settings={"mamba_ssm_wheel_url": "https://mirror.example/mamba/"},
         check=lambda d, p: d.steps[-1].url == "https://mirror.example/mamba/" + MAMBA_WHEEL.replace("+", "%2B")),
     Row("mamba.build: torch 2.13 has no release wheel; 2.3.2.post1 for sm_90 with MAMBA_FORCE_BUILD", "mamba-ssm",
         INSTALL, "mamba.build", env=MAMBA_NO_RELEASE, check=_mamba_build("2.3.2.post1", ("sm_90",))),
-    Row("mamba.build: both need a build and fla's tilelang 0.1.15 is planned: 2.3.1, which declares no tilelang",
-        "mamba-ssm", INSTALL, "mamba.build", env={"torch": "2.11.0", "torch_cuda": "13.0", "nvcc_version": "13.0"},
-        check=_mamba_build("2.3.1", ("sm_90",), why="which declares tilelang==0.1.8 while tilelang 0.1.15 is planned")),
+    Row("mamba.build: the H200 (torch 2.11, CUDA 13): fla's planned tilelang pair is no clash: 2.3.2.post1",
+        "mamba-ssm", INSTALL, "mamba.build", env=H200,
+        check=lambda d, p: (_mamba_build("2.3.2.post1", ("sm_90",))(d, p), p["tilelang"].action == INSTALL,
+                            "declares" not in d.reason)),
+    Row("mamba.build: both need a build and tilelang 0.1.15 is installed: 2.3.1, which declares no tilelang",
+        "mamba-ssm", INSTALL, "mamba.build", env=H200, dists=PAIR_015,
+        check=_mamba_build("2.3.1", ("sm_90",), why="which declares tilelang==0.1.8 while tilelang 0.1.15 is installed",
+                           needs=("causal-conv1d", "tilelang"))),
     Row("mamba.build: a V100 (sm_70) with nvcc 12.8 gets 2.3.1, whose setup.py still compiles sm_70", "mamba-ssm",
         INSTALL, "mamba.build", env={**MAMBA_NO_RELEASE, "gpus": ("sm_70",)}, dists=CONV, check=_mamba_build("2.3.1", ("sm_70",))),
     Row("mamba.build: triton 3.4 (torch 2.8) is below 2.3.2.post1's triton>=3.5.0: 2.3.1", "mamba-ssm", INSTALL,
@@ -576,6 +590,16 @@ ROWS = [
         env=ROCM, check=lambda d, p: dict(d.steps[-1].env) == {"MAMBA_FORCE_BUILD": "TRUE", "HIP_ARCHITECTURES": "gfx942"}),
     Row("mamba.ok", "mamba-ssm", OK, "mamba.ok", dists={"mamba-ssm": "2.3.2.post1"},
         check=lambda d, p: d.verify and d.on_failure == "block" and not d.needs),
+    Row("mamba.ok: `import mamba_ssm` imports an installed tilelang: tilelang is checked first", "mamba-ssm", OK,
+        "mamba.ok", dists={"mamba-ssm": "2.3.2.post1", **PAIR_015},
+        check=lambda d, p: (d.verify, d.on_failure == "block", d.needs == ("tilelang",), p["tilelang"].verify)),
+    Row("mamba.ok: a broken tilelang pair is repaired before mamba-ssm is checked", "mamba-ssm", OK, "mamba.ok",
+        dists={"mamba-ssm": "2.3.2.post1", "tilelang": "0.1.15", "apache-tvm-ffi": "0.1.9"},
+        pins=with_broken(("0.1.15", ["0.1.9"], "*")),
+        check=lambda d, p: (d.verify, d.needs == ("tilelang",), p["tilelang"].action == REPAIR)),
+    Row("mamba.ok: tilelang installed but skipped by the user: not needed first", "mamba-ssm", OK, "mamba.ok",
+        dists={"mamba-ssm": "2.3.2.post1", **PAIR_015}, settings={"skip": frozenset({"tilelang"})},
+        check=lambda d, p: (d.verify, d.on_failure == "block", d.needs == ())),
     Row("mamba.block.arch: a build of ours for sm_90 only, on an sm_80 GPU", "mamba-ssm", BLOCK, "mamba.block.arch",
         env={"gpus": ("sm_80",)}, dists={"mamba-ssm": "2.3.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
         check=lambda d, p: "sm_80" in d.reason and "build mamba-ssm --arch sm_80,sm_90" in d.fix),

@@ -636,7 +636,7 @@ def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
         return Decision(kernel=kernel, action=OK, rule=f"{p}.ok", verify=True, on_failure=OnFailure.BLOCK,
                         reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
-                               "wrong-arch build can crash at import", **kw)
+                               "wrong-arch build can crash at import", needs=_optional_needs(ctx, kernel, decided), **kw)
     if not installed_v:
         blocked = _prerequisites(ctx, kernel, decided, kw)
         if blocked is not None:
@@ -680,7 +680,8 @@ def _prerequisites(ctx: _Context, kernel: str, decided: dict, kw) -> Decision | 
 
 def _release_order(ctx: _Context, kernel: str, decided: dict):
     """(the pinned versions that fit here, in the pins' order of preference; version -> the declared
-    requirement the installed or planned distributions do not meet), or (None, why none fits).
+    requirement the installed distributions, or those planned by a kernel ensured first, do not meet),
+    or (None, why none fits).
     A --no-deps install leaves such a requirement unmet, and the next resolver run would "fix" it
     (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
     env, pins = ctx.env, ctx.pins
@@ -693,10 +694,10 @@ def _release_order(ctx: _Context, kernel: str, decided: dict):
     if not fits:
         what = f"torch {env.torch}, triton {env.triton}" + (f", transformers {transformers}" if transformers else "")
         return None, f"no pinned {kernel} release fits {what}"
-    planned = {}
-    for d in decided.values():
-        if d.action in (INSTALL, REPAIR):
-            planned.update({canonical_name(k): v for k, v in d.target.items()})
+    planned = {}   # only what is ensured before this kernel: another kernel's plan may never run (fla absent)
+    for k in _needed(ctx, kernel, decided):
+        if decided[k].action in (INSTALL, REPAIR):
+            planned.update({canonical_name(n): v for n, v in decided[k].target.items()})
     clashes = {}
     for r in fits:
         for raw in r.declares:
@@ -732,14 +733,31 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
 
 
 def _with_partners(ctx: _Context, kernel: str, decided: dict, decision: Decision) -> Decision:
-    """The kernels it is only useful with are ensured first (the engine's `needs`)."""
-    needs = tuple(k for k in ctx.pins.kernel(kernel).with_kernels
-                  if decided.get(k) is not None and decided[k].action in TILELANG_GOOD)
+    """The kernels it is only useful with, or whose import runs inside its own, are ensured first
+    (the engine's `needs`)."""
+    needs = _needed(ctx, kernel, decided)
     if not needs:
         return decision
     first = [k for k in needs if decided[k].action != OK]
     return _replace(decision, needs=needs, reason=decision.reason + (
         f"; with {', '.join(first)}, installed first" if first else f"; with {', '.join(needs)}"))
+
+
+def _needed(ctx: _Context, kernel: str, decided: dict) -> tuple:
+    """The kernels ensured before this one: its `with` partners that will be usable, then its
+    `imports_optional` ones (below)."""
+    partners = tuple(k for k in ctx.pins.kernel(kernel).with_kernels
+                     if decided.get(k) is not None and decided[k].action in TILELANG_GOOD)
+    return partners + _optional_needs(ctx, kernel, decided)
+
+
+def _optional_needs(ctx: _Context, kernel: str, decided: dict) -> tuple:
+    """The pins' `imports_optional` kernels that are installed and not skipped: its import imports
+    them under a guard that catches only ImportError (mamba-ssm: tilelang), so a broken one would fail
+    this kernel's check; they are checked, repaired or blocked first."""
+    return tuple(k for k in ctx.pins.kernel(kernel).imports_optional
+                 if decided.get(k) is not None and decided[k].action != SKIP
+                 and ctx.installed(ctx.pins.kernel(k).distributions[0]))
 
 
 def _built_archs(installed: str) -> tuple:

@@ -118,7 +118,8 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
 def verdict_distributions(pins, kernel: str) -> tuple:
     """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
     dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
-    (fla on Hopper needs tilelang)."""
+    (fla on Hopper needs tilelang), that it is used with (`with`) or whose import runs inside its own
+    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`)."""
     from packaging.requirements import Requirement
 
     from ..facts.distributions import canonical_name
@@ -130,7 +131,7 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     for hazard in pins.hazards:
         if hazard.kernel == kernel and hazard.needs:
             names += pins.kernel(hazard.needs).distributions
-    for partner in spec.with_kernels:   # mamba-ssm is decided with causal-conv1d
+    for partner in spec.with_kernels + spec.imports_optional:   # mamba-ssm: causal-conv1d; tilelang, imported inside
         names += pins.kernel(partner).distributions
     return tuple(sorted(set(names)))
 

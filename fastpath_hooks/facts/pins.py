@@ -75,6 +75,7 @@ class KernelSpec:
     nvcc_packages: dict | None = None
     with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
     imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
+    imports_optional: tuple = ()    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
 
 
 @dataclass(frozen=True)
@@ -454,6 +455,7 @@ def _build(data, origins: tuple) -> Pins:
             with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name),
             imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
                                                                         f"{e}.imports_installed")),
+            imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name),
         )
 
     fla = kernels_raw["fla"]

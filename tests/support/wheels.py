@@ -274,6 +274,11 @@ from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, mamba_inne
 # the real root imports Mamba / Mamba2, whose modules load the triton ops: era B reaches them from the root
 import mamba_ssm.ops.triton.selective_state_update  # noqa: E402,F401
 import mamba_ssm.ops.triton.ssd_combined  # noqa: E402,F401
+# as the real one, for its Mamba-3 kernels: a missing tilelang is fine, a broken one is not caught
+try:
+    import tilelang  # noqa: F401
+except ImportError:
+    pass
 '''
 
 _MAMBA_CALLS = '''
@@ -287,6 +292,11 @@ import torch
 import torch.nn.functional as F
 
 from mamba_ssm.ops._calls import CALLS
+
+try:   # as the real module: the split conv1d scan uses causal-conv1d when it is there
+    from causal_conv1d import causal_conv1d_fn
+except ImportError:
+    causal_conv1d_fn = None
 
 FAKE_MAMBA_SSM = True
 
@@ -347,10 +357,14 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     dstate = (dim - d_inner) // (2 * ngroups)
     z, xbc, dt = torch.split(zxbcdt, [d_inner, dim, nheads], dim=-1)
     width = conv1d_weight.shape[-1]
-    xbc = F.conv1d(xbc.transpose(1, 2), conv1d_weight.unsqueeze(1) if conv1d_weight.dim() == 2 else conv1d_weight,
-                   conv1d_bias, padding=width - 1, groups=dim)[..., :l].transpose(1, 2)
-    if activation in ("silu", "swish"):
-        xbc = F.silu(xbc)
+    if causal_conv1d_fn is not None:
+        weight = conv1d_weight if conv1d_weight.dim() == 2 else conv1d_weight[:, 0]
+        xbc = causal_conv1d_fn(xbc.transpose(1, 2), weight, conv1d_bias, activation=activation).transpose(1, 2)
+    else:
+        xbc = F.conv1d(xbc.transpose(1, 2), conv1d_weight.unsqueeze(1) if conv1d_weight.dim() == 2 else conv1d_weight,
+                       conv1d_bias, padding=width - 1, groups=dim)[..., :l].transpose(1, 2)
+        if activation in ("silu", "swish"):
+            xbc = F.silu(xbc)
     x, B, C = torch.split(xbc, [d_inner, ngroups * dstate, ngroups * dstate], dim=-1)
     p = d_inner // nheads
     y, state = _scan(x.reshape(b, l, nheads, p), _dt(dt, dt_bias, True, dt_limit), A,
@@ -419,8 +433,14 @@ _SELECTIVE = '''
 import selective_scan_cuda  # noqa: F401  (the compiled extension, as in the real module)
 import torch
 import torch.nn.functional as F
+from einops import rearrange   # the real module's runtime need (mamba-ssm's pins: runtime_deps)
 
 from mamba_ssm.ops._calls import CALLS
+
+try:   # as the real module: mamba_inner_fn uses causal-conv1d when it is there
+    from causal_conv1d import causal_conv1d_fn
+except ImportError:
+    causal_conv1d_fn = None
 
 FAKE_MAMBA_SSM = True
 
@@ -477,12 +497,16 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     delta_rank = delta_proj_weight.shape[1]
     x, z = xz.chunk(2, dim=1)
     width = conv1d_weight.shape[-1]
-    weight = conv1d_weight if conv1d_weight.dim() == 3 else conv1d_weight.unsqueeze(1)
-    x = F.silu(F.conv1d(x, weight, conv1d_bias, padding=width - 1, groups=x.shape[1])[..., :l])
-    x_dbl = F.linear(x.transpose(1, 2).reshape(-1, x.shape[1]), x_proj_weight)      # (b*l, r + 2n)
-    delta = F.linear(x_dbl[:, :delta_rank], delta_proj_weight).reshape(xz.shape[0], l, -1).transpose(1, 2)
-    B = x_dbl[:, delta_rank:delta_rank + d_state].reshape(xz.shape[0], l, d_state).transpose(1, 2) if B is None else B
-    C = x_dbl[:, -d_state:].reshape(xz.shape[0], l, d_state).transpose(1, 2) if C is None else C
+    if causal_conv1d_fn is not None:
+        weight = rearrange(conv1d_weight, "d 1 w -> d w") if conv1d_weight.dim() == 3 else conv1d_weight
+        x = causal_conv1d_fn(x, weight, conv1d_bias, activation="silu")
+    else:
+        weight = conv1d_weight if conv1d_weight.dim() == 3 else conv1d_weight.unsqueeze(1)
+        x = F.silu(F.conv1d(x, weight, conv1d_bias, padding=width - 1, groups=x.shape[1])[..., :l])
+    x_dbl = F.linear(rearrange(x, "b d l -> (b l) d"), x_proj_weight)      # (b*l, r + 2n)
+    delta = rearrange(F.linear(x_dbl[:, :delta_rank], delta_proj_weight), "(b l) d -> b d l", l=l)
+    B = rearrange(x_dbl[:, delta_rank:delta_rank + d_state], "(b l) n -> b n l", l=l) if B is None else B
+    C = rearrange(x_dbl[:, -d_state:], "(b l) n -> b n l", l=l) if C is None else C
     y = _selective_scan(x, delta, A, B, C, D, z, delta_bias, delta_softplus)
     return F.linear(y.transpose(1, 2), out_proj_weight, out_proj_bias)
 '''
