@@ -233,3 +233,29 @@ def test_kill_group_kills_only_the_recorded_group(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+EARLY_CTRL_C = textwrap.dedent(r'''
+    import os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    from fastpath_hooks.act import runner
+    try:
+        # the child's first act is the Ctrl-C: it can land while Popen is still starting it
+        runner.run(["/bin/sh", "-c", 'kill -INT "$PPID"; sleep 300 & echo "$$ $!" > "$1"; wait', "sh", sys.argv[1]],
+                   timeout=300)
+        print("finished")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+''')
+
+
+@pytest.mark.parametrize("attempt", range(5))
+def test_a_ctrl_c_while_the_child_starts_still_kills_its_group(tmp_path, attempt):
+    """Ctrl-C during Popen (after the fork) is held until the runner holds the child, then raised
+    where the whole group is killed; nothing of the command outlives the interrupted run."""
+    pids = tmp_path / "pids"
+    parent = subprocess.run([sys.executable, "-c", EARLY_CTRL_C, str(pids)], capture_output=True, text=True,
+                            timeout=120)
+    assert parent.stdout.strip() == "interrupted", parent.stdout + parent.stderr
+    if pids.exists() and pids.read_text().strip():   # the shell may have been killed before it wrote them
+        assert _gone(*[int(p) for p in pids.read_text().split()])

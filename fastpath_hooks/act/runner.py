@@ -83,13 +83,16 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
     start = time.monotonic()
     with (open(log, "a+b") if log else tempfile.TemporaryFile(mode="w+b", dir=work)) as out:
         offset = out.seek(0, os.SEEK_END)
+        deferred = _defer_ctrl_c()
         try:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
                                     env=environ, start_new_session=True)
         except OSError as exc:
+            _resume_ctrl_c(deferred)
             return Ran(127, f"could not start {argv[0]}: {exc}", 0.0)
         try:
+            _resume_ctrl_c(deferred)   # a Ctrl-C while Popen started the child is raised here: the group dies
             events.debug("running: " + " ".join(argv), kernel)
             if gated:
                 started(proc.pid)
@@ -127,6 +130,35 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
         if log:
             out.write(f"\n# exit: {'timeout' if code is None else code} after {seconds:.1f} s\n".encode())
     return Ran(code, text, seconds)
+
+
+def _defer_ctrl_c():
+    """Hold SIGINT while Popen starts the child: a KeyboardInterrupt raised inside Popen, after the
+    fork, would leave a child we hold no handle of (seen under load). Python handlers run in the
+    main thread only, so elsewhere there is nothing to hold. Returns (previous handler, pending)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pending = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    except (ValueError, OSError, TypeError):
+        return None
+    return previous, pending
+
+
+def _resume_ctrl_c(deferred) -> None:
+    """Put the handler back; a Ctrl-C that came meanwhile is delivered now, as it would have been."""
+    if deferred is None:
+        return
+    previous, pending = deferred
+    signal.signal(signal.SIGINT, previous)
+    if pending:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None,
