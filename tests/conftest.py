@@ -39,6 +39,29 @@ def pytest_runtest_setup(item):
                     "pytest.mark.slow for the whole module)", pytrace=False)
 
 
+@pytest.fixture
+def toolkit(tmp_path):
+    """A fake CUDA 13.0 toolkit (tests/support/sdists.py): nvcc records what it is asked to compile."""
+    from support import sdists
+
+    return sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
+
+
+@pytest.fixture(scope="session")
+def build_dep_wheels(artifacts):
+    """Real wheel, ninja, packaging and einops wheels (what the stand-in sdists' builds and mamba_ssm's
+    import need), fetched once."""
+    import subprocess
+    import sys
+
+    from support import venvs
+
+    dest = os.path.join(artifacts, "build-deps")
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
+                    "wheel", "ninja", "packaging", "einops"], check=True, env=venvs.clean_env())
+    return dest
+
+
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory):
     return str(tmp_path_factory.mktemp("artifacts"))

@@ -10,32 +10,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from conftest import offline_env
-from support import sdists, venvs
+from support import sdists
 from support.venvs import clean_env
 
 # torch 2.13 has no causal-conv1d release wheel: only a build can bring it
 HOPPER = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"
 BUILD_HOST = "cuda=13.0,torch=2.13.0,cpus=16"       # no GPU here: `build --arch` names it
-
-
-@pytest.fixture
-def toolkit(tmp_path):
-    return sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
-
-
-@pytest.fixture(scope="session")
-def build_dep_wheels(artifacts):
-    """Real wheel, ninja and packaging wheels (what the sdist's build needs installed), fetched once."""
-    dest = os.path.join(artifacts, "build-deps")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
-                    "wheel", "ninja", "packaging"], check=True, env=venvs.clean_env())
-    return dest
 
 
 @pytest.fixture

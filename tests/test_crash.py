@@ -19,7 +19,7 @@ import pytest
 
 from conftest import A100, offline_env
 from fastpath_hooks.act import state
-from support.processes import link_uv, processes_with
+from support.processes import link_uv, processes_with, running
 
 # slow: real venvs, processes killed mid-install (README, Development)
 pytestmark = pytest.mark.slow
@@ -171,14 +171,6 @@ while :; do i=$((i+1)); echo x > "$site/standin_uv_$i.py"; sleep 0.02; done
 '''
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
-
 
 def test_an_installer_outliving_its_killed_parent_is_stopped_before_the_rollback(make_venv, make_wheelhouse, tmp_path):
     """The installer runs in its own session (no PR_SET_PDEATHSIG: a threaded parent cannot use a
@@ -204,7 +196,7 @@ def test_an_installer_outliving_its_killed_parent_is_stopped_before_the_rollback
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(timeout=30) == -signal.SIGKILL
     time.sleep(0.3)
-    assert _running(standin) and _running(helper)  # the installer lives on, writing ...
+    assert running(standin) and running(helper)  # the installer lives on, writing ...
     written = len(glob.glob(os.path.join(venv.site, "standin_*.py")))
     time.sleep(0.3)
     assert len(glob.glob(os.path.join(venv.site, "standin_*.py"))) > written
@@ -214,7 +206,7 @@ def test_an_installer_outliving_its_killed_parent_is_stopped_before_the_rollback
         assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
         # ... until the next run stops it (both processes), restores the state and installs
         assert re.search(r"stopped its installer \(\d+ processes still running\)", rerun.stderr), rerun.stderr
-        assert not _running(standin) and not _running(helper)
+        assert not running(standin) and not running(helper)
         assert json.loads(rerun.stdout.strip().splitlines()[-1]) == {"version": "0.6.0", "state": "installed"}
         assert not os.path.exists(journal)
         time.sleep(0.3)
@@ -222,5 +214,5 @@ def test_an_installer_outliving_its_killed_parent_is_stopped_before_the_rollback
         assert set(before) <= set(os.listdir(venv.site))
     finally:
         for pid in (standin, helper):
-            if _running(pid):
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -9,15 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.slow   # real venvs, real pip/uv installs and builds
 
 from conftest import offline_env
-from support import guarded, sdists, venvs, wheels
+from support import guarded, sdists, wheels
 from support.venvs import clean_env
 
 # The lead's H200: torch 2.11 (no release wheels for either kernel), CUDA 13.0, triton 3.6, 16 cores
@@ -30,24 +28,10 @@ FIVE = ("mamba_ssm.ops.triton.ssd_combined:mamba_chunk_scan_combined",
         "mamba_ssm.ops.selective_scan_interface:mamba_inner_fn")
 
 
-@pytest.fixture
-def toolkit(tmp_path):
-    return sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
-
-
-@pytest.fixture(scope="session")
-def build_deps(artifacts):
-    """Real wheel, ninja, packaging and einops wheels (what the builds and mamba_ssm's import need)."""
-    dest = os.path.join(artifacts, "mamba-build-deps")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
-                    "wheel", "ninja", "packaging", "einops"], check=True, env=venvs.clean_env())
-    return dest
-
-
-def _house(path, build_deps, *, mamba=True, causal=True) -> str:
+def _house(path, build_dep_wheels, *, mamba=True, causal=True) -> str:
     os.makedirs(path)
-    for name in os.listdir(build_deps):
-        os.link(os.path.join(build_deps, name), os.path.join(path, name))
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(path, name))
     if mamba:
         sdists.mamba_ssm_sdist(path)
     if causal:
@@ -56,9 +40,9 @@ def _house(path, build_deps, *, mamba=True, causal=True) -> str:
 
 
 @pytest.fixture
-def sdist_house(tmp_path, build_deps):
+def sdist_house(tmp_path, build_dep_wheels):
     """Offline: the mamba-ssm 2.3.2.post1 and causal-conv1d 1.6.2.post1 sdists and what building them needs."""
-    return _house(str(tmp_path / "sdists"), build_deps)
+    return _house(str(tmp_path / "sdists"), build_dep_wheels)
 
 
 def _imports(venv, env=None) -> dict:

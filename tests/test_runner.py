@@ -16,26 +16,18 @@ import pytest
 
 from fastpath_hooks import events
 from fastpath_hooks.act import runner
+from support.processes import running
 
 # A child that starts a grandchild in its group, writes both pids, then waits for a long time.
 FAMILY = 'sleep 300 & echo "$$ $!" > "$1"; echo started; wait'
 
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie is done: it can no longer write anything)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
 
 
 def _gone(*pids, within: float = 10.0) -> bool:
     """All dead within a moment: a SIGKILLed process takes a little while to be torn down (longer on a
     loaded machine), so the check waits for what it asserts rather than sampling once."""
     deadline = time.monotonic() + within
-    while any(_alive(pid) for pid in pids):
+    while any(running(pid) for pid in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
@@ -225,7 +217,7 @@ def test_kill_group_kills_only_the_recorded_group(tmp_path):
         # a number now leading another group (another start time) is never killed
         assert runner.kill_group(dict(record, start=record["start"] + 1)) == 0
         assert runner.kill_group(dict(record, boot="another boot")) == 0
-        assert _alive(child) and _alive(grandchild)
+        assert running(child) and running(grandchild)
         assert runner.kill_group(record) == 2
         assert proc.wait(timeout=30) == -signal.SIGKILL and _gone(grandchild)
         assert runner.kill_group(record) == 0   # nothing left

@@ -167,14 +167,16 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         if not step.build_isolation:
             argv.append("--no-build-isolation")
         argv += ["--constraint", constraints_file]
-    if settings.offline:
-        argv.append("--no-index")
-    elif settings.index_url:
-        argv += ["--index-url", settings.index_url]
-    for link in settings.find_links:
-        argv += ["--find-links", link]
-    argv += reqs
+    argv += index_flags(settings) + list(reqs)
     return Invocation(argv=tuple(argv), env=tuple(step.env), step=step)
+
+
+def index_flags(settings) -> list:
+    """Where pip/uv may look: no index offline, else the one set; the wheelhouses either way."""
+    flags = ["--no-index"] if settings.offline else ["--index-url", settings.index_url] if settings.index_url else []
+    for link in settings.find_links:
+        flags += ["--find-links", link]
+    return flags
 
 
 def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> list:
@@ -185,10 +187,4 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
             "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
     for name in step.names:
         argv += ["--no-binary", name]
-    if settings.offline:
-        argv.append("--no-index")
-    elif settings.index_url:
-        argv += ["--index-url", settings.index_url]
-    for link in settings.find_links:
-        argv += ["--find-links", link]
-    return argv + ["-w", out_dir, *step.requirements]
+    return argv + index_flags(settings) + ["-w", out_dir, *step.requirements]

@@ -158,3 +158,13 @@ def processes_with(text: str) -> list:
         if text in cmd:
             out.append((int(pid), cmd))
     return out
+
+
+def running(pid: int) -> bool:
+    """Running (a zombie is done: it can no longer write anything)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")

@@ -124,6 +124,11 @@ def causal_conv1d_sdist(dest: str, version: str = "1.6.2.post1") -> str:
     }
     for src in ("causal_conv1d.cu", "causal_conv1d_fwd.cu", "causal_conv1d_bwd.cu"):
         files[f"csrc/{src}"] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
+    return _write_sdist(dest, root, files)
+
+
+def _write_sdist(dest: str, root: str, files: dict) -> str:
+    """<dest>/<root>.tar.gz holding `files` (path -> text) under <root>/, reproducibly (fixed mtime)."""
     path = os.path.join(dest, f"{root}.tar.gz")
     with tarfile.open(path, "w:gz") as tar:
         for name, text in sorted(files.items()):
@@ -219,11 +224,4 @@ def mamba_ssm_sdist(dest: str, version: str = "2.3.2.post1", *, requires=None) -
     }
     for src in MAMBA_SOURCES:
         files[src] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
-    path = os.path.join(dest, f"{root}.tar.gz")
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(f"{root}/{name}")
-            info.size, info.mtime, info.mode = len(data), 1700000000, 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return path
+    return _write_sdist(dest, root, files)
