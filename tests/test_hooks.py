@@ -125,13 +125,13 @@ def test_wrappers_pass_arguments_through_as_transformers_main_calls_them(hooks_e
     sys.modules[module.__name__] = module
     try:
         original = module.is_flash_linear_attention_available
-        with hooks._lock:
-            gates.patch(module)
+        with hooks.HOOKS.lock:
+            gates.patch(module, hooks.HOOKS)
         wrapper = module.is_flash_linear_attention_available
         assert wrapper is not original
         assert wrapper("0.5.0") is False and wrapper(min_version="0.2.2") is True and wrapper() is True
         assert module.SEEN == ["0.5.0", "0.2.2", "0.2.2"]      # positional, keyword, default: all reached it
-        with hooks._lock:
+        with hooks.HOOKS.lock:
             gates.unpatch()
         assert module.is_flash_linear_attention_available is original
     finally:
