@@ -18,7 +18,8 @@ import pytest
 
 from conftest import A100, CAUSAL_WHEEL, offline_env
 from fastpath_hooks.facts.settings import Settings
-from fastpath_hooks.act.state import VerdictCache, environment_signature, signature_environ
+from fastpath_hooks.act.verdicts import VerdictCache
+from fastpath_hooks.act.warm import environment_signature, signature_environ
 from support import wheels
 from support.processes import AUDIT_PRELUDE, counting_uv, installer_calls, link_uv
 
@@ -109,7 +110,7 @@ def test_several_signatures_and_fingerprints_live_side_by_side(cache):
 
 
 def test_the_cache_keeps_the_most_recently_written_entries(cache):
-    from fastpath_hooks.act.state import KEEP, WARM_KEEP
+    from fastpath_hooks.act.verdicts import KEEP, WARM_KEEP
 
     for n in range(WARM_KEEP + 3):
         cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})

@@ -39,10 +39,13 @@ if hasattr(os, "register_at_fork"):
 class EnvironmentLock:
     """Hold the environment's install lock for `kernel`; say once when another process or thread holds it.
 
-    `acquire()`/`release()` (a run holds it across several states), or a `with` block."""
+    `acquire()`/`release()` (a run holds it across several states), or a `with` block. Once taken:
+    `waited` - another process or thread held it first; `created` - taking it made the environment's
+    state directory, so no process held it before in this environment."""
 
     def __init__(self, settings, kernel: str):
         self.settings, self.kernel, self.lock = settings, kernel, None
+        self.waited = self.created = False
 
     def acquire(self) -> "EnvironmentLock":
         """Take it, or raise LockUnavailable. The lines saying that this waits are sent while no lock of
@@ -50,10 +53,16 @@ class EnvironmentLock:
         events wait for `release()`."""
         import filelock
 
-        from ..act.state import environment_lock
+        from ..act.locks import environment_lock
+        from ..act.state import environment_state_dir
 
         settings = self.settings
         try:
+            try:
+                os.makedirs(environment_state_dir(settings))  # made once, by exactly one of its racers
+                self.created = True
+            except FileExistsError:
+                pass
             lock = environment_lock(settings)
         except OSError as exc:
             raise LockUnavailable(f"cannot create the install lock: {exc}") from None
@@ -77,13 +86,14 @@ class EnvironmentLock:
             events.status(f"{self.kernel}: waiting for another process that is installing or checking kernels "
                           f"(at most {settings.lock_timeout:.0f} s, FASTPATH_HOOKS_LOCK_TIMEOUT)", self.kernel,
                           once=f"wait-{self.kernel}")
-            waited = True
+            waited = self.waited = True
 
     def _take_turn(self, deadline: float) -> None:
         """This thread's turn among the threads of this process (said once when another kernel has it)."""
         if _turns.owner == threading.get_ident():  # a bug of ours, not a wait: say it instead of hanging
             raise LockUnavailable(f"the install lock is already held by this thread (for {_turns.kernel})")
         if not _turns.lock.acquire(blocking=False):
+            self.waited = True
             events.status(f"{self.kernel}: waiting for {_turns.kernel or 'another kernel'}, which this process is "
                           f"installing or checking (at most {self.settings.lock_timeout:.0f} s, "
                           "FASTPATH_HOOKS_LOCK_TIMEOUT)", self.kernel, once=f"wait-{self.kernel}-here")
