@@ -122,15 +122,17 @@ def recover(state_dir: str) -> list:
     return done
 
 
-def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=()) -> InstallResult:
-    """Execute `decision.steps` in one transaction; verify; roll back on any failure."""
+def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=(),
+              site: str | None = None) -> InstallResult:
+    """Execute `decision.steps` in one transaction; verify; roll back on any failure. `site`: the
+    directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
     import shutil
 
     from .verify import verify
 
     real_before = _versions(scan()[0])
     steps = allowed_steps(decision.steps, pins, real_before)
-    site = site_packages()
+    site = site or site_packages()
     if not os.access(site, os.W_OK):
         raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
                            f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")

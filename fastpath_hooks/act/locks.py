@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 
-def environment_lock(settings):
+def environment_lock(settings, directory: str | None = None):
     """One cross-process lock per environment (see file_lock), in its state directory."""
     from .state import environment_state_dir
 
-    directory = environment_state_dir(settings)
+    directory = directory or environment_state_dir(settings)
     os.makedirs(directory, exist_ok=True)
     return file_lock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
 

@@ -31,8 +31,8 @@ from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
 _CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions")
 
-__all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "ensure", "forget", "outcomes", "simulation",
-           "snapshot") + _CONTEXT
+__all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "current_world", "ensure", "forget", "outcomes",
+           "simulation", "snapshot", "use_world") + _CONTEXT
 
 
 def __getattr__(name: str):
@@ -248,6 +248,16 @@ def current_world():
 
         _world = World()
     return _world
+
+
+def use_world(world):
+    """Decide from now on in `world` (None: the real one again), forgetting the decisions made so far;
+    returns the World used before. The engine's one seam: tests hand it a World whose installer or
+    verification is a stand-in (tests/support/worlds.py)."""
+    global _world
+    before, _world = _world, world
+    forget()
+    return before
 
 
 def _simulated(posed: str | None) -> str | None:

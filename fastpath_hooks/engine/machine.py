@@ -84,6 +84,7 @@ class Run:
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
     outcome: Outcome | None = None
+    trail: tuple = ()                 # the states passed through, in order (debug log, tests)
 
     @property
     def posed(self) -> str | None:
@@ -115,6 +116,7 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
         while state is not State.DONE:
             before = state
             state, current = STEP[state](current)
+            current = replace(current, trail=current.trail + (before,))
             events.logger.debug("%s: %s -> %s", kernel, before.value, state.value)
     finally:
         if current.lock is not None:
@@ -241,9 +243,9 @@ def _check(run: Run):
     world, settings, kernel = run.world, run.settings, run.kernel
     world.recover(settings)
     now = world.stamp(run.captured)
-    # Taking the lock made the state directory (which moves site-packages' mtime, part of the stamp):
-    # then no process had held the lock in this environment, so none changed it.
-    changed = now is None or (now != run.stamp and not run.lock.created)
+    # The lock's first holder in this environment: nothing was changed by fastpath-hooks (only the state
+    # directory was made, which moves site-packages' mtime, part of the stamp)
+    changed = now is None or (now != run.stamp and not run.lock.first)
     if changed:
         env, plan = world.read(settings, run.pins)
         if now is not None:

@@ -136,9 +136,9 @@ class World:
     # -- the environment lock and its journal ------------------------------------------------
     def pending(self, settings) -> bool:
         """An install's journal is there (running in another process, or killed half-way)."""
-        from ..act.state import JOURNAL, environment_state_dir
+        from ..act.state import JOURNAL
 
-        return os.path.exists(os.path.join(environment_state_dir(settings), JOURNAL))
+        return os.path.exists(os.path.join(self.state_dir(settings), JOURNAL))
 
     def state_dir(self, settings) -> str:
         from ..act.state import environment_state_dir
@@ -147,10 +147,10 @@ class World:
 
     def lock(self, settings, kernel: str):
         """The environment lock, not yet taken: `acquire()` (LockUnavailable) / `release()`,
-        `waited` and `created` (this lock made the state directory: nobody held it before)."""
+        `waited` and `first` (no process held it before in this environment)."""
         from .lock import EnvironmentLock
 
-        return EnvironmentLock(settings, kernel)
+        return EnvironmentLock(settings, kernel, self.state_dir(settings))
 
     def recover(self, settings) -> None:
         """Roll back an install killed half-way and remove what killed runs left (lock held)."""
