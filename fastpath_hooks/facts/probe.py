@@ -20,6 +20,7 @@ from functools import cached_property
 
 from .distributions import canonical_name, scan
 from .frozen import FrozenMap, freeze_fields, thaw
+from .procfs import mem_available_gib
 
 WATCHED_DISTRIBUTIONS = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
@@ -223,7 +224,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         pip_index_config=pip_index_config(),
         hipcc=facts["hipcc"],
         cpus=facts["cpus"],
-        memory_gib=_memory_gib(),
+        memory_gib=mem_available_gib(),
     )
     return _with_distributions(env, found, duplicates, posed, settings, pins)
 
@@ -350,17 +351,6 @@ def _cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
-
-
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return round(int(line.split()[1]) / (1 << 20), 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _torch_build_info(dist) -> dict:
