@@ -251,8 +251,8 @@ import sys
 from fastpath_hooks.act.verdicts import VerdictCache
 cache = VerdictCache(root=sys.argv[1], retry_after=60.0)
 for j in range(12):
-    cache.put(f"k{sys.argv[2]}-{j}", "fp", "good", "verified")
-    cache.put_warm(f"w{sys.argv[2]}-{j}", "sig", {"reason": "r", "posed": None, "env": []})
+    cache.record(f"k{sys.argv[2]}-{j}", verdict=("fp", "good", "verified"))
+    cache.record(f"w{sys.argv[2]}-{j}", warm=("sig", {"reason": "r", "posed": None, "env": []}))
 '''
 
 

@@ -26,8 +26,8 @@ from ..facts.procfs import boot_id, group_members, process_stat
 
 HEARTBEAT_SECONDS = 30.0
 TAIL_BYTES = 64 * 1024        # the output a result keeps (a verification's marker line is its last)
-GATE = 'IFS= read -r _ || exit 125; exec "$@"'   # run the command only once the parent said "go"
-GATE_CLOSED = 125
+GATE_CLOSED = 125   # the exit status of a command whose parent never said "go" (it died first)
+GATE = f'IFS= read -r _ || exit {GATE_CLOSED}; exec "$@"'   # run the command only once the parent said "go"
 
 
 @dataclass(frozen=True)

@@ -68,12 +68,6 @@ class VerdictCache:
 
         return self._locked(change) if verdict is not None or warm is not None else True
 
-    def put(self, kernel: str, fingerprint: str, state: str, reason: str) -> bool:
-        return self.record(kernel, verdict=(fingerprint, state, reason))
-
-    def put_warm(self, kernel: str, signature: str, entry: dict) -> bool:
-        return self.record(kernel, warm=(signature, entry))
-
     def _put(self, kernel: str, fingerprint: str, state: str, reason: str) -> None:
         kernels = load_verdicts(self.path)
         keyed = kernels.setdefault(kernel, {})

@@ -80,10 +80,6 @@ def unpatch() -> None:
     _bound.clear()
 
 
-def patched() -> dict:
-    return {name: pair[1] for name, pair in _patched.items()}
-
-
 def _rebind(swaps: dict) -> list:
     """One pass over every module's namespace: replace each `old` (by identity) with its `new`.
 

@@ -207,7 +207,8 @@ class TableWorld(World):
 
     def verdict(self, kernel, state, reason="by another process", env=None):
         """Another process recorded a verdict for `kernel` under the facts as they are (or `env`'s)."""
-        self.cache(self.settings).put(kernel, fingerprint(env or self.env, self.settings, self.pins, kernel), state, reason)
+        print_ = fingerprint(env or self.env, self.settings, self.pins, kernel)
+        self.cache(self.settings).record(kernel, verdict=(print_, state, reason))
 
     def run(self, kernel, needs=None, target=None):
         """machine.run for `kernel`; kernels it needs are decided by `needs` (default: the same world)."""
