@@ -71,7 +71,6 @@ class Run:
     pins: object = None
     invalid: str | None = None        # why report mode although nobody asked for it (a bad variable/pins file)
     stamp: object = None              # the world's stamp the reading was made (or checked) under
-    reads: int = 0                    # world reads (probe + policy) this run made itself
     env: object = None                # the probed Environment (settled after an install)
     plan: object = None
     decision: object = None           # this kernel's decision (its repair replaces it)
@@ -147,7 +146,6 @@ def _read(run: Run):
     if reading is None:
         env, plan = world.read(settings, run.pins)
         reading = Reading(stamp, env, plan)
-        run = replace(run, reads=run.reads + 1)
         if stamp is not None:
             world.readings.put((run.captured, stamp), reading)
     decision = reading.plan[run.kernel]
@@ -251,7 +249,7 @@ def _check(run: Run):
         if now is not None:
             world.readings.put((run.captured, now), Reading(now, env, plan))
         decision = plan[kernel]
-        run = replace(run, env=env, plan=plan, decision=decision, repairing=False, reads=run.reads + 1,
+        run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))
     run = replace(run, stamp=now)
     current = run.decision
