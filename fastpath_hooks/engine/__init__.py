@@ -27,11 +27,11 @@ import sys
 import threading  # loaded with logging (events) anyway
 
 from .. import events
-from .outcome import GOOD, Outcome, OutcomeState, apply_env
+from .outcome import Outcome, OutcomeState, apply_env
 
 _CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions")
 
-__all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "current_world", "ensure", "forget", "outcomes",
+__all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "forget", "outcomes",
            "simulation", "snapshot", "use_world") + _CONTEXT
 
 

@@ -304,7 +304,7 @@ def _install(run: Run):
 def _record(run: Run):
     """Write the verdict - after an install under the fingerprint of what is on disk now (settled from
     the installer's scan) - and the warm verdict of a good outcome, in one write; say the outcome."""
-    world, decision, kernel = run.world, run.decision, run.kernel
+    world, kernel = run.world, run.kernel
     if run.installed is not None:
         env = world.settle(run.env, run.settings, run.pins, run.installed)
         run = replace(run, env=env, fingerprint=world.fingerprint(env, run.settings, run.pins, kernel),
