@@ -217,7 +217,8 @@ def simulated_accelerator(import_utils, kind: str):
     `torch.<cuda|xpu>.is_available` lasts for the call only (serialised by a lock,
     transformers' cached `is_torch_cuda_available` cleared before and after), so
     nothing else in the process - the model's own device checks - sees a GPU.
-    Without an importable torch the gate runs as it is.
+    Without an importable torch the gate runs as it is. It patches torch, not transformers'
+    `is_torch_cuda_available`: era A's gates (4.57.6) call `torch.cuda.is_available()` themselves.
     """
     try:
         import torch
