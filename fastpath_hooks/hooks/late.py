@@ -164,15 +164,13 @@ RESET_CACHES = {"mamba": "_causal_conv1d_cache", "falcon_mamba": "_causal_conv1d
 _NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values())  # a module holding none: nothing to heal
 
 
-def heal() -> None:
-    """Rebind the kernel choice of every modeling module imported before install().
-    Costs a scan of sys.modules when none is (benchmarks/late_cost.py)."""
+def heal(hooks) -> None:
+    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: the
+    hooks' registry, hooks.HOOKS). Costs a scan of sys.modules when none is (benchmarks/late_cost.py)."""
     modules = imported_modeling_modules()
     if not modules:
         return
-    from .. import hooks
-
-    with hooks._lock:
+    with hooks.lock:
         if not hooks.installed():
             return
         era = transformers_era()
@@ -182,9 +180,9 @@ def heal() -> None:
                  once="late-unknown")
             return
         if era == "C":
-            _Pass().era_c(modules)
+            _Pass(hooks).era_c(modules)
         else:
-            _Pass().era_ab(modules, era)
+            _Pass(hooks).era_ab(modules, era)
 
 
 def imported_modeling_modules() -> list:
@@ -222,7 +220,8 @@ def _short(module) -> str:
 class _Pass:
     """One heal pass: kernel decisions and fresh resolutions are asked once per package."""
 
-    def __init__(self):
+    def __init__(self, hooks):
+        self.hooks = hooks
         self.outcomes: dict = {}   # package -> engine Outcome (None: not managed / not selected)
         self.gate_says: dict = {}  # gate name -> its answer now (eras A/B)
         self.fresh: dict = {}      # "module.attribute" -> the object a fresh import binds, or None (eras A/B)
@@ -231,18 +230,15 @@ class _Pass:
 
     def decide(self, package: str):
         if package not in self.outcomes:
-            from .. import hooks
             from .. import engine
 
             kernel = PACKAGES.get(package)
-            self.outcomes[package] = engine.ensure(kernel) if kernel and hooks.selected(kernel) else None
+            self.outcomes[package] = engine.ensure(kernel) if kernel and self.hooks.selected(kernel) else None
         return self.outcomes[package]
 
     def managed(self, package: str) -> bool:
-        from .. import hooks
-
         kernel = PACKAGES.get(package)
-        return kernel is None or hooks.selected(kernel)
+        return kernel is None or self.hooks.selected(kernel)
 
     # -- era C -------------------------------------------------------------------------------
 
