@@ -19,7 +19,7 @@ ROOT = os.path.dirname(fastpath_hooks.__file__)
 
 # lowest first; a module may import its own layer or lower ones
 LAYERS = (
-    ("_names", "_environ"),
+    ("_names", "_environ", "_registry"),
     ("events",),
     ("facts",),
     ("decide",),
@@ -143,9 +143,22 @@ def test_the_leaf_is_stdlib_only_and_imports_nothing_at_module_level():
     assert top == [], "the start-up path loads _names: keep its imports inside functions"
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            assert node.level == 0 and node.module in ("os", "sys", "hashlib"), ast.unparse(node)
+            # the registry of a user's pins file is read by its sibling leaf, only when that file is named
+            assert (node.level, node.module) == (1, "_registry") or (
+                node.level == 0 and node.module in ("os", "sys", "hashlib")), ast.unparse(node)
         elif isinstance(node, ast.Import):
             assert all(a.name in ("os", "sys", "hashlib", "platformdirs") for a in node.names), ast.unparse(node)
+
+
+def test_the_registry_leaf_is_stdlib_only():
+    """_registry (a user's kernels) is loaded from the hooks too: stdlib only, nothing at module level
+    (_names hands it the shipped index: no circle)."""
+    tree = ast.parse(open(os.path.join(ROOT, "_registry.py"), encoding="utf-8").read())
+    assert not any(isinstance(node, ast.ImportFrom) for node in ast.walk(tree))
+    assert not [node for node in tree.body if isinstance(node, ast.Import)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(a.name in ("os", "json", "tomllib") for a in node.names), ast.unparse(node)
 
 
 @pytest.mark.parametrize("files, expected", [

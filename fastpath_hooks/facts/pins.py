@@ -1,11 +1,16 @@
 """Pins and rules as data: load the shipped `pins.json`, merge a user file, validate.
 
+Each kernel's entry is its registry entry (docs/registry.md): its kind (`pure` wheels at pinned
+releases, a `pair` of distributions pinned together that serves another kernel, or `compiled`:
+release wheels and a source build), import modules, aliases, gates, mirror variable, the kernels it
+is used `with` or `serves`, its rule prefix - and the data its kind's rules read.
+
 A user file (FASTPATH_HOOKS_PINS, JSON or TOML) has the same shape as `pins.json`
-and only needs the parts it changes. Records with an identity replace the shipped
-record with that identity and come first (so a user's release is preferred):
-fla releases by `version`, tilelang pairs by `tilelang`, broken entries by
-(`tilelang`, `arch`, `effect`), hazards by `id`. Everything else is deep-merged;
-lists of plain values are replaced. Errors name the file and the entry.
+and only needs the parts it changes - or a whole new kernel entry. Records with an identity
+replace the shipped record with that identity and come first (so a user's release is preferred):
+releases by `version`, pairs by their first distribution, broken pairs by (that, `arch`,
+`effect`), hazards by `id`. Everything else is deep-merged; lists of plain values are replaced.
+Errors name the file and the entry.
 """
 
 from __future__ import annotations
@@ -22,22 +27,31 @@ from packaging.version import InvalidVersion, Version
 
 from .distributions import canonical_name
 from .frozen import FrozenSpecifierSet, freeze
-from .._names import MODULE_OF
+from .._names import REGISTRY
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")
-KERNELS = ("fla", "tilelang", "causal-conv1d", "mamba-ssm")
-# The compiled kernels: sdists with hard-coded -gencode pairs, release wheels on GitHub for some
-# torch builds, arch-restricted source builds otherwise (one decision path, parameterized by these
-# entries: kernels.<name>.release and .source_build).
-COMPILED = ("causal-conv1d", "mamba-ssm")
-_RECORD_KEYS = {
-    ("kernels", "fla", "releases"): ("version",),
-    ("kernels", "mamba-ssm", "releases"): ("version",),
-    ("kernels", "tilelang", "pairs"): ("tilelang",),
-    ("kernels", "tilelang", "broken"): ("tilelang", "arch", "effect"),
-    ("hazards",): ("id",),
-}
+# pure: wheels at pinned releases (fla); pair: two distributions pinned together, serving another
+# kernel (tilelang + apache-tvm-ffi); compiled: sdists with hard-coded -gencode pairs, release wheels
+# on GitHub for some torch builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm).
+KINDS = ("pure", "pair", "compiled")
+ACCELERATORS = ("cuda", "rocm", "xpu")
+
+
+def record_keys(kernels: dict) -> dict:
+    """The identity of each kind's records, per kernel (what a user's record replaces)."""
+    out = {("hazards",): ("id",)}
+    for name, entry in kernels.items():
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("kind")
+        if kind in ("pure", "compiled"):
+            out[("kernels", name, "releases")] = ("version",)
+        elif kind == "pair":
+            first = (entry.get("distributions") or [None])[0]
+            out[("kernels", name, "pairs")] = (first,)
+            out[("kernels", name, "broken")] = (first, "arch", "effect")
+    return out
 
 
 class PinsError(ValueError):
@@ -48,19 +62,49 @@ class PinsError(ValueError):
 
 
 @dataclass(frozen=True)
-class FlaRelease:
+class PureRelease:
+    """One pinned release of a pure kernel (every distribution at this version), where it fits;
+    `backends`: the serving kernels it can use (fla 0.5+: tilelang), which a hazard may need."""
     version: str
     torch: SpecifierSet
     triton: SpecifierSet
     transformers: SpecifierSet
-    tilelang_backend: bool
+    backends: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A known-good pair: the kernel's first distribution at `version` with one of `companions`
+    (its second distribution: tilelang 0.1.15 with apache-tvm-ffi 0.1.12 or 0.1.11)."""
+    version: str
+    companions: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class BrokenPair:
+    version: str
+    companions: tuple
+    arch: str
+    effect: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The variable a served kernel reads to stop using this one (FLA_TILELANG=0), and the
+    accelerators where the policy sets it (where this kernel cannot run), unless the user set it."""
+    variable: str
+    off: str
+    off_on: tuple
     source: str
 
 
 @dataclass(frozen=True)
 class KernelSpec:
     name: str
-    module: str
+    module: str                     # the import name checked and blocked (modules[0])
     distributions: tuple
     python: SpecifierSet
     torch: SpecifierSet
@@ -76,22 +120,19 @@ class KernelSpec:
     with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
     imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
     imports_optional: tuple = ()    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
-
-
-@dataclass(frozen=True)
-class TilelangPair:
-    tilelang: str
-    tvm_ffi: tuple
-    source: str
-
-
-@dataclass(frozen=True)
-class BrokenPair:
-    tilelang: str
-    tvm_ffi: tuple
-    arch: str
-    effect: str
-    source: str
+    # the registry (docs/registry.md)
+    kind: str = "pure"
+    modules: tuple = ()
+    aliases: tuple = ()
+    gates: tuple = ()               # transformers' gates that ask for it
+    mirror: str | None = None       # the variable naming a mirror of its release wheels
+    serves: tuple = ()              # kernels that use it (tilelang: fla)
+    rule_prefix: str = ""
+    switch: Switch | None = None
+    # its kind's data
+    releases: tuple = ()            # pure: PureRelease, newest preferred first; compiled: KernelRelease (optional)
+    pairs: tuple = ()               # pair: Pair, preferred first
+    broken: tuple = ()              # pair: BrokenPair
 
 
 @dataclass(frozen=True)
@@ -185,24 +226,24 @@ class Pins:
     protected: tuple
     triton_distributions: tuple
     allowed: frozenset
-    kernels: dict
-    fla_releases: tuple
-    tilelang_pairs: tuple
-    tilelang_broken: tuple
+    kernels: dict                   # name -> KernelSpec, in the pins' order (shipped first, then a user's)
     hazards: tuple
     yanked: dict
     origins: tuple
     digest: str
     packed_sequences: PackedSequences | None = None
-    release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels
+    release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels (where published)
     source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
-    kernel_releases: dict = field(default_factory=dict)   # compiled kernel -> (KernelRelease, ...) when pinned per machine
+    decision_order: tuple = ()      # each kernel after those its rules read (decision_order())
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
 
-    def release(self, kernel: str) -> ReleaseWheels:
-        return self.release_wheels[kernel]
+    def of_kind(self, kind: str) -> tuple:
+        return tuple(name for name, spec in self.kernels.items() if spec.kind == kind)
+
+    def release(self, kernel: str) -> ReleaseWheels | None:
+        return self.release_wheels.get(kernel)
 
     def build(self, kernel: str, version: str | None = None) -> SourceBuild:
         """The kernel's source build, of `version` when given (a pinned release: its own -gencode
@@ -212,7 +253,7 @@ class Pins:
             return base
         from dataclasses import replace
 
-        rel = next((r for r in self.kernel_releases.get(kernel, ()) if same_version(r.version, version)), None)
+        rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
         return replace(base, requirement=f"{base.distribution}=={version}",
                        cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
 
@@ -224,17 +265,18 @@ class Pins:
                 return kernel, build
         return None, None
 
-    def good_tvm_ffi(self, tilelang_version: str) -> tuple:
-        for pair in self.tilelang_pairs:
-            if same_version(pair.tilelang, tilelang_version):
-                return pair.tvm_ffi
+    def good_companions(self, kernel: str, version: str) -> tuple:
+        """A pair kernel's known-good companions of its first distribution at `version`."""
+        for pair in self.kernels[kernel].pairs:
+            if same_version(pair.version, version):
+                return pair.companions
         return ()
 
-    def broken_for(self, tilelang_version: str, tvm_ffi_version: str, archs) -> BrokenPair | None:
-        for entry in self.tilelang_broken:
-            if not same_version(entry.tilelang, tilelang_version):
+    def broken_for(self, kernel: str, version: str, companion: str, archs) -> BrokenPair | None:
+        for entry in self.kernels[kernel].broken:
+            if not same_version(entry.version, version):
                 continue
-            if not any(same_version(v, tvm_ffi_version) for v in entry.tvm_ffi):
+            if not any(same_version(v, companion) for v in entry.companions):
                 continue
             if entry.arch == "*" or entry.arch in archs:
                 return entry
@@ -269,7 +311,7 @@ def _load_cached(user_file, _stamp) -> Pins:
         if not isinstance(user, dict):
             raise PinsError(user_file, "", "the top level must be a table/object")
         _check_user_shape(user, user_file)
-        data = _merge(data, user, ())
+        data = _merge(data, user, (), record_keys(data.get("kernels") or {}))
         origins.append(user_file)
     return _build(data, tuple(origins))
 
@@ -306,19 +348,22 @@ def _check_user_shape(user: dict, origin: str) -> None:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
     if "schema" in user and user["schema"] != 1:
         raise PinsError(origin, "schema", f"unsupported schema {user['schema']!r}; this fastpath-hooks reads schema 1")
-    for name in (user.get("kernels") or {}):
-        if name not in KERNELS:
-            raise PinsError(origin, f"kernels.{name}", f"unknown kernel; expected one of {', '.join(KERNELS)}")
+    for name, entry in (user.get("kernels") or {}).items():
+        if name in REGISTRY:
+            continue
+        if not isinstance(entry, dict) or "kind" not in entry or "modules" not in entry:
+            raise PinsError(origin, f"kernels.{name}", f"unknown kernel; a new kernel's entry needs at least `kind` "
+                            f"({', '.join(KINDS)}) and `modules` (docs/registry.md); shipped: {', '.join(REGISTRY)}")
 
 
-def _merge(base, over, path: tuple):
+def _merge(base, over, path: tuple, records: dict):
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for key, value in over.items():
-            out[key] = _merge(base[key], value, path + (key,)) if key in base else value
+            out[key] = _merge(base[key], value, path + (key,), records) if key in base else value
         return out
-    if path in _RECORD_KEYS and isinstance(base, list) and isinstance(over, list):
-        keys = _RECORD_KEYS[path]
+    if path in records and isinstance(base, list) and isinstance(over, list):
+        keys = records[path]
 
         def ident(rec):
             return tuple(str(rec.get(k)) for k in keys) if isinstance(rec, dict) else None
@@ -410,104 +455,40 @@ def _build(data, origins: tuple) -> Pins:
     allowed = frozenset(canonical_name(n) for n in v.strings(allow.get("names"), "allowed_distributions.names"))
 
     kernels_raw = v.table(data.get("kernels"), "kernels")
-    kernels = {}
-    for name in KERNELS:
-        k = v.table(kernels_raw.get(name), f"kernels.{name}")
-        e = f"kernels.{name}"
-        verify = v.table(k.get("verify", {}), f"{e}.verify")
-        attrs = v.strings(verify.get("attributes", []), f"{e}.verify.attributes")
-        for i, a in enumerate(attrs):
-            if ":" not in a:
-                v.fail(f"{e}.verify.attributes[{i}]", "expected module:attribute")
-        glibc = v.table(k.get("glibc", {}), f"{e}.glibc")
-        for arch, spec in glibc.items():
-            v.specifier(spec, f"{e}.glibc.{arch}")
-        nvcc_pk = k.get("nvcc_packages")
-        if nvcc_pk is not None:
-            v.table(nvcc_pk, f"{e}.nvcc_packages")
-            v.specifier(nvcc_pk.get("cuda"), f"{e}.nvcc_packages.cuda")
-            for i, r in enumerate(v.list(nvcc_pk.get("requirements"), f"{e}.nvcc_packages.requirements")):
-                v.requirement(r, f"{e}.nvcc_packages.requirements[{i}]")
-            v.source(nvcc_pk, f"{e}.nvcc_packages")
-        accelerators = v.strings(k.get("accelerators"), f"{e}.accelerators")
-        for i, a in enumerate(accelerators):
-            if a not in ("cuda", "rocm", "xpu"):
-                v.fail(f"{e}.accelerators[{i}]", f"{a!r}: expected cuda, rocm or xpu")
-        platforms = v.strings(k.get("platforms"), f"{e}.platforms")
-        for i, p in enumerate(platforms):
-            if "-" not in p:
-                v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
-        kernels[name] = KernelSpec(
-            name=name,
-            module=MODULE_OF[name],  # fixed: the import hook watches these names from interpreter start
-            distributions=tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions")),
-            python=v.specifier(k.get("python"), f"{e}.python"),
-            torch=v.specifier(k.get("torch"), f"{e}.torch"),
-            accelerators=accelerators,
-            platforms=platforms,
-            runtime_deps=tuple(v.requirement(r, f"{e}.runtime_deps[{i}]") for i, r in enumerate(v.list(k.get("runtime_deps", []), f"{e}.runtime_deps"))),
-            verify_modules=v.strings(verify.get("modules", []), f"{e}.verify.modules"),
-            verify_attributes=attrs,
-            source=v.source(k, e),
-            glibc=dict(glibc),
-            needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
-            nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
-            with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name),
-            imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
-                                                                        f"{e}.imports_installed")),
-            imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name),
-        )
+    names = tuple(kernels_raw)
+    if not names:
+        v.fail("kernels", "at least one kernel is needed")
+    kernels = {name: _kernel(v, name, kernels_raw[name], names) for name in names}
+    _check_registry(v, kernels)
+    order = decision_order(kernels)
+    if order is None:
+        v.fail("kernels", "their `with`, `serves` and `imports_optional` make a circle: each kernel is decided after "
+               "the ones it names")
 
-    fla = kernels_raw["fla"]
-    releases = _releases(v, fla.get("releases"), "kernels.fla.releases", lambda r, e, **common: FlaRelease(
-        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"), **common))
-
-    tl = kernels_raw["tilelang"]
-    pairs = []
-    for i, p in enumerate(v.list(tl.get("pairs"), "kernels.tilelang.pairs")):
-        e = f"kernels.tilelang.pairs[{i}]"
-        v.table(p, e)
-        ffi = v.versions(p.get("tvm_ffi"), f"{e}.tvm_ffi")
-        if not ffi:
-            v.fail(f"{e}.tvm_ffi", "at least one known-good apache-tvm-ffi version is needed")
-        pairs.append(TilelangPair(v.version(p.get("tilelang"), f"{e}.tilelang"), ffi, v.source(p, e)))
-    if not pairs:
-        v.fail("kernels.tilelang.pairs", "at least one known-good pair is needed")
-    broken = []
-    for i, b in enumerate(v.list(tl.get("broken", []), "kernels.tilelang.broken")):
-        e = f"kernels.tilelang.broken[{i}]"
-        v.table(b, e)
-        arch = v.string(b.get("arch"), f"{e}.arch")
-        if arch != "*" and not (arch.startswith("sm_") or arch.startswith("gfx")):
-            v.fail(f"{e}.arch", f"{arch!r}: expected '*', sm_XY or gfxNNN")
-        broken.append(BrokenPair(v.version(b.get("tilelang"), f"{e}.tilelang"), v.versions(b.get("tvm_ffi"), f"{e}.tvm_ffi"),
-                                 arch, v.string(b.get("effect"), f"{e}.effect"), v.source(b, e)))
-    for i, pair in enumerate(pairs):
-        for ffi in pair.tvm_ffi:
-            for k, b in enumerate(broken):
-                if b.arch == "*" and same_version(b.tilelang, pair.tilelang) and any(same_version(x, ffi) for x in b.tvm_ffi):
-                    v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
-                           f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
-
-    release_wheels, source_builds, kernel_releases = {}, {}, {}
-    for name in COMPILED:
+    release_wheels, source_builds = {}, {}
+    for name, spec in kernels.items():
+        if spec.kind != "compiled":
+            continue
         raw = kernels_raw[name]
-        release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
-        source_builds[name] = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
-        if "releases" in raw:
-            kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
-                                                     source_builds[name])
+        if "release" in raw:
+            release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
+        source_builds[name] = build = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
+        if build.version is not None and spec.releases and not any(same_version(r.version, build.version)
+                                                                   for r in spec.releases):
+            v.fail(f"kernels.{name}.releases", f"the source build's {build.requirement} is not one of the releases")
 
     hazards = []
     for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
         e = f"hazards[{i}]"
         v.table(h, e)
         kernel = v.string(h.get("kernel"), f"{e}.kernel")
-        if kernel not in KERNELS:
-            v.fail(f"{e}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)}")
+        if kernel not in kernels:
+            v.fail(f"{e}.kernel", f"{kernel!r}: expected one of {', '.join(kernels)}")
         needs = v.string(h.get("needs"), f"{e}.needs")
-        if needs not in KERNELS:
-            v.fail(f"{e}.needs", f"{needs!r}: expected one of {', '.join(KERNELS)}")
+        if needs not in kernels or kernel not in kernels[needs].serves:
+            serving = [k for k, s in kernels.items() if kernel in s.serves]
+            v.fail(f"{e}.needs", f"{needs!r}: expected a kernel that serves {kernel} "
+                   f"({', '.join(serving) or 'none does: add `serves` to its entry'})")
         hazards.append(Hazard(
             id=v.string(h.get("id"), f"{e}.id"), kernel=kernel, gpu=v.strings(h.get("gpu"), f"{e}.gpu"),
             triton=v.specifier(h.get("triton"), f"{e}.triton"), needs=needs,
@@ -523,19 +504,24 @@ def _build(data, origins: tuple) -> Pins:
         if any(same_version(version, y) for y in yanked.get(dist, ())):
             v.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
 
-    for i, pair in enumerate(pairs):
-        check_not_yanked("tilelang", pair.tilelang, f"kernels.tilelang.pairs[{i}].tilelang")
-        for j, ffi in enumerate(pair.tvm_ffi):
-            check_not_yanked("apache-tvm-ffi", ffi, f"kernels.tilelang.pairs[{i}].tvm_ffi[{j}]")
-    for i, rel in enumerate(releases):
-        for dist in ("fla-core", "flash-linear-attention"):
-            check_not_yanked(dist, rel.version, f"kernels.fla.releases[{i}].version")
+    for name, spec in kernels.items():
+        first, *rest = spec.distributions
+        for i, pair in enumerate(spec.pairs):
+            check_not_yanked(first, pair.version, f"kernels.{name}.pairs[{i}].{first}")
+            for j, companion in enumerate(pair.companions):
+                check_not_yanked(rest[0], companion, f"kernels.{name}.pairs[{i}].{rest[0]}[{j}]")
+        if spec.kind == "pure":
+            for i, rel in enumerate(spec.releases):
+                for dist in spec.distributions:
+                    check_not_yanked(dist, rel.version, f"kernels.{name}.releases[{i}].version")
 
-    # consistency: every distribution a kernel may install is on the allow-list
+    # consistency: every distribution a kernel may install is on the allow-list (a kernel's own
+    # distributions are: naming them in its entry allows them)
+    allowed = allowed | {d for spec in kernels.values() for d in spec.distributions}
     for name, spec in kernels.items():
         for dist in spec.distributions:
-            if dist not in allowed:
-                v.fail(f"kernels.{name}.distributions", f"{dist} is not in allowed_distributions.names")
+            if dist in protected:
+                v.fail(f"kernels.{name}.distributions", f"{dist} is protected and can never be installed")
         for i, req in enumerate(spec.runtime_deps):
             if canonical_name(Requirement(req).name) not in allowed:
                 v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
@@ -554,19 +540,184 @@ def _build(data, origins: tuple) -> Pins:
         if p in allowed and p != "numpy":
             v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
 
-    packed = _packed_sequences(v, data.get("packed_sequences"))
+    packed = _packed_sequences(v, data.get("packed_sequences"), names)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     # frozen all the way down: `load()` is cached and shared by every caller in the process
     return freeze(Pins(
         protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
-        fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
         hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
-        release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
+        release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
     ))
 
 
-def _packed_sequences(v: _V, raw) -> PackedSequences | None:
+def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
+    """One kernel's entry: the registry keys, what every kernel has, and its kind's data."""
+    e = f"kernels.{name}"
+    k = v.table(raw, e)
+    kind = k.get("kind")
+    if kind not in KINDS:
+        v.fail(f"{e}.kind", f"{kind!r}: expected one of {', '.join(KINDS)}")
+    modules = v.strings(k.get("modules"), f"{e}.modules")
+    if not modules:
+        v.fail(f"{e}.modules", "at least one import name is needed")
+    for i, module in enumerate(modules):
+        if not module.isidentifier():
+            v.fail(f"{e}.modules[{i}]", f"{module!r}: expected a top-level module name (the finder watches those)")
+    distributions = tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions"))
+    if not distributions:
+        v.fail(f"{e}.distributions", "at least one distribution is needed")
+    if kind == "pair" and len(distributions) != 2:
+        v.fail(f"{e}.distributions", "a pair kernel has exactly two distributions: its own and its companion")
+    prefix = v.string(k.get("rule_prefix", name), f"{e}.rule_prefix")
+    if "." in prefix or prefix == "skip":
+        v.fail(f"{e}.rule_prefix", f"{prefix!r}: a rule prefix has no dot and is not `skip` (the shared rules' prefix)")
+    mirror = k.get("mirror")
+    if mirror is not None:
+        v.string(mirror, f"{e}.mirror")
+        if kind != "compiled" or not (mirror.startswith("FASTPATH_HOOKS_") and mirror.endswith("_WHEEL_URL")):
+            v.fail(f"{e}.mirror", f"{mirror!r}: a compiled kernel's FASTPATH_HOOKS_<NAME>_WHEEL_URL")
+
+    verify = v.table(k.get("verify", {}), f"{e}.verify")
+    attrs = v.strings(verify.get("attributes", []), f"{e}.verify.attributes")
+    for i, a in enumerate(attrs):
+        if ":" not in a:
+            v.fail(f"{e}.verify.attributes[{i}]", "expected module:attribute")
+    glibc = v.table(k.get("glibc", {}), f"{e}.glibc")
+    for arch, spec in glibc.items():
+        v.specifier(spec, f"{e}.glibc.{arch}")
+    nvcc_pk = k.get("nvcc_packages")
+    if nvcc_pk is not None:
+        v.table(nvcc_pk, f"{e}.nvcc_packages")
+        v.specifier(nvcc_pk.get("cuda"), f"{e}.nvcc_packages.cuda")
+        for i, r in enumerate(v.list(nvcc_pk.get("requirements"), f"{e}.nvcc_packages.requirements")):
+            v.requirement(r, f"{e}.nvcc_packages.requirements[{i}]")
+        v.source(nvcc_pk, f"{e}.nvcc_packages")
+    accelerators = v.strings(k.get("accelerators"), f"{e}.accelerators")
+    for i, a in enumerate(accelerators):
+        if a not in ACCELERATORS:
+            v.fail(f"{e}.accelerators[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+    platforms = v.strings(k.get("platforms"), f"{e}.platforms")
+    for i, p in enumerate(platforms):
+        if "-" not in p:
+            v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
+
+    releases, pairs, broken, switch = (), (), (), None
+    if kind == "pure":
+        releases = tuple(_releases(v, k.get("releases"), f"{e}.releases", lambda r, re_, **common: PureRelease(
+            backends=_kernel_names(v, r.get("backends", []), f"{re_}.backends", name, names), **common)))
+    elif kind == "compiled" and "releases" in k:
+        releases = _kernel_releases(v, k.get("releases"), f"{e}.releases")
+    elif kind == "pair":
+        pairs, broken = _pairs(v, k, e, distributions)
+        if "switch" in k:
+            sw = v.table(k["switch"], f"{e}.switch")
+            off_on = v.strings(sw.get("off_on", []), f"{e}.switch.off_on")
+            for i, a in enumerate(off_on):
+                if a not in ACCELERATORS:
+                    v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+            switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
+                            off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
+    for key, kinds in (("releases", ("pure", "compiled")), ("pairs", ("pair",)), ("broken", ("pair",)),
+                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",))):
+        if key in k and kind not in kinds:
+            v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
+    if kind == "compiled" and "source_build" not in k:
+        v.fail(f"{e}.source_build", "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
+
+    return KernelSpec(
+        name=name, module=modules[0], distributions=distributions,
+        python=v.specifier(k.get("python"), f"{e}.python"),
+        torch=v.specifier(k.get("torch"), f"{e}.torch"),
+        accelerators=accelerators,
+        platforms=platforms,
+        runtime_deps=tuple(v.requirement(r, f"{e}.runtime_deps[{i}]") for i, r in enumerate(v.list(k.get("runtime_deps", []), f"{e}.runtime_deps"))),
+        verify_modules=v.strings(verify.get("modules", []), f"{e}.verify.modules"),
+        verify_attributes=attrs,
+        source=v.source(k, e),
+        glibc=dict(glibc),
+        needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
+        nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
+        with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name, names),
+        imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
+                                                                    f"{e}.imports_installed")),
+        imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name, names),
+        kind=kind, modules=modules,
+        aliases=tuple(a.lower() for a in v.strings(k.get("aliases", []), f"{e}.aliases")),
+        gates=v.strings(k.get("gates", []), f"{e}.gates"),
+        mirror=mirror,
+        serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
+        rule_prefix=prefix, switch=switch,
+        releases=releases, pairs=pairs, broken=broken,
+    )
+
+
+def decision_order(kernels: dict) -> tuple | None:
+    """The kernels in the order they are decided: each after the ones its rules read - the kernels that
+    serve it (fla after tilelang), that it is used with (mamba-ssm after causal-conv1d) and that its
+    import tries (mamba-ssm after tilelang); else in the pins' order. None: they make a circle."""
+    after = {name: set(spec.with_kernels) | set(spec.imports_optional) | {k for k, s in kernels.items() if name in s.serves}
+             for name, spec in kernels.items()}
+    order: list = []
+    while len(order) < len(kernels):
+        ready = next((k for k in kernels if k not in order and after[k] <= set(order)), None)
+        if ready is None:
+            return None
+        order.append(ready)
+    return tuple(order)
+
+
+def _check_registry(v: _V, kernels: dict) -> None:
+    """Names, modules, aliases and rule prefixes are each one kernel's; a kernel does not serve itself
+    through its partners; the shipped kernels keep the modules the start-up entry watches."""
+    owner: dict = {}
+    for name, spec in kernels.items():
+        for what, values in (("name", (name,) + spec.aliases), ("module", spec.modules), ("rule prefix", (spec.rule_prefix,)),
+                             ("gate", spec.gates)):
+            for value in values:
+                key = (what if what != "name" else "name", value)
+                other = owner.setdefault(key, name)
+                if other != name:
+                    v.fail(f"kernels.{name}", f"{what} {value!r} is also {other}'s")
+        if name in REGISTRY and spec.modules != REGISTRY[name]["modules"]:
+            v.fail(f"kernels.{name}.modules", "a shipped kernel's modules are fixed (the start-up entry watches them)")
+        for served in spec.serves:
+            if served in spec.with_kernels:
+                v.fail(f"kernels.{name}.serves", f"{served} is also in `with`: a kernel serves another or needs it, not both")
+
+
+def _pairs(v: _V, k: dict, e: str, distributions: tuple) -> tuple:
+    """A pair kernel's known-good pairs and broken pairs, keyed by its two distributions."""
+    first, second = distributions
+    pairs = []
+    for i, p in enumerate(v.list(k.get("pairs"), f"{e}.pairs")):
+        pe = f"{e}.pairs[{i}]"
+        v.table(p, pe)
+        companions = v.versions(p.get(second), f"{pe}.{second}")
+        if not companions:
+            v.fail(f"{pe}.{second}", f"at least one known-good {second} version is needed")
+        pairs.append(Pair(v.version(p.get(first), f"{pe}.{first}"), companions, v.source(p, pe)))
+    if not pairs:
+        v.fail(f"{e}.pairs", "at least one known-good pair is needed")
+    broken = []
+    for i, b in enumerate(v.list(k.get("broken", []), f"{e}.broken")):
+        be = f"{e}.broken[{i}]"
+        v.table(b, be)
+        arch = v.string(b.get("arch"), f"{be}.arch")
+        if arch != "*" and not (arch.startswith("sm_") or arch.startswith("gfx")):
+            v.fail(f"{be}.arch", f"{arch!r}: expected '*', sm_XY or gfxNNN")
+        broken.append(BrokenPair(v.version(b.get(first), f"{be}.{first}"), v.versions(b.get(second), f"{be}.{second}"),
+                                 arch, v.string(b.get("effect"), f"{be}.effect"), v.source(b, be)))
+    for i, pair in enumerate(pairs):
+        for companion in pair.companions:
+            for j, b in enumerate(broken):
+                if b.arch == "*" and same_version(b.version, pair.version) and any(same_version(x, companion) for x in b.companions):
+                    v.fail(f"{e}.pairs[{i}]", f"{first} {pair.version} + {second} {companion} is also listed "
+                           f"as broken in {e}.broken[{j}] ({b.effect})")
+    return tuple(pairs), tuple(broken)
+
+
+def _packed_sequences(v: _V, raw, kernels: tuple) -> PackedSequences | None:
     if raw is None:
         return None
     e = "packed_sequences"
@@ -576,8 +727,8 @@ def _packed_sequences(v: _V, raw) -> PackedSequences | None:
         pe = f"{e}.packages[{i}]"
         v.table(p, pe)
         kernel = p.get("kernel")
-        if kernel is not None and kernel not in KERNELS:
-            v.fail(f"{pe}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)} (or a `distribution` instead)")
+        if kernel is not None and kernel not in kernels:
+            v.fail(f"{pe}.kernel", f"{kernel!r}: expected one of {', '.join(kernels)} (or a `distribution` instead)")
         if kernel is None and not isinstance(p.get("distribution"), str):
             v.fail(pe, "expected a `kernel` (one of fastpath-hooks' kernels) or a `distribution`")
         packages.append(PackedPackage(
@@ -588,11 +739,11 @@ def _packed_sequences(v: _V, raw) -> PackedSequences | None:
                            packages=tuple(packages), source=v.source(raw, e))
 
 
-def _kernel_names(v: _V, raw, entry: str, own: str) -> tuple:
+def _kernel_names(v: _V, raw, entry: str, own: str, kernels: tuple) -> tuple:
     names = v.strings(raw, entry)
     for i, name in enumerate(names):
-        if name not in KERNELS or name == own:
-            v.fail(f"{entry}[{i}]", f"{name!r}: expected another kernel, one of {', '.join(k for k in KERNELS if k != own)}")
+        if name not in kernels or name == own:
+            v.fail(f"{entry}[{i}]", f"{name!r}: expected another kernel, one of {', '.join(k for k in kernels if k != own)}")
     return names
 
 
@@ -693,12 +844,9 @@ def _releases(v: _V, raw, e: str, make) -> list:
     return out
 
 
-def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
-    out = _releases(v, raw, e, lambda r, re_, **common: KernelRelease(
+def _kernel_releases(v: _V, raw, e: str) -> tuple:
+    return tuple(_releases(v, raw, e, lambda r, re_, **common: KernelRelease(
         declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
                        for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
         cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
-        **common))
-    if build.version is not None and not any(same_version(r.version, build.version) for r in out):
-        v.fail(e, f"the source build's {build.requirement} is not one of the releases")
-    return tuple(out)
+        **common)))

@@ -16,16 +16,20 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from .distributions import canonical_name, scan
 from .frozen import FrozenMap, freeze_fields, thaw
 
-WATCHED_DISTRIBUTIONS = (
-    "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
-    "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
-    "causal-conv1d", "mamba-ssm", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
-)
+# Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
+# the hub's `kernels` (transformers' is_kernels_available).
+_ALSO_WATCHED = ("uv", "kernels")
+
+
+def watched_distributions(pins) -> frozenset:
+    """The distributions whose half-installed state the policy reads: every one the pins name
+    (the kernels', their dependencies, the protected ones) and _ALSO_WATCHED."""
+    return frozenset(pins.allowed) | frozenset(pins.protected) | frozenset(_ALSO_WATCHED)
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Environment:
     half_installed: tuple = ()
     uv: str | None = None
     wheelhouse: tuple = ()
-    fla_tilelang_env: str | None = None
+    switches: FrozenMap = field(default_factory=FrozenMap)   # the pins' switch variables that are set (FLA_TILELANG)
     posed: tuple = ()
     prefix: str = ""
     pip_index_config: str | None = None   # where pip is told of an index/find-links (uv ignores it)
@@ -122,16 +126,9 @@ class Environment:
         """torch's CUDA release (torch_cuda)."""
         return parse_version(self.torch_cuda)
 
-    @cached_property
-    def _watched_versions(self) -> FrozenMap:
-        return FrozenMap((n, parse_version(self.distributions.get(n))) for n in WATCHED_DISTRIBUTIONS)
-
     def dist_version(self, dist: str):
-        """The installed version of `dist`, parsed (once for the distributions the policy watches)."""
-        name = canonical_name(dist)
-        if name in self._watched_versions:
-            return self._watched_versions[name]
-        return parse_version(self.distributions.get(name))
+        """The installed version of `dist`, parsed (once per version text and process)."""
+        return parse_version(self.distributions.get(canonical_name(dist)))
 
     def to_json(self) -> dict:
         data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
@@ -141,8 +138,10 @@ class Environment:
         return data
 
 
+@lru_cache(maxsize=1024)
 def parse_version(text: str | None):
-    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any string)."""
+    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any
+    string). Cached: the policy asks for the same few versions many times (Versions are immutable)."""
     if not text:
         return None
     from packaging.version import InvalidVersion, Version
@@ -166,11 +165,12 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
     from . import cached_wheels
     from .._environ import cache_root
 
-    posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     cache = cache_root(settings) if settings is not None else None
     found, duplicates = scan()
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
-    half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS))
+    watched = watched_distributions(pins)
+    half_installed = tuple(sorted(n for n in duplicates if n in watched))
 
     torch_info = _torch_build_info(found.get("torch"))
     gpus, gpu_source, cxx11_abi = _gpus(torch_info, posed, allow_torch_import)
@@ -252,7 +252,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         half_installed=half_installed,
         uv=facts["uv"],
         wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
-        fla_tilelang_env=os.environ.get("FLA_TILELANG"),
+        switches={spec.switch.variable: os.environ[spec.switch.variable] for spec in pins.kernels.values()
+                  if spec.switch is not None and spec.switch.variable in os.environ},
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
         pip_index_config=pip_index_config(),

@@ -4,11 +4,12 @@ This module is what an enabled environment loads at the first watched import (or
 `sitecustomize-entrypoints` at every start), so it holds only what that needs: it
 imports nothing new (`sys` and `_thread` are loaded by then) and puts one finder
 on `sys.meta_path`. The finder returns None
-at once for every name it does not watch; for the ones it does (`_names.WATCHED`),
-`importer` (loaded then) acts:
+at once for every name it does not watch; for the ones it does (the registry's kernel modules and
+the gates module: `_names.WATCHED`, and the modules of the kernels a FASTPATH_HOOKS_PINS file adds,
+read at install()), `importer` (loaded then) acts:
 
-- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: before the import resolves - install,
-  repair, or make the import fail with an explanation (era C of transformers
+- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm` (and a user's kernels): before the import resolves -
+  install, repair, or make the import fail with an explanation (era C of transformers
   chooses kernels with exactly this import, see transformers-eras.md);
 - `transformers.utils.import_utils`: after it executed - wrap the gates.
 """
@@ -16,7 +17,7 @@ at once for every name it does not watch; for the ones it does (`_names.WATCHED`
 import sys
 import _thread
 
-from .._names import GATES_MODULE, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, local_rank
+from .._names import GATES_MODULE, PINS, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, local_rank
 
 _lock = _thread.RLock()
 # ended: uninstall() ran - a start-up stand-in must not install the hooks again.
@@ -87,6 +88,7 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = _state["finder"] = KernelImportFinder()
             _place(finder)
+        finder.watched = _watched()
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
@@ -99,6 +101,18 @@ def install(*, kernels=None, on_event=None):
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
+
+
+def _watched() -> frozenset:
+    """The shipped kernels' modules and the gates module; with FASTPATH_HOOKS_PINS set, also the modules
+    of the kernels that file adds (its kernels table is read, nothing else)."""
+    import os
+
+    if not os.environ.get(PINS, "").strip():
+        return WATCHED
+    from .._names import registry, watched_modules
+
+    return watched_modules(registry())
 
 
 def _claim_voice() -> None:
@@ -229,10 +243,13 @@ def internal_error(exc) -> None:
 
 
 class KernelImportFinder:
-    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module (`_names.WATCHED`), and ignores the rest."""
+    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module
+    (`watched`: _names.WATCHED and a user's kernels, set by install()), and ignores the rest."""
+
+    watched = WATCHED
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in WATCHED:
+        if fullname not in self.watched:
             return None
         try:
             from .importer import find_spec

@@ -19,7 +19,7 @@ import sys
 import _thread
 
 from .. import hooks
-from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
+from .._names import GATES_MODULE, KERNEL_MODULES, REGISTRY, SERVES, kernel_modules, registry, served_modules
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -41,7 +41,7 @@ def normalize(kernels) -> frozenset:
     """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
     Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
     from ..facts.distributions import canonical_name
-    from ..facts.settings import KERNELS, normalize_kernel
+    from ..facts.settings import kernel_names, normalize_kernel
 
     if isinstance(kernels, str):
         kernels = [kernels]
@@ -52,7 +52,8 @@ def normalize(kernels) -> frozenset:
         except (ValueError, AttributeError):
             from .. import events
 
-            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(KERNELS)}; ignoring it")
+            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(kernel_names(registry()))}; "
+                         "ignoring it")
     return frozenset(out)
 
 
@@ -74,10 +75,12 @@ internal_error = hooks.internal_error  # one guarded reporter for the whole impo
 
 
 def _before_kernel_import(fullname):
-    kernel = KERNEL_MODULES[fullname]
-    if not hooks.selected(kernel):
+    known = registry()   # the shipped index, and a FASTPATH_HOOKS_PINS file's kernels
+    shipped = known is REGISTRY
+    kernel = (KERNEL_MODULES if shipped else kernel_modules(known)).get(fullname)
+    if kernel is None or not hooks.selected(kernel):
         return None
-    served = SERVES.get(fullname)
+    served = (SERVES if shipped else served_modules(known)).get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
     try:
