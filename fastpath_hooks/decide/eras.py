@@ -56,15 +56,15 @@ def uses(env, pins, kernel: str) -> str:
     if spec.serves:
         why = sorted({h.id for h in pins.hazards if h.needs == kernel})
         return f"not directly: {' and '.join(spec.serves)} uses it" + (f" (where {', '.join(why)} applies)" if why else "")
+    module = spec.module
+    if not spec.gates:
+        return f"no transformers gate names it: whatever imports `{module}` uses it"
     which = era(env.dist_version("transformers"))
     if which is None:
         return f"transformers {version} is older than the eras fastpath-hooks knows (4.x and later)"
-    module = spec.module
     if which == "C":
         return (f"transformers {version} (era C) uses it whenever `import {module}` succeeds when a modeling module is "
                 "imported (no device check)")
-    if not spec.gates:
-        return f"transformers {version} (era {which}) has no gate for it: its modeling code uses it where `import {module}` succeeds"
     yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
     where = "accelerator" if env.accelerator else "machine (no accelerator)"
     gates = " / ".join(f"{g}()" for g in spec.gates)
