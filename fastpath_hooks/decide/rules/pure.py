@@ -109,7 +109,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if chosen is None:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
                         fetch_fix(f"{kernel}'s wheels"), **kw)
-    reason = f"{kernel} {chosen.version} fits triton {env.triton}" + (f" and transformers {transformers}" if transformers else "")
+    fits = [f"triton {env.triton}"] if str(chosen.triton) else []      # what the release's ranges name
+    fits += [f"transformers {transformers}"] if transformers and str(chosen.transformers) else []
+    reason = f"{kernel} {chosen.version} fits {' and '.join(fits or [f'torch {env.torch}'])}"
     if hz is not None:
         reason += f"; with {hz.needs} because of {hz.id}"
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
