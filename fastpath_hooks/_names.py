@@ -1,9 +1,10 @@
 """The leaf every layer may import: names and the raw environment readers of the start-up path.
 
-Stdlib only, and nothing imported at module level, because the start-up path loads it: which
-kernels exist and the modules they are imported as, the one module whose import wraps gates, the
-truth values, and the few FASTPATH_HOOKS_* readers that must work before settings are parsed
-(facts/settings.py parses every variable, and uses these for the ones read here).
+Stdlib only, and nothing imported at module level, because the start-up path loads it: the kernel
+registry's index (which kernels exist, their kinds, modules, aliases, gates, ... - pins.json's entries
+as literals) and what is derived from it, the one module whose import wraps gates, the truth values,
+and the few FASTPATH_HOOKS_* readers that must work before settings are parsed (facts/settings.py
+parses every variable, and uses these for the ones read here).
 """
 
 VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)

@@ -53,7 +53,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                   and not (transformers and not within(transformers_version, rel.transformers))
                   and not (hz is not None and hz.needs not in rel.backends)]
     needs = (hz.needs,) if hz is not None else ()
-    target = lambda version: {d: version for d in spec.distributions}  # noqa: E731 - every distribution at one version
+
+    def target(version):   # every distribution at one version
+        return {d: version for d in spec.distributions}
 
     if current:
         if not serving_ok:
