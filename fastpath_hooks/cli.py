@@ -12,7 +12,7 @@ import os
 import sys
 
 from ._names import VERSION as __version__
-from ._names import listed, registry
+from ._registry import listed, registry
 
 
 def main(argv=None) -> int:

@@ -70,16 +70,27 @@ def user_pins(tmp_path, **kernels) -> str:
 
 # -- the index is the data ---------------------------------------------------------------------------
 
-def test_the_index_in_names_is_the_registry_of_pins_json():
-    """_names.REGISTRY is what the start-up path reads instead of parsing pins.json; it must say what the
-    data says, kernel by kernel and in the pins' order. After adding a kernel to pins.json, paste the
-    literal this failure prints."""
+def test_the_index_is_the_registry_of_pins_json():
+    """_registry.REGISTRY is what the hooks, the settings and the CLI read instead of parsing pins.json;
+    it must say what the data says, kernel by kernel and in the pins' order. After adding a kernel to
+    pins.json, paste the literal this failure prints."""
     with open(pins_mod.SHIPPED) as fh:
         data = json.load(fh)["kernels"]
     derived = _registry.from_pins_data(data)
-    assert list(derived) == list(_names.REGISTRY)
-    assert derived == _names.REGISTRY, "_names.REGISTRY = " + repr(derived)
+    assert list(derived) == list(_registry.REGISTRY)
+    assert derived == _registry.REGISTRY, "REGISTRY = " + repr(derived)
     assert set(_registry.KEYS) == set(next(iter(derived.values())))
+
+
+def test_the_start_up_paths_names_are_the_registrys():
+    """_names writes out what the start-up path needs (loading it costs no registry): the same as
+    derived from the index."""
+    reg = _registry.REGISTRY
+    assert _names.KERNELS == _registry.listed(reg)
+    assert _names.KERNEL_MODULES == _registry.kernel_modules(reg)
+    assert _names.MODULE_OF == {k: e["modules"][0] for k, e in reg.items()}
+    assert _names.SERVES == _registry.served_modules(reg)
+    assert _names.WATCHED == _registry.watched_modules(reg)
 
 
 def test_every_derived_list_follows_the_index():
@@ -272,8 +283,8 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     assert parse_target("foo-attn=1.0.0", pins_file=path) == {"distributions": {"foo-attn": "1.0.0"}}
     with pytest.raises(ValueError, match="unknown fact 'foo-attn'"):
         parse_target("foo-attn=1.0.0")
-    known = _names.registry(environ)
-    assert _names.kernel_modules(known)["foo_attn"] == "foo-attn" and "foo_attn" in _names.watched_modules(known)
+    known = _registry.registry(environ)
+    assert _registry.kernel_modules(known)["foo_attn"] == "foo-attn" and "foo_attn" in _registry.watched_modules(known)
     assert gates.gate_table(known)["is_foo_attn_available"] == ("foo-attn",)
     monkeypatch.setenv("FASTPATH_HOOKS_PINS", path)
     assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang (default: all)" in " ".join(_subcommand_help(cli, "install").split())

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from fastpath_hooks._names import disabled
-from fastpath_hooks._names import REGISTRY
+from fastpath_hooks._registry import REGISTRY
 from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, mirror_variables
 
 

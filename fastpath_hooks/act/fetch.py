@@ -91,7 +91,7 @@ def fetch_wheel(step, settings, dest: str) -> str:
 
 def _mirror_hint(filename: str) -> str:
     """The wheel's own mirror variable, for a compiled kernel's release wheel (the registry's `mirror`)."""
-    from .._names import registry
+    from .._registry import registry
     from ..facts.wheel_names import wheel_distribution
 
     dist = wheel_distribution(filename)

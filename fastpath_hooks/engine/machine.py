@@ -26,7 +26,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
-from .._names import registry
+from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .context import complete, fingerprint, load
 from .lock import EnvironmentLock, LockUnavailable

@@ -23,7 +23,7 @@ from .pins_schema import build, decision_order
 from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
                           PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
                           same_version)
-from .._names import REGISTRY
+from .._registry import REGISTRY
 
 # the values (pins_values) and the order of the kernels (pins_schema) are read from here too
 __all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "BrokenPair", "Hazard", "KernelRelease", "KernelSpec", "PackedPackage",

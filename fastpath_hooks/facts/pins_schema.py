@@ -15,7 +15,7 @@ from .frozen import FrozenSpecifierSet, freeze
 from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
                           PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
                           same_version)
-from .._names import REGISTRY
+from .._registry import REGISTRY
 
 
 class _V:

@@ -14,9 +14,10 @@ from typing import Mapping
 
 # The start-up path's raw readers (_names) give the values of the variables it reads before the
 # settings are parsed; settings only adds the validation, so the two cannot disagree.
-from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS, REGISTRY
+from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
 from .._names import TRUE_VALUES as _TRUE
-from .._names import disabled, listed, registry
+from .._names import disabled
+from .._registry import REGISTRY, listed, registry
 from .._environ import cache_dir_given, find_links_given, log_level
 from .frozen import FrozenMap
 
@@ -31,7 +32,7 @@ DEFAULT_RETRY_AFTER = 3600.0
 
 
 def kernel_names(reg) -> tuple:
-    """The kernels of a registry, in the order they are listed (_names.listed)."""
+    """The kernels of a registry, in the order they are listed (_registry.listed)."""
     return listed(reg)
 
 

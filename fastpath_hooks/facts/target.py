@@ -95,7 +95,8 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
 
 def _posable(name: str, pins, pins_file) -> bool:
     if pins is None:
-        from .._names import PINS, registry
+        from .._names import PINS
+        from .._registry import registry
 
         if any(name in e["distributions"] for e in registry({PINS: pins_file} if pins_file else {}).values()):
             return True   # a kernel's own distribution: known without loading the pins

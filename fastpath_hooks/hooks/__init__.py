@@ -17,11 +17,12 @@ read at install()), `importer` (loaded then) acts:
 import sys
 import _thread
 
-from .._names import GATES_MODULE, PINS, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, local_rank
+from .._names import DISABLE, GATES_MODULE, PINS, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, given, local_rank
 
 _lock = _thread.RLock()
-# ended: uninstall() ran - a start-up stand-in must not install the hooks again.
-_state = {"finder": None, "kernels": None, "ended": False}
+# ended: uninstall() ran - a start-up stand-in must not install the hooks again. user_kernels: a
+# FASTPATH_HOOKS_PINS file was named at install() (it may add kernels: the finder watches theirs too).
+_state = {"finder": None, "kernels": None, "ended": False, "user_kernels": False}
 
 
 def activate():
@@ -72,6 +73,7 @@ def install(*, kernels=None, on_event=None):
 
         logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
         return False
+    variables = given()   # every FASTPATH_HOOKS_* variable set, in one pass over the environment
     with _lock:
         _state["ended"] = False
         if on_event is not None:
@@ -88,7 +90,7 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = _state["finder"] = KernelImportFinder()
             _place(finder)
-        finder.watched = _watched()
+        finder.watched = _watched(variables)
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
@@ -96,21 +98,20 @@ def install(*, kernels=None, on_event=None):
 
             after_gates_import(gates_module)
     _claim_voice()
-    if _settings_given():
-        _check_settings()
+    if any(name != DISABLE for name, _ in variables):   # validate them now (DISABLE was read above)
+        _check_settings(variables)
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
 
 
-def _watched() -> frozenset:
+def _watched(variables) -> frozenset:
     """The shipped kernels' modules and the gates module; with FASTPATH_HOOKS_PINS set, also the modules
     of the kernels that file adds (its kernels table is read, nothing else)."""
-    import os
-
-    if not os.environ.get(PINS, "").strip():
+    _state["user_kernels"] = any(name == PINS and value.strip() for name, value in variables)
+    if not _state["user_kernels"]:
         return WATCHED
-    from .._names import registry, watched_modules
+    from .._registry import registry, watched_modules
 
     return watched_modules(registry())
 
@@ -128,14 +129,7 @@ def _claim_voice() -> None:
         os.environ[VOICE] = str(os.getpid())
 
 
-def _settings_given() -> bool:
-    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
-    from .._names import DISABLE, given
-
-    return any(name != DISABLE for name, _ in given())
-
-
-def _check_settings() -> None:
+def _check_settings(variables) -> None:
     """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
     start with the same variables costs a digest and a stat, not settings.py's import."""
@@ -143,11 +137,9 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._names import given
-
         from .._environ import cache_root_from_environ
 
-        digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+        digest = hashlib.sha256(repr(list(variables)).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
         if os.path.exists(marker):
             return

@@ -54,7 +54,7 @@ def startup_source() -> str:
     (a test keeps the shipped file's line equal to them, and checks the rest of its names against
     _names), and the modules of the kernels a FASTPATH_HOOKS_PINS file set now adds (run `enable` again
     after adding one: until then the finder watches it from the first watched import, or install(), on)."""
-    from .._names import registry, watched_modules
+    from .._registry import registry, watched_modules
 
     watched = watched_modules(registry())
     with open(STARTUP_FILE, encoding="utf-8") as fh:

@@ -21,7 +21,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from .._names import REGISTRY, registry
+from .._registry import REGISTRY, registry
 
 
 

@@ -19,7 +19,7 @@ import sys
 import _thread
 
 from .. import hooks
-from .._names import GATES_MODULE, KERNEL_MODULES, REGISTRY, SERVES, kernel_modules, registry, served_modules
+from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -52,6 +52,8 @@ def normalize(kernels) -> frozenset:
         except (ValueError, AttributeError):
             from .. import events
 
+            from .._registry import registry
+
             events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(kernel_names(registry()))}; "
                          "ignoring it")
     return frozenset(out)
@@ -75,12 +77,16 @@ internal_error = hooks.internal_error  # one guarded reporter for the whole impo
 
 
 def _before_kernel_import(fullname):
-    known = registry()   # the shipped index, and a FASTPATH_HOOKS_PINS file's kernels
-    shipped = known is REGISTRY
-    kernel = (KERNEL_MODULES if shipped else kernel_modules(known)).get(fullname)
+    modules, serves = KERNEL_MODULES, SERVES
+    if hooks._state["user_kernels"]:   # a FASTPATH_HOOKS_PINS file (named at install()) may add kernels
+        from .._registry import kernel_modules, registry, served_modules
+
+        known = registry()
+        modules, serves = kernel_modules(known), served_modules(known)
+    kernel = modules.get(fullname)
     if kernel is None or not hooks.selected(kernel):
         return None
-    served = (SERVES if shipped else served_modules(known)).get(fullname)
+    served = serves.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
     try:

@@ -34,7 +34,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from .._names import KERNEL_MODULES, REGISTRY
+from .._names import KERNEL_MODULES
+from .._registry import REGISTRY
 
 PREFIX = "transformers.models."
 FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
