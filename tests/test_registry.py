@@ -106,10 +106,10 @@ def test_every_derived_list_follows_the_index():
                                                                   "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
     assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "transformers.utils.import_utils"}
     assert _names.SERVES == {"tilelang": ("fla",)}
-    assert gates.GATES == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
+    assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
                            "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d")}
-    assert late.GATES == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
+    assert late.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
                           "mamba_ssm": "is_mamba_ssm_available"}
     pins = pins_mod.load()
     assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm")

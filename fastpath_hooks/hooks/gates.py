@@ -21,7 +21,6 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from .._registry import REGISTRY, registry
 
 
 
@@ -36,7 +35,12 @@ def gate_table(registry) -> dict:
     return {gate: (kernel,) + tuple(entry["with"]) for kernel, entry in registry.items() for gate in entry["gates"]}
 
 
-GATES = gate_table(REGISTRY)   # the shipped kernels' (patch() reads the registry with a user's kernels)
+
+def _gates() -> dict:
+    """The gates of the registry (and of a FASTPATH_HOOKS_PINS file's kernels), read when they are wrapped."""
+    from .._registry import registry
+
+    return gate_table(registry())
 # Cleared after the first query so a later call re-reads the environment (with the kernels' gates).
 CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")
 
@@ -57,7 +61,7 @@ def patch(import_utils, *, just_imported: bool = False) -> None:
     originals yet, so only its namespace is rebound; otherwise every module's (one pass).
     """
     swaps = {}
-    for name, kernels in gate_table(registry()).items():
+    for name, kernels in _gates().items():
         current = import_utils.__dict__.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
@@ -208,7 +212,7 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
     """
     importlib.invalidate_caches()
     namespace = import_utils.__dict__
-    for name in tuple(gate_table(registry())) + CACHED_GATES:
+    for name in tuple(_gates()) + CACHED_GATES:
         clear = getattr(namespace.get(name), "cache_clear", None)
         if clear is not None:
             clear()
