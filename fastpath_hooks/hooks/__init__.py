@@ -20,9 +20,8 @@ import _thread
 from .._names import DISABLE, GATES_MODULE, PINS, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, given, local_rank
 
 _lock = _thread.RLock()
-# ended: uninstall() ran - a start-up stand-in must not install the hooks again. user_kernels: a
-# FASTPATH_HOOKS_PINS file was named at install() (it may add kernels: the finder watches theirs too).
-_state = {"finder": None, "kernels": None, "ended": False, "user_kernels": False}
+# ended: uninstall() ran - a start-up stand-in must not install the hooks again.
+_state = {"finder": None, "kernels": None, "ended": False}
 
 
 def activate():
@@ -90,7 +89,10 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = _state["finder"] = KernelImportFinder()
             _place(finder)
-        finder.watched = _watched(variables)
+        if any(name == PINS and value.strip() for name, value in variables):
+            finder.watched = _with_user_kernels()   # the modules of the kernels a pins file adds, too
+        elif finder.watched is not WATCHED:
+            finder.watched = WATCHED
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
@@ -98,19 +100,15 @@ def install(*, kernels=None, on_event=None):
 
             after_gates_import(gates_module)
     _claim_voice()
-    if any(name != DISABLE for name, _ in variables):   # validate them now (DISABLE was read above)
+    if variables and any(name != DISABLE for name, _ in variables):   # validate them now (DISABLE was read above)
         _check_settings(variables)
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
 
 
-def _watched(variables) -> frozenset:
-    """The shipped kernels' modules and the gates module; with FASTPATH_HOOKS_PINS set, also the modules
-    of the kernels that file adds (its kernels table is read, nothing else)."""
-    _state["user_kernels"] = any(name == PINS and value.strip() for name, value in variables)
-    if not _state["user_kernels"]:
-        return WATCHED
+def _with_user_kernels() -> frozenset:
+    """_names.WATCHED and the modules of the kernels a FASTPATH_HOOKS_PINS file adds (its kernels table is read)."""
     from .._registry import registry, watched_modules
 
     return watched_modules(registry())

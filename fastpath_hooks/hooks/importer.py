@@ -19,7 +19,7 @@ import sys
 import _thread
 
 from .. import hooks
-from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
+from .._names import GATES_MODULE, KERNEL_MODULES, SERVES, WATCHED
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -78,7 +78,8 @@ internal_error = hooks.internal_error  # one guarded reporter for the whole impo
 
 def _before_kernel_import(fullname):
     modules, serves = KERNEL_MODULES, SERVES
-    if hooks._state["user_kernels"]:   # a FASTPATH_HOOKS_PINS file (named at install()) may add kernels
+    finder = hooks._state["finder"]
+    if finder is not None and finder.watched is not WATCHED:   # a FASTPATH_HOOKS_PINS file added kernels
         from .._registry import kernel_modules, registry, served_modules
 
         known = registry()
