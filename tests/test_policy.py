@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import enum
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
