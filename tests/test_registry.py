@@ -98,23 +98,25 @@ def test_every_derived_list_follows_the_index():
     from fastpath_hooks.facts.settings import KERNEL_ALIASES, KERNELS, VARIABLES
     from fastpath_hooks.hooks import gates, late
 
-    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang")   # what models use, then what serves them
+    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")   # what models use, then what serves them
     assert KERNEL_ALIASES == {"fla": "fla", "flash-linear-attention": "fla", "fla-core": "fla", "tilelang": "tilelang",
                               "causal-conv1d": "causal-conv1d", "causal_conv1d": "causal-conv1d",
-                              "mamba-ssm": "mamba-ssm", "mamba_ssm": "mamba-ssm"}
+                              "mamba-ssm": "mamba-ssm", "mamba_ssm": "mamba-ssm", "flash-qla": "flash-qla",
+                              "flash_qla": "flash-qla", "flashqla": "flash-qla"}
     assert [v for v in VARIABLES if v.endswith("_WHEEL_URL")] == ["FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL",
                                                                   "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
-    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "transformers.utils.import_utils"}
-    assert _names.SERVES == {"tilelang": ("fla",)}
+    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils"}
+    assert _names.SERVES == {"tilelang": ("fla",), "flash_qla": ("fla",)}
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
                            "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d")}
     assert late.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
                           "mamba_ssm": "is_mamba_ssm_available"}
     pins = pins_mod.load()
-    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm")
+    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm", "flash-qla")
     assert {k: s.rule_prefix for k, s in pins.kernels.items()} == {"fla": "fla", "tilelang": "tilelang",
-                                                                  "causal-conv1d": "causal", "mamba-ssm": "mamba"}
+                                                                  "causal-conv1d": "causal", "mamba-ssm": "mamba",
+                                                                  "flash-qla": "qla"}
 
 
 def test_a_circle_of_kernels_is_refused(tmp_path):
@@ -278,7 +280,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     environ = {"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_SKIP": "fooattn,tilelang"}
     settings = Settings.from_env(environ)
     assert settings.skip == {"foo-attn", "tilelang"}
-    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, tilelang"):
+    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, tilelang, flash-qla"):
         Settings.from_env({"FASTPATH_HOOKS_SKIP": "foo-attn"})    # without the file: unknown
     assert parse_target("foo-attn=1.0.0", pins_file=path) == {"distributions": {"foo-attn": "1.0.0"}}
     with pytest.raises(ValueError, match="unknown fact 'foo-attn'"):
@@ -287,7 +289,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     assert _registry.kernel_modules(known)["foo_attn"] == "foo-attn" and "foo_attn" in _registry.watched_modules(known)
     assert gates.gate_table(known)["is_foo_attn_available"] == ("foo-attn",)
     monkeypatch.setenv("FASTPATH_HOOKS_PINS", path)
-    assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang (default: all)" in " ".join(_subcommand_help(cli, "install").split())
+    assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang, flash-qla (default: all)" in " ".join(_subcommand_help(cli, "install").split())
 
 
 def _subcommand_help(cli, name: str) -> str:
@@ -380,7 +382,7 @@ def test_the_user_kernels_come_in_the_plan_and_their_mirror_is_a_setting(tmp_pat
     path = user_pins(tmp_path, foo_attn=FOO_ATTN, foo_conv=FOO_CONV)
     pins = pins_mod.load(path)
     assert tuple(plan_for(make_env(**A100), pins=pins).decisions) == (
-        "fla", "causal-conv1d", "mamba-ssm", "foo-attn", "foo-conv", "tilelang")
+        "fla", "causal-conv1d", "mamba-ssm", "foo-attn", "foo-conv", "tilelang", "flash-qla")
     settings = Settings.from_env({"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_FOO_CONV_WHEEL_URL": "https://mirror.example/foo/"})
     assert settings.wheel_urls == {"foo-conv": "https://mirror.example/foo/"}
     assert settings.public()["wheel_urls"] == {"foo-conv": "https://mirror.example/foo/"}

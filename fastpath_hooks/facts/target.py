@@ -3,7 +3,9 @@
 A spec is a comma list of `key=value` facts, e.g.
 `gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12`, `gpu=none` or
 `hip=6.4,gpu=gfx942`. Every fact the policy reads can be set; the ones not named
-are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`.
+are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`. The model's gated-delta-rule
+shapes (otherwise read from the transformers configs imported): `head_dims=128x128` (K x V),
+`heads=16x32` (key heads x value heads).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from .distributions import canonical_name
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "head_dims", "heads")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -58,6 +60,8 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
             facts["cxx11_abi"] = _flag(entry, value)
         elif key in ("uv", "hipcc"):
             facts[key] = _flag(entry, value)
+        elif key in ("head_dims", "heads"):
+            facts[key] = _pair(entry, value)
         elif key == "cpus":
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{entry!r}: cpus is a number of CPU cores, e.g. cpus=16")
@@ -130,6 +134,13 @@ def _gpus(entry: str, value: str) -> tuple:
         else:
             raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90), gfxNNN (ROCm) or none")
     return tuple(out)
+
+
+def _pair(entry: str, value: str) -> tuple:
+    parts = value.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{entry!r}: expected two numbers such as 128x128")
+    return int(parts[0]), int(parts[1])
 
 
 def _version(entry: str, value: str) -> str:
