@@ -185,7 +185,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                started=tx.record_group)
+                                started=tx.record_group, check=decision.check if spec.name == decision.kernel else None)
                 if not result.ok:
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)

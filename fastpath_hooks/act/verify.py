@@ -50,10 +50,20 @@ def child_env(extra=()) -> dict:
     return child_environ(extra, drop=("FASTPATH_HOOKS_TARGET",))
 
 
-def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None) -> Verification:
+def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
+           check=None) -> Verification:
+    """The kernel imported in a child process; then, where its decision has a `check` (the gated delta
+    rule forward + backward, compared and warmed: act/gdr_check.py), that check in another child."""
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
-    return run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                     what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
+    imported = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
+                         what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
+    if not imported.ok or not check:
+        return imported
+    from .gdr_check import run_check as run_gdr_check
+
+    checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - imported.seconds),
+                            env_extra=env_extra, python=python, started=started)
+    return Verification(checked.ok, checked.detail, imported.seconds + checked.seconds, checked.returncode)
 
 
 def _modules(names) -> str:

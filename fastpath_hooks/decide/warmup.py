@@ -10,28 +10,35 @@ training step finds them compiled: the child runs under the training process's c
 
 from __future__ import annotations
 
+from .common import within
+
 KIND = "gated-delta-rule"
 
 
-def model_shapes(rows, warm) -> tuple:
+def model_shapes(rows, warm, transformers=None) -> tuple:
     """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows`, the
     gated-delta-rule models whose config classes are imported here (Environment.model_shapes: their
-    defaults; a missing head count taken from the pins), else the pins' defaults."""
+    defaults; a missing head count taken from the pins), else the pins' defaults. The heads are the ones
+    fla is called with: a `transformers` outside the pins' `gva_transformers` repeats q and k to the
+    value heads before the call."""
     shapes, names = [], []
     heads = warm.heads if warm is not None else (None, None)
+    repeat = warm is not None and transformers is not None and not within(transformers, warm.gva_transformers)
+    rows = tuple(rows) or ((("pins", warm.dims[0], warm.dims[1], None, None),) if warm is not None else ())
     for name, k, v, hk, hv in rows:
         if k is None or v is None:
             continue
-        shape = (hk or heads[0], hv or heads[1], k, v)
+        hk, hv = hk or heads[0], hv or heads[1]
+        shape = (hv if repeat else hk, hv, k, v)
         if shape not in shapes:
             shapes.append(shape)
         if name not in names:
             names.append(name)
-    if shapes:
-        return tuple(shapes), f"the {' and '.join(names)} config"
-    if warm is None:
+    if not shapes:
         return (), "no model known yet"
-    return ((warm.heads[0], warm.heads[1], warm.dims[0], warm.dims[1]),), "the pins' defaults, no model known yet"
+    source = "the pins' defaults, no model known yet" if names == ["pins"] else f"the {' and '.join(names)} config"
+    return tuple(shapes), source + (f", q and k repeated to the value heads by transformers {transformers}" if repeat else "")
+
 
 
 def off_switches(pins, served: str) -> dict:

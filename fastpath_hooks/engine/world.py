@@ -164,11 +164,12 @@ class World:
 
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=()):
-        """The kernel imported in a child process: a result with `ok` and `detail`."""
+    def verify(self, spec, *, timeout: float, env_extra=(), check=None):
+        """The kernel imported in a child process (and its `check` run: act/gdr_check.py): a result with
+        `ok` and `detail`."""
         from ..act.verify import verify
 
-        return verify(spec, timeout=timeout, env_extra=env_extra)
+        return verify(spec, timeout=timeout, env_extra=env_extra, check=check)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""

@@ -590,4 +590,5 @@ def _warm(v: _V, raw, e: str) -> Warm:
     if not isinstance(slack, (int, float)) or isinstance(slack, bool) or slack < 1:
         v.fail(f"{e}.slack", "expected a number >= 1")
     return Warm(check_seq=check_seq, seqs=seqs, heads=heads, dims=dims,
-                tolerances={n: float(tol[n]) for n in _TENSORS if tol}, slack=float(slack), source=v.source(w, e))
+                tolerances={n: float(tol[n]) for n in _TENSORS if tol}, slack=float(slack), source=v.source(w, e),
+                gva_transformers=v.specifier(w.get("gva_transformers", ""), f"{e}.gva_transformers"))

@@ -91,6 +91,7 @@ class Warm:
     tolerances: dict   # o, dq, dk, dv, dbeta, dg -> ratio
     slack: float
     source: str
+    gva_transformers: SpecifierSet = field(default_factory=SpecifierSet)   # where q/k keep their own head count
 
 
 @dataclass(frozen=True)

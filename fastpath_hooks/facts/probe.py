@@ -141,6 +141,7 @@ class Environment:
         data["platform"] = self.platform
         data["accelerator"] = self.accelerator
         data["torch_build"] = self.torch_build
+        data["model_shapes"] = [dict(zip(("model", "k", "v", "heads_k", "heads_v"), row)) for row in self.model_shapes]
         return data
 
 

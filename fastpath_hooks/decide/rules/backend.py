@@ -77,7 +77,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             **kw_off)
 
     shapes, shapes_from = _shapes(ctx, kernel)
-    checked, checked_from = (shapes, shapes_from) if shapes else model_shapes((), spec.warm)
+    checked, checked_from = (shapes, shapes_from) if shapes else model_shapes((), spec.warm, _transformers(env))
     check = gdr_check(env, pins, kernel, served=served, shapes=checked, shapes_from=checked_from) if spec.warm else {}
     needs = tuple(spec.with_kernels) + (served,)
     if have:
@@ -147,9 +147,14 @@ def _shapes(ctx: Context, kernel: str):
     spec, env = ctx.pins.kernel(kernel), ctx.env
     known = _known(env)
     if not known:
-        return model_shapes((), spec.warm)
+        return model_shapes((), spec.warm, _transformers(env))
     fits = [m for m in known if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
-    return model_shapes(fits, spec.warm) if fits else ((), "")
+    return model_shapes(fits, spec.warm, _transformers(env)) if fits else ((), "")
+
+
+def _transformers(env):
+    """The installed transformers (the heads it calls fla with), or None."""
+    return env.dist_version("transformers")
 
 
 def _steps(ctx: Context, kernel: str, version: str) -> tuple:

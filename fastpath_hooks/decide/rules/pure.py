@@ -128,7 +128,7 @@ def _warm_check(ctx: Context, kernel: str, hz) -> dict:
     spec = ctx.pins.kernel(kernel)
     if hz is None or spec.warm is None:
         return {}
-    shapes, source = model_shapes(ctx.env.model_shapes, spec.warm)
+    shapes, source = model_shapes(ctx.env.model_shapes, spec.warm, ctx.env.dist_version("transformers"))
     return gdr_check(ctx.env, ctx.pins, kernel, served=kernel, shapes=shapes, shapes_from=source)
 
 
