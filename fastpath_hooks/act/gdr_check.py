@@ -110,7 +110,7 @@ def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
     except (OSError, ValueError):
         data = {}
     data[kernel] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": result.get("seconds"),
-                    "shapes": result.get("shapes"), "seqs": [w["seq"] for w in result.get("warm", [])],
+                    "shapes": result.get("shapes"), "seqs": sorted({w["seq"] for w in result.get("warm", [])}),
                     "first_call_s": result.get("first_call_s"), "device": result.get("device"),
                     "dirs": {v: environ.get(v) for v in ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR") if environ.get(v)}}
     try:
@@ -197,6 +197,7 @@ def _rel(torch, a, b) -> float:
 
 
 def _child(check: dict) -> dict:
+    """The check, then the warm-up; a result dict (`status`: pass / fail, `reason`, the errors, the times)."""
     import torch
 
     served = check["served"]
@@ -225,12 +226,14 @@ def _child(check: dict) -> dict:
         if on:
             os.environ.pop(compare["switch"], None)
 
-    def step(x: dict) -> tuple:
+    finals = check.get("final_state") or [False]
+
+    def step(x: dict, final: bool = finals[0]) -> tuple:
         leaves = {n: x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
         sync()
         start = time.perf_counter()
         out = chunk_gated_delta_rule(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
-                                     use_qk_l2norm_in_kernel=True)
+                                     use_qk_l2norm_in_kernel=True, output_final_state=final)
         out = out[0] if isinstance(out, tuple) else out
         out.backward(x["do"])
         sync()
@@ -286,13 +289,14 @@ def _child(check: dict) -> dict:
     for seq in seqs:
         for shape in check["shapes"]:
             x = _inputs(torch, shape, seq, device, 99)
-            row = {"seq": seq, "shape": shape}
-            path(False)
-            row["own_s"] = step(x)[2]
-            if compare:
-                path(True)
-                row["backend_s"] = step(x)[2]
-            warm.append(row)
+            for final in finals:   # transformers' output_final_state: a cache made (use_cache) or not
+                row = {"seq": seq, "shape": shape, "final_state": final}
+                path(False)
+                row["own_s"] = step(x, final)[2]
+                if compare:
+                    path(True)
+                    row["backend_s"] = step(x, final)[2]
+                warm.append(row)
             del x
     result["warm"] = warm
     result["seconds"] = time.perf_counter() - started

@@ -55,7 +55,7 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
     check = {
         "kind": KIND, "kernel": kernel, "served": served,
         "own": off_switches(pins, served),
-        "check_seq": warm.check_seq, "seqs": list(warm.seqs),
+        "check_seq": warm.check_seq, "seqs": list(warm.seqs), "final_state": list(warm.final_state),
         "shapes": [list(s) for s in shapes], "shapes_from": shapes_from,
         "tolerances": dict(warm.tolerances), "slack": warm.slack,
     }

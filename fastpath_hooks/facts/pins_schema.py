@@ -591,4 +591,12 @@ def _warm(v: _V, raw, e: str) -> Warm:
         v.fail(f"{e}.slack", "expected a number >= 1")
     return Warm(check_seq=check_seq, seqs=seqs, heads=heads, dims=dims,
                 tolerances={n: float(tol[n]) for n in _TENSORS if tol}, slack=float(slack), source=v.source(w, e),
-                gva_transformers=v.specifier(w.get("gva_transformers", ""), f"{e}.gva_transformers"))
+                gva_transformers=v.specifier(w.get("gva_transformers", ""), f"{e}.gva_transformers"),
+                final_state=_final_states(v, w.get("final_state", [False]), f"{e}.final_state"))
+
+
+def _final_states(v: _V, raw, e: str) -> tuple:
+    values = tuple(v.boolean(x, f"{e}[{i}]") for i, x in enumerate(v.list(raw, e)))
+    if not values:
+        v.fail(e, "expected a list of true / false (output_final_state of the calls warmed)")
+    return values

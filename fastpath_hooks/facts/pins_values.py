@@ -92,6 +92,7 @@ class Warm:
     slack: float
     source: str
     gva_transformers: SpecifierSet = field(default_factory=SpecifierSet)   # where q/k keep their own head count
+    final_state: tuple = (False,)   # output_final_state of the calls warmed (the first: the check's)
 
 
 @dataclass(frozen=True)
