@@ -343,3 +343,6 @@ def test_a_kernels_verdict_depends_on_the_kernels_its_import_runs():
 
     assert {"mamba-ssm", "causal-conv1d", "tilelang", "apache-tvm-ffi", "einops"} <= set(verdict_distributions(SHIPPED, "mamba-ssm"))
     assert not {"tilelang", "apache-tvm-ffi"} & set(verdict_distributions(SHIPPED, "causal-conv1d"))
+    # flash-qla's check runs through fla and on tilelang: a new fla or tilelang checks it again
+    assert set(verdict_distributions(SHIPPED, "flash-qla")) == {"flash-qla", "tilelang", "apache-tvm-ffi", "fla-core",
+                                                                "flash-linear-attention"}
