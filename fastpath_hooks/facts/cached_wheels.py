@@ -72,9 +72,10 @@ def pair_for(gpu: str, codes) -> str | None:
 
 
 def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
-         abi: str, python: str, arch: str, gpus, all_codes=()) -> bool:
+         abi: str, python: str, arch: str, gpus, all_codes=(), bad=None) -> bool:
     """A built wheel (fph label) that runs here: same distribution and version, same key, this
-    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)."""
+    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)
+    that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules)."""
     from .distributions import canonical_name
     from .wheel_names import parse_wheel
 
@@ -93,7 +94,8 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
                for t in tags):
         return False
     codes = set(all_codes) if "all" in have else {(f"sm_{a[2:]}" if a.startswith("sm") else a) for a in have}
-    return bool(gpus) and all(pair_for(g, codes) is not None for g in gpus)
+    bad = bad or {}
+    return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
 
 
 # -- the directory ----------------------------------------------------------------------------
