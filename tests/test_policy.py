@@ -59,6 +59,16 @@ CC_WHEEL = "causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linu
 CC_SHA256 = "c16c1c48d4fa63415cc797e02d69f97248c57c04627d99e394d5bb0ef266e288"
 
 
+B300 = dict(gpus=("sm_103",), torch="2.13.0", torch_cuda="13.0", nvcc_version="13.0")
+
+
+def NUMERIC_FAILURE(kernel, version, *, arch="sm_90", torch="2.13.0", cuda="12.8"):
+    """One remembered numeric mismatch, as the probe hands it to the policy (facts/numeric_records.failures)."""
+    return (kernel, version, arch, f"torch {torch} CUDA {cuda}",
+            f"on {arch}, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)",
+            f"/c/numeric/{kernel}.json")
+
+
 def make_env(dists: dict | None = None, **over) -> Environment:
     """An Environment with BASE facts, `over` replacing facts and `dists` adding (None: removing) distributions."""
     facts = {**BASE, **over}
@@ -426,6 +436,9 @@ ROWS = [
         check=lambda d, p: "triton 3.9.0" in d.reason and d.on_failure == "block"),
     Row("fla.ok.with-problems", "fla", OK, "fla.ok.with-problems", settings=OFFLINE, env={"gpus": ("sm_80",)},
         dists={"fla-core": "0.6.0", "flash-linear-attention": "0.5.2"}, check=lambda d, p: "differ" in d.reason),
+    Row("fla.block.numeric: fla on Hopper measured wrong (fla#640-like miscompiles)", "fla", BLOCK, "fla.block.numeric",
+        env={"triton": "3.7.1", "numeric_failures": (NUMERIC_FAILURE("fla", "0.6.0", torch="2.10.0", cuda="12.8"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90,"), d.on_failure == "block", not d.steps)),
     Row("fla.no-release", "fla", SKIP, "fla.no-release", env={"gpus": ("sm_80",)}, dists={"transformers": "4.40.0"},
         check=lambda d, p: "FASTPATH_HOOKS_PINS" in d.fix),
     Row("fla.offline-missing", "fla", SKIP, "fla.offline-missing", settings=OFFLINE, env={"gpus": ("sm_80",)},
@@ -507,6 +520,35 @@ ROWS = [
         "causal-conv1d", BLOCK, "causal.block.arch", env={"gpus": ("sm_80",)},
         dists={"causal-conv1d": "1.6.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
         check=lambda d, p: ("sm_80" in d.reason, "--arch sm_80,sm_90" in d.fix, d.on_failure == "block")),
+    Row("causal.block.arch: a build of ours with sm_103 code from nvcc 13, on sm_103 (causal-conv1d#105)",
+        "causal-conv1d", BLOCK, "causal.block.arch", env=B300,
+        dists={"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103"},
+        check=lambda d, p: ("causal-conv1d#105" in d.reason, "builds sm_100 code for sm_103" in d.fix,
+                            d.on_failure == "block")),
+    Row("causal.block.arch: a cu13 release wheel on sm_103 (carries sm_103 code from nvcc 13)", "causal-conv1d", BLOCK,
+        "causal.block.arch", env={**B300, "torch": "2.10.0"},
+        dists={"causal-conv1d": "1.6.2.post1+cu13torch2.10cxx11abiTRUE"},
+        check=lambda d, p: ("runs sm_103 code from nvcc 13.0" in d.reason, "pip uninstall causal-conv1d" in d.fix)),
+    Row("causal.ok: a build of ours with sm_100 code runs on sm_103", "causal-conv1d", OK, "causal.ok", env=B300,
+        dists={"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm100"},
+        check=_checked_once({"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm100"})),
+    Row("causal.build: sm_103 with nvcc 13 gets sm_100 code, the release wheel of CUDA 13 is not taken", "causal-conv1d",
+        INSTALL, "causal.build", env={**B300, "torch": "2.10.0"},
+        check=lambda d, p: (_causal_build(("sm_100",))(d, p), "cu13 release wheels carry sm_103 code" in d.reason,
+                            "sm_103 gets sm_100 code: causal-conv1d#105" in d.reason,
+                            "computes wrong forward/update results" in d.steps[-1].note)),
+    Row("causal.build: a cached sm_103 build from nvcc 13 does not fit sm_103", "causal-conv1d", INSTALL, "causal.build",
+        env={**B300, "cached_wheels": ("causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103-cp312-cp312-"
+                                       "linux_x86_64.whl",)},
+        check=_causal_build(("sm_100",))),
+    Row("causal.build: torch 2.14 needs C++20: both compilers get -std=c++20", "causal-conv1d", INSTALL, "causal.build",
+        env={"torch": "2.14.1", "torch_cuda": "13.0", "nvcc_version": "13.0"},
+        check=lambda d, p: (d.steps[-1].cxx_std == "c++20", "with nvcc 13.0 and -std=c++20" in d.reason,
+                            "-std=c++20 handed last to the host compiler and nvcc" in d.steps[-1].note)),
+    Row("causal.block.numeric: its numbers were measured wrong on this GPU under this torch", "causal-conv1d", BLOCK,
+        "causal.block.numeric", env={**NO_RELEASE, "numeric_failures": (NUMERIC_FAILURE("causal-conv1d", "1.6.2.post1"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90, causal_conv1d_fn forward differs from torch by 0.43"),
+                            "/c/numeric/causal-conv1d.json" in d.fix, not d.steps, d.on_failure == "block")),
     Row("causal.build.no-pip: a source build needs pip (a `uv venv` has none)", "causal-conv1d", SKIP,
         "causal.build.no-pip", env={**NO_RELEASE, "pip": False}, check=lambda d, p: "ensurepip" in d.fix),
     Row("causal.ok: a build of ours for sm_80 runs on sm_86", "causal-conv1d", OK, "causal.ok", env={"gpus": ("sm_86",)},
@@ -603,6 +645,11 @@ ROWS = [
     Row("mamba.block.arch: a build of ours for sm_90 only, on an sm_80 GPU", "mamba-ssm", BLOCK, "mamba.block.arch",
         env={"gpus": ("sm_80",)}, dists={"mamba-ssm": "2.3.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
         check=lambda d, p: "sm_80" in d.reason and "build mamba-ssm --arch sm_80,sm_90" in d.fix),
+    Row("mamba.block.numeric: installed, and its numbers were measured wrong here", "mamba-ssm", BLOCK,
+        "mamba.block.numeric", dists={"mamba-ssm": "2.3.2.post1"},
+        env={"numeric_failures": (NUMERIC_FAILURE("mamba-ssm", "2.3.2.post1", torch="2.10.0", cuda="12.8"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90,"), d.installed == {"mamba-ssm": "2.3.2.post1"},
+                            d.on_failure == "block")),
     Row("mamba.build.no-pip: a source build needs pip", "mamba-ssm", SKIP, "mamba.build.no-pip",
         env={**MAMBA_NO_RELEASE, "pip": False}, dists=CONV, check=lambda d, p: "ensurepip" in d.fix),
     Row("mamba.repair.half-installed", "mamba-ssm", REPAIR, "mamba.repair.half-installed",

@@ -32,10 +32,10 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     (what a new machine of this kind needs - used by `download`)."""
     ctx = _Context(env, settings, pins, fresh)
     tilelang = _decide_tilelang(ctx)
-    fla = _decide_fla(ctx, tilelang)
+    fla = _numeric_block(ctx, "fla", _decide_fla(ctx, tilelang))
     decisions = {"fla": fla, "tilelang": tilelang}
-    decisions["causal-conv1d"] = _decide_compiled(ctx, "causal-conv1d", decisions)
-    decisions["mamba-ssm"] = _decide_compiled(ctx, "mamba-ssm", decisions)
+    decisions["causal-conv1d"] = _numeric_block(ctx, "causal-conv1d", _decide_compiled(ctx, "causal-conv1d", decisions))
+    decisions["mamba-ssm"] = _numeric_block(ctx, "mamba-ssm", _decide_compiled(ctx, "mamba-ssm", decisions))
     notes = []
     if ctx.env.accelerator is None:
         notes.append(_no_accelerator_reason(ctx.env))
@@ -166,6 +166,36 @@ def _parse(version) -> Version | None:
 def _mm(version) -> str | None:
     v = _parse(version)
     return None if v is None else f"{v.major}.{v.minor}"
+
+
+NUMERIC_FIX = "pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cache>/numeric/<kernel>.json to check again"
+
+
+def _numeric_block(ctx: _Context, kernel: str, decision: Decision) -> Decision:
+    """A kernel release whose numbers were measured wrong on a visible GPU under this torch build
+    (act/numeric.py remembered it; the probe reads it) is blocked there, whatever else was decided:
+    installed or about to be, transformers keeps its torch path."""
+    from ..facts.numeric_records import torch_build
+
+    if decision.action not in (OK, INSTALL, REPAIR) or not ctx.env.numeric_failures:
+        return decision
+    dist = ctx.pins.kernel(kernel).distributions[0]
+    version = decision.target.get(dist) or decision.installed.get(dist)
+    build = torch_build(ctx.env)
+    for k, measured, arch, torch_key, detail, path in ctx.env.numeric_failures:
+        if k != kernel or arch not in ctx.env.gpus or torch_key != build or not _same_public(measured, version):
+            continue
+        p = RULE_PREFIX.get(kernel, kernel)
+        return Decision(kernel=kernel, action=BLOCK, rule=f"{p}.block.numeric", on_failure=OnFailure.BLOCK,
+                        reason=detail,   # the measured error, as the check said it (for `measured` under `build`)
+                        fix=NUMERIC_FIX.replace("<cache>/numeric/<kernel>.json", path), installed=decision.installed,
+                        transformers_uses=decision.transformers_uses)
+    return decision
+
+
+def _same_public(a, b) -> bool:
+    va, vb = _parse(a), _parse(b)
+    return va is not None and vb is not None and va.public == vb.public
 
 
 def _no_accelerator_reason(env) -> str:
@@ -573,7 +603,7 @@ def _fla_steps(ctx, version: str, *, replace: bool) -> tuple:
 # a source build for the visible GPUs (FASTPATH_HOOKS_ALLOW_BUILD); ROCm only by a build; an
 # installed build of ours without code for a visible GPU is blocked. Rule ids carry the prefix.
 
-RULE_PREFIX = {"causal-conv1d": "causal", "mamba-ssm": "mamba"}
+RULE_PREFIX = {"causal-conv1d": "causal", "mamba-ssm": "mamba"}   # (fla's rules carry its own name)
 
 
 def cxx11_abi_flag(env) -> str:
@@ -601,6 +631,12 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
     abi = cxx11_abi_flag(env)
+    bad = next(((g, r) for r in pins.arch_rules.get(kernel, ()) if r.wheels == "avoid"
+                for g in env.gpus if r.applies(g, f"{cuda_major}.0")), None)
+    if bad is not None:  # the release wheels of this CUDA major were built by such an nvcc (pins: arch_rules)
+        gpu, rule = bad
+        return None, (f"{kernel}'s cu{cuda_major} release wheels carry {gpu} code from nvcc {cuda_major}, which "
+                      f"{rule.effect}, {rule.id}")
     for build in rel.builds:
         if (build["cuda_major"] == cuda_major and torch_mm in build["torch_mm"] and py_dotted in build["python"]
                 and env.arch in build["arch"] and abi in build["abi"]):
@@ -624,6 +660,14 @@ def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
     half = installed_v is not None and dist in ctx.env.half_installed
     if installed_v and not half:
         missing = _arch_gaps(installed_v, ctx.env.gpus)
+        bad = _bad_code(ctx, kernel, installed_v)
+        if bad and not missing:
+            gpu, rule = bad
+            return Decision(kernel=kernel, action=BLOCK, rule=f"{p}.block.arch", on_failure=OnFailure.BLOCK,
+                            reason=f"{dist} {installed_v} runs {gpu} code from nvcc {ctx.env.torch_cuda}, which "
+                                   f"{rule.effect} ({rule.id})",
+                            fix=f"`pip uninstall {dist}`, then `fastpath-hooks install {kernel}` (it builds "
+                                f"{rule.build_as} code for {gpu})", **kw)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = _built_archs(installed_v)
@@ -771,6 +815,23 @@ def _built_archs(installed: str) -> tuple:
     return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
 
 
+def _bad_code(ctx: _Context, kernel: str, installed: str):
+    """(gpu, rule) when the installed build runs code on a visible GPU that an arch rule says is wrong:
+    a build of ours with that GPU's own code, or a release wheel (cuXY label) of such a CUDA major; else None."""
+    local = installed.split("+", 1)[1] if "+" in installed else ""
+    ours = _built_archs(installed)
+    release = local.startswith("cu") and "torch" in local
+    if not (ours or release) or not ctx.env.torch_cuda:
+        return None
+    for rule in ctx.pins.arch_rules.get(kernel, ()):
+        for gpu in ctx.env.gpus:
+            if ours and rule.applies(gpu, ctx.env.torch_cuda) and cached_wheels.pair_for(gpu, set(ours)) == gpu:
+                return gpu, rule
+            if release and rule.wheels == "avoid" and rule.applies(gpu, local[2:local.index("torch")] + ".0"):
+                return gpu, rule
+    return None
+
+
 def _arch_gaps(installed: str, gpus) -> tuple:
     """The visible GPUs an installed build of ours has no code for (a release wheel holds every arch)."""
     codes = set(_built_archs(installed))
@@ -860,9 +921,12 @@ def _built_fits(ctx: _Context, name: str, build) -> bool:
     env = ctx.env
     if not env.torch or build.version is None:
         return False
+    # a cached build was compiled by an nvcc of torch's CUDA major (cuXY in its label): its code for a GPU an
+    # arch rule names is wrong, whichever wheel holds it
+    bad = {g: g for g in env.gpus if env.torch_cuda and any(r.applies(g, env.torch_cuda) for r in build.arch_rules)}
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
                               cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
-                              arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda))
+                              arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda), bad=bad)
 
 
 def _cuda_codes(build, nvcc_version: str | None) -> tuple:
@@ -880,9 +944,32 @@ def build_archs(env, build, archs=None) -> tuple:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
     codes = _cuda_codes(build, env.nvcc_version)
-    chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
+    chosen = {g: cached_wheels.pair_for(_build_as(g, build, env.nvcc_version), codes) for g in gpus}
     return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
+
+
+def _build_as(gpu: str, build, nvcc_version) -> str:
+    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule that says this
+    nvcc's code for it is wrong (pins: kernels.<name>.arch_rules; an unknown nvcc release fails closed)."""
+    rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
+    return rule.build_as if rule is not None else gpu
+
+
+def arch_rule_notes(env, build, archs=None) -> tuple:
+    """What the arch rules change for these GPUs: ((short, long), ...) - `sm_103 gets sm_100 code,
+    causal-conv1d#105` for the reason, the whole fact for the step's note and doctor."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        return ()
+    out = []
+    for g in gpus:
+        rule = next((r for r in build.arch_rules if r.applies(g, env.nvcc_version)), None)
+        if rule is not None:
+            out.append((f"{g} gets {rule.build_as} code: {rule.id}",
+                        f"{g} gets {rule.build_as} code, which runs on it: {g} code from nvcc "
+                        f"{env.nvcc_version or '(release unknown)'} {rule.effect} ({rule.id})"))
+    return tuple(out)
 
 
 def build_estimate(build, n_archs: int, cpus: int | None) -> tuple:
@@ -964,14 +1051,22 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
     seconds, how = build_estimate(build, n_archs, env.cpus)
     if rocm:
         how += " of a CUDA build"
+    std = ctx.pins.cxx_standard(env.torch_version)
+    notes = arch_rule_notes(env, build) if archs != ("all",) else ()
+    if std is not None:
+        compiler += f" and -std={std.std}"
     if seconds > settings.timeout:
         return _skip(kernel, f"{p}.build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{_minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
+                              cxx_std=std.std if std is not None else None,
                               note=f"source build against the installed torch with {compiler}, for "
-                                   f"{', '.join(archs)}; about {_minutes(seconds)}, {how}"),)
+                                   f"{', '.join(archs)}; about {_minutes(seconds)}, {how}" +
+                                   "".join(f"; {long}" for _, long in notes) +
+                                   (f"; -std={std.std} handed last to the host compiler and "
+                                    f"{'hipcc' if rocm else 'nvcc'}: torch {env.torch} needs it" if std else "")),)
     missing = ctx.missing_offline(steps)
     if missing:
         return _skip(kernel, f"{p}.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
@@ -981,7 +1076,8 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
                     # what happens and how long first: a line cut at 160 characters keeps it (the step's note
                     # says how the estimate was made)
                     reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
-                           f"{compiler}, about {_minutes(seconds)}, an estimate{allowed}; {why}",
+                           f"{compiler}, about {_minutes(seconds)}, an estimate{allowed}; "
+                           f"{''.join(f'{short}; ' for short, _ in notes)}{why}",
                     steps=steps, target={build.distribution: build.version}, expected_seconds=round(seconds), **kw)
 
 

@@ -256,10 +256,16 @@ def _verify(run: Run):
     from ..act.verify import verify
     from ..decide.plan import REPAIR
 
+    from .._environ import cache_root
+    from ..act.numeric import plan_for
+
     decision, settings, kernel = run.decision, run.settings, run.kernel
-    result = verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
+    result = verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
+                    numeric=plan_for(kernel, run.env, run.pins, cache_root(settings)))
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
+    if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
+        return State.RECORD, replace(run, decision=_numeric_block(decision), verdict=(False, result.detail))
     if decision.repair_steps and settings.mode == "install":
         events.warning(f"{kernel}: {result.detail}; repairing", kernel)
         repair = replace(decision, action=REPAIR, steps=decision.repair_steps,
@@ -270,7 +276,7 @@ def _verify(run: Run):
 
 
 def _install(run: Run):
-    from ..act.installer import InstallError, run_steps
+    from ..act.installer import InstallError, NumericMismatch, run_steps
     from ..act.state import environment_state_dir
     from ..decide.commands import installer_choice
     from ..decide.plan import REPAIR
@@ -287,9 +293,18 @@ def _install(run: Run):
         result = run_steps(current, settings=settings, env=run.env, pins=run.pins,
                            state_dir=environment_state_dir(settings), verify_specs=(run.pins.kernel(kernel),),
                            kernel_env=current.env)
+    except NumericMismatch as exc:   # rolled back; blocked on this GPU, the measured error in the message
+        return State.RECORD, replace(run, decision=_numeric_block(current), verdict=(False, str(exc)))
     except InstallError as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
+
+
+def _numeric_block(decision):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays)."""
+    from ..decide.policy import NUMERIC_FIX
+
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX)
 
 
 def _record(run: Run):

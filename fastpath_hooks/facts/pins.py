@@ -134,6 +134,7 @@ class SourceBuild:
     cores: int
     cuda_archs: dict
     source: str
+    arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -143,6 +144,61 @@ class SourceBuild:
     def version(self) -> str | None:
         spec = list(Requirement(self.requirement).specifier)
         return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
+
+
+@dataclass(frozen=True)
+class CxxStandard:
+    """The C++ standard a torch release's headers need: `std` is handed LAST to both compilers of
+    every compiled kernel's build (host and nvcc/hipcc), replacing whatever the sdist hard-codes."""
+    torch: SpecifierSet
+    std: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ArchRule:
+    """Code for `gpu` compiled by an nvcc in `nvcc` is known to be wrong: build `build_as` code instead
+    (it runs on `gpu`), and with `wheels` == "avoid" take no release wheel built by such an nvcc there."""
+    id: str
+    gpu: str
+    nvcc: SpecifierSet
+    build_as: str
+    wheels: str
+    effect: str
+    source: str
+
+    def applies(self, gpu: str, nvcc_version) -> bool:
+        """On `gpu`, with code from nvcc `nvcc_version` (None: unknown - the rule applies, failing closed)."""
+        if gpu != self.gpu:
+            return False
+        if nvcc_version is None:
+            return True
+        try:
+            return self.nvcc.contains(Version(str(nvcc_version)), prereleases=True)
+        except InvalidVersion:
+            return True
+
+
+@dataclass(frozen=True)
+class NumericCheck:
+    """One tiny run of a kernel function on the GPU against a torch reference (act/numeric_check.py
+    holds the references, by name). `gpus`: where it runs ("*": every GPU); `requires`: modules that
+    must import for it to apply (a build without the CUDA extension has no selective_scan_cuda)."""
+    name: str
+    function: str
+    reference: str
+    shapes: dict
+    dtype: str
+    tolerance: dict              # atol + rtol (elementwise, as torch.allclose) and/or ratio (rms error / rms of torch's)
+    backward: bool
+    gpus: tuple
+    requires: tuple
+    source: str
+    options: dict = field(default_factory=dict)         # the reference's switches (channel_last, ...)
+    backward_tolerance: dict | None = None              # for the gradients, when it differs
+
+    def runs_on(self, gpus) -> tuple:
+        return tuple(g for g in gpus if g.startswith(("sm_", "gfx")) and ("*" in self.gpus or g in self.gpus))
 
 
 @dataclass(frozen=True)
@@ -197,6 +253,20 @@ class Pins:
     release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels
     source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
     kernel_releases: dict = field(default_factory=dict)   # compiled kernel -> (KernelRelease, ...) when pinned per machine
+    cxx_standards: tuple = ()                             # CxxStandard, first match wins
+    arch_rules: dict = field(default_factory=dict)        # kernel -> (ArchRule, ...)
+    numeric_checks: dict = field(default_factory=dict)    # kernel -> (NumericCheck, ...)
+
+    def cxx_standard(self, torch_version) -> CxxStandard | None:
+        """The rule for this torch (a Version or text; pre-releases and local builds included), or None."""
+        if torch_version is None:
+            return None
+        try:
+            v = torch_version if isinstance(torch_version, Version) else Version(str(torch_version))
+        except InvalidVersion:
+            return None
+        v = Version(v.public)
+        return next((r for r in self.cxx_standards if r.torch.contains(v, prereleases=True)), None)
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
@@ -300,7 +370,7 @@ def _read(path: str):
 
 def _check_user_shape(user: dict, origin: str) -> None:
     allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked",
-               "packed_sequences"}
+               "packed_sequences", "cxx_standard"}
     for key in user:
         if key not in allowed:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
@@ -489,11 +559,16 @@ def _build(data, origins: tuple) -> Pins:
                     v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
                            f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
 
+    arch_rules = {name: _arch_rules(v, kernels_raw[name].get("arch_rules", []), f"kernels.{name}.arch_rules")
+                  for name in KERNELS}
+    numeric_checks = {name: _numeric_checks(v, kernels_raw[name].get("numeric_checks", []),
+                                            f"kernels.{name}.numeric_checks") for name in KERNELS}
     release_wheels, source_builds, kernel_releases = {}, {}, {}
     for name in COMPILED:
         raw = kernels_raw[name]
         release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
-        source_builds[name] = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
+        source_builds[name] = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build",
+                                            arch_rules[name])
         if "releases" in raw:
             kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
                                                      source_builds[name])
@@ -555,6 +630,7 @@ def _build(data, origins: tuple) -> Pins:
             v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
 
     packed = _packed_sequences(v, data.get("packed_sequences"))
+    cxx = _cxx_standards(v, data.get("cxx_standard"))
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     # frozen all the way down: `load()` is cached and shared by every caller in the process
     return freeze(Pins(
@@ -563,6 +639,8 @@ def _build(data, origins: tuple) -> Pins:
         hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
         release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
+        cxx_standards=cxx, arch_rules={k: r for k, r in arch_rules.items() if r},
+        numeric_checks={k: c for k, c in numeric_checks.items() if c},
     ))
 
 
@@ -642,7 +720,110 @@ def _release_wheels(v: _V, raw, e: str) -> ReleaseWheels:
     )
 
 
-def _source_build(v: _V, raw, e: str) -> SourceBuild:
+_STDS = ("c++17", "c++20", "c++23", "gnu++17", "gnu++20", "gnu++23")
+
+
+def _cxx_standards(v: _V, raw) -> tuple:
+    if raw is None:
+        return ()
+    e = "cxx_standard"
+    v.table(raw, e)
+    v.source(raw, e)
+    out = []
+    for i, r in enumerate(v.list(raw.get("rules"), f"{e}.rules")):
+        re_ = f"{e}.rules[{i}]"
+        v.table(r, re_)
+        std = v.string(r.get("std"), f"{re_}.std")
+        if std not in _STDS:
+            v.fail(f"{re_}.std", f"{std!r}: expected one of {', '.join(_STDS)}")
+        out.append(CxxStandard(torch=v.specifier(r.get("torch"), f"{re_}.torch"), std=std, source=v.source(r, re_)))
+    return tuple(out)
+
+
+def _sm(v: _V, value, entry) -> str:
+    v.string(value, entry)
+    if not (value.startswith("sm_") and value[3:].isdigit() and len(value) in (5, 6)):
+        v.fail(entry, f"{value!r}: expected sm_XY (a CUDA compute capability)")
+    return value
+
+
+def _arch_rules(v: _V, raw, e: str) -> tuple:
+    out = []
+    for i, r in enumerate(v.list(raw, e)):
+        re_ = f"{e}[{i}]"
+        v.table(r, re_)
+        gpu, build_as = _sm(v, r.get("gpu"), f"{re_}.gpu"), _sm(v, r.get("build_as"), f"{re_}.build_as")
+        if gpu[3:-1] != build_as[3:-1] or int(build_as[-1]) > int(gpu[-1]):
+            v.fail(f"{re_}.build_as", f"{build_as} code does not run on {gpu} (same major, a lower or equal minor)")
+        wheels = r.get("wheels", "")
+        if wheels not in ("", "avoid"):
+            v.fail(f"{re_}.wheels", f"{wheels!r}: expected \"avoid\" or nothing")
+        out.append(ArchRule(id=v.string(r.get("id"), f"{re_}.id"), gpu=gpu, nvcc=v.specifier(r.get("nvcc"), f"{re_}.nvcc"),
+                            build_as=build_as, wheels=wheels, effect=v.string(r.get("effect"), f"{re_}.effect"),
+                            source=v.source(r, re_)))
+    return tuple(out)
+
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _numeric_checks(v: _V, raw, e: str) -> tuple:
+    out, names = [], set()
+    for i, c in enumerate(v.list(raw, e)):
+        ce = f"{e}[{i}]"
+        v.table(c, ce)
+        name = v.string(c.get("name"), f"{ce}.name")
+        if name in names:
+            v.fail(f"{ce}.name", f"{name} is listed twice")
+        names.add(name)
+        function = v.string(c.get("function"), f"{ce}.function")
+        if ":" not in function:
+            v.fail(f"{ce}.function", "expected module:function")
+        shapes = v.table(c.get("shapes"), f"{ce}.shapes")
+        for key, value in shapes.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                v.fail(f"{ce}.shapes.{key}", "expected a positive whole number")
+        dtype = v.string(c.get("dtype"), f"{ce}.dtype")
+        if dtype not in _DTYPES:
+            v.fail(f"{ce}.dtype", f"{dtype!r}: expected one of {', '.join(_DTYPES)}")
+        options = v.table(c.get("options", {}), f"{ce}.options")
+        for key, value in options.items():
+            if not isinstance(value, (bool, int, float, str)):
+                v.fail(f"{ce}.options.{key}", "expected a plain value")
+        reference = v.string(c.get("reference"), f"{ce}.reference")
+        if reference not in NUMERIC_REFERENCES:
+            v.fail(f"{ce}.reference", f"{reference!r}: expected one of {', '.join(NUMERIC_REFERENCES)} (act/numeric_check.py)")
+        gpus = v.strings(c.get("gpus", ["*"]), f"{ce}.gpus")
+        backward_tol = c.get("backward_tolerance")
+        out.append(NumericCheck(
+            name=name, function=function, reference=reference,
+            shapes=dict(shapes), dtype=dtype, tolerance=_tolerance(v, c.get("tolerance"), f"{ce}.tolerance"),
+            backward=v.boolean(c.get("backward", False), f"{ce}.backward"), gpus=gpus,
+            requires=v.strings(c.get("requires", []), f"{ce}.requires"), source=v.source(c, ce), options=dict(options),
+            backward_tolerance=_tolerance(v, backward_tol, f"{ce}.backward_tolerance") if backward_tol else None))
+    return tuple(out)
+
+
+# the references act/numeric_check.py holds (it imports nothing of the package, so the names live here too)
+NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
+                      "gated_delta_rule")
+
+
+def _tolerance(v: _V, raw, e: str) -> dict:
+    tol = v.table(raw, e)
+    out = {}
+    for key, value in tol.items():
+        if key not in ("atol", "rtol", "ratio"):
+            v.fail(f"{e}.{key}", "expected atol, rtol or ratio")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            v.fail(f"{e}.{key}", "expected a number >= 0")
+        out[key] = float(value)
+    if ("atol" in out) != ("rtol" in out) or not out:
+        v.fail(e, "expected atol with rtol (elementwise), ratio (rms error over rms of torch's result), or both")
+    return out
+
+
+def _source_build(v: _V, raw, e: str, arch_rules=()) -> SourceBuild:
     sb = v.table(raw, e)
     measured = v.table(sb.get("measured"), f"{e}.measured")
     v.source(measured, f"{e}.measured")
@@ -669,6 +850,7 @@ def _source_build(v: _V, raw, e: str) -> SourceBuild:
         seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
         cuda_archs=gencode,
         source=v.source(sb, e),
+        arch_rules=tuple(arch_rules),
     )
 
 

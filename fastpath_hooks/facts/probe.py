@@ -60,6 +60,8 @@ class Environment:
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
+    numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
+    numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
 
     _freezes_itself = True
 
@@ -163,7 +165,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         pins = load(None)
     triton_names = pins.triton_distributions
 
-    from . import cached_wheels
+    from . import cached_wheels, numeric_records
     from .._environ import cache_root
 
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
@@ -198,8 +200,17 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         if key in posed:
             facts[key] = posed[key]
     if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
-        facts["nvcc_version"] = None if posed["nvcc"] in (None, "posed") else posed["nvcc"]
-        facts["nvcc"] = None if posed["nvcc"] is None else "posed"
+        real_file = real["nvcc"] if real["nvcc"] and os.path.isfile(real["nvcc"]) else None
+        if posed["nvcc"] is None:
+            facts["nvcc"], facts["nvcc_version"] = None, None
+        elif real_file:
+            # a real toolkit stays the compiler that runs (and gets the arch restriction): a posed release only
+            # says which release it is (an image builder's `--target ...,nvcc=13.0` with CUDA_HOME set)
+            facts["nvcc"] = real_file
+            facts["nvcc_version"] = real["nvcc_version"] if posed["nvcc"] == "posed" else posed["nvcc"]
+        else:
+            facts["nvcc"] = "posed"
+            facts["nvcc_version"] = None if posed["nvcc"] == "posed" else posed["nvcc"]
     if isinstance(facts["hipcc"], bool):
         facts["hipcc"] = "posed" if facts["hipcc"] else None
     if "cuda" in posed and posed["cuda"] and "hip" not in posed:
@@ -263,6 +274,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         wheel_cache=cached_wheels.directory(cache) if cache else None,
         cached_wheels=cached_wheels.listing(cache),
         pip="pip" in dists,
+        numeric_device=posed.get("numeric"),
+        numeric_failures=numeric_records.failures(cache, pins.numeric_checks),
     )
     return env
 

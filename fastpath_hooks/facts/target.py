@@ -17,7 +17,7 @@ DISTRIBUTION_KEYS = (
     "nvidia-cuda-nvcc", "mamba-ssm",
 )
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -66,6 +66,11 @@ def parse_target(spec: str) -> dict:
                 facts["nvcc"] = "posed"
             else:
                 facts["nvcc"] = _version(entry, value)
+        elif key == "numeric":   # where the numeric checks of a posed GPU run: cpu (CPU stand-ins), none: skipped
+            if value.lower() not in ("cpu", "none", "no"):
+                raise ValueError(f"{entry!r}: numeric=cpu runs the numeric checks on CPU tensors (a posed GPU has none "
+                                 "here); numeric=none skips them")
+            facts["numeric"] = "cpu" if value.lower() == "cpu" else None
         elif key == "os":
             if value.lower() not in _OS:
                 raise ValueError(f"{entry!r}: os must be one of {', '.join(_OS)}")
