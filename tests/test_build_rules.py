@@ -225,3 +225,104 @@ def test_a_failed_build_names_the_first_compiler_error_not_pips(tmp_path):
     assert first_compiler_error(str(log)) == "nvcc fatal   : Unsupported gpu architecture 'compute_103'"
     log.write_text("error: subprocess-exited-with-error\nERROR: Failed building wheel\n")
     assert first_compiler_error(str(log)) is None
+
+
+# -- the next mamba-ssm: its CUDA extension is opt-in (MAMBA_KEEP_CUDA_BUILD=TRUE, state-spaces/mamba #977) ------
+
+NEXT = {"kernels": {"mamba-ssm": {"releases": [
+    {"version": "2.4.0", "torch": ">=2.6", "triton": ">=3.5.0", "source": "upstream: the stand-in of the next release"}]}}}
+H100_213 = "gpu=sm_90,cuda=13.0,torch=2.13.0,triton=3.7.1,cpus=16"
+
+
+def _import_modeling(venv, model_type, env):
+    code = ("import fastpath_hooks; fastpath_hooks.install()\n"
+            f"import transformers.models.{model_type}.modeling_{model_type}\n"
+            "import importlib.metadata as m, importlib.util as u\n"
+            "print(m.version('mamba-ssm'), u.find_spec('selective_scan_cuda') is not None)\n")
+    proc = venv.run(code, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.slow
+def test_only_mamba2_in_use_builds_the_next_mamba_ssm_without_compiling_and_a_mamba1_model_rebuilds_it(
+        make_venv, toolkit, tmp_path, build_dep_wheels, test_pins):
+    """The rule: no CUDA compile when the modeling modules imported when the kernel is decided are of families
+    that use only its Triton ops (mamba2 here) and none calls its extension; the wheel is labelled `py`; a
+    later process importing a Mamba-1 family (mamba) rebuilds it with MAMBA_KEEP_CUDA_BUILD=TRUE."""
+    house = str(tmp_path / "house")
+    os.makedirs(house)
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
+    sdists.causal_conv1d_sdist(house)
+    sdists.mamba_ssm_sdist(house, "2.4.0", opt_in_cuda=True)
+    venv = make_venv()
+    env = offline_env(house, H100_213, cache_dir=str(tmp_path / "cache"), pins=test_pins(extra=NEXT),
+                      CUDA_HOME=toolkit.home)
+    proc = _import_modeling(venv, "mamba2", env)
+    assert re.search(r"mamba-ssm: installing mamba-ssm 2\.4\.0 \(building from source without its CUDA extension, "
+                     r"nothing to compile: only mamba2 in use", proc.stderr), proc.stderr
+    assert proc.stdout.split() == ["2.4.0+fph.torch2.13.0.cu130.abi1.py", "False"], proc.stdout + proc.stderr
+    mamba_calls = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
+    assert mamba_calls == [] and len(toolkit.calls()) == 3, "causal-conv1d compiled, mamba-ssm nothing"
+
+    proc = _import_modeling(venv, "mamba", env)
+    assert re.search(r"mamba-ssm: repairing mamba-ssm 2\.4\.0 \(installed without its CUDA extension, and mamba calls "
+                     r"its CUDA extension: rebuilding;", proc.stderr), proc.stderr
+    assert re.search(r"building mamba-ssm==2\.4\.0 for sm_90 from source", proc.stderr)
+    assert proc.stdout.split() == ["2.4.0+fph.torch2.13.0.cu130.abi1.sm90", "True"], proc.stdout + proc.stderr
+    mamba_calls = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
+    assert len(mamba_calls) == 9 and all(sdists.gencode_codes(a) == ["sm_90"] for a in mamba_calls)
+
+
+# -- torch 2.14 for real: its own headers need C++20, the rule gives it ------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_torch_214_headers_fail_with_cxx17_and_pass_through_the_rules_wrapper(tmp_path):
+    """torch 2.14.1's ATen/ATen.h, from its PyPI wheel (three range requests, ~11 MB, cached once): the sdists'
+    -std=c++17 fails on its #error; the same argv through the host-compiler wrapper a build writes for the pins'
+    rule compiles. torch 2.13.0's headers (this venv's) accept c++17, and the rule leaves 2.13 alone."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    import torch.utils.cpp_extension  # noqa: F401 - only to find the installed torch's include directory
+
+    from fastpath_hooks.act.build import first_compiler_error, write_wrapper
+    from fastpath_hooks.facts.pins import load
+    from support import torch_headers
+
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++ on this machine: the C++ rule's proof needs a real host compiler")
+    try:
+        include = torch_headers.torch_include("2.14.1")
+    except torch_headers.Unreachable as exc:
+        pytest.skip(f"torch 2.14.1's headers cannot be fetched (network unreachable): {exc}")
+    pins = load()
+    rule = pins.cxx_standard("2.14.1")
+    assert rule is not None and rule.std == "c++20" and pins.cxx_standard("2.13.0") is None
+    src = tmp_path / "aten.cpp"
+    src.write_text("#include <ATen/ATen.h>\nint main() { return at::zeros({1}).dim() == 1 ? 0 : 1; }\n")
+
+    def compile_(compiler, headers, *mode):
+        argv = [compiler, "-O0", "-std=c++17", *mode, f"-I{headers}", f"-I{headers}/torch/csrc/api/include",
+                f"-I{sysconfig.get_paths()['include']}", str(src), "-o", os.devnull]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=900)
+
+    failed = compile_(gxx, include, "-E")           # the #error is the preprocessor's: seconds, not minutes
+    log = tmp_path / "build.log"
+    log.write_text(failed.stdout + failed.stderr)
+    assert failed.returncode != 0
+    assert "error: #error C++20 or later compatible compiler is required to use ATen" in first_compiler_error(str(log))
+
+    wrapper = write_wrapper(str(tmp_path), "cxx-std", real=[gxx], kind="cxx", std=rule.std)
+    passed = compile_(wrapper, include, "-fsyntax-only")   # a whole front-end pass over ATen, as a build's compile
+    assert passed.returncode == 0, passed.stderr[-2000:]
+    assert "fastpath-hooks compiler wrapper: cxx gets -std=c++20 last (dropped -std=c++17)" in passed.stderr
+
+    import torch
+
+    own = os.path.join(os.path.dirname(torch.__file__), "include")
+    assert compile_(gxx, own, "-E").returncode == 0, "torch 2.13.0's headers take C++17: the rule need not apply"

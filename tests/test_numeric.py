@@ -90,7 +90,7 @@ def test_a_remembered_mismatch_blocks_that_release_on_that_arch_under_that_torch
     release, arch and torch build measured."""
     from test_policy import make_env, plan_for
 
-    failure = ("causal-conv1d", "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm100", "sm_103", "torch 2.13.0 CUDA 13.0",
+    failure = ("causal-conv1d", "1.7.0+fph.torch2.13.0.cu130.abi1.sm100", "sm_103", "torch 2.13.0 CUDA 13.0",
                "on sm_103, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)",
                "/cache/numeric/causal-conv1d.json")
     env = make_env(torch="2.13.0", torch_cuda="13.0", nvcc_version="13.0", gpus=("sm_103",), numeric_failures=(failure,))

@@ -135,7 +135,7 @@ def build_environ(step, *, env, work: str, jobs: int) -> dict:
     if "MAX_JOBS" not in os.environ:
         extra["MAX_JOBS"] = str(jobs)
     std = getattr(step, "cxx_std", None)
-    restricted = bool(step.archs) and step.archs != ("all",)
+    restricted = bool(step.archs) and step.archs not in (("all",), ("py",))
     if env.torch_cuda:
         nvcc = real_nvcc(env)
         if nvcc is not None:
@@ -227,7 +227,7 @@ def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: boo
     what was built, not what was asked): a CUDA build restricted by the wrapper holds the codes it kept;
     one that never ran it holds every arch its setup.py names (`all`) - refused where an arch rule
     says that nvcc's code for a visible GPU is wrong."""
-    if not env.torch_cuda or archs == ("all",):
+    if not env.torch_cuda or archs in (("all",), ("py",)):
         return archs
     kept = wrapper_codes(log) if wrapped else None
     if kept:

@@ -545,6 +545,14 @@ def _decide_fla(ctx: _Context, tilelang: Decision) -> Decision:
     reason = f"fla {chosen.version} fits triton {env.triton}" + (f" and transformers {transformers}" if transformers else "")
     if hz is not None:
         reason += f"; with tilelang because of {hz.id}"
+    for gpus, issue, effect in chosen.issues:   # e.g. 0.5.2 on Hopper where 0.6.0's transformers>=5.6.2 does not fit
+        hit = [g for g in env.gpus if g in gpus]
+        if hit:
+            newer = next((r for r in pins.fla_releases if r is not chosen and not any(i[1] == issue for i in r.issues)
+                          and Version(r.version) > Version(chosen.version)), None)
+            reason += (f"; on {'+'.join(hit)} it {effect}, {issue}" +
+                       (f", fixed in {newer.version}, which needs transformers {newer.transformers}" if newer else "") +
+                       ": its numbers are checked on this GPU first and it is blocked if they differ")
     return Decision(kernel="fla", action=INSTALL, rule="fla.install", reason=reason, steps=steps,
                     target={"fla-core": chosen.version, "flash-linear-attention": chosen.version}, needs=needs, **kw)
 
@@ -618,9 +626,9 @@ def cxx11_abi_flag(env) -> str:
 
 def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[str | None, str]:
     """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
-    rel = pins.release(kernel)
-    if version is not None and not same_version(version, rel.version):
-        return None, f"no release wheels are pinned for {kernel} {version}, only for {rel.version}"
+    rel = pins.release(kernel, version)
+    if rel is None:
+        return None, f"no release wheels are pinned for {kernel} {version}"
     if env.os != "linux":
         return None, f"release wheels are Linux-only (this is {env.os})"
     if not env.torch_cuda:
@@ -659,6 +667,28 @@ def _decide_compiled(ctx: _Context, kernel: str, decided: dict) -> Decision:
     kw = {"installed": installed, "transformers_uses": _transformers_uses(ctx, kernel)}
     half = installed_v is not None and dist in ctx.env.half_installed
     if installed_v and not half:
+        if _built_archs(installed_v) == ("py",):   # our build without the (opt-in) CUDA extension
+            build = ctx.pins.build(kernel, _public(installed_v))
+            needs, why = needs_cuda_build(ctx.env, build)
+            if needs:
+                decision = _compiled_choice(ctx, kernel, decided, kw)
+                if decision.action == INSTALL:
+                    steps = tuple(_replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s
+                                  for s in decision.steps)
+                    return _replace(decision, action=REPAIR, rule=f"{p}.repair.cuda", steps=steps,
+                                    on_failure=OnFailure.BLOCK, reason=f"installed without its CUDA extension, and "
+                                    f"{why}: rebuilding; {decision.reason}")
+                block_rule = f"{p}.block.no-cuda"
+                if decision.rule.endswith(".nvcc-unknown"):
+                    block_rule = decision.rule   # engine.context.complete asks nvcc's release, then decides again
+                return Decision(kernel=kernel, action=BLOCK, rule=block_rule, on_failure=OnFailure.BLOCK,
+                                reason=f"{dist} {installed_v} was built without its CUDA extension and {why}: its "
+                                       f"Mamba-1 calls would raise; it cannot be rebuilt here: {decision.reason}",
+                                fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built", **kw)
+            return Decision(kernel=kernel, action=OK, rule=f"{p}.ok.triton-only", verify=True,
+                            on_failure=OnFailure.BLOCK, needs=_optional_needs(ctx, kernel, decided),
+                            reason=f"{dist} {installed_v} installed, without its CUDA extension: {why}; decided again "
+                                   "at every start, as a model that calls the extension needs a rebuild", **kw)
         missing = _arch_gaps(installed_v, ctx.env.gpus)
         bad = _bad_code(ctx, kernel, installed_v)
         if bad and not missing:
@@ -764,9 +794,15 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
                      **kw)
     options = [(version, _compiled_install(ctx, kernel, version, kw)) for version in versions]
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
-    if not acting:
-        return options[0][1]
-    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps), o[1] in clashes, o[0]))
+    if not acting:   # the first release whose own files are there says what else is missing, else the first
+        dist = ctx.pins.kernel(kernel).distributions[0]
+        return next((d for v, d in options if f"{dist}=={v}" not in d.reason), options[0][1])
+    # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
+    # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps),
+                                                      any(s.kind == StepKind.WHEEL and s.url and not s.sha256
+                                                          and not s.url.startswith("file:") for s in o[2].steps),
+                                                      o[1] in clashes, o[0]))
     if version in clashes:
         decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
                                              "install leaves it unmet, a later resolver run could change it")
@@ -815,6 +851,10 @@ def _built_archs(installed: str) -> tuple:
     return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
 
 
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
 def _bad_code(ctx: _Context, kernel: str, installed: str):
     """(gpu, rule) when the installed build runs code on a visible GPU that an arch rule says is wrong:
     a build of ours with that GPU's own code, or a release wheel (cuXY label) of such a CUDA major; else None."""
@@ -846,7 +886,7 @@ def _compiled_install(ctx: _Context, kernel: str, version: str, kw) -> Decision:
 
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
     p, dist = RULE_PREFIX[kernel], pins.kernel(kernel).distributions[0]
-    rel, build = pins.release(kernel), pins.build(kernel, version)
+    rel, build = pins.release(kernel, version) or pins.release(kernel), pins.build(kernel, version)
     deps = _deps_step(ctx, pins.kernel(kernel))
     dep_steps = (deps,) if deps is not None else ()
     filename, why = release_wheel(env, pins, kernel, version)
@@ -926,7 +966,8 @@ def _built_fits(ctx: _Context, name: str, build) -> bool:
     bad = {g: g for g in env.gpus if env.torch_cuda and any(r.applies(g, env.torch_cuda) for r in build.arch_rules)}
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
                               cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
-                              arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda), bad=bad)
+                              arch=env.arch, gpus=env.gpus, all_codes=_cuda_codes(build, env.torch_cuda), bad=bad,
+                              python_only=not needs_cuda_build(env, build)[0])
 
 
 def _cuda_codes(build, nvcc_version: str | None) -> tuple:
@@ -954,6 +995,23 @@ def _build_as(gpu: str, build, nvcc_version) -> str:
     nvcc's code for it is wrong (pins: kernels.<name>.arch_rules; an unknown nvcc release fails closed)."""
     rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
     return rule.build_as if rule is not None else gpu
+
+
+def needs_cuda_build(env, build) -> tuple:
+    """(whether the build compiles the CUDA extension, why - one clause). Always, unless this release's
+    extension is opt-in (pins: source_build.cuda_switch) and the model families known to be in use -
+    the modeling modules this process imported - include one that uses the package without it and none
+    that calls it. Not known (a CLI run, an import outside a model) counts as needing it."""
+    switch = build.cuda_switch
+    if switch is None or build.version is None or not switch.applies(build.version):
+        return True, ""
+    calls = [t for t in env.model_types if t in switch.needed_by]
+    if calls:
+        return True, f"{', '.join(calls)} calls its CUDA extension"
+    users = [t for t in env.model_types if t in switch.triton_only]
+    if not users:
+        return True, "the model families in use are not known here"
+    return False, f"only {', '.join(users)} in use, {'which uses' if len(users) == 1 else 'which use'} its Triton ops"
 
 
 def arch_rule_notes(env, build, archs=None) -> tuple:
@@ -1006,6 +1064,22 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
         return _skip(kernel, f"{p}.build.no-pip", f"{why}, and a source build runs pip, which this "
                      "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    needs_cuda, families = needs_cuda_build(env, build)
+    switch = build.cuda_switch if build.cuda_switch is not None and build.version is not None \
+        and build.cuda_switch.applies(build.version) else None
+    switch_env = dict(switch.env) if switch is not None and needs_cuda else {}
+    if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in, and nothing in use calls it
+        steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True,
+                                  binary_only=False, build_isolation=False, env=tuple(sorted(build.env.items())),
+                                  archs=("py",), note=f"source build without the CUDA extension ({families}): "
+                                                      "Python and Triton only, no compiler"),)
+        missing = ctx.missing_offline(steps)
+        if missing:
+            return _skip(kernel, f"{p}.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+                         "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+        return Decision(kernel=kernel, action=INSTALL, rule=f"{p}.build.triton-only",
+                        reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
+                        steps=steps, target={build.distribution: build.version}, **kw)
     if rocm:
         why = "no prebuilt ROCm wheels"
         if not env.hipcc:
@@ -1033,6 +1107,7 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
         return _skip(kernel, f"{p}.build.no-arch", f"{why}, and {build.requirement} compiles no code that "
                      f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
+    env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
@@ -1066,7 +1141,9 @@ def _compiled_source_build(ctx: _Context, kernel: str, build, why: str, kw, *, a
                                    f"{', '.join(archs)}; about {_minutes(seconds)}, {how}" +
                                    "".join(f"; {long}" for _, long in notes) +
                                    (f"; -std={std.std} handed last to the host compiler and "
-                                    f"{'hipcc' if rocm else 'nvcc'}: torch {env.torch} needs it" if std else "")),)
+                                    f"{'hipcc' if rocm else 'nvcc'}: torch {env.torch} needs it" if std else "") +
+                                   (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}"
+                                    if switch_env else "")),)
     missing = ctx.missing_offline(steps)
     if missing:
         return _skip(kernel, f"{p}.offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "

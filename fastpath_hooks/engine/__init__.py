@@ -231,6 +231,8 @@ def _remember_warm(run, signature_env) -> None:
     (a bad variable must be reported at every start, not skipped by a cache hit)."""
     if run.outcome.state not in GOOD or run.invalid is not None:
         return
+    if run.decision is not None and run.decision.rule.endswith((".ok.triton-only", ".build.triton-only")):
+        return   # good for the model families in use now; another process may import one that needs a rebuild
     from ..act import state
 
     try:

@@ -34,6 +34,7 @@ COMPILED = ("causal-conv1d", "mamba-ssm")
 _RECORD_KEYS = {
     ("kernels", "fla", "releases"): ("version",),
     ("kernels", "mamba-ssm", "releases"): ("version",),
+    ("kernels", "causal-conv1d", "releases"): ("version",),
     ("kernels", "tilelang", "pairs"): ("tilelang",),
     ("kernels", "tilelang", "broken"): ("tilelang", "arch", "effect"),
     ("hazards",): ("id",),
@@ -55,6 +56,7 @@ class FlaRelease:
     transformers: SpecifierSet
     tilelang_backend: bool
     source: str
+    issues: tuple = ()      # ((gpus, id, effect), ...): known wrong results on those GPUs, fixed in a later release
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ class KernelRelease:
     declares: tuple
     cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
     source: str
+    release: "ReleaseWheels | None" = None   # its GitHub release wheels, when other than kernels.<name>.release's
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class SourceBuild:
     cuda_archs: dict
     source: str
     arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
+    cuda_switch: "CudaSwitch | None" = None   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -199,6 +203,25 @@ class NumericCheck:
 
     def runs_on(self, gpus) -> tuple:
         return tuple(g for g in gpus if g.startswith(("sm_", "gfx")) and ("*" in self.gpus or g in self.gpus))
+
+
+@dataclass(frozen=True)
+class CudaSwitch:
+    """A release whose compiled CUDA extension is built only when `env` is set (mamba-ssm main, #977:
+    MAMBA_KEEP_CUDA_BUILD=TRUE). `releases`: the versions that have the switch; `needed_by`: the model
+    types whose modeling code calls that extension (transformers' Mamba-1 families); the others use
+    only its Triton ops, so where only they are in use the build compiles nothing."""
+    env: dict
+    releases: SpecifierSet
+    needed_by: tuple
+    triton_only: tuple   # the model types that use the package without the extension (its Triton ops)
+    source: str
+
+    def applies(self, version) -> bool:
+        try:
+            return self.releases.contains(Version(str(version)), prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 @dataclass(frozen=True)
@@ -271,8 +294,16 @@ class Pins:
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
 
-    def release(self, kernel: str) -> ReleaseWheels:
-        return self.release_wheels[kernel]
+    def release(self, kernel: str, version: str | None = None) -> ReleaseWheels | None:
+        """The kernel's release wheels (of `version` when given: a pinned release's own, else the kernel's
+        `release` when it is of that version, else None)."""
+        base = self.release_wheels[kernel]
+        if version is None:
+            return base
+        rel = next((r for r in self.kernel_releases.get(kernel, ()) if same_version(r.version, version)), None)
+        if rel is not None and rel.release is not None:
+            return rel.release
+        return base if same_version(base.version, version) else None
 
     def build(self, kernel: str, version: str | None = None) -> SourceBuild:
         """The kernel's source build, of `version` when given (a pinned release: its own -gencode
@@ -530,7 +561,11 @@ def _build(data, origins: tuple) -> Pins:
 
     fla = kernels_raw["fla"]
     releases = _releases(v, fla.get("releases"), "kernels.fla.releases", lambda r, e, **common: FlaRelease(
-        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"), **common))
+        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"),
+        issues=tuple((v.strings(x.get("gpu"), f"{e}.issues[{j}].gpu"), v.string(x.get("id"), f"{e}.issues[{j}].id"),
+                      v.string(x.get("effect"), f"{e}.issues[{j}].effect"))
+                     for j, x in enumerate(v.list(r.get("issues", []), f"{e}.issues"))
+                     if v.table(x, f"{e}.issues[{j}]") is not None and v.source(x, f"{e}.issues[{j}]")), **common))
 
     tl = kernels_raw["tilelang"]
     pairs = []
@@ -842,6 +877,16 @@ def _source_build(v: _V, raw, e: str, arch_rules=()) -> SourceBuild:
     spec = list(Requirement(requirement).specifier)
     if len(spec) != 1 or spec[0].operator != "==":
         v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
+    switch = None
+    if "cuda_switch" in sb:
+        sw = v.table(sb["cuda_switch"], f"{e}.cuda_switch")
+        switch = CudaSwitch(env={str(k): str(x) for k, x in v.table(sw.get("env"), f"{e}.cuda_switch.env").items()},
+                            releases=v.specifier(sw.get("releases"), f"{e}.cuda_switch.releases"),
+                            needed_by=v.strings(sw.get("needed_by"), f"{e}.cuda_switch.needed_by"),
+                            triton_only=v.strings(sw.get("triton_only", []), f"{e}.cuda_switch.triton_only"),
+                            source=v.source(sw, f"{e}.cuda_switch"))
+        if not switch.env:
+            v.fail(f"{e}.cuda_switch.env", "expected the variable that turns the CUDA build on")
     return SourceBuild(
         requirement=requirement,
         env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
@@ -851,6 +896,7 @@ def _source_build(v: _V, raw, e: str, arch_rules=()) -> SourceBuild:
         cuda_archs=gencode,
         source=v.source(sb, e),
         arch_rules=tuple(arch_rules),
+        cuda_switch=switch,
     )
 
 
@@ -880,7 +926,11 @@ def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
         declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
                        for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
         cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        release=_release_wheels(v, r["release"], f"{re_}.release") if "release" in r else None,
         **common))
+    for i, r in enumerate(out):
+        if r.release is not None and not same_version(r.release.version, r.version):
+            v.fail(f"{e}[{i}].release.version", f"{r.release.version} is not the release's version {r.version}")
     if build.version is not None and not any(same_version(r.version, build.version) for r in out):
         v.fail(e, f"the source build's {build.requirement} is not one of the releases")
     return tuple(out)

@@ -62,6 +62,7 @@ class Environment:
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
+    model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
 
     _freezes_itself = True
 
@@ -276,8 +277,21 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         pip="pip" in dists,
         numeric_device=posed.get("numeric"),
         numeric_failures=numeric_records.failures(cache, pins.numeric_checks),
+        model_types=imported_model_types(),
     )
     return env
+
+
+def imported_model_types() -> tuple:
+    """The model types whose transformers modeling module this process has imported (or is importing: a
+    kernel's decision runs inside that import), e.g. ("mamba2",): which families are in use, when known."""
+    out = set()
+    for name in list(sys.modules):
+        if name.startswith("transformers.models."):
+            parts = name.split(".")
+            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
+                out.add(parts[2])
+    return tuple(sorted(out))
 
 
 def with_nvcc_version(env: Environment) -> Environment:
