@@ -326,3 +326,27 @@ def test_torch_214_headers_fail_with_cxx17_and_pass_through_the_rules_wrapper(tm
 
     own = os.path.join(os.path.dirname(torch.__file__), "include")
     assert compile_(gxx, own, "-E").returncode == 0, "torch 2.13.0's headers take C++17: the rule need not apply"
+
+
+@pytest.mark.slow   # two CLI processes (the policy row `causal.build: torch 2.13 ...` is the fast twin)
+def test_plan_picks_causal_conv1d_170_for_torch_213_on_sm_90(tmp_path):
+    """`fastpath-hooks plan` (this venv, a posed H100 with torch 2.13, which no release wheel serves): a build
+    of causal-conv1d 1.7.0, the preferred release, for sm_90; torch 2.10 keeps 1.6.2.post1's pinned-digest wheel."""
+    import subprocess
+    import sys
+
+    from support.venvs import clean_env
+
+    def plan(target):
+        proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "plan", "causal-conv1d", "--json"], text=True,
+                              capture_output=True, timeout=300,
+                              env=clean_env(FASTPATH_HOOKS_TARGET=target, FASTPATH_HOOKS_CACHE_DIR=str(tmp_path)))
+        (conv,) = [d for d in json.loads(proc.stdout)["decisions"] if d["kernel"] == "causal-conv1d"]
+        return conv
+
+    conv = plan("gpu=sm_90,cuda=13.0,torch=2.13.0,nvcc=13.0,cpus=16")
+    assert (conv["action"], conv["rule"], conv["target"]) == ("install", "causal.build", {"causal-conv1d": "1.7.0"})
+    assert conv["steps"][-1]["requirements"] == ["causal-conv1d==1.7.0"] and conv["steps"][-1]["archs"] == ["sm_90"]
+    old = plan("gpu=sm_90,cuda=12.8,torch=2.10.0,nvcc=12.8,python=3.12")
+    assert old["rule"] == "causal.wheel" and old["steps"][-1]["sha256"]
+    assert old["steps"][-1]["requirements"][0].startswith("causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312")
