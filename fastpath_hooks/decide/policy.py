@@ -800,8 +800,8 @@ def _compiled_choice(ctx: _Context, kernel: str, decided: dict, kw) -> Decision:
     # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
     # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
     _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps),
-                                                      any(s.kind == StepKind.WHEEL and s.url and not s.sha256
-                                                          and not s.url.startswith("file:") for s in o[2].steps),
+                                                      o[2].rule.endswith(".wheel") and any(
+                                                          s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
                                                       o[1] in clashes, o[0]))
     if version in clashes:
         decision = _replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
@@ -937,9 +937,12 @@ def decide_build(env, settings, pins, kernel: str) -> Decision:
     if versions is None:
         return _skip(kernel, f"{RULE_PREFIX[kernel]}.no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
                      **kw)
-    version = next((v for v in versions if v not in clashes), versions[0])
-    return _compiled_source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`",
-                                  kw, asked=True)
+    # the pins' order, a release without a declared clash first; the first one that can be built here (offline:
+    # whose sdist the wheelhouse has), else the first one's reason
+    order = sorted(versions, key=lambda v: v in clashes)
+    options = [_compiled_source_build(ctx, kernel, pins.build(kernel, v), "asked for by `fastpath-hooks build`", kw,
+                                      asked=True) for v in order]
+    return next((d for d in options if d.action != SKIP), options[0])
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
