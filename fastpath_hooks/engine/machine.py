@@ -35,7 +35,7 @@ from .. import events
 from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
-from .world import InstallFailed, Reading
+from .world import InstallFailed, NumericFailed, Reading
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
@@ -272,9 +272,12 @@ def _check(run: Run):
 
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
-    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
+    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
+                              numeric=_numeric_plan(run))
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
+    if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
+        return State.RECORD, replace(run, decision=_numeric_block(decision), verdict=(False, result.detail))
     if decision.repair is not None and settings.mode == "install":
         events.warning(f"{kernel}: {result.detail}; repairing", kernel)
         run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
@@ -293,9 +296,27 @@ def _install(run: Run):
     events.status(f"{kernel}: {verb} {_describe(current)} ({run.check_failed or current.reason})", kernel)
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
+    except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
+        return State.RECORD, replace(run, decision=_numeric_block(current), verdict=(False, str(exc)))
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
+
+
+def _numeric_plan(run: Run):
+    """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
+    for these GPUs) - once per installed files, GPU arch and torch build."""
+    from .._environ import cache_root
+    from ..act.numeric import plan_for
+
+    return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
+
+
+def _numeric_block(decision):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays)."""
+    from ..decide.common import NUMERIC_FIX
+
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX)
 
 
 def _record(run: Run):
@@ -311,13 +332,22 @@ def _record(run: Run):
     if run.verdict is not None:
         verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None:
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and _warm_rule(run):
         # a bad variable must be reported at every start, not skipped by a warm hit: no warm verdict then
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in run.env_pairs]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)
+
+
+def _warm_rule(run: Run) -> bool:
+    """The decision's rule lets a good outcome be remembered for the next start (decide/rule_ids.py: a
+    build without mamba-ssm's CUDA extension is good only for the families in use now)."""
+    from ..decide.rule_ids import lookup
+
+    rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
+    return rule is None or rule.warm
 
 
 def _outcome(run: Run) -> Outcome:

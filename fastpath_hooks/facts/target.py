@@ -11,7 +11,7 @@ from __future__ import annotations
 from .distributions import canonical_name
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -70,6 +70,11 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
                 facts["nvcc"] = "posed"
             else:
                 facts["nvcc"] = _version(entry, value)
+        elif key == "numeric":   # where the numeric checks of a posed GPU run: cpu (CPU stand-ins), none: skipped
+            if value.lower() not in ("cpu", "none", "no"):
+                raise ValueError(f"{entry!r}: numeric=cpu runs the numeric checks on CPU tensors (a posed GPU has none "
+                                 "here); numeric=none skips them")
+            facts["numeric"] = "cpu" if value.lower() == "cpu" else None
         elif key == "os":
             if value.lower() not in _OS:
                 raise ValueError(f"{entry!r}: os must be one of {', '.join(_OS)}")
