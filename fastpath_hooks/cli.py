@@ -400,9 +400,12 @@ def _enable(args) -> int:
 
 
 def _disable(args) -> int:
-    from .hooks.activation import disable
+    from .hooks.activation import ActivationError, disable
 
-    done = disable()
+    try:
+        done = disable()
+    except ActivationError as exc:   # e.g. the user's lines would not compile without the block: nothing changed
+        raise _UsageError(str(exc)) from None
     for line in done:
         print(line)
     if not done:
