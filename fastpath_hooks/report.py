@@ -123,6 +123,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         row("start-up", "enabled: " + ", ".join(where))
     else:
         row("start-up", "not enabled (`fastpath-hooks enable`, or call fastpath_hooks.install() in your script)")
+    if settings.cache_dir_unusable:
+        row("cache", settings.cache_dir_unusable)
     if settings.mode == "report":
         row("mode", "report: decide and report, never install")
     if env.posed:

@@ -26,8 +26,8 @@ import threading  # loaded with logging (events) anyway
 from .. import events
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
-_CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions", "snapshot",
-            "complete")
+_CONTEXT = ("load_context", "bad_settings", "unusable_cache_dir", "value_once", "fingerprint", "verdict_distributions",
+            "snapshot", "complete")
 
 __all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT
 

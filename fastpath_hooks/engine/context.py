@@ -30,6 +30,7 @@ def load(target: str | None = None, *, strict: bool = False):
         settings = Settings.from_env()
         if target is not None:
             settings = settings.with_target(target)
+        unusable_cache_dir(settings)
     except SettingsError as exc:
         if strict:
             raise
@@ -46,6 +47,12 @@ def load(target: str | None = None, *, strict: bool = False):
         settings = replace(settings, mode="report", pins_file=None)
         invalid = "the pins file is invalid (see above)"
     return settings, pins, invalid
+
+
+def unusable_cache_dir(settings) -> None:
+    """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
+    if settings.cache_dir_unusable:
+        events.warning(settings.cache_dir_unusable, once="cache-dir", persist=f"cache-dir:{settings.cache_dir_unusable}")
 
 
 def bad_settings(exc) -> None:

@@ -140,12 +140,16 @@ def _check_settings() -> None:
         from ..facts.settings import Settings, SettingsError
 
         try:
-            Settings.from_env()
+            settings = Settings.from_env()
         except SettingsError as exc:
             from ..engine import bad_settings
 
             bad_settings(exc)
             return
+        if settings.cache_dir_unusable:
+            from ..engine import unusable_cache_dir
+
+            unusable_cache_dir(settings)
         try:
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             open(marker, "a").close()
