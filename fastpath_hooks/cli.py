@@ -67,7 +67,9 @@ def _parser():
     pl.set_defaults(func=_plan)
 
     i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
-    i.add_argument("kernels", nargs="*", metavar="KERNEL", help="fla, causal-conv1d, mamba-ssm, tilelang (default: all)")
+    i.add_argument("kernels", nargs="*", metavar="KERNEL",
+                   help="fla, causal-conv1d, mamba-ssm, tilelang (default: all). Exit 1 when a named kernel ends "
+                        "skipped, blocked or failed; with none named, when a kernel this machine needs does")
     i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
     i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
     i.set_defaults(func=_install)
@@ -211,25 +213,40 @@ def _with_needs(plan, kernels) -> set:
 
 
 def _install(args) -> int:
+    """Exit 1 when a kernel that should be had here is not: every kernel named on the command line
+    must end installed, repaired or already good (a skipped or blocked one fails the step, whatever
+    the kernel and whatever the cause); with none named, only the kernels this machine needs count -
+    those the plan installs, repairs or keeps (a kernel the plan leaves alone, e.g. on a machine
+    without a GPU, or one not needed here, does not) - plus a block, which is always a failure."""
     from . import report
     from . import engine
-    from .engine.outcome import BAD
+    from .decide.plan import BLOCK, SKIP
+    from .engine.outcome import GOOD, OutcomeState
 
     settings, pins = _context(args)
-    wanted = _kernels(args.kernels) or ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
+    named = _kernels(args.kernels)
+    wanted = named or ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
     if args.dry_run:
         env, plan, real = _snapshot(settings, pins)
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
         return 0
     if args.target:
         os.environ["FASTPATH_HOOKS_TARGET"] = args.target
-    bad = 0
+    needed = set(wanted)
+    if not named:
+        _, plan, _ = _snapshot(settings, pins)
+        needed = {k for k in wanted if k in plan.decisions and plan.decisions[k].action not in (SKIP, BLOCK)}
+    missing = []
     for kernel in wanted:
         outcome = engine.ensure(kernel)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
-        if outcome.state in BAD:
-            bad += 1
-    return 1 if bad else 0
+        if outcome.state == OutcomeState.BLOCKED or (kernel in needed and outcome.state not in GOOD):
+            missing.append(f"{kernel} ({outcome.state})")
+    if missing:
+        what = "named" if named else "needed here"
+        _error(f"not installed: {', '.join(missing)} - {what} but not usable (the reasons are above); exit 1")
+        return 1
+    return 0
 
 
 def _download(args) -> int:
