@@ -1012,8 +1012,8 @@ def _transformers_uses(ctx: _Context, kernel: str) -> str:
         return "not directly: fla uses it for its Hopper backward"
     module = ctx.pins.kernel(kernel).module
     if era == "C":
-        return (f"transformers {version} (era C) uses it whenever `import {module}` succeeds when a modeling module is "
-                "imported (no device check)")
+        return (f"transformers {version} (era C) imports {module} with a modeling module and uses it whenever "
+                "that import succeeds, GPU or not")
     yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
     if kernel == "mamba-ssm":
         return (f"transformers {version} (era {era}) asks is_mamba_ssm_available() / is_mamba_2_ssm_available(), which "

@@ -35,7 +35,7 @@ def load(target: str | None = None, *, strict: bool = False):
         if strict:
             raise
         bad_settings(exc)
-        settings = _valid_part(os.environ)
+        settings = _valid_part(os.environ, exc.problems)
         invalid = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
         pins = load_pins(settings.pins_file)
@@ -70,24 +70,30 @@ def value_once(value, why: str) -> str:
     return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
 
 
-def _valid_part(environ):
-    """Settings from the variables that are valid on their own, in report mode."""
+def _valid_part(environ, problems=()):
+    """Settings from every variable but the bad ones (`problems`), in report mode: what it decides - and
+    says at debug - respects the other settings (a skip list, a target, offline with a bad wheelhouse)."""
     from dataclasses import replace
 
-    from ..facts.settings import VARIABLES, Settings, SettingsError
+    from .._names import PREFIX
+    from ..facts.settings import Settings, SettingsError, parse_bool
 
-    valid = {}
-    for name in VARIABLES:
-        if name in environ:
-            try:
-                Settings.from_env({name: environ[name]})
-                valid[name] = environ[name]
-            except SettingsError:
-                pass
-    try:
-        return replace(Settings.from_env(valid), mode="report")
-    except SettingsError:  # valid alone, invalid together (OFFLINE without FIND_LINKS is caught alone)
-        return Settings(mode="report")
+    bad = {var for var, _, _ in problems}
+    valid = {name: value for name, value in environ.items() if name.startswith(PREFIX) and name not in bad}
+    settings = Settings()
+    for _ in range(len(valid) + 1):   # a variable valid alone may be invalid without a dropped one
+        try:
+            settings = Settings.from_env(valid)
+            break
+        except SettingsError as exc:
+            for var, _, _ in exc.problems:
+                valid.pop(var, None)
+    try:   # FASTPATH_HOOKS_OFFLINE=1 without a (valid) wheelhouse still means: never reach an index
+        offline = parse_bool(environ.get("FASTPATH_HOOKS_OFFLINE") or "0")
+    except ValueError:
+        offline = False
+    settings = replace(settings, offline=settings.offline or offline)
+    return replace(settings, mode="report")
 
 
 def fingerprint(env, settings, pins, kernel: str) -> str:

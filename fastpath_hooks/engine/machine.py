@@ -156,7 +156,7 @@ def _plan(run: Run):
     run = replace(run, env=env, plan=plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, plan))
+        return run.done(_skipped(decision, plan, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -166,11 +166,14 @@ def _needs(run: Run):
     decision = run.decision
     for dep in decision.needs:
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.REPORTED:
+            continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
-            events.warning(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+            say = events.debug if run.invalid is not None else events.warning
+            say(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -199,8 +202,11 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
-                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
+    message = f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}"
+    if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
+        events.debug(message, kernel)
+    else:
+        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
         return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
@@ -245,7 +251,7 @@ def _replan(run: Run):
                               kernel, once=f"done-{kernel}")
             return run.done(known)
         if current.action == SKIP:
-            return run.done(_skipped(current, plan))
+            return run.done(_skipped(current, plan, quiet=run.invalid is not None))
         if current.action == BLOCK:
             return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
@@ -364,7 +370,11 @@ def _remembered_failure(run: Run) -> Outcome | None:
     return None
 
 
-def _skipped(decision, plan) -> Outcome:
+def _skipped(decision, plan, quiet: bool = False) -> Outcome:
+    """quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+    if quiet:
+        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
+        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
     if decision.rule in GLOBAL_SKIPS:
         kernels = ", ".join(plan.decisions)
         why = plan.notes[0] if plan.notes else decision.reason

@@ -65,7 +65,11 @@ def install(*, kernels=None, on_event=None):
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
     already chose their kernels: hooks/late.py decides those kernels and rebinds their choice.
+    A non-callable on_event is a TypeError here, at the call (not a silence at the first event).
     """
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"install(on_event=...) takes a callable that receives each event's dict (e.g. queue.put), "
+                        f"not {type(on_event).__name__} {on_event!r:.40}")
     if disabled():
         import logging
 
