@@ -156,6 +156,7 @@ def _doctor(args) -> int:
     env, plan, real = _snapshot(settings, pins)
     act = activation.status()
     verdicts = cache.entries()
+    interrupted = _interrupted(settings)
     smoke = None
     if args.smoke:
         from .act.smoke import run_smoke
@@ -163,12 +164,13 @@ def _doctor(args) -> int:
         smoke = run_smoke(settings, env)
     if args.json:
         data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
+        data["interrupted_install"] = interrupted
         data["wheel_cache"] = report.wheel_cache_json(cache_root(settings))
         if smoke is not None:
             data["smoke"] = smoke
         print(json.dumps(data, indent=2))
     else:
-        print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts))
+        print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts, interrupted=interrupted))
         print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
         if smoke is not None:
             from .act.smoke import smoke_text
@@ -177,6 +179,18 @@ def _doctor(args) -> int:
     if smoke is not None and smoke.get("status") == "fail":
         return 1
     return 0
+
+
+def _interrupted(settings) -> dict | None:
+    """The install a journal says is running now or was killed half-way (doctor shows it, touches nothing)."""
+    from .act.state import environment_state_dir
+    from .act.transaction import Transaction
+
+    state_dir = environment_state_dir(settings)
+    tx = Transaction.pending(state_dir)
+    if tx is None:
+        return None
+    return {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
 
 
 def _plan(args) -> int:

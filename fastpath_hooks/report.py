@@ -99,7 +99,7 @@ def _installs_at_start(settings, plan, activation: dict) -> bool:
     return _enabled(activation) and installer_choice(settings, plan.environment)[0] is not None
 
 
-def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
+def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, interrupted: dict | None = None) -> str:
     from ._names import VERSION as __version__
 
     env = plan.environment
@@ -129,6 +129,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         row("mode", "report: decide and report, never install")
     if env.posed:
         row("posed", f"{', '.join(env.posed)} (from FASTPATH_HOOKS_TARGET / --target)")
+    if interrupted:
+        row("interrupted", interrupted_text(interrupted))
     if env.half_installed:
         row("half-installed", ", ".join(env.half_installed) + " (two dist-info in one directory)")
     if len(pins.origins) > 1:
@@ -163,8 +165,20 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
             lines.append(f"    to change it   {fix}")
     lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
                          said=machine_fix)
-    lines += ["", "Summary: " + summary(plan, settings) + (f" To change it: {machine_fix}." if machine_fix else "")]
+    lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])
     return "\n".join(lines)
+
+
+def interrupted_text(interrupted: dict) -> str:
+    """doctor's line for a pending install journal: what, and what happens to it."""
+    import time
+
+    when = interrupted.get("started")
+    since = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" if isinstance(when, (int, float)) else ""
+    pid = interrupted.get("pid")
+    return (f"{interrupted.get('description') or 'an install'} (pid {pid if pid is not None else '?'}{since}): "
+            "killed half-way, or running now - the next start, install() or `fastpath-hooks install` rolls back "
+            f"what it left (journal {interrupted['journal']})")
 
 
 def _machine_fix(plan) -> str | None:

@@ -96,7 +96,9 @@ def test_doctor_on_a_cpu_machine_says_nothing_will_be_installed_and_why(runs):
     assert re.search(r"^  accelerator +none - ", out, re.M)
     for kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang"):
         assert re.search(rf"^  {kernel}\n    installed .*\n    transformers .*\n    install\(\) +leave it alone - ", out, re.M)
-    assert "to change it   run on a machine with a CUDA (or XPU) GPU" in out
+    # the fix is one for every kernel here: said once, after the summary
+    assert out.count("run on a machine with a CUDA (or XPU) GPU") == 1
+    assert "\nTo change it: run on a machine with a CUDA (or XPU) GPU" in out
 
 
 # -- the documented JSON schemas -----------------------------------------------------------------

@@ -163,7 +163,7 @@ def test_doctor_without_a_gpu_says_the_fix_once_in_plain_words(tmp_path):
     out = proc.stdout
     fix = "run on a machine with a CUDA (or XPU) GPU and a matching torch build"
     assert out.count(fix) == 1, out
-    assert f"To change it: {fix}." in out.split("Summary: ", 1)[1]
+    assert f"\nTo change it: {fix}." in out.split("Summary: ", 1)[1]
     assert "no device check" not in out
     if "(era C)" in out:
         assert "GPU or not" in out

@@ -26,7 +26,7 @@ import threading  # loaded with logging (events) anyway
 from .. import events
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
-_CONTEXT = ("load_context", "bad_settings", "unusable_cache_dir", "value_once", "fingerprint", "verdict_distributions",
+_CONTEXT = ("load_context", "bad_settings", "check_settings", "unusable_cache_dir", "value_once", "fingerprint", "verdict_distributions",
             "snapshot", "complete")
 
 __all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT

@@ -49,6 +49,20 @@ def load(target: str | None = None, *, strict: bool = False):
     return settings, pins, invalid
 
 
+def check_settings() -> bool:
+    """install()'s check of the FASTPATH_HOOKS_* variables: a bad one said now, once (the engine stays
+    quiet about it later), and an unusable cache directory too; True when they are valid."""
+    from ..facts.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        bad_settings(exc)
+        return False
+    unusable_cache_dir(settings)
+    return True
+
+
 def unusable_cache_dir(settings) -> None:
     """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
     if settings.cache_dir_unusable:

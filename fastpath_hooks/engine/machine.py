@@ -4,8 +4,9 @@ over small transition functions until DONE, carrying an immutable `Run` (each st
     CONTEXT -> RECOVER -> PROBE -> PLAN -> NEEDS -> CACHED -> LOCK -> REPLAN -> VERIFY / INSTALL -> RECORD -> DONE
                                                \\-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here.
-- RECOVER: an install killed half-way left a journal: rolled back under the lock before anything is trusted.
+- CONTEXT: settings and pins (bad ones: report mode, said once).
+- RECOVER: an install killed half-way left a journal: rolled back under the lock before anything is trusted
+  (recovery.py); then a kernel in FASTPATH_HOOKS_SKIP ends here.
 - PROBE, PLAN: the environment, then the pure policy's decision (variables it asks for are set here).
 - NEEDS: the kernels this one needs first (fla on Hopper: tilelang), each through `ensure()`, while this
   thread holds no lock: a dependency is decided once, by whoever asks first.
@@ -108,36 +109,21 @@ def run(kernel: str, needs) -> Run:
 
 def _context(run: Run):
     settings, pins, invalid = load()
-    run = replace(run, settings=settings, pins=pins, invalid=invalid)
-    if run.kernel in settings.skip:
-        events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
-        return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
-    return State.RECOVER, run
+    return State.RECOVER, replace(run, settings=settings, pins=pins, invalid=invalid)
 
 
 def _recover(run: Run):
-    """The journal exists while an install runs too; taking the lock waits for that install, after
-    which the journal is gone (committed) or its writer is dead."""
-    import os
+    """An install killed half-way is rolled back first (recovery.py) - for a kernel in FASTPATH_HOOKS_SKIP
+    too, whose import would otherwise run on the half-written tree."""
+    from .recovery import recover_interrupted
 
-    from ..act.state import JOURNAL, environment_state_dir
-
-    settings = run.settings
-    state_dir = environment_state_dir(settings)
-    if not os.path.exists(os.path.join(state_dir, JOURNAL)):
-        return State.PROBE, run
-    if settings.mode == "report":
-        events.warning(f"an install into this environment was interrupted ({state_dir}); it is not rolled back "
-                       f"because {run.invalid or 'FASTPATH_HOOKS_MODE=report'}", run.kernel, once="interrupted-report")
-        return State.PROBE, run
-    from ..act.installer import recover
-
-    try:
-        with EnvironmentLock(settings, run.kernel):
-            recover(state_dir)
-    except LockUnavailable as exc:
-        events.error(f"{run.kernel}: {exc}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-        return run.done(Outcome(run.kernel, OutcomeState.FAILED, str(exc)))
+    failed = recover_interrupted(run.settings, invalid=run.invalid, kernel=run.kernel)
+    if failed is not None:
+        events.error(f"{run.kernel}: {failed}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
+        return run.done(Outcome(run.kernel, OutcomeState.FAILED, failed))
+    if run.kernel in run.settings.skip:
+        events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
+        return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
     return State.PROBE, run
 
 

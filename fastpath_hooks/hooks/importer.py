@@ -75,7 +75,14 @@ internal_error = hooks.internal_error  # one guarded reporter for the whole impo
 
 def _before_kernel_import(fullname):
     kernel = KERNEL_MODULES[fullname]
-    if not hooks.selected(kernel):
+    if not hooks.selected(kernel):   # not ours to decide - but never imported from a half-written install
+        from ..engine.recovery import pending_journal, recover_now
+
+        if pending_journal():
+            try:
+                recover_now()
+            except Exception as exc:
+                internal_error(exc)
         return None
     served = SERVES.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
