@@ -31,9 +31,12 @@ def pending_journal() -> str | None:
     return None   # who waits, in the lock's "waiting for another process" line
 
 
-def recover_interrupted(settings, *, invalid: str | None = None, kernel: str | None = None) -> str | None:
+def recover_interrupted(settings, *, invalid: str | None = None, kernel: str | None = None,
+                        wait: bool = True) -> str | None:
     """Roll back this environment's interrupted install, if any. None when there was none, it is rolled
-    back, or report mode keeps it (said once); else why it could not be (the lock)."""
+    back, or report mode keeps it (said once); else why it could not be (the lock). wait=False: only if
+    the lock is free now - an install that holds it is running, not interrupted, and whoever imports its
+    kernel waits for it there."""
     from ..act.state import JOURNAL, environment_state_dir
 
     state_dir = environment_state_dir(settings)
@@ -45,6 +48,17 @@ def recover_interrupted(settings, *, invalid: str | None = None, kernel: str | N
         return None
     from ..act.installer import recover
 
+    if not wait:
+        lock = EnvironmentLock(settings, kernel or LABEL).try_acquire()
+        if lock is None:
+            events.debug(f"an install into this environment is running ({state_dir}); the imports of its kernel "
+                         "wait for it", kernel)
+            return None
+        try:
+            recover(state_dir)
+        finally:
+            lock.release()
+        return None
     try:
         with EnvironmentLock(settings, kernel or LABEL):
             recover(state_dir)
@@ -53,13 +67,14 @@ def recover_interrupted(settings, *, invalid: str | None = None, kernel: str | N
     return None
 
 
-def recover_now() -> None:
-    """install()'s, when its one stat found a journal: the settings as a decision reads them, then the
-    rollback - before install() returns, so before the script imports any kernel."""
+def recover_now(wait: bool = True) -> None:
+    """When the one stat found a journal: the settings as a decision reads them, then the rollback.
+    install() (wait=False) rolls back a dead install's leftovers before it returns, so before the script
+    imports any kernel; an install running now (in another thread or process) is not waited for there."""
     from .context import load
 
     settings, _, invalid = load()
-    why = recover_interrupted(settings, invalid=invalid)
+    why = recover_interrupted(settings, invalid=invalid, wait=wait)
     if why:
         events.error(f"{LABEL} in this environment could not be rolled back yet: {why}; the next kernel import "
                      "tries again", once="recover-now")

@@ -114,7 +114,7 @@ def install(*, kernels=None, on_event=None):
             try:
                 from ..engine.recovery import recover_now
 
-                recover_now()
+                recover_now(wait=False)
             except Exception as exc:
                 internal_error(exc)
             break
