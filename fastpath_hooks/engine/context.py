@@ -81,6 +81,8 @@ def bad_settings(exc) -> None:
 def value_once(value, why: str) -> str:
     """A reason that starts by quoting the value again ("'/x' is not a directory") says "it" instead."""
     quoted = repr(value)
+    if why.startswith(quoted + ": "):    # a target's "'gpu=sm_999': sm_999 is not ...": the value was just said
+        return why[len(quoted) + 2:]
     return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
 
 

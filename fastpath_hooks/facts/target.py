@@ -152,8 +152,8 @@ def _cuda_arch(entry: str, part: str) -> str:
     if arch not in CUDA_ARCHS:
         known = known_cuda_archs()
         if arch not in known:
-            raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_"
-                             + " ".join(a[3:] for a in known) + " (an a or f suffix too, e.g. sm_90a)")
+            raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
+                             + " (each also with an a or f suffix, e.g. sm_90a)")
     return arch
 
 
