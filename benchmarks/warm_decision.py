@@ -84,15 +84,15 @@ print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "answer": answer
 # fill the file up to its bound (this node's entries are kept: at most KEEP - 1 others).
 FILL = r'''
 import json, os, sys
-from fastpath_hooks.act.state import KEEP, WARM_KEEP, VerdictCache
+from fastpath_hooks.act.verdicts import KEEP, WARM_KEEP, VerdictCache
 cache = VerdictCache(root=os.environ["FASTPATH_HOOKS_CACHE_DIR"], retry_after=0.0)
 n = int(sys.argv[1])
 for kernel in ("fla", "causal-conv1d", "tilelang"):
     for i in range(min(n, KEEP - 1)):
-        cache.put(kernel, f"fingerprint-of-node-{i}", "good", "verified on another node")
+        cache.record(kernel, verdict=(f"fingerprint-of-node-{i}", "good", "verified on another node"))
     for i in range(min(n, WARM_KEEP - 1)):
-        cache.put_warm(kernel, f"{i:032x}", {"reason": "ok on another node", "posed": None, "env": [],
-                                             "fingerprint": f"fingerprint-of-node-{i % KEEP}"})
+        cache.record(kernel, warm=(f"{i:032x}", {"reason": "ok on another node", "posed": None, "env": [],
+                                                "fingerprint": f"fingerprint-of-node-{i % KEEP}"}))
 size = os.path.getsize(cache.path) + sum(os.path.getsize(os.path.join(cache.warm_dir, f)) for f in os.listdir(cache.warm_dir))
 print(json.dumps({"others": min(n, WARM_KEEP - 1), "files": 1 + len(os.listdir(cache.warm_dir)), "bytes": size}))
 '''

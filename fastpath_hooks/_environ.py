@@ -8,6 +8,10 @@ so the two cannot disagree.
 
 from ._names import CACHE_DIR, DEFAULT_LOG, FIND_LINKS, LOG, LOG_LEVELS, environ_of
 
+STATE_DIR_NAME = ".fastpath-hooks"   # an environment's own state (lock, journal), beside site-packages
+JOURNAL = "journal.json"             # in it while an install runs (act/transaction.py)
+
+
 def log_level(environ=None) -> str | None:
     """FASTPATH_HOOKS_LOG as given (lower case), the default when unset, None when not a level
     (settings reports the bad value; events then uses the default)."""

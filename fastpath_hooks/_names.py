@@ -21,10 +21,10 @@ GATES_MODULE = "transformers.utils.import_utils"
 WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
-STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function; a class before v4)
-# The start-up stand-in's format (hooks/startup.py passes it to hooks.resume; v4 passed none).
+STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function)
+# The start-up stand-in's format (hooks/startup.py passes it to hooks.resume). Only this one is
+# known: no released fastpath-hooks wrote another (0.1.0 is the first release).
 STARTUP_FORMAT = 5
-STARTUP_FORMATS = (None, 4, 5)      # the formats this version hands over from
 
 # Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")

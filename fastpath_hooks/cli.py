@@ -144,7 +144,7 @@ def _doctor(args) -> int:
     from .hooks import activation
     from . import report
     from ._environ import cache_root
-    from .act.state import VerdictCache
+    from .act.verdicts import VerdictCache
 
     settings, pins = _context(args)
     cache = VerdictCache(settings)
@@ -231,7 +231,8 @@ def _install(args) -> int:
     must end installed, repaired or already good (a skipped or blocked one fails the step, whatever
     the kernel and whatever the cause); with none named, only the kernels this machine needs count -
     those the plan installs, repairs or keeps (a kernel the plan leaves alone, e.g. on a machine
-    without a GPU, or one not needed here, does not) - plus a block, which is always a failure."""
+    without a GPU, or one not needed here, does not) - plus a block, which is always a failure.
+    FASTPATH_HOOKS_MODE=report installs nothing on purpose: a kernel it would install is fine."""
     from . import report
     from . import engine
     from .decide.plan import BLOCK, SKIP
@@ -244,17 +245,16 @@ def _install(args) -> int:
         env, plan, real = _snapshot(settings, pins)
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
         return 0
-    if args.target:
-        os.environ["FASTPATH_HOOKS_TARGET"] = args.target
     needed = set(wanted)
-    if not named:
+    if not named:   # the kernels this machine needs: what the plan (for --target's machine) installs or keeps
         _, plan, _ = _snapshot(settings, pins)
         needed = {k for k in wanted if k in plan.decisions and plan.decisions[k].action not in (SKIP, BLOCK)}
     missing = []
     for kernel in wanted:
-        outcome = engine.ensure(kernel)
+        outcome = engine.ensure(kernel, target=args.target)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
-        if outcome.state == OutcomeState.BLOCKED or (kernel in needed and outcome.state not in GOOD):
+        fine = outcome.state in GOOD or outcome.state == OutcomeState.REPORTED   # MODE=report asked for no install
+        if outcome.state == OutcomeState.BLOCKED or (kernel in needed and not fine):
             missing.append(f"{kernel} ({outcome.state})")
     if missing:
         what = "named" if named else "needed here"
@@ -264,17 +264,26 @@ def _install(args) -> int:
 
 
 def _download(args) -> int:
-    from .act.download import DownloadError, download
+    from .engine import prepare
+    from .engine.world import InstallFailed
 
     settings, pins = _context(args)
     if settings.offline:
         raise _UsageError("download needs the network: unset FASTPATH_HOOKS_OFFLINE")
     _writable_dir(args.dest)
+    plan = prepare.plan_download(settings=settings, pins=pins, kernels=_kernels(args.kernels) or None)
+    if plan.nothing:
+        _error(f"nothing to download for this target ({plan.nothing})")
+        return 1
     try:
-        files = download(settings, pins, dest=args.dest, kernels=_kernels(args.kernels) or None)
-    except DownloadError as exc:
+        files = prepare.download(plan, args.dest)
+    except InstallFailed as exc:
         _error(str(exc))
         return 1
+    if plan.builds:
+        how = "; ".join(f"`fastpath-hooks build {k} --arch ARCH --dest {args.dest}`" for k in plan.build_kernels)
+        print(f"note: source builds are not downloaded ({', '.join(plan.builds)}); build the wheel for the target's "
+              f"GPUs into the wheelhouse on a machine with its torch and nvcc: {how}", file=sys.stderr)
     for f in files:
         print(f)
     print(f"wheelhouse {os.path.abspath(args.dest)}: {len(files)} files. Install from it with "
@@ -283,51 +292,21 @@ def _download(args) -> int:
 
 
 def _build(args) -> int:
-    from dataclasses import replace
-
-    from .act import wheelcache
-    from .act.installer import InstallError, build_to_cache
     from .decide.plan import SKIP
-    from .decide.policy import built_fits, decide_build
-    from .facts.probe import probe, with_nvcc_version
-    from .engine.lock import EnvironmentLock, LockUnavailable
-    from ._environ import cache_root
-    from .act.state import environment_state_dir
+    from .engine import prepare
+    from .engine.world import InstallFailed
 
     settings, pins = _context(args)
     kernel = _kernels([args.kernel])[0]
-    if kernel not in pins.source_builds:
-        raise _UsageError(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
-                          f"{', '.join(pins.source_builds)}")
-    env = with_nvcc_version(probe(settings, pins=pins))
-    if not (env.torch_cuda or env.torch_hip):
-        raise _UsageError(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
-                          "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
-    if args.arch:
-        from .facts.target import parse_target
-
-        wanted = [a.strip() for a in args.arch.split(",") if a.strip()]
-        if wanted == ["all"]:
-            archs, settings = (), replace(settings, allow_build="1")
-        else:
-            try:
-                archs = parse_target("gpu=" + "+".join(wanted))["gpus"]
-            except ValueError as exc:
-                raise _UsageError(f"--arch {args.arch}: {exc}") from None
-            settings = replace(settings, allow_build="auto")
-    elif env.gpus:
-        archs, settings = env.gpus, replace(settings, allow_build="auto")
-    else:
-        raise _UsageError(f"no GPU found here ({env.gpu_source}): name the archs to build for, e.g. --arch sm_90")
-    env = replace(env, gpus=tuple(archs))
-    root = cache_root(settings)
-    if archs and not args.rebuild:
-        have = [n for n in env.cached_wheels if built_fits(env, pins, n, kernel=kernel)]
-        if have:
-            path = os.path.join(wheelcache.directory(root), have[0])
-            print(f"{kernel}: {have[0]} is already in the wheel cache ({path}); --rebuild builds it again")
-            return _export(path, args.dest)
-    decision = decide_build(env, settings, pins, kernel)
+    try:
+        plan = prepare.plan_build(kernel, settings=settings, pins=pins, archs=args.arch, rebuild=args.rebuild)
+    except prepare.Refused as exc:
+        raise _UsageError(str(exc)) from None
+    if plan.cached:
+        print(f"{kernel}: {os.path.basename(plan.cached)} is already in the wheel cache ({plan.cached}); "
+              "--rebuild builds it again")
+        return _export(plan.cached, args.dest)
+    decision = plan.decision
     if decision.action == SKIP:
         print(f"fastpath-hooks: {kernel}: not built - {decision.reason}" + (f" ({decision.fix})" if decision.fix else ""),
               file=sys.stderr)
@@ -336,13 +315,8 @@ def _build(args) -> int:
     if args.dest:
         _writable_dir(args.dest)  # before minutes of building, not after
     try:
-        with EnvironmentLock(settings, kernel):
-            from .act.installer import recover
-
-            state_dir = environment_state_dir(settings)
-            recover(state_dir)  # an interrupted install's journal first: its backup must not be overwritten
-            paths = build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=state_dir)
-    except (InstallError, LockUnavailable) as exc:
+        paths = prepare.build(plan)
+    except InstallFailed as exc:
         print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
         return 1
     for path in paths:

@@ -16,6 +16,7 @@ import pytest
 from conftest import offline_env
 from support import sdists
 from support.venvs import clean_env
+from fastpath_hooks.act.files import sha256_of
 
 # torch 2.13 has no causal-conv1d release wheel: only a build can bring it
 HOPPER = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"
@@ -186,7 +187,7 @@ def test_cache_entries_are_complete_or_ignored(tmp_path):
     name = os.path.basename(wheel)
     path = wheelcache.store(root, wheel, meta={"origin": "built", "distribution": "causal-conv1d"})
     assert listing(root) == (name,)
-    assert wheelcache.recorded_sha256(path) == wheelcache.sha256_of(wheel)
+    assert wheelcache.recorded_sha256(path) == sha256_of(wheel)
     # an interrupted store leaves a temporary file (no sidecar): never listed
     with open(os.path.join(wheelcache.directory(root), ".tmp-abc.whl"), "wb") as fh:
         fh.write(b"partial")

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import A100, CAUSAL_WHEEL, offline_env
 from fastpath_hooks.facts.settings import Settings
-from fastpath_hooks.act.state import VerdictCache, environment_signature, signature_environ
+from fastpath_hooks.act.verdicts import VerdictCache
+from fastpath_hooks.act.warm import environment_signature, signature_environ
 from support import wheels
 from support.processes import AUDIT_PRELUDE, counting_uv, installer_calls, link_uv
 
@@ -32,18 +33,18 @@ def cache(tmp_path):
 
 def test_a_verdict_is_found_under_its_fingerprint_only(cache):
     assert cache.get("fla", "fp1") is None
-    assert cache.put("fla", "fp1", "good", "verified")
+    assert cache.record("fla", verdict=("fp1", "good", "verified"))
     assert cache.get("fla", "fp1")["reason"] == "verified"
     assert cache.get("fla", "fp2") is None            # a changed environment
     assert cache.get("tilelang", "fp1") is None       # per kernel
 
 
 def test_a_failure_is_remembered_for_retry_after_seconds(cache):
-    cache.put("fla", "fp", "failed", "index unreachable")
+    cache.record("fla", verdict=("fp", "failed", "index unreachable"))
     ts = cache.get("fla", "fp")["ts"]
     assert cache.get("fla", "fp", now=ts + 59)["reason"] == "index unreachable"
     assert cache.get("fla", "fp", now=ts + 61) is None
-    cache.put("fla", "fp", "good", "verified")        # successes do not expire
+    cache.record("fla", verdict=("fp", "good", "verified"))        # successes do not expire
     assert cache.get("fla", "fp", now=ts + 10 ** 6) is not None
 
 
@@ -64,8 +65,8 @@ def test_a_corrupt_cache_file_is_ignored_and_rewritten(cache, content):
     assert cache.get("fla", "fp") is None
     assert cache.get_warm("fla", "s") is None
     assert cache.entries() == {} or all(isinstance(v, dict) for v in cache.entries().values())
-    assert cache.put("fla", "fp", "good", "verified")
-    assert cache.put_warm("fla", "s", {"reason": "r", "posed": None, "env": [], "fingerprint": "fp"})
+    assert cache.record("fla", verdict=("fp", "good", "verified"))
+    assert cache.record("fla", warm=("s", {"reason": "r", "posed": None, "env": [], "fingerprint": "fp"}))
     with open(cache.path) as fh:
         assert json.load(fh)["kernels"]["fla"]["fp"]["state"] == "good"
     assert cache.get_warm("fla", "s")["reason"] == "r"
@@ -75,18 +76,18 @@ def test_an_unreadable_cache_is_never_fatal(cache):
     os.makedirs(cache.path)  # directories where the files belong: reads and writes fail
     os.makedirs(os.path.join(cache.warm_dir, "sig.json"))
     assert cache.get("fla", "fp") is None
-    assert cache.put("fla", "fp", "good", "verified") is False
-    assert cache.put_warm("fla", "sig", {"reason": "r", "posed": None, "env": []}) is False
+    assert cache.record("fla", verdict=("fp", "good", "verified")) is False
+    assert cache.record("fla", warm=("sig", {"reason": "r", "posed": None, "env": []})) is False
     assert cache.get_warm("fla", "sig") is None
 
 
 def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache):
-    cache.put_warm("fla", "sig", {"reason": "fla 0.6.0 installed", "posed": "cuda", "env": [["FLA_TILELANG", "0"]]})
+    cache.record("fla", warm=("sig", {"reason": "fla 0.6.0 installed", "posed": "cuda", "env": [["FLA_TILELANG", "0"]]}))
     assert cache.get_warm("fla", "sig")["env"] == [["FLA_TILELANG", "0"]]
     assert cache.get_warm("fla", "other") is None
-    cache.put("fla", "fp", "failed", "broken")
+    cache.record("fla", verdict=("fp", "failed", "broken"))
     assert cache.get_warm("fla", "sig") is None    # earned under unknown facts: re-earned
-    cache.put_warm("fla", "sig", {"reason": "again", "posed": None, "env": []})
+    cache.record("fla", warm=("sig", {"reason": "again", "posed": None, "env": []}))
     assert cache.forget() and not os.path.exists(cache.path) and cache.forget() is False
     assert cache.get_warm("fla", "sig") is None and not os.path.exists(cache.warm_dir)
 
@@ -94,29 +95,29 @@ def test_warm_verdicts_follow_the_signature_and_a_new_verdict_clears_them(cache)
 def test_several_signatures_and_fingerprints_live_side_by_side(cache):
     # Two GPU types sharing one cache directory: neither evicts the other's verdicts.
     for n in (1, 2):
-        assert cache.put("fla", f"fp{n}", "good", f"verified on type {n}")
-        assert cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": f"fp{n}"})
+        assert cache.record("fla", verdict=(f"fp{n}", "good", f"verified on type {n}"))
+        assert cache.record("fla", warm=(f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": f"fp{n}"}))
     assert cache.get("fla", "fp1")["reason"] == "verified on type 1"
     assert cache.get("fla", "fp2")["reason"] == "verified on type 2"
     assert cache.get_warm("fla", "sig1")["reason"] == "ok 1" and cache.get_warm("fla", "sig2")["reason"] == "ok 2"
     assert cache.entries()["fla"]["fingerprint"] == "fp2"   # doctor shows the latest
 
     # A new verdict for type 1's facts drops only the warm verdicts earned under them.
-    cache.put("fla", "fp1", "failed", "broken now")
+    cache.record("fla", verdict=("fp1", "failed", "broken now"))
     assert cache.get_warm("fla", "sig1") is None
     assert cache.get_warm("fla", "sig2")["reason"] == "ok 2"
     assert cache.get("fla", "fp2")["state"] == "good"
 
 
 def test_the_cache_keeps_the_most_recently_written_entries(cache):
-    from fastpath_hooks.act.state import KEEP, WARM_KEEP
+    from fastpath_hooks.act.verdicts import KEEP, WARM_KEEP
 
     for n in range(WARM_KEEP + 3):
-        cache.put_warm("fla", f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"})
+        cache.record("fla", warm=(f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"}))
     assert [n for n in range(WARM_KEEP + 3) if cache.get_warm("fla", f"sig{n}")] == list(range(3, WARM_KEEP + 3))
     assert len(os.listdir(cache.warm_dir)) == WARM_KEEP       # one small file per signature
     for n in range(KEEP + 3):
-        cache.put("tilelang", f"fp{n}", "good", "verified")
+        cache.record("tilelang", verdict=(f"fp{n}", "good", "verified"))
     assert [n for n in range(KEEP + 3) if cache.get("tilelang", f"fp{n}")] == list(range(3, KEEP + 3))
     with open(cache.path) as fh:
         assert len(json.load(fh)["kernels"]["tilelang"]) == KEEP

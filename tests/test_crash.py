@@ -36,7 +36,7 @@ print(json.dumps({"version": fla.__version__, "state": engine.outcomes()["fla"].
 HOLD_LOCK = r'''
 import sys
 from fastpath_hooks.facts.settings import Settings
-from fastpath_hooks.act.state import environment_lock
+from fastpath_hooks.act.locks import environment_lock
 lock = environment_lock(Settings.from_env())
 lock.acquire()
 print("held", flush=True)

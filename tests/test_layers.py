@@ -1,8 +1,8 @@
 """The house's imports flow one way: _names -> events -> facts -> decide -> act -> engine -> hooks ->
 report/cli. Every import counts, lazy ones inside functions included (they are how the start-up path
 stays cheap, not a licence to reach up), and so do `sys.modules.get("fastpath_hooks....")` lookups.
-Circles are allowed only inside the hook layer (the finder, the gates and the late pass call each
-other by design)."""
+No import circle anywhere, inside a layer included (the hook layer's modules are handed the hooks'
+registry, `hooks.HOOKS`, instead of importing the module that holds it)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ LAYERS = (
     ("report", "cli", "__main__"),
     ("",),                       # the package itself: install()/uninstall() hand over to hooks
 )
-CIRCLES_ALLOWED_IN = ("hooks",)
 
 
 def modules(root: str, package: str) -> dict:
@@ -127,9 +126,7 @@ def problems(root: str, package: str = PACKAGE) -> list:
             if layer_of(target) > layer_of(name):
                 found.append(f"{name} imports {target}, a higher layer")
     for component in circles(graph):
-        inside = all(m.split(".")[1] in CIRCLES_ALLOWED_IN for m in component if "." in m)
-        if not inside:
-            found.append("import circle: " + " -> ".join(component))
+        found.append("import circle: " + " -> ".join(component))
     return found
 
 
@@ -154,13 +151,14 @@ def test_the_leaf_is_stdlib_only_and_imports_nothing_at_module_level():
      ["pkg.facts.probe imports pkg.act.state, a higher layer"]),
     ({"act/__init__.py": "", "act/a.py": "from . import b\n", "act/b.py": "def f():\n    from .a import x\n"},
      ["import circle: pkg.act.a -> pkg.act.b"]),
-    ({"hooks/__init__.py": "from . import gates\n", "hooks/gates.py": "from .. import hooks\n"}, []),
+    ({"hooks/__init__.py": "from . import gates\n", "hooks/gates.py": "from .. import hooks\n"},
+     ["import circle: pkg.hooks -> pkg.hooks.gates"]),
     ({"events.py": "import sys\nm = sys.modules.get('pkg.engine')\n", "engine.py": ""},
      ["pkg.events imports pkg.engine, a higher layer"]),
 ])
 def test_the_checker_finds_what_it_is_for(tmp_path, files, expected):
-    """The check itself can fail: an upward lazy import, a circle outside the hook layer and an
-    upward sys.modules lookup are found; a circle inside the hook layer is allowed."""
+    """The check itself can fail: an upward lazy import, a circle (inside one layer too) and an
+    upward sys.modules lookup are found."""
     global PACKAGE
     (tmp_path / "__init__.py").write_text("")
     for rel, source in files.items():

@@ -76,8 +76,8 @@ def without_flock(env: dict, library: str, under: str) -> dict:
 # Takes file_lock() the way every caller does; prints when held, then holds it.
 HOLD = r'''
 import json, sys, time
-from fastpath_hooks.act import state
-lock = state.file_lock(sys.argv[1], timeout=float(sys.argv[2]))
+from fastpath_hooks.act import locks
+lock = locks.file_lock(sys.argv[1], timeout=float(sys.argv[2]))
 t0 = time.monotonic()
 try:
     lock.acquire()

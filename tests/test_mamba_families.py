@@ -15,7 +15,7 @@ builds), real venvs, stand-in kernel wheels (tests/support/wheels.py: `mamba_ssm
   late.py must rebind the module's choice. Both kernels are installed by the engine from the
   wheelhouse (their release-named stand-in wheels; einops, mamba-ssm's runtime need, beside them)
   when install() heals the module, which it then rebinds.
-- The README's family table is rebuilt from these observations and must equal the README's.
+- The family table of docs/transformers.md is rebuilt from these observations and must equal the one there.
 
 causal-conv1d and mamba-ssm are installed by fastpath-hooks (the engine) in each era's late step;
 the "families" step runs in the same venv (should the late step fail before installing mamba-ssm,
@@ -248,15 +248,15 @@ def test_install_after_the_modeling_import_rebinds_the_family(observed, key):
     assert re.search(r"installed .*causal-conv1d 1\.6\.2\.post1", step.stderr), step.stderr
 
 
-# -- the README table --------------------------------------------------------------------------------
+# -- the table in docs/transformers.md -------------------------------------------------------------
 
 @pytest.mark.slow
-def test_the_readme_family_table_is_what_was_observed(observed):
+def test_the_documented_family_table_is_what_was_observed(observed):
     seen = {key: families_of(observed, key) for key in "CBA"}
     table = families.table(seen)
-    with open(os.path.join(venvs.ROOT, "README.md"), encoding="utf-8") as fh:
-        readme = fh.read()
-    assert families.readme_table(readme) == table, f"the README's table should be:\n{table}"
+    with open(os.path.join(venvs.ROOT, "docs", "transformers.md"), encoding="utf-8") as fh:
+        doc = fh.read()
+    assert families.documented_table(doc) == table, f"the table in docs/transformers.md should be:\n{table}"
 
 
 def test_the_tables_are_read_from_the_installed_transformers_source():

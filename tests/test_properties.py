@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.decide.commands import invocation
 from fastpath_hooks.facts.pins import PinsError
-from fastpath_hooks.decide.plan import ACTIONS, BLOCK, INSTALL, OK, REPAIR, SKIP, Plan
+from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Action, Plan
 from fastpath_hooks.decide.policy import ORDER, decide
 from fastpath_hooks.facts.probe import Environment
 from fastpath_hooks.facts.settings import KERNELS, VARIABLES, Settings, SettingsError
@@ -279,7 +279,7 @@ def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
     assert isinstance(plan, Plan) and tuple(plan.decisions) == ORDER
     json.dumps(plan.to_json())  # the documented JSON is serialisable
     for kernel, decision in plan.decisions.items():
-        assert decision.kernel == kernel and decision.action in ACTIONS and decision.reason.strip()
+        assert decision.kernel == kernel and decision.action in tuple(Action) and decision.reason.strip()
         if decision.action in (INSTALL, REPAIR):
             assert decision.steps and decision.target, decision
             names = set()

@@ -267,13 +267,13 @@ def test_a_bad_log_level_is_said_with_the_fix(tmp_path):
     assert "'verbose'" in lines[0] and "off, error, warning, info, debug" in lines[0]
 
 
-# -- the README's settings table is settings.VARIABLES -----------------------------------------------
+# -- the settings table of docs/settings.md is settings.VARIABLES ------------------------------------
 
-def _readme_settings_table() -> list:
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-    with open(readme, encoding="utf-8") as fh:
+def _documented_settings_table() -> list:
+    doc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "settings.md")
+    with open(doc, encoding="utf-8") as fh:
         text = fh.read()
-    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("\n## Variables\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         if line.startswith("| `FASTPATH_HOOKS_"):
@@ -282,8 +282,8 @@ def _readme_settings_table() -> list:
     return rows
 
 
-def test_the_readme_settings_table_is_the_variables_of_settings():
-    assert _readme_settings_table() == list(VARIABLES.items())
+def test_the_documented_settings_table_is_the_variables_of_settings():
+    assert _documented_settings_table() == list(VARIABLES.items())
 
 
 def test_the_defaults_the_table_names_are_the_parsed_defaults():
@@ -292,7 +292,7 @@ def test_the_defaults_the_table_names_are_the_parsed_defaults():
     defaults = Settings()
     fields = {"FASTPATH_HOOKS_PINS": "pins_file", "FASTPATH_HOOKS_TARGET": "target"}
     checked = 0
-    for name, meaning in _readme_settings_table():
+    for name, meaning in _documented_settings_table():
         field = fields.get(name, name[len("FASTPATH_HOOKS_"):].lower())
         value = getattr(defaults, field)
         if value is None:   # CACHE_DIR: unset means the user cache dir (its default is not a setting)

@@ -5,11 +5,11 @@ get their wheel steps' files here."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import urllib.request
 
 from .. import events
+from .files import sha256_of
 
 
 class FetchError(Exception):
@@ -19,12 +19,9 @@ class FetchError(Exception):
 def check_sha256(path: str, expected: str | None) -> None:
     if not expected:
         return
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != expected:
-        raise FetchError(f"{os.path.basename(path)}: sha256 {digest.hexdigest()} does not match the pinned "
+    digest = sha256_of(path)
+    if digest != expected:
+        raise FetchError(f"{os.path.basename(path)}: sha256 {digest} does not match the pinned "
                          f"{expected} (a corrupt or substituted file); refusing it")
 
 

@@ -35,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 from .. import events
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
-from ..facts.distributions import canonical_name, installed_versions, scan, site_packages
+from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from .fetch import FetchError, fetch_wheel
 from .runner import execute
@@ -54,6 +54,7 @@ class InstallResult:
     seconds: float
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
+    scan: tuple = ()         # sys.path's (distributions, duplicates) afterwards: the engine settles its env from it
 
     _freezes_itself = True
 
@@ -121,15 +122,17 @@ def recover(state_dir: str) -> list:
     return done
 
 
-def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=()) -> InstallResult:
-    """Execute `decision.steps` in one transaction; verify; roll back on any failure."""
+def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=(),
+              site: str | None = None) -> InstallResult:
+    """Execute `decision.steps` in one transaction; verify; roll back on any failure. `site`: the
+    directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
     import shutil
 
     from .verify import verify
 
-    real_before = installed_versions()
+    real_before = _versions(scan()[0])
     steps = allowed_steps(decision.steps, pins, real_before)
-    site = site_packages()
+    site = site or site_packages()
     if not os.access(site, os.W_OK):
         raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
                            f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")
@@ -156,6 +159,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                 # the same lines `fastpath-hooks plan` prints for this decision
                 fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
+            now = None      # sys.path's distributions after the last step (one scan per step, reused below)
             for step in steps:
                 local = None
                 if step.kind == StepKind.BUILD:
@@ -174,8 +178,10 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                                       started=tx.record_group)
                 # Before the next interpreter starts (installer or verification), which would run a
                 # stranger's .pth file: only allow-listed distributions may have changed.
-                _check_changes(installed_versions(), protected_before, real_before, pins)
-            after = installed_versions()
+                now = scan()
+                _check_changes(_versions(now[0]), protected_before, real_before, pins)
+            now = now or scan()
+            after = _versions(now[0])
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
@@ -198,8 +204,13 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     import importlib
 
     importlib.invalidate_caches()
-    changed = {n: v for n, v in installed_versions().items() if real_before.get(n) != v}
-    return InstallResult(decision.kernel, changed, time.monotonic() - start, installer, _restart_advised(changed))
+    changed = {n: v for n, v in after.items() if real_before.get(n) != v}   # commit() leaves site-packages alone
+    return InstallResult(decision.kernel, changed, time.monotonic() - start, installer,
+                         _restart_advised(changed, now[0]), scan=now)
+
+
+def _versions(found: dict) -> dict:
+    return {name: dist.version for name, dist in found.items()}
 
 
 def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
@@ -348,9 +359,8 @@ def _step_label(step) -> str:
     return f"{'building' if step.kind == StepKind.BUILD else 'installing'} {names}"
 
 
-def _restart_advised(changed: dict) -> tuple:
-    """Modules already imported in this process whose distribution just changed."""
-    found, _ = scan()
+def _restart_advised(changed: dict, found: dict) -> tuple:
+    """Modules already imported in this process whose distribution just changed (`found`: sys.path now)."""
     out = []
     for name in changed:
         dist = found.get(name)

@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass
 
 from .. import events
+from ..facts.procfs import boot_id, group_members, process_stat
 
 HEARTBEAT_SECONDS = 30.0
 TAIL_BYTES = 64 * 1024        # the output a result keeps (a verification's marker line is its last)
-GATE = 'IFS= read -r _ || exit 125; exec "$@"'   # run the command only once the parent said "go"
-GATE_CLOSED = 125
+GATE_CLOSED = 125   # the exit status of a command whose parent never said "go" (it died first)
+GATE = f'IFS= read -r _ || exit {GATE_CLOSED}; exec "$@"'   # run the command only once the parent said "go"
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,8 @@ def group_record(pgid: int) -> dict:
     """What identifies the process group `pgid` (led by the child `run` just started) later, in
     another process: its leader's start time and the boot (a pid is reused; a group's number is
     not while any member lives)."""
-    stat = _stat(pgid)
-    return {"pgid": pgid, "start": stat[2] if stat else None, "boot": _boot_id()}
+    stat = process_stat(pgid)
+    return {"pgid": pgid, "start": stat[2] if stat else None, "boot": boot_id()}
 
 
 def kill_group(record) -> int:
@@ -216,12 +217,12 @@ def kill_group(record) -> int:
     if not isinstance(record, dict) or not isinstance(record.get("pgid"), int) or record["pgid"] <= 1:
         return 0
     pgid = record["pgid"]
-    if not os.path.isdir("/proc/self") or record.get("boot") != _boot_id():
+    if not os.path.isdir("/proc/self") or record.get("boot") != boot_id():
         return 0
-    members = _members(pgid)
+    members = group_members(pgid)
     if not members:
         return 0
-    leader = _stat(pgid)
+    leader = process_stat(pgid)
     if leader is not None and leader[1] == pgid and leader[2] != record.get("start"):
         return 0  # the number leads a new group now
     try:
@@ -236,7 +237,7 @@ def _wait_gone(pgid: int, limit: float) -> None:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if os.path.isdir("/proc/self"):
-            if not _members(pgid):
+            if not group_members(pgid):
                 return
         else:
             try:
@@ -244,37 +245,3 @@ def _wait_gone(pgid: int, limit: float) -> None:
             except OSError:
                 return
         time.sleep(0.01)
-
-
-def _members(pgid: int) -> list:
-    """Pids of the group's living members (zombies are done writing)."""
-    out = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for entry in entries:
-        if entry.isdigit():
-            stat = _stat(int(entry))
-            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
-                out.append(int(entry))
-    return out
-
-
-def _stat(pid: int):
-    """(state, process group, start time in clock ticks since boot) from /proc, None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        return fields[0].decode(), int(fields[2]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None

@@ -24,6 +24,8 @@ import json
 import os
 import time
 
+from ..facts.procfs import boot_id, process_stat
+
 REFRESH_S = 5.0          # the holder touches its lock file this often
 STALE_AFTER_S = 60.0     # untouched this long (another host's holder): it is gone
 _BREAK_STALE_S = 10.0    # breaking takes milliseconds; a breaker lock older than this was abandoned
@@ -63,22 +65,11 @@ def flock_works(directory: str) -> bool:
 
 # -- who a process is -----------------------------------------------------------------------
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read(4096).strip()
-    except OSError:
-        return None
-
-
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the
-    boot id, it tells a reused pid from the holder."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
+    """The process's start time in clock ticks since boot: with the boot id, it tells a reused pid
+    from the holder (as text: what holder records hold)."""
+    stat = process_stat(pid)
+    return str(stat[2]) if stat else None
 
 
 def _machine() -> dict:
@@ -88,7 +79,7 @@ def _machine() -> dict:
     except OSError:
         pidns = None
     return {"host": os.uname().nodename if hasattr(os, "uname") else None,
-            "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+            "boot": boot_id(), "pidns": pidns}
 
 
 def holder_record() -> dict:

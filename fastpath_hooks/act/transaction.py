@@ -27,7 +27,8 @@ import time
 import uuid
 
 from ..facts.distributions import canonical_name, record_files, scan
-from .state import JOURNAL, atomic_write_json
+from .._environ import JOURNAL
+from .files import atomic_write_json
 
 LISTING = "listing.json"
 BACKUP_PREFIX = "backup-"

@@ -51,16 +51,6 @@ def entries(root: str) -> list:
     return out
 
 
-def sha256_of(path: str) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def recorded_sha256(path: str) -> str | None:
     """The sha256 a sidecar next to `path` records (a cache entry, or a wheel `build --dest` wrote)."""
     meta = sidecar(path)
@@ -70,60 +60,35 @@ def recorded_sha256(path: str) -> str | None:
 
 def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> str:
     """Copy `wheel` into the cache as `filename` (default its own name), atomically, under the
-    cache's lock; return the cached path. The sidecar (meta + size + sha256) is written last."""
-    import shutil
-    import tempfile
-
-    from .state import atomic_write_json, file_lock
+    cache's lock; return the cached path. The sidecar (meta + size + sha256) is written last, and
+    an old sidecar goes first: never a new wheel under an old sidecar."""
+    from .files import atomic_copy, atomic_write_json, sha256_of
+    from .locks import file_lock
 
     where = directory(root)
     os.makedirs(where, exist_ok=True)
     name = filename or os.path.basename(wheel)
     target = os.path.join(where, name)
     with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".whl", dir=where)
         try:
-            with os.fdopen(fd, "wb") as out, open(wheel, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            record = dict(meta, file=name, size=os.path.getsize(tmp), sha256=sha256_of(tmp))
-            try:
-                os.unlink(target + SIDECAR)   # never a new wheel under an old sidecar
-            except FileNotFoundError:
-                pass
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        atomic_write_json(target + SIDECAR, record)
+            os.unlink(target + SIDECAR)
+        except FileNotFoundError:
+            pass
+        atomic_copy(wheel, target)
+        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=os.path.getsize(target),
+                                                 sha256=sha256_of(target)))
     return target
 
 
 def export(path: str, dest: str) -> str:
     """Copy a cache entry (wheel + sidecar) into a wheelhouse directory, atomically."""
-    import shutil
-    import tempfile
+    from .files import atomic_copy
 
     os.makedirs(dest, exist_ok=True)
     target = os.path.join(dest, os.path.basename(path))
     for src, dst in ((path, target), (path + SIDECAR, target + SIDECAR)):
-        if not os.path.exists(src):
-            continue
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest)
-        os.close(fd)
-        try:
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        if os.path.exists(src):
+            atomic_copy(src, dst)
     return target
 
 
@@ -132,7 +97,7 @@ def clear(root: str, distribution: str | None = None) -> list:
     from ..facts.distributions import canonical_name
     from ..facts.wheel_names import wheel_distribution
 
-    from .state import file_lock
+    from .locks import file_lock
 
     where = directory(root)
     if not os.path.isdir(where):

@@ -188,3 +188,25 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
     for name in step.names:
         argv += ["--no-binary", name]
     return argv + index_flags(settings) + ["-w", out_dir, *step.requirements]
+
+
+def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
+    """(binary requirements, wheel steps, source-build requirements) of the acting decisions of
+    `kernels` (all when None) and of the kernels they need: what `fastpath-hooks download` fetches."""
+    needed = set()
+    for kernel in kernels or ():
+        needed.update(plan.decisions[kernel].needs)
+    binary, wheels, builds = [], [], []
+    for kernel, decision in plan.decisions.items():
+        if kernels and kernel not in kernels and kernel not in needed:
+            continue
+        if not decision.acts:
+            continue
+        for step in decision.steps:
+            if step.kind == StepKind.WHEEL:
+                wheels.append(step)
+            elif step.kind == StepKind.BUILD:
+                builds.extend(step.requirements)
+            else:
+                binary.extend(r for r in step.requirements if r not in binary)
+    return binary, wheels, builds

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 
@@ -38,7 +38,6 @@ class StepKind(TextEnum):
 
 
 OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
-ACTIONS = tuple(Action)
 
 # The JSON schemas, documented field by field in docs/json-schema.md (checked by tests/test_cli.py).
 # Fields are only added within a version; removing, renaming or changing one bumps the number.
@@ -155,6 +154,17 @@ class Decision:
     def acts(self) -> bool:
         return self.action in (INSTALL, REPAIR)
 
+    @cached_property
+    def repair(self) -> "Decision | None":
+        """What runs when this decision's child-process check fails: its `repair_steps` as a REPAIR,
+        decided with it (the engine executes it, never makes it); None without repair steps."""
+        if not self.repair_steps:
+            return None
+        target = target_of(self.repair_steps)
+        return replace(self, action=REPAIR, steps=self.repair_steps, repair_steps=(), verify=False,
+                       rule=self.rule + ".repair", target=target,
+                       reason="its check failed; replacing it with " + ", ".join(f"{k} {v}" for k, v in target.items()))
+
     def to_json(self) -> dict:
         return {
             "kernel": self.kernel,
@@ -173,6 +183,15 @@ class Decision:
             "steps": [s.to_json() for s in self.steps],
             "repair_steps": [s.to_json() for s in self.repair_steps],
         }
+
+
+def target_of(steps) -> dict:
+    """dist -> version the kernel/replace steps pin (read from the steps' parsed requirements)."""
+    out = {}
+    for step in steps:
+        if step.kind in (StepKind.KERNEL, StepKind.REPLACE):
+            out.update(step.exact)
+    return out
 
 
 @dataclass(frozen=True)

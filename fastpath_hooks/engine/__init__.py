@@ -1,7 +1,7 @@
 """The engine: `ensure(kernel)` decides a kernel once per process - the one entry point of the hooks.
 
 It never raises into the caller: every failure ends as an Outcome that leaves the import on
-transformers' working torch path, with one clear line (one process per node, see events.py).
+transformers' working torch path, with one clear line (one process per node, see events/voice.py).
 
 - Run once per kernel (`_Registry`): the first caller of a kernel runs its decision in its own
   thread; concurrent callers of the same kernel wait for that result (a future); callers of
@@ -9,12 +9,15 @@ transformers' working torch path, with one clear line (one process per node, see
   an `on_event` callback runs. A wait that would close a circle (a callback of fla's run asking
   for fla, or two runs asking for each other) is not made: that caller gets a `pending` outcome.
 - The warm path (here): a good outcome recorded under this environment's signature
-  (`state.VerdictCache`: interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts,
-  read without importing anything heavy) answers at once - no settings, pins, probe or policy
+  (`act/warm.py`: interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts, read
+  without importing anything heavy) answers at once - no settings, pins, probe or policy
   modules are imported, no subprocess starts, the state machine is not even loaded.
-- Otherwise `machine.run(kernel, needs=ensure)`: the explicit state machine probe -> plan -> cached? -> act
-  (under the environment lock, `lock.py`) -> verify -> record. `context.py` holds what a
-  decision is made from (settings and pins, the probed snapshot, fingerprints).
+- Otherwise `machine.run(kernel, ...)`: the explicit state machine read -> needs -> cached? -> lock
+  -> check -> verify / install -> record, which reaches everything outside the engine through
+  this process's `World` (world.py: one read of the world per request, read again only when it
+  changed while waiting for the lock). `context.py` holds what a decision is made from;
+  `prepare.py` the ahead-of-time jobs (`fastpath-hooks build` and `download`). docs/engine.md
+  draws the whole flow.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import sys
 import threading  # loaded with logging (events) anyway
 
 from .. import events
-from .outcome import GOOD, Outcome, OutcomeState, apply_env
+from .outcome import Outcome, OutcomeState, apply_env
 
-_CONTEXT = ("load_context", "bad_settings", "check_settings", "unusable_cache_dir", "value_once", "fingerprint", "verdict_distributions",
-            "snapshot", "complete")
+_CONTEXT = ("load_context", "bad_settings", "check_settings", "unusable_cache_dir", "value_once", "fingerprint",
+            "verdict_distributions")
 
-__all__ = ("GOOD", "Outcome", "OutcomeState", "before_import", "ensure", "forget", "outcomes", "simulation") + _CONTEXT
+__all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "forget", "outcomes",
+           "simulation", "snapshot", "use_world") + _CONTEXT
 
 
 def __getattr__(name: str):
@@ -39,6 +43,10 @@ def __getattr__(name: str):
         from . import context
 
         return getattr(context, name)
+    if name == "snapshot":
+        from .world import snapshot
+
+        return snapshot
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -46,10 +54,12 @@ def before_import(kernel: str) -> str | None:
     return ensure(kernel).block
 
 
-def ensure(kernel: str) -> Outcome:
-    """The kernel's outcome in this process: decided by the first caller, waited for by the others."""
+def ensure(kernel: str, *, target: str | None = None) -> Outcome:
+    """The kernel's outcome in this process: decided by the first caller, waited for by the others.
+    `target`: decide it for a posed machine (`fastpath-hooks install --target`), as
+    FASTPATH_HOOKS_TARGET would - a parameter, never written into the environment."""
     while True:
-        future, mine = _registry.claim(kernel)
+        future, mine = _registry.claim((kernel, target))
         if not mine:
             outcome = _registry.wait(future)
             if outcome is not None:
@@ -57,7 +67,7 @@ def ensure(kernel: str) -> Outcome:
             continue  # its runner gave up (an exception such as Ctrl-C went through it): claim it again
         finished = False
         try:
-            outcome, simulated = _decide(kernel)
+            outcome, simulated = _decide(kernel, target)
             _registry.finish(future, outcome, simulated)
             finished = True
             return outcome
@@ -80,6 +90,8 @@ def simulation(kernel: str | None = None) -> str | None:
 def forget() -> None:
     """Forget every decision of this process (uninstall()): the next ensure() decides again."""
     _registry.clear()
+    if _world is not None:
+        _world.readings.clear()
     events.forget()
 
 
@@ -88,10 +100,10 @@ def forget() -> None:
 class _Future:
     """One kernel's decision in this process: run by the thread that claimed it, waited for by the others."""
 
-    __slots__ = ("kernel", "owner", "done", "outcome", "simulated")
+    __slots__ = ("key", "kernel", "owner", "done", "outcome", "simulated")
 
-    def __init__(self, kernel: str, owner: int):
-        self.kernel, self.owner = kernel, owner
+    def __init__(self, key: tuple, owner: int):
+        self.key, self.kernel, self.owner = key, key[0], owner
         self.done = threading.Event()
         self.outcome = None     # None once done: abandoned, to be claimed again
         self.simulated = None
@@ -105,17 +117,17 @@ class _Registry:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._futures: dict = {}    # kernel -> _Future (running or done)
+        self._futures: dict = {}    # (kernel, target) -> _Future (running or done)
         self._waiting: dict = {}    # thread id -> the _Future it waits for (to refuse a circular wait)
 
-    def claim(self, kernel: str):
-        """(future, True) to run it in this thread, or (the existing future, False)."""
+    def claim(self, key: tuple):
+        """(future, True) to run (kernel, target) in this thread, or (the existing future, False)."""
         me = threading.get_ident()
         with self._lock:
-            future = self._futures.get(kernel)
+            future = self._futures.get(key)
             if future is not None:
                 return future, False
-            future = self._futures[kernel] = _Future(kernel, me)
+            future = self._futures[key] = _Future(key, me)
             return future, True
 
     def wait(self, future: _Future) -> Outcome | None:
@@ -154,8 +166,8 @@ class _Registry:
 
     def abandon(self, future: _Future) -> None:
         with self._lock:
-            if self._futures.get(future.kernel) is future:
-                del self._futures[future.kernel]
+            if self._futures.get(future.key) is future:
+                del self._futures[future.key]
         future.done.set()   # its waiters claim the kernel again
 
     def outcomes(self) -> dict:
@@ -165,8 +177,8 @@ class _Registry:
 
     def simulated(self, kernel: str | None) -> str | None:
         with self._lock:
-            futures = [self._futures.get(kernel)] if kernel is not None else list(self._futures.values())
-        return next((f.simulated for f in futures if f is not None and f.done.is_set() and f.simulated), None)
+            futures = [f for f in self._futures.values() if kernel is None or f.kernel == kernel]
+        return next((f.simulated for f in futures if f.done.is_set() and f.simulated), None)
 
     def clear(self) -> None:
         """Forget every decision (runs in flight finish for their own callers only)."""
@@ -188,60 +200,65 @@ if hasattr(os, "register_at_fork"):
 
 # -- one decision: the warm verdict, else the state machine ---------------------------------
 
-def _decide(kernel: str):
+def _decide(kernel: str, target: str | None):
     """(Outcome, simulated accelerator kind); never raises an Exception."""
     try:
-        from ..act import state
+        from ..act.warm import signature_environ
 
-        signature_env = state.signature_environ()
-        warm = _warm(kernel, signature_env)
+        captured = signature_environ(target=target)   # before this decision sets any variable
+        signature, warm = _warm(kernel, captured)
         if warm is not None:
             return warm
         from . import machine
 
-        run = machine.run(kernel, needs=ensure)
-        simulated = _simulated(run.posed)
-        _remember_warm(run, signature_env)
-        return run.outcome, simulated
+        run = machine.run(kernel, needs=lambda other: ensure(other, target=target), world=current_world(),
+                          captured=captured, target=target, signature=signature)
+        return run.outcome, _simulated(run.posed)
     except Exception as exc:  # never into the user's import
         outcome = Outcome(kernel, OutcomeState.ERROR, f"internal error: {type(exc).__name__}: {exc}")
         events.error(f"{kernel}: {outcome.reason}; leaving it as it is", kernel, once="internal")
         return outcome, None
 
 
-def _warm(kernel: str, signature_env):
-    """(the recorded good Outcome, simulated kind), or None (a miss, or anything odd: the machine decides)."""
-    from ..act import state
+def _warm(kernel: str, captured: tuple):
+    """(the signature, (the recorded good Outcome, simulated kind) or None: a miss, or anything odd -
+    then the machine decides)."""
+    from ..act import warm
 
     try:
-        signature = state.environment_signature(signature_env)
-        entry = state.VerdictCache.from_environ(signature_env).get_warm(kernel, signature) if signature else None
+        signature = warm.environment_signature(captured)
+        entry = warm.get_warm(captured, kernel, signature) if signature else None
     except Exception as exc:  # e.g. a deleted working directory: only the shortcut is lost
         events.debug(f"{kernel}: no cached verdict ({type(exc).__name__}: {exc})", kernel)
-        return None
+        return None, None
     if entry is None:
-        return None
+        return signature, None
     apply_env(kernel, entry.get("env") or (), entry.get("reason", ""))
     events.debug(f"{kernel}: {entry['reason']} (verdict cached for this environment; nothing probed)", kernel)
-    return Outcome(kernel, OutcomeState.OK, entry["reason"]), _simulated(entry.get("posed"))
+    return signature, (Outcome(kernel, OutcomeState.OK, entry["reason"]), _simulated(entry.get("posed")))
 
 
-def _remember_warm(run, signature_env) -> None:
-    """Record a good outcome for the next start - only when the settings and pins were valid
-    (a bad variable must be reported at every start, not skipped by a cache hit)."""
-    if run.outcome.state not in GOOD or run.invalid is not None:
-        return
-    from ..act import state
+_world = None
 
-    try:
-        signature = state.environment_signature(signature_env)
-        if signature is None:
-            return
-        state.VerdictCache.from_environ(signature_env).put_warm(
-            run.kernel, signature, {"reason": run.outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
-                                    "env": [list(pair) for pair in run.env_pairs]})
-    except Exception as exc:  # the outcome stands; only the shortcut for the next start is lost
-        events.debug(f"{run.kernel}: verdict not cached ({type(exc).__name__}: {exc})", run.kernel)
+
+def current_world():
+    """The World every decision of this process reads and changes (world.py)."""
+    global _world
+    if _world is None:
+        from .world import World
+
+        _world = World()
+    return _world
+
+
+def use_world(world):
+    """Decide from now on in `world` (None: the real one again), forgetting the decisions made so far;
+    returns the World used before. The engine's one seam: tests hand it a World whose installer or
+    verification is a stand-in (tests/support/worlds.py)."""
+    global _world
+    before, _world = _world, world
+    forget()
+    return before
 
 
 def _simulated(posed: str | None) -> str | None:

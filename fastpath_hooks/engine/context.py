@@ -1,6 +1,6 @@
-"""What a decision is made from: the settings and pins (`load_context`), the probed environment and
-its plan (`snapshot`, `complete`), and the fingerprint of the facts a kernel's verdict depends on.
-Shared by the state machine, the CLI and the reports."""
+"""What a decision is made from: the settings and pins (`load_context`), the plan completed with
+nvcc's release where a build needs it (`complete`), and the fingerprint of the facts a kernel's
+verdict depends on. Shared by the World, the CLI and the reports."""
 
 from __future__ import annotations
 
@@ -165,26 +165,18 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     return tuple(sorted(set(names)))
 
 
-def snapshot(settings, pins):
-    """(env, plan): the environment probed now and the policy's plan for it."""
-    from ..decide.policy import decide
-    from ..facts.probe import probe
-
-    env = probe(settings, pins=pins)
-    return complete(env, decide(env, settings, pins), settings, pins)
-
-
 NVCC_UNKNOWN = ".nvcc-unknown"   # the rule family of a source build waiting for nvcc's CUDA release
 
 
-def complete(env, plan, settings, pins, **kw):
+def complete(env, plan, settings, pins, *, decide=None):
     """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
     is being considered and no version.json told it - not at every probe."""
-    from ..decide.policy import decide
     from ..facts.probe import with_nvcc_version
 
+    if decide is None:
+        from ..decide.policy import decide
     if any(d.rule.endswith(NVCC_UNKNOWN) for d in plan.decisions.values()):
         fuller = with_nvcc_version(env)
         if fuller is not env:
-            return fuller, decide(fuller, settings, pins, **kw)
+            return fuller, decide(fuller, settings, pins)
     return env, plan

@@ -1,23 +1,29 @@
-"""One kernel's decision as an explicit state machine: `run(kernel)` loops `state, run = STEP[state](run)`
+r"""One kernel's decision as an explicit state machine: `run(kernel, ...)` loops `state, run = STEP[state](run)`
 over small transition functions until DONE, carrying an immutable `Run` (each step returns a new one).
+Everything outside the engine is reached through `run.world` (world.py): the machine decides
+nothing itself - the policy's Decision says what to do, repairs included - and only executes.
 
-    CONTEXT -> RECOVER -> PROBE -> PLAN -> NEEDS -> CACHED -> LOCK -> REPLAN -> VERIFY / INSTALL -> RECORD -> DONE
-                                               \\-> REPORT (report mode: say what would be done)
+    CONTEXT -> READ -> NEEDS -> CACHED -> LOCK -> CHECK -> VERIFY / INSTALL -> RECORD -> DONE
+                                     \-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once).
-- RECOVER: an install killed half-way left a journal: rolled back under the lock before anything is trusted
-  (recovery.py); then a kernel in FASTPATH_HOOKS_SKIP ends here.
-- PROBE, PLAN: the environment, then the pure policy's decision (variables it asks for are set here).
-- NEEDS: the kernels this one needs first (fla on Hopper: tilelang), each through `ensure()`, while this
-  thread holds no lock: a dependency is decided once, by whoever asks first.
+- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here -
+  after an install killed half-way is rolled back (its half-written tree must not be imported either).
+- READ: the world read once - the cheap stamp, then probe + policy, unless the world's last reading
+  was made under the same stamp (the kernels of one request share it). A pending journal (an
+  install running, or killed half-way) is waited for and rolled back under the lock first.
+- NEEDS: the kernels this one needs first (fla on Hopper: tilelang), each through `needs` (the
+  engine's `ensure`), while this thread holds no lock: a dependency is decided once, by whoever asks first.
 - CACHED: the verdict cache under the fingerprint of the facts this kernel depends on: a kernel verified
   before is not verified again; a failed attempt is not retried for FASTPATH_HOOKS_RETRY_AFTER seconds.
-- LOCK, REPLAN: the environment lock (one process - and one thread - installs or verifies at a time), then
-  the world is read again: another process may have done it (or failed) meanwhile.
-- VERIFY: an installed kernel imported in a child process; a failure with a repair on offer re-plans as
-  that repair (back to LOCK, or REPLAN when the lock is held) instead of recursing.
-- INSTALL: the plan's steps in a transaction (verified in a child process before commit).
-- RECORD: every verdict is written here (under the fingerprint of what is on disk now).
+- LOCK, CHECK: the environment lock (one process - and one thread - installs or verifies at a time).
+  Under it the stamp is taken again: only when the environment changed meanwhile (another process
+  installed, repaired or built while this one waited) is the world read again. The verdicts are
+  read again either way (another process may have verified or failed without changing anything).
+- VERIFY: an installed kernel imported in a child process; a failure runs the repair the policy
+  decided with it (`Decision.repair`), under the lock.
+- INSTALL: the decision's steps in a transaction (verified in a child process before commit).
+- RECORD: the verdict and, for a good outcome, the warm verdict for the next start, in one write;
+  after an install the facts are settled from the installer's own scan (no probe, no policy).
 The lock is released by the loop, whatever state it ends in.
 """
 
@@ -29,25 +35,24 @@ from dataclasses import dataclass, replace
 from .. import events
 from .._names import MODULE_OF
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
-from .context import complete, fingerprint, load
-from .lock import EnvironmentLock, LockUnavailable
-from ..decide.plan import OnFailure, StepKind
+from .lock import LockUnavailable
+from .world import InstallFailed, Reading
+from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
 # rule families (the part after "<kernel>.") whose skip is a warning: the user can and should act on it
 WARNING_SKIPS = ("hazard", "no-nvcc", "no-wheel")
+VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
 
 
 class State(enum.Enum):
     CONTEXT = "context"
-    RECOVER = "recover"
-    PROBE = "probe"
-    PLAN = "plan"
+    READ = "read"
     NEEDS = "needs"
     CACHED = "cached"
     REPORT = "report"
     LOCK = "lock"
-    REPLAN = "replan"
+    CHECK = "check"
     VERIFY = "verify"
     INSTALL = "install"
     RECORD = "record"
@@ -58,21 +63,28 @@ class State(enum.Enum):
 class Run:
     """Where one kernel's decision stands. Immutable: every step returns a new one."""
     kernel: str
+    world: object = None              # the World (world.py): everything outside the engine
+    captured: tuple = ()              # the variables the decision depends on (warm.signature_environ)
+    target: str | None = None         # a FASTPATH_HOOKS_TARGET given as a parameter (`--target`)
+    signature: str | None = None      # the warm signature of `captured`, computed by the engine just before
     needs: object = None              # kernel -> Outcome: how a kernel needed first is decided (ensure)
     settings: object = None
     pins: object = None
     invalid: str | None = None        # why report mode although nobody asked for it (a bad variable/pins file)
-    env: object = None                # the probed Environment (read again under the lock and after an install)
+    stamp: object = None              # the world's stamp the reading was made (or checked) under
+    env: object = None                # the probed Environment (settled after an install)
     plan: object = None
-    decision: object = None           # this kernel's decision (a repair replaces it)
+    decision: object = None           # this kernel's decision (its repair replaces it)
     planned: str | None = None        # the action decided before the lock: another process may have done it
     repairing: bool = False           # `decision` is the repair of a failed verification
+    check_failed: str | None = None   # why that verification failed
     cache: object = None              # the VerdictCache
     fingerprint: str | None = None    # of the facts this kernel's verdict depends on
-    lock: EnvironmentLock | None = None   # held from LOCK until the loop ends
+    lock: object = None               # the environment lock, held from LOCK until the loop ends
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
     outcome: Outcome | None = None
+    trail: tuple = ()                 # the states passed through, in order (debug log, tests)
 
     @property
     def posed(self) -> str | None:
@@ -89,15 +101,22 @@ class Run:
     def done(self, outcome: Outcome):
         return State.DONE, replace(self, outcome=outcome)
 
+    def good(self, outcome: Outcome):
+        """A usable kernel: RECORD remembers it for the next start (the warm verdict)."""
+        return State.RECORD, replace(self, outcome=outcome)
 
-def run(kernel: str, needs) -> Run:
-    """Decide `kernel` (the registry makes sure this runs once per process); the final Run.
-    `needs(other)` -> Outcome decides a kernel this one needs first (the engine's `ensure`)."""
-    state, current = State.CONTEXT, Run(kernel, needs=needs)
+
+def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None) -> Run:
+    """Decide `kernel` (the engine makes sure this runs once per process); the final Run.
+    `needs(other)` -> Outcome decides a kernel this one needs first (the engine's `ensure`);
+    `signature`: the warm signature of `captured` the engine just computed (the first stamp uses it)."""
+    state, current = State.CONTEXT, Run(kernel, world=world, captured=captured, target=target, needs=needs,
+                                        signature=signature)
     try:
         while state is not State.DONE:
             before = state
             state, current = STEP[state](current)
+            current = replace(current, trail=current.trail + (before,))
             events.logger.debug("%s: %s -> %s", kernel, before.value, state.value)
     finally:
         if current.lock is not None:
@@ -108,44 +127,62 @@ def run(kernel: str, needs) -> Run:
 # -- the steps ------------------------------------------------------------------------------
 
 def _context(run: Run):
-    settings, pins, invalid = load()
-    return State.RECOVER, replace(run, settings=settings, pins=pins, invalid=invalid)
-
-
-def _recover(run: Run):
-    """An install killed half-way is rolled back first (recovery.py) - for a kernel in FASTPATH_HOOKS_SKIP
-    too, whose import would otherwise run on the half-written tree."""
-    from .recovery import recover_interrupted
-
-    failed = recover_interrupted(run.settings, invalid=run.invalid, kernel=run.kernel)
-    if failed is not None:
-        events.error(f"{run.kernel}: {failed}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-        return run.done(Outcome(run.kernel, OutcomeState.FAILED, failed))
-    if run.kernel in run.settings.skip:
+    settings, pins, invalid = run.world.context(run.target)
+    run = replace(run, settings=settings, pins=pins, invalid=invalid)
+    if run.kernel in settings.skip:
+        if run.world.pending(settings):   # skipped, yet never imported from a half-written install
+            failed = _recover(run)
+            if failed is not None:
+                return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
         return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
-    return State.PROBE, run
+    return State.READ, run
 
 
-def _probe(run: Run):
-    from ..facts.probe import probe
-
-    return State.PLAN, replace(run, env=probe(run.settings, pins=run.pins))
-
-
-def _plan(run: Run):
-    from ..decide.plan import BLOCK, SKIP
-    from ..decide.policy import decide
-
-    env, plan = complete(run.env, decide(run.env, run.settings, run.pins), run.settings, run.pins)
-    decision = plan[run.kernel]
-    run = replace(run, env=env, plan=plan, decision=decision, planned=decision.action)
+def _read(run: Run):
+    world, settings = run.world, run.settings
+    stamp = world.stamp(run.captured, run.signature)
+    if stamp is None and world.pending(settings):
+        failed = _recover(run)
+        if failed is not None:
+            return run.done(failed)
+        stamp = world.stamp(run.captured)
+    reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
+    if reading is None:
+        env, plan = world.read(settings, run.pins)
+        reading = Reading(stamp, env, plan)
+        if stamp is not None:
+            world.readings.put((run.captured, stamp), reading)
+    decision = reading.plan[run.kernel]
+    run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, plan, quiet=run.invalid is not None))
+        return run.done(_skipped(decision, reading.plan, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
+
+
+def _recover(run: Run) -> Outcome | None:
+    """An install's journal is there: taking the lock waits for that install, after which the
+    journal is gone (committed) or its writer is dead (rolled back here)."""
+    settings, world = run.settings, run.world
+    if settings.mode == "report":
+        events.warning(f"an install into this environment was interrupted ({world.state_dir(settings)}); it is not "
+                       f"rolled back because {run.invalid or 'FASTPATH_HOOKS_MODE=report'}", run.kernel,
+                       once="interrupted-report")
+        return None
+    lock = world.lock(settings, run.kernel)
+    try:
+        lock.acquire()
+    except LockUnavailable as exc:
+        events.error(f"{run.kernel}: {exc}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
+        return Outcome(run.kernel, OutcomeState.FAILED, str(exc))
+    try:
+        world.recover(settings)
+    finally:
+        lock.release()
+    return None
 
 
 def _needs(run: Run):
@@ -165,24 +202,22 @@ def _needs(run: Run):
 
 
 def _cached(run: Run):
-    from ..act.state import VerdictCache
-    from ..decide.plan import OK
-
-    decision, settings = run.decision, run.settings
-    run = replace(run, cache=VerdictCache(settings), fingerprint=fingerprint(run.env, settings, run.pins, run.kernel))
+    decision, settings, world = run.decision, run.settings, run.world
+    run = replace(run, cache=world.cache(settings),
+                  fingerprint=world.fingerprint(run.env, settings, run.pins, run.kernel))
     if decision.action == OK:
         if not decision.verify:
             events.debug(f"{run.kernel}: {decision.reason}", run.kernel)
-            return run.done(Outcome(run.kernel, OutcomeState.OK, decision.reason))
+            return run.good(Outcome(run.kernel, OutcomeState.OK, decision.reason))
         known = _known(run)
         if known is not None:
-            return run.done(known)
+            return run.good(known) if known.state in GOOD else run.done(known)
         # report mode takes no lock; a verdict is all it writes
         return (State.VERIFY if settings.mode == "report" else State.LOCK), run
     if settings.mode == "report":
         return State.REPORT, run
     failed = _remembered_failure(run)
-    return (State.DONE, replace(run, outcome=failed)) if failed is not None else (State.LOCK, run)
+    return run.done(failed) if failed is not None else (State.LOCK, run)
 
 
 def _report(run: Run):
@@ -199,111 +234,116 @@ def _report(run: Run):
 
 
 def _lock(run: Run):
-    from ..decide.plan import OK
-
+    lock = run.world.lock(run.settings, run.kernel)
     try:
-        lock = EnvironmentLock(run.settings, run.kernel).acquire()
+        lock.acquire()
     except LockUnavailable as exc:
         if run.decision.action == OK and not run.repairing:  # verifying unlocked is what the lock only saves repeating
             events.debug(f"{run.kernel}: {exc}; verifying without it", run.kernel)
             return State.VERIFY, run
         return run.done(_failed(run.decision, str(exc)))
-    return State.REPLAN, replace(run, lock=lock)
+    return State.CHECK, replace(run, lock=lock)
 
 
-def _replan(run: Run):
-    """Under the lock: roll back an interrupted install, then read the world again - another process
-    may have installed, verified or failed while this one waited. A repair keeps its decision."""
-    from ..act.installer import recover
-    from ..act.state import environment_state_dir
-    from ..decide.plan import BLOCK, OK, SKIP
-    from .context import snapshot
-
-    recover(environment_state_dir(run.settings))
-    env, plan = snapshot(run.settings, run.pins)
-    current = run.decision if run.repairing else plan[run.kernel]
-    run = replace(run, env=env, plan=plan, decision=current,
-                  fingerprint=fingerprint(env, run.settings, run.pins, run.kernel))
-    kernel = run.kernel
-    if not run.repairing:
-        if current.action == OK:
-            known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
-            if known is None:
-                known = _known(run)
-            if known is None:
-                return State.VERIFY, run
-            if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
-                events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
-                              kernel, once=f"done-{kernel}")
-            return run.done(known)
-        if current.action == SKIP:
-            return run.done(_skipped(current, plan, quiet=run.invalid is not None))
-        if current.action == BLOCK:
-            return run.done(_blocked(current, current.reason, current.fix))
+def _check(run: Run):
+    """Under the lock: roll back an interrupted install; read the world again only when it changed
+    since it was read (another process installed, repaired or built while this one waited); read
+    the verdicts again. A repair keeps its decision while nothing changed."""
+    world, settings, kernel = run.world, run.settings, run.kernel
+    world.recover(settings)
+    now = world.stamp(run.captured)
+    # The lock's first holder in this environment: nothing was changed by fastpath-hooks (only the state
+    # directory was made, which moves site-packages' mtime, part of the stamp)
+    changed = now is None or (now != run.stamp and not run.lock.first)
+    if changed:
+        env, plan = world.read(settings, run.pins)
+        if now is not None:
+            world.readings.put((run.captured, now), Reading(now, env, plan))
+        decision = plan[kernel]
+        run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
+                      fingerprint=world.fingerprint(env, settings, run.pins, kernel))
+    run = replace(run, stamp=now)
+    current = run.decision
+    if run.repairing:
+        return State.INSTALL, run
+    if current.action == OK:
+        known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
+        if known is None:
+            known = _known(run)
+        if known is None:
+            return State.VERIFY, run
+        if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
+            events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
+                          kernel, once=f"done-{kernel}")
+        return run.good(known) if known.state in GOOD else run.done(known)
+    if current.action == SKIP:
+        return run.done(_skipped(current, run.plan, quiet=run.invalid is not None))
+    if current.action == BLOCK:
+        return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
-    return (State.DONE, replace(run, outcome=failed)) if failed is not None else (State.INSTALL, run)
+    return run.done(failed) if failed is not None else (State.INSTALL, run)
 
 
 def _verify(run: Run):
-    from ..act.verify import verify
-    from ..decide.plan import REPAIR
-
     decision, settings, kernel = run.decision, run.settings, run.kernel
-    result = verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
+    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
-    if decision.repair_steps and settings.mode == "install":
+    if decision.repair is not None and settings.mode == "install":
         events.warning(f"{kernel}: {result.detail}; repairing", kernel)
-        repair = replace(decision, action=REPAIR, steps=decision.repair_steps,
-                         reason=f"{result.detail}; repairing", rule=decision.rule + ".repair",
-                         target=_target_of(decision.repair_steps))
-        return (State.REPLAN if run.lock is not None else State.LOCK), replace(run, decision=repair, repairing=True)
+        run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
+        return (State.INSTALL if run.lock is not None else State.LOCK), run
     return State.RECORD, replace(run, verdict=(False, result.detail))
 
 
 def _install(run: Run):
-    from ..act.installer import InstallError, run_steps
-    from ..act.state import environment_state_dir
-    from ..decide.commands import installer_choice
-    from ..decide.plan import REPAIR
-
-    current, settings, kernel = run.decision, run.settings, run.kernel
-    installer, why = installer_choice(settings, run.env)
+    current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
+    installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
         events.warning(f"{kernel}: not installed - {why}", kernel, once=f"fail-{kernel}",
                        persist=f"{current.rule}:no-installer:{why}")
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     verb = "repairing" if current.action == REPAIR else "installing"
-    events.status(f"{kernel}: {verb} {_describe(current)} ({current.reason})", kernel)
+    events.status(f"{kernel}: {verb} {_describe(current)} ({run.check_failed or current.reason})", kernel)
     try:
-        result = run_steps(current, settings=settings, env=run.env, pins=run.pins,
-                           state_dir=environment_state_dir(settings), verify_specs=(run.pins.kernel(kernel),),
-                           kernel_env=current.env)
-    except InstallError as exc:
+        result = world.install(current, settings=settings, env=run.env, pins=run.pins)
+    except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
 
 
 def _record(run: Run):
-    """Write the verdict - after an install under the fingerprint of what is on disk now (the warm
-    verdict is earned under it too) - and say the outcome."""
-    from ..act.state import FAILED
-    from ..act.state import GOOD as VERIFIED
-    from ..decide.plan import REPAIR
-    from .context import snapshot
+    """Write the verdict - after an install under the fingerprint of what is on disk now (settled from
+    the installer's scan) - and the warm verdict of a good outcome, in one write; say the outcome."""
+    world, kernel = run.world, run.kernel
+    if run.installed is not None:
+        env = world.settle(run.env, run.settings, run.pins, run.installed)
+        run = replace(run, env=env, fingerprint=world.fingerprint(env, run.settings, run.pins, kernel),
+                      stamp=world.stamp(run.captured))
+    outcome = run.outcome if run.outcome is not None else _outcome(run)
+    verdict = None
+    if run.verdict is not None:
+        verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
+    warm = None
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None:
+        # a bad variable must be reported at every start, not skipped by a warm hit: no warm verdict then
+        warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
+                                      "env": [list(pair) for pair in run.env_pairs]})
+    if not run.cache.record(kernel, verdict=verdict, warm=warm):
+        events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
+    return run.done(outcome)
 
+
+def _outcome(run: Run) -> Outcome:
+    """The outcome of a verification or an install (RECORD), said."""
     good, detail = run.verdict
     decision, kernel = run.decision, run.kernel
-    if run.installed is not None:
-        env, _ = snapshot(run.settings, run.pins)
-        run = replace(run, env=env, fingerprint=fingerprint(env, run.settings, run.pins, kernel))
-    run.cache.put(kernel, run.fingerprint, VERIFIED if good else FAILED, detail)
     if not good:
-        return run.done(_failed(decision, detail))
+        return _failed(decision, detail)
     result = run.installed
     if result is None:
         events.debug(f"{kernel}: {detail}", kernel)
-        return run.done(Outcome(kernel, OutcomeState.OK, decision.reason))
+        return Outcome(kernel, OutcomeState.OK, decision.reason)
     repaired = decision.action == REPAIR
     done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
     events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {done} in {result.seconds:.1f} s with "
@@ -311,19 +351,18 @@ def _record(run: Run):
     if result.restart_advised:
         events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
                        "disk; restart it to avoid running mixed versions", kernel)
-    return run.done(Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, decision.reason))
+    reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
+    return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
 
 STEP = {
     State.CONTEXT: _context,
-    State.RECOVER: _recover,
-    State.PROBE: _probe,
-    State.PLAN: _plan,
+    State.READ: _read,
     State.NEEDS: _needs,
     State.CACHED: _cached,
     State.REPORT: _report,
     State.LOCK: _lock,
-    State.REPLAN: _replan,
+    State.CHECK: _check,
     State.VERIFY: _verify,
     State.INSTALL: _install,
     State.RECORD: _record,
@@ -335,8 +374,6 @@ STEP = {
 def _known(run: Run) -> Outcome | None:
     """The cached verdict of an installed kernel: good, or a failure remembered for
     FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers)."""
-    from ..act.state import GOOD as VERIFIED
-
     decision = run.decision
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is None:
@@ -348,8 +385,6 @@ def _known(run: Run) -> Outcome | None:
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
-    from ..act.state import FAILED
-
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is not None and cached["state"] == FAILED:
         return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings)
@@ -412,15 +447,6 @@ def _describe(decision) -> str:
     if decision.target:
         return " + ".join(f"{k} {v}" for k, v in decision.target.items())
     return ", ".join(r for s in decision.steps for r in s.requirements)
-
-
-def _target_of(steps) -> dict:
-    """dist -> version the kernel/replace steps pin (read from the steps' parsed requirements)."""
-    out = {}
-    for step in steps:
-        if step.kind in (StepKind.KERNEL, StepKind.REPLACE):
-            out.update(step.exact)
-    return out
 
 
 def _hazard_fix(pins, kernel: str) -> str:

@@ -1,7 +1,8 @@
 """An install killed half-way leaves its journal (and a half-written kernel) behind: it is rolled back
-under the environment lock before any kernel is imported or trusted - at every install() and start-up
-hand-over (hooks.install: one stat, the same as `pending_journal`) and at the start of every decision, whatever the
-kernel and whatever FASTPATH_HOOKS_SKIP or install(kernels=...) leave out.
+under the environment lock before any kernel is imported - at every install() and start-up hand-over
+(hooks.install: one access(2), the same rule as `pending_journal`), at the import of a kernel that
+install(kernels=...) leaves out (hooks/importer.py), and in every decision, a skipped kernel's too
+(machine.py: CONTEXT, READ). Through the World (world.py), like everything the engine does outside.
 
 The journal exists while an install runs too: taking the lock waits for that install, after which the
 journal is gone (committed) or its writer is dead (rolled back here)."""
@@ -11,13 +12,13 @@ from __future__ import annotations
 import os
 
 from .. import events
-from .lock import EnvironmentLock, LockUnavailable
+from .lock import LockUnavailable
 
-LABEL = "an interrupted install"
+LABEL = "an interrupted install"   # who waits, in the lock's "waiting for another process" line
 
 
 def pending_journal() -> str | None:
-    """The journal path hooks.install() checks (the same rule, as a function), or None."""
+    """The journal hooks.install() looks for (the same rule, as a function), or None."""
     import sys
 
     from ..act.state import JOURNAL, STATE_DIR_NAME
@@ -28,53 +29,36 @@ def pending_journal() -> str | None:
             journal = os.path.join(entry, STATE_DIR_NAME, JOURNAL)
             if os.path.exists(journal):
                 return journal
-    return None   # who waits, in the lock's "waiting for another process" line
-
-
-def recover_interrupted(settings, *, invalid: str | None = None, kernel: str | None = None,
-                        wait: bool = True) -> str | None:
-    """Roll back this environment's interrupted install, if any. None when there was none, it is rolled
-    back, or report mode keeps it (said once); else why it could not be (the lock). wait=False: only if
-    the lock is free now - an install that holds it is running, not interrupted, and whoever imports its
-    kernel waits for it there."""
-    from ..act.state import JOURNAL, environment_state_dir
-
-    state_dir = environment_state_dir(settings)
-    if not os.path.exists(os.path.join(state_dir, JOURNAL)):
-        return None
-    if settings.mode == "report":
-        events.warning(f"an install into this environment was interrupted ({state_dir}); it is not rolled back "
-                       f"because {invalid or 'FASTPATH_HOOKS_MODE=report'}", kernel, once="interrupted-report")
-        return None
-    from ..act.installer import recover
-
-    if not wait:
-        lock = EnvironmentLock(settings, kernel or LABEL).try_acquire()
-        if lock is None:
-            events.debug(f"an install into this environment is running ({state_dir}); the imports of its kernel "
-                         "wait for it", kernel)
-            return None
-        try:
-            recover(state_dir)
-        finally:
-            lock.release()
-        return None
-    try:
-        with EnvironmentLock(settings, kernel or LABEL):
-            recover(state_dir)
-    except LockUnavailable as exc:
-        return str(exc)
     return None
 
 
 def recover_now(wait: bool = True) -> None:
-    """When the one stat found a journal: the settings as a decision reads them, then the rollback.
-    install() (wait=False) rolls back a dead install's leftovers before it returns, so before the script
-    imports any kernel; an install running now (in another thread or process) is not waited for there."""
-    from .context import load
+    """Roll back this environment's interrupted install, if any, with the settings a decision reads.
+    wait=False (install()): only when the lock is free now - an install holding it is running, not
+    interrupted (in another thread or process), and whoever imports its kernel waits for it there."""
+    from . import current_world
 
-    settings, _, invalid = load()
-    why = recover_interrupted(settings, invalid=invalid, wait=wait)
-    if why:
-        events.error(f"{LABEL} in this environment could not be rolled back yet: {why}; the next kernel import "
-                     "tries again", once="recover-now")
+    world = current_world()
+    settings, _, invalid = world.context()
+    if not world.pending(settings):
+        return
+    if settings.mode == "report":
+        events.warning(f"an install into this environment was interrupted ({world.state_dir(settings)}); it is not "
+                       f"rolled back because {invalid or 'FASTPATH_HOOKS_MODE=report'}", once="interrupted-report")
+        return
+    lock = world.lock(settings, LABEL)
+    if wait:
+        try:
+            lock.acquire()
+        except LockUnavailable as exc:
+            events.error(f"{LABEL} in this environment could not be rolled back yet: {exc}; the next kernel "
+                         "import tries again", once="recover-now")
+            return
+    elif lock.try_acquire() is None:
+        events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports of "
+                     "its kernel wait for it")
+        return
+    try:
+        world.recover(settings)
+    finally:
+        lock.release()

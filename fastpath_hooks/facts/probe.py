@@ -20,6 +20,7 @@ from functools import cached_property
 
 from .distributions import canonical_name, scan
 from .frozen import FrozenMap, freeze_fields, thaw
+from .procfs import mem_available_gib
 
 WATCHED_DISTRIBUTIONS = (
     "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
@@ -153,25 +154,17 @@ def parse_version(text: str | None):
         return None
 
 
-def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Environment:
-    """`pins`: the loaded pins (which distributions provide triton); default the shipped ones."""
+def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=None) -> Environment:
+    """`pins`: the loaded pins (which distributions provide triton); default the shipped ones.
+    `found`: a `scan()` of sys.path already made (the installer's, after an install), else one is made."""
     from .target import parse_target
 
     if pins is None:
         from .pins import load
 
         pins = load(None)
-    triton_names = pins.triton_distributions
-
-    from . import cached_wheels
-    from .._environ import cache_root
-
     posed = parse_target(settings.target) if settings is not None and settings.target else {}
-    cache = cache_root(settings) if settings is not None else None
-    found, duplicates = scan()
-    dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
-    half_installed = tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS))
-
+    found, duplicates = scan() if found is None else found
     torch_info = _torch_build_info(found.get("torch"))
     gpus, gpu_source, cxx11_abi = _gpus(torch_info, posed, allow_torch_import)
 
@@ -181,25 +174,19 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         "os": {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform),
         "arch": _normal_arch(uname.machine if uname else os.environ.get("PROCESSOR_ARCHITECTURE", "")),
         "glibc": _glibc(),
-        "torch": dists.get("torch"),
+        "torch": found["torch"].version if "torch" in found else None,
         "cuda": torch_info.get("cuda"),
         "hip": torch_info.get("hip"),
         "xpu": bool(torch_info.get("xpu")),
         "cxx11_abi": cxx11_abi,
-        "nvcc": _find_nvcc(dists),
         "uv": _find_uv(),
         "hipcc": _find_hipcc(),
         "cpus": _cpus(),
     }
-    real["nvcc_version"] = _toolkit_version(real["nvcc"])
     facts = dict(real)
-    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "nvcc", "uv", "hipcc",
-                "cpus"):
+    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "uv", "hipcc", "cpus"):
         if key in posed:
             facts[key] = posed[key]
-    if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
-        facts["nvcc_version"] = None if posed["nvcc"] in (None, "posed") else posed["nvcc"]
-        facts["nvcc"] = None if posed["nvcc"] is None else "posed"
     if isinstance(facts["hipcc"], bool):
         facts["hipcc"] = "posed" if facts["hipcc"] else None
     if "cuda" in posed and posed["cuda"] and "hip" not in posed:
@@ -213,25 +200,6 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         gpus, gpu_source = posed["gpus"], "target"
         if facts["xpu"] is False and "xpu" in gpus:
             facts["xpu"] = True
-
-    dists = dict(dists)
-    for name, version in posed.get("distributions", {}).items():
-        if version is None:
-            dists.pop(name, None)
-        else:
-            dists[name] = version
-    if "torch" in posed:
-        if posed["torch"] is None:
-            dists.pop("torch", None)
-        else:
-            dists["torch"] = posed["torch"]
-
-    triton, triton_dist = _triton(dists, posed, facts, triton_names)
-    if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
-        for name in triton_names:
-            dists.pop(name, None)
-        if triton_dist is not None:
-            dists[triton_dist] = triton
     env = Environment(
         python=facts["python"],
         implementation=sys.implementation.name,
@@ -245,26 +213,76 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True) -> Envir
         cxx11_abi=facts["cxx11_abi"],
         gpus=tuple(gpus),
         gpu_source=gpu_source,
-        triton=triton,
-        triton_dist=triton_dist,
-        nvcc=facts["nvcc"],
-        distributions=dists,
-        half_installed=half_installed,
+        triton=None,
+        triton_dist=None,
+        nvcc=None,
         uv=facts["uv"],
         wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
         fla_tilelang_env=os.environ.get("FLA_TILELANG"),
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
         pip_index_config=pip_index_config(),
-        nvcc_version=facts["nvcc_version"],
         hipcc=facts["hipcc"],
         cpus=facts["cpus"],
-        memory_gib=_memory_gib(),
+        memory_gib=mem_available_gib(),
+    )
+    return _with_distributions(env, found, duplicates, posed, settings, pins)
+
+
+def after_install(env: Environment, settings, pins, found) -> Environment:
+    """`env` as `probe` would find it after an install changed distributions (and perhaps the wheel
+    cache): the facts that follow from what is installed are derived again from `found` (the
+    installer's own `scan()` afterwards); the machine's own facts (GPUs, torch's build, the
+    compilers) stay as probed - an install never changes them (torch & co are protected)."""
+    from .target import parse_target
+
+    posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    return _with_distributions(env, found[0], found[1], posed, settings, pins)
+
+
+def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: dict, settings, pins) -> Environment:
+    """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
+    from dataclasses import replace
+
+    from . import cached_wheels
+    from .._environ import cache_root
+
+    dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
+    nvcc = _find_nvcc(dists)
+    nvcc_version = _toolkit_version(nvcc)
+    if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
+        nvcc_version = None if posed["nvcc"] in (None, "posed") else posed["nvcc"]
+        nvcc = None if posed["nvcc"] is None else "posed"
+    for name, version in posed.get("distributions", {}).items():
+        if version is None:
+            dists.pop(name, None)
+        else:
+            dists[name] = version
+    if "torch" in posed:
+        if posed["torch"] is None:
+            dists.pop("torch", None)
+        else:
+            dists["torch"] = posed["torch"]
+    facts = {"hip": env.torch_hip, "xpu": env.torch_xpu}
+    triton, triton_dist = _triton(dists, posed, facts, pins.triton_distributions)
+    if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
+        for name in pins.triton_distributions:
+            dists.pop(name, None)
+        if triton_dist is not None:
+            dists[triton_dist] = triton
+    cache = cache_root(settings) if settings is not None else None
+    return replace(
+        env,
+        triton=triton,
+        triton_dist=triton_dist,
+        nvcc=nvcc,
+        nvcc_version=nvcc_version,
+        distributions=dists,
+        half_installed=tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS)),
         wheel_cache=cached_wheels.directory(cache) if cache else None,
         cached_wheels=cached_wheels.listing(cache),
         pip="pip" in dists,
     )
-    return env
 
 
 def with_nvcc_version(env: Environment) -> Environment:
@@ -333,17 +351,6 @@ def _cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
-
-
-def _memory_gib() -> float | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return round(int(line.split()[1]) / (1 << 20), 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _torch_build_info(dist) -> dict:

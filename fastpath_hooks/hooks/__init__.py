@@ -1,4 +1,4 @@
-"""install() / uninstall(), the start-up entry and the import finder.
+"""install() / uninstall(), the start-up entry and the import finder: the top of the hook layer.
 
 This module is what an enabled environment loads at the first watched import (or
 `sitecustomize-entrypoints` at every start), so it holds only what that needs: it
@@ -11,16 +11,55 @@ at once for every name it does not watch; for the ones it does (`_names.WATCHED`
   repair, or make the import fail with an explanation (era C of transformers
   chooses kernels with exactly this import, see transformers-eras.md);
 - `transformers.utils.import_utils`: after it executed - wrap the gates.
+
+What install() decided lives in one object, `HOOKS` (the lock, the finder, the selected
+kernels); the modules below (importer, gates, late) are handed it and never import this
+module, so the hook layer has no import circle. (A separate state module would cost
+install() one more module load - ~0.4 M instructions, a fifth of what install() costs.)
 """
 
 import sys
 import _thread
 
-from .._names import GATES_MODULE, STAND_IN, STARTUP_FORMATS, VOICE, WATCHED, disabled, local_rank
+from .._names import GATES_MODULE, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
 
-_lock = _thread.RLock()
-# ended: uninstall() ran - a start-up stand-in must not install the hooks again.
-_state = {"finder": None, "kernels": None, "ended": False}
+
+class Hooks:
+    """What install() decided, handed to the modules that act on it: one lock (held for
+    milliseconds: registering, wrapping, rebinding), the finder in place, the kernels
+    selected (None: all), and whether uninstall() ended it (a start-up stand-in must not
+    install the hooks again then)."""
+
+    def __init__(self):
+        self.lock = _thread.RLock()
+        self.finder = None
+        self.kernels = None
+        self.ended = False
+
+    def installed(self) -> bool:
+        return self.finder is not None and self.finder in sys.meta_path
+
+    def selected(self, kernel) -> bool:
+        return self.kernels is None or kernel in self.kernels
+
+    @staticmethod
+    def ours(finder) -> bool:
+        """Whether a sys.meta_path entry is fastpath-hooks' finder."""
+        return isinstance(finder, KernelImportFinder)
+
+    @staticmethod
+    def internal_error(exc) -> None:
+        """One error line for a bug of ours on the import path; the import goes on without us."""
+        try:
+            from ..events import internal_error as report
+
+            report(exc)
+        except Exception:
+            pass
+
+
+HOOKS = Hooks()
+internal_error = HOOKS.internal_error
 
 
 def activate():
@@ -40,17 +79,17 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
     """Called by the start-up stand-in (hooks/startup.py) at the first watched import, from
     inside that import: activate - unless install() or uninstall() already decided - then
     answer the import as the finder would. Never raises into the import. `format`: the
-    stand-in's format (None: v4, before the tag); one this version does not know (a newer
-    fastpath-hooks wrote the entry) is said in one line, and the hand-over goes on."""
+    stand-in's format; another one (a newer fastpath-hooks wrote the entry) is said in one
+    line, and the hand-over goes on."""
     try:
-        if format not in STARTUP_FORMATS:
+        if format != STARTUP_FORMAT:
             from ..events import warning
 
-            warning(f"the start-up entry here is of a newer format ({format!r}) than this fastpath-hooks knows; "
-                    "run `fastpath-hooks enable` again to rewrite it", once="startup-format")
-        if _state["finder"] is None and not _state["ended"]:
+            warning(f"the start-up entry here is of another format ({format!r}) than this fastpath-hooks writes "
+                    f"({STARTUP_FORMAT}); run `fastpath-hooks enable` again to rewrite it", once="startup-format")
+        if HOOKS.finder is None and not HOOKS.ended:
             activate()
-        finder = _state["finder"]
+        finder = HOOKS.finder
         return None if finder is None else finder.find_spec(fullname, path, target)
     except Exception as exc:
         internal_error(exc)
@@ -74,28 +113,28 @@ def install(*, kernels=None, on_event=None):
 
         logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
         return False
-    with _lock:
-        _state["ended"] = False
+    with HOOKS.lock:
+        HOOKS.ended = False
         if on_event is not None:
             from ..events import add_listener
 
             add_listener(on_event)
         if kernels is None:
-            _state["kernels"] = None
+            HOOKS.kernels = None
         else:
             from .importer import normalize
 
-            _state["kernels"] = normalize(kernels)
-        finder = _state["finder"]
+            HOOKS.kernels = normalize(kernels)
+        finder = HOOKS.finder
         if finder is None or finder not in sys.meta_path:
-            finder = _state["finder"] = KernelImportFinder()
+            finder = HOOKS.finder = KernelImportFinder()
             _place(finder)
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
             from .importer import after_gates_import
 
-            after_gates_import(gates_module)
+            after_gates_import(gates_module, HOOKS)
     _claim_voice()
     if _settings_given():
         _check_settings()
@@ -137,10 +176,13 @@ def _claim_voice() -> None:
 
 
 def _settings_given() -> bool:
-    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install()."""
-    from .._names import DISABLE, given
+    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install().
+    The names only (reading every value costs install() a tenth of its instructions)."""
+    import os
 
-    return any(name != DISABLE for name, _ in given())
+    from .._names import DISABLE, PREFIX
+
+    return any(name.startswith(PREFIX) and name != DISABLE for name in os.environ)
 
 
 def _check_settings() -> None:
@@ -177,7 +219,7 @@ def _late() -> None:
     try:
         from .late import heal
 
-        heal()
+        heal(HOOKS)
     except Exception as exc:
         internal_error(exc)
 
@@ -185,12 +227,12 @@ def _late() -> None:
 def uninstall():
     """Undo install(): finders removed, the original gates back in every module; a start-up
     stand-in stays quiet from now on (install() turns fastpath-hooks on again)."""
-    with _lock:
-        _state["ended"] = True
+    with HOOKS.lock:
+        HOOKS.ended = True
         _quiet_stand_ins()
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
-        _state["finder"] = None
-        _state["kernels"] = None
+        HOOKS.finder = None
+        HOOKS.kernels = None
         events = sys.modules.get("fastpath_hooks.events")
         if events is not None:
             events.clear_listeners()
@@ -203,12 +245,11 @@ def uninstall():
 
 
 def installed():
-    return _state["finder"] is not None and _state["finder"] in sys.meta_path
+    return HOOKS.installed()
 
 
 def selected(kernel):
-    kernels = _state["kernels"]
-    return kernels is None or kernel in kernels
+    return HOOKS.selected(kernel)
 
 
 def _place(finder) -> None:
@@ -231,18 +272,8 @@ def _quiet_stand_ins() -> None:
 
 
 def is_stand_in(entry) -> bool:
-    """A start-up stand-in: the function written since format v4, or an older entry's class instance."""
-    return getattr(entry, "__name__", None) == STAND_IN or type(entry).__name__ == STAND_IN
-
-
-def internal_error(exc) -> None:
-    """One error line for a bug of ours on the import path; the import goes on without us."""
-    try:
-        from ..events import internal_error as report
-
-        report(exc)
-    except Exception:
-        pass
+    """A start-up stand-in (hooks/startup.py writes a function of that name)."""
+    return getattr(entry, "__name__", None) == STAND_IN
 
 
 class KernelImportFinder:
@@ -254,7 +285,7 @@ class KernelImportFinder:
         try:
             from .importer import find_spec
 
-            return find_spec(fullname, path, target)
+            return find_spec(fullname, path, target, HOOKS)
         except Exception as exc:  # never make an import worse than without fastpath-hooks
             internal_error(exc)
             return None

@@ -47,8 +47,9 @@ _PASS, _BLOCKED = "pass", "blocked"
 _simulation_lock = threading.RLock()
 
 
-def patch(import_utils, *, just_imported: bool = False) -> None:
-    """Wrap the gates of `import_utils` and rebind them (callers hold hooks' lock).
+def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
+    """Wrap the gates of `import_utils` and rebind them (callers hold `hooks.lock`; `hooks`: the
+    hooks' registry, hooks.HOOKS, which the wrappers ask what is selected).
 
     just_imported: called right after that module executed - nothing else can hold the
     originals yet, so only its namespace is rebound; otherwise every module's (one pass).
@@ -60,7 +61,7 @@ def patch(import_utils, *, just_imported: bool = False) -> None:
             continue
         if name in _patched and _patched[name][0] is current:
             continue  # the wrapper stepped aside: done, not wrapped again
-        wrapper = _wrap(current, kernels, import_utils)
+        wrapper = _wrap(current, kernels, import_utils, hooks)
         _patched[name] = (current, wrapper)
         swaps[id(current)] = (current, wrapper)
     if not swaps:
@@ -77,10 +78,6 @@ def unpatch() -> None:
     _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()})
     _patched.clear()
     _bound.clear()
-
-
-def patched() -> dict:
-    return {name: pair[1] for name, pair in _patched.items()}
 
 
 def _rebind(swaps: dict) -> list:
@@ -113,7 +110,7 @@ def _rebind_in(namespaces, swaps: dict) -> list:
     return out
 
 
-def _wrap(original, kernels: tuple, import_utils):
+def _wrap(original, kernels: tuple, import_utils, hooks):
     mode = None  # None until the first query; then _PASS, _BLOCKED or an accelerator kind to simulate
 
     @functools.wraps(original)
@@ -122,9 +119,9 @@ def _wrap(original, kernels: tuple, import_utils):
         if mode is _PASS:  # the common case after the first query: one identity test
             return original(*args, **kwargs)
         if mode is None:
-            mode = _first_query(kernels, import_utils)
+            mode = _first_query(kernels, import_utils, hooks)
             if mode is _PASS:
-                _step_aside(gate, original)
+                _step_aside(gate, original, hooks)
                 return original(*args, **kwargs)
         if mode is _BLOCKED:
             return False
@@ -139,7 +136,7 @@ def _wrap(original, kernels: tuple, import_utils):
     return gate
 
 
-def _step_aside(wrapper, original) -> None:
+def _step_aside(wrapper, original, hooks) -> None:
     """Put the original back wherever the wrapper is: nothing is left for the wrapper to do.
 
     Where patch() bound it, and in transformers' modules, which may have copied it since
@@ -147,10 +144,8 @@ def _step_aside(wrapper, original) -> None:
     a key lookup each, no full scan. A copy elsewhere keeps the wrapper, which now only
     passes through (one identity test)."""
     try:
-        from ..hooks import _lock
-
         name = original.__name__
-        with _lock:
+        with hooks.lock:
             for namespace, key in _bound.pop(id(wrapper), ()):
                 if namespace.get(key) is wrapper:
                     namespace[key] = original
@@ -160,14 +155,11 @@ def _step_aside(wrapper, original) -> None:
                     if isinstance(namespace, dict) and namespace.get(name) is wrapper:
                         namespace[name] = original
     except Exception as exc:  # the wrapper keeps passing through: only a little slower
-        from .importer import internal_error
-
-        internal_error(exc)
+        hooks.internal_error(exc)
 
 
-def _first_query(kernels: tuple, import_utils):
+def _first_query(kernels: tuple, import_utils, hooks):
     try:
-        from .. import hooks
         from .. import engine
         from ..engine.outcome import CHANGED
 
@@ -180,9 +172,7 @@ def _first_query(kernels: tuple, import_utils):
             if hooks.selected(partner):
                 engine.ensure(partner)
     except Exception as exc:  # the original gate's answer, untouched
-        from .importer import internal_error
-
-        internal_error(exc)
+        hooks.internal_error(exc)
         return _PASS
     # The block is decided: nothing after this point may drop it (fail safe at the seam).
     mode = _BLOCKED if outcome.block is not None else None
@@ -191,9 +181,7 @@ def _first_query(kernels: tuple, import_utils):
         refresh(import_utils, distributions=changed)
         return mode or engine.simulation() or _PASS
     except Exception as exc:  # a stale cache at worst; a blocked kernel stays blocked
-        from .importer import internal_error
-
-        internal_error(exc)
+        hooks.internal_error(exc)
         return mode or _PASS
 
 
@@ -229,7 +217,8 @@ def simulated_accelerator(import_utils, kind: str):
     `torch.<cuda|xpu>.is_available` lasts for the call only (serialised by a lock,
     transformers' cached `is_torch_cuda_available` cleared before and after), so
     nothing else in the process - the model's own device checks - sees a GPU.
-    Without an importable torch the gate runs as it is.
+    Without an importable torch the gate runs as it is. It patches torch, not transformers'
+    `is_torch_cuda_available`: era A's gates (4.57.6) call `torch.cuda.is_available()` themselves.
     """
     try:
         import torch

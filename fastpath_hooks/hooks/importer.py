@@ -1,4 +1,5 @@
-"""What the import finder does for the names it watches (`hooks.KernelImportFinder`).
+"""What the import finder does for the names it watches (`hooks.KernelImportFinder`), for the
+hooks' registry it is handed (`hooks.HOOKS`: the lock, what is installed and selected).
 
 Loaded at the first watched import, never at interpreter start:
 
@@ -18,21 +19,20 @@ from __future__ import annotations
 import sys
 import _thread
 
-from .. import hooks
 from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
 
-def find_spec(fullname, path, target):
+def find_spec(fullname, path, target, hooks):
     key = (_thread.get_ident(), fullname)
     if key in _busy:
         return None
     _busy.add(key)
     try:
         if fullname == GATES_MODULE:
-            return _after_import_spec(fullname, path, target)
-        return _before_kernel_import(fullname)
+            return _after_import_spec(fullname, path, target, hooks)
+        return _before_kernel_import(fullname, hooks)
     finally:
         _busy.discard(key)
 
@@ -56,24 +56,21 @@ def normalize(kernels) -> frozenset:
     return frozenset(out)
 
 
-def after_gates_import(module, *, just_imported: bool = False) -> None:
+def after_gates_import(module, hooks, *, just_imported: bool = False) -> None:
     """Wrap the gates - under the hooks' lock, and only while installed (an uninstall() may
     have run between this module's find_spec and the end of its execution).
     just_imported: the module has just executed, so only it holds the gates."""
     try:
-        with hooks._lock:
+        with hooks.lock:
             if hooks.installed():
                 from . import gates
 
-                gates.patch(module, just_imported=just_imported)
+                gates.patch(module, hooks, just_imported=just_imported)
     except Exception as exc:
-        internal_error(exc)
+        hooks.internal_error(exc)
 
 
-internal_error = hooks.internal_error  # one guarded reporter for the whole import path
-
-
-def _before_kernel_import(fullname):
+def _before_kernel_import(fullname, hooks):
     kernel = KERNEL_MODULES[fullname]
     if not hooks.selected(kernel):   # not ours to decide - but never imported from a half-written install
         from ..engine.recovery import pending_journal, recover_now
@@ -82,7 +79,7 @@ def _before_kernel_import(fullname):
             try:
                 recover_now()
             except Exception as exc:
-                internal_error(exc)
+                hooks.internal_error(exc)
         return None
     served = SERVES.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
@@ -92,7 +89,7 @@ def _before_kernel_import(fullname):
 
         message = engine.before_import(kernel)
     except Exception as exc:  # never make an import worse than without fastpath-hooks
-        internal_error(exc)
+        hooks.internal_error(exc)
         return None
     if message is None:
         return None
@@ -109,10 +106,10 @@ def _on_path(module: str) -> bool:
     return PathFinder.find_spec(module) is not None
 
 
-def _after_import_spec(fullname, path, target):
+def _after_import_spec(fullname, path, target, hooks):
     """The spec the rest of sys.meta_path finds, its loader wrapped to call us afterwards."""
     for finder in list(sys.meta_path):
-        if isinstance(finder, hooks.KernelImportFinder):
+        if hooks.ours(finder):
             continue
         find = getattr(finder, "find_spec", None)
         if find is None:
@@ -124,12 +121,8 @@ def _after_import_spec(fullname, path, target):
         return None
     if spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
-    spec.loader = AfterImportLoader(spec.loader, _just_imported)
+    spec.loader = AfterImportLoader(spec.loader, lambda module: after_gates_import(module, hooks, just_imported=True))
     return spec
-
-
-def _just_imported(module) -> None:
-    after_gates_import(module, just_imported=True)
 
 
 class BlockedLoader:

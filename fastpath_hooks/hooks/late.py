@@ -167,9 +167,9 @@ _NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values
 _healing: set = set()   # names of the modeling modules a pass (of any thread) is healing now
 
 
-def heal() -> None:
-    """Rebind the kernel choice of every modeling module imported before install().
-    Costs a scan of sys.modules when none is (benchmarks/late_cost.py).
+def heal(hooks) -> None:
+    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: the
+    hooks' registry, hooks.HOOKS). Costs a scan of sys.modules when none is (benchmarks/late_cost.py).
 
     As wrapt's post-import hooks: what to heal is decided under the hooks' lock (each module is
     claimed by one pass at a time); the kernels are decided - installed, for minutes maybe - and every
@@ -179,9 +179,7 @@ def heal() -> None:
     modules = imported_modeling_modules()
     if not modules:
         return
-    from .. import hooks
-
-    with hooks._lock:
+    with hooks.lock:
         if not hooks.installed():
             return
         mine = [m for m in modules if m.__name__ not in _healing]   # a module another pass heals now is its
@@ -195,14 +193,14 @@ def heal() -> None:
                  f"imported before install() keep their kernel choice ({', '.join(_short(m) for m in mine)}): {FIX}",
                  once="late-unknown")
             return
-        heal_pass = _Pass()
+        heal_pass = _Pass(hooks)
         plans = heal_pass.era_c(mine) if era == "C" else heal_pass.era_ab(mine, era)   # no lock held
-        with hooks._lock:
+        with hooks.lock:
             applied = [plan.apply() for plan in plans] if hooks.installed() else []
         for plan, changed in applied:
             heal_pass.report(plan, changed)
     finally:
-        with hooks._lock:
+        with hooks.lock:
             _healing.difference_update(m.__name__ for m in mine)
 
 
@@ -241,7 +239,8 @@ def _short(module) -> str:
 class _Pass:
     """One heal pass: kernel decisions and fresh resolutions are asked once per package."""
 
-    def __init__(self):
+    def __init__(self, hooks):
+        self.hooks = hooks
         self.outcomes: dict = {}   # package -> engine Outcome (None: not managed / not selected)
         self.gate_says: dict = {}  # gate name -> its answer now (eras A/B)
         self.fresh: dict = {}      # "module.attribute" -> the object a fresh import binds, or None (eras A/B)
@@ -250,18 +249,15 @@ class _Pass:
 
     def decide(self, package: str):
         if package not in self.outcomes:
-            from .. import hooks
             from .. import engine
 
             kernel = PACKAGES.get(package)
-            self.outcomes[package] = engine.ensure(kernel) if kernel and hooks.selected(kernel) else None
+            self.outcomes[package] = engine.ensure(kernel) if kernel and self.hooks.selected(kernel) else None
         return self.outcomes[package]
 
     def managed(self, package: str) -> bool:
-        from .. import hooks
-
         kernel = PACKAGES.get(package)
-        return kernel is None or hooks.selected(kernel)
+        return kernel is None or self.hooks.selected(kernel)
 
     # -- era C -------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""The Mamba / state-space families of transformers: what each era binds, and the README table made
-from what tests/test_mamba_families.py observed on the real transformers.
+"""The Mamba / state-space families of transformers: what each era binds, and the table of
+docs/transformers.md made from what tests/test_mamba_families.py observed on the real transformers.
 
 Read from the released sources (`pip download --no-deps transformers==X`, then `ast`):
 - era A, 4.57.6: module-level `if is_mamba_ssm_available() / is_mamba_2_ssm_available() /
@@ -97,7 +97,7 @@ def decorated_in_source(path: str) -> dict:
     return out
 
 
-# -- the README table -------------------------------------------------------------------------------
+# -- the table in docs/transformers.md ---------------------------------------------------------------
 
 BEGIN, END = "<!-- mamba-families:begin (made by tests/test_mamba_families.py) -->", "<!-- mamba-families:end -->"
 COLUMNS = (("A", "4.57.x: at modeling import (gates)"), ("B", "5.0 - 5.14: at model construction (`lazy_load_kernel`)"),
@@ -132,9 +132,9 @@ def table(observed: dict, latest: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def readme_table(readme: str) -> str | None:
-    """The table block of the README (markers included), or None when it has none."""
-    start, end = readme.find(BEGIN), readme.find(END)
+def documented_table(text: str) -> str | None:
+    """The table block of a document (markers included), or None when it has none."""
+    start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < 0:
         return None
-    return readme[start:end + len(END)]
+    return text[start:end + len(END)]

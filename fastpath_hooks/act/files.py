@@ -1,0 +1,57 @@
+"""Files written whole or not at all, and their digests: the one way the act layer replaces a
+file (the verdict cache, the journal, the wheel cache and its sidecars, a wheelhouse export).
+
+A temporary file in the target's directory, flushed and fsynced, then renamed over the target:
+a reader sees the old file or the new one, never half of one; a failure (or Ctrl-C) removes the
+temporary file and leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
+    """Replace `path` with what `write(file)` writes (its directory made if absent)."""
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str, data) -> None:
+    import json
+
+    atomic_write(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True), suffix=".json")
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    """Copy `src` to `dst` atomically."""
+    import shutil
+
+    with open(src, "rb") as source:
+        atomic_write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20), binary=True,
+                     suffix=os.path.splitext(dst)[1])
+
+
+def sha256_of(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,134 @@
+"""The engine's ahead-of-time jobs: `fastpath-hooks build` (a compiled kernel into the wheel cache,
+for GPU archs that may not be here) and `fastpath-hooks download` (a target machine's wheels into
+a wheelhouse). Like `ensure()`, they read the world through a `World` (world.py) - once - and
+change it only under the environment lock; the CLI parses, prints and exits.
+
+Each is a pure planning step (`plan_build`, `plan_download`: what would be done, and why not)
+and an acting step (`build`, `download`), so the CLI can say what it is about to do before
+minutes of building, and tests can check the plan without running it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from .lock import LockUnavailable
+from .world import InstallFailed
+
+
+class Refused(ValueError):
+    """Bad input (an unknown kernel for `build`, an arch list that does not parse, a torch that is
+    not a GPU build): one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    kernel: str
+    settings: object
+    env: object                 # the probed facts, the GPUs replaced by the archs asked for
+    pins: object
+    decision: object = None     # the build's Decision (SKIP: not built, its reason and fix)
+    cached: str | None = None   # a fitting wheel already in the wheel cache: nothing to build
+
+    @property
+    def builds(self) -> bool:
+        from ..decide.plan import SKIP
+
+        return self.cached is None and self.decision is not None and self.decision.action != SKIP
+
+
+def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild: bool = False, world=None) -> BuildPlan:
+    """What `fastpath-hooks build KERNEL [--arch ARCHS] [--rebuild]` would do; Refused for bad input."""
+    from .._environ import cache_root
+    from ..act import wheelcache
+    from ..decide.policy import built_fits, decide_build
+
+    world = world or _world()
+    if kernel not in pins.source_builds:
+        raise Refused(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
+                      f"{', '.join(pins.source_builds)}")
+    env = world.probe(settings, pins, nvcc=True)
+    if not (env.torch_cuda or env.torch_hip):
+        raise Refused(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
+                      "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
+    if archs:
+        from ..facts.target import parse_target
+
+        wanted = [a.strip() for a in archs.split(",") if a.strip()]
+        if wanted == ["all"]:
+            gpus, settings = (), replace(settings, allow_build="1")
+        else:
+            try:
+                gpus = parse_target("gpu=" + "+".join(wanted))["gpus"]
+            except ValueError as exc:
+                raise Refused(f"--arch {archs}: {exc}") from None
+            settings = replace(settings, allow_build="auto")
+    elif env.gpus:
+        gpus, settings = env.gpus, replace(settings, allow_build="auto")
+    else:
+        raise Refused(f"no GPU found here ({env.gpu_source}): name the archs to build for, e.g. --arch sm_90")
+    env = replace(env, gpus=tuple(gpus))
+    if gpus and not rebuild:
+        have = [n for n in env.cached_wheels if built_fits(env, pins, n, kernel=kernel)]
+        if have:
+            return BuildPlan(kernel, settings, env, pins,
+                             cached=os.path.join(wheelcache.directory(cache_root(settings)), have[0]))
+    return BuildPlan(kernel, settings, env, pins, decision=decide_build(env, settings, pins, kernel))
+
+
+def build(plan: BuildPlan, *, world=None) -> list:
+    """Run a BuildPlan that builds: under the environment lock (an interrupted install's journal
+    rolled back first: its backup must not be overwritten), the wheels into the cache; their paths.
+    InstallFailed (or LockUnavailable, an InstallFailed too) when it did not happen."""
+    world = world or _world()
+    lock = world.lock(plan.settings, plan.kernel)
+    try:
+        lock.acquire()
+    except LockUnavailable as exc:
+        raise InstallFailed(str(exc)) from None
+    try:
+        world.recover(plan.settings)
+        return world.build(plan.decision, settings=plan.settings, env=plan.env, pins=plan.pins)
+    finally:
+        lock.release()
+
+
+@dataclass(frozen=True)
+class DownloadPlan:
+    env: object
+    settings: object
+    binary: tuple = ()          # requirements `pip download` fetches
+    wheels: tuple = ()          # wheel steps (release wheels, the wheel cache)
+    builds: tuple = ()          # source builds: not downloaded - `fastpath-hooks build ... --dest` makes them
+    build_kernels: tuple = ()   # the kernels of those builds
+    nothing: str | None = None  # why there is nothing to download (every decision's reason)
+
+
+def plan_download(*, settings, pins, kernels=None, world=None) -> DownloadPlan:
+    """What `fastpath-hooks download` fetches: the plan for a fresh machine of the target's kind
+    (kernel packages treated as absent)."""
+    from packaging.requirements import Requirement
+
+    from ..decide.commands import requirements_for
+
+    world = world or _world()
+    env = world.probe(settings, pins)
+    plan = world.decide(env, settings, pins, fresh=True)
+    binary, wheels, builds = requirements_for(plan, kernels)
+    if not (binary or wheels):
+        return DownloadPlan(env, settings, nothing="; ".join(f"{k}: {d.reason}" for k, d in plan.decisions.items()))
+    built = tuple(pins.build_for_distribution(Requirement(r).name)[0] or Requirement(r).name for r in builds)
+    return DownloadPlan(env, settings, tuple(binary), tuple(wheels), tuple(builds), built)
+
+
+def download(plan: DownloadPlan, dest: str, *, world=None) -> list:
+    """The files of a DownloadPlan into `dest`; the files fetched. InstallFailed when they cannot be had."""
+    world = world or _world()
+    return world.download(dest, env=plan.env, settings=plan.settings, binary=plan.binary, wheels=plan.wheels)
+
+
+def _world():
+    from . import current_world
+
+    return current_world()

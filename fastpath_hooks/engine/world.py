@@ -1,0 +1,207 @@
+"""The engine's world: everything a decision reads or changes outside the engine, behind one object.
+
+The state machine (machine.py) and the ahead-of-time jobs (prepare.py) touch the world only
+through a `World`: the settings and pins, the cheap stamp of the environment, the one read
+(probe + policy), the environment lock and its journal, the verdict cache, the verification
+child and the installer. `World()` is the real one. Tests hand the machine another (a subclass
+that answers from tables: tests/test_engine_table.py), so every transition runs in milliseconds,
+while the real parts keep their own tests.
+
+A `World` also remembers its last readings (`readings`): the kernels decided one after the other
+while nothing changed (fla, then the tilelang it needs; `fastpath-hooks install` of four kernels)
+share one read - the stamp says whether anything changed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import NamedTuple
+
+
+def snapshot(settings, pins):
+    """(env, plan): the World's read, for `doctor` and `plan` (what they show is what an install
+    decides from)."""
+    return World().read(settings, pins)
+
+
+class InstallFailed(Exception):
+    """An install (or a build) did not happen; the environment is as it was. The message says why."""
+
+
+class Stamp(NamedTuple):
+    """What tells, cheaply, whether the world may have changed since a read: the warm signature
+    (interpreter, distributions on sys.path, variables, GPUs, pins, wheelhouse) and the wheel
+    cache's directory (another process may have built a kernel into it)."""
+    signature: str
+    wheels: tuple | None
+
+
+class Reading(NamedTuple):
+    """One read of the world, made under `stamp`: the probed environment and the policy's plan."""
+    stamp: Stamp | None
+    env: object
+    plan: object
+
+
+class Readings:
+    """The last readings of one World, by (captured variables, stamp); a few, since a process
+    decides its kernels within seconds of each other."""
+
+    KEEP = 4
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._items: dict = {}
+
+    def get(self, key):
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key, reading: Reading) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = reading
+            while len(self._items) > self.KEEP:
+                del self._items[next(iter(self._items))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items = {}
+
+
+class World:
+    """The real world. Every method is one thing the engine does outside itself."""
+
+    def __init__(self):
+        self.readings = Readings()
+
+    # -- what a decision is made from ------------------------------------------------------
+    def context(self, target: str | None = None):
+        """(settings, pins, invalid): see context.load."""
+        from .context import load
+
+        return load(target)
+
+    def stamp(self, captured: tuple, signature: str | None = None) -> Stamp | None:
+        """None while an install is pending here (a journal: running now, or killed half-way).
+        `signature`: the warm signature just computed for `captured` (the warm path's), not computed again."""
+        from .._environ import cache_root_from_environ
+        from ..act.warm import environment_signature
+
+        signature = signature or environment_signature(captured)
+        if signature is None:
+            return None
+        wheels = os.path.join(cache_root_from_environ(dict(captured)), "wheels")
+        try:
+            st = os.stat(wheels)
+            listed = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            listed = None
+        return Stamp(signature, listed)
+
+    def read(self, settings, pins):
+        """(env, plan): the environment probed now and the policy's plan for it - the one read
+        (nvcc's CUDA release asked for only where a source build is being considered)."""
+        from .context import complete
+
+        env = self.probe(settings, pins)
+        return complete(env, self.decide(env, settings, pins), settings, pins, decide=self.decide)
+
+    def probe(self, settings, pins, *, nvcc: bool = False):
+        """The environment as it is now; `nvcc`: with nvcc's CUDA release (`nvcc --version` if need be)."""
+        from ..facts.probe import probe, with_nvcc_version
+
+        env = probe(settings, pins=pins)
+        return with_nvcc_version(env) if nvcc else env
+
+    def decide(self, env, settings, pins, *, fresh: bool = False):
+        """The policy's plan (pure); `fresh`: as if no kernel were installed (a wheelhouse for another machine)."""
+        from ..decide.policy import decide
+
+        return decide(env, settings, pins, fresh=fresh)
+
+    def settle(self, env, settings, pins, result):
+        """`env` after this process's own install (`result`): the installed facts derived again
+        from the installer's last scan - no probe, no policy."""
+        from ..facts.probe import after_install
+
+        return after_install(env, settings, pins, result.scan) if result.scan else self.read(settings, pins)[0]
+
+    def fingerprint(self, env, settings, pins, kernel: str) -> str:
+        from .context import fingerprint
+
+        return fingerprint(env, settings, pins, kernel)
+
+    # -- the environment lock and its journal ------------------------------------------------
+    def pending(self, settings) -> bool:
+        """An install's journal is there (running in another process, or killed half-way)."""
+        from ..act.state import JOURNAL
+
+        return os.path.exists(os.path.join(self.state_dir(settings), JOURNAL))
+
+    def state_dir(self, settings) -> str:
+        from ..act.state import environment_state_dir
+
+        return environment_state_dir(settings)
+
+    def lock(self, settings, kernel: str):
+        """The environment lock, not yet taken: `acquire()` (LockUnavailable) / `release()`,
+        `waited` and `first` (no process held it before in this environment)."""
+        from .lock import EnvironmentLock
+
+        return EnvironmentLock(settings, kernel, self.state_dir(settings))
+
+    def recover(self, settings) -> None:
+        """Roll back an install killed half-way and remove what killed runs left (lock held)."""
+        from ..act.installer import recover
+
+        recover(self.state_dir(settings))
+
+    # -- verdicts, verification, installs ----------------------------------------------------
+    def cache(self, settings):
+        from ..act.verdicts import VerdictCache
+
+        return VerdictCache(settings)
+
+    def verify(self, spec, *, timeout: float, env_extra=()):
+        """The kernel imported in a child process: a result with `ok` and `detail`."""
+        from ..act.verify import verify
+
+        return verify(spec, timeout=timeout, env_extra=env_extra)
+
+    def installer(self, settings, env) -> tuple:
+        """(installer name or None, why)."""
+        from ..decide.commands import installer_choice
+
+        return installer_choice(settings, env)
+
+    def install(self, decision, *, settings, env, pins):
+        """Run the decision's steps in one transaction, the kernel verified before it commits
+        (lock held); the InstallResult, or InstallFailed (everything rolled back)."""
+        from ..act.installer import InstallError, run_steps
+
+        try:
+            return run_steps(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings),
+                             verify_specs=(pins.kernel(decision.kernel),), kernel_env=decision.env)
+        except InstallError as exc:
+            raise InstallFailed(str(exc)) from None
+
+    def download(self, dest: str, *, env, settings, binary, wheels) -> list:
+        """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`;
+        InstallFailed when they cannot be had."""
+        from ..act.download import DownloadError, fetch_into
+
+        try:
+            return fetch_into(dest, env=env, settings=settings, binary=binary, wheels=wheels)
+        except DownloadError as exc:
+            raise InstallFailed(str(exc)) from None
+
+    def build(self, decision, *, settings, env, pins) -> list:
+        """`fastpath-hooks build`: the decision's source builds into the wheel cache (lock held)."""
+        from ..act.installer import InstallError, build_to_cache
+
+        try:
+            return build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
+        except InstallError as exc:
+            raise InstallFailed(str(exc)) from None

@@ -1,0 +1,51 @@
+"""One human line: `fastpath-hooks: message`, fitted to MAX_LINE characters, on stderr."""
+
+from __future__ import annotations
+
+import sys
+
+MAX_LINE = 160          # characters, "fastpath-hooks: " included
+PREFIX = "fastpath-hooks: "
+
+
+def fit(message: str, limit: int = MAX_LINE) -> str:
+    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
+    a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
+    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path is never cut (every message about a
+    build names it): the line then ends after it, even past `limit`."""
+    words = message.split()
+    line = PREFIX + " ".join(words)
+
+    def value(word):  # VARIABLE='value': only the value may be cut
+        return len(word) - word.find("=") - 1
+
+    def is_log(word):
+        return word.rstrip(";,)").endswith(".log")
+
+    for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
+        if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
+            break
+        if is_log(words[i]):
+            continue
+        word = words[i]
+        head = word.find("=") + 3   # VARIABLE='value': the name stays whole
+        keep = max(36, head + 16, len(word) - (len(line) - limit) - 3)
+        head = max(keep // 2, head)
+        words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
+        line = PREFIX + " ".join(words)
+    if len(line) > limit:
+        logs = [i for i, w in enumerate(words) if is_log(w)]
+        # cut at the end - but never before a build log's path ends
+        end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
+        line = line if end >= len(line) else line[:max(limit - 3, end)].rstrip() + "..."
+    return line
+
+
+def write(message: str, *, whole: bool) -> None:
+    """Print the line (whole: FASTPATH_HOOKS_LOG=debug asks for the details); never raises."""
+    line = PREFIX + " ".join(message.split()) if whole else fit(message)
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
