@@ -365,7 +365,7 @@ def test_bad_env_value_exits_2_with_a_clear_message(name, runs):
 
 BAD_ARGS = [
     (["plan", "--target", "gpu=sm_90,torch=latest"], "--target='gpu=sm_90,torch=latest' is not valid: 'torch=latest'"),
-    (["doctor", "--target", "cuda"], "'cuda': expected key=value"),
+    (["doctor", "--target", "cuda"], "--target='cuda' is not valid: expected key=value"),   # the entry is the value: said once
     (["plan", "mamba"], "unknown kernel 'mamba'"),
 ]
 for _args, _ in BAD_ARGS:
