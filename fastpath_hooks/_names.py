@@ -1,24 +1,29 @@
 """The leaf every layer may import: names and the raw environment readers of the start-up path.
 
-Stdlib only, and nothing imported at module level, because the start-up path loads it: which
-kernels exist and the modules they are imported as, the one module whose import wraps gates, the
-truth values, and the few FASTPATH_HOOKS_* readers that must work before settings are parsed
-(facts/settings.py parses every variable, and uses these for the ones read here).
+Stdlib only, and nothing imported at module level, because the start-up path loads it: the shipped
+kernels' import names (written out from the kernel registry, _registry.py), the one module whose
+import wraps gates, the truth values, and the few FASTPATH_HOOKS_* readers that must work before
+settings are parsed (facts/settings.py parses every variable, and uses these for the ones read here).
 """
 
 VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 
+# The shipped kernels as the start-up path needs them: derived from the registry's index
+# (_registry.REGISTRY, pins.json's entries as literals) - written out, so that loading this leaf costs
+# no registry (tests/test_registry.py proves both equal to pins.json). A FASTPATH_HOOKS_PINS file's
+# kernels: `_registry.registry()`.
+KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")      # as listed to users (_registry.listed)
 # module -> kernel (the distribution name fastpath-hooks manages); the start-up stand-in
-# (hooks/startup.py) and the finder watch exactly these module names.
-KERNEL_MODULES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "tilelang": "tilelang", "mamba_ssm": "mamba-ssm"}
+# (hooks/startup.py) and the finder watch exactly these module names (and a user's kernels' from install()).
+KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm"}
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
-KERNELS = tuple(MODULE_OF)
 # A kernel that only serves another (tilelang: fla's Hopper backend) is not installed for another
 # package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
 # it nor what it serves is on the path: that import goes on as without fastpath-hooks.
 SERVES = {"tilelang": ("fla",)}   # module -> modules it serves
 GATES_MODULE = "transformers.utils.import_utils"
 WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
+PINS = "FASTPATH_HOOKS_PINS"
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
 STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function)
@@ -76,3 +81,4 @@ def local_rank(environ=None):
         size_value = number(size)
         return number(rank) % size_value if size_value > 0 else 0
     return None
+

@@ -12,6 +12,7 @@ import os
 import sys
 
 from ._names import VERSION as __version__
+from ._registry import listed, registry
 
 
 def main(argv=None) -> int:
@@ -47,6 +48,9 @@ def _error(message: str) -> None:
 
 
 def _parser():
+    known = registry()   # the shipped kernels and those a FASTPATH_HOOKS_PINS file adds
+    kernels = ", ".join(listed(known))
+    compiled = " or ".join(k for k in listed(known) if known[k]["kind"] == "compiled")
     p = argparse.ArgumentParser(prog="fastpath-hooks", description="Make transformers' fast kernel paths just work.")
     p.add_argument("--version", action="version", version=f"fastpath-hooks {__version__}")
     sub = p.add_subparsers(dest="command")
@@ -68,8 +72,8 @@ def _parser():
 
     i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
     i.add_argument("kernels", nargs="*", metavar="KERNEL",
-                   help="fla, causal-conv1d, mamba-ssm, tilelang (default: all). Exit 1 when a named kernel ends "
-                        "skipped, blocked or failed; with none named, when a kernel this machine needs does")
+                   help=f"{kernels} (default: all). Exit 1 when a named kernel ends skipped, blocked or failed; "
+                        "with none named, when a kernel this machine needs does")
     i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
     i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
     i.set_defaults(func=_install)
@@ -81,7 +85,7 @@ def _parser():
     dl.set_defaults(func=_download)
 
     b = sub.add_parser("build", help="build a compiled kernel from source now, for given GPU archs, into the wheel cache")
-    b.add_argument("kernel", metavar="KERNEL", help="causal-conv1d or mamba-ssm")
+    b.add_argument("kernel", metavar="KERNEL", help=compiled)
     b.add_argument("--arch", metavar="ARCHS",
                    help="comma list such as sm_90,sm_80 or gfx942 (default: this machine's GPUs); all: every arch "
                         "the sdist knows (long)")
@@ -240,7 +244,7 @@ def _install(args) -> int:
 
     settings, pins = _context(args)
     named = _kernels(args.kernels)
-    wanted = named or ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
+    wanted = named or list(listed(registry()))
     if args.dry_run:
         env, plan, real = _snapshot(settings, pins)
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))

@@ -138,7 +138,7 @@ def test_pins(tmp_path):
         if extra:
             from fastpath_hooks.facts.pins import _merge
 
-            data = _merge(data, extra, ())
+            data = _merge(data, extra, (), {})
         path = str(tmp_path / f"pins-{len(os.listdir(tmp_path))}.json")
         with open(path, "w") as fh:
             json.dump(data, fh)

@@ -212,8 +212,8 @@ def accept_hopper(data):
     from fastpath_hooks.facts.pins import load
 
     pins = load()
-    assert reqs["apache-tvm-ffi"] in pins.good_tvm_ffi(reqs["tilelang"])
-    assert pins.broken_for(reqs["tilelang"], reqs["apache-tvm-ffi"], ("sm_90",)) is None
+    assert reqs["apache-tvm-ffi"] in pins.good_companions("tilelang", reqs["tilelang"])
+    assert pins.broken_for("tilelang", reqs["tilelang"], reqs["apache-tvm-ffi"], ("sm_90",)) is None
     assert _by_kernel(data)["fla"]["needs"] == ["tilelang"]
     argv = [" ".join(c["argv"]) for c in data["commands"]["tilelang"]]
     assert any(f"tilelang=={reqs['tilelang']}" in a and f"apache-tvm-ffi=={reqs['apache-tvm-ffi']}" in a

@@ -35,13 +35,13 @@ pytestmark = pytest.mark.slow
 def _broken_cases():
     """Every (tilelang, broken apache-tvm-ffi, arch) of the shipped data; arch-specific entries pose that arch."""
     seen, cases = set(), []
-    for entry in PINS.tilelang_broken:
-        for ffi in entry.tvm_ffi:
-            key = (entry.tilelang, ffi, entry.arch)
+    for entry in PINS.kernel("tilelang").broken:
+        for ffi in entry.companions:
+            key = (entry.version, ffi, entry.arch)
             if key not in seen:
                 seen.add(key)
                 arch = entry.arch.replace("*", "any")
-                cases.append(pytest.param(*key, id=f"tilelang{entry.tilelang}-ffi{ffi}-{arch}"))
+                cases.append(pytest.param(*key, id=f"tilelang{entry.version}-ffi{ffi}-{arch}"))
     return cases
 
 
@@ -205,7 +205,7 @@ def test_never_installs_a_distribution_off_the_allow_list(venv, fresh, tmp_path,
 def test_repairs_every_broken_pair_of_the_data(venv, fresh, tmp_path, make_wheelhouse, test_pins, uv_bin,
                                                tilelang, broken_ffi, arch, request):
     # The user's environment: fla installed next to tilelang X + a broken apache-tvm-ffi Y.
-    good = PINS.good_tvm_ffi(tilelang)
+    good = PINS.good_companions("tilelang", tilelang)
     wh = make_wheelhouse(fla="0.6.0", tilelang=tilelang, tvm_ffi=(broken_ffi,) + tuple(good))
     venv.uv_install(*(os.path.join(wh, f) for f in os.listdir(wh)
                       if f.startswith(("fla", "flash", "einops", "tilelang-", f"apache_tvm_ffi-{broken_ffi}-"))),
@@ -222,8 +222,8 @@ def test_repairs_every_broken_pair_of_the_data(venv, fresh, tmp_path, make_wheel
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tilelang: repaired apache-tvm-ffi" in proc.stderr and f"with {installer}" in proc.stderr
     after = guarded.kernel_versions(venv)
-    assert after["apache-tvm-ffi"] in PINS.good_tvm_ffi(after["tilelang"])
-    assert PINS.broken_for(after["tilelang"], after["apache-tvm-ffi"], (gpu,)) is None
+    assert after["apache-tvm-ffi"] in PINS.good_companions("tilelang", after["tilelang"])
+    assert PINS.broken_for("tilelang", after["tilelang"], after["apache-tvm-ffi"], (gpu,)) is None
     assert after["fla-core"] == after["flash-linear-attention"] == "0.6.0"
     assert child_import(venv, "import tilelang; print(tilelang.__version__)") == after["tilelang"]
     result, proc = guarded.ask(venv, "fla", env)  # the user's process: fla imports, nothing re-checked
@@ -245,7 +245,7 @@ def test_import_fla_repairs_an_aborting_pair_then_installs_fla(venv, fresh, tmp_
     assert result["first"] == "ok 0.6.0", proc.stderr
     assert "tilelang: repaired" in proc.stderr and "fla: installed" in proc.stderr
     after = guarded.kernel_versions(venv)
-    assert after["tilelang"] == "0.1.11" and after["apache-tvm-ffi"] in PINS.good_tvm_ffi("0.1.11")
+    assert after["tilelang"] == "0.1.11" and after["apache-tvm-ffi"] in PINS.good_companions("tilelang", "0.1.11")
     assert child_import(venv, "import tilelang; print('alive')") == "alive"
     assert_untouched(venv, fresh)
 

@@ -110,7 +110,7 @@ def _numpy_wheels(wh: str) -> None:
 
 
 def test_tilelang_installs_an_absent_numpy_and_never_names_a_present_one(venv, tmp_path, make_wheelhouse, test_pins):
-    good = PINS.good_tvm_ffi("0.1.15")
+    good = PINS.good_companions("tilelang", "0.1.15")
     wh = make_wheelhouse(tilelang="0.1.15", tvm_ffi=tuple(good), deps=False)
     _numpy_wheels(wh)
     pins = test_pins(extra={"kernels": {"tilelang": {"runtime_deps": ["numpy>=1.23.5"]}}})

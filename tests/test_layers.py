@@ -19,7 +19,7 @@ ROOT = os.path.dirname(fastpath_hooks.__file__)
 
 # lowest first; a module may import its own layer or lower ones
 LAYERS = (
-    ("_names", "_environ"),
+    ("_names", "_environ", "_registry"),
     ("events",),
     ("facts",),
     ("decide",),
@@ -143,6 +143,22 @@ def test_the_leaf_is_stdlib_only_and_imports_nothing_at_module_level():
             assert node.level == 0 and node.module in ("os", "sys", "hashlib"), ast.unparse(node)
         elif isinstance(node, ast.Import):
             assert all(a.name in ("os", "sys", "hashlib", "platformdirs") for a in node.names), ast.unparse(node)
+
+
+def test_the_registry_leaf_is_stdlib_only():
+    """_registry (the kernel registry's index and a user's kernels) is loaded by the hooks too: the
+    leaf _names at module level, the stdlib (json, tomllib) only where a user's pins file is read."""
+    tree = ast.parse(open(os.path.join(ROOT, "_registry.py"), encoding="utf-8").read())
+    top = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert top == ["from ._names import GATES_MODULE, PINS, environ_of"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(a.name in ("os", "json", "tomllib") for a in node.names), ast.unparse(node)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 1 and node.module == "_names", ast.unparse(node)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(a.name in ("os", "json", "tomllib") for a in node.names), ast.unparse(node)
 
 
 @pytest.mark.parametrize("files, expected", [

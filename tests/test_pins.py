@@ -37,7 +37,7 @@ def write(tmp_path, name: str, content) -> str:
 def test_shipped_pins_validate():
     assert SHIPPED.origins == (pins_mod.SHIPPED,)
     assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm"}
-    assert SHIPPED.fla_releases and SHIPPED.tilelang_pairs and SHIPPED.tilelang_broken and SHIPPED.hazards
+    assert SHIPPED.kernel("fla").releases and SHIPPED.kernel("tilelang").pairs and SHIPPED.kernel("tilelang").broken and SHIPPED.hazards
 
 
 def test_every_fact_names_its_source():
@@ -60,7 +60,7 @@ def test_every_fact_names_its_source():
     for path, source in records:
         assert source.split(":", 1)[0] in SOURCE_KINDS, path
     # every record of the lists the policy reads carries one
-    for rec in itertools.chain(SHIPPED.fla_releases, SHIPPED.tilelang_pairs, SHIPPED.tilelang_broken, SHIPPED.hazards):
+    for rec in itertools.chain(SHIPPED.kernel("fla").releases, SHIPPED.kernel("tilelang").pairs, SHIPPED.kernel("tilelang").broken, SHIPPED.hazards):
         assert rec.source.split(":", 1)[0] in SOURCE_KINDS
 
 
@@ -68,15 +68,15 @@ def test_fla_releases_are_newest_first():
     """The policy takes the first release that fits: the order is the preference."""
     from packaging.version import Version
 
-    versions = [Version(r.version) for r in SHIPPED.fla_releases]
+    versions = [Version(r.version) for r in SHIPPED.kernel("fla").releases]
     assert versions == sorted(versions, reverse=True)
 
 
 def test_no_known_good_pair_is_broken_on_any_arch():
-    for pair in SHIPPED.tilelang_pairs:
-        for ffi in pair.tvm_ffi:
-            for entry in SHIPPED.tilelang_broken:
-                assert not (entry.tilelang == pair.tilelang and ffi in entry.tvm_ffi), (pair, entry)
+    for pair in SHIPPED.kernel("tilelang").pairs:
+        for ffi in pair.companions:
+            for entry in SHIPPED.kernel("tilelang").broken:
+                assert not (entry.version == pair.version and ffi in entry.companions), (pair, entry)
             assert ffi not in SHIPPED.yanked["apache-tvm-ffi"]
 
 
@@ -114,14 +114,14 @@ def test_allow_list_covers_every_installable_and_no_protected_distribution():
 # -- a user file overrides and extends -----------------------------------------------------------
 
 NEW_RELEASE = {"version": "0.7.0", "torch": ">=2.7", "triton": ">=3.3", "transformers": ">=5.6.2,<6",
-               "tilelang_backend": True, "source": "measured: a test release"}
+               "backends": ["tilelang"], "source": "measured: a test release"}
 NEW_RELEASE_TOML = '''
 [[kernels.fla.releases]]
 version = "0.7.0"
 torch = ">=2.7"
 triton = ">=3.3"
 transformers = ">=5.6.2,<6"
-tilelang_backend = true
+backends = ["tilelang"]
 source = "measured: a test release"
 '''
 
@@ -130,30 +130,30 @@ source = "measured: a test release"
                                           ("user.toml", NEW_RELEASE_TOML)])
 def test_user_release_is_preferred_first(tmp_path, name, content):
     pins = load(write(tmp_path, name, content))
-    assert [r.version for r in pins.fla_releases] == ["0.7.0", "0.6.0", "0.5.2", "0.4.1"]
+    assert [r.version for r in pins.kernel("fla").releases] == ["0.7.0", "0.6.0", "0.5.2", "0.4.1"]
     assert pins.origins[-1].endswith(name)
     plan = decide(make_env(), Settings(), pins)
     assert plan["fla"].action == INSTALL and plan["fla"].target["fla-core"] == "0.7.0"
     # everything not named is still the shipped data
-    assert pins.tilelang_pairs == SHIPPED.tilelang_pairs and pins.hazards == SHIPPED.hazards
+    assert pins.kernel("tilelang").pairs == SHIPPED.kernel("tilelang").pairs and pins.hazards == SHIPPED.hazards
 
 
 def test_user_release_with_the_same_version_replaces_the_shipped_one(tmp_path):
     narrowed = {**NEW_RELEASE, "version": "0.6.0", "triton": ">=3.3,<3.9"}
     pins = load(write(tmp_path, "p.json", {"kernels": {"fla": {"releases": [narrowed]}}}))
-    assert [r.version for r in pins.fla_releases] == ["0.6.0", "0.5.2", "0.4.1"]
-    assert not pins.fla_releases[0].triton.contains("3.9.0")
+    assert [r.version for r in pins.kernel("fla").releases] == ["0.6.0", "0.5.2", "0.4.1"]
+    assert not pins.kernel("fla").releases[0].triton.contains("3.9.0")
     plan = decide(make_env({"transformers": "5.24.0"}, triton="3.9.0", gpus=("sm_80",)), Settings(), pins)
     assert plan["fla"].target["fla-core"] == "0.4.1"  # the narrowed 0.6.0 no longer fits triton 3.9
 
 
-BROKEN_ON_HOPPER = {"tilelang": "0.1.15", "tvm_ffi": ["0.1.12"], "arch": "sm_90", "effect": "wrong results",
+BROKEN_ON_HOPPER = {"tilelang": "0.1.15", "apache-tvm-ffi": ["0.1.12"], "arch": "sm_90", "effect": "wrong results",
                     "source": "reported: a test entry"}
 
 
 def test_user_broken_entry_is_respected_by_the_policy(tmp_path):
     pins = load(write(tmp_path, "p.json", {"kernels": {"tilelang": {"broken": [BROKEN_ON_HOPPER]}}}))
-    assert len(pins.tilelang_broken) == len(SHIPPED.tilelang_broken) + 1
+    assert len(pins.kernel("tilelang").broken) == len(SHIPPED.kernel("tilelang").broken) + 1
     fresh = decide(make_env(), Settings(), pins)["tilelang"]
     assert fresh.action == INSTALL and fresh.target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
     installed = decide(make_env({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}), Settings(), pins)["tilelang"]
@@ -164,22 +164,22 @@ def test_user_broken_entry_is_respected_by_the_policy(tmp_path):
 
 
 def test_user_replaces_a_tilelang_pair(tmp_path):
-    pair = {"tilelang": "0.1.15", "tvm_ffi": ["0.1.11"], "source": "measured: only this one on our cluster"}
-    pins = load(write(tmp_path, "p.toml", '[[kernels.tilelang.pairs]]\ntilelang = "0.1.15"\ntvm_ffi = ["0.1.11"]\n'
+    pair = {"tilelang": "0.1.15", "apache-tvm-ffi": ["0.1.11"], "source": "measured: only this one on our cluster"}
+    pins = load(write(tmp_path, "p.toml", '[[kernels.tilelang.pairs]]\ntilelang = "0.1.15"\n"apache-tvm-ffi" = ["0.1.11"]\n'
                                           'source = "measured: only this one on our cluster"\n'))
-    assert pins.tilelang_pairs[0] == pins_mod.TilelangPair(pair["tilelang"], tuple(pair["tvm_ffi"]), pair["source"])
-    assert [p.tilelang for p in pins.tilelang_pairs] == ["0.1.15", "0.1.11", "0.1.8"]
+    assert pins.kernel("tilelang").pairs[0] == pins_mod.Pair(pair["tilelang"], tuple(pair["apache-tvm-ffi"]), pair["source"])
+    assert [p.version for p in pins.kernel("tilelang").pairs] == ["0.1.15", "0.1.11", "0.1.8"]
     assert decide(make_env(), Settings(), pins)["tilelang"].target == {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}
 
 
 def test_user_file_is_reread_when_it_changes(tmp_path):
     path = write(tmp_path, "p.json", {"kernels": {"fla": {"releases": [NEW_RELEASE]}}})
-    assert load(path).fla_releases[0].version == "0.7.0"
+    assert load(path).kernel("fla").releases[0].version == "0.7.0"
     with open(path, "w") as fh:
         json.dump({"kernels": {"fla": {"releases": [{**NEW_RELEASE, "version": "0.8.0"}]}}}, fh)
     stat = os.stat(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    assert load(path).fla_releases[0].version == "0.8.0"
+    assert load(path).kernel("fla").releases[0].version == "0.8.0"
 
 
 # -- malformed user files ------------------------------------------------------------------------
@@ -205,8 +205,10 @@ MALFORMED = [
     ("missing source", "p.json", _without_source(), "kernels.fla.releases[0].source", "every fact needs a source"),
     ("source of an unknown kind", "p.json", _release(source="I think so"), "kernels.fla.releases[0].source",
      "'measured: ...'"),
-    ("not a boolean", "p.json", _release(tilelang_backend="yes"), "kernels.fla.releases[0].tilelang_backend",
-     "expected true or false"),
+    ("backends not a list", "p.json", _release(backends="tilelang"), "kernels.fla.releases[0].backends",
+     "expected a list"),
+    ("a backend that is no kernel", "p.json", _release(backends=["tilelang2"]), "kernels.fla.releases[0].backends[0]",
+     "'tilelang2': expected another kernel"),
     ("duplicate release", "p.json", {"kernels": {"fla": {"releases": [NEW_RELEASE, NEW_RELEASE]}}},
      "kernels.fla.releases[1].version", "listed twice"),
     ("not a list", "p.json", {"kernels": {"fla": {"releases": {}}}}, "kernels.fla.releases", "expected a list"),
@@ -217,13 +219,13 @@ MALFORMED = [
      {"kernels": {"tilelang": {"broken": [{**BROKEN_ON_HOPPER, "arch": "*"}]}}},
      "kernels.tilelang.pairs[0]", "also listed as broken in kernels.tilelang.broken[0]"),
     ("yanked version pinned", "p.json",
-     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.15", "tvm_ffi": ["0.1.13"], "source": "measured: x"}]}}},
-     "kernels.tilelang.pairs[0].tvm_ffi[0]", "yanked"),
+     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.15", "apache-tvm-ffi": ["0.1.13"], "source": "measured: x"}]}}},
+     "kernels.tilelang.pairs[0].apache-tvm-ffi[0]", "yanked"),
     ("bad broken arch", "p.json", {"kernels": {"tilelang": {"broken": [{**BROKEN_ON_HOPPER, "arch": "hopper"}]}}},
      "kernels.tilelang.broken[0].arch", "expected '*', sm_XY or gfxNNN"),
     ("pair without tvm-ffi", "p.json",
-     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.16", "tvm_ffi": [], "source": "measured: x"}]}}},
-     "kernels.tilelang.pairs[0].tvm_ffi", "at least one"),
+     {"kernels": {"tilelang": {"pairs": [{"tilelang": "0.1.16", "apache-tvm-ffi": [], "source": "measured: x"}]}}},
+     "kernels.tilelang.pairs[0].apache-tvm-ffi", "at least one"),
     ("disallowed distribution", "p.json", {"kernels": {"fla": {"runtime_deps": ["einops", "requests"]}}},
      "kernels.fla.runtime_deps[1]", "requests is not in allowed_distributions.names"),
     ("protected distribution allowed", "p.json", {"allowed_distributions": {"names": sorted(SHIPPED.allowed) + ["torch"]}},
@@ -285,7 +287,7 @@ def test_mamba_ssm_is_data_like_causal_conv1d():
     assert spec.with_kernels == ("causal-conv1d",) and spec.runtime_deps == ("einops", "packaging")
     assert spec.imports_optional == ("tilelang",) and SHIPPED.kernel("causal-conv1d").imports_optional == ()
     assert not {"tilelang", "apache-tvm-ffi", "quack-kernels"} & set(spec.runtime_deps)
-    assert [r.version for r in SHIPPED.kernel_releases["mamba-ssm"]] == ["2.3.2.post1", "2.3.1"]
+    assert [r.version for r in SHIPPED.kernel("mamba-ssm").releases] == ["2.3.2.post1", "2.3.1"]
     assert SHIPPED.build_for_distribution("mamba_ssm") == ("mamba-ssm", build)
 
 
@@ -323,7 +325,7 @@ def test_bad_pins_file_through_the_cli_exits_2_with_the_message(tmp_path):
 
 def test_pins_are_immutable_values():
     with pytest.raises(dataclasses.FrozenInstanceError):
-        SHIPPED.fla_releases[0].version = "9"  # type: ignore[misc]
+        SHIPPED.kernel("fla").releases[0].version = "9"  # type: ignore[misc]
 
 
 def test_a_kernels_verdict_depends_on_the_kernels_its_import_runs():

@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import enum
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -24,7 +23,9 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.decide.policy import RULE_PREFIX, decide, decide_build, release_wheel
+from fastpath_hooks.decide import rule_ids
+from fastpath_hooks.decide.builds import decide_build, release_wheel
+from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.facts.probe import Environment
 from fastpath_hooks.facts.settings import Settings
 
@@ -32,13 +33,13 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 PINS = pins_mod.load()
-POLICY_SOURCE = os.path.join(os.path.dirname(os.path.dirname(pins_mod.__file__)), "decide", "policy.py")
+DECIDE_DIR = os.path.join(os.path.dirname(os.path.dirname(pins_mod.__file__)), "decide")
 
 BASE = dict(
     python="3.12.3", implementation="cpython", os="linux", arch="x86_64", glibc="2.36",
     torch="2.10.0", torch_cuda="12.8", torch_hip=None, torch_xpu=False, cxx11_abi=True,
     gpus=("sm_90",), gpu_source="target", triton="3.6.0", triton_dist="triton",
-    nvcc="/usr/local/cuda/bin/nvcc", uv=None, wheelhouse=(), fla_tilelang_env=None, half_installed=(),
+    nvcc="/usr/local/cuda/bin/nvcc", uv=None, wheelhouse=(), half_installed=(),
     nvcc_version="12.8", cpus=16, wheel_cache="/cache/wheels",
 )
 BASE_DISTS = {"transformers": "5.24.0", "numpy": "2.2.6", "einops": "0.8.1", "packaging": "25.0"}
@@ -79,9 +80,14 @@ def plan_for(env=None, settings=None, pins=PINS, **kw):
     return decide(env or make_env(), settings or Settings(), pins, **kw)
 
 
+def with_kernel(pins, name: str, **changes) -> pins_mod.Pins:
+    """`pins` with one kernel's entry changed (its KernelSpec fields)."""
+    return dataclasses.replace(pins, kernels={**pins.kernels, name: dataclasses.replace(pins.kernel(name), **changes)})
+
+
 def with_broken(*entries) -> pins_mod.Pins:
     extra = tuple(BrokenPair(tl, tuple(ffi), arch, "test: broken", "measured: test") for tl, ffi, arch in entries)
-    return dataclasses.replace(PINS, tilelang_broken=PINS.tilelang_broken + extra)
+    return with_kernel(PINS, "tilelang", broken=PINS.kernel("tilelang").broken + extra)
 
 
 def with_hazard(gpu: str, triton: str) -> pins_mod.Pins:
@@ -96,8 +102,8 @@ def reqs(decision) -> list:
 
 def assert_known_good_pair(decision, gpus):
     tl, ffi = decision.target["tilelang"], decision.target["apache-tvm-ffi"]
-    assert ffi in PINS.good_tvm_ffi(tl), f"{tl} + {ffi} is not a pinned known-good pair"
-    assert PINS.broken_for(tl, ffi, gpus) is None
+    assert ffi in PINS.good_companions("tilelang", tl), f"{tl} + {ffi} is not a pinned known-good pair"
+    assert PINS.broken_for("tilelang", tl, ffi, gpus) is None
     assert ffi not in PINS.yanked.get("apache-tvm-ffi", ())
     last = decision.steps[-1]
     assert last.kind == "kernel" and last.no_deps
@@ -316,12 +322,12 @@ ROWS = [
     Row("skip.accelerator.rocm (tilelang)", "tilelang", SKIP, "skip.accelerator.rocm", env=ROCM,
         check=lambda d, p: "ROCm" in d.reason),
     Row("tilelang.not-needed: sm_80", "tilelang", SKIP, "tilelang.not-needed", env={"gpus": ("sm_80",)},
-        check=lambda d, p: "no Hopper GPU" in d.reason),
+        check=lambda d, p: "no sm_90 GPU" in d.reason),
     Row("tilelang.not-needed: sm_90 + triton 3.7.1", "tilelang", SKIP, "tilelang.not-needed", env={"triton": "3.7.1"},
-        check=lambda d, p: "outside the Hopper bug's range" in d.reason and p["fla"].needs == ()),
+        check=lambda d, p: "triton 3.7.1 is outside fla#640" in d.reason and p["fla"].needs == ()),
     Row("tilelang.ok.not-needed", "tilelang", OK, "tilelang.ok.not-needed", env={"gpus": ("sm_80",)},
         dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, check=lambda d, p: not d.verify),
-    Row("tilelang.user-disabled", "tilelang", SKIP, "tilelang.user-disabled", env={"fla_tilelang_env": "0"},
+    Row("tilelang.user-disabled", "tilelang", SKIP, "tilelang.user-disabled", env={"switches": {"FLA_TILELANG": "0"}},
         check=_leaves_alone("FLA_TILELANG=0 is set", fix="unset FLA_TILELANG: fla needs tilelang here because of fla#640",
                             also={"fla": "fla.hazard.skip"})),
     Row("tilelang.no-nvcc (CUDA 12: no nvcc wheel)", "tilelang", SKIP, "tilelang.no-nvcc", env={"nvcc": None},
@@ -358,12 +364,13 @@ ROWS = [
         check=lambda d, p: d.on_failure == "block" and p["fla"].rule == "fla.hazard.skip"),
     Row("tilelang.repair.broken-pair.unrepairable", "tilelang", BLOCK, "tilelang.repair.broken-pair.unrepairable",
         dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"},
-        pins=with_broken(*[(pair.tilelang, pair.tvm_ffi, "sm_90") for pair in PINS.tilelang_pairs]),
+        pins=with_broken(*[(pair.version, pair.companions, "sm_90") for pair in PINS.kernel("tilelang").pairs]),
         check=lambda d, p: "FASTPATH_HOOKS_PINS" in d.fix),
-    Row("tilelang.repair.missing-ffi", "tilelang", REPAIR, "tilelang.repair.missing-ffi", dists={"tilelang": "0.1.11"},
+    Row("tilelang.repair.missing-companion", "tilelang", REPAIR, "tilelang.repair.missing-companion", dists={"tilelang": "0.1.11"},
         check=lambda d, p: (assert_replaces_ffi_first(d), assert_known_good_pair(d, ("sm_90",)),
                             d.target["tilelang"] == "0.1.11")),
-    Row("tilelang.repair.missing-ffi.offline-missing", "tilelang", BLOCK, "tilelang.repair.missing-ffi.offline-missing",
+    Row("tilelang.repair.missing-companion.offline-missing", "tilelang", BLOCK,
+        "tilelang.repair.missing-companion.offline-missing",
         settings=OFFLINE, env={"gpus": ("sm_80",)}, dists={"tilelang": "0.1.15"},
         check=lambda d, p: (d.on_failure == "block", not d.steps, d.installed == {"tilelang": "0.1.15"},
                             "installed without apache-tvm-ffi" in d.reason, "lacks apache-tvm-ffi==0.1.12" in d.reason,
@@ -371,6 +378,19 @@ ROWS = [
     Row("tilelang.repair.half-installed", "tilelang", REPAIR, "tilelang.repair.half-installed",
         dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, env={"half_installed": ("apache-tvm-ffi",)},
         check=lambda d, p: (assert_replaces_ffi_first(d), "interrupted" in d.reason)),
+    Row("tilelang.repair.half-installed.offline-missing", "tilelang", BLOCK, "tilelang.repair.half-installed.offline-missing",
+        settings=OFFLINE, dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, env={"half_installed": ("tilelang",)},
+        check=lambda d, p: (d.on_failure == "block", not d.steps, "interrupted" in d.reason,
+                            "lacks apache-tvm-ffi==0.1.12" in d.reason, "fastpath-hooks download --dest DIR" in d.fix)),
+    Row("tilelang.repair.half-installed.unrepairable", "tilelang", BLOCK, "tilelang.repair.half-installed.unrepairable",
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12"}, env={"half_installed": ("apache-tvm-ffi",)},
+        pins=with_broken(*[(pair.version, pair.companions, "sm_90") for pair in PINS.kernel("tilelang").pairs]),
+        check=lambda d, p: ("interrupted" in d.reason, "FASTPATH_HOOKS_PINS" in d.fix, not d.steps)),
+    Row("tilelang.repair.missing-companion.unrepairable", "tilelang", BLOCK, "tilelang.repair.missing-companion.unrepairable",
+        dists={"tilelang": "0.1.15"},
+        pins=with_broken(*[(pair.version, pair.companions, "sm_90") for pair in PINS.kernel("tilelang").pairs]),
+        check=lambda d, p: ("installed without apache-tvm-ffi" in d.reason, "known-good tilelang + apache-tvm-ffi pair"
+                            in d.fix, d.on_failure == "block")),
 
     # fla
     Row("fla.install (acceptance: with tilelang on sm_90 + triton 3.6)", "fla", INSTALL, "fla.install",
@@ -378,7 +398,7 @@ ROWS = [
     Row("fla.install on sm_80 (no tilelang)", "fla", INSTALL, "fla.install", env={"gpus": ("sm_80",)},
         check=_fla_installs("0.6.0")),
     Row("fla.install on ROCm with FLA_TILELANG=0", "fla", INSTALL, "fla.install", env=ROCM, check=_rocm_fla),
-    Row("fla on ROCm keeps the user's FLA_TILELANG", "fla", INSTALL, "fla.install", env={**ROCM, "fla_tilelang_env": "1"},
+    Row("fla on ROCm keeps the user's FLA_TILELANG", "fla", INSTALL, "fla.install", env={**ROCM, "switches": {"FLA_TILELANG": "1"}},
         check=lambda d, p: d.env == ()),
     Row("fla.no-triton (ROCm torch without its triton)", "fla", SKIP, "fla.no-triton", env={**ROCM, "triton": None},
         check=_rocm_fla),
@@ -528,7 +548,7 @@ ROWS = [
         check=_mamba_wheel(MAMBA_WHEEL, needs=("causal-conv1d", "tilelang"),
                            declares="tilelang==0.1.8 while tilelang 0.1.15 is installed")),
     Row("mamba.wheel from a mirror (FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL)", "mamba-ssm", INSTALL, "mamba.wheel",
-        settings={"mamba_ssm_wheel_url": "https://mirror.example/mamba/"},
+        settings={"wheel_urls": {"mamba-ssm": "https://mirror.example/mamba/"}},
         check=lambda d, p: d.steps[-1].url == "https://mirror.example/mamba/" + MAMBA_WHEEL.replace("+", "%2B")),
     Row("mamba.build: torch 2.13 has no release wheel; 2.3.2.post1 for sm_90 with MAMBA_FORCE_BUILD", "mamba-ssm",
         INSTALL, "mamba.build", env=MAMBA_NO_RELEASE, check=_mamba_build("2.3.2.post1", ("sm_90",))),
@@ -613,7 +633,7 @@ ROWS = [
         settings={"allow_build": "0"}, check=lambda d, p: d.verify and d.on_failure == "block"),
     Row("mamba.no-release: only 2.3.2.post1 pinned and triton 3.4", "mamba-ssm", SKIP, "mamba.no-release",
         env={"torch": "2.8.0", "triton": "3.4.0"},
-        pins=dataclasses.replace(PINS, kernel_releases={"mamba-ssm": PINS.kernel_releases["mamba-ssm"][:1]}),
+        pins=with_kernel(PINS, "mamba-ssm", releases=PINS.kernel("mamba-ssm").releases[:1]),
         check=lambda d, p: "no pinned mamba-ssm release fits torch 2.8.0, triton 3.4.0" in d.reason),
     Row("mamba.no-transformers: `import mamba_ssm` imports transformers", "mamba-ssm", SKIP, "mamba.no-transformers",
         dists={"transformers": None},
@@ -717,47 +737,42 @@ def test_a_check_that_cannot_fail_fails_the_row(check):
     assert_checks_behaviour(lambda d, p: "not in the pins" in d.reason, plan["tilelang"], plan)   # the same, checking
 
 
-def test_every_rule_in_policy_has_a_row():
-    with open(POLICY_SOURCE) as fh:
-        source = fh.read()
-    literal = set(re.findall(r'"((?:skip|fla|tilelang|causal|mamba)\.[a-z0-9.\-]+)"', source))
-    # the compiled kernels' rules are f"{p}.<rule>", p from RULE_PREFIX: one row per kernel and rule
-    # (no-release needs pinned releases, which only mamba-ssm has)
-    compiled = set(re.findall(r'f"\{p\}\.([a-z0-9.\-]+)"', source))
-    assert len(compiled) > 20
-    literal |= {f"{prefix}.{rule}" for kernel, prefix in RULE_PREFIX.items() for rule in compiled
-                if rule != "no-release" or kernel in PINS.kernel_releases}
-    # and the ones named from pins data: imports_installed, with
-    for kernel, prefix in RULE_PREFIX.items():
-        spec = PINS.kernel(kernel)
-        literal |= {f"{prefix}.no-{name}" for name in spec.imports_installed}
-        literal |= {f"{prefix}.without.{RULE_PREFIX[k]}" for k in spec.with_kernels}
-    assert len(literal) > 60, "the rule ids are string literals in policy.py"
+def test_every_declared_rule_has_a_row():
+    """Every rule id the shipped kernels can get (decide/rule_ids.py, expanded with their data) is what
+    some row here decides, and every row's rule is declared. The ids the engine makes (the repair of a
+    failed check) are the `.repair` of a declared rule whose decision offers repair steps."""
+    declared = rule_ids.declared(PINS)
     covered = {r.rule for r in ROWS}
-    # rule ids built at run time: skip.accelerator.<acc>, <repair rule>.offline-missing / .unrepairable
-    assert "f\"skip.accelerator.{env.accelerator}\"" in source and "skip.accelerator.xpu" in covered
-    assert {"rule + \".offline-missing\"", "rule + \".unrepairable\""} <= {m for m in re.findall(r'rule \+ "[^"]+"', source)}
-    assert any(r.endswith(".offline-missing") and r.startswith("tilelang.repair") for r in covered)
-    assert any(r.endswith(".unrepairable") for r in covered)
-    assert literal - covered == set(), f"rules without a table row: {sorted(literal - covered)}"
+    assert covered - set(declared) == set(), f"rows whose rule is not declared: {sorted(covered - set(declared))}"
+    by_policy = {r for r, rule in declared.items() if not rule.engine}
+    assert len(by_policy) > 80
+    assert by_policy - covered == set(), f"declared rules without a table row: {sorted(by_policy - covered)}"
+    repairable = set()
+    for row in ROWS:
+        env, settings = make_env(row.dists, **row.env), dataclasses.replace(Settings(), **row.settings)
+        d = plan_for(env, settings, row.pins or PINS)[row.kernel] if row.via is None else row.via(env, settings, row.pins or PINS)
+        if d.repair_steps:
+            repairable.add(d.rule + ".repair")
+    engine = {r for r, rule in declared.items() if rule.engine}
+    assert engine and engine == repairable
 
 
 # -- every known-broken pair in the shipped data ------------------------------------------------
 
 def _broken_cases():
     cases = []
-    for entry in PINS.tilelang_broken:
+    for entry in PINS.kernel("tilelang").broken:
         archs = (("sm_90",), ("sm_80",)) if entry.arch == "*" else ((entry.arch,),)
-        for ffi in entry.tvm_ffi:
+        for ffi in entry.companions:
             for gpus in archs:
-                cases.append(pytest.param(entry.tilelang, ffi, gpus, id=f"tilelang{entry.tilelang}-ffi{ffi}-{gpus[0]}"))
+                cases.append(pytest.param(entry.version, ffi, gpus, id=f"tilelang{entry.version}-ffi{ffi}-{gpus[0]}"))
     return cases
 
 
 @pytest.mark.parametrize("tilelang,ffi,gpus", _broken_cases())
 def test_every_broken_pair_is_repaired_to_a_known_good_pair(tilelang, ffi, gpus):
     env = make_env({"tilelang": tilelang, "apache-tvm-ffi": ffi}, gpus=gpus)
-    assert PINS.broken_for(tilelang, ffi, gpus) is not None
+    assert PINS.broken_for("tilelang", tilelang, ffi, gpus) is not None
     d = plan_for(env)["tilelang"]
     assert (d.action, d.rule) == (REPAIR, "tilelang.repair.broken-pair"), d.reason
     assert_replaces_ffi_first(d)
@@ -793,7 +808,7 @@ def test_fla_version_fits_triton_and_transformers(triton, transformers, gpus, ex
     env = make_env({"transformers": transformers}, triton=triton, gpus=gpus)
     d = plan_for(env)["fla"]
     assert d.action == INSTALL and d.target["fla-core"] == expected, d.reason
-    rel = next(r for r in PINS.fla_releases if r.version == expected)
+    rel = next(r for r in PINS.kernel("fla").releases if r.version == expected)
     assert rel.triton.contains(triton) and rel.transformers.contains(transformers)
 
 
@@ -925,7 +940,7 @@ def test_causal_conv1d_wheel_name(torch, cuda, python, arch, abi, expected):
 
 
 def test_causal_conv1d_mirror_url():
-    settings = Settings(causal_conv1d_wheel_url="https://mirror.example/cc1d/")
+    settings = Settings(wheel_urls={"causal-conv1d": "https://mirror.example/cc1d/"})
     step = plan_for(settings=settings)["causal-conv1d"].steps[-1]
     assert step.url.startswith("https://mirror.example/cc1d/causal_conv1d-1.6.2.post1%2Bcu12")
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 from packaging.requirements import Requirement
 
-from fastpath_hooks.decide import commands, policy
+from fastpath_hooks.decide import commands, common
 
 from fastpath_hooks.facts import probe as probe_mod
 from fastpath_hooks.facts.distributions import canonical_name
@@ -188,7 +188,7 @@ def test_the_probe_records_pip_configuration_in_a_real_process():
 
 def test_wheelhouse_is_parsed_once():
     env = make_env(wheelhouse=("fla_core-0.6.0-py3-none-any.whl", "causal_conv1d-1.6.2.post1.tar.gz", "junk.whl"))
-    ctx = policy._Context(env, Settings(), PINS, False)
+    ctx = common.Context(env, Settings(), PINS, False)
     first = ctx.wheelhouse
     assert first is ctx.wheelhouse
     assert {k: sorted(map(str, v)) for k, v in first.items()} == {"fla-core": ["0.6.0"], "causal-conv1d": ["1.6.2.post1"]}
@@ -225,7 +225,10 @@ def test_one_version_equality():
 
     assert same_version("0.6", "0.6.0") and same_version("not a version", "not a version")
     assert not same_version("0.1.12", "0.1.12.post1")
-    assert not hasattr(policy, "_same")
+    from fastpath_hooks.decide import builds, policy
+    from fastpath_hooks.decide.rules import compiled, pair, pure
+
+    assert not any(hasattr(m, "_same") for m in (policy, common, builds, compiled, pair, pure))
 
 
 def test_the_probe_takes_triton_distribution_names_from_the_pins(tmp_path):

@@ -139,7 +139,7 @@ def test_wheelhouse_lists_package_files(tmp_path):
 
 def test_fla_tilelang_variable_is_a_fact(monkeypatch):
     monkeypatch.setenv("FLA_TILELANG", "0")
-    assert probe(Settings(target="gpu=none")).fla_tilelang_env == "0"
+    assert probe(Settings(target="gpu=none")).switches == {"FLA_TILELANG": "0"}
 
 
 def test_environment_is_immutable_and_json_ready():

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from fastpath_hooks._names import disabled
-from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError
+from fastpath_hooks._registry import REGISTRY
+from fastpath_hooks.facts.settings import DEFAULT_TIMEOUT, VARIABLES, Settings, SettingsError, mirror_variables
 
 
 @pytest.fixture
@@ -110,8 +111,8 @@ GOOD = [
      {"target": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"}),
     ({"FASTPATH_HOOKS_LOG": "debug"}, {"log": "debug"}),
     ({"FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "https://mirror.example/cc1d/"},
-     {"causal_conv1d_wheel_url": "https://mirror.example/cc1d/"}),
-    ({"FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "file:///mirror/mamba/"}, {"mamba_ssm_wheel_url": "file:///mirror/mamba/"}),
+     {"wheel_urls": {"causal-conv1d": "https://mirror.example/cc1d/"}}),
+    ({"FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "file:///mirror/mamba/"}, {"wheel_urls": {"mamba-ssm": "file:///mirror/mamba/"}}),
     ({"FASTPATH_HOOKS_RETRY_AFTER": "0"}, {"retry_after": 0.0}),
     ({"FASTPATH_HOOKS_LOCK_TIMEOUT": "60"}, {"lock_timeout": 60.0}),
     # an empty value counts as unset (`ENV FASTPATH_HOOKS_MODE=` in a Dockerfile)
@@ -292,9 +293,10 @@ def test_the_defaults_the_table_names_are_the_parsed_defaults():
     defaults = Settings()
     fields = {"FASTPATH_HOOKS_PINS": "pins_file", "FASTPATH_HOOKS_TARGET": "target"}
     checked = 0
+    mirrors = {variable: kernel for kernel, variable in mirror_variables(REGISTRY).items()}
     for name, meaning in _documented_settings_table():
         field = fields.get(name, name[len("FASTPATH_HOOKS_"):].lower())
-        value = getattr(defaults, field)
+        value = defaults.wheel_urls.get(mirrors[name]) if name in mirrors else getattr(defaults, field)
         if value is None:   # CACHE_DIR: unset means the user cache dir (its default is not a setting)
             assert "(default" not in meaning or "(default: the user cache dir" in meaning, name
             continue

@@ -168,7 +168,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
     from ..decide.commands import build_argv
     from .runner import execute
-    from ..decide.policy import cxx11_abi_flag
+    from ..decide.builds import cxx11_abi_flag
     from .._environ import cache_root
 
     # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds

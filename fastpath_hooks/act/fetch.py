@@ -87,9 +87,10 @@ def fetch_wheel(step, settings, dest: str) -> str:
 
 
 def _mirror_hint(filename: str) -> str:
-    """The wheel's own mirror variable, for a compiled kernel's release wheel."""
-    from ..facts.settings import VARIABLES, wheel_url_variable
+    """The wheel's own mirror variable, for a compiled kernel's release wheel (the registry's `mirror`)."""
+    from .._registry import registry
     from ..facts.wheel_names import wheel_distribution
 
-    variable = wheel_url_variable(wheel_distribution(filename))
-    return f" ({variable} points at a mirror)" if variable in VARIABLES else ""
+    dist = wheel_distribution(filename)
+    variable = next((e["mirror"] for e in registry().values() if dist in e["distributions"] and e["mirror"]), None)
+    return f" ({variable} points at a mirror)" if variable else ""

@@ -268,11 +268,13 @@ def _check_result(decision, after: dict, protected_before: dict, before: dict, p
         have = after.get(canonical_name(name))
         if not same_release(have, version):
             raise InstallError(f"{name} resolved to {have}, not the pinned {version}")
-    tl, ffi = after.get("tilelang"), after.get("apache-tvm-ffi")
-    if tl and ffi and "tilelang" in decision.target:
-        broken = pins.broken_for(tl, ffi, env.gpus)
-        if broken is not None:
-            raise InstallError(f"resolved to tilelang {tl} + apache-tvm-ffi {ffi}, a broken pair ({broken.effect})")
+    for kernel in pins.of_kind("pair"):   # a pair kernel's (tilelang + apache-tvm-ffi) result is never a broken pair
+        first, second = pins.kernel(kernel).distributions
+        have, companion = after.get(first), after.get(second)
+        if have and companion and first in decision.target:
+            broken = pins.broken_for(kernel, have, companion, env.gpus)
+            if broken is not None:
+                raise InstallError(f"resolved to {first} {have} + {second} {companion}, a broken pair ({broken.effect})")
 
 
 def same_release(have: str | None, pinned: str) -> bool:

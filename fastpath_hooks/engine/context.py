@@ -128,7 +128,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "torch": env.torch, "cuda": env.torch_cuda, "hip": env.torch_hip, "xpu": env.torch_xpu,
         "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
         "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version, "hipcc": bool(env.hipcc),
-        "fla_tilelang": env.fla_tilelang_env,
+        "switches": dict(env.switches),
         # only the cached wheels of this kernel's distributions: another kernel's (or another torch's) new
         # wheel in a shared cache must not make every verdict re-check
         "cached_wheels": hashlib.sha256("\n".join(
@@ -138,7 +138,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
         "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
-                     settings.index_url, settings.target, settings.causal_conv1d_wheel_url, settings.mamba_ssm_wheel_url],
+                     settings.index_url, settings.target, sorted(settings.wheel_urls.items())],
         "wheelhouse": hashlib.sha256("\n".join(env.wheelhouse).encode()).hexdigest()[:16],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
@@ -165,17 +165,15 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     return tuple(sorted(set(names)))
 
 
-NVCC_UNKNOWN = ".nvcc-unknown"   # the rule family of a source build waiting for nvcc's CUDA release
-
-
 def complete(env, plan, settings, pins, *, decide=None):
     """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
     is being considered and no version.json told it - not at every probe."""
+    from ..decide.rule_ids import NVCC_RELEASE, lookup
     from ..facts.probe import with_nvcc_version
 
     if decide is None:
         from ..decide.policy import decide
-    if any(d.rule.endswith(NVCC_UNKNOWN) for d in plan.decisions.values()):
+    if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in plan.decisions.values()):
         fuller = with_nvcc_version(env)
         if fuller is not env:
             return fuller, decide(fuller, settings, pins)

@@ -33,15 +33,12 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
-from .._names import MODULE_OF
+from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, Reading
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
-GLOBAL_SKIPS = ("skip.no-accelerator", "skip.no-torch")
-# rule families (the part after "<kernel>.") whose skip is a warning: the user can and should act on it
-WARNING_SKIPS = ("hazard", "no-nvcc", "no-wheel")
 VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
 
 
@@ -157,7 +154,7 @@ def _read(run: Run):
     run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, reading.plan, quiet=run.invalid is not None))
+        return run.done(_skipped(decision, reading.plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -277,7 +274,7 @@ def _check(run: Run):
                           kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
-        return run.done(_skipped(current, run.plan, quiet=run.invalid is not None))
+        return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
         return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
@@ -391,27 +388,31 @@ def _remembered_failure(run: Run) -> Outcome | None:
     return None
 
 
-def _skipped(decision, plan, quiet: bool = False) -> Outcome:
-    """quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
+    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
     if quiet:
         events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
         return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
-    if decision.rule in GLOBAL_SKIPS:
+    from ..decide.rule_ids import lookup
+
+    rule = lookup(pins, decision.rule)
+    if rule is not None and rule.machine_wide:
         kernels = ", ".join(plan.decisions)
         why = plan.notes[0] if plan.notes else decision.reason
         events.emit(events.Severity.STATUS, f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
                     decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
     else:
         tail = f" ({decision.fix})" if decision.fix else ""
-        family = decision.rule.split(".")[1] if "." in decision.rule else ""
-        kind = events.Severity.WARNING if family in WARNING_SKIPS else events.Severity.STATUS
+        kind = rule.severity if rule is not None else events.Severity.STATUS
         events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
                     once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
     return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
 def _blocked(decision, reason: str, fix: str) -> Outcome:
-    message = (f"fastpath-hooks blocked `import {MODULE_OF[decision.kernel]}`: {reason}; "
+    module = registry()[decision.kernel]["modules"][0]
+    message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
                f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
     events.warning(f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""), decision.kernel,
                    once=f"block-{decision.kernel}")

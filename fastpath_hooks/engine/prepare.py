@@ -42,7 +42,7 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
     """What `fastpath-hooks build KERNEL [--arch ARCHS] [--rebuild]` would do; Refused for bad input."""
     from .._environ import cache_root
     from ..act import wheelcache
-    from ..decide.policy import built_fits, decide_build
+    from ..decide.builds import built_fits, decide_build
 
     world = world or _world()
     if kernel not in pins.source_builds:

@@ -1,253 +1,50 @@
 """Pins and rules as data: load the shipped `pins.json`, merge a user file, validate.
 
+Each kernel's entry is its registry entry (docs/registry.md): its kind (`pure` wheels at pinned
+releases, a `pair` of distributions pinned together that serves another kernel, or `compiled`:
+release wheels and a source build), import modules, aliases, gates, mirror variable, the kernels it
+is used `with` or `serves`, its rule prefix - and the data its kind's rules read.
+
 A user file (FASTPATH_HOOKS_PINS, JSON or TOML) has the same shape as `pins.json`
-and only needs the parts it changes. Records with an identity replace the shipped
-record with that identity and come first (so a user's release is preferred):
-fla releases by `version`, tilelang pairs by `tilelang`, broken entries by
-(`tilelang`, `arch`, `effect`), hazards by `id`. Everything else is deep-merged;
-lists of plain values are replaced. Errors name the file and the entry.
+and only needs the parts it changes - or a whole new kernel entry. Records with an identity
+replace the shipped record with that identity and come first (so a user's release is preferred):
+releases by `version`, pairs by their first distribution, broken pairs by (that, `arch`,
+`effect`), hazards by `id`. Everything else is deep-merged; lists of plain values are replaced.
+Errors name the file and the entry.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from .pins_schema import build, decision_order
+from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
+                          PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
+                          same_version)
+from .._registry import REGISTRY
 
-from .distributions import canonical_name
-from .frozen import FrozenSpecifierSet, freeze
-from .._names import MODULE_OF
-
-SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
-SOURCE_KINDS = ("measured", "reported", "upstream")
-KERNELS = ("fla", "tilelang", "causal-conv1d", "mamba-ssm")
-# The compiled kernels: sdists with hard-coded -gencode pairs, release wheels on GitHub for some
-# torch builds, arch-restricted source builds otherwise (one decision path, parameterized by these
-# entries: kernels.<name>.release and .source_build).
-COMPILED = ("causal-conv1d", "mamba-ssm")
-_RECORD_KEYS = {
-    ("kernels", "fla", "releases"): ("version",),
-    ("kernels", "mamba-ssm", "releases"): ("version",),
-    ("kernels", "tilelang", "pairs"): ("tilelang",),
-    ("kernels", "tilelang", "broken"): ("tilelang", "arch", "effect"),
-    ("hazards",): ("id",),
-}
+# the values (pins_values) and the order of the kernels (pins_schema) are read from here too
+__all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "BrokenPair", "Hazard", "KernelRelease", "KernelSpec", "PackedPackage",
+           "PackedSequences", "Pair", "Pins", "PinsError", "PureRelease", "ReleaseWheels", "SourceBuild", "Switch",
+           "decision_order", "load", "record_keys", "same_version"]
 
 
-class PinsError(ValueError):
-    def __init__(self, origin: str, entry: str, message: str):
-        self.origin, self.entry, self.message = origin, entry, message
-        where = f"pins file {origin}" if origin != SHIPPED else "the shipped pins.json"
-        super().__init__(f"{where}: {entry}: {message}" if entry else f"{where}: {message}")
-
-
-@dataclass(frozen=True)
-class FlaRelease:
-    version: str
-    torch: SpecifierSet
-    triton: SpecifierSet
-    transformers: SpecifierSet
-    tilelang_backend: bool
-    source: str
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    name: str
-    module: str
-    distributions: tuple
-    python: SpecifierSet
-    torch: SpecifierSet
-    accelerators: tuple
-    platforms: tuple
-    runtime_deps: tuple
-    verify_modules: tuple
-    verify_attributes: tuple
-    source: str
-    glibc: dict = field(default_factory=dict)
-    needs_nvcc: bool = False
-    nvcc_packages: dict | None = None
-    with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
-    imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
-    imports_optional: tuple = ()    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
-
-
-@dataclass(frozen=True)
-class TilelangPair:
-    tilelang: str
-    tvm_ffi: tuple
-    source: str
-
-
-@dataclass(frozen=True)
-class BrokenPair:
-    tilelang: str
-    tvm_ffi: tuple
-    arch: str
-    effect: str
-    source: str
-
-
-@dataclass(frozen=True)
-class KernelRelease:
-    """One pinned release of a compiled kernel (mamba-ssm): where it fits, and the requirements its
-    metadata declares that a --no-deps install leaves unmet (a later resolver may act on them)."""
-    version: str
-    torch: SpecifierSet
-    triton: SpecifierSet
-    transformers: SpecifierSet
-    declares: tuple
-    cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
-    source: str
-
-
-@dataclass(frozen=True)
-class ReleaseWheels:
-    """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
-    version: str
-    tag: str
-    base_url: str
-    filename: str
-    builds: tuple
-    torch_aliases: dict
-    sha256: dict
-    source: str
-
-
-@dataclass(frozen=True)
-class SourceBuild:
-    """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
-    `seconds` for `archs` GPU archs on `cores` cores is the measured time the estimates scale;
-    `cuda_archs`: the sdist's hard-coded -gencode pairs, code -> the nvcc versions that get it."""
-    requirement: str
-    env: dict
-    rocm_env: dict
-    build_deps: tuple      # what setup.py imports/uses, installed first (builds run without isolation)
-    seconds: float
-    archs: int
-    cores: int
-    cuda_archs: dict
-    source: str
-
-    @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
-    def distribution(self) -> str:
-        return canonical_name(Requirement(self.requirement).name)
-
-    @cached_property
-    def version(self) -> str | None:
-        spec = list(Requirement(self.requirement).specifier)
-        return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
-
-
-@dataclass(frozen=True)
-class Hazard:
-    """A GPU + triton range where `kernel` is wrong unless `needs` is usable. Messages read
-    `<gpu> + triton <version> <effect> (<id>)`, so `effect` is a short predicate and `fix` a
-    short imperative without parentheses."""
-    id: str
-    kernel: str
-    gpu: tuple
-    triton: SpecifierSet      # matched failing closed: a pre-release of a bound counts as inside
-    needs: str
-    effect: str
-    fix: str
-    source: str
-
-
-@dataclass(frozen=True)
-class PackedPackage:
-    """A package transformers' kernel functions need to keep packed sequences apart: a kernel
-    fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
-    (`kernel` None: only whether it is installed is checked)."""
-    module: str
-    kernel: str | None
-    distribution: str
-    models: tuple
-
-
-@dataclass(frozen=True)
-class PackedSequences:
-    """The transformers versions that raise on packed sequences (cu_seqlens / seq_idx) when a
-    kernel function is on its torch path, and the packages that concerns."""
-    transformers: SpecifierSet
-    packages: tuple
-    source: str
-
-
-@dataclass(frozen=True)
-class Pins:
-    protected: tuple
-    triton_distributions: tuple
-    allowed: frozenset
-    kernels: dict
-    fla_releases: tuple
-    tilelang_pairs: tuple
-    tilelang_broken: tuple
-    hazards: tuple
-    yanked: dict
-    origins: tuple
-    digest: str
-    packed_sequences: PackedSequences | None = None
-    release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels
-    source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
-    kernel_releases: dict = field(default_factory=dict)   # compiled kernel -> (KernelRelease, ...) when pinned per machine
-
-    def kernel(self, name: str) -> KernelSpec:
-        return self.kernels[name]
-
-    def release(self, kernel: str) -> ReleaseWheels:
-        return self.release_wheels[kernel]
-
-    def build(self, kernel: str, version: str | None = None) -> SourceBuild:
-        """The kernel's source build, of `version` when given (a pinned release: its own -gencode
-        table where the data has one; the measured time stays the source build's)."""
-        base = self.source_builds[kernel]
-        if version is None or (base.version is not None and same_version(base.version, version)):
-            return base
-        from dataclasses import replace
-
-        rel = next((r for r in self.kernel_releases.get(kernel, ()) if same_version(r.version, version)), None)
-        return replace(base, requirement=f"{base.distribution}=={version}",
-                       cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
-
-    def build_for_distribution(self, distribution: str):
-        """(kernel, SourceBuild) of the compiled kernel that ships `distribution`, else (None, None)."""
-        name = canonical_name(distribution)
-        for kernel, build in self.source_builds.items():
-            if build.distribution == name:
-                return kernel, build
-        return None, None
-
-    def good_tvm_ffi(self, tilelang_version: str) -> tuple:
-        for pair in self.tilelang_pairs:
-            if same_version(pair.tilelang, tilelang_version):
-                return pair.tvm_ffi
-        return ()
-
-    def broken_for(self, tilelang_version: str, tvm_ffi_version: str, archs) -> BrokenPair | None:
-        for entry in self.tilelang_broken:
-            if not same_version(entry.tilelang, tilelang_version):
-                continue
-            if not any(same_version(v, tvm_ffi_version) for v in entry.tvm_ffi):
-                continue
-            if entry.arch == "*" or entry.arch in archs:
-                return entry
-        return None
-
-
-def same_version(a: str, b: str) -> bool:
-    """Version equality that never raises (a dist-info can carry any string)."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
+def record_keys(kernels: dict) -> dict:
+    """The identity of each kind's records, per kernel (what a user's record replaces)."""
+    out = {("hazards",): ("id",)}
+    for name, entry in kernels.items():
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("kind")
+        if kind in ("pure", "compiled"):
+            out[("kernels", name, "releases")] = ("version",)
+        elif kind == "pair":
+            first = (entry.get("distributions") or [None])[0]
+            out[("kernels", name, "pairs")] = (first,)
+            out[("kernels", name, "broken")] = (first, "arch", "effect")
+    return out
 
 def load(user_file: str | None = None) -> Pins:
     """The shipped pins, merged with `user_file` when given (validated, cached by mtime)."""
@@ -269,9 +66,9 @@ def _load_cached(user_file, _stamp) -> Pins:
         if not isinstance(user, dict):
             raise PinsError(user_file, "", "the top level must be a table/object")
         _check_user_shape(user, user_file)
-        data = _merge(data, user, ())
+        data = _merge(data, user, (), record_keys(data.get("kernels") or {}))
         origins.append(user_file)
-    return _build(data, tuple(origins))
+    return build(data, tuple(origins))
 
 
 def _read(path: str):
@@ -306,19 +103,22 @@ def _check_user_shape(user: dict, origin: str) -> None:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
     if "schema" in user and user["schema"] != 1:
         raise PinsError(origin, "schema", f"unsupported schema {user['schema']!r}; this fastpath-hooks reads schema 1")
-    for name in (user.get("kernels") or {}):
-        if name not in KERNELS:
-            raise PinsError(origin, f"kernels.{name}", f"unknown kernel; expected one of {', '.join(KERNELS)}")
+    for name, entry in (user.get("kernels") or {}).items():
+        if name in REGISTRY:
+            continue
+        if not isinstance(entry, dict) or "kind" not in entry or "modules" not in entry:
+            raise PinsError(origin, f"kernels.{name}", f"unknown kernel; a new kernel's entry needs at least `kind` "
+                            f"({', '.join(KINDS)}) and `modules` (docs/registry.md); shipped: {', '.join(REGISTRY)}")
 
 
-def _merge(base, over, path: tuple):
+def _merge(base, over, path: tuple, records: dict):
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for key, value in over.items():
-            out[key] = _merge(base[key], value, path + (key,)) if key in base else value
+            out[key] = _merge(base[key], value, path + (key,), records) if key in base else value
         return out
-    if path in _RECORD_KEYS and isinstance(base, list) and isinstance(over, list):
-        keys = _RECORD_KEYS[path]
+    if path in records and isinstance(base, list) and isinstance(over, list):
+        keys = records[path]
 
         def ident(rec):
             return tuple(str(rec.get(k)) for k in keys) if isinstance(rec, dict) else None
@@ -327,378 +127,3 @@ def _merge(base, over, path: tuple):
         return list(over) + [r for r in base if ident(r) not in mine]
     return over
 
-
-# -- validation -------------------------------------------------------------
-
-class _V:
-    def __init__(self, origin: str):
-        self.origin = origin
-
-    def fail(self, entry: str, message: str):
-        raise PinsError(self.origin, entry, message)
-
-    def table(self, value, entry) -> dict:
-        if not isinstance(value, dict):
-            self.fail(entry, "expected a table/object")
-        return value
-
-    def list(self, value, entry) -> list:
-        if not isinstance(value, list):
-            self.fail(entry, "expected a list")
-        return value
-
-    def string(self, value, entry) -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.fail(entry, "expected a non-empty string")
-        return value
-
-    def strings(self, value, entry) -> tuple:
-        return tuple(self.string(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
-
-    def version(self, value, entry) -> str:
-        self.string(value, entry)
-        try:
-            Version(value)
-        except InvalidVersion:
-            self.fail(entry, f"{value!r} is not a version")
-        return value
-
-    def versions(self, value, entry) -> tuple:
-        return tuple(self.version(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
-
-    def specifier(self, value, entry) -> SpecifierSet:
-        if not isinstance(value, str):
-            self.fail(entry, "expected a version specifier string such as '>=3.4,<3.9'")
-        try:
-            return FrozenSpecifierSet(value)
-        except InvalidSpecifier:
-            self.fail(entry, f"{value!r} is not a version specifier (e.g. '>=3.4,<3.9')")
-
-    def requirement(self, value, entry) -> str:
-        self.string(value, entry)
-        try:
-            Requirement(value)
-        except InvalidRequirement as exc:
-            self.fail(entry, f"{value!r} is not a requirement: {exc}")
-        return value
-
-    def boolean(self, value, entry) -> bool:
-        if not isinstance(value, bool):
-            self.fail(entry, "expected true or false")
-        return value
-
-    def source(self, record: dict, entry) -> str:
-        value = record.get("source")
-        if not isinstance(value, str) or value.split(":", 1)[0].strip() not in SOURCE_KINDS or ":" not in value:
-            self.fail(f"{entry}.source", "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
-        return value
-
-
-def _build(data, origins: tuple) -> Pins:
-    v = _V(origins[-1])
-    v.table(data, "")
-    if data.get("schema") != 1:
-        v.fail("schema", f"unsupported schema {data.get('schema')!r}; expected 1")
-
-    prot = v.table(data.get("protected"), "protected")
-    v.source(prot, "protected")
-    protected = tuple(canonical_name(n) for n in v.strings(prot.get("distributions"), "protected.distributions"))
-    tri = v.table(data.get("triton_distributions"), "triton_distributions")
-    triton_dists = tuple(canonical_name(n) for n in v.strings(tri.get("names"), "triton_distributions.names"))
-    allow = v.table(data.get("allowed_distributions"), "allowed_distributions")
-    v.source(allow, "allowed_distributions")
-    allowed = frozenset(canonical_name(n) for n in v.strings(allow.get("names"), "allowed_distributions.names"))
-
-    kernels_raw = v.table(data.get("kernels"), "kernels")
-    kernels = {}
-    for name in KERNELS:
-        k = v.table(kernels_raw.get(name), f"kernels.{name}")
-        e = f"kernels.{name}"
-        verify = v.table(k.get("verify", {}), f"{e}.verify")
-        attrs = v.strings(verify.get("attributes", []), f"{e}.verify.attributes")
-        for i, a in enumerate(attrs):
-            if ":" not in a:
-                v.fail(f"{e}.verify.attributes[{i}]", "expected module:attribute")
-        glibc = v.table(k.get("glibc", {}), f"{e}.glibc")
-        for arch, spec in glibc.items():
-            v.specifier(spec, f"{e}.glibc.{arch}")
-        nvcc_pk = k.get("nvcc_packages")
-        if nvcc_pk is not None:
-            v.table(nvcc_pk, f"{e}.nvcc_packages")
-            v.specifier(nvcc_pk.get("cuda"), f"{e}.nvcc_packages.cuda")
-            for i, r in enumerate(v.list(nvcc_pk.get("requirements"), f"{e}.nvcc_packages.requirements")):
-                v.requirement(r, f"{e}.nvcc_packages.requirements[{i}]")
-            v.source(nvcc_pk, f"{e}.nvcc_packages")
-        accelerators = v.strings(k.get("accelerators"), f"{e}.accelerators")
-        for i, a in enumerate(accelerators):
-            if a not in ("cuda", "rocm", "xpu"):
-                v.fail(f"{e}.accelerators[{i}]", f"{a!r}: expected cuda, rocm or xpu")
-        platforms = v.strings(k.get("platforms"), f"{e}.platforms")
-        for i, p in enumerate(platforms):
-            if "-" not in p:
-                v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
-        kernels[name] = KernelSpec(
-            name=name,
-            module=MODULE_OF[name],  # fixed: the import hook watches these names from interpreter start
-            distributions=tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions")),
-            python=v.specifier(k.get("python"), f"{e}.python"),
-            torch=v.specifier(k.get("torch"), f"{e}.torch"),
-            accelerators=accelerators,
-            platforms=platforms,
-            runtime_deps=tuple(v.requirement(r, f"{e}.runtime_deps[{i}]") for i, r in enumerate(v.list(k.get("runtime_deps", []), f"{e}.runtime_deps"))),
-            verify_modules=v.strings(verify.get("modules", []), f"{e}.verify.modules"),
-            verify_attributes=attrs,
-            source=v.source(k, e),
-            glibc=dict(glibc),
-            needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
-            nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
-            with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name),
-            imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
-                                                                        f"{e}.imports_installed")),
-            imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name),
-        )
-
-    fla = kernels_raw["fla"]
-    releases = _releases(v, fla.get("releases"), "kernels.fla.releases", lambda r, e, **common: FlaRelease(
-        tilelang_backend=v.boolean(r.get("tilelang_backend"), f"{e}.tilelang_backend"), **common))
-
-    tl = kernels_raw["tilelang"]
-    pairs = []
-    for i, p in enumerate(v.list(tl.get("pairs"), "kernels.tilelang.pairs")):
-        e = f"kernels.tilelang.pairs[{i}]"
-        v.table(p, e)
-        ffi = v.versions(p.get("tvm_ffi"), f"{e}.tvm_ffi")
-        if not ffi:
-            v.fail(f"{e}.tvm_ffi", "at least one known-good apache-tvm-ffi version is needed")
-        pairs.append(TilelangPair(v.version(p.get("tilelang"), f"{e}.tilelang"), ffi, v.source(p, e)))
-    if not pairs:
-        v.fail("kernels.tilelang.pairs", "at least one known-good pair is needed")
-    broken = []
-    for i, b in enumerate(v.list(tl.get("broken", []), "kernels.tilelang.broken")):
-        e = f"kernels.tilelang.broken[{i}]"
-        v.table(b, e)
-        arch = v.string(b.get("arch"), f"{e}.arch")
-        if arch != "*" and not (arch.startswith("sm_") or arch.startswith("gfx")):
-            v.fail(f"{e}.arch", f"{arch!r}: expected '*', sm_XY or gfxNNN")
-        broken.append(BrokenPair(v.version(b.get("tilelang"), f"{e}.tilelang"), v.versions(b.get("tvm_ffi"), f"{e}.tvm_ffi"),
-                                 arch, v.string(b.get("effect"), f"{e}.effect"), v.source(b, e)))
-    for i, pair in enumerate(pairs):
-        for ffi in pair.tvm_ffi:
-            for k, b in enumerate(broken):
-                if b.arch == "*" and same_version(b.tilelang, pair.tilelang) and any(same_version(x, ffi) for x in b.tvm_ffi):
-                    v.fail(f"kernels.tilelang.pairs[{i}]", f"tilelang {pair.tilelang} + apache-tvm-ffi {ffi} is also listed "
-                           f"as broken in kernels.tilelang.broken[{k}] ({b.effect})")
-
-    release_wheels, source_builds, kernel_releases = {}, {}, {}
-    for name in COMPILED:
-        raw = kernels_raw[name]
-        release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
-        source_builds[name] = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
-        if "releases" in raw:
-            kernel_releases[name] = _kernel_releases(v, raw.get("releases"), f"kernels.{name}.releases",
-                                                     source_builds[name])
-
-    hazards = []
-    for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
-        e = f"hazards[{i}]"
-        v.table(h, e)
-        kernel = v.string(h.get("kernel"), f"{e}.kernel")
-        if kernel not in KERNELS:
-            v.fail(f"{e}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)}")
-        needs = v.string(h.get("needs"), f"{e}.needs")
-        if needs not in KERNELS:
-            v.fail(f"{e}.needs", f"{needs!r}: expected one of {', '.join(KERNELS)}")
-        hazards.append(Hazard(
-            id=v.string(h.get("id"), f"{e}.id"), kernel=kernel, gpu=v.strings(h.get("gpu"), f"{e}.gpu"),
-            triton=v.specifier(h.get("triton"), f"{e}.triton"), needs=needs,
-            effect=v.string(h.get("effect"), f"{e}.effect"), fix=v.string(h.get("fix"), f"{e}.fix"),
-            source=v.source(h, e),
-        ))
-
-    yanked_raw = v.table(data.get("yanked", {}), "yanked")
-    yanked = {canonical_name(k): v.versions(val, f"yanked.{k}") for k, val in yanked_raw.items() if k != "source"}
-
-    # a pinned version the index has yanked would not install (or would warn): never pin one
-    def check_not_yanked(dist, version, entry):
-        if any(same_version(version, y) for y in yanked.get(dist, ())):
-            v.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
-
-    for i, pair in enumerate(pairs):
-        check_not_yanked("tilelang", pair.tilelang, f"kernels.tilelang.pairs[{i}].tilelang")
-        for j, ffi in enumerate(pair.tvm_ffi):
-            check_not_yanked("apache-tvm-ffi", ffi, f"kernels.tilelang.pairs[{i}].tvm_ffi[{j}]")
-    for i, rel in enumerate(releases):
-        for dist in ("fla-core", "flash-linear-attention"):
-            check_not_yanked(dist, rel.version, f"kernels.fla.releases[{i}].version")
-
-    # consistency: every distribution a kernel may install is on the allow-list
-    for name, spec in kernels.items():
-        for dist in spec.distributions:
-            if dist not in allowed:
-                v.fail(f"kernels.{name}.distributions", f"{dist} is not in allowed_distributions.names")
-        for i, req in enumerate(spec.runtime_deps):
-            if canonical_name(Requirement(req).name) not in allowed:
-                v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
-    for name, build in source_builds.items():
-        for i, req in enumerate(build.build_deps):
-            if canonical_name(Requirement(req).name) not in allowed:
-                v.fail(f"kernels.{name}.source_build.build_deps.requirements[{i}]",
-                       f"{Requirement(req).name} is not in allowed_distributions.names")
-        if build.distribution not in kernels[name].distributions:
-            v.fail(f"kernels.{name}.source_build.requirement", f"{build.distribution} is not one of the kernel's distributions")
-    for name in triton_dists:
-        if name not in protected:
-            v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
-                   "protected.distributions (fastpath-hooks never changes it)")
-    for p in protected:
-        if p in allowed and p != "numpy":
-            v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
-
-    packed = _packed_sequences(v, data.get("packed_sequences"))
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-    # frozen all the way down: `load()` is cached and shared by every caller in the process
-    return freeze(Pins(
-        protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
-        fla_releases=tuple(releases), tilelang_pairs=tuple(pairs), tilelang_broken=tuple(broken),
-        hazards=tuple(hazards), yanked=yanked,
-        origins=origins, digest=digest, packed_sequences=packed,
-        release_wheels=release_wheels, source_builds=source_builds, kernel_releases=kernel_releases,
-    ))
-
-
-def _packed_sequences(v: _V, raw) -> PackedSequences | None:
-    if raw is None:
-        return None
-    e = "packed_sequences"
-    v.table(raw, e)
-    packages = []
-    for i, p in enumerate(v.list(raw.get("packages"), f"{e}.packages")):
-        pe = f"{e}.packages[{i}]"
-        v.table(p, pe)
-        kernel = p.get("kernel")
-        if kernel is not None and kernel not in KERNELS:
-            v.fail(f"{pe}.kernel", f"{kernel!r}: expected one of {', '.join(KERNELS)} (or a `distribution` instead)")
-        if kernel is None and not isinstance(p.get("distribution"), str):
-            v.fail(pe, "expected a `kernel` (one of fastpath-hooks' kernels) or a `distribution`")
-        packages.append(PackedPackage(
-            module=v.string(p.get("module"), f"{pe}.module"), kernel=kernel,
-            distribution=canonical_name(p.get("distribution") or kernel),
-            models=v.strings(p.get("models", []), f"{pe}.models")))
-    return PackedSequences(transformers=v.specifier(raw.get("transformers"), f"{e}.transformers"),
-                           packages=tuple(packages), source=v.source(raw, e))
-
-
-def _kernel_names(v: _V, raw, entry: str, own: str) -> tuple:
-    names = v.strings(raw, entry)
-    for i, name in enumerate(names):
-        if name not in KERNELS or name == own:
-            v.fail(f"{entry}[{i}]", f"{name!r}: expected another kernel, one of {', '.join(k for k in KERNELS if k != own)}")
-    return names
-
-
-def _gencode_table(v: _V, raw, e: str) -> dict:
-    arch_table = v.table(raw, e)
-    v.source(arch_table, e)
-    gencode = {}
-    for code, spec in v.table(arch_table.get("pairs"), f"{e}.pairs").items():
-        if not (code.startswith("sm_") and code[3:].isdigit()):
-            v.fail(f"{e}.pairs.{code}", "expected sm_XY (a -gencode code)")
-        gencode[code] = v.specifier(spec, f"{e}.pairs.{code}")
-    return gencode
-
-
-def _release_wheels(v: _V, raw, e: str) -> ReleaseWheels:
-    rel = v.table(raw, e)
-    fname = v.string(rel.get("filename"), f"{e}.filename")
-    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
-        if fieldname not in fname:
-            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
-    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
-    builds = []
-    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
-        be = f"{e}.builds[{i}]"
-        v.table(b, be)
-        builds.append({
-            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
-            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
-            "python": v.strings(b.get("python"), f"{be}.python"),
-            "arch": v.strings(b.get("arch"), f"{be}.arch"),
-            "abi": v.strings(b.get("abi"), f"{be}.abi"),
-        })
-    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
-    for key, digest in sha.items():
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
-    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
-    return ReleaseWheels(
-        version=v.version(rel.get("version"), f"{e}.version"),
-        tag=v.string(rel.get("tag"), f"{e}.tag"),
-        base_url=base_url,
-        filename=fname,
-        builds=tuple(builds),
-        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
-        sha256=dict(sha),
-        source=v.source(rel, e),
-    )
-
-
-def _source_build(v: _V, raw, e: str) -> SourceBuild:
-    sb = v.table(raw, e)
-    measured = v.table(sb.get("measured"), f"{e}.measured")
-    v.source(measured, f"{e}.measured")
-    numbers = {}
-    for key in ("seconds", "archs", "cores"):
-        value = measured.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            v.fail(f"{e}.measured.{key}", "expected a positive number")
-        numbers[key] = value
-    gencode = _gencode_table(v, sb.get("cuda_archs"), f"{e}.cuda_archs")
-    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
-    v.source(bd, f"{e}.build_deps")
-    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
-                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
-    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
-    spec = list(Requirement(requirement).specifier)
-    if len(spec) != 1 or spec[0].operator != "==":
-        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
-    return SourceBuild(
-        requirement=requirement,
-        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
-        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
-        build_deps=build_deps,
-        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
-        cuda_archs=gencode,
-        source=v.source(sb, e),
-    )
-
-
-def _releases(v: _V, raw, e: str, make) -> list:
-    """A list of releases (fla's, a compiled kernel's): tables, each version listed once, with
-    torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
-    out, seen = [], set()
-    for i, r in enumerate(v.list(raw, e)):
-        re_ = f"{e}[{i}]"
-        v.table(r, re_)
-        ver = v.version(r.get("version"), f"{re_}.version")
-        if ver in seen:
-            v.fail(f"{re_}.version", f"{ver} is listed twice")
-        seen.add(ver)
-        out.append(make(r, re_, version=ver,
-                        torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
-                        triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
-                        transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
-                        source=v.source(r, re_)))
-    if not out:
-        v.fail(e, "at least one release is needed")
-    return out
-
-
-def _kernel_releases(v: _V, raw, e: str, build: SourceBuild) -> tuple:
-    out = _releases(v, raw, e, lambda r, re_, **common: KernelRelease(
-        declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
-                       for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
-        cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
-        **common))
-    if build.version is not None and not any(same_version(r.version, build.version) for r in out):
-        v.fail(e, f"the source build's {build.requirement} is not one of the releases")
-    return tuple(out)

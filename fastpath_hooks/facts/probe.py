@@ -16,17 +16,21 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from .distributions import canonical_name, scan
 from .frozen import FrozenMap, freeze_fields, thaw
 from .procfs import mem_available_gib
 
-WATCHED_DISTRIBUTIONS = (
-    "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu", "numpy",
-    "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
-    "causal-conv1d", "mamba-ssm", "torch-c-dlpack-ext", "einops", "packaging", "nvidia-cuda-nvcc", "uv", "kernels",
-)
+# Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
+# the hub's `kernels` (transformers' is_kernels_available).
+_ALSO_WATCHED = ("uv", "kernels")
+
+
+def watched_distributions(pins) -> frozenset:
+    """The distributions whose half-installed state the policy reads: every one the pins name
+    (the kernels', their dependencies, the protected ones) and _ALSO_WATCHED."""
+    return frozenset(pins.allowed) | frozenset(pins.protected) | frozenset(_ALSO_WATCHED)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class Environment:
     half_installed: tuple = ()
     uv: str | None = None
     wheelhouse: tuple = ()
-    fla_tilelang_env: str | None = None
+    switches: FrozenMap = field(default_factory=FrozenMap)   # the pins' switch variables that are set (FLA_TILELANG)
     posed: tuple = ()
     prefix: str = ""
     pip_index_config: str | None = None   # where pip is told of an index/find-links (uv ignores it)
@@ -123,16 +127,9 @@ class Environment:
         """torch's CUDA release (torch_cuda)."""
         return parse_version(self.torch_cuda)
 
-    @cached_property
-    def _watched_versions(self) -> FrozenMap:
-        return FrozenMap((n, parse_version(self.distributions.get(n))) for n in WATCHED_DISTRIBUTIONS)
-
     def dist_version(self, dist: str):
-        """The installed version of `dist`, parsed (once for the distributions the policy watches)."""
-        name = canonical_name(dist)
-        if name in self._watched_versions:
-            return self._watched_versions[name]
-        return parse_version(self.distributions.get(name))
+        """The installed version of `dist`, parsed (once per version text and process)."""
+        return parse_version(self.distributions.get(canonical_name(dist)))
 
     def to_json(self) -> dict:
         data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
@@ -142,8 +139,10 @@ class Environment:
         return data
 
 
+@lru_cache(maxsize=1024)
 def parse_version(text: str | None):
-    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any string)."""
+    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any
+    string). Cached: the policy asks for the same few versions many times (Versions are immutable)."""
     if not text:
         return None
     from packaging.version import InvalidVersion, Version
@@ -163,7 +162,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         from .pins import load
 
         pins = load(None)
-    posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     found, duplicates = scan() if found is None else found
     torch_info = _torch_build_info(found.get("torch"))
     gpus, gpu_source, cxx11_abi = _gpus(torch_info, posed, allow_torch_import)
@@ -218,7 +217,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         nvcc=None,
         uv=facts["uv"],
         wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
-        fla_tilelang_env=os.environ.get("FLA_TILELANG"),
+        switches={spec.switch.variable: os.environ[spec.switch.variable] for spec in pins.kernels.values()
+                  if spec.switch is not None and spec.switch.variable in os.environ},
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
         pip_index_config=pip_index_config(),
@@ -236,7 +236,7 @@ def after_install(env: Environment, settings, pins, found) -> Environment:
     compilers) stay as probed - an install never changes them (torch & co are protected)."""
     from .target import parse_target
 
-    posed = parse_target(settings.target) if settings is not None and settings.target else {}
+    posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     return _with_distributions(env, found[0], found[1], posed, settings, pins)
 
 
@@ -278,7 +278,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         nvcc=nvcc,
         nvcc_version=nvcc_version,
         distributions=dists,
-        half_installed=tuple(sorted(n for n in duplicates if n in WATCHED_DISTRIBUTIONS)),
+        half_installed=tuple(sorted(set(duplicates) & watched_distributions(pins))),
         wheel_cache=cached_wheels.directory(cache) if cache else None,
         cached_wheels=cached_wheels.listing(cache),
         pip="pip" in dists,

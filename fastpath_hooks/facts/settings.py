@@ -14,22 +14,13 @@ from typing import Mapping
 
 # The start-up path's raw readers (_names) give the values of the variables it reads before the
 # settings are parsed; settings only adds the validation, so the two cannot disagree.
-from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS
+from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
 from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
+from .._registry import REGISTRY, listed, registry
 from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
+from .frozen import FrozenMap
 
-KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
-KERNEL_ALIASES = {
-    "fla": "fla",
-    "flash-linear-attention": "fla",
-    "fla-core": "fla",
-    "causal-conv1d": "causal-conv1d",
-    "causal_conv1d": "causal-conv1d",
-    "mamba-ssm": "mamba-ssm",
-    "mamba_ssm": "mamba-ssm",
-    "tilelang": "tilelang",
-}
 MODES = ("install", "report")
 BUILD_MODES = ("auto", "1", "0")
 INSTALLERS = ("auto", "uv", "pip")
@@ -39,11 +30,47 @@ DEFAULT_TIMEOUT = 900.0
 DEFAULT_LOCK_TIMEOUT = 1800.0
 DEFAULT_RETRY_AFTER = 3600.0
 
+
+def kernel_names(reg) -> tuple:
+    """The kernels of a registry, in the order they are listed (_registry.listed)."""
+    return listed(reg)
+
+
+def kernel_aliases(reg) -> dict:
+    """Every name FASTPATH_HOOKS_SKIP, install(kernels=...) and the CLI accept -> the kernel."""
+    out = {}
+    for kernel, entry in reg.items():
+        out[kernel] = kernel
+        for alias in entry["aliases"]:
+            out.setdefault(alias, kernel)
+    return out
+
+
+def mirror_variables(reg) -> dict:
+    """kernel -> the variable naming a mirror of its release wheels (the registry's `mirror`)."""
+    return {kernel: entry["mirror"] for kernel, entry in reg.items() if entry["mirror"]}
+
+
+def variables(reg) -> dict:
+    """Every variable, with the mirror variables of the registry's kernels (listed after the log level)."""
+    out = {}
+    for name, meaning in _VARIABLES.items():
+        out[name] = meaning
+        if name == LOG:
+            for kernel, variable in mirror_variables(reg).items():
+                out[variable] = f"base URL (http(s):// or file://) of a {kernel} release-wheel mirror"
+    return out
+
+
+KERNELS = kernel_names(REGISTRY)
+KERNEL_ALIASES = kernel_aliases(REGISTRY)
+_COMPILED = tuple(k for k in KERNELS if REGISTRY[k]["kind"] == "compiled")
+
 # name -> what it means, its accepted values and default: the README's settings table says the same
 # (tests/test_settings.py compares them).
-VARIABLES = {
+_VARIABLES = {
     "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",
-    "FASTPATH_HOOKS_SKIP": "comma list of kernels to leave alone: fla, causal-conv1d, mamba-ssm, tilelang",
+    "FASTPATH_HOOKS_SKIP": f"comma list of kernels to leave alone: {', '.join(KERNELS)}",
     "FASTPATH_HOOKS_MODE": "install (default): act on the plan; report: decide and report, never install",
     "FASTPATH_HOOKS_FIND_LINKS": "comma or whitespace separated wheel directories or URLs, searched by the installer",
     "FASTPATH_HOOKS_OFFLINE": "1: never reach an index; install only from FASTPATH_HOOKS_FIND_LINKS",
@@ -51,20 +78,19 @@ VARIABLES = {
     "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or find-links, "
                                  "which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
-    "FASTPATH_HOOKS_ALLOW_BUILD": ("source builds of causal-conv1d and mamba-ssm when no prebuilt wheel fits: auto (default: only with nvcc "
-                                   "of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 (also for all "
-                                   "archs: long), 0 (never)"),
+    "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {' and '.join(_COMPILED)} when no prebuilt wheel fits: auto (default: "
+                                   "only with nvcc of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 "
+                                   "(also for all archs: long), 0 (never)"),
     "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
                                  "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
-    "FASTPATH_HOOKS_PINS": "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
+    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
                            "info (default) or debug"),
-    "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "base URL (http(s):// or file://) of a causal-conv1d release-wheel mirror",
-    "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "base URL (http(s):// or file://) of a mamba-ssm release-wheel mirror",
     "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
 }
+VARIABLES = variables(REGISTRY)
 
 
 class SettingsError(ValueError):
@@ -91,8 +117,7 @@ class Settings:
     pins_file: str | None = None
     target: str | None = None
     log: str = DEFAULT_LOG
-    causal_conv1d_wheel_url: str | None = None
-    mamba_ssm_wheel_url: str | None = None
+    wheel_urls: FrozenMap = field(default_factory=FrozenMap)   # kernel -> its release-wheel mirror (registry `mirror`)
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
     # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created, not writable): why, in one
@@ -111,17 +136,22 @@ class Settings:
             raw = env.get(name)
             return None if raw is None or not raw.strip() else raw.strip()
 
-        def parse(name: str, key: str, parser):
+        def parse(name: str, key: str | None, parser):
             raw = get(name)
             if raw is None:
-                return
+                return None
             try:
-                values[key] = parser(raw)
+                value = parser(raw)
             except ValueError as exc:
                 problems.append((name, env.get(name, ""), str(exc)))
+                return None
+            if key is not None:
+                values[key] = value
+            return value
 
+        reg = registry(env) if get(PINS) else REGISTRY   # a pins file may add kernels (their names, mirrors)
         parse(DISABLE, "disable", lambda raw: parse_bool(raw) and disabled({DISABLE: raw}))
-        parse("FASTPATH_HOOKS_SKIP", "skip", parse_kernel_list)
+        parse("FASTPATH_HOOKS_SKIP", "skip", lambda raw: parse_kernel_list(raw, reg))
         parse("FASTPATH_HOOKS_MODE", "mode", _choice(MODES))
         parse(FIND_LINKS, "find_links", _parse_find_links)
         parse("FASTPATH_HOOKS_OFFLINE", "offline", parse_bool)
@@ -130,17 +160,20 @@ class Settings:
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
         parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
         parse(CACHE_DIR, "cache_dir", _directory_or_creatable)
-        parse("FASTPATH_HOOKS_PINS", "pins_file", _readable_file)
-        parse("FASTPATH_HOOKS_TARGET", "target", _target_spec)
+        parse(PINS, "pins_file", _readable_file)
+        parse("FASTPATH_HOOKS_TARGET", "target", lambda raw: _target_spec(raw, get(PINS)))
         parse(LOG, "log", _log_level)
-        parse("FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "causal_conv1d_wheel_url", _url(("http", "https", "file")))
-        parse("FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL", "mamba_ssm_wheel_url", _url(("http", "https", "file")))
+        urls = {kernel: parse(variable, None, _url(("http", "https", "file")))
+                for kernel, variable in mirror_variables(reg).items()}
+        if any(urls.values()):
+            values["wheel_urls"] = FrozenMap((k, u) for k, u in urls.items() if u)
         parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", _seconds_or_zero)
         parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
 
-        unknown = sorted(k for k in env if k.startswith("FASTPATH_HOOKS_") and k not in VARIABLES)
+        known = variables(reg)
+        unknown = sorted(k for k in env if k.startswith("FASTPATH_HOOKS_") and k not in known)
         prefix = len("FASTPATH_HOOKS_")
-        suffixes = {v[prefix:]: v for v in VARIABLES}
+        suffixes = {v[prefix:]: v for v in known}
         for name in unknown:
             # compare what follows the shared prefix, or every name looks alike
             close = suffixes.get(_closest(name[prefix:], suffixes, cutoff=0.7) or "")
@@ -161,7 +194,7 @@ class Settings:
                 values["cache_dir_unusable"] = (f"{CACHE_DIR}={values['cache_dir']} {unusable}; using "
                                                 f"{default_cache_root(env)} instead")
                 values["cache_dir"] = None
-        explicit = frozenset(k for k in VARIABLES if get(k) is not None)
+        explicit = frozenset(k for k in known if get(k) is not None)
         return cls(explicit=explicit, **values)
 
     def with_target(self, spec: str | None) -> "Settings":
@@ -191,8 +224,7 @@ class Settings:
             "pins_file": self.pins_file,
             "target": self.target,
             "log": self.log,
-            "causal_conv1d_wheel_url": self.causal_conv1d_wheel_url,
-            "mamba_ssm_wheel_url": self.mamba_ssm_wheel_url,
+            "wheel_urls": dict(self.wheel_urls),
             "retry_after": self.retry_after,
             "lock_timeout": self.lock_timeout,
         }
@@ -219,26 +251,29 @@ def parse_build_mode(raw: str) -> str:
                          "1, true, yes, on (build even for all archs) or 0, false, no, off (never build)") from None
 
 
-def parse_kernel_list(raw: str) -> frozenset:
+def parse_kernel_list(raw: str, reg=None) -> frozenset:
+    reg = registry() if reg is None else reg
     names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
+    kernels, aliases = kernel_names(reg), kernel_aliases(reg)
     out = set()
     for name in names:
         if name == "all":
-            out.update(KERNELS)
+            out.update(kernels)
             continue
-        if name not in KERNEL_ALIASES:
-            close = _closest(name, KERNEL_ALIASES, cutoff=0.6)
-            hint = f"did you mean {KERNEL_ALIASES[close]}? " if close else ""
-            raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(KERNELS)} (or all)")
-        out.add(KERNEL_ALIASES[name])
+        if name not in aliases:
+            close = _closest(name, aliases, cutoff=0.6)
+            hint = f"did you mean {aliases[close]}? " if close else ""
+            raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)} (or all)")
+        out.add(aliases[name])
     return frozenset(out)
 
 
-def normalize_kernel(name: str) -> str:
+def normalize_kernel(name: str, reg=None) -> str:
+    reg = registry() if reg is None else reg
     try:
-        return KERNEL_ALIASES[name.strip().lower()]
+        return kernel_aliases(reg)[name.strip().lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(KERNELS)}") from None
+        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(kernel_names(reg))}") from None
 
 
 def _choice(options):
@@ -328,10 +363,10 @@ def _readable_file(raw: str) -> str:
     return path
 
 
-def _target_spec(raw: str) -> str:
+def _target_spec(raw: str, pins_file: str | None = None) -> str:
     from .target import parse_target
 
-    parse_target(raw)  # raises ValueError with the offending entry
+    parse_target(raw, pins_file=pins_file)  # raises ValueError with the offending entry
     return raw
 
 
@@ -343,10 +378,10 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 
 
 def release_wheel_url(settings, kernel: str) -> str | None:
-    """The user's mirror of a compiled kernel's release wheels (FASTPATH_HOOKS_<KERNEL>_WHEEL_URL)."""
-    return getattr(settings, kernel.replace("-", "_") + "_wheel_url", None)
+    """The user's mirror of a compiled kernel's release wheels (its registry `mirror` variable)."""
+    return settings.wheel_urls.get(kernel)
 
 
-def wheel_url_variable(kernel: str) -> str:
-    """The name of the variable release_wheel_url reads (a kernel without one is not in VARIABLES)."""
-    return "FASTPATH_HOOKS_" + kernel.replace("-", "_").upper() + "_WHEEL_URL"
+def wheel_url_variable(kernel: str, reg=None) -> str | None:
+    """The name of the variable release_wheel_url reads; None for a kernel without one."""
+    return mirror_variables(registry() if reg is None else reg).get(kernel)

@@ -12,12 +12,6 @@ from __future__ import annotations
 
 from .distributions import canonical_name
 
-# Distribution facts that may be posed (value: a version or `none`).
-DISTRIBUTION_KEYS = (
-    "transformers", "fla-core", "flash-linear-attention", "tilelang", "apache-tvm-ffi", "z3-solver",
-    "causal-conv1d", "numpy", "torch-c-dlpack-ext", "einops", "packaging",
-    "nvidia-cuda-nvcc", "mamba-ssm",
-)
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
              "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
 _OS = ("linux", "darwin", "windows")
@@ -27,8 +21,18 @@ _YES = ("yes", "1", "true", "on")
 _NO = ("no", "0", "false", "off", "none")
 
 
-def parse_target(spec: str) -> dict:
-    """Parse a target spec into normalized facts; ValueError names the bad entry."""
+def distribution_keys(pins) -> tuple:
+    """The distributions a target may pose (value: a version or `none`): every one the pins name
+    that fastpath-hooks may install or read - the kernels', their dependencies, transformers, numpy
+    (torch and its triton are facts of their own)."""
+    named = (set(pins.allowed) | set(pins.protected)) - set(pins.triton_distributions) - {"torch"}
+    return tuple(sorted(named))
+
+
+def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
+    """Parse a target spec into normalized facts; ValueError names the bad entry. A posed
+    distribution is checked against the registry's kernel distributions (and, for any other name,
+    `pins` - loaded from `pins_file` and the shipped pins when not given)."""
     facts: dict = {}
     seen: set = set()
     entries = [e.strip() for e in spec.split(",") if e.strip()]
@@ -81,8 +85,8 @@ def parse_target(spec: str) -> dict:
             facts["os"], facts["arch"] = os_name, _arch(entry, arch)
         else:
             name = canonical_name(key)
-            if name not in DISTRIBUTION_KEYS:
-                accepted = ", ".join(FACT_KEYS + DISTRIBUTION_KEYS)
+            if not _posable(name, pins, pins_file):
+                accepted = ", ".join(FACT_KEYS + distribution_keys(pins or _pins(pins_file)))
                 raise ValueError(f"{entry!r}: unknown fact {key!r}; accepted: {accepted}")
             dists = facts.setdefault("distributions", {})
             dists[name] = None if value.lower() in _NONE else _version(entry, value)
@@ -155,6 +159,26 @@ def _cuda_arch(entry: str, part: str) -> str:
             raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
                              + " (each also with an a or f suffix, e.g. sm_90a)")
     return arch
+
+
+def _posable(name: str, pins, pins_file) -> bool:
+    if pins is None:
+        from .._names import PINS
+        from .._registry import registry
+
+        if any(name in e["distributions"] for e in registry({PINS: pins_file} if pins_file else {}).values()):
+            return True   # a kernel's own distribution: known without loading the pins
+        pins = _pins(pins_file)
+    return name in distribution_keys(pins)
+
+
+def _pins(pins_file):
+    from .pins import PinsError, load
+
+    try:
+        return load(pins_file)
+    except PinsError:   # said where the pins are loaded for the decision
+        return load(None)
 
 
 def _gpus(entry: str, value: str) -> tuple:

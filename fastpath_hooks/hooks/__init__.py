@@ -4,11 +4,12 @@ This module is what an enabled environment loads at the first watched import (or
 `sitecustomize-entrypoints` at every start), so it holds only what that needs: it
 imports nothing new (`sys` and `_thread` are loaded by then) and puts one finder
 on `sys.meta_path`. The finder returns None
-at once for every name it does not watch; for the ones it does (`_names.WATCHED`),
-`importer` (loaded then) acts:
+at once for every name it does not watch; for the ones it does (the registry's kernel modules and
+the gates module: `_names.WATCHED`, and the modules of the kernels a FASTPATH_HOOKS_PINS file adds,
+read at install()), `importer` (loaded then) acts:
 
-- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: before the import resolves - install,
-  repair, or make the import fail with an explanation (era C of transformers
+- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm` (and a user's kernels): before the import resolves -
+  install, repair, or make the import fail with an explanation (era C of transformers
   chooses kernels with exactly this import, see transformers-eras.md);
 - `transformers.utils.import_utils`: after it executed - wrap the gates.
 
@@ -21,7 +22,7 @@ install() one more module load - ~0.4 M instructions, a fifth of what install() 
 import sys
 import _thread
 
-from .._names import GATES_MODULE, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
+from .._names import GATES_MODULE, PINS, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
 
 
 class Hooks:
@@ -129,6 +130,10 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
             _place(finder)
+        if _user_pins():
+            finder.watched = _with_user_kernels()   # the modules of the kernels a pins file adds, too
+        elif finder.watched is not WATCHED:
+            finder.watched = WATCHED
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
@@ -162,6 +167,13 @@ def install(*, kernels=None, on_event=None):
     return True
 
 
+def _with_user_kernels() -> frozenset:
+    """_names.WATCHED and the modules of the kernels a FASTPATH_HOOKS_PINS file adds (its kernels table is read)."""
+    from .._registry import registry, watched_modules
+
+    return watched_modules(registry())
+
+
 def _claim_voice() -> None:
     """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later
     (DataLoader, pool, Process: they inherit LOCAL_RANK=0 with the environment) stay quiet, while the
@@ -185,6 +197,13 @@ def _settings_given() -> bool:
     return any(name.startswith(PREFIX) and name != DISABLE for name in os.environ)
 
 
+def _user_pins() -> bool:
+    """A FASTPATH_HOOKS_PINS file is named: it may add kernels whose modules the finder must watch."""
+    import os
+
+    return bool(os.environ.get(PINS, "").strip())
+
+
 def _check_settings() -> None:
     """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
@@ -193,9 +212,8 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._names import given
-
         from .._environ import cache_root_from_environ
+        from .._names import given
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
@@ -277,10 +295,13 @@ def is_stand_in(entry) -> bool:
 
 
 class KernelImportFinder:
-    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module (`_names.WATCHED`), and ignores the rest."""
+    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module
+    (`watched`: _names.WATCHED and a user's kernels, set by install()), and ignores the rest."""
+
+    watched = WATCHED
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in WATCHED:
+        if fullname not in self.watched:
             return None
         try:
             from .importer import find_spec

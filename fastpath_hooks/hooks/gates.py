@@ -21,21 +21,28 @@ import sys
 import threading
 from contextlib import contextmanager
 
-# gate -> the kernels its first query ensures: the gate's own first (its answer; a block makes it
-# False), then the ones its models need with it. The mamba gates' models (mamba, mamba2, jamba,
-# bamba, zamba, ... in eras A/B) take their fast path only with causal-conv1d too (`is_fast_path_available
-# = all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))`), and mamba-ssm's
-# mamba_inner_fn calls causal_conv1d: asking for one gets both. Read from transformers 4.57.6 / 5.14.1 /
-# 5.24.0 `utils/import_utils.py` (the gates) and the mamba-family modeling files (what they need);
-# era B's `lazy_load_kernel("mamba-ssm")` finds `is_mamba_ssm_available` by name here.
-GATES = {
-    "is_flash_linear_attention_available": ("fla",),
-    "is_causal_conv1d_available": ("causal-conv1d",),
-    "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
-    "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d"),
-}
-# Cleared after the first query so a later call re-reads the environment.
-CACHED_GATES = tuple(GATES) + ("is_kernels_available",)
+
+
+
+def gate_table(registry) -> dict:
+    """gate -> the kernels its first query ensures: the gate's own first (its answer; a block makes it
+    False), then the ones it is used `with` (registry). The mamba gates' models (mamba, mamba2, jamba,
+    bamba, zamba, ... in eras A/B) take their fast path only with causal-conv1d too
+    (`is_fast_path_available = all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))`),
+    and mamba-ssm's mamba_inner_fn calls causal_conv1d: asking for one gets both. Read from transformers
+    4.57.6 / 5.14.1 / 5.24.0 `utils/import_utils.py` (the gates) and the mamba-family modeling files (what
+    they need); era B's `lazy_load_kernel("mamba-ssm")` finds `is_mamba_ssm_available` by name here."""
+    return {gate: (kernel,) + tuple(entry["with"]) for kernel, entry in registry.items() for gate in entry["gates"]}
+
+
+
+def _gates() -> dict:
+    """The gates of the registry (and of a FASTPATH_HOOKS_PINS file's kernels), read when they are wrapped."""
+    from .._registry import registry
+
+    return gate_table(registry())
+# Cleared after the first query so a later call re-reads the environment (with the kernels' gates).
+CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")
 
 # gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
 # not wrap that gate again (its job is done) - only uninstall() forgets it.
@@ -55,7 +62,7 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
     originals yet, so only its namespace is rebound; otherwise every module's (one pass).
     """
     swaps = {}
-    for name, kernels in GATES.items():
+    for name, kernels in _gates().items():
         current = import_utils.__dict__.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
@@ -193,7 +200,7 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
     """
     importlib.invalidate_caches()
     namespace = import_utils.__dict__
-    for name in CACHED_GATES + ("is_torch_cuda_available",):
+    for name in tuple(_gates()) + CACHED_GATES:
         clear = getattr(namespace.get(name), "cache_clear", None)
         if clear is not None:
             clear()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import _thread
 
-from .._names import GATES_MODULE, KERNEL_MODULES, SERVES
+from .._names import GATES_MODULE, KERNEL_MODULES, SERVES, WATCHED
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -41,7 +41,7 @@ def normalize(kernels) -> frozenset:
     """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
     Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
     from ..facts.distributions import canonical_name
-    from ..facts.settings import KERNELS, normalize_kernel
+    from ..facts.settings import kernel_names, normalize_kernel
 
     if isinstance(kernels, str):
         kernels = [kernels]
@@ -52,7 +52,10 @@ def normalize(kernels) -> frozenset:
         except (ValueError, AttributeError):
             from .. import events
 
-            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(KERNELS)}; ignoring it")
+            from .._registry import registry
+
+            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(kernel_names(registry()))}; "
+                         "ignoring it")
     return frozenset(out)
 
 
@@ -71,17 +74,25 @@ def after_gates_import(module, hooks, *, just_imported: bool = False) -> None:
 
 
 def _before_kernel_import(fullname, hooks):
-    kernel = KERNEL_MODULES[fullname]
-    if not hooks.selected(kernel):   # not ours to decide - but never imported from a half-written install
-        from ..engine.recovery import pending_journal, recover_now
+    modules, serves = KERNEL_MODULES, SERVES
+    finder = hooks.finder
+    if finder is not None and finder.watched is not WATCHED:   # a FASTPATH_HOOKS_PINS file added kernels
+        from .._registry import kernel_modules, registry, served_modules
 
-        if pending_journal():
-            try:
-                recover_now()
-            except Exception as exc:
-                hooks.internal_error(exc)
+        known = registry()
+        modules, serves = kernel_modules(known), served_modules(known)
+    kernel = modules.get(fullname)
+    if kernel is None or not hooks.selected(kernel):
+        if kernel is not None:   # not ours to decide - but never imported from a half-written install
+            from ..engine.recovery import pending_journal, recover_now
+
+            if pending_journal():
+                try:
+                    recover_now()
+                except Exception as exc:
+                    hooks.internal_error(exc)
         return None
-    served = SERVES.get(fullname)
+    served = serves.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
     try:

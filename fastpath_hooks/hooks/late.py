@@ -34,11 +34,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from .._names import KERNEL_MODULES
+
 PREFIX = "transformers.models."
 FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
 
-# package -> kernel it is managed as (the import name -> the distribution fastpath-hooks manages)
-PACKAGES = {"fla": "fla", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm"}
+# package -> kernel it is managed as (the import name -> the distribution fastpath-hooks manages: the registry)
+PACKAGES = KERNEL_MODULES
 
 # How these tables were read (2026-12-01), from the released wheels' sources (`pip download --no-deps
 # transformers==X`), with `ast`, never by eye alone:
@@ -89,8 +91,14 @@ BOUND = {
     "selective_scan_fn": ("mamba_ssm", _SSM_SCAN, "selective_scan_fn"),
     "mamba_inner_fn": ("mamba_ssm", _SSM_SCAN, "mamba_inner_fn"),
 }
-GATES = {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
-         "mamba_ssm": "is_mamba_ssm_available"}
+
+
+def gates() -> dict:
+    """package -> the gate its modeling code asks first (the registry's first gate of the kernel); read
+    when a module is healed, so that install() in a process with transformers loads no registry."""
+    from .._registry import REGISTRY
+
+    return {entry["modules"][0]: entry["gates"][0] for entry in REGISTRY.values() if entry["gates"]}
 
 # How a layer sees the module's choice: CALL - forward reads the module globals at call time
 # (a model built before install() follows); BUILT - copied into the layer when it is built.
@@ -106,14 +114,14 @@ class Layout:
     layers: str = CALL
     tuple_global: str | None = None  # a module tuple of the fast-path objects (lfm2's `kernel_modules`)
     optional: tuple = ()            # names bound only when the gate says yes (no `else: name = None`)
-    gates: tuple = ()               # (package, gate) where the module asks another gate than GATES[package]
+    gates: tuple = ()               # (package, gate) where the module asks another gate than gates()[package]
     sources: tuple = ()             # (name, (package, module, attribute)) where it is not BOUND[name]
 
     def source(self, name: str) -> tuple:
         return dict(self.sources).get(name) or BOUND[name]
 
     def gate(self, package: str) -> str:
-        return dict(self.gates).get(package) or GATES.get(package, "")
+        return dict(self.gates).get(package) or gates().get(package, "")
 
 
 _CONV = ("causal_conv1d_fn", "causal_conv1d_update")
@@ -217,15 +225,11 @@ def imported_modeling_modules() -> list:
 
 
 def transformers_era() -> str | None:
-    """A (4.x; read from 4.57.6), B (5.0 - 5.14), C (5.15 and later) or None (no version to read).
+    """The imported transformers' era (decide/eras.py: the one answer the policy and reports give too).
     Versions newer than the tables are tried as era C: every function's layout is checked first."""
-    try:
-        major, minor = (int(x) for x in _version().split(".")[:2])
-    except ValueError:
-        return None
-    if major <= 4:
-        return "A" if major == 4 else None
-    return "B" if major == 5 and minor < 15 else "C"
+    from ..decide.eras import era
+
+    return era(_version())
 
 
 def _version() -> str:
@@ -343,7 +347,7 @@ class _Pass:
     def resolve(self, package: str, name: str, import_utils, layout: Layout | None = None):
         """What a fresh modeling import binds `name` to: behind the (wrapped) gate, as transformers does."""
         _, source, attribute = layout.source(name) if layout else BOUND[name]
-        gate_name = layout.gate(package) if layout else GATES.get(package, "")
+        gate_name = layout.gate(package) if layout else gates().get(package, "")
         if gate_name not in self.gate_says:
             if PACKAGES.get(package) is not None:
                 self.decide(package)

@@ -225,3 +225,33 @@ def mamba_ssm_sdist(dest: str, version: str = "2.3.2.post1", *, requires=None) -
     for src in MAMBA_SOURCES:
         files[src] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
     return _write_sdist(dest, root, files)
+
+
+# -- a kernel fastpath-hooks does not ship: foo-conv -------------------------------------------------
+
+FOO_CONV_MODULE = '''"""A stand-in compiled kernel that only a user's pins file knows (tests/test_user_kernels.py)."""
+__version__ = "VERSION"
+
+
+def foo_conv_fn(x):
+    return x
+'''
+
+
+def foo_conv_sdist(dest: str, version: str = "0.1.0") -> str:
+    """Write foo_conv-<version>.tar.gz: the causal-conv1d stand-in's setup.py (the same hard-coded
+    -gencode pairs, compiling with the nvcc it is given) under foo-conv's names (FOO_CONV_FORCE_BUILD,
+    csrc/foo_conv*.cu, the package foo_conv)."""
+    text = _SETUP.replace("CAUSAL_CONV1D", "FOO_CONV").replace("causal_conv1d", "foo_conv").replace("causal-conv1d", "foo-conv")
+    root = f"foo_conv-{version}"
+    files = {
+        "setup.py": text.replace("VERSION", version),
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=70.1", "torch", "packaging"]\n'
+                          'build-backend = "setuptools.build_meta"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: foo_conv\nVersion: {version}\n",
+        "foo_conv/__init__.py": FOO_CONV_MODULE.replace("VERSION", version),
+    }
+    for src in ("foo_conv.cu", "foo_conv_fwd.cu", "foo_conv_bwd.cu"):
+        files[f"csrc/{src}"] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
+    os.makedirs(dest, exist_ok=True)
+    return _write_sdist(dest, root, files)

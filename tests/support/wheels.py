@@ -224,10 +224,10 @@ def fake_tilelang(dest: str, version: str, *, aborts_with=(), fails_with=(), alw
 def fake_tilelang_from_pins(dest: str, version: str, pins) -> str:
     """A fake tilelang whose bad partners are exactly the pins data's broken list."""
     aborts, fails = [], []
-    for entry in pins.tilelang_broken:
-        if entry.tilelang != version or entry.arch != "*":
+    for entry in pins.kernel("tilelang").broken:
+        if entry.version != version or entry.arch != "*":
             continue
-        (aborts if "abort" in entry.effect.lower() else fails).extend(entry.tvm_ffi)
+        (aborts if "abort" in entry.effect.lower() else fails).extend(entry.companions)
     return fake_tilelang(dest, version, aborts_with=aborts, fails_with=fails)
 
 

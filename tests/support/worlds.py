@@ -31,7 +31,7 @@ FACTS = dict(
     python="3.12.3", implementation="cpython", os="linux", arch="x86_64", glibc="2.36",
     torch="2.10.0", torch_cuda="12.8", torch_hip=None, torch_xpu=False, cxx11_abi=True,
     gpus=("sm_80",), gpu_source="target", triton="3.6.0", triton_dist="triton",
-    nvcc="/usr/local/cuda/bin/nvcc", uv="/usr/bin/uv", wheelhouse=(), fla_tilelang_env=None, half_installed=(),
+    nvcc="/usr/local/cuda/bin/nvcc", uv="/usr/bin/uv", wheelhouse=(), half_installed=(),
     nvcc_version="12.8", cpus=16, wheel_cache="/cache/wheels", prefix="/venv",
 )
 DISTS = {"transformers": "5.24.0", "numpy": "2.2.6", "einops": "0.8.1", "packaging": "25.0", "torch": "2.10.0",

@@ -1,0 +1,145 @@
+"""The kernel registry: each kernel's registry keys (pins.json's `kernels` entries: kind, modules,
+aliases, gates, mirror, with, serves, rule prefix, switch), as literals - the index the hooks, the
+settings and the CLI read without parsing pins.json - and the kernels a FASTPATH_HOOKS_PINS file adds.
+
+A leaf like _names (stdlib only), loaded after interpreter start: by the gates, the settings, the
+first kernel import; the start-up path itself reads only _names' written-out names. The user file is
+read when that variable is set, shallowly, and never raises: facts/pins.py validates the same file in
+full and says what is wrong; an entry that is not well-formed here is left out (the hooks then do not
+know its kernel) or keeps the shipped keys.
+"""
+
+from ._names import GATES_MODULE, PINS, environ_of
+
+# The index: each kernel's registry keys in facts/pins.json, as literals (tests/test_registry.py proves
+# this equal to pins.json and prints the literal to paste when a kernel is added there). A user's
+# FASTPATH_HOOKS_PINS file adds kernels the same way: `registry()` reads it (docs/registry.md).
+#   kind: pure (wheels at pinned releases) | pair (two distributions pinned together, serving another
+#   kernel) | compiled (release wheels or a source build); modules: its import names (the first is
+#   the one checked and blocked); aliases: other names FASTPATH_HOOKS_SKIP etc. accept; gates:
+#   transformers' availability gates that ask for it; mirror: the variable naming a mirror of its
+#   release wheels; with: kernels it is only useful with (ensured first); serves: kernels that use it;
+#   switch: the variable by which a served kernel is told not to use it.
+REGISTRY = {
+    "fla": {"kind": "pure", "modules": ("fla",), "distributions": ("fla-core", "flash-linear-attention"),
+            "aliases": ("flash-linear-attention", "fla-core"), "gates": ("is_flash_linear_attention_available",),
+            "mirror": None, "with": (), "serves": (), "rule_prefix": "fla", "switch": None},
+    "tilelang": {"kind": "pair", "modules": ("tilelang",), "distributions": ("tilelang", "apache-tvm-ffi"),
+                 "aliases": (), "gates": (), "mirror": None, "with": (), "serves": ("fla",), "rule_prefix": "tilelang",
+                 "switch": "FLA_TILELANG"},
+    "causal-conv1d": {"kind": "compiled", "modules": ("causal_conv1d",), "distributions": ("causal-conv1d",),
+                      "aliases": ("causal_conv1d",), "gates": ("is_causal_conv1d_available",),
+                      "mirror": "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "with": (), "serves": (),
+                      "rule_prefix": "causal", "switch": None},
+    "mamba-ssm": {"kind": "compiled", "modules": ("mamba_ssm",), "distributions": ("mamba-ssm",),
+                  "aliases": ("mamba_ssm",), "gates": ("is_mamba_ssm_available", "is_mamba_2_ssm_available"),
+                  "mirror": "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL", "with": ("causal-conv1d",), "serves": (),
+                  "rule_prefix": "mamba", "switch": None},
+}
+
+
+def kernel_modules(registry) -> dict:
+    """module -> kernel (the distribution name fastpath-hooks manages), for every import name."""
+    return {module: kernel for kernel, entry in registry.items() for module in entry["modules"]}
+
+
+def served_modules(registry) -> dict:
+    """module -> the modules of the kernels it serves. A kernel that only serves another (tilelang:
+    fla's Hopper backend) is not installed for another package's optional import of it (mamba-ssm's
+    Mamba-3 kernels try `import tilelang`) while neither it nor what it serves is on the path: that
+    import goes on as without fastpath-hooks."""
+    return {entry["modules"][0]: tuple(registry[k]["modules"][0] for k in entry["serves"] if k in registry)
+            for entry in registry.values() if entry["serves"]}
+
+
+def watched_modules(registry) -> frozenset:
+    """What the finder (and the start-up stand-in, hooks/startup.py) watches."""
+    return frozenset(kernel_modules(registry)) | {GATES_MODULE}
+
+
+def listed(registry) -> tuple:
+    """The kernels in the order users see them (plans, reports, messages): the ones models use, then
+    the ones that serve them."""
+    return tuple(k for k, e in registry.items() if not e["serves"]) + tuple(k for k, e in registry.items() if e["serves"])
+
+
+KEYS = ("kind", "modules", "distributions", "aliases", "gates", "mirror", "with", "serves", "rule_prefix", "switch")
+_LISTS = ("modules", "distributions", "aliases", "gates", "with", "serves")
+_cache: dict = {}   # (path, mtime_ns, size) -> registry
+
+
+def registry_keys(name: str, entry, base=None) -> dict | None:
+    """One kernel's registry keys from its pins entry (JSON values), over `base` (the keys of a
+    shipped kernel the entry changes); None when a new kernel's entry lacks its kind or modules."""
+    if not isinstance(entry, dict):
+        return base
+    out = dict(base) if base else {"kind": None, "modules": (), "distributions": (), "aliases": (), "gates": (),
+                                   "mirror": None, "with": (), "serves": (), "rule_prefix": name, "switch": None}
+    for key in _LISTS:
+        value = entry.get(key)
+        if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            out[key] = tuple(value)
+    for key in ("kind", "mirror", "rule_prefix"):
+        if isinstance(entry.get(key), str) and entry[key]:
+            out[key] = entry[key]
+    switch = entry.get("switch")
+    if isinstance(switch, dict) and isinstance(switch.get("variable"), str):
+        out["switch"] = switch["variable"]
+    if not out["kind"] or not out["modules"]:
+        return base
+    return out
+
+
+def from_pins_data(kernels: dict, base=None) -> dict:
+    """kernel -> registry keys for a pins `kernels` table (the shipped one, or a user file's over it)."""
+    out = dict(base or {})
+    for name, entry in kernels.items():
+        keys = registry_keys(name, entry, out.get(name))
+        if keys is not None:
+            out[name] = keys
+    return out
+
+
+def with_user_file(path: str, base: dict) -> dict:
+    """`base` (REGISTRY) and the kernels the pins file at `path` adds or changes (cached by its mtime)."""
+    import os
+
+    path = os.path.abspath(os.path.expanduser(path))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return base
+    key = (path, st.st_mtime_ns, st.st_size, id(base))
+    if key not in _cache:
+        _cache.clear()
+        _cache[key] = _read(path, base)
+    return _cache[key]
+
+
+def _read(path: str, base: dict) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read().decode("utf-8")
+        if path.endswith(".toml"):
+            import tomllib
+
+            data = tomllib.loads(raw)
+        else:
+            import json
+
+            data = json.loads(raw)
+    except Exception:   # unreadable, not JSON/TOML, no tomllib: facts/pins.py says so
+        return base
+    kernels = data.get("kernels") if isinstance(data, dict) else None
+    if not isinstance(kernels, dict):
+        return base
+    return from_pins_data(kernels, base)
+
+
+def registry(environ=None) -> dict:
+    """kernel -> its registry keys: REGISTRY, and what the FASTPATH_HOOKS_PINS file adds or changes
+    (read only when that variable is set: `with_user_file`)."""
+    raw = environ_of(environ).get(PINS, "").strip()
+    if not raw:
+        return REGISTRY
+    return with_user_file(raw, REGISTRY)

@@ -1,0 +1,261 @@
+"""Build arithmetic of the compiled kernels, for the policy and the act layer: release-wheel file
+names, the cxx11 ABI flag, which -gencode codes a build gets for which GPUs, how long it takes, whether
+a built wheel fits this machine - and the source-build decision itself (`source_build`, and
+`decide_build` for `fastpath-hooks build`), with the choice of the pinned release it builds.
+
+Data, not code, says what each kernel's sdist does (pins: `source_build`, `release`, `releases`).
+"""
+
+from __future__ import annotations
+
+from packaging.requirements import Requirement
+
+from ..facts import cached_wheels
+from ..facts.distributions import canonical_name
+from ..facts.pins import same_version
+from ..facts.wheel_names import parse_wheel
+from .common import Context, deps_step, major_minor, within
+from .plan import INSTALL, Decision, Step, StepKind
+
+
+def cxx11_abi_flag(env) -> str:
+    """TRUE/FALSE for every compiled kernel's wheel names (release wheels, cache labels). Unknown (torch
+    not imported, or posed without abi=): PyPI's torch wheels use the cxx11 ABI from 2.7 on, the
+    pre-cxx11 one before."""
+    if env.cxx11_abi is not None:
+        return "TRUE" if env.cxx11_abi else "FALSE"
+    v = env.torch_version
+    return "FALSE" if v is not None and (v.major, v.minor) < (2, 7) else "TRUE"
+
+
+def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[str | None, str]:
+    """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
+    rel = pins.release(kernel)
+    if rel is None:
+        return None, f"no release wheels of {kernel} are pinned"
+    if version is not None and not same_version(version, rel.version):
+        return None, f"no release wheels are pinned for {kernel} {version}, only for {rel.version}"
+    if env.os != "linux":
+        return None, f"release wheels are Linux-only (this is {env.os})"
+    if not env.torch_cuda:
+        return None, "release wheels are CUDA builds"
+    cuda_major = env.torch_cuda.split(".")[0]
+    torch_mm = major_minor(env.torch_version)
+    torch_mm = rel.torch_aliases.get(torch_mm, torch_mm)
+    py = "".join(env.python.split(".")[:2])
+    py_dotted = ".".join(env.python.split(".")[:2])
+    abi = cxx11_abi_flag(env)
+    for build in rel.builds:
+        if (build["cuda_major"] == cuda_major and torch_mm in build["torch_mm"] and py_dotted in build["python"]
+                and env.arch in build["arch"] and abi in build["abi"]):
+            name = rel.filename.format(version=rel.version, cuda_major=cuda_major, torch_mm=torch_mm, abi=abi,
+                                       py=py, arch=env.arch)
+            return name, ""
+    return None, (f"no prebuilt {kernel} {rel.version} wheel for torch {major_minor(env.torch_version)} + CUDA {cuda_major} + "
+                  f"cp{py} + {env.arch} + cxx11abi {abi}")
+
+
+
+def release_order(ctx: Context, kernel: str, planned: dict):
+    """(the pinned versions that fit here, in the pins' order of preference; version -> the declared
+    requirement the installed distributions, or those planned by a kernel ensured first, do not meet),
+    or (None, why none fits). `planned`: distribution -> version the kernels ensured before this one
+    install (only those: another kernel's plan may never run, fla absent).
+    A --no-deps install leaves such a requirement unmet, and the next resolver run would "fix" it
+    (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
+    env, pins = ctx.env, ctx.pins
+    releases = pins.kernel(kernel).releases
+    if not releases:
+        return (pins.build(kernel).version,), {}
+    transformers = env.version("transformers")
+    fits = [r for r in releases if within(env.torch, r.torch) and (env.triton is None or within(env.triton, r.triton))
+            and not (transformers and not within(transformers, r.transformers))]
+    if not fits:
+        what = f"torch {env.torch}, triton {env.triton}" + (f", transformers {transformers}" if transformers else "")
+        return None, f"no pinned {kernel} release fits {what}"
+    clashes = {}
+    for r in fits:
+        for raw in r.declares:
+            req = Requirement(raw)
+            name = canonical_name(req.name)
+            have = planned.get(name) or ctx.installed(name)
+            if have is not None and not within(have, req.specifier):
+                clashes.setdefault(r.version, f"{raw} while {name} {have} is "
+                                              f"{'planned' if name in planned else 'installed'}")
+    return tuple(r.version for r in fits), clashes
+
+
+
+def built_archs(installed: str) -> tuple:
+    """The archs in the local label of a build of ours (`...+fph.torch2.11.0.cu130.abi1.sm90` ->
+    ("sm_90",)); () for anything else (a release wheel, a build for `all`)."""
+    local = installed.split("+", 1)[1] if "+" in installed else ""
+    tokens = local.split(".")
+    if not local.startswith(cached_wheels.LABEL + ".") or not any(t.startswith("abi") for t in tokens):
+        return ()
+    archs = tokens[[i for i, t in enumerate(tokens) if t.startswith("abi")][0] + 1:]  # after torchX.Y.Z.cuXY.abiN
+    return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
+
+
+def arch_gaps(installed: str, gpus) -> tuple:
+    """The visible GPUs an installed build of ours has no code for (a release wheel holds every arch)."""
+    codes = set(built_archs(installed))
+    return tuple(g for g in gpus if cached_wheels.pair_for(g, codes) is None) if codes else ()
+
+
+
+def decide_build(env, settings, pins, kernel: str) -> Decision:
+    """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a
+    host that may have no GPU), whatever wheels exist; the same release choice, compiler, arch and
+    time rules as an automatic build."""
+    ctx = Context(env, settings, pins, False)
+    kw = ctx.kw(kernel, {})
+    versions, clashes = release_order(ctx, kernel, {})
+    if versions is None:
+        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+    version = next((v for v in versions if v not in clashes), versions[0])
+    return source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`", kw, asked=True)
+
+
+def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
+    """A built wheel (by its file name) of a compiled kernel's pinned version (of `kernel` when given)
+    that runs here: this torch build, Python, ABI, platform and GPUs."""
+    wheel = parse_wheel(name)
+    if wheel is None:
+        return False
+    owner, build = pins.build_for_distribution(wheel.distribution)
+    if owner is None or (kernel is not None and owner != kernel):
+        return False
+    kernel = owner
+    ctx = Context(env, None, pins, False)
+    versions = [r.version for r in pins.kernel(kernel).releases] or [build.version]
+    return any(fits(ctx, name, pins.build(kernel, v)) for v in versions)
+
+
+def fits(ctx: Context, name: str, build) -> bool:
+    env = ctx.env
+    if not env.torch or build.version is None:
+        return False
+    return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
+                              cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
+                              arch=env.arch, gpus=env.gpus, all_codes=cuda_codes(build, env.torch_cuda))
+
+
+def cuda_codes(build, nvcc_version: str | None) -> tuple:
+    """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
+    codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or within(nvcc_version, spec))
+    return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+
+
+def build_archs(env, build, archs=None) -> tuple:
+    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
+    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is.
+    `build`: the kernel's SourceBuild (pins.build(kernel))."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
+        return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
+    codes = cuda_codes(build, env.nvcc_version)
+    chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
+    return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
+        tuple(g for g, c in chosen.items() if c is None)
+
+
+def build_estimate(build, n_archs: int, cpus: int | None) -> tuple:
+    """(seconds, how): the measured build scaled by archs (each is compiled separately) and by
+    fewer cores (more cores do not help: the big files compile one per job)."""
+    seconds = build.seconds * n_archs / build.archs
+    if cpus and cpus < build.cores:
+        seconds *= build.cores / cpus
+    how = (f"an estimate: {build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores, "
+           f"scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores")
+    return seconds, how
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool = False) -> Decision:
+    env, settings = ctx.env, ctx.settings
+    deps = deps_step(ctx, ctx.pins.kernel(kernel), extra=build.build_deps)
+    dep_steps = (deps,) if deps is not None else ()
+    mode = settings.allow_build
+    rocm = bool(env.torch_hip)
+    if mode == "0":
+        if rocm:
+            return ctx.skip(kernel, "rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
+                         "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
+                         "for this machine's GPUs", **kw)
+        return ctx.skip(kernel, "no-wheel", f"source builds are off by FASTPATH_HOOKS_ALLOW_BUILD=0, and {why}",
+                     "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
+                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    if not env.pip:  # the build runs `python -m pip wheel` (uv builds through an isolated cache of its own)
+        return ctx.skip(kernel, "build.no-pip", f"{why}, and a source build runs pip, which this "
+                     "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
+                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    if rocm:
+        why = "no prebuilt ROCm wheels"
+        if not env.hipcc:
+            return ctx.skip(kernel, "rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not "
+                         "found", "install ROCm's hipcc (ROCM_HOME, PATH or /opt/rocm)", **kw)
+        compiler = "hipcc"
+    else:
+        if not env.nvcc or env.nvcc.startswith("nvidia-cuda-nvcc"):
+            return ctx.skip(kernel, "no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, "
+                         "which is not found", f"install a CUDA {env.torch_cuda} toolkit (torch's) and set CUDA_HOME", **kw)
+        torch_major = (env.torch_cuda or "").split(".")[0]
+        if env.nvcc_version is None and mode == "auto":
+            return ctx.skip(kernel, "nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) "
+                         "cannot be told, so a build for torch's CUDA is not started unasked",
+                         "point CUDA_HOME at a toolkit whose nvcc answers --version, or set FASTPATH_HOOKS_ALLOW_BUILD=1",
+                         **kw)
+        if env.nvcc_version is not None and env.nvcc_version.split(".")[0] != torch_major:
+            return ctx.skip(kernel, "nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while "
+                         f"torch is built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA "
+                         "majors", f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
+        compiler = f"nvcc {env.nvcc_version}" if env.nvcc_version else "nvcc"
+    archs, unsupported = build_archs(env, build)
+    if unsupported and not rocm:
+        codes = cuda_codes(build, env.nvcc_version)
+        return ctx.skip(kernel, "build.no-arch", f"{why}, and {build.requirement} compiles no code that "
+                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
+    env_pairs = dict(build.rocm_env if rocm else build.env)
+    if unsupported or not archs:
+        what = "+".join(unsupported) or "no GPU listed"
+        if mode == "auto":
+            seconds, _ = build_estimate(build, len(cuda_codes(build, env.nvcc_version)), env.cpus)
+            return ctx.skip(kernel, "build.unrestricted", f"{why}; a source build cannot be restricted to "
+                         f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
+                         f"- about {minutes(seconds)}, an estimate",
+                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
+        archs, rule = ("all",), ctx.rule(kernel, "rocm.build" if rocm else "build.all-archs")
+        n_archs = len(cuda_codes(build, env.nvcc_version)) if not rocm else 1
+    else:
+        rule = ctx.rule(kernel, "rocm.build" if rocm else "build")
+        n_archs = len(archs)
+        if rocm:
+            env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
+    seconds, how = build_estimate(build, n_archs, env.cpus)
+    if rocm:
+        how += " of a CUDA build"
+    if seconds > settings.timeout:
+        return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
+                     f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
+                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
+    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
+                              build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
+                              note=f"source build against the installed torch with {compiler}, for "
+                                   f"{', '.join(archs)}; about {minutes(seconds)}, {how}"),)
+    missing = ctx.missing_offline(steps)
+    if missing:
+        return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+    allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
+    return Decision(kernel=kernel, action=INSTALL, rule=rule,
+                    # what happens and how long first: a line cut at 160 characters keeps it (the step's note
+                    # says how the estimate was made)
+                    reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
+                           f"{compiler}, about {minutes(seconds)}, an estimate{allowed}; {why}",
+                    steps=steps, target={build.distribution: build.version}, expected_seconds=round(seconds), **kw)
+

@@ -1,0 +1,279 @@
+"""What every kind's rules read: the decision context (environment, settings, pins, the wheelhouse),
+version tests, the skip rules every kernel shares, and the pieces of steps they all build.
+
+Pure like the rest of decide/: every input is an argument.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+from packaging.version import InvalidVersion, Version
+
+from ..facts.distributions import canonical_name
+from ..facts.wheel_names import parse_wheel
+from . import rule_ids
+from .eras import uses
+from .plan import INSTALL, OK, REPAIR, SKIP, Decision, Step, StepKind
+
+USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
+HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
+# Skips that leave an installed kernel alone even under a hazard: the user asked for it, or nothing
+# can run it here anyway.
+NOT_OURS = ("skip.user", "skip.no-torch", "skip.no-accelerator")
+
+
+class Context:
+    """One decision's inputs, and what is derived from them once."""
+
+    def __init__(self, env, settings, pins, fresh):
+        self.env, self.settings, self.pins, self.fresh = env, settings, pins, fresh
+
+    def installed(self, dist: str) -> str | None:
+        name = canonical_name(dist)
+        if self.fresh and any(name in k.distributions for k in self.pins.kernels.values()):
+            return None
+        return self.env.version(name)
+
+    def installed_of(self, kernel: str) -> dict:
+        """distribution -> version, for the kernel's distributions that are installed."""
+        out = {}
+        for dist in self.pins.kernel(kernel).distributions:
+            version = self.installed(dist)
+            if version:
+                out[dist] = version
+        return out
+
+    def hazards(self, kernel: str) -> list:
+        env = self.env
+        out = []
+        for hz in self.pins.hazards:
+            if hz.kernel != kernel or env.triton is None or env.accelerator is None:
+                continue
+            if not any(g in hz.gpu for g in env.gpus):
+                continue
+            if in_closed(env.triton_version, hz.triton):
+                out.append(hz)
+        return out
+
+    def rule(self, kernel: str, suffix: str) -> str:
+        """The rule id `<kernel's prefix>.<suffix>`, declared for the kernel's kind (decide/rule_ids.py)."""
+        return rule_ids.rule_id(self.pins, kernel, suffix)
+
+    def kw(self, kernel: str, installed: dict) -> dict:
+        """What every decision of `kernel` carries."""
+        return {"installed": installed, "transformers_uses": uses(self.env, self.pins, kernel)}
+
+    def skip(self, kernel: str, suffix: str, reason: str, fix: str = "", **kw) -> Decision:
+        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=self.rule(kernel, suffix), fix=fix, **kw)
+
+    @cached_property
+    def wheelhouse(self) -> dict:
+        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS (parsed once)."""
+        out: dict = {}
+        for filename in self.env.wheelhouse:
+            try:
+                if filename.endswith(".whl"):
+                    wheel = parse_wheel(filename)
+                    if wheel is None:
+                        continue
+                    name, version = wheel.distribution, wheel.version
+                else:
+                    name, version = parse_sdist_filename(filename)
+            except (InvalidSdistFilename, InvalidVersion):
+                continue
+            out.setdefault(canonical_name(name), set()).add(version)
+        return out
+
+    @cached_property
+    def sdists(self) -> dict:
+        """name -> set of versions available as sdists in FASTPATH_HOOKS_FIND_LINKS (what a build needs)."""
+        out: dict = {}
+        for filename in self.env.wheelhouse:
+            if filename.endswith(".whl"):
+                continue
+            try:
+                name, version = parse_sdist_filename(filename)
+            except (InvalidSdistFilename, InvalidVersion):
+                continue
+            out.setdefault(canonical_name(name), set()).add(version)
+        return out
+
+    def missing_offline(self, steps) -> list:
+        """Requirements no wheelhouse file satisfies when the index is off."""
+        if not self.settings.offline:
+            return []
+        have = self.wheelhouse
+        missing = []
+        for step in steps:
+            for raw in step.requirements:
+                if step.kind == StepKind.WHEEL:
+                    if raw not in self.env.wheelhouse:
+                        missing.append(raw)
+                    continue
+                req = Requirement(raw)
+                name = canonical_name(req.name)
+                if step.kind == StepKind.DEPS and self.installed_satisfies(req):
+                    continue
+                versions = self.sdists.get(name, set()) if step.kind == StepKind.BUILD else have.get(name, set())
+                if not any(req.specifier.contains(v, prereleases=True) for v in versions):
+                    missing.append(raw)
+        return missing
+
+    def installed_satisfies(self, req: Requirement) -> bool:
+        return within(self.env.dist_version(req.name), req.specifier)
+
+
+# -- versions ---------------------------------------------------------------------------------
+
+def within(version, spec) -> bool:
+    """`version` (a Version parsed once, e.g. `env.torch_version`, or text) in `spec`, pre-releases
+    included; a local label (+cu130) is ignored against a specifier without one, as PEP 440 says."""
+    v = parse(version)
+    return v is not None and spec.contains(v, prereleases=True)
+
+
+def in_closed(version, spec) -> bool:
+    """`version` in `spec`, failing closed for a safety range: a pre/dev release also counts when its
+    release is inside the bounds taken as closed (PEP 440 puts 3.7.1rc1 outside `<3.7.1` and
+    3.4.0rc1 outside `>=3.4.0`, yet each is that release's code, or close to it)."""
+    if within(version, spec):
+        return True
+    v = parse(version)
+    if v is None:
+        return True  # an unreadable version cannot be shown to be outside
+    if not (v.is_prerelease or v.is_devrelease):
+        return False
+    release = Version(v.base_version)
+    for s in spec:
+        if s.operator in ("<", "<="):
+            inside = release <= Version(s.version)
+        elif s.operator in (">", ">="):
+            inside = release >= Version(s.version)
+        else:
+            inside = s.contains(release, prereleases=True)
+        if not inside:
+            return False
+    return True
+
+
+def parse(version) -> Version | None:
+    if isinstance(version, Version):
+        return version
+    if not version:
+        return None
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None
+
+
+def major_minor(version) -> str | None:
+    v = parse(version)
+    return None if v is None else f"{v.major}.{v.minor}"
+
+
+def specifier(text) -> SpecifierSet:
+    return SpecifierSet(text)
+
+
+# -- what every kernel shares -----------------------------------------------------------------------
+
+def no_accelerator_reason(env) -> str:
+    if env.torch is None:
+        return "torch is not installed, so there is no accelerator to use kernels on"
+    if env.torch_build == "CPU":
+        reason = f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build"
+        if env.gpu_source == "target" and env.gpus:
+            # A posed GPU with this host's CPU torch: say how to pose the GPU machine's torch too.
+            reason += f"; to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes"
+        return reason
+    kind = env.torch_build.split()[0]  # CUDA / ROCm / XPU: the build's own kind of device
+    if env.gpus:
+        return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}"
+    return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device; {env.gpu_source}"
+
+
+def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | None:
+    """The skip rules every kernel shares (`skip.*`), in order."""
+    env, settings = ctx.env, ctx.settings
+    spec = ctx.pins.kernel(kernel)
+    kw = ctx.kw(kernel, installed)
+
+    def skip(suffix, reason, fix=""):
+        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.shared(suffix), fix=fix, **kw)
+
+    if kernel in settings.skip:
+        return skip("user", "skipped by FASTPATH_HOOKS_SKIP", f"remove {kernel} from FASTPATH_HOOKS_SKIP")
+    if env.torch is None:
+        return skip("no-torch", "torch is not installed", "install torch first")
+    if env.accelerator is None:
+        return skip("no-accelerator", no_accelerator_reason(env) + f"; {kernel} runs on GPUs only",
+                    "run on a machine with a CUDA (or XPU) GPU and a matching torch build")
+    if not within(env.python_version, spec.python):
+        return skip("python", f"Python {env.python} is outside {kernel}'s support ({spec.python})", f"use Python {spec.python}")
+    if env.platform not in spec.platforms:
+        return skip("platform", f"no {kernel} builds for {env.platform} (supported: {', '.join(spec.platforms)})")
+    glibc_spec = spec.glibc.get(env.arch)
+    if glibc_spec and env.glibc and not within(env.glibc_version, specifier(glibc_spec)):
+        return skip("glibc", f"{kernel} wheels for {env.arch} need glibc {glibc_spec}; this system has {env.glibc}")
+    if not within(env.torch_version, spec.torch):
+        return skip("torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})", f"use torch {spec.torch}")
+    if env.accelerator not in spec.accelerators:
+        name = {"rocm": "ROCm"}.get(env.accelerator, env.accelerator.upper())
+        return skip(f"accelerator.{env.accelerator}", f"{kernel} does not support {name}")
+    return None
+
+
+def missing_import(ctx: Context, kernel: str, kw) -> Decision | None:
+    """A protected distribution the kernel's import imports (pins: `imports_installed`), which
+    fastpath-hooks never installs, is missing: `<prefix>.no-<name>`."""
+    env, spec = ctx.env, ctx.pins.kernel(kernel)
+    for name in spec.imports_installed:
+        have = env.triton if name == "triton" else env.version(name)
+        if have is None:
+            fix = ("install the triton your torch build depends on (pip install torch==<yours> reinstalls it)"
+                   if name == "triton" else f"install {name}")
+            return ctx.skip(kernel, f"no-{name}", f"no {name}: `import {spec.module}` imports it", fix, **kw)
+    return None
+
+
+def fetch_fix(what: str, source: str = "the index") -> str:
+    return f"fetch {what} with `fastpath-hooks download --dest DIR` into FASTPATH_HOOKS_FIND_LINKS, or allow {source}"
+
+
+def deps_step(ctx: Context, spec, extra=()) -> Step | None:
+    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine
+    lacks (or has too old): one already satisfied is neither named nor backed up by the installer.
+    A fresh plan (`download`, for another machine) names them all."""
+    reqs = []
+    named = {canonical_name(Requirement(r).name) for r in spec.runtime_deps}
+    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(Requirement(r).name) not in named)
+    marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
+                  "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
+                  "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(ctx.env.os, ctx.env.os),
+                  "platform_machine": ctx.env.arch}
+    for raw in wanted:
+        req = Requirement(raw)
+        if req.marker is not None and not Marker(str(req.marker)).evaluate(marker_env):
+            continue
+        if not ctx.fresh and ctx.installed_satisfies(req):
+            continue
+        req.marker = None
+        reqs.append(str(req))
+    if not reqs:
+        return None
+    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
+                note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
+                      ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
+
+
+def served_hazards(ctx: Context, kernel: str) -> list:
+    """The hazards on this machine of the kernels `kernel` serves that need it (fla#640 needs tilelang)."""
+    spec = ctx.pins.kernel(kernel)
+    return [h for served in spec.serves for h in ctx.hazards(served) if h.needs == kernel]
+

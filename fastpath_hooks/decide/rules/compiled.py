@@ -1,0 +1,184 @@
+"""Compiled kernels (causal-conv1d, mamba-ssm): one path, parameterized by the kernel's pins entry
+(release wheels, source build, releases): a fitting wheel in the local cache -> a built wheel in the
+wheelhouse -> the release wheel -> a source build for the visible GPUs (FASTPATH_HOOKS_ALLOW_BUILD,
+decide/builds.py); ROCm only by a build; an installed build of ours without code for a visible GPU
+is blocked. The kernels it is used `with`, or whose import runs inside its own, are ensured first.
+Rule ids: `<prefix>.*` (decide/rule_ids.py COMPILED)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from urllib.parse import quote
+
+from ...facts.distributions import canonical_name
+from ..builds import arch_gaps, built_archs, fits, release_order, release_wheel, source_build
+from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip
+from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
+
+
+def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
+    spec = ctx.pins.kernel(kernel)
+    dist = spec.distributions[0]
+    installed_v = ctx.installed(dist)
+    installed = {dist: installed_v} if installed_v else {}
+    common = shared_skip(ctx, kernel, installed=installed)
+    if common is not None:
+        return common
+    kw = ctx.kw(kernel, installed)
+    half = installed_v is not None and dist in ctx.env.half_installed
+    if installed_v and not half:
+        missing = arch_gaps(installed_v, ctx.env.gpus)
+        if missing:
+            # it imports fine (no kernel launched), then fails at the first forward: worse than torch
+            have = built_archs(installed_v)
+            union = ",".join(sorted({*missing, *ctx.env.gpus, *have}))
+            return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.arch"), on_failure=OnFailure.BLOCK,
+                            reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
+                                   f"{'+'.join(missing)}",
+                            fix=f"`pip uninstall {dist}`, then `fastpath-hooks build {kernel} --arch "
+                                f"{union}` for every GPU type sharing this environment", **kw)
+        # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, on_failure=OnFailure.BLOCK,
+                        reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
+                               "wrong-arch build can crash at import", needs=_optional_needs(ctx, kernel, decided), **kw)
+    if not installed_v:
+        blocked = _prerequisites(ctx, kernel, decided, kw)
+        if blocked is not None:
+            return blocked
+    decision = _choice(ctx, kernel, decided, kw)
+    if not half:
+        return decision
+    what = f"{dist} {installed_v} is {HALF_INSTALLED}"
+    if decision.action == INSTALL:
+        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
+        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.half-installed"), steps=steps,
+                        reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
+    return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.half-installed"), verify=True, on_failure=OnFailure.BLOCK,
+                    reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
+                    fix=decision.fix, **kw)
+
+
+def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | None:
+    """What must be there before installing the kernel is worth it (pins: `imports_installed`,
+    which fastpath-hooks never installs, and `with`, the kernels it is only useful with)."""
+    spec = ctx.pins.kernel(kernel)
+    missing = missing_import(ctx, kernel, kw)
+    if missing is not None:
+        return missing
+    for partner in spec.with_kernels:
+        d = decided.get(partner)
+        if d is None or d.action in USABLE:
+            continue
+        partner_dist = ctx.pins.kernel(partner).distributions[0]
+        if ctx.installed(partner_dist):
+            continue  # the user's own (skipped or blocked) install: not ours to judge here
+        verb = "blocked" if d.action == BLOCK else "not installed"
+        return ctx.skip(kernel, f"without.{ctx.pins.kernel(partner).rule_prefix}",
+                        f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix, **kw)
+    return None
+
+
+
+def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
+    """The install of one pinned release: one that needs no build before one that does, then one
+    whose declared requirements agree with what is installed or planned, then the pins' order. When
+    none can be installed, the first one's reason."""
+    planned = {}
+    for k in _needed(ctx, kernel, decided):
+        if decided[k].action in (INSTALL, REPAIR):
+            planned.update({canonical_name(n): v for n, v in decided[k].target.items()})
+    versions, clashes = release_order(ctx, kernel, planned)
+    if versions is None:
+        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+    options = [(version, _install(ctx, kernel, version, kw)) for version in versions]
+    acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
+    if not acting:
+        return options[0][1]
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps), o[1] in clashes, o[0]))
+    if version in clashes:
+        decision = replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
+                                             "install leaves it unmet, a later resolver run could change it")
+    elif version != versions[0] and versions[0] in clashes:
+        decision = replace(decision, reason=f"{decision.reason}; {kernel} {version}, not {versions[0]}, which declares "
+                                             f"{clashes[versions[0]]}")
+    return _with_partners(ctx, kernel, decided, decision)
+
+
+def _with_partners(ctx: Context, kernel: str, decided: dict, decision: Decision) -> Decision:
+    """The kernels it is only useful with, or whose import runs inside its own, are ensured first
+    (the engine's `needs`)."""
+    needs = _needed(ctx, kernel, decided)
+    if not needs:
+        return decision
+    first = [k for k in needs if decided[k].action != OK]
+    return replace(decision, needs=needs, reason=decision.reason + (
+        f"; with {', '.join(first)}, installed first" if first else f"; with {', '.join(needs)}"))
+
+
+def _needed(ctx: Context, kernel: str, decided: dict) -> tuple:
+    """The kernels ensured before this one: its `with` partners that will be usable, then its
+    `imports_optional` ones (below)."""
+    partners = tuple(k for k in ctx.pins.kernel(kernel).with_kernels
+                     if decided.get(k) is not None and decided[k].action in USABLE)
+    return partners + _optional_needs(ctx, kernel, decided)
+
+
+def _optional_needs(ctx: Context, kernel: str, decided: dict) -> tuple:
+    """The pins' `imports_optional` kernels that are installed and not skipped: its import imports
+    them under a guard that catches only ImportError (mamba-ssm: tilelang), so a broken one would fail
+    this kernel's check; they are checked, repaired or blocked first."""
+    return tuple(k for k in ctx.pins.kernel(kernel).imports_optional
+                 if decided.get(k) is not None and decided[k].action != SKIP
+                 and ctx.installed(ctx.pins.kernel(k).distributions[0]))
+
+
+
+def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
+    """Preference: a fitting wheel this machine (or a shared cache) already has, a fitting built
+    wheel in the wheelhouse, the release wheel, then a source build as FASTPATH_HOOKS_ALLOW_BUILD
+    allows."""
+    from ...facts.settings import release_wheel_url
+
+    pins, env, settings = ctx.pins, ctx.env, ctx.settings
+    dist = pins.kernel(kernel).distributions[0]
+    rel, build = pins.release(kernel), pins.build(kernel, version)
+    deps = deps_step(ctx, pins.kernel(kernel))
+    dep_steps = (deps,) if deps is not None else ()
+    filename, why = release_wheel(env, pins, kernel, version)
+
+    def prebuilt(name, rule, reason, url=None, note=""):
+        sha256 = rel.sha256.get(name) if rel is not None else None
+        steps = dep_steps + (Step(kind=StepKind.WHEEL, requirements=(name,), url=url, sha256=sha256, note=note),)
+        return Decision(kernel=kernel, action=INSTALL, rule=rule, reason=reason, steps=steps,
+                        target={dist: version}, **kw)
+
+    deps_missing = ctx.missing_offline(dep_steps)
+    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)), None)
+    housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
+    if deps_missing and (cached or housed):
+        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
+                     f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"), **kw)
+    if cached:
+        path = os.path.join(env.wheel_cache or "", cached)
+        return prebuilt(cached, ctx.rule(kernel, "cache"), f"{cached} from the local wheel cache, {env.wheel_cache}",
+                        url="file://" + quote(path), note="from the local wheel cache, no build")
+    if housed:
+        return prebuilt(housed, ctx.rule(kernel, "wheelhouse"), f"built wheel {housed} from the wheelhouse",
+                        note="a wheel built for this torch and these GPUs, from the wheelhouse")
+
+    if filename is not None:
+        base = release_wheel_url(settings, kernel) or rel.base_url.format(tag=rel.tag)
+        url = base.rstrip("/") + "/" + quote(filename)
+        in_house = filename in env.wheelhouse
+        missing = list(deps_missing)
+        if settings.offline and not in_house:
+            missing = [filename] + missing
+        if not missing:
+            return prebuilt(filename, ctx.rule(kernel, "wheel"), f"prebuilt wheel {filename}", url=None if in_house else url,
+                            note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "") +
+                                 ("" if rel.sha256.get(filename) else "; no pinned sha256 (the pins do not know it)"))
+        why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
+        if settings.allow_build == "0":
+            return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"), **kw)
+    return source_build(ctx, kernel, build, why, kw)

@@ -1,0 +1,185 @@
+"""A pair of distributions pinned together that serves another kernel (tilelang + apache-tvm-ffi,
+fla's Hopper backend): installed where a hazard of a served kernel needs it, as a known-good pair
+(`pairs`), never a broken one (`broken`); a broken or half-installed pair is repaired (the companion
+replaced alone first: a broken pair can abort any process that imports it) or its import blocked.
+Rule ids: `<prefix>.*` (decide/rule_ids.py PAIR)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from packaging.version import Version
+
+from ...facts.pins import same_version
+from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, specifier, within
+from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+
+
+def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
+    pins, env, settings = ctx.pins, ctx.env, ctx.settings
+    spec = pins.kernel(kernel)
+    first, second = spec.distributions
+    have, companion = ctx.installed(first), ctx.installed(second)
+    installed = ctx.installed_of(kernel)
+    hazards = [h for h in served_hazards(ctx, kernel) if h.kernel not in settings.skip]
+    served = " and ".join(spec.serves)
+
+    common = shared_skip(ctx, kernel, installed=installed)
+    if common is not None:
+        if hazards and common.rule == "skip.user":
+            hz = hazards[0]
+            common = replace(common, reason=f"skipped by FASTPATH_HOOKS_SKIP; {hz.kernel} needs it here because of {hz.id}")
+        return common
+
+    kw = ctx.kw(kernel, installed)
+    half = [d for d in spec.distributions if d in env.half_installed and ctx.installed(d)]
+    if have and half:
+        return _repair(ctx, kernel, have, companion, f"{' and '.join(half)} {HALF_INSTALLED}", "half-installed", kw)
+    if have and companion:
+        broken = pins.broken_for(kernel, have, companion, env.gpus)
+        if broken is not None:
+            return _repair(ctx, kernel, have, companion, f"{second} {companion} is broken with {first} {have}"
+                           f"{'' if broken.arch == '*' else ' on ' + broken.arch} - {broken.effect}", "broken-pair", kw)
+    if have and not companion:
+        return _repair(ctx, kernel, have, None, f"{first} {have} is installed without {second}", "missing-companion", kw)
+
+    if not hazards:
+        why = _not_needed(ctx, kernel)
+        if have:
+            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.not-needed"),
+                            reason=f"{first} {have} + {second} {companion} installed; {served} does not need it here: {why}",
+                            **kw)
+        return ctx.skip(kernel, "not-needed", f"{served} does not need it here: {why}", **kw)
+
+    hz = hazards[0]
+    switch = spec.switch
+    if switch is not None and env.switches.get(switch.variable) == switch.off:
+        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {hz.kernel} would not use {kernel}",
+                        f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}", **kw)
+    nvcc_reqs = ()
+    if spec.needs_nvcc and not env.nvcc:
+        pk = spec.nvcc_packages
+        if pk and env.torch_cuda and within(env.cuda_version, specifier(pk["cuda"])):
+            nvcc_reqs = tuple(pk["requirements"])
+        else:
+            return ctx.skip(kernel, "no-nvcc",
+                            f"no nvcc; {kernel} compiles its kernels with it at run time, and {hz.kernel} uses {kernel} "
+                            "only when nvcc is found in CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda or the "
+                            "nvidia-cuda-nvcc wheel", "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
+
+    if have:
+        good = [g for g in pins.good_companions(kernel, have) if pins.broken_for(kernel, have, g, env.gpus) is None]
+        if good and any(same_version(companion, g) for g in good):
+            if nvcc_reqs:
+                return _install(ctx, kernel, have, companion, nvcc_reqs, "install.nvcc", REPAIR,
+                                f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw)
+            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True,
+                            reason=f"{first} {have} + {second} {companion} is a known-good pair; {hz.kernel} needs it "
+                                   f"here because of {hz.id}",
+                            on_failure=OnFailure.BLOCK, repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True),
+                            **kw)
+        pair = preferred(ctx, kernel)
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.unverified"), verify=True,
+                        reason=f"{first} {have} + {second} {companion} is not in the pins; checking it in a child process",
+                        on_failure=OnFailure.BLOCK,
+                        repair_steps=steps(ctx, kernel, pair[0], pair[1], nvcc_reqs, replace=True) if pair else (), **kw)
+
+    pair = preferred(ctx, kernel)
+    if pair is None:
+        return ctx.skip(kernel, "offline-missing",
+                        f"offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good {first} + {second} pair",
+                        fetch_fix(f"{kernel}'s wheels"), **kw)
+    return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install", INSTALL,
+                    f"{hz.kernel} needs {kernel} on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw)
+
+
+def _not_needed(ctx: Context, kernel: str) -> str:
+    """Why no served kernel needs it here: the hazards' GPUs, their triton range, or the user's skip."""
+    env, spec = ctx.env, ctx.pins.kernel(kernel)
+    hazards = [h for h in ctx.pins.hazards if h.needs == kernel and h.kernel in spec.serves]
+    if not hazards:
+        return "no hazard of theirs needs it"
+    skipped = [h.kernel for h in hazards if h.kernel in ctx.settings.skip and ctx.hazards(h.kernel)]
+    if skipped:
+        return f"{' and '.join(sorted(set(skipped)))} is skipped by FASTPATH_HOOKS_SKIP"
+    gpus = sorted({g for h in hazards for g in h.gpu})
+    if not any(g in gpus for g in env.gpus):
+        return f"no {'/'.join(gpus)} GPU"
+    if env.triton is None:
+        return "no triton"
+    return f"triton {env.triton} is outside {', '.join(f'{h.id} ({h.triton})' for h in hazards)}"
+
+
+def preferred(ctx: Context, kernel: str):
+    """The first pins pair (and companion) installable here; offline: present in the wheelhouse."""
+    pins = ctx.pins
+    first, second = pins.kernel(kernel).distributions
+    have = ctx.wheelhouse if ctx.settings.offline else None
+    for pair in pins.kernel(kernel).pairs:
+        for companion in pair.companions:
+            if pins.broken_for(kernel, pair.version, companion, ctx.env.gpus) is not None:
+                continue
+            if have is not None:
+                if Version(pair.version) not in have.get(first, set()) or Version(companion) not in have.get(second, set()):
+                    continue
+            return pair.version, companion
+    return None
+
+
+def steps(ctx: Context, kernel: str, version, companion, nvcc_reqs, *, replace: bool) -> tuple:
+    spec = ctx.pins.kernel(kernel)
+    first, second = spec.distributions
+    out = []
+    if replace:
+        out.append(Step(kind=StepKind.REPLACE, requirements=(f"{second}=={companion}",), no_deps=True, force=True,
+                        note=f"replace {second} alone first: the broken pair can abort any process that imports it"))
+    deps = deps_step(ctx, spec)
+    if deps is not None:
+        out.append(deps)
+    if nvcc_reqs:
+        out.append(Step(kind=StepKind.DEPS, requirements=tuple(nvcc_reqs), no_deps=False, note=f"nvcc for {kernel}'s JIT"))
+    out.append(Step(kind=StepKind.KERNEL, requirements=(f"{first}=={version}", f"{second}=={companion}"), no_deps=True,
+                    note=f"the known-good pair, pinned together (a fresh resolve picks a broken {second})"))
+    return tuple(out)
+
+
+def _install(ctx, kernel, version, companion, nvcc_reqs, suffix, action, reason, kw) -> Decision:
+    first, second = ctx.pins.kernel(kernel).distributions
+    planned = steps(ctx, kernel, version, companion, nvcc_reqs, replace=False)
+    missing = ctx.missing_offline(planned)
+    if missing:
+        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
+                        fetch_fix(f"{kernel}'s wheels"), **kw)
+    return Decision(kernel=kernel, action=action, rule=ctx.rule(kernel, suffix), reason=reason, steps=planned,
+                    target={first: version, second: companion}, on_failure=OnFailure.BLOCK, **kw)
+
+
+def _repair(ctx, kernel, version, companion, reason, problem, kw) -> Decision:
+    """Replace a broken/half-installed pair: keep the user's version with a known-good companion
+    when the pins have one, else the first known-good pair; offline, the first option the
+    wheelhouse can satisfy. Nothing installable: block the import."""
+    gpus, pins = ctx.env.gpus, ctx.pins
+    first, second = pins.kernel(kernel).distributions
+    options = [(version, good) for good in pins.good_companions(kernel, version)
+               if pins.broken_for(kernel, version, good, gpus) is None]
+    for pair in pins.kernel(kernel).pairs:
+        options += [(pair.version, good) for good in pair.companions
+                    if pins.broken_for(kernel, pair.version, good, gpus) is None and (pair.version, good) not in options]
+    rule = ctx.rule(kernel, f"repair.{problem}")
+    first_missing = None
+    for target, target_companion in options:
+        planned = steps(ctx, kernel, target, target_companion, (), replace=True)
+        missing = ctx.missing_offline(planned)
+        if missing:
+            first_missing = first_missing or missing
+            continue
+        return Decision(kernel=kernel, action=REPAIR, rule=rule, reason=reason + f"; repairing to {first} {target} + "
+                        f"{second} {target_companion}", steps=planned,
+                        target={first: target, second: target_companion}, on_failure=OnFailure.BLOCK, **kw)
+    if first_missing:
+        return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, f"repair.{problem}.offline-missing"),
+                        reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
+                        fix=fetch_fix(f"{kernel}'s wheels"), on_failure=OnFailure.BLOCK, **kw)
+    return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, f"repair.{problem}.unrepairable"),
+                    reason=reason + f"; the pins know no good {second} for this GPU", on_failure=OnFailure.BLOCK,
+                    fix=f"add a known-good {first} + {second} pair in a FASTPATH_HOOKS_PINS file", **kw)

@@ -1,0 +1,198 @@
+"""Pure-Python wheels at pinned releases (fla: fla-core + flash-linear-attention, both at one
+version, --no-deps): the first release (`releases`, preference order) whose torch / triton /
+transformers ranges fit, and - where a hazard applies (fla#640 on Hopper) - one with the backend
+the hazard needs (`backends`), installed with the serving kernel ensured first; an installed
+release that is half-installed, mismatched, incompatible with this triton or unsafe here is
+replaced, or its import blocked. Rule ids: `<prefix>.*` (decide/rule_ids.py PURE)."""
+
+from __future__ import annotations
+
+from packaging.version import InvalidVersion, Version
+
+from ...facts.pins import same_version
+from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip,
+                      within)
+from ..eras import era
+from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+
+
+def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
+    pins, env = ctx.pins, ctx.env
+    spec = pins.kernel(kernel)
+    installed = ctx.installed_of(kernel)
+    kw = ctx.kw(kernel, installed)
+    # the kernel's version: its first installed distribution's (before fla-core split off, 0.4,
+    # flash-linear-attention shipped the `fla` package itself)
+    current = next((installed[d] for d in spec.distributions if d in installed), None)
+
+    common = shared_skip(ctx, kernel, installed=installed)
+    if common is not None:
+        # An installed kernel outside its support (Python, platform, torch) still imports: the
+        # hazard's block comes first. Only the user's skip list and a machine without a GPU win.
+        hazards = ctx.hazards(kernel) if current and common.rule not in NOT_OURS else []
+        if hazards and decided[hazards[0].needs].action not in USABLE:
+            return _hazard_block(ctx, kernel, hazards[0], decided, kw)
+        return common
+    switched = _switched_off(ctx, kernel)
+    if switched:
+        kw["env"] = switched
+    transformers = env.version("transformers")
+    if spec.gates and env.accelerator == "xpu" and era(env.dist_version("transformers")) in ("A", "B"):
+        return ctx.skip(kernel, "xpu.old-transformers", f"transformers {transformers} uses {kernel} on CUDA only "
+                        "(on XPU from 5.15)", "upgrade transformers to >= 5.15", **kw)
+    missing = missing_import(ctx, kernel, kw)
+    if missing is not None:
+        return missing
+
+    hazards = ctx.hazards(kernel)
+    hz = hazards[0] if hazards else None
+    serving_ok = hz is None or decided[hz.needs].action in USABLE
+    transformers_version = env.dist_version("transformers")
+    candidates = [rel for rel in spec.releases
+                  if within(env.torch_version, rel.torch) and within(env.triton_version, rel.triton)
+                  and not (transformers and not within(transformers_version, rel.transformers))
+                  and not (hz is not None and hz.needs not in rel.backends)]
+    needs = (hz.needs,) if hz is not None else ()
+
+    def target(version):   # every distribution at one version
+        return {d: version for d in spec.distributions}
+
+    if current:
+        if not serving_ok:
+            return _hazard_block(ctx, kernel, hz, decided, kw)
+        known = next((r for r in spec.releases if same_version(r.version, current)), None)
+        problems = []
+        first = spec.distributions[0]
+        if first not in installed:
+            problems += [f"{d} {v} without {first}" for d, v in installed.items()]
+        half = [d for d in spec.distributions if d in env.half_installed and not ctx.fresh]
+        if half:
+            problems.append(f"{' and '.join(half)} {HALF_INSTALLED}")
+        if len(installed) > 1 and len({Version(v) if _valid(v) else v for v in installed.values()}) > 1:
+            problems.append(" and ".join(f"{d} {v}" for d, v in installed.items()) + " differ")
+        incompatible = known is not None and not within(env.triton_version, known.triton)
+        if incompatible:
+            problems.append(f"{kernel} {current} does not import with triton {env.triton}, it needs triton {known.triton}")
+        unsafe = hz is not None and not _has_backend(spec, current, known, hz.needs)
+        if unsafe:
+            problems.append(f"{kernel} {current} has no {hz.needs} backend, so it is wrong here because of {hz.id}")
+        if problems:
+            chosen, planned, missing = _pick(ctx, kernel, candidates, replace=True)
+            if chosen is not None:
+                return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
+                                f"; replacing with {kernel} {chosen.version}", steps=planned, target=target(chosen.version),
+                                needs=needs, on_failure=OnFailure.BLOCK if (unsafe or incompatible or hz) else OnFailure.PROCEED,
+                                **kw)
+            nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
+                       else f"no known-good {kernel} release fits here")
+            if unsafe or incompatible:
+                # Importing it would crash (or compute wrong gradients): fail closed, transformers keeps torch.
+                fix = (f"install {kernel} {spec.releases[0].version} or newer" if unsafe else
+                       "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index")
+                return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "unsafe.block" if unsafe else "incompatible.block"),
+                                reason="; ".join(problems) + f"; {nothing}", fix=fix, on_failure=OnFailure.BLOCK, **kw)
+            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"),
+                            reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
+                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"),
+                        reason=f"{kernel} {current} installed" + (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
+                        needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
+
+    if not serving_ok:
+        return ctx.skip(kernel, "hazard.skip", hazard_reason(env, hz, decided[hz.needs]) +
+                        f"; installed alone, {kernel} would crash or compute wrongly", hazard_fix(hz, decided[hz.needs]), **kw)
+    if not candidates:
+        what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
+        if hz is not None:
+            what += f" with a {hz.needs} backend, needed here because of {hz.id}"
+        return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for {what}",
+                        "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+    chosen, planned, missing = _pick(ctx, kernel, candidates, replace=False)
+    if chosen is None:
+        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
+                        fetch_fix(f"{kernel}'s wheels"), **kw)
+    fits = [f"triton {env.triton}"] if str(chosen.triton) else []      # what the release's ranges name
+    fits += [f"transformers {transformers}"] if transformers and str(chosen.transformers) else []
+    reason = f"{kernel} {chosen.version} fits {' and '.join(fits or [f'torch {env.torch}'])}"
+    if hz is not None:
+        reason += f"; with {hz.needs} because of {hz.id}"
+    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
+                    target=target(chosen.version), needs=needs, **kw)
+
+
+def _switched_off(ctx: Context, kernel: str) -> tuple:
+    """(variable, off) of the kernels serving this one that cannot run on this accelerator (pins:
+    `switch.off_on`): without them the kernel must not try them (fla on ROCm: FLA_TILELANG=0) - unless
+    the user set the variable."""
+    env = ctx.env
+    out = []
+    for spec in ctx.pins.kernels.values():
+        switch = spec.switch
+        if switch is None or kernel not in spec.serves or env.accelerator not in switch.off_on:
+            continue
+        if env.switches.get(switch.variable) is None:
+            out.append((switch.variable, switch.off))
+    return tuple(out)
+
+
+def _hazard_block(ctx: Context, kernel: str, hz, decided: dict, kw) -> Decision:
+    serving = decided[hz.needs]
+    return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "hazard.block"),
+                    reason=hazard_reason(ctx.env, hz, serving), fix=hazard_fix(hz, serving), on_failure=OnFailure.BLOCK, **kw)
+
+
+def hazard_reason(env, hz, serving: Decision) -> str:
+    """The facts, in one clause each: `sm_90 + triton 3.6.0 computes fla's backward wrongly (fla#640),
+    and tilelang is unavailable: no nvcc`. A serving kernel's skip/block reason says why in its first clause."""
+    gpus = "+".join(g for g in env.gpus if g in hz.gpu)
+    why = serving.reason.split("; ")[0]
+    return f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and {hz.needs} is unavailable: {why}"
+
+
+def hazard_fix(hz, serving: Decision) -> str:
+    """The serving kernel's own fix first (the reason it is missing), then the hazard's (a triton without the bug)."""
+    return f"{serving.fix}; or {hz.fix}" if serving.fix else hz.fix
+
+
+def _valid(version: str) -> bool:
+    try:
+        Version(version)
+        return True
+    except InvalidVersion:
+        return False
+
+
+def _has_backend(spec, version: str, known, backend: str) -> bool:
+    """Pinned releases say so; an unpinned one is trusted only from the oldest pinned release with the backend."""
+    if known is not None:
+        return backend in known.backends
+    with_backend = [Version(r.version) for r in spec.releases if backend in r.backends]
+    try:
+        return bool(with_backend) and Version(version) >= min(with_backend)
+    except InvalidVersion:
+        return False
+
+
+def _pick(ctx: Context, kernel: str, candidates, *, replace: bool):
+    """(release, steps, ()) for the first candidate installable here, else (None, (), what the first one lacks)."""
+    first_missing = ()
+    for rel in candidates:
+        planned = _steps(ctx, kernel, rel.version, replace=replace)
+        missing = ctx.missing_offline(planned)
+        if not missing:
+            return rel, planned, ()
+        first_missing = first_missing or tuple(missing)
+    return None, (), first_missing
+
+
+def _steps(ctx: Context, kernel: str, version: str, *, replace: bool) -> tuple:
+    spec = ctx.pins.kernel(kernel)
+    out = []
+    deps = deps_step(ctx, spec)
+    if deps is not None:
+        out.append(deps)
+    out.append(Step(kind=StepKind.KERNEL, requirements=tuple(f"{d}=={version}" for d in spec.distributions),
+                    no_deps=True, force=replace,
+                    note=("every distribution at one version" if len(spec.distributions) > 1 else "the pinned release") +
+                         ", without their torch/transformers requirements"))
+    return tuple(out)

@@ -1,0 +1,495 @@
+"""Validation of the pins data (shipped pins.json merged with a user file) into the values of
+facts/pins_values.py: every error names the file and the entry (`PinsError`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .distributions import canonical_name
+from .frozen import FrozenSpecifierSet, freeze
+from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
+                          PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
+                          same_version)
+from .._registry import REGISTRY
+
+
+class _V:
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def fail(self, entry: str, message: str):
+        raise PinsError(self.origin, entry, message)
+
+    def table(self, value, entry) -> dict:
+        if not isinstance(value, dict):
+            self.fail(entry, "expected a table/object")
+        return value
+
+    def list(self, value, entry) -> list:
+        if not isinstance(value, list):
+            self.fail(entry, "expected a list")
+        return value
+
+    def string(self, value, entry) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(entry, "expected a non-empty string")
+        return value
+
+    def strings(self, value, entry) -> tuple:
+        return tuple(self.string(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
+
+    def version(self, value, entry) -> str:
+        self.string(value, entry)
+        try:
+            Version(value)
+        except InvalidVersion:
+            self.fail(entry, f"{value!r} is not a version")
+        return value
+
+    def versions(self, value, entry) -> tuple:
+        return tuple(self.version(v, f"{entry}[{i}]") for i, v in enumerate(self.list(value, entry)))
+
+    def specifier(self, value, entry) -> SpecifierSet:
+        if not isinstance(value, str):
+            self.fail(entry, "expected a version specifier string such as '>=3.4,<3.9'")
+        try:
+            return FrozenSpecifierSet(value)
+        except InvalidSpecifier:
+            self.fail(entry, f"{value!r} is not a version specifier (e.g. '>=3.4,<3.9')")
+
+    def requirement(self, value, entry) -> str:
+        self.string(value, entry)
+        try:
+            Requirement(value)
+        except InvalidRequirement as exc:
+            self.fail(entry, f"{value!r} is not a requirement: {exc}")
+        return value
+
+    def boolean(self, value, entry) -> bool:
+        if not isinstance(value, bool):
+            self.fail(entry, "expected true or false")
+        return value
+
+    def source(self, record: dict, entry) -> str:
+        value = record.get("source")
+        if not isinstance(value, str) or value.split(":", 1)[0].strip() not in SOURCE_KINDS or ":" not in value:
+            self.fail(f"{entry}.source", "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
+        return value
+
+
+def build(data, origins: tuple) -> Pins:
+    v = _V(origins[-1])
+    v.table(data, "")
+    if data.get("schema") != 1:
+        v.fail("schema", f"unsupported schema {data.get('schema')!r}; expected 1")
+
+    prot = v.table(data.get("protected"), "protected")
+    v.source(prot, "protected")
+    protected = tuple(canonical_name(n) for n in v.strings(prot.get("distributions"), "protected.distributions"))
+    tri = v.table(data.get("triton_distributions"), "triton_distributions")
+    triton_dists = tuple(canonical_name(n) for n in v.strings(tri.get("names"), "triton_distributions.names"))
+    allow = v.table(data.get("allowed_distributions"), "allowed_distributions")
+    v.source(allow, "allowed_distributions")
+    allowed = frozenset(canonical_name(n) for n in v.strings(allow.get("names"), "allowed_distributions.names"))
+
+    kernels_raw = v.table(data.get("kernels"), "kernels")
+    names = tuple(kernels_raw)
+    if not names:
+        v.fail("kernels", "at least one kernel is needed")
+    kernels = {name: _kernel(v, name, kernels_raw[name], names) for name in names}
+    _check_registry(v, kernels)
+    order = decision_order(kernels)
+    if order is None:
+        v.fail("kernels", "their `with`, `serves` and `imports_optional` make a circle: each kernel is decided after "
+               "the ones it names")
+
+    release_wheels, source_builds = {}, {}
+    for name, spec in kernels.items():
+        if spec.kind != "compiled":
+            continue
+        raw = kernels_raw[name]
+        if "release" in raw:
+            release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
+        source_builds[name] = build = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
+        if build.version is not None and spec.releases and not any(same_version(r.version, build.version)
+                                                                   for r in spec.releases):
+            v.fail(f"kernels.{name}.releases", f"the source build's {build.requirement} is not one of the releases")
+
+    hazards = []
+    for i, h in enumerate(v.list(data.get("hazards", []), "hazards")):
+        e = f"hazards[{i}]"
+        v.table(h, e)
+        kernel = v.string(h.get("kernel"), f"{e}.kernel")
+        if kernel not in kernels:
+            v.fail(f"{e}.kernel", f"{kernel!r}: expected one of {', '.join(kernels)}")
+        needs = v.string(h.get("needs"), f"{e}.needs")
+        if needs not in kernels or kernel not in kernels[needs].serves:
+            serving = [k for k, s in kernels.items() if kernel in s.serves]
+            v.fail(f"{e}.needs", f"{needs!r}: expected a kernel that serves {kernel} "
+                   f"({', '.join(serving) or 'none does: add `serves` to its entry'})")
+        hazards.append(Hazard(
+            id=v.string(h.get("id"), f"{e}.id"), kernel=kernel, gpu=v.strings(h.get("gpu"), f"{e}.gpu"),
+            triton=v.specifier(h.get("triton"), f"{e}.triton"), needs=needs,
+            effect=v.string(h.get("effect"), f"{e}.effect"), fix=v.string(h.get("fix"), f"{e}.fix"),
+            source=v.source(h, e),
+        ))
+
+    yanked_raw = v.table(data.get("yanked", {}), "yanked")
+    yanked = {canonical_name(k): v.versions(val, f"yanked.{k}") for k, val in yanked_raw.items() if k != "source"}
+
+    # a pinned version the index has yanked would not install (or would warn): never pin one
+    def check_not_yanked(dist, version, entry):
+        if any(same_version(version, y) for y in yanked.get(dist, ())):
+            v.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
+
+    for name, spec in kernels.items():
+        first, *rest = spec.distributions
+        for i, pair in enumerate(spec.pairs):
+            check_not_yanked(first, pair.version, f"kernels.{name}.pairs[{i}].{first}")
+            for j, companion in enumerate(pair.companions):
+                check_not_yanked(rest[0], companion, f"kernels.{name}.pairs[{i}].{rest[0]}[{j}]")
+        if spec.kind == "pure":
+            for i, rel in enumerate(spec.releases):
+                for dist in spec.distributions:
+                    check_not_yanked(dist, rel.version, f"kernels.{name}.releases[{i}].version")
+
+    # consistency: every distribution a kernel may install is on the allow-list (a kernel's own
+    # distributions are: naming them in its entry allows them)
+    allowed = allowed | {d for spec in kernels.values() for d in spec.distributions}
+    for name, spec in kernels.items():
+        for dist in spec.distributions:
+            if dist in protected:
+                v.fail(f"kernels.{name}.distributions", f"{dist} is protected and can never be installed")
+        for i, req in enumerate(spec.runtime_deps):
+            if canonical_name(Requirement(req).name) not in allowed:
+                v.fail(f"kernels.{name}.runtime_deps[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for name, build in source_builds.items():
+        for i, req in enumerate(build.build_deps):
+            if canonical_name(Requirement(req).name) not in allowed:
+                v.fail(f"kernels.{name}.source_build.build_deps.requirements[{i}]",
+                       f"{Requirement(req).name} is not in allowed_distributions.names")
+        if build.distribution not in kernels[name].distributions:
+            v.fail(f"kernels.{name}.source_build.requirement", f"{build.distribution} is not one of the kernel's distributions")
+    for name in triton_dists:
+        if name not in protected:
+            v.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
+                   "protected.distributions (fastpath-hooks never changes it)")
+    for p in protected:
+        if p in allowed and p != "numpy":
+            v.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
+
+    packed = _packed_sequences(v, data.get("packed_sequences"), names)
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    # frozen all the way down: `load()` is cached and shared by every caller in the process
+    return freeze(Pins(
+        protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
+        hazards=tuple(hazards), yanked=yanked,
+        origins=origins, digest=digest, packed_sequences=packed,
+        release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
+    ))
+
+
+def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
+    """One kernel's entry: the registry keys, what every kernel has, and its kind's data."""
+    e = f"kernels.{name}"
+    k = v.table(raw, e)
+    kind = k.get("kind")
+    if kind not in KINDS:
+        v.fail(f"{e}.kind", f"{kind!r}: expected one of {', '.join(KINDS)}")
+    modules = v.strings(k.get("modules"), f"{e}.modules")
+    if not modules:
+        v.fail(f"{e}.modules", "at least one import name is needed")
+    for i, module in enumerate(modules):
+        if not module.isidentifier():
+            v.fail(f"{e}.modules[{i}]", f"{module!r}: expected a top-level module name (the finder watches those)")
+    distributions = tuple(canonical_name(d) for d in v.strings(k.get("distributions"), f"{e}.distributions"))
+    if not distributions:
+        v.fail(f"{e}.distributions", "at least one distribution is needed")
+    if kind == "pair" and len(distributions) != 2:
+        v.fail(f"{e}.distributions", "a pair kernel has exactly two distributions: its own and its companion")
+    prefix = v.string(k.get("rule_prefix", name), f"{e}.rule_prefix")
+    if "." in prefix or prefix == "skip":
+        v.fail(f"{e}.rule_prefix", f"{prefix!r}: a rule prefix has no dot and is not `skip` (the shared rules' prefix)")
+    mirror = k.get("mirror")
+    if mirror is not None:
+        v.string(mirror, f"{e}.mirror")
+        if kind != "compiled" or not (mirror.startswith("FASTPATH_HOOKS_") and mirror.endswith("_WHEEL_URL")):
+            v.fail(f"{e}.mirror", f"{mirror!r}: a compiled kernel's FASTPATH_HOOKS_<NAME>_WHEEL_URL")
+
+    verify = v.table(k.get("verify", {}), f"{e}.verify")
+    attrs = v.strings(verify.get("attributes", []), f"{e}.verify.attributes")
+    for i, a in enumerate(attrs):
+        if ":" not in a:
+            v.fail(f"{e}.verify.attributes[{i}]", "expected module:attribute")
+    glibc = v.table(k.get("glibc", {}), f"{e}.glibc")
+    for arch, spec in glibc.items():
+        v.specifier(spec, f"{e}.glibc.{arch}")
+    nvcc_pk = k.get("nvcc_packages")
+    if nvcc_pk is not None:
+        v.table(nvcc_pk, f"{e}.nvcc_packages")
+        v.specifier(nvcc_pk.get("cuda"), f"{e}.nvcc_packages.cuda")
+        for i, r in enumerate(v.list(nvcc_pk.get("requirements"), f"{e}.nvcc_packages.requirements")):
+            v.requirement(r, f"{e}.nvcc_packages.requirements[{i}]")
+        v.source(nvcc_pk, f"{e}.nvcc_packages")
+    accelerators = v.strings(k.get("accelerators"), f"{e}.accelerators")
+    for i, a in enumerate(accelerators):
+        if a not in ACCELERATORS:
+            v.fail(f"{e}.accelerators[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+    platforms = v.strings(k.get("platforms"), f"{e}.platforms")
+    for i, p in enumerate(platforms):
+        if "-" not in p:
+            v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
+
+    releases, pairs, broken, switch = (), (), (), None
+    if kind == "pure":
+        releases = tuple(_releases(v, k.get("releases"), f"{e}.releases", lambda r, re_, **common: PureRelease(
+            backends=_kernel_names(v, r.get("backends", []), f"{re_}.backends", name, names), **common)))
+    elif kind == "compiled" and "releases" in k:
+        releases = _kernel_releases(v, k.get("releases"), f"{e}.releases")
+    elif kind == "pair":
+        pairs, broken = _pairs(v, k, e, distributions)
+        if "switch" in k:
+            sw = v.table(k["switch"], f"{e}.switch")
+            off_on = v.strings(sw.get("off_on", []), f"{e}.switch.off_on")
+            for i, a in enumerate(off_on):
+                if a not in ACCELERATORS:
+                    v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+            switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
+                            off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
+    for key, kinds in (("releases", ("pure", "compiled")), ("pairs", ("pair",)), ("broken", ("pair",)),
+                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",))):
+        if key in k and kind not in kinds:
+            v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
+    if kind == "compiled" and "source_build" not in k:
+        v.fail(f"{e}.source_build", "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
+
+    return KernelSpec(
+        name=name, module=modules[0], distributions=distributions,
+        python=v.specifier(k.get("python"), f"{e}.python"),
+        torch=v.specifier(k.get("torch"), f"{e}.torch"),
+        accelerators=accelerators,
+        platforms=platforms,
+        runtime_deps=tuple(v.requirement(r, f"{e}.runtime_deps[{i}]") for i, r in enumerate(v.list(k.get("runtime_deps", []), f"{e}.runtime_deps"))),
+        verify_modules=v.strings(verify.get("modules", []), f"{e}.verify.modules"),
+        verify_attributes=attrs,
+        source=v.source(k, e),
+        glibc=dict(glibc),
+        needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
+        nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
+        with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name, names),
+        imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
+                                                                    f"{e}.imports_installed")),
+        imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name, names),
+        kind=kind, modules=modules,
+        aliases=tuple(a.lower() for a in v.strings(k.get("aliases", []), f"{e}.aliases")),
+        gates=v.strings(k.get("gates", []), f"{e}.gates"),
+        mirror=mirror,
+        serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
+        rule_prefix=prefix, switch=switch,
+        releases=releases, pairs=pairs, broken=broken,
+    )
+
+
+def decision_order(kernels: dict) -> tuple | None:
+    """The kernels in the order they are decided: each after the ones its rules read - the kernels that
+    serve it (fla after tilelang), that it is used with (mamba-ssm after causal-conv1d) and that its
+    import tries (mamba-ssm after tilelang); else in the pins' order. None: they make a circle."""
+    after = {name: set(spec.with_kernels) | set(spec.imports_optional) | {k for k, s in kernels.items() if name in s.serves}
+             for name, spec in kernels.items()}
+    order: list = []
+    while len(order) < len(kernels):
+        ready = next((k for k in kernels if k not in order and after[k] <= set(order)), None)
+        if ready is None:
+            return None
+        order.append(ready)
+    return tuple(order)
+
+
+def _check_registry(v: _V, kernels: dict) -> None:
+    """Names, modules, aliases and rule prefixes are each one kernel's; a kernel does not serve itself
+    through its partners; the shipped kernels keep the modules the start-up entry watches."""
+    owner: dict = {}
+    for name, spec in kernels.items():
+        for what, values in (("name", (name,) + spec.aliases), ("module", spec.modules), ("rule prefix", (spec.rule_prefix,)),
+                             ("gate", spec.gates)):
+            for value in values:
+                key = (what if what != "name" else "name", value)
+                other = owner.setdefault(key, name)
+                if other != name:
+                    v.fail(f"kernels.{name}", f"{what} {value!r} is also {other}'s")
+        if name in REGISTRY and spec.modules != REGISTRY[name]["modules"]:
+            v.fail(f"kernels.{name}.modules", "a shipped kernel's modules are fixed (the start-up entry watches them)")
+        for served in spec.serves:
+            if served in spec.with_kernels:
+                v.fail(f"kernels.{name}.serves", f"{served} is also in `with`: a kernel serves another or needs it, not both")
+
+
+def _pairs(v: _V, k: dict, e: str, distributions: tuple) -> tuple:
+    """A pair kernel's known-good pairs and broken pairs, keyed by its two distributions."""
+    first, second = distributions
+    pairs = []
+    for i, p in enumerate(v.list(k.get("pairs"), f"{e}.pairs")):
+        pe = f"{e}.pairs[{i}]"
+        v.table(p, pe)
+        companions = v.versions(p.get(second), f"{pe}.{second}")
+        if not companions:
+            v.fail(f"{pe}.{second}", f"at least one known-good {second} version is needed")
+        pairs.append(Pair(v.version(p.get(first), f"{pe}.{first}"), companions, v.source(p, pe)))
+    if not pairs:
+        v.fail(f"{e}.pairs", "at least one known-good pair is needed")
+    broken = []
+    for i, b in enumerate(v.list(k.get("broken", []), f"{e}.broken")):
+        be = f"{e}.broken[{i}]"
+        v.table(b, be)
+        arch = v.string(b.get("arch"), f"{be}.arch")
+        if arch != "*" and not (arch.startswith("sm_") or arch.startswith("gfx")):
+            v.fail(f"{be}.arch", f"{arch!r}: expected '*', sm_XY or gfxNNN")
+        broken.append(BrokenPair(v.version(b.get(first), f"{be}.{first}"), v.versions(b.get(second), f"{be}.{second}"),
+                                 arch, v.string(b.get("effect"), f"{be}.effect"), v.source(b, be)))
+    for i, pair in enumerate(pairs):
+        for companion in pair.companions:
+            for j, b in enumerate(broken):
+                if b.arch == "*" and same_version(b.version, pair.version) and any(same_version(x, companion) for x in b.companions):
+                    v.fail(f"{e}.pairs[{i}]", f"{first} {pair.version} + {second} {companion} is also listed "
+                           f"as broken in {e}.broken[{j}] ({b.effect})")
+    return tuple(pairs), tuple(broken)
+
+
+def _packed_sequences(v: _V, raw, kernels: tuple) -> PackedSequences | None:
+    if raw is None:
+        return None
+    e = "packed_sequences"
+    v.table(raw, e)
+    packages = []
+    for i, p in enumerate(v.list(raw.get("packages"), f"{e}.packages")):
+        pe = f"{e}.packages[{i}]"
+        v.table(p, pe)
+        kernel = p.get("kernel")
+        if kernel is not None and kernel not in kernels:
+            v.fail(f"{pe}.kernel", f"{kernel!r}: expected one of {', '.join(kernels)} (or a `distribution` instead)")
+        if kernel is None and not isinstance(p.get("distribution"), str):
+            v.fail(pe, "expected a `kernel` (one of fastpath-hooks' kernels) or a `distribution`")
+        packages.append(PackedPackage(
+            module=v.string(p.get("module"), f"{pe}.module"), kernel=kernel,
+            distribution=canonical_name(p.get("distribution") or kernel),
+            models=v.strings(p.get("models", []), f"{pe}.models")))
+    return PackedSequences(transformers=v.specifier(raw.get("transformers"), f"{e}.transformers"),
+                           packages=tuple(packages), source=v.source(raw, e))
+
+
+def _kernel_names(v: _V, raw, entry: str, own: str, kernels: tuple) -> tuple:
+    names = v.strings(raw, entry)
+    for i, name in enumerate(names):
+        if name not in kernels or name == own:
+            v.fail(f"{entry}[{i}]", f"{name!r}: expected another kernel, one of {', '.join(k for k in kernels if k != own)}")
+    return names
+
+
+def _gencode_table(v: _V, raw, e: str) -> dict:
+    arch_table = v.table(raw, e)
+    v.source(arch_table, e)
+    gencode = {}
+    for code, spec in v.table(arch_table.get("pairs"), f"{e}.pairs").items():
+        if not (code.startswith("sm_") and code[3:].isdigit()):
+            v.fail(f"{e}.pairs.{code}", "expected sm_XY (a -gencode code)")
+        gencode[code] = v.specifier(spec, f"{e}.pairs.{code}")
+    return gencode
+
+
+def _release_wheels(v: _V, raw, e: str) -> ReleaseWheels:
+    rel = v.table(raw, e)
+    fname = v.string(rel.get("filename"), f"{e}.filename")
+    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
+        if fieldname not in fname:
+            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
+    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
+    builds = []
+    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
+        be = f"{e}.builds[{i}]"
+        v.table(b, be)
+        builds.append({
+            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
+            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
+            "python": v.strings(b.get("python"), f"{be}.python"),
+            "arch": v.strings(b.get("arch"), f"{be}.arch"),
+            "abi": v.strings(b.get("abi"), f"{be}.abi"),
+        })
+    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
+    for key, digest in sha.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
+    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
+    return ReleaseWheels(
+        version=v.version(rel.get("version"), f"{e}.version"),
+        tag=v.string(rel.get("tag"), f"{e}.tag"),
+        base_url=base_url,
+        filename=fname,
+        builds=tuple(builds),
+        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
+        sha256=dict(sha),
+        source=v.source(rel, e),
+    )
+
+
+def _source_build(v: _V, raw, e: str) -> SourceBuild:
+    sb = v.table(raw, e)
+    measured = v.table(sb.get("measured"), f"{e}.measured")
+    v.source(measured, f"{e}.measured")
+    numbers = {}
+    for key in ("seconds", "archs", "cores"):
+        value = measured.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            v.fail(f"{e}.measured.{key}", "expected a positive number")
+        numbers[key] = value
+    gencode = _gencode_table(v, sb.get("cuda_archs"), f"{e}.cuda_archs")
+    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
+    v.source(bd, f"{e}.build_deps")
+    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
+                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
+    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
+    spec = list(Requirement(requirement).specifier)
+    if len(spec) != 1 or spec[0].operator != "==":
+        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
+    return SourceBuild(
+        requirement=requirement,
+        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
+        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
+        build_deps=build_deps,
+        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
+        cuda_archs=gencode,
+        source=v.source(sb, e),
+    )
+
+
+def _releases(v: _V, raw, e: str, make) -> list:
+    """A list of releases (fla's, a compiled kernel's): tables, each version listed once, with
+    torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
+    out, seen = [], set()
+    for i, r in enumerate(v.list(raw, e)):
+        re_ = f"{e}[{i}]"
+        v.table(r, re_)
+        ver = v.version(r.get("version"), f"{re_}.version")
+        if ver in seen:
+            v.fail(f"{re_}.version", f"{ver} is listed twice")
+        seen.add(ver)
+        out.append(make(r, re_, version=ver,
+                        torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
+                        triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),
+                        transformers=v.specifier(r.get("transformers", ""), f"{re_}.transformers"),
+                        source=v.source(r, re_)))
+    if not out:
+        v.fail(e, "at least one release is needed")
+    return out
+
+
+def _kernel_releases(v: _V, raw, e: str) -> tuple:
+    return tuple(_releases(v, raw, e, lambda r, re_, **common: KernelRelease(
+        declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
+                       for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
+        cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        **common)))

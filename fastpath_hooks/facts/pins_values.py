@@ -1,0 +1,257 @@
+"""The values the pins are read into (facts/pins.py loads them, facts/pins_schema.py validates):
+immutable, one class per kind of record, and the `Pins` that holds them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from .distributions import canonical_name
+
+SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
+SOURCE_KINDS = ("measured", "reported", "upstream")
+# pure: wheels at pinned releases (fla); pair: two distributions pinned together, serving another
+# kernel (tilelang + apache-tvm-ffi); compiled: sdists with hard-coded -gencode pairs, release wheels
+# on GitHub for some torch builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm).
+KINDS = ("pure", "pair", "compiled")
+ACCELERATORS = ("cuda", "rocm", "xpu")
+
+
+class PinsError(ValueError):
+    def __init__(self, origin: str, entry: str, message: str):
+        self.origin, self.entry, self.message = origin, entry, message
+        where = f"pins file {origin}" if origin != SHIPPED else "the shipped pins.json"
+        super().__init__(f"{where}: {entry}: {message}" if entry else f"{where}: {message}")
+
+@dataclass(frozen=True)
+class PureRelease:
+    """One pinned release of a pure kernel (every distribution at this version), where it fits;
+    `backends`: the serving kernels it can use (fla 0.5+: tilelang), which a hazard may need."""
+    version: str
+    torch: SpecifierSet
+    triton: SpecifierSet
+    transformers: SpecifierSet
+    backends: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A known-good pair: the kernel's first distribution at `version` with one of `companions`
+    (its second distribution: tilelang 0.1.15 with apache-tvm-ffi 0.1.12 or 0.1.11)."""
+    version: str
+    companions: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class BrokenPair:
+    version: str
+    companions: tuple
+    arch: str
+    effect: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The variable a served kernel reads to stop using this one (FLA_TILELANG=0), and the
+    accelerators where the policy sets it (where this kernel cannot run), unless the user set it."""
+    variable: str
+    off: str
+    off_on: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    module: str                     # the import name checked and blocked (modules[0])
+    distributions: tuple
+    python: SpecifierSet
+    torch: SpecifierSet
+    accelerators: tuple
+    platforms: tuple
+    runtime_deps: tuple
+    verify_modules: tuple
+    verify_attributes: tuple
+    source: str
+    glibc: dict = field(default_factory=dict)
+    needs_nvcc: bool = False
+    nvcc_packages: dict | None = None
+    with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
+    imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
+    imports_optional: tuple = ()    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
+    # the registry (docs/registry.md)
+    kind: str = "pure"
+    modules: tuple = ()
+    aliases: tuple = ()
+    gates: tuple = ()               # transformers' gates that ask for it
+    mirror: str | None = None       # the variable naming a mirror of its release wheels
+    serves: tuple = ()              # kernels that use it (tilelang: fla)
+    rule_prefix: str = ""
+    switch: Switch | None = None
+    # its kind's data
+    releases: tuple = ()            # pure: PureRelease, newest preferred first; compiled: KernelRelease (optional)
+    pairs: tuple = ()               # pair: Pair, preferred first
+    broken: tuple = ()              # pair: BrokenPair
+
+
+@dataclass(frozen=True)
+class KernelRelease:
+    """One pinned release of a compiled kernel (mamba-ssm): where it fits, and the requirements its
+    metadata declares that a --no-deps install leaves unmet (a later resolver may act on them)."""
+    version: str
+    torch: SpecifierSet
+    triton: SpecifierSet
+    transformers: SpecifierSet
+    declares: tuple
+    cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
+    source: str
+
+
+@dataclass(frozen=True)
+class ReleaseWheels:
+    """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
+    version: str
+    tag: str
+    base_url: str
+    filename: str
+    builds: tuple
+    torch_aliases: dict
+    sha256: dict
+    source: str
+
+
+@dataclass(frozen=True)
+class SourceBuild:
+    """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
+    `seconds` for `archs` GPU archs on `cores` cores is the measured time the estimates scale;
+    `cuda_archs`: the sdist's hard-coded -gencode pairs, code -> the nvcc versions that get it."""
+    requirement: str
+    env: dict
+    rocm_env: dict
+    build_deps: tuple      # what setup.py imports/uses, installed first (builds run without isolation)
+    seconds: float
+    archs: int
+    cores: int
+    cuda_archs: dict
+    source: str
+
+    @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
+    def distribution(self) -> str:
+        return canonical_name(Requirement(self.requirement).name)
+
+    @cached_property
+    def version(self) -> str | None:
+        spec = list(Requirement(self.requirement).specifier)
+        return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """A GPU + triton range where `kernel` is wrong unless `needs` is usable. Messages read
+    `<gpu> + triton <version> <effect> (<id>)`, so `effect` is a short predicate and `fix` a
+    short imperative without parentheses."""
+    id: str
+    kernel: str
+    gpu: tuple
+    triton: SpecifierSet      # matched failing closed: a pre-release of a bound counts as inside
+    needs: str
+    effect: str
+    fix: str
+    source: str
+
+
+@dataclass(frozen=True)
+class PackedPackage:
+    """A package transformers' kernel functions need to keep packed sequences apart: a kernel
+    fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
+    (`kernel` None: only whether it is installed is checked)."""
+    module: str
+    kernel: str | None
+    distribution: str
+    models: tuple
+
+
+@dataclass(frozen=True)
+class PackedSequences:
+    """The transformers versions that raise on packed sequences (cu_seqlens / seq_idx) when a
+    kernel function is on its torch path, and the packages that concerns."""
+    transformers: SpecifierSet
+    packages: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class Pins:
+    protected: tuple
+    triton_distributions: tuple
+    allowed: frozenset
+    kernels: dict                   # name -> KernelSpec, in the pins' order (shipped first, then a user's)
+    hazards: tuple
+    yanked: dict
+    origins: tuple
+    digest: str
+    packed_sequences: PackedSequences | None = None
+    release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels (where published)
+    source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
+    decision_order: tuple = ()      # each kernel after those its rules read (decision_order())
+
+    def kernel(self, name: str) -> KernelSpec:
+        return self.kernels[name]
+
+    def of_kind(self, kind: str) -> tuple:
+        return tuple(name for name, spec in self.kernels.items() if spec.kind == kind)
+
+    def release(self, kernel: str) -> ReleaseWheels | None:
+        return self.release_wheels.get(kernel)
+
+    def build(self, kernel: str, version: str | None = None) -> SourceBuild:
+        """The kernel's source build, of `version` when given (a pinned release: its own -gencode
+        table where the data has one; the measured time stays the source build's)."""
+        base = self.source_builds[kernel]
+        if version is None or (base.version is not None and same_version(base.version, version)):
+            return base
+        from dataclasses import replace
+
+        rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
+        return replace(base, requirement=f"{base.distribution}=={version}",
+                       cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
+
+    def build_for_distribution(self, distribution: str):
+        """(kernel, SourceBuild) of the compiled kernel that ships `distribution`, else (None, None)."""
+        name = canonical_name(distribution)
+        for kernel, build in self.source_builds.items():
+            if build.distribution == name:
+                return kernel, build
+        return None, None
+
+    def good_companions(self, kernel: str, version: str) -> tuple:
+        """A pair kernel's known-good companions of its first distribution at `version`."""
+        for pair in self.kernels[kernel].pairs:
+            if same_version(pair.version, version):
+                return pair.companions
+        return ()
+
+    def broken_for(self, kernel: str, version: str, companion: str, archs) -> BrokenPair | None:
+        for entry in self.kernels[kernel].broken:
+            if not same_version(entry.version, version):
+                continue
+            if not any(same_version(v, companion) for v in entry.companions):
+                continue
+            if entry.arch == "*" or entry.arch in archs:
+                return entry
+        return None
+
+def same_version(a: str, b: str) -> bool:
+    """Version equality that never raises (a dist-info can carry any string)."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
