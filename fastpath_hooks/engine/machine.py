@@ -6,7 +6,8 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
     CONTEXT -> READ -> NEEDS -> CACHED -> LOCK -> CHECK -> VERIFY / INSTALL -> RECORD -> DONE
                                      \-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here.
+- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here -
+  after an install killed half-way is rolled back (its half-written tree must not be imported either).
 - READ: the world read once - the cheap stamp, then probe + policy, unless the world's last reading
   was made under the same stamp (the kernels of one request share it). A pending journal (an
   install running, or killed half-way) is waited for and rolled back under the lock first.
@@ -126,6 +127,10 @@ def _context(run: Run):
     settings, pins, invalid = run.world.context(run.target)
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
+        if run.world.pending(settings):   # skipped, yet never imported from a half-written install
+            failed = _recover(run)
+            if failed is not None:
+                return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
         return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
     return State.READ, run
@@ -149,7 +154,7 @@ def _read(run: Run):
     run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, reading.plan, run.pins))
+        return run.done(_skipped(decision, reading.plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -181,11 +186,14 @@ def _needs(run: Run):
     decision = run.decision
     for dep in decision.needs:
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.REPORTED:
+            continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
-            events.warning(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+            say = events.debug if run.invalid is not None else events.warning
+            say(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -212,8 +220,11 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
-                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
+    message = f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}"
+    if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
+        events.debug(message, kernel)
+    else:
+        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
         return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
@@ -263,7 +274,7 @@ def _check(run: Run):
                           kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
-        return run.done(_skipped(current, run.plan, run.pins))
+        return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
         return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
@@ -407,8 +418,12 @@ def _remembered_failure(run: Run) -> Outcome | None:
     return None
 
 
-def _skipped(decision, plan, pins) -> Outcome:
-    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel."""
+def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
+    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+    if quiet:
+        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
+        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
     from ..decide.rule_ids import lookup
 
     rule = lookup(pins, decision.rule)
