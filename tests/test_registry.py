@@ -159,6 +159,8 @@ def test_a_circle_of_kernels_is_refused(tmp_path):
     ({**FOO_ATTN, "warm": {"check_seq": 0, "heads": [1, 1], "dims": [64, 64], "source": "measured: x"}},
      "kernels.bar.warm.check_seq", "expected a positive integer"),
     ({**FOO_ATTN, "jit_caches": {"triton": "x"}}, "kernels.bar.jit_caches.triton", "an environment variable name"),
+    # a backend is never blocked, so it has no numeric checks (its check is against the served kernel's own path)
+    ({**FOO_QLA, "numeric_checks": []}, "kernels.bar.numeric_checks", "only a pure or compiled or pair kernel has"),
 ])
 def test_a_malformed_new_kernel_names_the_entry(tmp_path, entry, where, fragment):
     with pytest.raises(pins_mod.PinsError) as info:

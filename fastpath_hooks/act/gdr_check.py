@@ -20,8 +20,11 @@ the q/k l2-norm in the kernel), forward + backward:
 
 The device is CUDA when torch sees one, else the CPU (stand-in kernels in the CPU tests compute there;
 the real ones fail their import or first call on a CPU, which is a failed check); on a CPU the
-warm-up is left out (nothing is compiled there) unless the check names the device (`device: cpu`). After the merge of
-the numeric checks (act/numeric_check.py), this is one of them: `run_check` is its whole interface.
+warm-up is left out (nothing is compiled there) unless the check names the device (`device: cpu`).
+It runs after the kernel's numeric checks (act/numeric.py, pins `numeric_checks`: fla's own numbers at
+a tiny shape, remembered per installed files, with its backends switched off) in the same verification
+(act/verify.py): those speak for the kernel's build, this one for a backend against the served
+kernel's own path, and it warms the JIT at the model's shapes.
 The parent keeps the last warm-up per kernel in <cache>/jit/warm.json for `fastpath-hooks doctor`.
 """
 

@@ -41,6 +41,7 @@ class Verification:
     detail: str
     seconds: float
     returncode: int | None
+    numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
 
 
 def child_env(extra=()) -> dict:
@@ -51,19 +52,36 @@ def child_env(extra=()) -> dict:
 
 
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-           check=None) -> Verification:
-    """The kernel imported in a child process; then, where its decision has a `check` (the gated delta
-    rule forward + backward, compared and warmed: act/gdr_check.py), that check in another child."""
+           numeric=None, check=None) -> Verification:
+    """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
+    numbers against torch on the GPU (once per installed files, GPU arch and torch build); then, where
+    its decision has a `check` (the gated delta rule through the served kernel with and without a
+    backend, compared, and the JIT warmed: act/gdr_check.py), that check in another child. The numeric
+    check speaks for the kernel's own build (a mismatch blocks it on that arch); the gated-delta-rule
+    check for a backend against the served kernel's own path (a failure switches the backend off)."""
+    from dataclasses import replace
+
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
-    imported = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                         what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
-    if not imported.ok or not check:
-        return imported
+    result = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
+                       what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
+    if not result.ok:
+        return result
+    if numeric is not None:
+        from .numeric import verify_numbers
+
+        numbers = verify_numbers(numeric, distributions=kernel_spec.distributions, timeout=timeout, env_extra=env_extra,
+                                 python=python, started=started)
+        if not numbers.ok:
+            return replace(result, ok=False, detail=numbers.detail, numeric=True)
+        result = replace(result, detail=f"{result.detail}; {numbers.detail}")
+    if not check:
+        return result
     from .gdr_check import run_check as run_gdr_check
 
-    checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - imported.seconds),
+    checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
                             env_extra=env_extra, python=python, started=started)
-    return Verification(checked.ok, checked.detail, imported.seconds + checked.seconds, checked.returncode)
+    return replace(result, ok=checked.ok, detail=f"{result.detail}; {checked.detail}" if checked.ok else checked.detail,
+                   seconds=result.seconds + checked.seconds, returncode=checked.returncode)
 
 
 def _modules(names) -> str:

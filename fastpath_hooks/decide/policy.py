@@ -2,15 +2,17 @@
 
 No I/O, no imports of torch or transformers, no clock: every input is an argument, so each rule is
 tested by a table row (tests/test_policy.py). The driver only orders the kernels by the registry's
-needs/serves graph and hands each to its kind's rules (decide/rules/); `Decision.rule` names the rule
-that decided (declared in decide/rule_ids.py).
+needs/serves graph and hands each to its kind's rules (decide/rules/), then blocks a release whose
+numbers were measured wrong here (common.numeric_block: before a backend of it is decided); then a
+usable kernel's backends are named in its `wants`, and the JIT cache variables set where a check warms
+them. `Decision.rule` names the rule that decided (declared in decide/rule_ids.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .common import USABLE, Context, no_accelerator_reason
+from .common import USABLE, Context, no_accelerator_reason, numeric_block
 from .plan import SKIP, Plan
 from .rules import backend, compiled, pair, pure
 from .warmup import jit_env
@@ -24,7 +26,7 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     ctx = Context(env, settings, pins, fresh)
     decided: dict = {}
     for kernel in decision_order(pins):
-        decided[kernel] = RULES[pins.kernel(kernel).kind](ctx, kernel, decided)
+        decided[kernel] = numeric_block(ctx, kernel, RULES[pins.kernel(kernel).kind](ctx, kernel, decided))
     decided = with_jit_caches(ctx, with_backends(ctx, decided))
     notes = []
     if env.accelerator is None:
