@@ -42,6 +42,30 @@ FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
 TARGET_SPEEDUP, TARGET_FIRST, LOSS_RTOL = 1.3, 2.0, 1e-3
 
 
+# --models names -> (transformers model type, what it is): both are in transformers 5.17.0 (the H200 image's:
+# qwen3_5_text -> Qwen3_5ForCausalLM, qwen3_next -> Qwen3NextForCausalLM) and later; a transformers without
+# one skips that model with a line saying so
+MODELS = {"qwen3_5": ("qwen3_5_text", "Qwen3.5"), "qwen3_next": ("qwen3_next", "Qwen3-Next")}
+
+
+def missing(kind: str, causal_lm_names, version: str):
+    """Why `kind` cannot be built with this transformers (its causal-LM model names: the auto mapping's
+    keys), or None."""
+    if kind not in MODELS:
+        return f"{kind}: not a model of this benchmark (choose from {', '.join(MODELS)})"
+    model_type, what = MODELS[kind]
+    if model_type not in causal_lm_names:
+        return f"{kind}: transformers {version} has no {what} causal-LM model ({model_type!r}): skipped"
+    return None
+
+
+def _missing_here(kind: str):
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return missing(kind, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, transformers.__version__)
+
+
 class _Blocker:
     """The torch-path measurement: fla, causal_conv1d and flash_qla cannot be imported in that process."""
 
@@ -63,8 +87,8 @@ def config(kind: str, args):
         common.update(linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=dim,
                       linear_value_head_dim=dim, head_dim=args.hidden // args.heads)
     if kind == "qwen3_5":
-        return AutoConfig.for_model("qwen3_5_text", **common)
-    return AutoConfig.for_model("qwen3_next", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
+        return AutoConfig.for_model(MODELS[kind][0], **common)
+    return AutoConfig.for_model(MODELS[kind][0], num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
                                 shared_expert_intermediate_size=512, mlp_only_layers=[], decoder_sparse_step=1, **common)
 
 
@@ -142,10 +166,15 @@ def phase(args) -> dict:
         import fastpath_hooks
 
         fastpath_hooks.install(on_event=events.append)
-    out = {"phase": args.phase, "runs": [], "errors": []}
+    out = {"phase": args.phase, "runs": [], "errors": [], "skipped": []}
     modes = ["torch"] if args.phase == "torch" else ["qla", "fla"] if args.phase == "fast" else ["qla"]
     calls = None
     for kind in args.models.split(","):
+        why = _missing_here(kind)
+        if why is not None:
+            out["skipped"].append(why)
+            print(f"{args.phase:>5} {why}", flush=True)
+            continue
         try:
             start = time.perf_counter()
             model = build(kind, args)   # imports the modeling module: where fla (and flash-qla) are decided
@@ -248,7 +277,8 @@ def report(phases: dict) -> dict:
         verdict["setup_s"] = fast.get("setup_s")
     spreads = [r["loss_spread"] for r in rows if r["loss_spread"] is not None]
     verdict["losses_agree"] = bool(spreads) and max(spreads) <= LOSS_RTOL
-    return {"rows": rows, "verdict": verdict, "errors": [e for p in phases.values() for e in p.get("errors", [])]}
+    return {"rows": rows, "verdict": verdict, "errors": [e for p in phases.values() for e in p.get("errors", [])],
+            "skipped": sorted({s for p in phases.values() for s in p.get("skipped", [])})}
 
 
 def table(rep: dict) -> str:
@@ -273,6 +303,8 @@ def table(rep: dict) -> str:
                      f"a warm step (target <= {TARGET_FIRST}x); install + checks + warm-up before it: "
                      f"{f(v.get('setup_s'), '.1f')} s")
     lines.append(f"first losses agree within {LOSS_RTOL}: {v.get('losses_agree')}")
+    for e in rep.get("skipped", []):
+        lines.append(f"skipped: {e}")
     for e in rep["errors"]:
         lines.append(f"error: {e}")
     return "\n".join(lines)
@@ -314,7 +346,7 @@ def main(argv=None) -> int:
         data = rep
     else:
         data = phase(args)
-        print(json.dumps({k: data[k] for k in ("phase", "seconds", "setup_s", "errors") if k in data}))
+        print(json.dumps({k: data[k] for k in ("phase", "seconds", "setup_s", "errors", "skipped") if k in data}))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
         with open(args.out, "w") as fh:

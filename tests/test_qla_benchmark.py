@@ -65,6 +65,22 @@ def test_what_misses_a_target_is_said(change, verdict, fragment):
     assert fragment in bench.table(rep)
 
 
+def test_a_model_this_transformers_lacks_is_skipped_with_a_line_saying_so():
+    """The H200 image has transformers 5.17.0: both models are there (qwen3_5_text / qwen3_next causal LMs,
+    read from its wheel); one a transformers lacks is skipped, said in the phase and the table."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    bench = _bench()
+    assert [bench.missing(k, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "x") for k in bench.MODELS] == [None, None]
+    without_next = {k: v for k, v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if k != "qwen3_next"}
+    why = bench.missing("qwen3_next", without_next, "5.1.0")
+    assert why == "qwen3_next: transformers 5.1.0 has no Qwen3-Next causal-LM model ('qwen3_next'): skipped"
+    assert "not a model of this benchmark" in bench.missing("qwen3", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "x")
+    phases = _phases(100.0)
+    phases["fast"]["skipped"] = [why]
+    assert f"skipped: {why}" in bench.table(bench.report(phases))
+
+
 @pytest.mark.slow
 def test_the_dry_run_drives_every_phase_on_a_cpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
@@ -81,3 +97,30 @@ def test_the_dry_run_drives_every_phase_on_a_cpu(tmp_path):
     assert all(r["torch_ms"] and r["fla_ms"] and r["qla_ms"] for r in rep["rows"])
     assert rep["verdict"]["losses_agree"]     # one init, one batch: the same first loss on every path
     assert "| qwen3_next | 64 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_h200_script_runs_every_phase_in_one_call_on_a_cpu(tmp_path, fastpath_wheel):
+    """benchmarks/h200_qla.sh as the lead runs it (no arguments: facts start torch wait report), on a CPU with
+    tiny models and no kernel wheels for the cold venv: the background (cold, then fast after the torch phase)
+    is waited for, its files come to $OUT and the report is made - the orchestration, not the figures."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".gpu").mkdir(parents=True)
+    shutil.copy(fastpath_wheel, run_dir / ".gpu")
+    shutil.copytree(os.path.join(ROOT, "benchmarks"), run_dir / "benchmarks")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
+    env.update(BASE=sys.executable, COLD_WHEELS="", WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"),
+               WAIT_UNTIL="500", BENCH_ARGS="--device cpu --hidden 64 --intermediate 128 --heads 2 --vocab 128 "
+               "--linear 2x2x16 --seqs 32 --steps 1 --warmup 0 --torch-short-from 32")
+    proc = subprocess.run(["bash", "benchmarks/h200_qla.sh"], cwd=run_dir, env=env, capture_output=True, text=True,
+                          timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "background done: fast 0, cold 0" in proc.stdout, proc.stdout[-3000:]
+    out = tmp_path / "out"
+    assert {"log.txt", "torch.json", "bg.log", "cold.json", "fast.json", "qla-h200.json"} <= set(os.listdir(out))
+    rep = json.load(open(out / "qla-h200.json"))
+    assert {p for p in rep["phases"]} == {"torch", "fast", "cold"} and not rep["errors"]
+    assert [(r["model"], r["seq"], bool(r["cold_first_s"])) for r in rep["rows"]] == [("qwen3_5", 32, True),
+                                                                                      ("qwen3_next", 32, False)]

@@ -66,6 +66,7 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
                        what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
     if not result.ok:
         return result
+    numbers = None
     if numeric is not None:
         from .numeric import verify_numbers
 
@@ -73,15 +74,18 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
                                  python=python, started=started)
         if not numbers.ok:
             return replace(result, ok=False, detail=numbers.detail, numeric=True)
-        result = replace(result, detail=f"{result.detail}; {numbers.detail}")
+        if not check:
+            return replace(result, detail=f"{result.detail}; {numbers.detail}")
     if not check:
         return result
     from .gdr_check import run_check as run_gdr_check
 
     checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
                             env_extra=env_extra, python=python, started=started)
-    return replace(result, ok=checked.ok, detail=f"{result.detail}; {checked.detail}" if checked.ok else checked.detail,
-                   seconds=result.seconds + checked.seconds, returncode=checked.returncode)
+    # the check imports and runs the kernel: its clause says more than the import's (one line stays short)
+    detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
+    return replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
+                   returncode=checked.returncode)
 
 
 def _modules(names) -> str:
