@@ -148,7 +148,8 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
     dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
     (fla on Hopper needs tilelang), that it is used with (`with`) or whose import runs inside its own
-    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`)."""
+    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`), and - for a backend - of the
+    kernels it serves (its check runs through fla)."""
     from packaging.requirements import Requirement
 
     from ..facts.distributions import canonical_name
@@ -162,6 +163,9 @@ def verdict_distributions(pins, kernel: str) -> tuple:
             names += pins.kernel(hazard.needs).distributions
     for partner in spec.with_kernels + spec.imports_optional:   # mamba-ssm: causal-conv1d; tilelang, imported inside
         names += pins.kernel(partner).distributions
+    if spec.kind == "backend":   # checked through the kernel it serves (flash-qla against fla's own path)
+        for served in spec.serves:
+            names += pins.kernel(served).distributions
     return tuple(sorted(set(names)))
 
 

@@ -195,8 +195,9 @@ def _needs(run: Run):
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
+            apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
-            say(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+            say(f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}", run.kernel)
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -287,7 +288,7 @@ def _check(run: Run):
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
-                              numeric=_numeric_plan(run))
+                              numeric=_numeric_plan(run), check=decision.check)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
@@ -453,11 +454,13 @@ def _blocked(decision, reason: str, fix: str) -> Outcome:
 
 
 def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
-    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires)."""
+    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
+    backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
     if remembered is not None:
         reason = remembered["reason"]
     if decision.on_failure == OnFailure.BLOCK:
         return _blocked(decision, reason, decision.fix or "")
+    apply_env(decision.kernel, decision.off, "it is not usable here")
     persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
@@ -465,7 +468,11 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
-        message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
+        verb = "verify it" if decision.action == OK else decision.action
+        message = f"{decision.kernel}: could not {verb} - {reason}"   # the torch path stays
+        entry = registry().get(decision.kernel) or {}
+        if entry.get("kind") == "backend":
+            message += f"; {' and '.join(entry['serves'])} keeps its own path"
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
@@ -475,6 +482,14 @@ def _retry_in(entry: dict, settings) -> str:
 
     left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
     return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+
+
+def _keeps(pins, kernel: str) -> str:
+    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
+    spec = pins.kernel(kernel)
+    if spec.kind == "backend":
+        return f"{' and '.join(spec.serves)} keeps its own path"
+    return "transformers keeps its torch path"
 
 
 def _describe(decision) -> str:

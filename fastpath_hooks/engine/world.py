@@ -174,12 +174,13 @@ class World:
 
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None):
+    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None):
         """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
-        numbers against torch: a result with `ok`, `detail` and `numeric` (it failed on its numbers)."""
+        numbers against torch, then its `check` (act/gdr_check.py): a result with `ok`, `detail` and
+        `numeric` (it failed on its numbers)."""
         from ..act.verify import verify
 
-        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric)
+        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""
