@@ -14,8 +14,9 @@ from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
 from ..facts.wheel_names import parse_wheel
-from .common import Context, deps_step, major_minor, within
+from .common import Context, deps_step, major_minor, versions_here, within
 from .plan import INSTALL, Decision, Step, StepKind
+from .short import few, render
 
 
 def cxx11_abi_flag(env) -> str:
@@ -112,9 +113,11 @@ def decide_build(env, settings, pins, kernel: str) -> Decision:
     kw = ctx.kw(kernel, {})
     versions, clashes = release_order(ctx, kernel, {})
     if versions is None:
-        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+        return render(ctx, ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                                    facts={"fits": versions_here(env)}, **kw))
     version = next((v for v in versions if v not in clashes), versions[0])
-    return source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`", kw, asked=True)
+    return render(ctx, source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`", kw,
+                                    asked=True))
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
@@ -219,7 +222,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if unsupported and not rocm:
         codes = cuda_codes(build, env.nvcc_version)
         return ctx.skip(kernel, "build.no-arch", f"{why}, and {build.requirement} compiles no code that "
-                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
+                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "",
+                        facts={"unsupported": "+".join(unsupported)}, **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
@@ -228,7 +232,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
             return ctx.skip(kernel, "build.unrestricted", f"{why}; a source build cannot be restricted to "
                          f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
                          f"- about {minutes(seconds)}, an estimate",
-                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
+                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway",
+                            facts={"unsupported": what, "minutes": minutes(seconds)}, **kw)
         archs, rule = ("all",), ctx.rule(kernel, "rocm.build" if rocm else "build.all-archs")
         n_archs = len(cuda_codes(build, env.nvcc_version)) if not rocm else 1
     else:
@@ -242,7 +247,10 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if seconds > settings.timeout:
         return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
-                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
+                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more" +
+                     ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
+                        facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={int(seconds * 1.5)}"
+                               if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
     steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
                               note=f"source build against the installed torch with {compiler}, for "
@@ -250,7 +258,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     missing = ctx.missing_offline(steps)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
-                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index",
+                        facts={"missing": few(missing)}, **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel=kernel, action=INSTALL, rule=rule,
                     # what happens and how long first: a line cut at 160 characters keeps it (the step's note

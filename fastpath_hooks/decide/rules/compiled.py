@@ -13,8 +13,9 @@ from urllib.parse import quote
 
 from ...facts.distributions import canonical_name
 from ..builds import arch_gaps, built_archs, fits, release_order, release_wheel, source_build
-from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip
+from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
+from ..short import few
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
@@ -37,7 +38,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
                                    f"{'+'.join(missing)}",
                             fix=f"`pip uninstall {dist}`, then `fastpath-hooks build {kernel} --arch "
-                                f"{union}` for every GPU type sharing this environment", **kw)
+                                f"{union}` for every GPU type sharing this environment",
+                            facts={"have": "+".join(have), "gaps": "+".join(missing), "union": union}, **kw)
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, on_failure=OnFailure.BLOCK,
                         reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
@@ -75,7 +77,8 @@ def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | N
             continue  # the user's own (skipped or blocked) install: not ours to judge here
         verb = "blocked" if d.action == BLOCK else "not installed"
         return ctx.skip(kernel, f"without.{ctx.pins.kernel(partner).rule_prefix}",
-                        f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix, **kw)
+                        f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix,
+                        facts={"partner": partner, "verb": verb}, **kw)
     return None
 
 
@@ -90,7 +93,8 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
             planned.update({canonical_name(n): v for n, v in decided[k].target.items()})
     versions, clashes = release_order(ctx, kernel, planned)
     if versions is None:
-        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                        facts={"fits": versions_here(ctx.env)}, **kw)
     options = [(version, _install(ctx, kernel, version, kw)) for version in versions]
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
     if not acting:
@@ -158,7 +162,8 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
     if deps_missing and (cached or housed):
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
-                     f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"), **kw)
+                     f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"),
+                        facts={"missing": few(deps_missing)}, **kw)
     if cached:
         path = os.path.join(env.wheel_cache or "", cached)
         return prebuilt(cached, ctx.rule(kernel, "cache"), f"{cached} from the local wheel cache, {env.wheel_cache}",
@@ -180,5 +185,6 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                                  ("" if rel.sha256.get(filename) else "; no pinned sha256 (the pins do not know it)"))
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
         if settings.allow_build == "0":
-            return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"), **kw)
+            return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"),
+                            facts={"missing": few(missing)}, **kw)
     return source_build(ctx, kernel, build, why, kw)
