@@ -36,6 +36,7 @@ from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, Reading
+from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
@@ -183,9 +184,12 @@ def _needs(run: Run):
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
+            gist = f"needs {dep}, not usable here: {dep_outcome.reason}"
             if decision.on_failure == OnFailure.BLOCK:
-                return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
-            events.warning(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+                return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
+                                         said=(gist, f"fix {dep} first")))
+            events.warning(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", gist, f"fix {dep} first"), run.kernel,
+                           detail=f"{why}; {run.kernel} is not installed, transformers keeps its torch path")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -212,10 +216,14 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
-                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
+    events.warning(_engine_line(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: ", why),
+                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
+                   detail=f"{kernel}: would {decision.action} {_describe(decision, whole=True)}; nothing is installed: "
+                          f"{why}; {decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
-        return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
+        return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix,
+                                 said=((decision.short_reason or decision.reason) + " (report mode: not repaired)",
+                                       decision.short_fix if decision.short_reason else decision.fix)))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
 
 
@@ -259,8 +267,7 @@ def _check(run: Run):
         if known is None:
             return State.VERIFY, run
         if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
-            events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
-                          kernel, once=f"done-{kernel}")
+            events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
         return run.done(_skipped(current, run.plan, run.pins))
@@ -276,7 +283,8 @@ def _verify(run: Run):
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if decision.repair is not None and settings.mode == "install":
-        events.warning(f"{kernel}: {result.detail}; repairing", kernel)
+        events.warning(_engine_line(f"{kernel}: check failed - ", result.detail, "repairing"), kernel,
+                       detail=f"{kernel}: {result.detail}; repairing")
         run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
         return (State.INSTALL if run.lock is not None else State.LOCK), run
     return State.RECORD, replace(run, verdict=(False, result.detail))
@@ -286,11 +294,12 @@ def _install(run: Run):
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
-        events.warning(f"{kernel}: not installed - {why}", kernel, once=f"fail-{kernel}",
-                       persist=f"{current.rule}:no-installer:{why}")
+        events.warning(_engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
+                       persist=f"{current.rule}:no-installer:{why}", reminder=_reminder(run.pins, kernel))
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     verb = "repairing" if current.action == REPAIR else "installing"
-    events.status(f"{kernel}: {verb} {_describe(current)} ({run.check_failed or current.reason})", kernel)
+    events.status(short.line(current), kernel,
+                  detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
     except InstallFailed as exc:
@@ -331,12 +340,11 @@ def _outcome(run: Run) -> Outcome:
         events.debug(f"{kernel}: {detail}", kernel)
         return Outcome(kernel, OutcomeState.OK, decision.reason)
     repaired = decision.action == REPAIR
-    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
-    events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {done} in {result.seconds:.1f} s with "
-                  f"{result.installer}; verified in a child process", kernel)
+    events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision)} in "
+                  f"{result.seconds:.1f} s with {result.installer}; verified in a child process", kernel)
     if result.restart_advised:
-        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
-                       "disk; restart it to avoid running mixed versions", kernel)
+        events.warning(f"{kernel}: restart this process - it imported {short.few(result.restart_advised)} before they "
+                       "changed on disk (mixed versions)", kernel)
     reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
@@ -367,13 +375,13 @@ def _known(run: Run) -> Outcome | None:
     if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
         return Outcome(run.kernel, OutcomeState.OK, decision.reason)
-    return _failed(decision, cached["reason"], remembered=cached, settings=run.settings)
+    return _failed(decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is not None and cached["state"] == FAILED:
-        return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings)
+        return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
     return None
 
 
@@ -383,42 +391,62 @@ def _skipped(decision, plan, pins) -> Outcome:
 
     rule = lookup(pins, decision.rule)
     if rule is not None and rule.machine_wide:
-        kernels = ", ".join(plan.decisions)
         why = plan.notes[0] if plan.notes else decision.reason
-        events.emit(events.Severity.STATUS, f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
-                    decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
+        events.emit(events.Severity.STATUS, short.machine_line(decision), decision.kernel, once="global-skip",
+                    persist=f"{decision.rule}:{why}",
+                    detail=f"{why}; nothing to install, transformers keeps its torch path ({', '.join(plan.decisions)})")
     else:
-        tail = f" ({decision.fix})" if decision.fix else ""
         kind = rule.severity if rule is not None else events.Severity.STATUS
-        events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
-                    once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
+        # said once per environment; a later start reminds in one line while the kernel stays missing
+        missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
+        events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
+                    persist=f"{decision.rule}:{decision.reason}",
+                    reminder=_reminder(pins, decision.kernel) if missing else None,
+                    detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
+                           (f" ({decision.fix})" if decision.fix else ""))
     return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
-def _blocked(decision, reason: str, fix: str) -> Outcome:
+def _reminder(pins, kernel: str) -> str | None:
+    """The one line a later start says for a kernel still missing - not for one that only serves another
+    (tilelang: fla's line says it)."""
+    return None if pins.kernel(kernel).serves else short.reminder(kernel)
+
+
+def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
+    """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
+    short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
+    as much as fits."""
     module = registry()[decision.kernel]["modules"][0]
     message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
                f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
-    events.warning(f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""), decision.kernel,
-                   once=f"block-{decision.kernel}")
+    if said is None and decision.short_reason and reason == decision.reason:
+        said = (decision.short_reason, decision.short_fix)
+    elif said is None:   # a reason the engine was handed (a failed check): the decision's short fix
+        said = (reason, decision.short_fix if decision.short_reason and fix == decision.fix else fix)
+    head = f"{decision.kernel}: {short.BLOCKED} - "
+    events.warning(_engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
+                   detail=f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""))
     return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
 
 
-def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
+def _failed(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
     """remembered: the cached verdict of an earlier failed attempt (not retried until it expires)."""
     if remembered is not None:
         reason = remembered["reason"]
     if decision.on_failure == OnFailure.BLOCK:
         return _blocked(decision, reason, decision.fix or "")
-    persist = None
+    persist, reminder = None, None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
+        message = _engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
-    else:
-        message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
-    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
+        reminder = _reminder(pins, decision.kernel) if pins is not None else None
+    else:   # the torch path stays
+        message = _engine_line(f"{decision.kernel}: could not {decision.action} - ", reason)
+    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
+                 detail=f"{decision.kernel}: could not {decision.action} - {reason}")
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
@@ -429,9 +457,34 @@ def _retry_in(entry: dict, settings) -> str:
     return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
 
 
-def _describe(decision) -> str:
+def _engine_line(head: str, detail: str, fix: str = "") -> str:
+    """A line about a text the engine was handed (a failed check's or install's output, why no installer
+    can run): whole when it fits; else as much of it as fits - events.fit cuts a long word in its middle
+    first, never a build log's path - with the fix kept and a pointer to where it is whole."""
+    from ..events.lines import MAX_LINE, PREFIX, fit
+
+    whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
+    if len(PREFIX) + len(whole) <= MAX_LINE:
+        return whole
+    tail = f" ({fix}; the whole: {short.DOCTOR})" if fix else f" (the whole: {short.DOCTOR})"
+    room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
+    return head + fit(str(detail), room + len(PREFIX))[len(PREFIX):] + tail
+
+
+def _done(pins, kernel: str, result, decision) -> str:
+    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (public
+    versions), and how many dependencies came with them."""
+    own = pins.kernel(kernel).distributions
+    mine = [f"{k} {short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
+    others = len(result.installed) - len(mine)
+    if not mine:
+        return _describe(decision)
+    return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
+
+
+def _describe(decision, whole: bool = False) -> str:
     if decision.target:
-        return " + ".join(f"{k} {v}" for k, v in decision.target.items())
+        return " + ".join(f"{k} {v if whole else short.public(v)}" for k, v in decision.target.items())
     return ", ".join(r for s in decision.steps for r in s.requirements)
 
 
