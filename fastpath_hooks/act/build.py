@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .. import events
 from ..facts import cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
+from ..events.lines import shown_path
 from ..facts.wheel_names import parse_wheel, with_local_label
 
 WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
@@ -186,13 +187,15 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     jobs = int(os.environ.get("MAX_JOBS") or max_jobs(env.cpus, env.memory_gib))
     extra = build_environ(step, env=env, work=work, jobs=jobs)
     what = f"{spec.requirement} for {', '.join(archs)}"
-    events.status(f"{kernel}: building {what} from source (MAX_JOBS={jobs}); log: {log}", kernel)
+    shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
+    events.status(f"{kernel}: building for {', '.join(archs)}; log: {shown}", kernel,
+                  detail=f"{kernel}: building {what} from source (MAX_JOBS={jobs}); log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    ran = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work, extra_env=scratch,
+    ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work, extra_env=scratch,
                   log=log, started=started)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
     if code is None:
@@ -202,15 +205,18 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     if code != 0 or len(wheels) != 1:
         raise BuildError(f"the source build of {what} failed (pip exit {code}); full log: {log}; {tail}")
     if "PYTORCH_NVCC" in extra and not _mentions(log, WRAPPER_MARK):
-        events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
-                       "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
-                       f"still runs here; log: {log}", kernel)
+        events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH?): every "
+                       f"arch compiled, the wheel runs; log: {shown}", kernel,
+                       detail=f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? "
+                              "torch's other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; "
+                              f"the wheel still runs here; log: {log}")
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
            "archs": list(archs), "nvcc": env.nvcc_version}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
-    events.status(f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}", kernel)
+    events.status(f"{kernel}: built for {', '.join(archs)} in {seconds:.0f} s; log: {shown}", kernel,
+                  detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}")
     return Built(path=path, log=log, seconds=seconds, key=key)
 
 

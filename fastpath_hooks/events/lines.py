@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 MAX_LINE = 160          # characters, "fastpath-hooks: " included
@@ -39,6 +40,19 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
         end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
         line = line if end >= len(line) else line[:max(limit - 3, end)].rstrip() + "..."
     return line
+
+
+def shown_path(path: str) -> str:
+    """A path as a line shows it, short and still what a shell expands back: under the cache directory
+    the user set, $XDG_CACHE_HOME or the home directory, written `$FASTPATH_HOOKS_CACHE_DIR/...`,
+    `$XDG_CACHE_HOME/...`, `~/...` (the debug log and doctor have it whole)."""
+    for var in ("FASTPATH_HOOKS_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        root = os.environ.get(var, "").strip()
+        if len(root) > 1:
+            root = os.path.abspath(os.path.expanduser(root)).rstrip("/")
+            if path.startswith(root + "/"):
+                return ("~" if var == "HOME" else "$" + var) + path[len(root):]
+    return path
 
 
 def write(message: str, *, whole: bool) -> None:
