@@ -146,12 +146,14 @@ ROWS = [
         "fla", OutcomeState.SKIPPED, (S.CONTEXT, S.READ, S.NEEDS), env=HOPPER,
         world={"needs": lambda other: Outcome(other, OutcomeState.PENDING, "being decided by this thread")},
         calls={"read": 1, "probe": 1, "decide": 1, "stamp": 1},
-        says="fla: not installed - needs tilelang, not usable here: being decided by this thread (fix tilelang first)"),
+        says="fla: not installed - fla needs tilelang here and tilelang is not usable (being decided by this thread) "
+             "(fix tilelang first: its line says how)"),
     Row("a pending need of an installed kernel that would compute wrongly without it: blocked (the policy's on_failure)",
         "fla", OutcomeState.BLOCKED, (S.CONTEXT, S.READ, S.NEEDS), env=HOPPER, dists=FLA,
         world={"needs": lambda other: Outcome(other, OutcomeState.PENDING, "being decided by this thread")},
         calls={"read": 1, "probe": 1, "decide": 1, "stamp": 1},
-        says="fla: blocked - needs tilelang, not usable here: being decided by this thread (fix tilelang first)"),
+        says="fla: blocked - fla needs tilelang here and tilelang is not usable (being decided by this thread) "
+             "(fix tilelang first: its line says how)"),
     Row("a need decided first by the same world: one read for both kernels (the reading is shared)",
         "fla", OutcomeState.INSTALLED, INSTALLED, env=HOPPER,
         calls={"read": 2, "probe": 2, "decide": 2, "lock": 2, "install": 2, "settle": 2, "recover": 2, "stamp": 6},

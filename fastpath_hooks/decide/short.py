@@ -29,7 +29,7 @@ _GROUP = re.compile(r"\[([^\[\]]*)\]")
 # The outcome as the line says it (the action, and whether something is installed or built)
 NOT_INSTALLED, LEFT_ALONE, BLOCKED = "not installed", "left as it is", "blocked"
 INSTALLING, BUILDING, REPAIRING, OK_WORD = "installing", "building", "repairing", "ok"
-MACHINE_WIDE = "no kernel installed"
+MACHINE_WIDE = "torch path for every kernel"
 DOCTOR = "fastpath-hooks doctor"
 
 

@@ -184,11 +184,11 @@ def _needs(run: Run):
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
-            gist = f"needs {dep}, not usable here: {dep_outcome.reason}"
+            fix = f"fix {dep} first: its line says how"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
-                                         said=(gist, f"fix {dep} first")))
-            events.warning(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", gist, f"fix {dep} first"), run.kernel,
+                                         said=(why, fix)))
+            events.warning(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", why, fix), run.kernel,
                            detail=f"{why}; {run.kernel} is not installed, transformers keeps its torch path")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
@@ -340,11 +340,12 @@ def _outcome(run: Run) -> Outcome:
         events.debug(f"{kernel}: {detail}", kernel)
         return Outcome(kernel, OutcomeState.OK, decision.reason)
     repaired = decision.action == REPAIR
-    events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision)} in "
-                  f"{result.seconds:.1f} s with {result.installer}; verified in a child process", kernel)
+    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
+            f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
+    events.status(said[0] if _fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
     if result.restart_advised:
-        events.warning(f"{kernel}: restart this process - it imported {short.few(result.restart_advised)} before they "
-                       "changed on disk (mixed versions)", kernel)
+        events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
+                       "changed on disk; restart it to avoid running mixed versions", kernel)
     reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
@@ -471,11 +472,17 @@ def _engine_line(head: str, detail: str, fix: str = "") -> str:
     return head + fit(str(detail), room + len(PREFIX))[len(PREFIX):] + tail
 
 
-def _done(pins, kernel: str, result, decision) -> str:
-    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (public
-    versions), and how many dependencies came with them."""
+def _fits(line: str) -> bool:
+    from ..events.lines import MAX_LINE, PREFIX
+
+    return len(PREFIX) + len(line) <= MAX_LINE
+
+
+def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
+    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (whole:
+    with a built wheel's local label), and how many dependencies came with them (by name in the debug log)."""
     own = pins.kernel(kernel).distributions
-    mine = [f"{k} {short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
+    mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
     others = len(result.installed) - len(mine)
     if not mine:
         return _describe(decision)
