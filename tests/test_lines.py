@@ -311,3 +311,74 @@ def test_a_later_start_names_the_missing_kernel_and_doctor_in_one_line(tmp_path)
     assert any("(said before)" in d and "computes fla's backward wrongly" in d and "CUDA_HOME" in d for d in debug), debug
     doctor = "\n".join(start(env, "-m", "fastpath_hooks", "doctor"))
     assert "computes fla's backward wrongly" in doctor and "point CUDA_HOME at one" in doctor, doctor
+
+
+# -- the lines the engine says about settings, the cache and measured numbers ---------------------
+
+LONG_DIR = HOME + "/wheelhouses/kernels-cu128-torch2.10-py312-built-on-the-login-node-2026-11-30"
+BAD_SETTINGS = [   # (variables, what the line must keep whole: the variable, the outcome, what is accepted)
+    ({"FASTPATH_HOOKS_LOG": "verbose"}, ["FASTPATH_HOOKS_LOG=", "is not valid, so nothing is installed",
+                                         "off, error, warning, info, debug"]),
+    ({"FASTPATH_HOOKS_FIND_LINKS": LONG_DIR}, ["FASTPATH_HOOKS_FIND_LINKS", "is not valid, so nothing is installed",
+                                                "is not a directory"]),
+    ({"FASTPATH_HOOKS_SKIP": "bogus-kernel-name-from-an-old-config", "FASTPATH_HOOKS_LOG": "verbose"},
+     ["FASTPATH_HOOKS_", "is not valid, so nothing is installed (and 1 more)"]),
+]
+
+
+def said_lines(capsys) -> list:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith(PREFIX)]
+
+
+@pytest.mark.parametrize("variables,kept", BAD_SETTINGS, ids=[",".join(v) for v, _ in BAD_SETTINGS])
+def test_an_invalid_setting_is_one_line_within_the_width(variables, kept, speaking, capsys):
+    from fastpath_hooks.engine.context import bad_settings, value_once
+    from fastpath_hooks.facts.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(variables)
+    bad_settings(caught.value)
+    (line,) = said_lines(capsys)
+    assert len(line) <= MAX_LINE and fit(line[len(PREFIX):]) == line, line
+    assert all(part in line for part in kept), (kept, line)
+    var, value, why = caught.value.problems[0]
+    whole = speaking[-1].get("detail", speaking[-1]["message"])   # the event (on_event, the debug log) has it whole
+    assert f"{var}={value!r} is not valid" in whole and value_once(value, why) in whole, whole
+
+
+def test_an_unusable_cache_dir_says_the_fallback_and_the_fix_within_the_width(speaking, capsys, monkeypatch, tmp_path):
+    from fastpath_hooks.engine.context import unusable_cache_dir
+
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))   # where the said-marker goes
+    from fastpath_hooks.facts.settings import Settings
+
+    settings = Settings.from_env({"FASTPATH_HOOKS_CACHE_DIR": "/proc/nope" + CACHE, "HOME": HOME,
+                                  "XDG_CACHE_HOME": CACHE + "/../../xdg-cache-of-this-very-long-user"})
+    assert settings.cache_dir_unusable and settings.cache_dir is None
+    unusable_cache_dir(settings)
+    (line,) = said_lines(capsys)
+    assert len(line) <= MAX_LINE, line
+    assert line.startswith(f"{PREFIX}FASTPATH_HOOKS_CACHE_DIR") and "cannot be created" in line, line
+    assert "instead" in line and line.endswith("(set it to a directory you can write)"), line
+    assert speaking[-1]["detail"] == settings.cache_dir_unusable    # whole, with both paths
+
+
+@pytest.mark.parametrize("detail", [
+    "on sm_90, causal_conv1d_fn forward differs from torch by 0.53 (tolerance 0.05 + 1%)",
+    "on sm_90+sm_100 (CPU tensors), mamba_chunk_scan_combined forward+backward differs from torch by 0.031, "
+    "relative error 0.12 (tolerance 0.05)",
+])
+@pytest.mark.parametrize("kernel", ["causal-conv1d", "mamba-ssm", "fla"])
+def test_a_measured_error_is_said_with_the_fix_within_the_width(kernel, detail):
+    """The engine's line when a check measures wrong numbers, and the policy's at the next start."""
+    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide.common import numeric_measured
+    from fastpath_hooks.decide.rule_ids import NUMERIC_SHORT_FIX
+
+    said = numeric_measured(kernel, detail, "sm_90")
+    line = PREFIX + short.compose(kernel, short.BLOCKED, said, NUMERIC_SHORT_FIX)
+    assert len(line) <= MAX_LINE and fit(line[len(PREFIX):]) == line, line
+    assert line.endswith(f"({NUMERIC_SHORT_FIX})") and "..." not in line, line
+    assert said in (detail, detail.split(" (tolerance")[0]) or "sm_90" in said, said
+    if len(detail) < 90 and kernel != "causal-conv1d":
+        assert "differs from torch by" in said, said       # the measure itself whenever it fits

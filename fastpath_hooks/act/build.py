@@ -30,8 +30,8 @@ from ..facts import cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..events.lines import shown_path
 from ..facts.wheel_names import parse_wheel, with_local_label
+from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
 
-WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
 GIB_PER_JOB = 5.0   # nvcc --threads 4 of a causal-conv1d file: measured 4-6 GB resident per job (gpu-findings.md)
 
 
@@ -65,86 +65,91 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
     return os.path.join(root, "logs", name)
 
 
-_WRAPPER = r'''# Written by fastpath-hooks for one source build: hands nvcc only the -gencode pairs of {keep}.
-import os, sys
-
-REAL = {real!r}
-KEEP = {keep!r}
-MARK = {mark!r}
-
-
-def codes(spec):
-    """'arch=compute_90,code=sm_90' or 'arch=compute_90,code=[sm_90,compute_90]' -> {{'sm_90'}}."""
-    _, _, code = spec.partition("code=")
-    out = set()
-    for item in code.strip("[]\"'").split(","):
-        item = item.strip().replace("compute_", "sm_")
-        while item and item[-1].isalpha() and not item.endswith("sm_"):
-            item = item[:-1]   # sm_90a / sm_100f: the family
-        if item:
-            out.add(item)
-    return out
-
-
-args, kept, dropped, i = [], [], [], 1
-argv = sys.argv
-while i < len(argv):
-    arg = argv[i]
-    for flag in ("-gencode", "--generate-code"):
-        if arg == flag and i + 1 < len(argv):
-            pair, pieces, i = argv[i + 1], [arg, argv[i + 1]], i + 2
-            break
-        if arg.startswith(flag + "="):
-            pair, pieces, i = arg[len(flag) + 1:], [arg], i + 1
-            break
-    else:
-        args.append(arg)
-        i += 1
-        continue
-    if codes(pair) & set(KEEP):
-        args.extend(pieces)
-        kept.append(pair)
-    else:
-        dropped.append(pair)
-if dropped and not kept:
-    sys.stderr.write("fastpath-hooks nvcc wrapper: none of the -gencode pairs %s is for %s\n" % (dropped, ", ".join(KEEP)))
-    sys.exit(2)
-if kept or dropped:
-    sys.stderr.write("%s kept %s; dropped %s\n" % (MARK, " ".join(kept), " ".join(dropped) or "none"))
-    sys.stderr.flush()
-os.execv(REAL, [REAL] + args)
-'''
-
-
-def nvcc_wrapper(work: str, real_nvcc: str, keep) -> str:
-    """A `/bin/sh` script that runs the filter with this interpreter (a `#!python` line would break on
-    interpreter paths with spaces or longer than the kernel's shebang limit)."""
+def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None) -> str:
+    """A `/bin/sh` shim `<work>/<name>` that runs act/compiler_wrapper.py with this interpreter and a
+    config (a `#!python` line would break on interpreter paths with spaces or longer than the kernel's
+    shebang limit): the real compiler `real` (argv list), `keep` (nvcc: the archs whose -gencode pairs
+    stay), `std` (the C++ standard handed last)."""
+    import json
     import shlex
 
-    script = os.path.join(work, "nvcc-restricted.py")
-    with open(script, "w", encoding="utf-8") as fh:
-        fh.write(_WRAPPER.format(real=real_nvcc, keep=tuple(keep), mark=WRAPPER_MARK))
-    path = os.path.join(work, "nvcc-restricted")
+    from . import compiler_wrapper
+
+    config = os.path.join(work, name + ".json")
+    with open(config, "w", encoding="utf-8") as fh:
+        json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std}, fh)
+    path = os.path.join(work, name)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(script)} \"$@\"\n")
+        fh.write(f"#!/bin/sh\n# Written by fastpath-hooks for one source build ({kind}"
+                 f"{': only ' + ' '.join(keep) if keep is not None else ''}{'; -std=' + std if std else ''}).\n"
+                 f"exec {shlex.quote(sys.executable)} {shlex.quote(compiler_wrapper.__file__)} "
+                 f"{shlex.quote(config)} \"$@\"\n")
     os.chmod(path, 0o755)
     return path
 
 
+def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None) -> str:
+    return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std)
+
+
+def real_nvcc(env) -> str | None:
+    """The nvcc torch's build would run (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda), whatever the target
+    poses: a posed `nvcc=13.0` says which release it is, never which compiler runs or for which archs."""
+    if env.nvcc and os.path.isfile(env.nvcc):
+        return env.nvcc
+    import shutil
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return "/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None
+
+
+def real_hipcc(env) -> str | None:
+    """ROCm's hipcc as torch's build finds it (ROCM_HOME/ROCM_PATH, PATH, /opt/rocm), whatever is posed."""
+    if env.hipcc and os.path.isfile(env.hipcc):
+        return env.hipcc
+    import shutil
+
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
+            return os.path.join(home, "bin", "hipcc")
+    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+
+
 def build_environ(step, *, env, work: str, jobs: int) -> dict:
-    """The build's extra environment: the pins' variables, CUDA_HOME of the probed nvcc, the
-    restricting wrapper, MAX_JOBS (unless the user set it), the interpreter's bin first on PATH
-    (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours PYTORCH_NVCC)."""
+    """The build's extra environment: the pins' variables, CUDA_HOME of the real nvcc, the compiler
+    wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for and/or given the C++ standard, hipcc
+    given the standard; CXX: the host compiler given the standard - only where the step asks), MAX_JOBS
+    (unless the user set it), the interpreter's bin first on PATH (torch uses ninja only when `ninja` is
+    on PATH, and only its ninja build honours PYTORCH_NVCC and CXX this way)."""
+    import shlex
+
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
     extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
     if "MAX_JOBS" not in os.environ:
         extra["MAX_JOBS"] = str(jobs)
-    if env.torch_cuda and env.nvcc and os.path.isfile(env.nvcc):
-        home = os.path.dirname(os.path.dirname(env.nvcc))
-        extra.setdefault("CUDA_HOME", home)
-        if step.archs and step.archs != ("all",):
-            extra["PYTORCH_NVCC"] = nvcc_wrapper(work, env.nvcc, step.archs)
+    std = getattr(step, "cxx_std", None)
+    restricted = bool(step.archs) and step.archs not in (("all",), ("py",))
+    if env.torch_cuda:
+        nvcc = real_nvcc(env)
+        if nvcc is not None:
+            extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
+            if restricted or std:
+                extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std)
+    elif env.torch_hip and std:
+        hipcc = real_hipcc(env)
+        if hipcc is not None:
+            extra["PYTORCH_NVCC"] = write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc", std=std)
+    if std:
+        host = shlex.split(os.environ.get("CXX", "")) or ["c++"]   # torch: CXX, else c++
+        extra["CXX"] = write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std)
     return extra
 
 
@@ -203,21 +208,91 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
     wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
     if code != 0 or len(wheels) != 1:
-        raise BuildError(f"the source build of {what} failed (pip exit {code}); full log: {log}; {tail}")
-    if "PYTORCH_NVCC" in extra and not _mentions(log, WRAPPER_MARK):
-        events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH?): every "
-                       f"arch compiled, the wheel runs; log: {shown}", kernel,
-                       detail=f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? "
-                              "torch's other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; "
-                              f"the wheel still runs here; log: {log}")
+        first = first_compiler_error(log)
+        raise BuildError(f"the source build of {what} failed (pip exit {code})" + (f": {first}" if first else "") +
+                         f"; full log: {log}" + ("" if first else f"; {tail}"))
+    built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra, shown=shown)
+    if step.cxx_std and not _mentions(log, STD_MARK):
+        events.warning(f"{kernel}: the build never ran the wrapper handing -std={step.cxx_std} last (no ninja on "
+                       f"PATH?); it built anyway; log: {shown}", kernel,
+                       detail=f"{kernel}: the build never ran the compiler wrapper that hands -std={step.cxx_std} last "
+                              f"(no ninja on PATH? torch's other build ignores CXX and PYTORCH_NVCC); it built anyway; "
+                              f"log: {log}")
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
-           "archs": list(archs), "nvcc": env.nvcc_version}
-    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
+           "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
+    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
-    events.status(f"{kernel}: built for {', '.join(archs)} in {seconds:.0f} s; log: {shown}", kernel,
+    events.status(f"{kernel}: built for {', '.join(built)} in {seconds:.0f} s; log: {shown}", kernel,
                   detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}")
     return Built(path=path, log=log, seconds=seconds, key=key)
+
+
+def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:
+    """The archs the wheel really holds, read back from the wrapper's lines in the log (the label says
+    what was built, not what was asked): a CUDA build restricted by the wrapper holds the codes it kept;
+    one that never ran it holds every arch its setup.py names (`all`) - refused where an arch rule
+    says that nvcc's code for a visible GPU is wrong."""
+    if not env.torch_cuda or archs in (("all",), ("py",)):
+        return archs
+    kept = wrapper_codes(log) if wrapped else None
+    if kept:
+        return tuple(sorted(kept, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+    bad = [(g, r) for r in spec.arch_rules for g in env.gpus if r.applies(g, env.nvcc_version)]
+    if bad:
+        gpu, rule = bad[0]
+        raise BuildError(f"the source build of {spec.requirement} never ran the arch-restricting nvcc wrapper, so it "
+                         f"holds {gpu} code from nvcc {env.nvcc_version or '(release unknown)'}, which {rule.effect} "
+                         f"({rule.id}); not installed; log: {log}")
+    events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH?): every "
+                   f"arch compiled, the wheel runs (labelled `all`); log: {shown or log}", kernel,
+                   detail=f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
+                          "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
+                          f"still runs here and is labelled `all`; log: {log}")
+    return ("all",)
+
+
+def wrapper_codes(log: str) -> set:
+    """The codes of every -gencode pair the nvcc wrapper kept, from its `kept ...` lines in the log."""
+    out: set = set()
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                _, found, rest = line.partition(WRAPPER_MARK + " kept ")   # pip -v indents the build's output
+                if found:
+                    for pair in rest.split(";", 1)[0].split():
+                        out |= _pair_codes(pair)
+    except OSError:
+        pass
+    return out
+
+
+_ERROR_LINES = None
+
+
+def first_compiler_error(log: str) -> str | None:
+    """The first diagnostic a compiler wrote into the log: gcc/clang `file:12:3: error: ...` (fatal too),
+    nvcc's front end `file.cu(42): error: ...`, `nvcc fatal : ...`, `c++: error: ...` - not pip's or
+    setuptools' own `error:` lines. Cut to 240 characters."""
+    import re
+
+    global _ERROR_LINES
+    if _ERROR_LINES is None:
+        _ERROR_LINES = re.compile(
+            r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
+            r"|\S+\(\d+\): (catastrophic )?error: .*"
+            r"|nvcc fatal\s*:.*"
+            r"|(\S*/)?(c\+\+|g\+\+|gcc|cc|clang\+\+|clang|cc1plus|hipcc|nvcc): (fatal )?error: .*)")
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                match = _ERROR_LINES.search(line.strip())
+                if match:
+                    text = match.group(0).strip()
+                    return text if len(text) <= 240 else text[:237] + "..."
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from .. import events
+from ..events.lines import fitted, shown_path
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
 from ..facts.distributions import canonical_name, scan, site_packages
@@ -45,6 +46,11 @@ from .transaction import Transaction
 
 class InstallError(Exception):
     """An install step, a check or the verification failed; the environment was restored."""
+
+
+class NumericMismatch(InstallError):
+    """The kernel imported but its numbers differ from torch's on this GPU (act/numeric.py): rolled back,
+    and the kernel is blocked on that arch (the message has the measured error)."""
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,13 @@ def recover(state_dir: str) -> list:
         # Its writer died; its installer may not have (it runs in its own session): stop it first.
         stopped = tx.stop_group()
         still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
-        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}){still}; "
-                       "restoring the state before it")
+        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
+        events.warning(fitted("an earlier install was interrupted: ", f"{tx.description or tx.id}{still}",
+                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
         done = tx.rollback()
-        events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
+        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
+        events.status(fitted("recovered: ", "; ".join(done) if done else "nothing to restore",
+                             whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
     Transaction.discard_stale(state_dir)
     return done
 
@@ -128,6 +137,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
     import shutil
 
+    from .._environ import cache_root
+    from .numeric import plan_for
     from .verify import verify
 
     real_before = _versions(scan()[0])
@@ -185,8 +196,10 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                started=tx.record_group)
+                                started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)))
                 if not result.ok:
+                    if result.numeric:
+                        raise NumericMismatch(result.detail)
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
             for path, name, meta in to_cache:
@@ -197,7 +210,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), decision.kernel, human=bool(done))
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise InstallError(detail) from None
+            raise (type(exc) if isinstance(exc, InstallError) else InstallError)(detail) from None
         tx.commit()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -303,7 +316,7 @@ def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=Non
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
     install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
-                                  env=(), url=None, sha256=None, archs=())
+                                  env=(), url=None, sha256=None, archs=(), cxx_std=None)
     meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
             "distribution": built.key["distribution"], "version": built.key["version"]}
     return install, built.path, (built.path, name, meta)
@@ -324,10 +337,14 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     try:
         cached = wheelcache.store(root, path, meta=meta, filename=name)
     except Exception as exc:  # OSError, a lock timeout: the install stands
-        events.warning(f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} ({exc})", kernel)
+        events.warning(fitted(f"{kernel}: could not keep its wheel in the wheel cache: ", exc, "the install stands"),
+                       kernel, detail=f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} "
+                                      f"({exc})")
         return
-    events.status(f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the same "
-                  "FASTPATH_HOOKS_CACHE_DIR install it without building", kernel, human=meta.get("origin") == "built")
+    events.status(f"{kernel}: kept the wheel in {shown_path(wheelcache.directory(root))}: environments here with this "
+                  "cache install it without building", kernel, human=meta.get("origin") == "built",
+                  detail=f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the "
+                         "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
 def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:

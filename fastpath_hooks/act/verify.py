@@ -41,6 +41,7 @@ class Verification:
     detail: str
     seconds: float
     returncode: int | None
+    numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
 
 
 def child_env(extra=()) -> dict:
@@ -50,10 +51,24 @@ def child_env(extra=()) -> dict:
     return child_environ(extra, drop=("FASTPATH_HOOKS_TARGET",))
 
 
-def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None) -> Verification:
+def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
+           numeric=None) -> Verification:
+    """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
+    numbers against torch on the GPU (once per installed files, GPU arch and torch build)."""
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
-    return run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                     what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
+    result = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
+                       what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
+    if not result.ok or numeric is None:
+        return result
+    from dataclasses import replace
+
+    from .numeric import verify_numbers
+
+    numbers = verify_numbers(numeric, distributions=kernel_spec.distributions, timeout=timeout, env_extra=env_extra,
+                             python=python, started=started)
+    if not numbers.ok:
+        return replace(result, ok=False, detail=numbers.detail, numeric=True)
+    return replace(result, detail=f"{result.detail}; {numbers.detail}")
 
 
 def _modules(names) -> str:

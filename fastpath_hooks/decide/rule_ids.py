@@ -27,6 +27,7 @@ class Rule:
     machine_wide: bool = False    # said once for the machine and every kernel (no torch, no accelerator)
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
+    warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
     # The short human form, said as `<kernel>: <outcome> - <line> (<fix>)` (decide/short.py): templates
     # whose named slots are the context's (`short.slots`) or the decision's `facts`; `[...]` is kept
     # only when its slots have values. `fix` "" says nothing the user does changes the outcome.
@@ -41,6 +42,17 @@ _S, _W = Severity.STATUS, Severity.WARNING
 FETCH = "fastpath-hooks download gets them"
 PINS_FILE = "add one via FASTPATH_HOOKS_PINS"
 AHEAD = "ahead of time: fastpath-hooks build {kernel}"
+
+NUMERIC_SHORT_FIX = "pin a fixed release: fastpath-hooks doctor"
+# every kind: a kernel with numeric checks (pins: numeric_checks) whose numbers were measured wrong here
+NUMERIC = {
+    "block.numeric": Rule(_W, "its numbers were measured wrong on a visible GPU under this torch build: blocked",
+                          requires=("numeric_checks",),
+                          line="{measured}", fix=NUMERIC_SHORT_FIX),
+}
+# a compiled kernel whose CUDA extension is opt-in (pins: source_build.cuda_switch): where only model families
+# that use its Triton ops are in use, nothing is compiled - good for those families only, so never a warm verdict
+_SWITCH = ("cuda_switch",)
 
 SHARED = {
     "user": Rule(_S, "the kernel is in FASTPATH_HOOKS_SKIP",
@@ -87,6 +99,7 @@ PURE = {
                                  fix="upgrade transformers to >= 5.15"),
     "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing",
                         line="no {import}, which `import {module}` imports", fix="{import_fix}"),
+    **NUMERIC,
 }
 
 PAIR = {
@@ -119,6 +132,7 @@ PAIR = {
                       line="its check failed; replacing it with {target}", fix=""),
     "ok.unverified.repair": Rule(_S, "the check of an unknown pair failed: repaired to a known-good one", engine=True,
                                  line="its check failed; replacing it with {target}", fix=""),
+    **NUMERIC,
 }
 PAIR_PROBLEMS = ("half-installed", "broken-pair", "missing-companion")
 
@@ -129,9 +143,11 @@ COMPILED = {
                               line="{installed} is half-installed, cannot be reinstalled: checked as it is", fix=""),
     "repair.half-installed": Rule(_S, "half-installed: reinstalled", line="{installed} is half-installed; reinstalling",
                                   fix=""),
-    "block.arch": Rule(_W, "an installed build of ours has no code for a visible GPU: blocked",
-                       line="built for {have} only, not {gaps}",
-                       fix="pip uninstall it; fastpath-hooks build {kernel} --arch {union}"),
+    "block.arch": Rule(_W, "an installed build has no code for a visible GPU, or code an arch rule says is wrong there",
+                       line="[built for {have} only, not {gaps}][{bad_gpu} code from nvcc {bad_nvcc} is wrong "
+                            "({arch_rule})]",
+                       fix="[pip uninstall it; fastpath-hooks build {kernel} --arch {union}]"
+                           "[{uninstall}; fastpath-hooks install {kernel}]"),
     "cache": Rule(_S, "a fitting wheel in the local wheel cache: installed from it",
                   line="{target} from the local wheel cache", fix=""),
     "wheelhouse": Rule(_S, "a wheel built for this machine in the wheelhouse: installed from it",
@@ -181,6 +197,20 @@ COMPILED = {
                            line="useful only with {partner}, which is {verb} here", fix="fix {partner} first"),
     "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing",
                         line="no {import}, which `import {module}` imports", fix="{import_fix}"),
+    "build.triton-only": Rule(_S, "only families that use its Triton ops are in use: built without its CUDA extension",
+                              requires=_SWITCH, warm=False,
+                              line="{target} without its CUDA extension: only {users} in use, Triton ops", fix=""),
+    "ok.triton-only": Rule(_S, "installed without its CUDA extension, only families that do not call it in use",
+                           requires=_SWITCH, warm=False,
+                           line="{installed} without its CUDA extension: only {users} in use, Triton ops", fix=""),
+    "repair.cuda": Rule(_S, "installed without its CUDA extension and a family in use calls it: rebuilt with it",
+                        requires=_SWITCH,
+                        line="{installed} lacks its CUDA extension[, which {calls} calls]; rebuilding {target}",
+                        fix=""),
+    "block.no-cuda": Rule(_W, "installed without its CUDA extension, a family in use calls it, no rebuild here: blocked",
+                          requires=_SWITCH,
+                          line="{installed} lacks the CUDA extension a model here calls; {cannot}", fix="{cannot_fix}"),
+    **NUMERIC,
 }
 
 KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED}

@@ -6,7 +6,8 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
     CONTEXT -> READ -> NEEDS -> CACHED -> LOCK -> CHECK -> VERIFY / INSTALL -> RECORD -> DONE
                                      \-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here.
+- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here -
+  after an install killed half-way is rolled back (its half-written tree must not be imported either).
 - READ: the world read once - the cheap stamp, then probe + policy, unless the world's last reading
   was made under the same stamp (the kernels of one request share it). A pending journal (an
   install running, or killed half-way) is waited for and rolled back under the lock first.
@@ -35,7 +36,7 @@ from .. import events
 from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
-from .world import InstallFailed, Reading
+from .world import InstallFailed, NumericFailed, Reading
 from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
@@ -127,6 +128,10 @@ def _context(run: Run):
     settings, pins, invalid = run.world.context(run.target)
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
+        if run.world.pending(settings):   # skipped, yet never imported from a half-written install
+            failed = _recover(run)
+            if failed is not None:
+                return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
         return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
     return State.READ, run
@@ -150,7 +155,7 @@ def _read(run: Run):
     run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, reading.plan, run.pins))
+        return run.done(_skipped(decision, reading.plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -182,14 +187,17 @@ def _needs(run: Run):
     decision = run.decision
     for dep in decision.needs:
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.REPORTED:
+            continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             fix = f"fix {dep} first: its line says how"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
                                          said=(why, fix)))
-            events.warning(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", why, fix), run.kernel,
-                           detail=f"{why}; {run.kernel} is not installed, transformers keeps its torch path")
+            say = events.debug if run.invalid is not None else events.warning
+            say(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", why, fix), run.kernel,
+                detail=f"{why}; {run.kernel} is not installed, transformers keeps its torch path")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -216,10 +224,14 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    events.warning(_engine_line(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: ", why),
-                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
-                   detail=f"{kernel}: would {decision.action} {_describe(decision, whole=True)}; nothing is installed: "
-                          f"{why}; {decision.reason}")
+    message = _engine_line(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: ", why)
+    detail = (f"{kernel}: would {decision.action} {_describe(decision, whole=True)}; nothing is installed: {why}; "
+              f"{decision.reason}")
+    if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
+        events.debug(detail, kernel)
+    else:
+        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
+                       detail=detail)
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
         return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix,
                                  said=((decision.short_reason or decision.reason) + " (report mode: not repaired)",
@@ -270,7 +282,7 @@ def _check(run: Run):
             events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
-        return run.done(_skipped(current, run.plan, run.pins))
+        return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
         return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
@@ -279,9 +291,13 @@ def _check(run: Run):
 
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
-    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
+    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
+                              numeric=_numeric_plan(run))
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
+    if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
+        return State.RECORD, replace(run, decision=_numeric_block(decision, result.detail, run.env.gpus),
+                                     verdict=(False, result.detail))
     if decision.repair is not None and settings.mode == "install":
         events.warning(_engine_line(f"{kernel}: check failed - ", result.detail, "repairing"), kernel,
                        detail=f"{kernel}: {result.detail}; repairing")
@@ -302,9 +318,31 @@ def _install(run: Run):
                   detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
+    except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
+        return State.RECORD, replace(run, decision=_numeric_block(current, str(exc), run.env.gpus),
+                                     verdict=(False, str(exc)))
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
+
+
+def _numeric_plan(run: Run):
+    """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
+    for these GPUs) - once per installed files, GPU arch and torch build."""
+    from .._environ import cache_root
+    from ..act.numeric import plan_for
+
+    return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
+
+
+def _numeric_block(decision, detail: str, gpus):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
+    its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
+    from ..decide.common import NUMERIC_FIX, numeric_measured
+    from ..decide.rule_ids import NUMERIC_SHORT_FIX
+
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX, reason=detail,
+                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)), short_fix=NUMERIC_SHORT_FIX)
 
 
 def _record(run: Run):
@@ -320,13 +358,22 @@ def _record(run: Run):
     if run.verdict is not None:
         verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None:
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and _warm_rule(run):
         # a bad variable must be reported at every start, not skipped by a warm hit: no warm verdict then
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in run.env_pairs]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)
+
+
+def _warm_rule(run: Run) -> bool:
+    """The decision's rule lets a good outcome be remembered for the next start (decide/rule_ids.py: a
+    build without mamba-ssm's CUDA extension is good only for the families in use now)."""
+    from ..decide.rule_ids import lookup
+
+    rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
+    return rule is None or rule.warm
 
 
 def _outcome(run: Run) -> Outcome:
@@ -386,8 +433,12 @@ def _remembered_failure(run: Run) -> Outcome | None:
     return None
 
 
-def _skipped(decision, plan, pins) -> Outcome:
-    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel."""
+def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
+    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+    if quiet:
+        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
+        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
     from ..decide.rule_ids import lookup
 
     rule = lookup(pins, decision.rule)
@@ -460,16 +511,10 @@ def _retry_in(entry: dict, settings) -> str:
 
 def _engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text the engine was handed (a failed check's or install's output, why no installer
-    can run): whole when it fits; else as much of it as fits - events.fit cuts a long word in its middle
-    first, never a build log's path - with the fix kept and a pointer to where it is whole."""
-    from ..events.lines import MAX_LINE, PREFIX, fit
+    can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
+    from ..events.lines import fitted
 
-    whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
-    if len(PREFIX) + len(whole) <= MAX_LINE:
-        return whole
-    tail = f" ({fix}; the whole: {short.DOCTOR})" if fix else f" (the whole: {short.DOCTOR})"
-    room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
-    return head + fit(str(detail), room + len(PREFIX))[len(PREFIX):] + tail
+    return fitted(head, detail, fix, whole_at=short.DOCTOR)
 
 
 def _fits(line: str) -> bool:
