@@ -30,7 +30,7 @@ CAUSAL = {"causal-conv1d": "1.6.2.post1", "ninja": "1.13.0"}
 MEASURED = "on sm_80, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)"
 # the line: the measured error without its tolerance (doctor has it whole), and the fix
 BLOCKED_LINE = ("causal-conv1d: blocked - on sm_80, causal_conv1d_fn forward differs from torch by 0.43 "
-                "(pin a fixed release: fastpath-hooks doctor)")
+                "(pin a good release: fastpath-hooks doctor)")
 
 
 def _next_mamba():

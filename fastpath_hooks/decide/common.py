@@ -335,7 +335,8 @@ def numeric_measured(kernel: str, detail: str, arch: str) -> str:
     from ..events.lines import MAX_LINE, PREFIX
 
     room = MAX_LINE - len(PREFIX) - len(f"{kernel}: blocked - ") - len(f" ({rule_ids.NUMERIC_SHORT_FIX})")
-    for said in (detail, detail.split(" (tolerance")[0], f"its numbers were measured wrong on {arch}"):
+    measure = detail.split(" (tolerance")[0]
+    for said in (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}"):
         if len(said) <= room:
             return said
     return f"its numbers are wrong on {arch}"

@@ -43,7 +43,7 @@ FETCH = "fastpath-hooks download gets them"
 PINS_FILE = "add one via FASTPATH_HOOKS_PINS"
 AHEAD = "ahead of time: fastpath-hooks build {kernel}"
 
-NUMERIC_SHORT_FIX = "pin a fixed release: fastpath-hooks doctor"
+NUMERIC_SHORT_FIX = "pin a good release: fastpath-hooks doctor"
 # every kind: a kernel with numeric checks (pins: numeric_checks) whose numbers were measured wrong here
 NUMERIC = {
     "block.numeric": Rule(_W, "its numbers were measured wrong on a visible GPU under this torch build: blocked",
