@@ -179,15 +179,18 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     return tuple(sorted(set(names)))
 
 
-def complete(env, plan, settings, pins, *, decide=None):
+def complete(env, plan, settings, pins, *, decide=None, kernel=None):
     """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
-    is being considered and no version.json told it - not at every probe."""
+    is being considered and no version.json told it - not at every probe. `kernel`: only where that
+    kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
+    kernel's build; that kernel's own read completes it)."""
     from ..decide.rule_ids import NVCC_RELEASE, lookup
     from ..facts.probe import with_nvcc_version
 
     if decide is None:
         from ..decide.policy import decide
-    if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in plan.decisions.values()):
+    considered = plan.decisions.values() if kernel is None else (plan[kernel],)
+    if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in considered):
         fuller = with_nvcc_version(env)
         if fuller is not env:
             return fuller, decide(fuller, settings, pins)

@@ -147,7 +147,10 @@ def _read(run: Run):
         stamp = world.stamp(run.captured)
     reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
     if reading is None:
-        env, plan = world.read(settings, run.pins)
+        env, plan = world.read(settings, run.pins, run.kernel)
+    else:   # read for another kernel: nvcc's release asked for now if this kernel's decision needs it
+        env, plan = world.complete(reading.env, reading.plan, settings, run.pins, run.kernel)
+    if reading is None or plan is not reading.plan:
         reading = Reading(stamp, env, plan)
         if stamp is not None:
             world.readings.put((run.captured, stamp), reading)
@@ -262,7 +265,7 @@ def _check(run: Run):
     # directory was made, which moves site-packages' mtime, part of the stamp)
     changed = now is None or (now != run.stamp and not run.lock.first)
     if changed:
-        env, plan = world.read(settings, run.pins)
+        env, plan = world.read(settings, run.pins, kernel)
         if now is not None:
             world.readings.put((run.captured, now), Reading(now, env, plan))
         decision = plan[kernel]

@@ -113,9 +113,9 @@ class TableWorld(World):
         self.calls["stamp"] += 1
         return None if self.journal else Stamp(f"signature{self.generation}", None)
 
-    def read(self, settings, pins):
+    def read(self, settings, pins, kernel=None):
         self.calls["read"] += 1
-        return super().read(settings, pins)
+        return super().read(settings, pins, kernel)
 
     def probe(self, settings, pins, *, nvcc=False):
         self.calls["probe"] += 1
