@@ -79,17 +79,24 @@ def unusable_cache_dir(settings) -> None:
                        detail=settings.cache_dir_unusable)
 
 
+SHORT_VALUE = 24   # characters of a quoted value the invalid-setting line always shows
+
+
 def bad_settings(exc) -> None:
     """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
     var, value, why = exc.problems[0]
     more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
     # the value once (a short line), what it means before why: a long reason may be cut at the end
     whole = f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}"
-    # its reason says what is accepted (the fix): a long value is left out before the reason is cut
-    events.error(first_fitting(whole, f"{var} is not valid, so nothing is installed{more}: {value_once(value, why)}",
-                               f"{var} is not valid, so nothing is installed{more}: {why}",
-                               fitted(f"{var} is not valid, so nothing is installed{more}: ", value_once(value, why))),
-                 once="settings", detail=whole)
+    said_twice = value_once(value, why).replace(f" {value!r}", "")   # "unknown kernel 'x'": the value was just said
+    with_value = f"{var}={value!r} is not valid, so nothing is installed{more}: "
+    without = f"{var} is not valid, so nothing is installed{more}: "
+    if len(repr(value)) <= SHORT_VALUE:   # a short value stays on the line: the reason is cut first (doctor: whole)
+        line = first_fitting(whole, with_value + said_twice, fitted(with_value, said_twice))
+    else:                                 # a long one (a path) is a detail: the reason and its fix stay whole
+        line = first_fitting(whole, with_value + said_twice, without + value_once(value, why), without + why,
+                             fitted(without, value_once(value, why)))
+    events.error(line, once="settings", detail=whole)
 
 
 def value_once(value, why: str) -> str:

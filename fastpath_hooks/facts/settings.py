@@ -341,7 +341,7 @@ def _parse_find_links(raw: str) -> tuple:
             continue
         path = os.path.abspath(os.path.expanduser(item))
         if not os.path.isdir(path):
-            raise ValueError(f"{item!r} is not a directory (`fastpath-hooks download --dest DIR` makes a wheelhouse)")
+            raise ValueError(f"{item!r} is not a directory (`fastpath-hooks download --dest` makes one)")
         out.append(path)
     return tuple(out)
 
