@@ -314,8 +314,9 @@ def _build(args) -> int:
         return _export(plan.cached, args.dest)
     decision = plan.decision
     if decision.action == SKIP:
-        print(f"fastpath-hooks: {kernel}: not built - {decision.reason}" + (f" ({decision.fix})" if decision.fix else ""),
-              file=sys.stderr)
+        from .decide.short import line
+
+        print(f"fastpath-hooks: {line(decision, outcome_word='not built')}", file=sys.stderr)   # the whole: `plan`
         return 1
     print(f"{kernel}: {decision.reason}")
     if args.dest:

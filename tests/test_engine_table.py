@@ -28,6 +28,9 @@ HOPPER = dict(gpus=("sm_90",), triton="3.6.0")      # fla needs tilelang here (t
 
 CAUSAL = {"causal-conv1d": "1.6.2.post1", "ninja": "1.13.0"}
 MEASURED = "on sm_80, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)"
+# the line: the measured error without its tolerance (doctor has it whole), and the fix
+BLOCKED_LINE = ("causal-conv1d: blocked - on sm_80, causal_conv1d_fn forward differs from torch by 0.43 "
+                "(pin a good release: fastpath-hooks doctor)")
 
 
 def _next_mamba():
@@ -161,7 +164,7 @@ ROWS = [
         world={"verifications": [(False, "aborted at import (SIGABRT)")]},
         calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "verify": 1, "install": 1, "settle": 1, "recover": 1,
                "stamp": 3},
-        verdict="good", warm=True, says="tilelang: aborted at import (SIGABRT); repairing", check=_repair_is_the_policys),
+        verdict="good", warm=True, says="tilelang: check failed - aborted at import (SIGABRT) (repairing)", check=_repair_is_the_policys),
     Row("verification fails in report mode: not repaired, remembered as failed, blocked (it would abort)",
         "tilelang", OutcomeState.BLOCKED, (S.CONTEXT, S.READ, S.NEEDS, S.CACHED, S.VERIFY, S.RECORD),
         env=HOPPER, dists={**TILELANG_PAIR, **FLA}, settings={"mode": "report"},
@@ -181,12 +184,14 @@ ROWS = [
         "fla", OutcomeState.SKIPPED, (S.CONTEXT, S.READ, S.NEEDS), env=HOPPER,
         world={"needs": lambda other: Outcome(other, OutcomeState.PENDING, "being decided by this thread")},
         calls={"read": 1, "probe": 1, "decide": 1, "stamp": 1},
-        says="fla needs tilelang here and tilelang is not usable (being decided by this thread); fla is not installed"),
+        says="fla: not installed - fla needs tilelang here and tilelang is not usable (being decided by this thread) "
+             "(fix tilelang first: its line says how)"),
     Row("a pending need of an installed kernel that would compute wrongly without it: blocked (the policy's on_failure)",
         "fla", OutcomeState.BLOCKED, (S.CONTEXT, S.READ, S.NEEDS), env=HOPPER, dists=FLA,
         world={"needs": lambda other: Outcome(other, OutcomeState.PENDING, "being decided by this thread")},
         calls={"read": 1, "probe": 1, "decide": 1, "stamp": 1},
-        says="fla: blocked - fla needs tilelang here and tilelang is not usable (being decided by this thread)"),
+        says="fla: blocked - fla needs tilelang here and tilelang is not usable (being decided by this thread) "
+             "(fix tilelang first: its line says how)"),
     Row("a need decided first by the same world: one read for both kernels (the reading is shared)",
         "fla", OutcomeState.INSTALLED, INSTALLED, env=HOPPER,
         calls={"read": 2, "probe": 2, "decide": 2, "lock": 2, "install": 2, "settle": 2, "recover": 2, "stamp": 6},
@@ -219,11 +224,11 @@ ROWS = [
     Row("its numbers differ from torch's in the check: no repair, blocked with the measured error, remembered",
         "causal-conv1d", OutcomeState.BLOCKED, VERIFIED, dists=CAUSAL, world={"verifications": [(False, MEASURED, True)]},
         calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "verify": 1, "recover": 1, "stamp": 2},
-        verdict="failed", says=f"causal-conv1d: blocked - {MEASURED}", check=_numbers_blocked),
+        verdict="failed", says=BLOCKED_LINE, check=_numbers_blocked),
     Row("the install is rolled back on its numbers: blocked with the measured error, remembered",
         "causal-conv1d", OutcomeState.BLOCKED, INSTALLED, dists={"ninja": "1.13.0"}, world={"install_numeric": MEASURED},
         calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "install": 1, "recover": 1, "stamp": 2},
-        verdict="failed", says=f"causal-conv1d: blocked - {MEASURED}", check=_numbers_blocked),
+        verdict="failed", says=BLOCKED_LINE, check=_numbers_blocked),
     Row("a build without mamba-ssm's opt-in CUDA extension, only Mamba-2 in use: verified, never a warm verdict",
         "mamba-ssm", OutcomeState.OK, VERIFIED, env={"model_types": ("mamba2",)}, pins=NEXT_MAMBA,
         dists={**CAUSAL, "mamba-ssm": "2.4.0+fph.torch2.10.0.cu128.abi1.py"},

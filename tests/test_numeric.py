@@ -180,9 +180,11 @@ def test_a_kernel_with_wrong_numbers_is_rolled_back_and_blocked_with_the_measure
     proc = venv.cli("install", "causal-conv1d", env=env)
     assert proc.returncode == 1
     assert toolkit.calls(), "it was built"
-    # one line, never cut: the kernel, the GPU, the function, what differs, by how much, the tolerance
+    # one line, never cut: the kernel, the GPU, the function, what differs, by how much, and the fix (the
+    # tolerance is in doctor and the import's error when the line has no room for it)
     assert re.search(r"^fastpath-hooks: causal-conv1d: blocked - on sm_90 \(CPU tensors\), causal_conv1d_fn forward "
-                     r"differs from torch by 0\.5\d? \(tolerance 0\.05 \+ 1%\)", proc.stderr, re.M), proc.stderr
+                     r"differs from torch by 0\.5\d?( \(tolerance 0\.05 \+ 1%\))? "
+                     r"\(pin a good release: fastpath-hooks doctor\)$", proc.stderr, re.M), proc.stderr
     assert "rolled back" in proc.stderr
     assert venv.versions() == before, "nothing stays installed"
     where = os.path.join(cache, "wheels")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .. import events
 from ..facts import cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
+from ..events.lines import shown_path
 from ..facts.wheel_names import parse_wheel, with_local_label
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
 
@@ -191,13 +192,15 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     jobs = int(os.environ.get("MAX_JOBS") or max_jobs(env.cpus, env.memory_gib))
     extra = build_environ(step, env=env, work=work, jobs=jobs)
     what = f"{spec.requirement} for {', '.join(archs)}"
-    events.status(f"{kernel}: building {what} from source (MAX_JOBS={jobs}); log: {log}", kernel)
+    shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
+    events.status(f"{kernel}: building for {', '.join(archs)}; log: {shown}", kernel,
+                  detail=f"{kernel}: building {what} from source (MAX_JOBS={jobs}); log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    ran = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work, extra_env=scratch,
+    ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work, extra_env=scratch,
                   log=log, started=started)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
     if code is None:
@@ -208,21 +211,24 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
         first = first_compiler_error(log)
         raise BuildError(f"the source build of {what} failed (pip exit {code})" + (f": {first}" if first else "") +
                          f"; full log: {log}" + ("" if first else f"; {tail}"))
-    built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra)
+    built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra, shown=shown)
     if step.cxx_std and not _mentions(log, STD_MARK):
-        events.warning(f"{kernel}: the build never ran the compiler wrapper that hands -std={step.cxx_std} last (no "
-                       "ninja on PATH? torch's other build ignores CXX and PYTORCH_NVCC); it built anyway; log: "
-                       f"{log}", kernel)
+        events.warning(f"{kernel}: the build never ran the wrapper handing -std={step.cxx_std} last (no ninja on "
+                       f"PATH?); it built anyway; log: {shown}", kernel,
+                       detail=f"{kernel}: the build never ran the compiler wrapper that hands -std={step.cxx_std} last "
+                              f"(no ninja on PATH? torch's other build ignores CXX and PYTORCH_NVCC); it built anyway; "
+                              f"log: {log}")
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
            "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
-    events.status(f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}", kernel)
+    events.status(f"{kernel}: built for {', '.join(built)} in {seconds:.0f} s; log: {shown}", kernel,
+                  detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}")
     return Built(path=path, log=log, seconds=seconds, key=key)
 
 
-def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool) -> tuple:
+def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:
     """The archs the wheel really holds, read back from the wrapper's lines in the log (the label says
     what was built, not what was asked): a CUDA build restricted by the wrapper holds the codes it kept;
     one that never ran it holds every arch its setup.py names (`all`) - refused where an arch rule
@@ -238,9 +244,11 @@ def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: boo
         raise BuildError(f"the source build of {spec.requirement} never ran the arch-restricting nvcc wrapper, so it "
                          f"holds {gpu} code from nvcc {env.nvcc_version or '(release unknown)'}, which {rule.effect} "
                          f"({rule.id}); not installed; log: {log}")
-    events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
-                   "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
-                   f"still runs here and is labelled `all`; log: {log}", kernel)
+    events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH?): every "
+                   f"arch compiled, the wheel runs (labelled `all`); log: {shown or log}", kernel,
+                   detail=f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
+                          "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
+                          f"still runs here and is labelled `all`; log: {log}")
     return ("all",)
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from .. import events
+from ..events.lines import fitted, shown_path
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
 from ..facts.distributions import canonical_name, scan, site_packages
@@ -119,10 +120,13 @@ def recover(state_dir: str) -> list:
         # Its writer died; its installer may not have (it runs in its own session): stop it first.
         stopped = tx.stop_group()
         still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
-        events.warning(f"an earlier install was interrupted ({tx.description or tx.id}){still}; "
-                       "restoring the state before it")
+        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
+        events.warning(fitted("an earlier install was interrupted: ", f"{tx.description or tx.id}{still}",
+                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
         done = tx.rollback()
-        events.status("recovered: " + ("; ".join(done) if done else "nothing to restore"))
+        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
+        events.status(fitted("recovered: ", "; ".join(done) if done else "nothing to restore",
+                             whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
     Transaction.discard_stale(state_dir)
     return done
 
@@ -334,10 +338,14 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     try:
         cached = wheelcache.store(root, path, meta=meta, filename=name)
     except Exception as exc:  # OSError, a lock timeout: the install stands
-        events.warning(f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} ({exc})", kernel)
+        events.warning(fitted(f"{kernel}: could not keep its wheel in the wheel cache: ", exc, "the install stands"),
+                       kernel, detail=f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} "
+                                      f"({exc})")
         return
-    events.status(f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the same "
-                  "FASTPATH_HOOKS_CACHE_DIR install it without building", kernel, human=meta.get("origin") == "built")
+    events.status(f"{kernel}: kept the wheel in {shown_path(wheelcache.directory(root))}: environments here with this "
+                  "cache install it without building", kernel, human=meta.get("origin") == "built",
+                  detail=f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the "
+                         "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
 def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:

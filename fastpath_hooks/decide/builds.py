@@ -13,8 +13,9 @@ from packaging.requirements import Requirement
 from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
 from ..facts.wheel_names import parse_wheel
-from .common import Context, deps_step, major_minor, within
+from .common import Context, deps_step, major_minor, versions_here, within
 from .plan import INSTALL, SKIP, Decision, Step, StepKind
+from .short import few, render
 
 
 def cxx11_abi_flag(env) -> str:
@@ -117,13 +118,14 @@ def decide_build(env, settings, pins, kernel: str) -> Decision:
     kw = ctx.kw(kernel, {})
     versions, clashes = release_order(ctx, kernel, {})
     if versions is None:
-        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+        return render(ctx, ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                                    facts={"fits": versions_here(env)}, **kw))
     # the pins' order, a release without a declared clash first; the first one that can be built here (offline:
     # whose sdist the wheelhouse has), else the first one's reason
     order = sorted(versions, key=lambda v: v in clashes)
     options = [source_build(ctx, kernel, pins.build(kernel, v), "asked for by `fastpath-hooks build`", kw, asked=True)
                for v in order]
-    return next((d for d in options if d.action != SKIP), options[0])
+    return render(ctx, next((d for d in options if d.action != SKIP), options[0]))
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
@@ -181,6 +183,14 @@ def _build_as(gpu: str, build, nvcc_version) -> str:
     return rule.build_as if rule is not None else gpu
 
 
+def cuda_families(env, build) -> tuple:
+    """(the model families in use that call the release's opt-in CUDA extension, those that use its Triton ops only)."""
+    switch = build.cuda_switch
+    if switch is None:
+        return [], []
+    return ([t for t in env.model_types if t in switch.needed_by], [t for t in env.model_types if t in switch.triton_only])
+
+
 def needs_cuda_build(env, build) -> tuple:
     """(whether the build compiles the CUDA extension, why - one clause). Always, unless this release's
     extension is opt-in (pins: source_build.cuda_switch) and the model families known to be in use -
@@ -189,10 +199,9 @@ def needs_cuda_build(env, build) -> tuple:
     switch = build.cuda_switch
     if switch is None or build.version is None or not switch.applies(build.version):
         return True, ""
-    calls = [t for t in env.model_types if t in switch.needed_by]
+    calls, users = cuda_families(env, build)
     if calls:
         return True, f"{', '.join(calls)} calls its CUDA extension"
-    users = [t for t in env.model_types if t in switch.triton_only]
     if not users:
         return True, "the model families in use are not known here"
     return False, f"only {', '.join(users)} in use, {'which uses' if len(users) == 1 else 'which use'} its Triton ops"
@@ -278,7 +287,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if unsupported and not rocm:
         codes = cuda_codes(build, env.nvcc_version)
         return ctx.skip(kernel, "build.no-arch", f"{why}, and {build.requirement} compiles no code that "
-                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
+                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "",
+                        facts={"unsupported": "+".join(unsupported)}, **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
     if unsupported or not archs:
@@ -288,7 +298,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
             return ctx.skip(kernel, "build.unrestricted", f"{why}; a source build cannot be restricted to "
                          f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
                          f"- about {minutes(seconds)}, an estimate",
-                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway", **kw)
+                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway",
+                            facts={"unsupported": what, "minutes": minutes(seconds)}, **kw)
         archs, rule = ("all",), ctx.rule(kernel, "rocm.build" if rocm else "build.all-archs")
         n_archs = len(cuda_codes(build, env.nvcc_version)) if not rocm else 1
     else:
@@ -306,7 +317,10 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if seconds > settings.timeout:
         return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
-                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
+                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more" +
+                     ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
+                        facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={int(seconds * 1.5)}"
+                               if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
     steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
                               cxx_std=std.std if std is not None else None,
@@ -320,7 +334,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     missing = ctx.missing_offline(steps)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
-                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index",
+                        facts={"missing": few(missing)}, **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel=kernel, action=INSTALL, rule=rule,
                     # what happens and how long first: a line cut at 160 characters keeps it (the step's note
@@ -341,7 +356,9 @@ def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_
     missing = ctx.missing_offline(steps)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
-                        "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+                        "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index",
+                        facts={"missing": few(missing)}, **kw)
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "build.triton-only"),
                     reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
-                    steps=steps, target={build.distribution: build.version}, **kw)
+                    steps=steps, target={build.distribution: build.version},
+                    facts={"users": few(cuda_families(ctx.env, build)[1])}, **kw)

@@ -19,6 +19,7 @@ from ..facts.wheel_names import parse_wheel
 from . import rule_ids
 from .eras import uses
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
+from .short import public
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
@@ -198,14 +199,37 @@ def no_accelerator_reason(env) -> str:
     return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device; {env.gpu_source}"
 
 
+def no_accelerator_short(env) -> dict:
+    """The short form of `no_accelerator_reason` (facts `no_gpu`, `no_gpu_fix` of skip.no-accelerator)."""
+    fix = "run on a machine with a CUDA or XPU GPU"
+    if env.torch_build == "CPU":
+        posed = env.gpu_source == "target" and env.gpus
+        return {"no_gpu": f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build",
+                "no_gpu_fix": f"to pose {'+'.join(env.gpus)}, add cuda=X.Y, hip=X.Y or xpu=yes" if posed else fix}
+    kind = env.torch_build.split()[0]
+    if env.gpus:
+        return {"no_gpu": f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}",
+                "no_gpu_fix": "install a torch build for these GPUs"}
+    return {"no_gpu": f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device", "no_gpu_fix": fix}
+
+
+def versions_here(env) -> str:
+    """`torch 2.10.0, triton 3.6.0, transformers 5.24.0`: what a pinned release is chosen by (local labels,
+    which no release range looks at, left out)."""
+    transformers = env.version("transformers")
+    return (f"torch {public(env.torch)}, triton {public(env.triton)}" +
+            (f", transformers {public(transformers)}" if transformers else ""))
+
+
 def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | None:
     """The skip rules every kernel shares (`skip.*`), in order."""
     env, settings = ctx.env, ctx.settings
     spec = ctx.pins.kernel(kernel)
     kw = ctx.kw(kernel, installed)
 
-    def skip(suffix, reason, fix=""):
-        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.shared(suffix), fix=fix, **kw)
+    def skip(suffix, reason, fix="", facts=None):
+        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.shared(suffix), fix=fix,
+                        facts=facts or {}, **kw)
 
     if kernel in settings.skip:
         return skip("user", "skipped by FASTPATH_HOOKS_SKIP", f"remove {kernel} from FASTPATH_HOOKS_SKIP")
@@ -213,7 +237,7 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
         return skip("no-torch", "torch is not installed", "install torch first")
     if env.accelerator is None:
         return skip("no-accelerator", no_accelerator_reason(env) + f"; {kernel} runs on GPUs only",
-                    "run on a machine with a CUDA (or XPU) GPU and a matching torch build")
+                    "run on a machine with a CUDA (or XPU) GPU and a matching torch build", no_accelerator_short(env))
     if not within(env.python_version, spec.python):
         return skip("python", f"Python {env.python} is outside {kernel}'s support ({spec.python})", f"use Python {spec.python}")
     if env.platform not in spec.platforms:
@@ -238,7 +262,9 @@ def missing_import(ctx: Context, kernel: str, kw) -> Decision | None:
         if have is None:
             fix = ("install the triton your torch build depends on (pip install torch==<yours> reinstalls it)"
                    if name == "triton" else f"install {name}")
-            return ctx.skip(kernel, f"no-{name}", f"no {name}: `import {spec.module}` imports it", fix, **kw)
+            short_fix = "reinstall your torch, which brings it" if name == "triton" else f"install {name}"
+            return ctx.skip(kernel, f"no-{name}", f"no {name}: `import {spec.module}` imports it", fix,
+                            facts={"import": name, "import_fix": short_fix}, **kw)
     return None
 
 
@@ -298,8 +324,22 @@ def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
         return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.numeric"), on_failure=OnFailure.BLOCK,
                         reason=detail,   # the measured error, as the check said it (for `measured` under `build`)
                         fix=NUMERIC_FIX.replace("<cache>/numeric/<kernel>.json", path), installed=decision.installed,
+                        facts={"measured": numeric_measured(kernel, detail, arch)},
                         transformers_uses=decision.transformers_uses)
     return decision
+
+
+def numeric_measured(kernel: str, detail: str, arch: str) -> str:
+    """The measured error as the line says it, beside `<kernel>: blocked - ` and the fix: whole when it fits,
+    else without its tolerance, else where it was measured (doctor and the import's error have it whole)."""
+    from ..events.lines import MAX_LINE, PREFIX
+
+    room = MAX_LINE - len(PREFIX) - len(f"{kernel}: blocked - ") - len(f" ({rule_ids.NUMERIC_SHORT_FIX})")
+    measure = detail.split(" (tolerance")[0]
+    for said in (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}"):
+        if len(said) <= room:
+            return said
+    return f"its numbers are wrong on {arch}"
 
 
 def _same_public(a, b) -> bool:

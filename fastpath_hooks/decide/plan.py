@@ -146,6 +146,11 @@ class Decision:
     fix: str = ""                     # how the user can change the outcome
     transformers_uses: str = ""
     expected_seconds: float | None = None
+    # The short form the start-up line says (decide/short.py, from the rule's templates in
+    # decide/rule_ids.py): `reason` and `fix` above stay whole for doctor, plan and the debug log.
+    facts: FrozenMap = field(default_factory=FrozenMap)   # slot -> value only this decision's rule knows
+    short_reason: str = ""
+    short_fix: str = ""
 
     _freezes_itself = True
 
@@ -168,7 +173,8 @@ class Decision:
         target = target_of(self.repair_steps)
         return replace(self, action=REPAIR, steps=self.repair_steps, repair_steps=(), verify=False,
                        rule=self.rule + ".repair", target=target,
-                       reason="its check failed; replacing it with " + ", ".join(f"{k} {v}" for k, v in target.items()))
+                       reason="its check failed; replacing it with " + ", ".join(f"{k} {v}" for k, v in target.items()),
+                       short_reason=self.facts.get("repair_reason", ""), short_fix=self.facts.get("repair_fix", ""))
 
     def to_json(self) -> dict:
         return {
@@ -188,6 +194,8 @@ class Decision:
             "fix": self.fix,
             "transformers_uses": self.transformers_uses,
             "expected_seconds": self.expected_seconds,
+            "short_reason": self.short_reason,
+            "short_fix": self.short_fix,
             "steps": [s.to_json() for s in self.steps],
             "repair_steps": [s.to_json() for s in self.repair_steps],
         }

@@ -5,13 +5,15 @@ tested by a table row (tests/test_policy.py). The driver only orders the kernels
 needs/serves graph and hands each to its kind's rules (decide/rules/), then blocks a release whose
 numbers were measured wrong here (common.numeric_block: before a backend of it is decided); then a
 usable kernel's backends are named in its `wants`, and the JIT cache variables set where a check warms
-them. `Decision.rule` names the rule that decided (declared in decide/rule_ids.py).
+them. `Decision.rule` names the rule that decided (declared in decide/rule_ids.py), and its short form
+for the start-up line (decide/short.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from . import short
 from .common import USABLE, Context, no_accelerator_reason, numeric_block
 from .plan import SKIP, Plan
 from .rules import backend, compiled, pair, pure
@@ -26,7 +28,9 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     ctx = Context(env, settings, pins, fresh)
     decided: dict = {}
     for kernel in decision_order(pins):
-        decided[kernel] = numeric_block(ctx, kernel, RULES[pins.kernel(kernel).kind](ctx, kernel, decided))
+        # rendered at once: a later kernel's line may name this one's short reason (fla's: tilelang's)
+        decided[kernel] = short.render(ctx, numeric_block(ctx, kernel, RULES[pins.kernel(kernel).kind](ctx, kernel,
+                                                                                                     decided)))
     decided = with_jit_caches(ctx, with_backends(ctx, decided))
     notes = []
     if env.accelerator is None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 
 from .. import events
+from .._names import CACHE_DIR
+from ..events.lines import first_fitting, fitted, shown_path
 
 
 def load_context(target: str | None = None, *, strict: bool = False):
@@ -66,7 +68,18 @@ def check_settings() -> bool:
 def unusable_cache_dir(settings) -> None:
     """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
     if settings.cache_dir_unusable:
-        events.warning(settings.cache_dir_unusable, once="cache-dir", persist=f"cache-dir:{settings.cache_dir_unusable}")
+        fix = " (set it to a directory you can write)"
+        given, problem, instead = settings.cache_dir_refused or (None, None, None)
+        line = settings.cache_dir_unusable + fix
+        if given is not None:   # the long paths are details: said short, or left to doctor
+            line = first_fitting(line, f"{CACHE_DIR}={given} {problem}; using {shown_path(instead)} instead{fix}",
+                                 f"{CACHE_DIR} {problem}; using {shown_path(instead)} instead{fix}",
+                                 f"{CACHE_DIR} {problem}; using the default cache instead{fix}")
+        events.warning(line, once="cache-dir", persist=f"cache-dir:{settings.cache_dir_unusable}",
+                       detail=settings.cache_dir_unusable)
+
+
+SHORT_VALUE = 24   # characters of a quoted value the invalid-setting line always shows
 
 
 def bad_settings(exc) -> None:
@@ -74,8 +87,16 @@ def bad_settings(exc) -> None:
     var, value, why = exc.problems[0]
     more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
     # the value once (a short line), what it means before why: a long reason may be cut at the end
-    events.error(f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}",
-                 once="settings")
+    whole = f"{var}={value!r} is not valid, so nothing is installed{more}: {value_once(value, why)}"
+    said_twice = value_once(value, why).replace(f" {value!r}", "")   # "unknown kernel 'x'": the value was just said
+    with_value = f"{var}={value!r} is not valid, so nothing is installed{more}: "
+    without = f"{var} is not valid, so nothing is installed{more}: "
+    if len(repr(value)) <= SHORT_VALUE:   # a short value stays on the line: the reason is cut first (doctor: whole)
+        line = first_fitting(whole, with_value + said_twice, fitted(with_value, said_twice))
+    else:                                 # a long one (a path) is a detail: the reason and its fix stay whole
+        line = first_fitting(whole, with_value + said_twice, without + value_once(value, why), without + why,
+                             fitted(without, value_once(value, why)))
+    events.error(line, once="settings", detail=whole)
 
 
 def value_once(value, why: str) -> str:

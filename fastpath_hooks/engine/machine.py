@@ -37,6 +37,7 @@ from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, NumericFailed, Reading
+from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
@@ -193,11 +194,14 @@ def _needs(run: Run):
             continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
+            fix = f"fix {dep} first: its line says how"
             if decision.on_failure == OnFailure.BLOCK:
-                return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
+                return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
+                                         said=(why, fix)))
             apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
-            say(f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}", run.kernel)
+            say(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", why, fix), run.kernel,
+                detail=f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -224,13 +228,18 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    message = f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}"
+    message = _engine_line(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: ", why)
+    detail = (f"{kernel}: would {decision.action} {_describe(decision, whole=True)}; nothing is installed: {why}; "
+              f"{decision.reason}")
     if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
-        events.debug(message, kernel)
+        events.debug(detail, kernel)
     else:
-        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
+        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
+                       detail=detail)
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
-        return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
+        return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix,
+                                 said=((decision.short_reason or decision.reason) + " (report mode: not repaired)",
+                                       decision.short_fix if decision.short_reason else decision.fix)))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
 
 
@@ -274,8 +283,7 @@ def _check(run: Run):
         if known is None:
             return State.VERIFY, run
         if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
-            events.status(f"{kernel}: ready - done by another process while this one waited: {current.reason}",
-                          kernel, once=f"done-{kernel}")
+            events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
         return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
@@ -292,9 +300,11 @@ def _verify(run: Run):
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
-        return State.RECORD, replace(run, decision=_numeric_block(decision), verdict=(False, result.detail))
+        return State.RECORD, replace(run, decision=_numeric_block(decision, result.detail, run.env.gpus),
+                                     verdict=(False, result.detail))
     if decision.repair is not None and settings.mode == "install":
-        events.warning(f"{kernel}: {result.detail}; repairing", kernel)
+        events.warning(_engine_line(f"{kernel}: check failed - ", result.detail, "repairing"), kernel,
+                       detail=f"{kernel}: {result.detail}; repairing")
         run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
         return (State.INSTALL if run.lock is not None else State.LOCK), run
     return State.RECORD, replace(run, verdict=(False, result.detail))
@@ -304,15 +314,17 @@ def _install(run: Run):
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
-        events.warning(f"{kernel}: not installed - {why}", kernel, once=f"fail-{kernel}",
-                       persist=f"{current.rule}:no-installer:{why}")
+        events.warning(_engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
+                       persist=f"{current.rule}:no-installer:{why}", reminder=_reminder(run.pins, kernel))
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     verb = "repairing" if current.action == REPAIR else "installing"
-    events.status(f"{kernel}: {verb} {_describe(current)} ({run.check_failed or current.reason})", kernel)
+    events.status(short.line(current), kernel,
+                  detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
     except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
-        return State.RECORD, replace(run, decision=_numeric_block(current), verdict=(False, str(exc)))
+        return State.RECORD, replace(run, decision=_numeric_block(current, str(exc), run.env.gpus),
+                                     verdict=(False, str(exc)))
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
@@ -327,11 +339,14 @@ def _numeric_plan(run: Run):
     return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
 
 
-def _numeric_block(decision):
-    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays)."""
-    from ..decide.common import NUMERIC_FIX
+def _numeric_block(decision, detail: str, gpus):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
+    its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
+    from ..decide.common import NUMERIC_FIX, numeric_measured
+    from ..decide.rule_ids import NUMERIC_SHORT_FIX
 
-    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX)
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX, reason=detail,
+                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)), short_fix=NUMERIC_SHORT_FIX)
 
 
 def _record(run: Run):
@@ -376,12 +391,12 @@ def _outcome(run: Run) -> Outcome:
         events.debug(f"{kernel}: {detail}", kernel)
         return Outcome(kernel, OutcomeState.OK, decision.reason)
     repaired = decision.action == REPAIR
-    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
-    events.status(f"{kernel}: {'repaired' if repaired else 'installed'} {done} in {result.seconds:.1f} s with "
-                  f"{result.installer}; verified in a child process", kernel)
+    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
+            f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
+    events.status(said[0] if _fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
     if result.restart_advised:
-        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
-                       "disk; restart it to avoid running mixed versions", kernel)
+        events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
+                       "changed on disk; restart it to avoid running mixed versions", kernel)
     reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
@@ -412,13 +427,13 @@ def _known(run: Run) -> Outcome | None:
     if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
         return Outcome(run.kernel, OutcomeState.OK, decision.reason)
-    return _failed(decision, cached["reason"], remembered=cached, settings=run.settings)
+    return _failed(decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is not None and cached["state"] == FAILED:
-        return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings)
+        return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
     return None
 
 
@@ -432,28 +447,46 @@ def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
 
     rule = lookup(pins, decision.rule)
     if rule is not None and rule.machine_wide:
-        kernels = ", ".join(plan.decisions)
         why = plan.notes[0] if plan.notes else decision.reason
-        events.emit(events.Severity.STATUS, f"{why}; nothing to install, transformers keeps its torch path ({kernels})",
-                    decision.kernel, once="global-skip", persist=f"{decision.rule}:{why}")
+        events.emit(events.Severity.STATUS, short.machine_line(decision), decision.kernel, once="global-skip",
+                    persist=f"{decision.rule}:{why}",
+                    detail=f"{why}; nothing to install, transformers keeps its torch path ({', '.join(plan.decisions)})")
     else:
-        tail = f" ({decision.fix})" if decision.fix else ""
         kind = rule.severity if rule is not None else events.Severity.STATUS
-        events.emit(kind, f"{decision.kernel}: not installed - {decision.reason}{tail}", decision.kernel,
-                    once=f"skip-{decision.kernel}", persist=f"{decision.rule}:{decision.reason}")
+        # said once per environment; a later start reminds in one line while the kernel stays missing
+        missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
+        events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
+                    persist=f"{decision.rule}:{decision.reason}",
+                    reminder=_reminder(pins, decision.kernel) if missing else None,
+                    detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
+                           (f" ({decision.fix})" if decision.fix else ""))
     return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
-def _blocked(decision, reason: str, fix: str) -> Outcome:
+def _reminder(pins, kernel: str) -> str | None:
+    """The one line a later start says for a kernel still missing - not for one that only serves another
+    (tilelang: fla's line says it)."""
+    return None if pins.kernel(kernel).serves else short.reminder(kernel)
+
+
+def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
+    """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
+    short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
+    as much as fits."""
     module = registry()[decision.kernel]["modules"][0]
     message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
                f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
-    events.warning(f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""), decision.kernel,
-                   once=f"block-{decision.kernel}")
+    if said is None and decision.short_reason and reason == decision.reason:
+        said = (decision.short_reason, decision.short_fix)
+    elif said is None:   # a reason the engine was handed (a failed check): the decision's short fix
+        said = (reason, decision.short_fix if decision.short_reason and fix == decision.fix else fix)
+    head = f"{decision.kernel}: {short.BLOCKED} - "
+    events.warning(_engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
+                   detail=f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""))
     return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
 
 
-def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
+def _failed(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
     """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
     backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
     if remembered is not None:
@@ -461,19 +494,22 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
     if decision.on_failure == OnFailure.BLOCK:
         return _blocked(decision, reason, decision.fix or "")
     apply_env(decision.kernel, decision.off, "it is not usable here")
-    persist = None
+    persist, reminder = None, None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): {reason}"
+        message = _engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
-    else:
+        reminder = _reminder(pins, decision.kernel) if pins is not None else None
+    else:   # the torch path stays (a backend: the kernel it serves keeps its own path)
         verb = "verify it" if decision.action == OK else decision.action
-        message = f"{decision.kernel}: could not {verb} - {reason}"   # the torch path stays
         entry = registry().get(decision.kernel) or {}
-        if entry.get("kind") == "backend":
-            message += f"; {' and '.join(entry['serves'])} keeps its own path"
-    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
+        keeps = f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else ""
+        message = _engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
+        reason_whole = reason + (f"; {keeps}" if keeps else "")
+    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
+                 detail=f"{decision.kernel}: could not {decision.action} - "
+                        f"{reason if remembered is not None else reason_whole}")
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
@@ -492,9 +528,34 @@ def _keeps(pins, kernel: str) -> str:
     return "transformers keeps its torch path"
 
 
-def _describe(decision) -> str:
+def _engine_line(head: str, detail: str, fix: str = "") -> str:
+    """A line about a text the engine was handed (a failed check's or install's output, why no installer
+    can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
+    from ..events.lines import fitted
+
+    return fitted(head, detail, fix, whole_at=short.DOCTOR)
+
+
+def _fits(line: str) -> bool:
+    from ..events.lines import MAX_LINE, PREFIX
+
+    return len(PREFIX) + len(line) <= MAX_LINE
+
+
+def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
+    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (whole:
+    with a built wheel's local label), and how many dependencies came with them (by name in the debug log)."""
+    own = pins.kernel(kernel).distributions
+    mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
+    others = len(result.installed) - len(mine)
+    if not mine:
+        return _describe(decision)
+    return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
+
+
+def _describe(decision, whole: bool = False) -> str:
     if decision.target:
-        return " + ".join(f"{k} {v}" for k, v in decision.target.items())
+        return " + ".join(f"{k} {v if whole else short.public(v)}" for k, v in decision.target.items())
     return ", ".join(r for s in decision.steps for r in s.requirements)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from .. import events
+from ..events.lines import fitted
 from .lock import LockUnavailable
 
 LABEL = "an interrupted install"   # who waits, in the lock's "waiting for another process" line
@@ -43,16 +44,20 @@ def recover_now(wait: bool = True) -> None:
     if not world.pending(settings):
         return
     if settings.mode == "report":
-        events.warning(f"an install into this environment was interrupted ({world.state_dir(settings)}); it is not "
-                       f"rolled back because {invalid or 'FASTPATH_HOOKS_MODE=report'}", once="interrupted-report")
+        events.warning(fitted("an interrupted install here is not rolled back: ", invalid or "FASTPATH_HOOKS_MODE=report",
+                              "a run in install mode rolls it back"), once="interrupted-report",
+                       detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); it is "
+                              f"not rolled back because {invalid or 'FASTPATH_HOOKS_MODE=report'}")
         return
     lock = world.lock(settings, LABEL)
     if wait:
         try:
             lock.acquire()
         except LockUnavailable as exc:
-            events.error(f"{LABEL} in this environment could not be rolled back yet: {exc}; the next kernel "
-                         "import tries again", once="recover-now")
+            events.error(fitted(f"{LABEL} here could not be rolled back yet: ", exc, "the next kernel import tries again"),
+                         once="recover-now",
+                         detail=f"{LABEL} in this environment could not be rolled back yet: {exc}; the next kernel "
+                                "import tries again")
             return
     elif lock.try_acquire() is None:
         events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports of "

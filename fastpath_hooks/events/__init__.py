@@ -5,8 +5,8 @@ JSON-serialisable dict (this module: the bus). Human lines go to stderr, prefixe
 `fastpath-hooks:`, filtered by FASTPATH_HOOKS_LOG, at most `MAX_LINE` characters (the details
 are in `fastpath-hooks doctor` and the debug log: lines.py), from one process per node
 (voice.py), and a line that would repeat at every start is said once per environment
-(`persist=`; said.py). Those three load at the first human line: an event nobody reads costs
-a log call.
+(`persist=`; said.py) - later starts say its one-line `reminder=` instead, where it has one. Those
+three load at the first human line: an event nobody reads costs a log call.
 
 Callbacks never run while the sending thread holds a lock of ours: while the engine holds the
 environment's install lock (`hold()` ... `deliver()`), that thread's events are logged and their
@@ -109,24 +109,30 @@ def _log_level() -> str:
 
 
 def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
-         persist: str | None = None, **extra) -> dict:
+         persist: str | None = None, reminder: str | None = None, detail: str | None = None, **extra) -> dict:
     """Send one event. `once`: a key; the human line is printed once per process for it.
-    `persist`: a key (a decision's rule and reason); the line is printed once per environment."""
+    `persist`: a key (a decision's rule and reason); the line is printed once per environment, and
+    `reminder` (one short line) at the later starts instead. `detail`: the whole text of a line that
+    is short by design (paths, wheel names, full lists): logged, in the event, and printed instead of
+    the line under FASTPATH_HOOKS_LOG=debug."""
     type = Severity(type)
     event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
+    if detail is not None and detail != message:
+        event["detail"] = detail
     for key, value in extra.items():
         event[key] = value
-    logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", message)
+    logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", event.get("detail", message))
     if getattr(_held, "depth", 0):
         _held.queue.append(dict(event))   # called after the lock is released (deliver)
     else:
         _call(event)
     if human:
-        say(type, message, once=once, persist=persist)
+        say(type, message, once=once, persist=persist, reminder=reminder, detail=event.get("detail"))
     return event
 
 
-def say(type: Severity, message: str, *, once: str | None = None, persist: str | None = None) -> None:
+def say(type: Severity, message: str, *, once: str | None = None, persist: str | None = None,
+        reminder: str | None = None, detail: str | None = None) -> None:
     from . import lines, said, voice
 
     if once is not None and not said.claim(once):
@@ -134,10 +140,15 @@ def say(type: Severity, message: str, *, once: str | None = None, persist: str |
     level = _log_level()
     if _LEVELS.get(type, 1) < _LEVELS[level] or not voice.speaks():
         return
+    if detail and level == "debug":
+        message = detail      # the details were asked for
     if persist is not None and not said.first_time(persist):
-        if level != "debug":
+        if level == "debug":
+            message = "(said before) " + message
+        elif reminder:
+            message = reminder    # the whole line was said at an earlier start: one short line, not nothing
+        else:
             return
-        message = "(said before) " + message
     lines.write(message, whole=level == "debug")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 MAX_LINE = 160          # characters, "fastpath-hooks: " included
@@ -39,6 +40,40 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
         end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
         line = line if end >= len(line) else line[:max(limit - 3, end)].rstrip() + "..."
     return line
+
+
+def first_fitting(*candidates: str) -> str:
+    """The first of a line's wordings, longest and most whole first, that fits MAX_LINE; else the last,
+    fitted (events.fit: a long word cut in its middle first)."""
+    for line in candidates:
+        if len(PREFIX) + len(" ".join(line.split())) <= MAX_LINE:
+            return line
+    return fit(candidates[-1])[len(PREFIX):]
+
+
+def fitted(head: str, detail: str, fix: str = "", *, whole_at: str = "fastpath-hooks doctor") -> str:
+    """`<head><detail> (<fix>)` for a text handed over whole (a failed check's or install's output, an
+    exception, a path): whole when it fits; else as much of the detail as fits - a long word cut in its
+    middle first, never a build log's path - with the head and the fix kept and where it is whole."""
+    whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
+    if len(PREFIX) + len(whole) <= MAX_LINE:
+        return whole
+    tail = f" ({fix}; the whole: {whole_at})" if fix else f" (the whole: {whole_at})"
+    room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
+    return head + fit(str(detail), room + len(PREFIX))[len(PREFIX):] + tail
+
+
+def shown_path(path: str) -> str:
+    """A path as a line shows it, short and still what a shell expands back: under the cache directory
+    the user set, $XDG_CACHE_HOME or the home directory, written `$FASTPATH_HOOKS_CACHE_DIR/...`,
+    `$XDG_CACHE_HOME/...`, `~/...` (the debug log and doctor have it whole)."""
+    for var in ("FASTPATH_HOOKS_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        root = os.environ.get(var, "").strip()
+        if len(root) > 1:
+            root = os.path.abspath(os.path.expanduser(root)).rstrip("/")
+            if path.startswith(root + "/"):
+                return ("~" if var == "HOME" else "$" + var) + path[len(root):]
+    return path
 
 
 def write(message: str, *, whole: bool) -> None:

@@ -123,6 +123,8 @@ class Settings:
     # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created, not writable): why, in one
     # sentence; cache_dir is then None - the default root - and this is said once (a warning, not an error)
     cache_dir_unusable: str | None = None
+    # the same as (the value given, why it is unusable, the root used instead): what the one line says, short
+    cache_dir_refused: tuple = field(default=(), compare=False)
     # Variables the user set (names only): lets reports tell defaults from choices.
     explicit: frozenset = field(default=frozenset(), compare=False)
 
@@ -193,6 +195,7 @@ class Settings:
             if unusable:
                 values["cache_dir_unusable"] = (f"{CACHE_DIR}={values['cache_dir']} {unusable}; using "
                                                 f"{default_cache_root(env)} instead")
+                values["cache_dir_refused"] = (values["cache_dir"], unusable, default_cache_root(env))
                 values["cache_dir"] = None
         explicit = frozenset(k for k in known if get(k) is not None)
         return cls(explicit=explicit, **values)
@@ -338,7 +341,7 @@ def _parse_find_links(raw: str) -> tuple:
             continue
         path = os.path.abspath(os.path.expanduser(item))
         if not os.path.isdir(path):
-            raise ValueError(f"{item!r} is not a directory (create the wheelhouse with `fastpath-hooks download --dest DIR`)")
+            raise ValueError(f"{item!r} is not a directory (`fastpath-hooks download --dest` makes one)")
         out.append(path)
     return tuple(out)
 

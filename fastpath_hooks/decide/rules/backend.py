@@ -20,6 +20,8 @@ from packaging.version import InvalidVersion, Version
 from ...facts.pins import same_version
 from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, shared_skip, within
 from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
+from ..rule_ids import PINS_FILE
+from ..short import few
 from ..warmup import gdr_check, model_shapes
 
 
@@ -41,22 +43,26 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     served = next((k for k in spec.serves if decided[k].action in USABLE), None)
     if served is None:
         first = spec.serves[0]
-        return ctx.skip(kernel, "not-used", f"{first} is not used here: {_first_clause(decided[first].reason)}", **kw)
+        return ctx.skip(kernel, "not-used", f"{first} is not used here: {_first_clause(decided[first].reason)}",
+                        facts={"served": first}, **kw)
     version = _version_of(ctx, served, decided[served])
     if not _dispatches(pins.kernel(served), version, kernel):
         since = min((r.version for r in pins.kernel(served).releases if kernel in r.backends), key=Version, default="?")
         return ctx.skip(kernel, "no-backend", f"{served} {version} does not dispatch to {kernel} ({served} does from "
-                        f"{since})", f"upgrade {served} to {since} or newer", **kw)
+                        f"{since})", f"upgrade {served} to {since} or newer",
+                        facts={"served": served, "version": version, "since": since}, **kw)
     if env.switches.get(switch.variable) == switch.off:
         return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {served} would not use {kernel}",
-                        f"unset {switch.variable}", **kw)
+                        f"unset {switch.variable}",
+                        facts={"variable": switch.variable, "off": switch.off, "served": served}, **kw)
     no_train = [g for g in env.gpus if g not in spec.archs.train]
     if no_train:
         forward = sorted({g for g in no_train if g in spec.archs.forward})
         reason = f"{'+'.join(no_train)}: {kernel} trains (forward + backward) on {', '.join(spec.archs.train)} only"
         if forward:
             reason += f"; on {'/'.join(forward)} it has a forward only, and training needs the backward"
-        return ctx.skip(kernel, "arch", reason, **kw_off)
+        return ctx.skip(kernel, "arch", reason,
+                        facts={"no_train": "+".join(no_train), "train": ", ".join(spec.archs.train)}, **kw_off)
     if spec.needs_nvcc and not env.nvcc and not _nvcc_planned(spec, decided):
         return ctx.skip(kernel, "no-nvcc", f"no nvcc; tilelang compiles {kernel}'s kernels with it at first use, and "
                         f"{served} chooses {kernel} without looking for one", "install a CUDA toolkit matching torch or "
@@ -67,14 +73,16 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         where = (f"where {served} runs {hazard.needs} anyway ({hazard.id})" if hazard is not None else
                  f"where {served} needs no {' or '.join(spec.with_kernels)} ({_no_hazard_why(ctx, served, spec)})")
         key = "hazard" if hazard is not None else "elsewhere"
+        short_where = f"under {hazard.id}" if hazard is not None else f"without {' or '.join(spec.with_kernels)}"
         return ctx.skip(kernel, "off", f"off by default {where}: not measured to pay there (pins `pays.{key}`)",
-                        f"set kernels.{kernel}.pays.{key} to true in a FASTPATH_HOOKS_PINS file", **kw)
+                        f"set kernels.{kernel}.pays.{key} to true in a FASTPATH_HOOKS_PINS file",
+                        facts={"where": short_where, "key": key}, **kw)
     for partner in spec.with_kernels:
         pd = decided[partner]
         if pd.action not in USABLE:
             return ctx.skip(kernel, f"without.{pins.kernel(partner).rule_prefix}",
                             f"{kernel} runs on {partner}, which is not used here: {_first_clause(pd.reason)}", pd.fix,
-                            **kw_off)
+                            facts={"partner": partner}, **kw_off)
 
     shapes, shapes_from = _shapes(ctx, kernel)
     checked, checked_from = (shapes, shapes_from) if shapes else model_shapes((), spec.warm, _transformers(env))
@@ -84,24 +92,25 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         known = next((r for r in spec.releases if same_version(r.version, have)), None)
         old = _old_partner(ctx, kernel, known, decided) if known is not None else None
         if old is not None:
-            return ctx.skip(kernel, f"old.{pins.kernel(old[0]).rule_prefix}", old[1], old[2], **kw_off)
+            return ctx.skip(kernel, f"old.{pins.kernel(old[0]).rule_prefix}", old[1], old[2], facts=old[3], **kw_off)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, needs=needs, check=check,
                         reason=f"{kernel} {have} installed; {served} dispatches to it here, so it is checked once "
                                f"against {served}'s own path in a child process",
-                        on_failure=OnFailure.PROCEED, off=off, **kw)
+                        on_failure=OnFailure.PROCEED, off=off, facts={"served": served}, **kw)
 
     if not shapes and _known(env):
         bad = ", ".join(f"{name}: K x V = {k} x {v}" for name, k, v, _, _ in env.model_shapes if k is not None)
         return ctx.skip(kernel, "head-dims", f"{bad}; {kernel} computes K = {'/'.join(map(str, spec.head_dims.k))}, V = "
-                        f"{'/'.join(map(str, spec.head_dims.v))} only ({served} keeps its own path for the rest)", **kw)
+                        f"{'/'.join(map(str, spec.head_dims.v))} only ({served} keeps its own path for the rest)",
+                        facts={"dims": "/".join(map(str, spec.head_dims.k)), "served": served}, **kw)
     candidates = [r for r in spec.releases if within(env.torch_version, r.torch) and within(env.triton_version, r.triton)]
     if not candidates:
         return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for torch {env.torch}",
                         "add a release to a FASTPATH_HOOKS_PINS file", **kw)
     fitting = [r for r in candidates if _old_partner(ctx, kernel, r, decided) is None]
     if not fitting:
-        partner, why, fix = _old_partner(ctx, kernel, candidates[0], decided)
-        return ctx.skip(kernel, f"old.{pins.kernel(partner).rule_prefix}", why, fix, **kw)
+        partner, why, fix, facts = _old_partner(ctx, kernel, candidates[0], decided)
+        return ctx.skip(kernel, f"old.{pins.kernel(partner).rule_prefix}", why, fix, facts=facts, **kw)
     first_missing = ()
     for rel in fitting:
         planned = _steps(ctx, kernel, rel.version)
@@ -111,7 +120,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         first_missing = first_missing or tuple(missing)
     else:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
-                        fetch_fix(f"{kernel}'s wheel"), **kw)
+                        fetch_fix(f"{kernel}'s wheel"), facts={"missing": few(first_missing)}, **kw)
     reason = f"{kernel} {rel.version} for {served}'s gated delta rule on {'+'.join(sorted(set(env.gpus)))}"
     reason += (f", where {served} runs {hazard.needs} anyway because of {hazard.id}" if hazard is not None else
                f", on by default where {served} needs no {' or '.join(spec.with_kernels)}")
@@ -120,7 +129,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                f"{'/'.join(map(str, spec.head_dims.k))}, as in Qwen3.5 and Qwen3-Next, and keeps its own path otherwise")
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
                     target={d: rel.version for d in spec.distributions}, needs=needs, check=check,
-                    on_failure=OnFailure.PROCEED, off=off, **kw)
+                    on_failure=OnFailure.PROCEED, off=off,
+                    facts={"served": served, "runs": hazard.needs if hazard is not None else "",
+                           "hazard": hazard.id if hazard is not None else ""}, **kw)
 
 
 def wanted_here(ctx: Context, kernel: str) -> bool:
@@ -192,14 +203,17 @@ def _dispatches(served_spec, version: str, backend: str) -> bool:
 
 
 def _old_partner(ctx: Context, kernel: str, release, decided: dict):
-    """(partner, reason, fix) when a kernel this release runs on is at a version outside its `with` range."""
+    """(partner, reason, fix, the short form's facts) when a kernel this release runs on is at a version
+    outside its `with` range."""
     for partner, spec in release.partners.items():
         version = _version_of(ctx, partner, decided[partner])
         if not within(version, spec):
             good = next((p.version for p in ctx.pins.kernel(partner).pairs if within(p.version, spec)), None)
             fix = (f"install {partner} {good} (with its known-good partner) or remove {partner} to let fastpath-hooks "
                    "install it" if good else f"add a {partner} {spec} pair to a FASTPATH_HOOKS_PINS file")
-            return partner, f"{partner} {version} is used here; {kernel} {release.version} needs {partner} {spec}", fix
+            short_fix = f"install {partner} {good}" if good else PINS_FILE
+            return (partner, f"{partner} {version} is used here; {kernel} {release.version} needs {partner} {spec}", fix,
+                    {"partner": partner, "version": version, "spec": str(spec), "partner_fix": short_fix})
     return None
 
 

@@ -13,9 +13,10 @@ from urllib.parse import quote
 
 from ...facts import cached_wheels
 from ...facts.distributions import canonical_name
-from ..builds import arch_gaps, built_archs, fits, needs_cuda_build, release_order, release_wheel, source_build
-from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip
+from ..builds import arch_gaps, built_archs, cuda_families, fits, needs_cuda_build, release_order, release_wheel, source_build
+from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
+from ..short import few, render
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
@@ -39,7 +40,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             reason=f"{dist} {installed_v} runs {gpu} code from nvcc {ctx.env.torch_cuda}, which "
                                    f"{rule.effect} ({rule.id})",
                             fix=f"`pip uninstall {dist}`, then `fastpath-hooks install {kernel}` (it builds "
-                                f"{rule.build_as} code for {gpu})", **kw)
+                                f"{rule.build_as} code for {gpu})",
+                            facts={"bad_gpu": gpu, "arch_rule": rule.id, "bad_nvcc": ctx.env.torch_cuda or "?",
+                                   "uninstall": "pip uninstall it"}, **kw)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = built_archs(installed_v)
@@ -48,7 +51,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
                                    f"{'+'.join(missing)}",
                             fix=f"`pip uninstall {dist}`, then `fastpath-hooks build {kernel} --arch "
-                                f"{union}` for every GPU type sharing this environment", **kw)
+                                f"{union}` for every GPU type sharing this environment",
+                            facts={"have": "+".join(have), "gaps": "+".join(missing), "union": union}, **kw)
         # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, on_failure=OnFailure.BLOCK,
                         reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
@@ -75,10 +79,13 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
     Fine while only families that use its Triton ops are in use (decided again at every start); a family
     that calls the extension needs a rebuild with it (`repair.cuda`), or the kernel is blocked (`block.no-cuda`)."""
     dist = ctx.pins.kernel(kernel).distributions[0]
-    needs, why = needs_cuda_build(ctx.env, ctx.pins.build(kernel, _public(installed_v)))
+    build = ctx.pins.build(kernel, _public(installed_v))
+    needs, why = needs_cuda_build(ctx.env, build)
+    calls, users = cuda_families(ctx.env, build)
     if not needs:
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.triton-only"), verify=True,
                         on_failure=OnFailure.BLOCK, needs=_optional_needs(ctx, kernel, decided),
+                        facts={"users": few(users)},
                         reason=f"{dist} {installed_v} installed, without its CUDA extension: {why}; decided again "
                                "at every start, as a model that calls the extension needs a rebuild", **kw)
     decision = _choice(ctx, kernel, decided, kw)
@@ -86,13 +93,30 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
         steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
         return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.cuda"), steps=steps,
                        on_failure=OnFailure.BLOCK, reason=f"installed without its CUDA extension, and "
-                       f"{why}: rebuilding; {decision.reason}")
+                       f"{why}: rebuilding; {decision.reason}", facts={**decision.facts, "calls": few(calls)})
     # nvcc's release unknown: engine.context.complete asks it (the rule needs it), then decides again
     rule = decision.rule if decision.rule == ctx.rule(kernel, "nvcc-unknown") else ctx.rule(kernel, "block.no-cuda")
     return Decision(kernel=kernel, action=BLOCK, rule=rule, on_failure=OnFailure.BLOCK,
+                    facts=_cannot_rebuild(ctx, kernel, installed_v, render(ctx, decision)),
                     reason=f"{dist} {installed_v} was built without its CUDA extension and {why}: its "
                            f"Mamba-1 calls would raise; it cannot be rebuilt here: {decision.reason}",
                     fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built", **kw)
+
+
+def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision) -> dict:
+    """Why a build without its CUDA extension cannot be rebuilt here, and the fix, as the blocked line says
+    them: the rebuild's own short reason and fix where they fit beside the rest, else a pointer to doctor
+    (which has them whole)."""
+    from ...events.lines import MAX_LINE, PREFIX
+    from ..short import compose, public
+
+    head = f"{public(installed_v)} lacks the CUDA extension a model here calls; "
+    options = [(inner.short_reason, inner.short_fix)] if inner.short_reason else []
+    options.append(("it cannot be rebuilt here", "why and how to fix it: fastpath-hooks doctor"))
+    for reason, fix in options:
+        if len(PREFIX + compose(kernel, "blocked", head + reason, fix)) <= MAX_LINE:
+            break
+    return {"cannot": reason, "cannot_fix": fix or "pip uninstall it; install it where it builds"}
 
 
 def _public(version: str) -> str:
@@ -132,7 +156,8 @@ def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | N
             continue  # the user's own (skipped or blocked) install: not ours to judge here
         verb = "blocked" if d.action == BLOCK else "not installed"
         return ctx.skip(kernel, f"without.{ctx.pins.kernel(partner).rule_prefix}",
-                        f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix, **kw)
+                        f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix,
+                        facts={"partner": partner, "verb": verb}, **kw)
     return None
 
 
@@ -147,7 +172,8 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
             planned.update({canonical_name(n): v for n, v in decided[k].target.items()})
     versions, clashes = release_order(ctx, kernel, planned)
     if versions is None:
-        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+        return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
+                        facts={"fits": versions_here(ctx.env)}, **kw)
     options = [(version, _install(ctx, kernel, version, kw)) for version in versions]
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
     if not acting:   # the first release whose own files are there says what else is missing, else the first
@@ -222,7 +248,8 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
     if deps_missing and (cached or housed):
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
-                     f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"), **kw)
+                     f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"),
+                        facts={"missing": few(deps_missing)}, **kw)
     if cached:
         path = os.path.join(env.wheel_cache or "", cached)
         return prebuilt(cached, ctx.rule(kernel, "cache"), f"{cached} from the local wheel cache, {env.wheel_cache}",
@@ -244,5 +271,6 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                                  ("" if rel.sha256.get(filename) else "; no pinned sha256 (the pins do not know it)"))
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
         if settings.allow_build == "0":
-            return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"), **kw)
+            return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"),
+                            facts={"missing": few(missing)}, **kw)
     return source_build(ctx, kernel, build, why, kw)

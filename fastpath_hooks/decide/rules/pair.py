@@ -13,6 +13,7 @@ from packaging.version import Version
 from ...facts.pins import same_version
 from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, specifier, within
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+from ..short import few
 from . import backend
 
 
@@ -29,39 +30,47 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if common is not None:
         if hazards and common.rule == "skip.user":
             hz = hazards[0]
-            common = replace(common, reason=f"skipped by FASTPATH_HOOKS_SKIP; {hz.kernel} needs it here because of {hz.id}")
+            common = replace(common, reason=f"skipped by FASTPATH_HOOKS_SKIP; {hz.kernel} needs it here because of {hz.id}",
+                             facts={"served": hz.kernel, "hazard": hz.id})
         return common
 
     kw = ctx.kw(kernel, installed)
     half = [d for d in spec.distributions if d in env.half_installed and ctx.installed(d)]
     if have and half:
-        return _repair(ctx, kernel, have, companion, f"{' and '.join(half)} {HALF_INSTALLED}", "half-installed", kw)
+        return _repair(ctx, kernel, have, companion, f"{' and '.join(half)} {HALF_INSTALLED}", "half-installed", kw,
+                       short=f"{' and '.join(half)} half-installed")
     if have and companion:
         broken = pins.broken_for(kernel, have, companion, env.gpus)
         if broken is not None:
             return _repair(ctx, kernel, have, companion, f"{second} {companion} is broken with {first} {have}"
-                           f"{'' if broken.arch == '*' else ' on ' + broken.arch} - {broken.effect}", "broken-pair", kw)
+                           f"{'' if broken.arch == '*' else ' on ' + broken.arch} - {broken.effect}", "broken-pair", kw,
+                           short=f"{second} {companion} breaks it")
     if have and not companion:
-        return _repair(ctx, kernel, have, None, f"{first} {have} is installed without {second}", "missing-companion", kw)
+        return _repair(ctx, kernel, have, None, f"{first} {have} is installed without {second}", "missing-companion", kw,
+                       short=f"installed without {second}")
 
     backends = [] if hazards else [b for b, s in pins.kernels.items()
                                    if s.kind == "backend" and kernel in s.with_kernels and backend.wanted_here(ctx, b)]
     if not hazards and not backends:
-        why = _not_needed(ctx, kernel)
+        why, why_short = _not_needed(ctx, kernel)
+        facts = {"served": served, "why": why_short}
         if have:
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.not-needed"),
                             reason=f"{first} {have} + {second} {companion} installed; {served} does not need it here: {why}",
-                            **kw)
-        return ctx.skip(kernel, "not-needed", f"{served} does not need it here: {why}", **kw)
+                            facts=facts, **kw)
+        return ctx.skip(kernel, "not-needed", f"{served} does not need it here: {why}", facts=facts, **kw)
 
     # who needs it, and why: a served kernel's hazard (fla#640), or a backend that runs on it, on by default here
     hz = hazards[0] if hazards else None
     who = hz.kernel if hz is not None else backends[0]
     because = f"because of {hz.id}" if hz is not None else f"to run {who}, on by default here: pins pays.elsewhere"
+    facts = ({"served": hz.kernel, "hazard": hz.id, "hazard_gpus": "+".join(hz.gpu)} if hz is not None else
+             {"served": who, "hazard": f"{who}, on by default here"})
     switch = spec.switch
     if hz is not None and switch is not None and env.switches.get(switch.variable) == switch.off:
         return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {hz.kernel} would not use {kernel}",
-                        f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}", **kw)
+                        f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}",
+                        facts={**facts, "variable": switch.variable, "off": switch.off}, **kw)
     nvcc_reqs = ()
     if spec.needs_nvcc and not env.nvcc:
         pk = spec.nvcc_packages
@@ -78,12 +87,12 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if good and any(same_version(companion, g) for g in good):
             if nvcc_reqs:
                 return _install(ctx, kernel, have, companion, nvcc_reqs, "install.nvcc", REPAIR,
-                                f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw)
+                                f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw, facts)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True,
                             reason=f"{first} {have} + {second} {companion} is a known-good pair; {who} needs it "
                                    f"here {because}",
                             on_failure=OnFailure.BLOCK, repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True),
-                            **kw)
+                            facts=facts, **kw)
         pair = preferred(ctx, kernel)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.unverified"), verify=True,
                         reason=f"{first} {have} + {second} {companion} is not in the pins; checking it in a child process",
@@ -94,29 +103,32 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if pair is None:
         return ctx.skip(kernel, "offline-missing",
                         f"offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good {first} + {second} pair",
-                        fetch_fix(f"{kernel}'s wheels"), **kw)
+                        fetch_fix(f"{kernel}'s wheels"), facts={"missing": "a known-good pair"}, **kw)
     if hz is None:
         return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install.for-backend", INSTALL,
-                        f"{who} runs on {kernel}, and {who} is on by default here: pins pays.elsewhere", kw)
+                        f"{who} runs on {kernel}, and {who} is on by default here: pins pays.elsewhere", kw, facts)
     return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install", INSTALL,
-                    f"{hz.kernel} needs {kernel} on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw)
+                    f"{hz.kernel} needs {kernel} on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw, facts)
 
 
-def _not_needed(ctx: Context, kernel: str) -> str:
-    """Why no served kernel needs it here: the hazards' GPUs, their triton range, or the user's skip."""
+def _not_needed(ctx: Context, kernel: str) -> tuple:
+    """Why no served kernel needs it here: the hazards' GPUs, their triton range, or the user's skip
+    (the whole reason, and its short form)."""
     env, spec = ctx.env, ctx.pins.kernel(kernel)
     hazards = [h for h in ctx.pins.hazards if h.needs == kernel and h.kernel in spec.serves]
     if not hazards:
-        return "no hazard of theirs needs it"
+        return "no hazard of theirs needs it", "no hazard needs it"
     skipped = [h.kernel for h in hazards if h.kernel in ctx.settings.skip and ctx.hazards(h.kernel)]
     if skipped:
-        return f"{' and '.join(sorted(set(skipped)))} is skipped by FASTPATH_HOOKS_SKIP"
+        why = f"{' and '.join(sorted(set(skipped)))} is skipped by FASTPATH_HOOKS_SKIP"
+        return why, why
     gpus = sorted({g for h in hazards for g in h.gpu})
     if not any(g in gpus for g in env.gpus):
-        return f"no {'/'.join(gpus)} GPU"
+        return f"no {'/'.join(gpus)} GPU", f"no {'/'.join(gpus)} GPU"
     if env.triton is None:
-        return "no triton"
-    return f"triton {env.triton} is outside {', '.join(f'{h.id} {h.triton}' for h in hazards)}"
+        return "no triton", "no triton"
+    return (f"triton {env.triton} is outside {', '.join(f'{h.id} {h.triton}' for h in hazards)}",
+            f"triton {env.triton} is outside {', '.join(h.id for h in hazards)}")
 
 
 def preferred(ctx: Context, kernel: str):
@@ -152,18 +164,18 @@ def steps(ctx: Context, kernel: str, version, companion, nvcc_reqs, *, replace: 
     return tuple(out)
 
 
-def _install(ctx, kernel, version, companion, nvcc_reqs, suffix, action, reason, kw) -> Decision:
+def _install(ctx, kernel, version, companion, nvcc_reqs, suffix, action, reason, kw, facts) -> Decision:
     first, second = ctx.pins.kernel(kernel).distributions
     planned = steps(ctx, kernel, version, companion, nvcc_reqs, replace=False)
     missing = ctx.missing_offline(planned)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                        fetch_fix(f"{kernel}'s wheels"), **kw)
+                        fetch_fix(f"{kernel}'s wheels"), facts={"missing": few(missing)}, **kw)
     return Decision(kernel=kernel, action=action, rule=ctx.rule(kernel, suffix), reason=reason, steps=planned,
-                    target={first: version, second: companion}, on_failure=OnFailure.BLOCK, **kw)
+                    target={first: version, second: companion}, on_failure=OnFailure.BLOCK, facts=facts, **kw)
 
 
-def _repair(ctx, kernel, version, companion, reason, problem, kw) -> Decision:
+def _repair(ctx, kernel, version, companion, reason, problem, kw, *, short: str) -> Decision:
     """Replace a broken/half-installed pair: keep the user's version with a known-good companion
     when the pins have one, else the first known-good pair; offline, the first option the
     wheelhouse can satisfy. Nothing installable: block the import."""
@@ -175,6 +187,7 @@ def _repair(ctx, kernel, version, companion, reason, problem, kw) -> Decision:
         options += [(pair.version, good) for good in pair.companions
                     if pins.broken_for(kernel, pair.version, good, gpus) is None and (pair.version, good) not in options]
     rule = ctx.rule(kernel, f"repair.{problem}")
+    facts = {"problem": short}
     first_missing = None
     for target, target_companion in options:
         planned = steps(ctx, kernel, target, target_companion, (), replace=True)
@@ -184,11 +197,12 @@ def _repair(ctx, kernel, version, companion, reason, problem, kw) -> Decision:
             continue
         return Decision(kernel=kernel, action=REPAIR, rule=rule, reason=reason + f"; repairing to {first} {target} + "
                         f"{second} {target_companion}", steps=planned,
-                        target={first: target, second: target_companion}, on_failure=OnFailure.BLOCK, **kw)
+                        target={first: target, second: target_companion}, on_failure=OnFailure.BLOCK, facts=facts, **kw)
     if first_missing:
         return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, f"repair.{problem}.offline-missing"),
                         reason=reason + f"; offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
-                        fix=fetch_fix(f"{kernel}'s wheels"), on_failure=OnFailure.BLOCK, **kw)
+                        fix=fetch_fix(f"{kernel}'s wheels"), on_failure=OnFailure.BLOCK,
+                        facts={**facts, "missing": few(first_missing, 20)}, **kw)
     return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, f"repair.{problem}.unrepairable"),
                     reason=reason + f"; the pins know no good {second} for this GPU", on_failure=OnFailure.BLOCK,
-                    fix=f"add a known-good {first} + {second} pair in a FASTPATH_HOOKS_PINS file", **kw)
+                    fix=f"add a known-good {first} + {second} pair in a FASTPATH_HOOKS_PINS file", facts=facts, **kw)

@@ -11,9 +11,10 @@ from packaging.version import InvalidVersion, Version
 
 from ...facts.pins import same_version
 from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip,
-                      within)
+                      versions_here, within)
 from ..eras import era
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+from ..short import few
 from ..warmup import gdr_check, model_shapes
 
 
@@ -62,56 +63,68 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if not serving_ok:
             return _hazard_block(ctx, kernel, hz, decided, kw)
         known = next((r for r in spec.releases if same_version(r.version, current)), None)
-        problems = []
+        problems, shorts = [], []   # the whole texts, and their short forms (the first is said)
         first = spec.distributions[0]
         if first not in installed:
             problems += [f"{d} {v} without {first}" for d, v in installed.items()]
+            shorts.append(f"installed without {first}")
         half = [d for d in spec.distributions if d in env.half_installed and not ctx.fresh]
         if half:
             problems.append(f"{' and '.join(half)} {HALF_INSTALLED}")
+            shorts.append(f"{' and '.join(half)} half-installed")
         if len(installed) > 1 and len({Version(v) if _valid(v) else v for v in installed.values()}) > 1:
             problems.append(" and ".join(f"{d} {v}" for d, v in installed.items()) + " differ")
+            shorts.append("its distributions' versions differ")
         incompatible = known is not None and not within(env.triton_version, known.triton)
         if incompatible:
             problems.append(f"{kernel} {current} does not import with triton {env.triton}, it needs triton {known.triton}")
+            shorts.append(f"{current} does not import with triton {env.triton}")
         unsafe = hz is not None and not _has_backend(spec, current, known, hz.needs)
         if unsafe:
             problems.append(f"{kernel} {current} has no {hz.needs} backend, so it is wrong here because of {hz.id}")
+            shorts.append(f"{current} lacks the {hz.needs} backend {hz.id} needs")
+        problem = (shorts[0] + (f" (+{len(shorts) - 1} more)" if len(shorts) > 1 else "")) if shorts else ""
         if problems:
             chosen, planned, missing = _pick(ctx, kernel, candidates, replace=True)
             if chosen is not None:
                 return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
                                 f"; replacing with {kernel} {chosen.version}", steps=planned, target=target(chosen.version),
                                 needs=needs, on_failure=OnFailure.BLOCK if (unsafe or incompatible or hz) else OnFailure.PROCEED,
-                                check=_warm_check(ctx, kernel, hz), **kw)
+                                check=_warm_check(ctx, kernel, hz), facts={"problem": problem}, **kw)
             nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
                        else f"no known-good {kernel} release fits here")
+            facts = {"problem": problem, "nothing": f"offline, lacking {few(missing, 16)}" if missing
+                     else "no pinned release fits", "first_release": spec.releases[0].version}
             if unsafe or incompatible:
                 # Importing it would crash (or compute wrong gradients): fail closed, transformers keeps torch.
                 fix = (f"install {kernel} {spec.releases[0].version} or newer" if unsafe else
                        "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index")
                 return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "unsafe.block" if unsafe else "incompatible.block"),
-                                reason="; ".join(problems) + f"; {nothing}", fix=fix, on_failure=OnFailure.BLOCK, **kw)
+                                reason="; ".join(problems) + f"; {nothing}", fix=fix, on_failure=OnFailure.BLOCK,
+                                facts=facts, **kw)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"),
                             reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
-                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
+                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, facts=facts, **kw)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"),
                         reason=f"{kernel} {current} installed" + (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
-                        needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, **kw)
+                        needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED,
+                        facts={"hazard": hz.id if hz else ""}, **kw)
 
     if not serving_ok:
         return ctx.skip(kernel, "hazard.skip", hazard_reason(env, hz, decided[hz.needs]) +
-                        f"; installed alone, {kernel} would crash or compute wrongly", hazard_fix(hz, decided[hz.needs]), **kw)
+                        f"; installed alone, {kernel} would crash or compute wrongly", hazard_fix(hz, decided[hz.needs]),
+                        facts=hazard_facts(env, hz, decided[hz.needs]), **kw)
     if not candidates:
         what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
         if hz is not None:
             what += f" with a {hz.needs} backend, needed here because of {hz.id}"
         return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for {what}",
-                        "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+                        "add a release to a FASTPATH_HOOKS_PINS file",
+                        facts={"fits": versions_here(env) + (f" with {hz.needs}" if hz is not None else "")}, **kw)
     chosen, planned, missing = _pick(ctx, kernel, candidates, replace=False)
     if chosen is None:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
-                        fetch_fix(f"{kernel}'s wheels"), **kw)
+                        fetch_fix(f"{kernel}'s wheels"), facts={"missing": few(missing)}, **kw)
     fits = [f"triton {env.triton}"] if str(chosen.triton) else []      # what the release's ranges name
     fits += [f"transformers {transformers}"] if transformers and str(chosen.transformers) else []
     reason = f"{kernel} {chosen.version} fits {' and '.join(fits or [f'torch {env.torch}'])}"
@@ -119,7 +132,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         reason += f"; with {hz.needs} because of {hz.id}"
     reason += _issues(env, spec, chosen)
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
-                    target=target(chosen.version), needs=needs, check=_warm_check(ctx, kernel, hz), **kw)
+                    target=target(chosen.version), needs=needs, check=_warm_check(ctx, kernel, hz),
+                    facts={"fits": " and ".join(fits or [f"torch {env.torch}"]), "hazard": hz.id if hz else ""}, **kw)
 
 
 def _warm_check(ctx: Context, kernel: str, hz) -> dict:
@@ -167,7 +181,8 @@ def _switched_off(ctx: Context, kernel: str) -> tuple:
 def _hazard_block(ctx: Context, kernel: str, hz, decided: dict, kw) -> Decision:
     serving = decided[hz.needs]
     return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "hazard.block"),
-                    reason=hazard_reason(ctx.env, hz, serving), fix=hazard_fix(hz, serving), on_failure=OnFailure.BLOCK, **kw)
+                    reason=hazard_reason(ctx.env, hz, serving), fix=hazard_fix(hz, serving), on_failure=OnFailure.BLOCK,
+                    facts=hazard_facts(ctx.env, hz, serving), **kw)
 
 
 def hazard_reason(env, hz, serving: Decision) -> str:
@@ -176,6 +191,15 @@ def hazard_reason(env, hz, serving: Decision) -> str:
     gpus = "+".join(g for g in env.gpus if g in hz.gpu)
     why = serving.reason.split("; ")[0]
     return f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and {hz.needs} is unavailable: {why}"
+
+
+def hazard_facts(env, hz, serving: Decision) -> dict:
+    """The short form: `fla#640 on sm_90 + triton 3.6.0 needs tilelang: no nvcc`, and one fix - the serving
+    kernel's (why it is missing), else the hazard's (the whole fix, both, is the decision's `fix`)."""
+    gpus = "+".join(g for g in env.gpus if g in hz.gpu)
+    why = serving.short_reason or serving.reason.split("; ")[0]
+    return {"hazard": hz.id, "hazard_line": f"{hz.id} on {gpus} + triton {env.triton} needs {hz.needs}: {why}",
+            "hazard_fix": serving.short_fix if serving.short_reason and serving.short_fix else hz.fix}
 
 
 def hazard_fix(hz, serving: Decision) -> str:

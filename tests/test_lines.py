@@ -1,0 +1,384 @@
+"""Every line the policy can make fits the width with its reason and its fix whole - short by design,
+never by cutting (issue 17, defect 2).
+
+- every rule id declared in decide/rule_ids.py has a short form (`line=`, `fix=`);
+- the policy's real decisions for every rule (the rows of tests/test_policy.py, which cover every
+  declared rule, those other branches add included) made again with the longest realistic inputs -
+  long paths, long version strings, wheelhouses full of long wheel names, many missing requirements -
+  give lines of at most MAX_LINE characters that name the kernel, the outcome, the reason's facts
+  (every slot of the rule's templates, whole) and the fix, and that events.fit leaves alone;
+- the engine says exactly those lines (the same rows through the real state machine in a TableWorld);
+- a build says its estimate and how to build ahead of time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+
+import pytest
+
+from fastpath_hooks import engine, events
+from fastpath_hooks.decide import rule_ids
+from fastpath_hooks.events.lines import MAX_LINE, PREFIX, fit
+from fastpath_hooks.facts.settings import Settings
+from support.worlds import TableWorld
+from test_policy import BASE, PINS, ROWS, make_env, plan_for
+
+HOME = "/home/a.very.long.user.name/projects/2026-12/hybrid-linear-attention-finetuning"
+CACHE = "/lustre/fsw/portfolios/llmservice/users/a.very.long.user.name/.cache/fastpath-hooks"
+NVCC = "/opt/nvidia/hpc_sdk/Linux_x86_64/25.5/compilers/cuda/12.8/bin/nvcc"
+LONG_WHEELS = (   # names a real wheelhouse holds beside the kernels' (none of them fits a kernel here)
+    "causal_conv1d-1.7.0+cu13torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",
+    "causal_conv1d-1.6.2.post1+cu13torch2.11cxx11abiFALSE-cp313-cp313-linux_aarch64.whl",
+    "mamba_ssm-2.3.2.post1+cu13torch2.12cxx11abiTRUE-cp313-cp313-linux_aarch64.whl",
+    "nvidia_cudnn_cu12-9.10.2.21-py3-none-manylinux_2_27_x86_64.whl",
+    "nvidia_cusparselt_cu12-0.7.1-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    "flash_attn-2.8.3+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl",
+)
+LONG_CACHED = ("causal_conv1d-1.6.2.post1+fph.torch2.12.0.cu130.abi1.sm100.sm120-cp313-cp313-linux_aarch64.whl",)
+
+
+# -- the longest realistic inputs: each changes one kind of fact, none is meant to change the rule -----
+
+def long_paths(env: dict, dists: dict, settings: dict):
+    """A venv and a cache deep in a cluster's home directory, a toolkit deep in the HPC SDK, three long
+    FASTPATH_HOOKS_FIND_LINKS directories, mirrors with long URLs."""
+    env = {**env, "wheel_cache": CACHE + "/wheels", "prefix": HOME + "/.venv"}
+    if str(env.get("nvcc", BASE["nvcc"])).startswith("/"):   # a toolkit's (not the nvcc wheel, not posed)
+        env["nvcc"] = NVCC
+    if env.get("hipcc"):
+        env["hipcc"] = "/opt/rocm-6.4.1/lib/llvm/bin/../../bin/hipcc"
+    settings = {**settings, "cache_dir": CACHE, "pins_file": HOME + "/config/fastpath-hooks-pins.toml",
+                "wheel_urls": {"causal-conv1d": "https://artifactory.example.com/artifactory/api/github-mirror/"
+                               "Dao-AILab/causal-conv1d/releases/download/v1.6.2.post1/"}}
+    if settings.get("find_links"):
+        settings["find_links"] = tuple(f"{HOME}/wheelhouses/{n}-cu128-torch2.10-py312" for n in ("kernels", "deps", "extra"))
+    return env, dists, settings
+
+
+def long_versions(env: dict, dists: dict, settings: dict):
+    """torch with its build's local label (2.10.0+cu128), a nightly triton (3.6.0+git...), a dev
+    transformers, a two-digit Python patch, installed compiled kernels with their release wheels' labels."""
+    torch = env.get("torch", BASE["torch"])
+    if torch is None:
+        return env, dists, settings
+    cuda, hip = env.get("torch_cuda", BASE["torch_cuda"]), env.get("torch_hip")
+    label = f"cu{cuda.replace('.', '')}" if cuda else f"rocm{hip}" if hip else "xpu" if env.get("torch_xpu") else "cpu"
+    env = {**env, "torch": f"{torch}+{label}"}
+    triton = env.get("triton", BASE["triton"])
+    if triton:
+        env["triton"] = f"{triton}+git9a7cd3e2"
+    python = env.get("python", BASE["python"])
+    env["python"] = ".".join(python.split(".")[:2]) + ".11"
+    dists = dict(dists)
+    transformers = dists.get("transformers", "5.24.0")
+    if transformers:
+        dists["transformers"] = f"{transformers}.dev0"
+    for name in ("causal-conv1d", "mamba-ssm"):
+        version = dists.get(name)
+        if version and "+" not in version:
+            dists[name] = f"{version}+cu12torch2.10cxx11abiTRUE"
+    return env, dists, settings
+
+
+def many_files(env: dict, dists: dict, settings: dict):
+    return ({**env, "wheelhouse": tuple(env.get("wheelhouse", ())) + LONG_WHEELS,
+             "cached_wheels": tuple(env.get("cached_wheels", ())) + LONG_CACHED}, dists, settings)
+
+
+def many_missing(env: dict, dists: dict, settings: dict):
+    """Offline, and the dependencies a kernel needs are not installed either: more for the wheelhouse to lack."""
+    if not settings.get("offline"):
+        return env, dists, settings
+    return env, {**dists, "einops": None, "packaging": None}, settings
+
+
+LENGTHENERS = (long_paths, long_versions, many_files, many_missing)
+
+
+def decided(row, env, dists, settings):
+    s = dataclasses.replace(Settings(), **settings)
+    environment = make_env(dists, **env)
+    pins = row.pins or PINS
+    if row.via is not None:
+        d = row.via(environment, s, pins)
+        return environment, s, pins, d, None
+    plan = plan_for(environment, s, pins)
+    return environment, s, pins, plan[row.kernel], plan
+
+
+def lengthened(row):
+    """The row's decision with every lengthener that leaves its rule as it is (applied one after another)."""
+    env, dists, settings, applied = dict(row.env), dict(row.dists), dict(row.settings), []
+    for lengthen in LENGTHENERS:
+        longer = lengthen(env, dists, settings)
+        if decided(row, *longer)[3].rule == row.rule:
+            (env, dists, settings), applied = longer, applied + [lengthen.__name__]
+    return decided(row, env, dists, settings), applied, (env, dists, settings)
+
+
+def _fields(template: str) -> list:
+    return [f for _, f, _, _ in string.Formatter().parse(template.replace("[", "").replace("]", "")) if f]
+
+
+def lines_of(d, environment, settings, pins):
+    """(rule id, line, the values its templates named) of what the start-up says for this decision:
+    a machine-wide skip once for every kernel, else the kernel's line; its repair's too."""
+    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide.common import Context
+
+    ctx = Context(environment, settings, pins, False)
+    short.strict(ctx, d)      # a KeyError naming the rule that has no short form, or a slot nobody fills
+    values = short.slots(ctx, d)
+    rule = rule_ids.lookup(pins, d.rule)
+    named = {f: values[f] for f in _fields(rule.line) + _fields(rule.fix) if values.get(f)}
+    said = [(d.rule, short.machine_line(d) if rule.machine_wide else short.line(d), named, d)]
+    if d.repair is not None:
+        said.append((d.repair.rule, short.line(d.repair), {"target": short.versions(pins.kernel(d.kernel),
+                                                                                    d.repair.target)}, d.repair))
+    return said
+
+
+def assert_whole_and_short(rule: str, line: str, named: dict, d) -> None:
+    from fastpath_hooks.decide import short
+
+    where = f"{rule}: {PREFIX + line!r} ({len(PREFIX + line)} characters)"
+    assert len(PREFIX + line) <= MAX_LINE, f"over {MAX_LINE}: {where} - shorten its templates in decide/rule_ids.py"
+    assert fit(line) == PREFIX + line and "..." not in line, f"events.fit would cut it: {where}"
+    assert d.short_reason and d.short_reason in line, f"no short reason: {where}"
+    assert d.short_fix in line, f"its fix {d.short_fix!r} is not whole: {where}"
+    outcome = short.MACHINE_WIDE if line.startswith(short.MACHINE_WIDE) else f"{d.kernel}: {short.outcome(d)} - "
+    assert outcome in line, f"no kernel and outcome {outcome!r}: {where}"
+    for slot, value in named.items():
+        assert value in line, f"the fact {slot}={value!r} is not whole: {where}"
+
+
+def without_short_form() -> list:
+    """Every rule of every kind (also those no shipped kernel gets) that declares no line or fix template."""
+    tables = {rule_ids.SHARED_SCOPE: rule_ids.SHARED, **{f"<{kind} prefix>": t for kind, t in rule_ids.KINDS.items()}}
+    return [f"{scope}.{template}" for scope, table in tables.items() for template, rule in table.items()
+            if rule.line is None or rule.fix is None]
+
+
+def test_every_declared_rule_has_a_short_form():
+    missing = without_short_form()
+    assert not missing, (f"rules without a short form: {missing} - give each `line=` (the reason, short) and `fix=` "
+                         "(\"\" where the user can change nothing) in decide/rule_ids.py; docs/safety.md#messages")
+
+
+def test_a_rule_without_a_short_form_is_named(monkeypatch):
+    """What a merged branch's new rule meets: the rule is named, by the table check and by the walk."""
+    monkeypatch.setitem(rule_ids.PURE, "numeric.block", rule_ids.Rule(events.Severity.WARNING, "a rule another branch adds"))
+    assert without_short_form() == ["<pure prefix>.numeric.block"]
+    monkeypatch.setitem(rule_ids.PURE, "offline-missing", rule_ids.Rule(events.Severity.STATUS, "its line not written yet"))
+    monkeypatch.setattr(rule_ids, "_declared", {})    # declared() again from the tables
+    from fastpath_hooks.decide import short
+
+    row = next(r for r in ROWS if r.rule == "fla.offline-missing")
+    environment, settings, pins, d, _ = decided(row, row.env, row.dists, row.settings)
+    assert d.short_reason == "" and short.line(d) == f"fla: not installed - {d.reason} ({d.fix})"   # the whole, fitted
+    with pytest.raises(KeyError, match="rule 'fla.offline-missing': no short form"):
+        lines_of(d, environment, settings, pins)
+
+
+def test_every_rule_is_said_within_the_width_with_its_reason_and_fix():
+    said, lengthened_by, problems = {}, {}, []
+    for row in ROWS:
+        (environment, settings, pins, d, _), applied, _ = lengthened(row)
+        lengthened_by[row.id] = applied
+        try:
+            for rule, line, named, decision in lines_of(d, environment, settings, pins):
+                assert_whole_and_short(rule, line, named, decision)
+                said.setdefault(rule, (line, applied))
+        except (AssertionError, KeyError) as exc:
+            problems.append(f"{row.id}: {exc}")
+    assert not problems, "\n".join(problems)
+    declared = set(rule_ids.declared(PINS))
+    assert declared - set(said) == set(), f"rules no row said: {sorted(declared - set(said))}"
+    # the long inputs were really there: long paths everywhere, long versions nearly everywhere
+    assert all("long_paths" in applied for applied in lengthened_by.values()), \
+        [r for r, a in lengthened_by.items() if "long_paths" not in a]
+    assert sum("long_versions" in a for a in lengthened_by.values()) > 0.8 * len(ROWS)
+    assert any("many_missing" in a for a in lengthened_by.values())
+    longest = max(said.items(), key=lambda item: len(item[1][0]))
+    print(f"{len(said)} rules; the longest line ({len(PREFIX + longest[1][0])} characters): {longest[0]}: {longest[1][0]}")
+
+
+# -- the engine says exactly these lines --------------------------------------------------------
+
+@pytest.fixture
+def speaking(monkeypatch, tmp_path):
+    """This process speaks for the node; the variables decisions set (FLA_TILELANG=0 on ROCm) are undone."""
+    import os
+
+    saved = dict(os.environ)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("FASTPATH_HOOKS_LOG", raising=False)
+    heard = []
+    events.add_listener(heard.append)
+    yield heard
+    events.clear_listeners()
+    events.forget()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.parametrize("mode", ["install", "report"])
+def test_the_engine_says_every_rules_line_whole(mode, speaking, monkeypatch, tmp_path, capsys):
+    """Each row through the real state machine (a TableWorld: the real policy, verdict cache and said-markers):
+    every line printed is the event's own message, uncut, within the width."""
+    problems, printed = [], 0
+    for i, row in enumerate(r for r in ROWS if r.via is None):
+        (environment, settings, pins, d, _), _, (env, dists, over) = lengthened(row)
+        monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / f"said-{mode}-{i}"))
+        world = TableWorld(environment, tmp_path / f"{mode}-{i}", settings=dataclasses.replace(settings, mode=mode),
+                           pins=pins)
+        events.forget()
+        speaking.clear()
+        world.run(row.kernel)
+        messages = {e["message"] for e in speaking}
+        for line in capsys.readouterr().err.splitlines():
+            if not line.startswith(PREFIX):
+                continue
+            printed += 1
+            if len(line) > MAX_LINE or line[len(PREFIX):] not in messages:
+                problems.append(f"{row.id}: {line!r} ({len(line)} characters)")
+    engine.use_world(None)
+    assert not problems, "\n".join(problems)
+    assert printed > len(ROWS) / 2
+
+
+# -- a build says its estimate and how to build ahead of time -------------------------------------
+
+BUILD_ROWS = [r for r in ROWS if r.rule in ("causal.build", "mamba.build", "causal.build.timeout", "mamba.build.timeout")]
+
+
+@pytest.mark.parametrize("row", BUILD_ROWS, ids=[r.id for r in BUILD_ROWS])
+def test_a_build_line_keeps_its_estimate_and_how_to_build_ahead(row, speaking, monkeypatch, tmp_path, capsys):
+    (environment, settings, pins, d, _), applied, _ = lengthened(row)
+    assert "long_paths" in applied and "long_versions" in applied
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "said"))
+    TableWorld(environment, tmp_path, settings=settings, pins=pins).run(row.kernel)
+    engine.use_world(None)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"{PREFIX}{row.kernel}: ")]
+    estimate = re.search(r"about (\d+ (?:min|s))", d.reason).group(1)   # the policy's whole reason says it
+    estimated = [line for line in said if "estimated" in line]
+    assert estimated, f"no line says the estimate: {said}"
+    line = estimated[0]
+    assert len(line) <= MAX_LINE and line == fit(line[len(PREFIX):]), line
+    assert f"an estimated {estimate}" in line, (estimate, line)
+    assert f"fastpath-hooks build {row.kernel}" in line, line
+
+
+# -- a later start reminds in one line (real processes) ---------------------------------------------
+
+# The kernel's import, as era C's modeling import makes it (the finder decides fla first)
+START = "import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla')"
+HOPPER_NO_NVCC = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=no"   # fla#640 applies, tilelang cannot be had
+
+
+def start(env: dict, *args) -> list:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, *(args or ("-c", START))], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return [line for line in (proc.stderr if not args else proc.stdout).splitlines()
+            if args or line.startswith(PREFIX)]
+
+
+def test_a_later_start_names_the_missing_kernel_and_doctor_in_one_line(tmp_path):
+    from support import venvs
+
+    env = venvs.clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), FASTPATH_HOOKS_TARGET=HOPPER_NO_NVCC,
+                          LOCAL_RANK="0")
+    first = start(env)
+    assert len(first) == 1, first
+    (line,) = first
+    assert len(line) <= MAX_LINE and not line.endswith("..."), line
+    assert line.startswith(f"{PREFIX}fla: not installed - ")                  # the kernel and the outcome
+    assert all(part in line for part in ("fla#640", "sm_90", "triton 3.6.0", "tilelang", "no nvcc")), line  # why
+    assert line.endswith("(set CUDA_HOME to a CUDA toolkit)"), line           # and the fix, whole
+    reminder = f"{PREFIX}fla not in use (torch path): see fastpath-hooks doctor"
+    assert start(env) == [reminder]                       # not the whole line again, and not nothing
+    assert start(dict(env, LOCAL_RANK="1")) == []        # another rank of the node says nothing
+    assert start(env) == [reminder]                       # every later start, while fla stays missing
+    # the debug log has the whole line, and doctor - where the reminder points - the whole reason and fix
+    debug = start(dict(env, FASTPATH_HOOKS_LOG="debug"))
+    assert any("(said before)" in d and "computes fla's backward wrongly" in d and "CUDA_HOME" in d for d in debug), debug
+    doctor = "\n".join(start(env, "-m", "fastpath_hooks", "doctor"))
+    assert "computes fla's backward wrongly" in doctor and "point CUDA_HOME at one" in doctor, doctor
+
+
+# -- the lines the engine says about settings, the cache and measured numbers ---------------------
+
+LONG_DIR = HOME + "/wheelhouses/kernels-cu128-torch2.10-py312-built-on-the-login-node-2026-11-30"
+BAD_SETTINGS = [   # (variables, what the line must keep whole: the variable, the outcome, what is accepted)
+    ({"FASTPATH_HOOKS_LOG": "verbose"}, ["FASTPATH_HOOKS_LOG=", "is not valid, so nothing is installed",
+                                         "off, error, warning, info, debug"]),
+    ({"FASTPATH_HOOKS_FIND_LINKS": LONG_DIR}, ["FASTPATH_HOOKS_FIND_LINKS", "is not valid, so nothing is installed",
+                                                "is not a directory"]),
+    ({"FASTPATH_HOOKS_SKIP": "bogus-kernel-name-from-an-old-config", "FASTPATH_HOOKS_LOG": "verbose"},
+     ["FASTPATH_HOOKS_", "is not valid, so nothing is installed (and 1 more)"]),
+]
+
+
+def said_lines(capsys) -> list:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith(PREFIX)]
+
+
+@pytest.mark.parametrize("variables,kept", BAD_SETTINGS, ids=[",".join(v) for v, _ in BAD_SETTINGS])
+def test_an_invalid_setting_is_one_line_within_the_width(variables, kept, speaking, capsys):
+    from fastpath_hooks.engine.context import bad_settings, value_once
+    from fastpath_hooks.facts.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env(variables)
+    bad_settings(caught.value)
+    (line,) = said_lines(capsys)
+    assert len(line) <= MAX_LINE and fit(line[len(PREFIX):]) == line, line
+    assert all(part in line for part in kept), (kept, line)
+    var, value, why = caught.value.problems[0]
+    whole = speaking[-1].get("detail", speaking[-1]["message"])   # the event (on_event, the debug log) has it whole
+    assert f"{var}={value!r} is not valid" in whole and value_once(value, why) in whole, whole
+
+
+def test_an_unusable_cache_dir_says_the_fallback_and_the_fix_within_the_width(speaking, capsys, monkeypatch, tmp_path):
+    from fastpath_hooks.engine.context import unusable_cache_dir
+
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))   # where the said-marker goes
+    from fastpath_hooks.facts.settings import Settings
+
+    settings = Settings.from_env({"FASTPATH_HOOKS_CACHE_DIR": "/proc/nope" + CACHE, "HOME": HOME,
+                                  "XDG_CACHE_HOME": CACHE + "/../../xdg-cache-of-this-very-long-user"})
+    assert settings.cache_dir_unusable and settings.cache_dir is None
+    unusable_cache_dir(settings)
+    (line,) = said_lines(capsys)
+    assert len(line) <= MAX_LINE, line
+    assert line.startswith(f"{PREFIX}FASTPATH_HOOKS_CACHE_DIR") and "cannot be created" in line, line
+    assert "instead" in line and line.endswith("(set it to a directory you can write)"), line
+    assert speaking[-1]["detail"] == settings.cache_dir_unusable    # whole, with both paths
+
+
+@pytest.mark.parametrize("detail", [
+    "on sm_90, causal_conv1d_fn forward differs from torch by 0.53 (tolerance 0.05 + 1%)",
+    "on sm_90+sm_100 (CPU tensors), mamba_chunk_scan_combined forward+backward differs from torch by 0.031, "
+    "relative error 0.12 (tolerance 0.05)",
+])
+@pytest.mark.parametrize("kernel", ["causal-conv1d", "mamba-ssm", "fla"])
+def test_a_measured_error_is_said_with_the_fix_within_the_width(kernel, detail):
+    """The engine's line when a check measures wrong numbers, and the policy's at the next start."""
+    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide.common import numeric_measured
+    from fastpath_hooks.decide.rule_ids import NUMERIC_SHORT_FIX
+
+    said = numeric_measured(kernel, detail, "sm_90")
+    line = PREFIX + short.compose(kernel, short.BLOCKED, said, NUMERIC_SHORT_FIX)
+    assert len(line) <= MAX_LINE and fit(line[len(PREFIX):]) == line, line
+    assert line.endswith(f"({NUMERIC_SHORT_FIX})") and "..." not in line, line
+    assert said in (detail, detail.split(" (tolerance")[0]) or "sm_90" in said, said
+    if len(detail) < 90 and kernel != "causal-conv1d":
+        assert "differs from torch by" in said, said       # the measure itself whenever it fits
