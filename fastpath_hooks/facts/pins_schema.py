@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -14,7 +15,7 @@ from .distributions import canonical_name
 from .frozen import FrozenSpecifierSet, freeze
 from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
                           PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
-                          same_version)
+                          WheelIndex, same_version)
 from .._registry import REGISTRY
 
 
@@ -261,8 +262,10 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
                     v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
             switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
                             off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
+    indexes = _wheel_indexes(v, k["wheel_indexes"], f"{e}.wheel_indexes") if "wheel_indexes" in k else ()
     for key, kinds in (("releases", ("pure", "compiled")), ("pairs", ("pair",)), ("broken", ("pair",)),
-                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",))):
+                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",)),
+                       ("wheel_indexes", ("compiled",))):
         if key in k and kind not in kinds:
             v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
     if kind == "compiled" and "source_build" not in k:
@@ -290,9 +293,40 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
         gates=v.strings(k.get("gates", []), f"{e}.gates"),
         mirror=mirror,
         serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
-        rule_prefix=prefix, switch=switch,
+        rule_prefix=prefix, switch=switch, wheel_indexes=indexes,
         releases=releases, pairs=pairs, broken=broken,
     )
+
+
+INDEX_FIELDS = ("{channel}", "{project}", "{cuda}", "{cuda_nodot}", "{torch_mm}")
+
+
+def _wheel_indexes(v: _V, raw, e: str) -> tuple:
+    out, seen = [], set()
+    for i, r in enumerate(v.list(raw, e)):
+        ie = f"{e}[{i}]"
+        v.table(r, ie)
+        name = v.string(r.get("name"), f"{ie}.name")
+        if name in seen or not name.replace("-", "").isalnum() or name.lower() != name:
+            v.fail(f"{ie}.name", f"{name!r}: a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
+        seen.add(name)
+        url = v.string(r.get("url"), f"{ie}.url")
+        if not url.startswith(("https://", "http://", "file://")) or "{project}" not in url or not url.endswith("/"):
+            v.fail(f"{ie}.url", f"{url!r}: an http(s):// or file:// template of the project page, with {{project}}, "
+                   "ending in /")
+        for key in ("url", "channel", "local"):
+            text = v.string(r.get(key), f"{ie}.{key}")
+            for placeholder in re.findall(r"{[^}]*}", text):
+                if placeholder not in INDEX_FIELDS:
+                    v.fail(f"{ie}.{key}", f"unknown placeholder {placeholder}; known: {', '.join(INDEX_FIELDS)}")
+        abi = v.string(r.get("cxx11_abi"), f"{ie}.cxx11_abi")
+        if abi not in ("TRUE", "FALSE"):
+            v.fail(f"{ie}.cxx11_abi", f"{abi!r}: expected TRUE or FALSE (the cxx11 ABI of its builds)")
+        out.append(WheelIndex(name=name, url=url, project=v.string(r.get("project"), f"{ie}.project"),
+                              channel=r["channel"], local=r["local"], cxx11_abi=abi,
+                              torch=v.specifier(r.get("torch", ""), f"{ie}.torch"),
+                              enabled=v.boolean(r.get("enabled", False), f"{ie}.enabled"), source=v.source(r, ie)))
+    return tuple(out)
 
 
 def decision_order(kernels: dict) -> tuple | None:
@@ -455,7 +489,14 @@ def _source_build(v: _V, raw, e: str) -> SourceBuild:
     spec = list(Requirement(requirement).specifier)
     if len(spec) != 1 or spec[0].operator != "==":
         v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
+    par = v.table(sb.get("parallel", {"translation_units": 1, "split_compile": False, "source": "upstream: not known"}),
+                  f"{e}.parallel")
+    units = par.get("translation_units", 1)
+    if not isinstance(units, int) or isinstance(units, bool) or units < 1:
+        v.fail(f"{e}.parallel.translation_units", "expected a positive whole number (the files the build compiles)")
+    v.source(par, f"{e}.parallel")
     return SourceBuild(
+        translation_units=units, split_compile=v.boolean(par.get("split_compile", False), f"{e}.parallel.split_compile"),
         requirement=requirement,
         env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
         rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},

@@ -64,6 +64,7 @@ class Environment:
     memory_gib: float | None = None   # available memory (MAX_JOBS: nvcc jobs take GBs each)
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
+    build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
 
     _freezes_itself = True
@@ -244,7 +245,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
     from dataclasses import replace
 
-    from . import cached_wheels
+    from . import build_history, cached_wheels
     from .._environ import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
@@ -281,6 +282,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         half_installed=tuple(sorted(set(duplicates) & watched_distributions(pins))),
         wheel_cache=cached_wheels.directory(cache) if cache else None,
         cached_wheels=cached_wheels.listing(cache),
+        build_history=build_history.read(cache),
         pip="pip" in dists,
     )
 
