@@ -226,6 +226,7 @@ def _install(args) -> int:
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
         return 0
     bad = 0
+    engine.expect(wanted)   # the compiled ones among them install together (builds side by side, one check)
     for kernel in wanted:
         outcome = engine.ensure(kernel, target=args.target)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")

@@ -205,7 +205,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
-        fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
+        fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
     sccache_before = nvcc_speed.sccache_counts(speed.launcher) if speed is not None else None
     ran = execute(inv, settings.timeout, kernel, f"building {what} (log: {log})", work=work, extra_env=scratch,

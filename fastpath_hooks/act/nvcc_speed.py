@@ -179,11 +179,11 @@ def summary(speed: Speed, work: str, sccache_before: dict | None = None) -> tupl
     if slowest:
         parts.append(f"slowest {os.path.basename(str(slowest.get('source')))} {slowest.get('seconds', 0):.0f} s")
     if info["launcher"] is None:
-        parts.append("no compiler cache (ccache or sccache on PATH would keep the compiles)")
+        parts.append("no compiler cache")   # ccache or sccache on the build's PATH would keep the compiles
     elif cache is None:
         parts.append(f"{info['launcher']}: hits unknown")
     else:
         scope = " (server-wide)" if info["launcher"] == "sccache" else ""
         parts.append(f"{info['launcher']}: {cache['hits']} hit{'s' if cache['hits'] != 1 else ''}, "
                      f"{cache['misses']} miss{'es' if cache['misses'] != 1 else ''}{scope}")
-    return "; ".join(parts), info
+    return ", ".join(parts), info
