@@ -28,7 +28,12 @@ ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.lates
 
 class IndexMiss(Exception):
     """No usable file on the index (none of that version fits, the index is unreachable, a hash is
-    missing or wrong); the message is one line that says which and where."""
+    missing or wrong); the message is one line that says which and where, `short` the same in
+    words that fit a human line (the message is logged whole)."""
+
+    def __init__(self, message: str, short: str | None = None):
+        super().__init__(message)
+        self.short = short or message
 
 
 def fetch(step, settings, env, dest: str) -> str:
@@ -41,14 +46,18 @@ def fetch(step, settings, env, dest: str) -> str:
     want = next(iter(req.specifier)).version
     files = project_files(step.url, timeout=min(settings.timeout, 60))
     chosen = choose(files, req.name, want, python=env.python, arch=env.arch, glibc=env.glibc)
+    host = urlsplit(step.url).netloc or step.url
+    py = "cp" + "".join(env.python.split(".")[:2])
     if chosen is None:
         have = sorted({f["filename"] for f in files if _version_of(f["filename"]) is not None})[:4]
-        raise IndexMiss(f"{step.url} has no {req.name} {want} wheel for cp{''.join(env.python.split('.')[:2])} "
-                        f"{env.platform}" + (f" (it lists {', '.join(have)}{' ...' if len(files) > 4 else ''})" if have
-                                              else " (it lists no wheel)"))
+        raise IndexMiss(f"{step.url} has no {req.name} {want} wheel for {py} {env.platform}" +
+                        (f" (it lists {', '.join(have)}{' ...' if len(files) > 4 else ''})" if have
+                         else " (it lists no wheel)"),
+                        f"the {host} index has no {want} wheel for {py} {env.platform}")
     sha = (chosen.get("hashes") or {}).get("sha256")
     if not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
-        raise IndexMiss(f"{chosen['filename']} on {step.url} has no sha256 on the index: not taken (it cannot be checked)")
+        raise IndexMiss(f"{chosen['filename']} on {step.url} has no sha256 on the index: not taken (it cannot be checked)",
+                        f"the {host} index lists no sha256 for its {want} wheel: not taken, it cannot be checked")
     target = os.path.join(dest, chosen["filename"])
     events.status(f"downloading {chosen['url']}")
     try:
@@ -61,11 +70,13 @@ def fetch(step, settings, env, dest: str) -> str:
         digest = sha256_of(target)
     except OSError as exc:
         _remove(target)
-        raise IndexMiss(f"could not download {chosen['url']}: {exc}") from None
+        raise IndexMiss(f"could not download {chosen['url']}: {exc}", f"could not download its wheel from {host}: {exc}") \
+            from None
     if digest != sha:
         _remove(target)
-        raise IndexMiss(f"{chosen['filename']} from {urlsplit(step.url).netloc or step.url}: sha256 {digest} does not "
-                        f"match the index's {sha} (a corrupt or substituted file); refused, nothing installed")
+        raise IndexMiss(f"{chosen['filename']} from {host}: sha256 {digest} does not match the index's {sha} "
+                        "(a corrupt or substituted file); refused, nothing installed",
+                        "the index's wheel fails its listed sha256 (corrupt or substituted): refused, nothing installed")
     return target
 
 
@@ -78,14 +89,16 @@ def project_files(url: str, *, timeout: float) -> list:
             kind = resp.headers.get("Content-Type", "")
             base = resp.geturl()
     except OSError as exc:
-        raise IndexMiss(f"could not read {url}: {exc}") from None
+        raise IndexMiss(f"could not read {url}: {exc}", f"could not read the {urlsplit(url).netloc or url} index: {exc}") \
+            from None
     text = body.decode("utf-8", errors="replace")
     if "json" in kind or text.lstrip().startswith("{"):
         try:
             data = json.loads(text)
             raw = data["files"]
         except (ValueError, KeyError, TypeError):
-            raise IndexMiss(f"{url} is not a PEP 691 project page (no `files` list)") from None
+            raise IndexMiss(f"{url} is not a PEP 691 project page (no `files` list)",
+                            f"the {urlsplit(url).netloc} index's page is not a PEP 691 one") from None
         out = []
         for item in raw if isinstance(raw, list) else ():
             if isinstance(item, dict) and isinstance(item.get("filename"), str) and isinstance(item.get("url"), str):

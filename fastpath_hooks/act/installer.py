@@ -318,7 +318,8 @@ def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
         if fallback is None:
             raise InstallError(str(exc)) from None
         then = "building from source instead" if fallback.kind == StepKind.BUILD else "trying the next index"
-        events.warning(f"{kernel}: {exc}; {then}", kernel)
+        events.debug(f"{kernel}: {exc}", kernel)
+        events.warning(f"{kernel}: {exc.short}; {then}", kernel)
         return None
 
 

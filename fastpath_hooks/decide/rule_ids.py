@@ -86,7 +86,7 @@ COMPILED = {
     "index": Rule(_S, "a wheel from a package index the settings allow, else a source build for the visible GPUs",
                   requires=("wheel_indexes",)),
     "index.only": Rule(_S, "a wheel from a package index the settings allow; no source build is possible here",
-                       requires=("wheel_indexes",)),
+                       requires=("wheel_indexes",), needs=frozenset({NVCC_RELEASE})),   # a build may be once nvcc's release is known
     "build": Rule(_S, "a source build for the visible GPUs"),
     "build.all-archs": Rule(_S, "a source build for every arch the sdist knows (asked for)"),
     "rocm.build": Rule(_S, "a source build with hipcc for the visible GPUs"),
