@@ -295,3 +295,36 @@ def test_no_fitting_wheel_an_unknown_page_and_offline_are_each_one_line(tmp_path
         with pytest.raises(index_mod.IndexMiss, match="FASTPATH_HOOKS_OFFLINE=1"):
             index_mod.fetch(_step(index), Settings(offline=True, find_links=(str(tmp_path),)), _Env(), str(tmp_path))
         assert index.requests == before                                   # offline: not asked at all
+
+
+# -- the request: what the modeling module being imported will ask for -----------------------------
+
+def test_while_granite_4_0_h_is_imported_its_first_kernel_import_sees_both_kernels_coming():
+    """transformers >= 5.15 imports causal_conv1d at the first decorator of modeling_granitemoehybrid,
+    mamba_ssm only at a later one: the hint (read when the first is about to be installed) names
+    both, so they build side by side (real transformers, its real modeling module)."""
+    import importlib
+
+    from fastpath_hooks.hooks.request import modeling_kernels
+
+    seen = {}
+
+    class Spy:
+        def find_spec(self, name, path=None, target=None):
+            if name in ("causal_conv1d", "mamba_ssm") and name not in seen:
+                seen[name] = modeling_kernels()
+            return None
+
+    name = "transformers.models.granitemoehybrid.modeling_granitemoehybrid"
+    saved = {k: v for k, v in sys.modules.items() if k == name}
+    sys.modules.pop(name, None)
+    spy = Spy()
+    sys.meta_path.insert(0, spy)
+    try:
+        importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(spy)
+        sys.modules.pop(name, None)
+        sys.modules.update(saved)
+    assert seen.get("causal_conv1d") == {"causal-conv1d", "mamba-ssm"}, seen
+    assert modeling_kernels() == set()     # nothing is being imported now

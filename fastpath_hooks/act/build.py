@@ -215,6 +215,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     if compiled:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"# {nvcc_speed.MARK} {compiled}\n")
+        nvcc_speed.keep_calls(speed, log)
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")

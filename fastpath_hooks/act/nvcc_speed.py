@@ -15,9 +15,10 @@ torch's ninja build runs `PYTORCH_NVCC` for every .cu file. The arch-restricting
   so they count every compile it served meanwhile). `CCACHE_BASEDIR` is the build's scratch
   directory: pip unpacks the sdist into a new temporary directory every time, and ccache rewrites
   the paths under it to relative ones, so the same sources hit in the next build.
-- one JSON line per compile (`<work>/nvcc-calls.jsonl`: the source, seconds, the split, the
-  launcher, the exit status, argv and cwd), and one line in the build's log: which file set the
-  wall time is then read off, and benchmarks/cold_node.sh replays a compile from it.
+- one JSON line per compile (`<work>/nvcc-calls.jsonl`, kept beside the build's log as
+  `<log>.nvcc.jsonl`: the source, seconds, the split, the launcher, the exit status, the real nvcc,
+  argv and cwd), and one line in the build's log: which file set the wall time is read off, and
+  benchmarks/cold_node.py replays a compile from it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ except OSError as exc:
     code = 127
 seconds = time.time() - start
 source = next((a for a in args if a.endswith((".cu", ".cpp", ".cc", ".c")) and not a.startswith("-")), "?")
-record = {{"source": source, "seconds": round(seconds, 2), "split": SPLIT if SPLIT > 1 else 1,
+record = {{"source": source, "seconds": round(seconds, 2), "split": SPLIT if SPLIT > 1 else 1, "real": REAL,
           "launcher": os.path.basename(LAUNCHER) if LAUNCHER else None, "code": code, "argv": args,
           "cwd": os.getcwd(), "start": round(start, 2)}}
 try:
@@ -143,6 +144,20 @@ def calls(speed: Speed) -> list:
             return [json.loads(line) for line in fh if line.strip()]
     except (OSError, ValueError):
         return []
+
+
+def calls_path(log: str) -> str:
+    """Where a build's compile records are kept, beside its log (`<log without .log>.nvcc.jsonl`)."""
+    return (log[:-len(".log")] if log.endswith(".log") else log) + ".nvcc.jsonl"
+
+
+def keep_calls(speed: Speed, log: str) -> None:
+    """Keep the compile records beside the build's log (the work directory goes): which file set the
+    wall time, and the exact command of each (benchmarks/cold_node.py replays one)."""
+    try:
+        shutil.copyfile(speed.calls, calls_path(log))
+    except OSError:
+        pass
 
 
 def ccache_result(work: str) -> dict | None:
