@@ -44,10 +44,37 @@ def cache_dir_given(environ=None) -> str | None:
     return os.path.abspath(os.path.expanduser(raw)) if raw else None
 
 
+_unusable: dict = {}   # path -> why it cannot be the cache root ("" when it can): asked once per process
+
+
+def cache_dir_problem(path: str) -> str:
+    """Why `path` cannot be the cache root ("" when it can): a directory this process can write, made
+    if missing. An unusable FASTPATH_HOOKS_CACHE_DIR (`/proc/nope`) falls back to the default root -
+    said once (settings.cache_dir_unusable) - instead of every verdict being lost and every start
+    verifying again. One or two system calls, once per process and path."""
+    import os
+
+    if path not in _unusable:
+        problem = ""
+        if os.path.isdir(path):
+            if not os.access(path, os.W_OK | os.X_OK):
+                problem = "is not writable"
+        elif os.path.lexists(path):
+            problem = "is not a directory"
+        else:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as exc:
+                problem = f"cannot be created ({exc.strerror or exc})"
+        _unusable[path] = problem
+    return _unusable[path]
+
+
 def cache_root_from_environ(environ=None) -> str:
-    """The cache root FASTPATH_HOOKS_CACHE_DIR names (as settings parses it), without parsing the
-    settings: the warm path's."""
-    return cache_dir_given(environ) or default_cache_root(environ)
+    """The cache root FASTPATH_HOOKS_CACHE_DIR names (as settings parses it: the default root when
+    it cannot be used), without parsing the settings: the warm path's."""
+    given = cache_dir_given(environ)
+    return given if given and not cache_dir_problem(given) else default_cache_root(environ)
 
 
 def default_cache_root(environ=None) -> str:

@@ -71,7 +71,9 @@ def _parser():
     pl.set_defaults(func=_plan)
 
     i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
-    i.add_argument("kernels", nargs="*", metavar="KERNEL", help=f"{kernels} (default: all)")
+    i.add_argument("kernels", nargs="*", metavar="KERNEL",
+                   help=f"{kernels} (default: all). Exit 1 when a named kernel ends skipped, blocked or failed; "
+                        "with none named, when a kernel this machine needs does")
     i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
     i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
     i.set_defaults(func=_install)
@@ -158,6 +160,7 @@ def _doctor(args) -> int:
     env, plan, real = _snapshot(settings, pins)
     act = activation.status()
     verdicts = cache.entries()
+    interrupted = _interrupted(settings)
     smoke = None
     if args.smoke:
         from .act.smoke import run_smoke
@@ -165,12 +168,13 @@ def _doctor(args) -> int:
         smoke = run_smoke(settings, env)
     if args.json:
         data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
+        data["interrupted_install"] = interrupted
         data["wheel_cache"] = report.wheel_cache_json(cache_root(settings))
         if smoke is not None:
             data["smoke"] = smoke
         print(json.dumps(data, indent=2))
     else:
-        print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts))
+        print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts, interrupted=interrupted))
         print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
         if smoke is not None:
             from .act.smoke import smoke_text
@@ -179,6 +183,18 @@ def _doctor(args) -> int:
     if smoke is not None and smoke.get("status") == "fail":
         return 1
     return 0
+
+
+def _interrupted(settings) -> dict | None:
+    """The install a journal says is running now or was killed half-way (doctor shows it, touches nothing)."""
+    from .act.state import environment_state_dir
+    from .act.transaction import Transaction
+
+    state_dir = environment_state_dir(settings)
+    tx = Transaction.pending(state_dir)
+    if tx is None:
+        return None
+    return {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
 
 
 def _plan(args) -> int:
@@ -215,24 +231,41 @@ def _with_needs(plan, kernels) -> set:
 
 
 def _install(args) -> int:
+    """Exit 1 when a kernel that should be had here is not: every kernel named on the command line
+    must end installed, repaired or already good (a skipped or blocked one fails the step, whatever
+    the kernel and whatever the cause); with none named, only the kernels this machine needs count -
+    those the plan installs, repairs or keeps (a kernel the plan leaves alone, e.g. on a machine
+    without a GPU, or one not needed here, does not) - plus a block, which is always a failure.
+    FASTPATH_HOOKS_MODE=report installs nothing on purpose: a kernel it would install is fine."""
     from . import report
     from . import engine
-    from .engine.outcome import BAD
+    from .decide.plan import BLOCK, SKIP
+    from .engine.outcome import GOOD, OutcomeState
 
     settings, pins = _context(args)
-    wanted = _kernels(args.kernels) or list(listed(registry()))
+    named = _kernels(args.kernels)
+    wanted = named or list(listed(registry()))
     if args.dry_run:
         env, plan, real = _snapshot(settings, pins)
         print(report.plan_text(_only(plan, _with_needs(plan, wanted)), settings, real_installed=real, pins=pins))
         return 0
-    bad = 0
+    needed = set(wanted)
+    if not named:   # the kernels this machine needs: what the plan (for --target's machine) installs or keeps
+        _, plan, _ = _snapshot(settings, pins)
+        needed = {k for k in wanted if k in plan.decisions and plan.decisions[k].action not in (SKIP, BLOCK)}
+    missing = []
     engine.expect(wanted)   # the compiled ones among them install together (builds side by side, one check)
     for kernel in wanted:
         outcome = engine.ensure(kernel, target=args.target)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
-        if outcome.state in BAD:
-            bad += 1
-    return 1 if bad else 0
+        fine = outcome.state in GOOD or outcome.state == OutcomeState.REPORTED   # MODE=report asked for no install
+        if outcome.state == OutcomeState.BLOCKED or (kernel in needed and not fine):
+            missing.append(f"{kernel} ({outcome.state})")
+    if missing:
+        what = "named" if named else "needed here"
+        _error(f"not installed: {', '.join(missing)} - {what} but not usable (the reasons are above); exit 1")
+        return 1
+    return 0
 
 
 def _download(args) -> int:
@@ -377,9 +410,12 @@ def _enable(args) -> int:
 
 
 def _disable(args) -> int:
-    from .hooks.activation import disable
+    from .hooks.activation import ActivationError, disable
 
-    done = disable()
+    try:
+        done = disable()
+    except ActivationError as exc:   # e.g. the user's lines would not compile without the block: nothing changed
+        raise _UsageError(str(exc)) from None
     for line in done:
         print(line)
     if not done:

@@ -149,7 +149,7 @@ def _installs_at_start(settings, plan, activation: dict) -> bool:
     return _enabled(activation) and installer_choice(settings, plan.environment)[0] is not None
 
 
-def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> str:
+def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, interrupted: dict | None = None) -> str:
     from ._names import VERSION as __version__
 
     env = plan.environment
@@ -173,16 +173,22 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
         row("start-up", "enabled: " + ", ".join(where))
     else:
         row("start-up", "not enabled (`fastpath-hooks enable`, or call fastpath_hooks.install() in your script)")
+    if settings.cache_dir_unusable:
+        row("cache", settings.cache_dir_unusable)
     if settings.mode == "report":
         row("mode", "report: decide and report, never install")
     if env.posed:
         row("posed", f"{', '.join(env.posed)} (from FASTPATH_HOOKS_TARGET / --target)")
+    if interrupted:
+        row("interrupted", interrupted_text(interrupted))
     if env.half_installed:
         row("half-installed", ", ".join(env.half_installed) + " (two dist-info in one directory)")
     if len(pins.origins) > 1:
         row("pins", f"shipped + {pins.origins[-1]}")
 
     lines += ["", "Kernels"]
+    shared = _shared_fixes((kernel, d.fix) for kernel, d in plan.decisions.items() if d.fix and d.action in (SKIP, BLOCK))
+    machine_fix = _machine_fix(plan)   # no GPU (or no torch) here: its one fix is said once, in the summary
     for kernel, d in plan.decisions.items():
         have = ", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no"
         lines.append(f"  {kernel}")
@@ -198,31 +204,71 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict) -> st
             lines.append(f"    needs          {', '.join(d.needs)}")
         if d.env:
             lines.append(f"    sets           {', '.join(f'{k}={v}' for k, v in d.env)}")
-        if d.fix and d.action in (SKIP, BLOCK):
+        if d.fix and d.action in (SKIP, BLOCK) and d.fix not in shared:
             lines.append(f"    to change it   {d.fix}")
         verdict = verdicts.get(kernel)
         if verdict:
             lines.append(f"    last verdict   {verdict.get('state')}: {verdict.get('reason')}")
-    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)))
-    lines += ["", "Summary: " + summary(plan, settings)]
+    for fix, kernels in shared.items():   # one fix for several kernels is said once, after them
+        if fix != machine_fix:
+            lines.append(f"  {', '.join(kernels)}")
+            lines.append(f"    to change it   {fix}")
+    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
+                         said=machine_fix)
+    lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])
     return "\n".join(lines)
 
 
-def packed_text(packed: dict) -> list:
-    """Doctor's packed-sequence section: nothing when that training would not fail here."""
+def interrupted_text(interrupted: dict) -> str:
+    """doctor's line for a pending install journal: what, and what happens to it."""
+    import time
+
+    when = interrupted.get("started")
+    since = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" if isinstance(when, (int, float)) else ""
+    pid = interrupted.get("pid")
+    return (f"{interrupted.get('description') or 'an install'} (pid {pid if pid is not None else '?'}{since}): "
+            "killed half-way, or running now - the next start, install() or `fastpath-hooks install` rolls back "
+            f"what it left (journal {interrupted['journal']})")
+
+
+def _machine_fix(plan) -> str | None:
+    """The fix of a skip that holds for every kernel (no accelerator, no torch: `plan.notes`), else None."""
+    fixes = {d.fix for d in plan.decisions.values()}
+    if plan.notes and len(fixes) == 1 and all(d.action == SKIP for d in plan.decisions.values()):
+        return next(iter(fixes)) or None
+    return None
+
+
+def packed_text(packed: dict, said: str | None = None) -> list:
+    """Doctor's packed-sequence section: nothing when that training would not fail here. `said`: a fix
+    the report gives elsewhere (left out here)."""
     if not packed["failures"]:
         return []
     names = ", ".join(f["package"] for f in packed["failures"])
     lines = ["", "Packed sequences",
              f"  padding-free training (cu_seqlens / seq_idx) would fail here: transformers {packed['transformers']} "
              f"raises ValueError without {names}"]
+    shared = _shared_fixes((f["package"], f["fix"]) for f in packed["failures"])
     for f in packed["failures"]:
         models = f["models"]
         lines.append(f"  {f['package']}")
         lines.append(f"    why          {f['problem']}")
-        lines.append(f"    to fix it    {f['fix']}")
+        if f["fix"] not in shared and f["fix"] != said:
+            lines.append(f"    to fix it    {f['fix']}")
         lines.append(f"    models       {', '.join(models[:6])}" + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
+    for fix, packages in shared.items():
+        if fix != said:
+            lines.append(f"  {', '.join(packages)}")
+            lines.append(f"    to fix it    {fix}")
     return lines
+
+
+def _shared_fixes(pairs) -> dict:
+    """fix -> the names it is the fix of, for each fix shared by more than one (said once, after them)."""
+    by_fix: dict = {}
+    for name, fix in pairs:
+        by_fix.setdefault(fix, []).append(name)
+    return {fix: names for fix, names in by_fix.items() if len(names) > 1}
 
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:

@@ -158,8 +158,10 @@ def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
     proc = venv.cli("install", "causal-conv1d", env=_env(sdist_house, HOPPER, toolkit, cache, test_pins()))
     assert proc.returncode == 1
     assert toolkit.calls(), "the compiler ran and failed"
-    match = re.search(r"source build of causal-conv1d==1\.6\.2\.post1 for sm_90 failed \(pip exit 1\); full log: (\S+\.log)",
-                      proc.stderr)
+    # the compiler's first error line, not pip's, and the log kept
+    match = re.search(r"source build of causal-conv1d==1\.6\.2\.post1 for sm_90 failed \(pip exit 1\): "
+                      r'csrc/causal_conv1d_fwd\.cu\(42\): error: identifier "__nv_bfloat16" is undefined \(fake nvcc\); '
+                      r"full log: (\S+\.log)", proc.stderr)
     assert match, proc.stderr
     log = open(match.group(1)).read()
     assert '__nv_bfloat16" is undefined (fake nvcc)' in log and "error compiling csrc/causal_conv1d.cu" in log

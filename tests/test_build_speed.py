@@ -16,6 +16,7 @@ import pytest
 
 from support import sdists
 from fastpath_hooks.act import nvcc_speed
+from fastpath_hooks.act.build import nvcc_wrapper
 from fastpath_hooks.act.runner import _elapsed
 from fastpath_hooks.act.verify import verify_many
 from fastpath_hooks.decide.builds import Share, build_estimate, core_budget, minutes, split_allowed
@@ -113,7 +114,8 @@ def test_the_heartbeat_says_elapsed_of_expected():
 # -- the nvcc speed wrapper, for real --------------------------------------------------------------
 
 def _compile(wrapper, source, obj, env):
-    return subprocess.run([wrapper, "-c", source, "-o", obj, "-O3", "-gencode", "arch=compute_90,code=sm_90"],
+    return subprocess.run([wrapper, "-c", source, "-o", obj, "-O3", "-gencode", "arch=compute_90,code=sm_90",
+                           "-gencode", "arch=compute_80,code=sm_80"],
                           env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -125,15 +127,17 @@ def test_the_wrapper_adds_split_compile_records_each_compile_and_runs_ccache_in_
         fh.write("__global__ void k() {}\n")
     launcher_dir = str(tmp_path / "tools")
     sdists.fake_ccache(launcher_dir)
-    speed = nvcc_speed.write(work, toolkit.nvcc, split=4, path_var=launcher_dir + os.pathsep + os.environ["PATH"])
+    speed = nvcc_speed.plan(work, split=4, path_var=launcher_dir + os.pathsep + os.environ["PATH"])
     assert speed.launcher == os.path.join(launcher_dir, "ccache") and speed.split == 4
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, ["sm_90"], speed=speed)    # the build's one nvcc wrapper
     env = dict(os.environ, **nvcc_speed.launcher_environ(speed, work))
     assert env["CCACHE_BASEDIR"] == work and env["CCACHE_STATSLOG"].startswith(work)
 
-    first = _compile(speed.wrapper, source, str(tmp_path / "a.o"), env)
-    second = _compile(speed.wrapper, source, str(tmp_path / "a.o"), env)   # the same compile again
+    first = _compile(wrapper, source, str(tmp_path / "a.o"), env)
+    second = _compile(wrapper, source, str(tmp_path / "a.o"), env)   # the same compile again
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert nvcc_speed.MARK in first.stderr and "--split-compile=4" in first.stderr and "ccache" in first.stderr
+    assert "fastpath-hooks nvcc wrapper: kept arch=compute_90,code=sm_90; dropped arch=compute_80" in first.stderr
     # the real (fake) nvcc ran once, with the split added once; the second compile was ccache's hit
     (call,) = toolkit.calls()
     assert call.count("--split-compile=4") == 1 and sdists.gencode_codes(call) == ["sm_90"]
@@ -147,16 +151,33 @@ def test_the_wrapper_adds_split_compile_records_each_compile_and_runs_ccache_in_
     assert line.endswith("ccache: 1 hit, 1 miss") and info["cache"]["hits"] == 1
 
 
+def test_one_wrapper_restricts_the_archs_adds_the_split_and_keeps_the_standard_last():
+    """The speed part lives in the same rewrite as the arch and C++-standard rules (act/compiler_wrapper.py):
+    the split goes on a compile only, once, and the rule's -std stays the last argument."""
+    from fastpath_hooks.act.compiler_wrapper import rewrite
+
+    argv = ["-c", "x.cu", "-o", "x.o", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90",
+            "-gencode", "arch=compute_100,code=sm_100"]
+    out, said = rewrite(argv, {"kind": "nvcc", "keep": ["sm_90"], "std": "c++20", "split": 4})
+    assert out == ["-c", "x.cu", "-o", "x.o", "-gencode", "arch=compute_90,code=sm_90", "--split-compile=4",
+                   "-std=c++20"]
+    assert said[0] == ("fastpath-hooks nvcc wrapper: kept arch=compute_90,code=sm_90; dropped "
+                       "arch=compute_100,code=sm_100")
+    assert rewrite(["-E", "x.cu"], {"kind": "nvcc", "keep": None, "std": None, "split": 4})[0] == ["-E", "x.cu"]
+    assert rewrite(["-c", "x.cpp"], {"kind": "cxx", "keep": None, "std": None, "split": 4})[0] == ["-c", "x.cpp"]
+
+
 def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tmp_path, toolkit):
     work = str(tmp_path / "work")
     os.makedirs(work)
-    speed = nvcc_speed.write(work, toolkit.nvcc, split=8, path_var="/nonexistent")
+    speed = nvcc_speed.plan(work, split=8, path_var="/nonexistent")
     assert speed.launcher is None
-    out = subprocess.run([speed.wrapper, "--version"], capture_output=True, text=True, timeout=60)
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=speed)
+    out = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=60)
     assert "release 13.0" in out.stdout and not nvcc_speed.calls(speed)     # not a compile: nothing recorded
     source = str(tmp_path / "x.cu")
     open(source, "w").close()
-    done = subprocess.run([speed.wrapper, "-c", source, "-o", str(tmp_path / "x.o"), "--split-compile=2"],
+    done = subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "x.o"), "--split-compile=2"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     (call,) = toolkit.calls()
@@ -164,7 +185,7 @@ def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tm
     line, info = nvcc_speed.summary(speed, work)
     assert "no compiler cache" in line and info["launcher"] is None
     toolkit.fail()
-    failed = subprocess.run([speed.wrapper, "-c", source, "-o", str(tmp_path / "y.o")], capture_output=True, text=True,
+    failed = subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "y.o")], capture_output=True, text=True,
                             timeout=60)
     assert failed.returncode == 1 and "error: identifier" in failed.stderr    # nvcc's exit status and message pass through
     assert nvcc_speed.calls(speed)[-1]["code"] == 1
@@ -173,10 +194,10 @@ def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tm
 def test_without_a_split_the_wrapper_adds_none(tmp_path, toolkit):
     work = str(tmp_path / "work")
     os.makedirs(work)
-    speed = nvcc_speed.write(work, toolkit.nvcc, split=1, path_var="/nonexistent")
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=nvcc_speed.plan(work, split=1, path_var="/nonexistent"))
     source = str(tmp_path / "x.cu")
     open(source, "w").close()
-    assert subprocess.run([speed.wrapper, "-c", source, "-o", str(tmp_path / "x.o")], timeout=60).returncode == 0
+    assert subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "x.o")], timeout=60).returncode == 0
     assert not [a for a in toolkit.calls()[0] if "split-compile" in a]
 
 

@@ -37,7 +37,9 @@ def world(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     for name in [k for k in os.environ if k.startswith("FASTPATH_HOOKS_")]:
         monkeypatch.delenv(name)
-    monkeypatch.setenv("FASTPATH_HOOKS_TARGET", A100)
+    # nvcc's release posed: a real toolkit on the host stays the one that runs (`nvcc=yes` would ask its release
+    # where a build is considered: a second decision, on a host with a toolkit only)
+    monkeypatch.setenv("FASTPATH_HOOKS_TARGET", A100.replace("nvcc=yes", "nvcc=12.8"))
     monkeypatch.setenv("FASTPATH_HOOKS_OFFLINE", "1")
     monkeypatch.setenv("FASTPATH_HOOKS_FIND_LINKS", str(house))
     monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))

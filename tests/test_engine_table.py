@@ -21,10 +21,29 @@ from fastpath_hooks.decide.plan import OK, REPAIR
 from fastpath_hooks.engine.machine import State
 from fastpath_hooks.engine.outcome import Outcome, OutcomeState
 from fastpath_hooks.facts.settings import Settings
-from support.worlds import TILELANG_PAIR, TableWorld, environment
+from support.worlds import PINS, TILELANG_PAIR, TableWorld, environment
 
 FLA = {"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"}
 HOPPER = dict(gpus=("sm_90",), triton="3.6.0")      # fla needs tilelang here (the sm_90 + triton < 3.7.1 hazard)
+
+CAUSAL = {"causal-conv1d": "1.6.2.post1", "ninja": "1.13.0"}
+MEASURED = "on sm_80, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)"
+
+
+def _next_mamba():
+    """The shipped pins plus a mamba-ssm release whose CUDA extension is opt-in (2.4.0 stands for the next one)."""
+    import json
+    import tempfile
+
+    from fastpath_hooks.facts import pins as pins_mod
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"kernels": {"mamba-ssm": {"releases": [
+            {"version": "2.4.0", "torch": ">=2.6", "triton": ">=3.5.0", "source": "upstream: test stand-in"}]}}}, fh)
+    return pins_mod.load(fh.name)
+
+
+NEXT_MAMBA = _next_mamba()
 
 S = State
 INSTALLED = (S.CONTEXT, S.READ, S.NEEDS, S.CACHED, S.LOCK, S.CHECK, S.INSTALL, S.RECORD)
@@ -69,6 +88,7 @@ class Row:
     warm: bool = False                               # a warm verdict was written for the next start
     says: str | None = None                          # a line the user sees
     check: object = None                             # more: check(world, run)
+    pins: object = None                              # the pins (default the shipped ones)
 
 
 def _repair_is_the_policys(world, run):
@@ -78,6 +98,21 @@ def _repair_is_the_policys(world, run):
     assert installed.rule == "tilelang.ok.repair" and dict(installed.target) == {"apache-tvm-ffi": "0.1.12",
                                                                                "tilelang": "0.1.15"}
     assert run.outcome.reason == "aborted at import (SIGABRT); repaired"
+
+
+def _numbers_blocked(world, run):
+    from fastpath_hooks.decide.common import NUMERIC_FIX
+
+    assert run.decision.on_failure == "block" and run.decision.fix == NUMERIC_FIX, run.decision
+    assert run.outcome.reason == MEASURED and "Fix: pin a release that fixes it" in run.outcome.block
+    assert not world.installed_decisions or world.installed_decisions[0].rule == "causal.wheel"
+
+
+def _numbers_planned(world, run):
+    """The verification is handed the kernel's numeric plan: its checks, skipped on a posed GPU (no device here)."""
+    (plan,) = world.numeric_plans
+    assert plan.kernel == "causal-conv1d" and plan.archs == ("sm_80",) and plan.device is None
+    assert [c.name for c in plan.checks] == ["causal_conv1d_fn", "causal_conv1d_fn_channel_last", "causal_conv1d_update"]
 
 
 def _installed_the_plan(world, run):
@@ -177,6 +212,23 @@ ROWS = [
         "fla", OutcomeState.INSTALLED, INSTALLED, world={"journal": True},
         calls={"read": 1, "probe": 1, "decide": 1, "lock": 2, "install": 1, "settle": 1, "recover": 2, "stamp": 4},
         verdict="good", warm=True),
+    Row("an installed kernel's check hands the verification its numeric plan; good: remembered",
+        "causal-conv1d", OutcomeState.OK, VERIFIED, dists=CAUSAL,
+        calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "verify": 1, "recover": 1, "stamp": 2},
+        verdict="good", warm=True, check=_numbers_planned),
+    Row("its numbers differ from torch's in the check: no repair, blocked with the measured error, remembered",
+        "causal-conv1d", OutcomeState.BLOCKED, VERIFIED, dists=CAUSAL, world={"verifications": [(False, MEASURED, True)]},
+        calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "verify": 1, "recover": 1, "stamp": 2},
+        verdict="failed", says=f"causal-conv1d: blocked - {MEASURED}", check=_numbers_blocked),
+    Row("the install is rolled back on its numbers: blocked with the measured error, remembered",
+        "causal-conv1d", OutcomeState.BLOCKED, INSTALLED, dists={"ninja": "1.13.0"}, world={"install_numeric": MEASURED},
+        calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "install": 1, "recover": 1, "stamp": 2},
+        verdict="failed", says=f"causal-conv1d: blocked - {MEASURED}", check=_numbers_blocked),
+    Row("a build without mamba-ssm's opt-in CUDA extension, only Mamba-2 in use: verified, never a warm verdict",
+        "mamba-ssm", OutcomeState.OK, VERIFIED, env={"model_types": ("mamba2",)}, pins=NEXT_MAMBA,
+        dists={**CAUSAL, "mamba-ssm": "2.4.0+fph.torch2.10.0.cu128.abi1.py"},
+        calls={"read": 1, "probe": 1, "decide": 1, "lock": 1, "verify": 1, "recover": 1, "stamp": 2},
+        verdict="good", warm=False, check=lambda world, run: run.decision.rule == "mamba.ok.triton-only"),
     Row("FASTPATH_HOOKS_SKIP names it: the world is not even read", "fla", OutcomeState.SKIPPED, (S.CONTEXT,),
         settings={"skip": frozenset({"fla"})}),
     Row("invalid settings (report mode said once): decided, never remembered as warm",
@@ -207,7 +259,7 @@ def quiet_world(tmp_path, monkeypatch):
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_engine_transition(row, tmp_path, quiet_world):
     world = TableWorld(environment(row.dists, **row.env), tmp_path, settings=Settings(**row.settings),
-                       invalid=row.world.get("invalid"))
+                       invalid=row.world.get("invalid"), pins=row.pins or PINS)
     needs = None
     for key, value in row.world.items():
         if key == "remembered":

@@ -60,6 +60,31 @@ CC_WHEEL = "causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linu
 CC_SHA256 = "c16c1c48d4fa63415cc797e02d69f97248c57c04627d99e394d5bb0ef266e288"
 
 
+B300 = dict(gpus=("sm_103",), torch="2.13.0", torch_cuda="13.0", nvcc_version="13.0")
+
+
+def NUMERIC_FAILURE(kernel, version, *, arch="sm_90", torch="2.13.0", cuda="12.8"):
+    """One remembered numeric mismatch, as the probe hands it to the policy (facts/numeric_records.failures)."""
+    return (kernel, version, arch, f"torch {torch} CUDA {cuda}",
+            f"on {arch}, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)",
+            f"/c/numeric/{kernel}.json")
+
+
+def _next_mamba():
+    """The shipped pins plus a mamba-ssm release with the opt-in CUDA extension (2.4.0 stands for the next one)."""
+    import json
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"kernels": {"mamba-ssm": {"releases": [
+            {"version": "2.4.0", "torch": ">=2.6", "triton": ">=3.5.0", "source": "upstream: test stand-in"}]}}}, fh)
+    return pins_mod.load(fh.name)
+
+
+NEXT_MAMBA = _next_mamba()
+MAMBA_PY = "2.4.0+fph.torch2.13.0.cu128.abi1.py"
+
+
 def make_env(dists: dict | None = None, **over) -> Environment:
     """An Environment with BASE facts, `over` replacing facts and `dists` adding (None: removing) distributions."""
     facts = {**BASE, **over}
@@ -219,14 +244,15 @@ def _causal_wheel(filename, *, sha256, url=True):
     return check
 
 
-def _causal_build(archs, **env):
-    """A build of exactly `archs` against the installed torch, with the sdist's own switches."""
+def _causal_build(archs, version="1.7.0", **env):
+    """A build of exactly `archs` against the installed torch, with the sdist's own switches (of 1.7.0, the
+    preferred release, unless only another's sdist is there)."""
     def check(d, plan):
         step = d.steps[-1]
         assert step.kind == "build" and not step.build_isolation and not step.binary_only and step.no_deps
         assert step.archs == archs
         assert dict(step.env) == {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE", **env}, "compile, never download a wheel"
-        assert d.target == {"causal-conv1d": "1.6.2.post1"}
+        assert d.target == {"causal-conv1d": version} and step.requirements == (f"causal-conv1d=={version}",)
         assert d.expected_seconds > 0 and "estimate" in d.reason and "min" in d.reason
         return True
     return check
@@ -367,8 +393,8 @@ ROWS = [
         check=lambda d, p: (_checked_once({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.11"}, "is a known-good pair")(d, p),
                             _repairs_to_pair("0.1.15", "0.1.12")(d, p), p["fla"].rule == "fla.install")),
     Row("tilelang.ok.unverified (pair not in the pins)", "tilelang", OK, "tilelang.ok.unverified",
-        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.14.post1"},
-        check=lambda d, p: (_checked_once({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.14.post1"},
+        dists={"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12.post1"},
+        check=lambda d, p: (_checked_once({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12.post1"},
                                           "is not in the pins; checking it in a child process")(d, p), _repairs_to_pair("0.1.15", "0.1.12")(d, p))),
     Row("tilelang.offline-missing: no pair in the wheelhouse", "tilelang", SKIP, "tilelang.offline-missing",
         settings=OFFLINE, env={"wheelhouse": WHEELS_06},
@@ -469,6 +495,16 @@ ROWS = [
         check=lambda d, p: "triton 3.9.0" in d.reason and d.on_failure == "block"),
     Row("fla.ok.with-problems", "fla", OK, "fla.ok.with-problems", settings=OFFLINE, env={"gpus": ("sm_80",)},
         dists={"fla-core": "0.6.0", "flash-linear-attention": "0.5.2"}, check=lambda d, p: "differ" in d.reason),
+    Row("fla.install on Hopper: 0.6.0 where transformers fits it", "fla", INSTALL, "fla.install", env={"triton": "3.7.1"},
+        check=lambda d, p: (_fla_installs("0.6.0")(d, p), "PR #1262" not in d.reason)),
+    Row("fla.install on Hopper with transformers < 5.6.2: 0.5.2, its Hopper state-backward bug said, numbers checked",
+        "fla", INSTALL, "fla.install", env={"triton": "3.7.1"}, dists={"transformers": "5.5.0"},
+        check=lambda d, p: (_fla_installs("0.5.2")(d, p), "on sm_90 it can compute the state backward wrongly" in d.reason,
+                            "fixed in 0.6.0, which needs transformers" in d.reason,
+                            "its numbers are checked on this GPU first" in d.reason)),
+    Row("fla.block.numeric: fla on Hopper measured wrong (fla#640-like miscompiles)", "fla", BLOCK, "fla.block.numeric",
+        env={"triton": "3.7.1", "numeric_failures": (NUMERIC_FAILURE("fla", "0.6.0", torch="2.10.0", cuda="12.8"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90,"), d.on_failure == "block", not d.steps)),
     Row("fla.no-release", "fla", SKIP, "fla.no-release", env={"gpus": ("sm_80",)}, dists={"transformers": "4.40.0"},
         check=lambda d, p: "FASTPATH_HOOKS_PINS" in d.fix),
     Row("fla.offline-missing", "fla", SKIP, "fla.offline-missing", settings=OFFLINE, env={"gpus": ("sm_80",)},
@@ -479,6 +515,10 @@ ROWS = [
 
     # causal-conv1d
     Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel", check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256)),
+    Row("causal.no-release: no pinned causal-conv1d release fits this torch", "causal-conv1d", SKIP, "causal.no-release",
+        pins=with_kernel(PINS, "causal-conv1d", releases=tuple(
+            dataclasses.replace(r, torch=SpecifierSet(">=2.14")) for r in PINS.kernel("causal-conv1d").releases)),
+        check=lambda d, p: ("no pinned causal-conv1d release fits torch 2.10.0" in d.reason, not d.steps)),
     Row("causal.wheel from the wheelhouse, offline", "causal-conv1d", INSTALL, "causal.wheel", settings=OFFLINE,
         env={"wheelhouse": (CC_WHEEL,)}, dists={"ninja": "1.13.0"},
         check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256, url=False)),
@@ -522,7 +562,7 @@ ROWS = [
         env={**NO_RELEASE, "nvcc_version": None}, settings={"allow_build": "1"}, check=_causal_build(("sm_90",))),
     Row("causal.build offline from an sdist when the wheel is missing", "causal-conv1d", INSTALL, "causal.build",
         settings=OFFLINE, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz", "wheel-0.45.1-py3-none-any.whl")},
-        dists={"ninja": "1.13.0"}, check=_causal_build(("sm_90",))),
+        dists={"ninja": "1.13.0"}, check=_causal_build(("sm_90",), "1.6.2.post1")),
     Row("causal.offline-missing: what setup.py imports (wheel) is missing offline", "causal-conv1d", SKIP,
         "causal.offline-missing", settings=OFFLINE, env={"wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz",)},
         dists={"ninja": "1.13.0"}, check=lambda d, p: "a source build needs wheel too" in d.reason),
@@ -579,6 +619,35 @@ ROWS = [
         "causal-conv1d", BLOCK, "causal.block.arch", env={"gpus": ("sm_80",)},
         dists={"causal-conv1d": "1.6.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
         check=lambda d, p: ("sm_80" in d.reason, "--arch sm_80,sm_90" in d.fix, d.on_failure == "block")),
+    Row("causal.block.arch: a build of ours with sm_103 code from nvcc 13, on sm_103 (causal-conv1d#105)",
+        "causal-conv1d", BLOCK, "causal.block.arch", env=B300,
+        dists={"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103"},
+        check=lambda d, p: ("causal-conv1d#105" in d.reason, "builds sm_100 code for sm_103" in d.fix,
+                            d.on_failure == "block")),
+    Row("causal.block.arch: a cu13 release wheel on sm_103 (carries sm_103 code from nvcc 13)", "causal-conv1d", BLOCK,
+        "causal.block.arch", env={**B300, "torch": "2.10.0"},
+        dists={"causal-conv1d": "1.6.2.post1+cu13torch2.10cxx11abiTRUE"},
+        check=lambda d, p: ("runs sm_103 code from nvcc 13.0" in d.reason, "pip uninstall causal-conv1d" in d.fix)),
+    Row("causal.ok: a build of ours with sm_100 code runs on sm_103", "causal-conv1d", OK, "causal.ok", env=B300,
+        dists={"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm100"},
+        check=_checked_once({"causal-conv1d": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm100"})),
+    Row("causal.build: sm_103 with nvcc 13 gets sm_100 code, the release wheel of CUDA 13 is not taken", "causal-conv1d",
+        INSTALL, "causal.build", env={**B300, "torch": "2.10.0"},
+        check=lambda d, p: (_causal_build(("sm_100",))(d, p), "cu13 release wheels carry sm_103 code" in d.reason,
+                            "sm_103 gets sm_100 code: causal-conv1d#105" in d.reason,
+                            "computes wrong forward/update results" in d.steps[-1].note)),
+    Row("causal.build: a cached sm_103 build from nvcc 13 does not fit sm_103", "causal-conv1d", INSTALL, "causal.build",
+        env={**B300, "cached_wheels": ("causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103-cp312-cp312-"
+                                       "linux_x86_64.whl",)},
+        check=_causal_build(("sm_100",))),
+    Row("causal.build: torch 2.14 needs C++20: both compilers get -std=c++20", "causal-conv1d", INSTALL, "causal.build",
+        env={"torch": "2.14.1", "torch_cuda": "13.0", "nvcc_version": "13.0"},
+        check=lambda d, p: (d.steps[-1].cxx_std == "c++20", "with nvcc 13.0 and -std=c++20" in d.reason,
+                            "-std=c++20 handed last to the host compiler and nvcc" in d.steps[-1].note)),
+    Row("causal.block.numeric: its numbers were measured wrong on this GPU under this torch", "causal-conv1d", BLOCK,
+        "causal.block.numeric", env={**NO_RELEASE, "numeric_failures": (NUMERIC_FAILURE("causal-conv1d", "1.7.0+fph.torch2.13.0.cu128.abi1.sm90"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90, causal_conv1d_fn forward differs from torch by 0.43"),
+                            "/c/numeric/causal-conv1d.json" in d.fix, not d.steps, d.on_failure == "block")),
     Row("causal.build.no-pip: a source build needs pip (a `uv venv` has none)", "causal-conv1d", SKIP,
         "causal.build.no-pip", env={**NO_RELEASE, "pip": False}, check=lambda d, p: "ensurepip" in d.fix),
     Row("causal.ok: a build of ours for sm_80 runs on sm_86", "causal-conv1d", OK, "causal.ok", env={"gpus": ("sm_86",)},
@@ -684,6 +753,37 @@ ROWS = [
     Row("mamba.block.arch: a build of ours for sm_90 only, on an sm_80 GPU", "mamba-ssm", BLOCK, "mamba.block.arch",
         env={"gpus": ("sm_80",)}, dists={"mamba-ssm": "2.3.2.post1+fph.torch2.11.0.cu130.abi1.sm90"},
         check=lambda d, p: "sm_80" in d.reason and "build mamba-ssm --arch sm_80,sm_90" in d.fix),
+    Row("mamba.block.numeric: installed, and its numbers were measured wrong here", "mamba-ssm", BLOCK,
+        "mamba.block.numeric", dists={"mamba-ssm": "2.3.2.post1"},
+        env={"numeric_failures": (NUMERIC_FAILURE("mamba-ssm", "2.3.2.post1", torch="2.10.0", cuda="12.8"),)},
+        check=lambda d, p: (d.reason.startswith("on sm_90,"), d.installed == {"mamba-ssm": "2.3.2.post1"},
+                            d.on_failure == "block")),
+    # the next mamba-ssm: its CUDA extension is opt-in (MAMBA_KEEP_CUDA_BUILD=TRUE), the Mamba-1 families need it
+    Row("mamba.build.triton-only: only Mamba-2 families in use, and the release allows: nothing compiled", "mamba-ssm",
+        INSTALL, "mamba.build.triton-only", env={**MAMBA_NO_RELEASE, "model_types": ("llama", "mamba2"), "nvcc": None,
+                                                 "nvcc_version": None}, dists=CONV, pins=NEXT_MAMBA,
+        check=lambda d, p: (d.steps[-1].archs == ("py",), dict(d.steps[-1].env) == {"MAMBA_FORCE_BUILD": "TRUE"},
+                            "only mamba2 in use, which uses its Triton ops" in d.reason,
+                            d.target == {"mamba-ssm": "2.4.0"})),
+    Row("mamba.build: a Mamba-1 family in use turns the CUDA build on", "mamba-ssm", INSTALL, "mamba.build",
+        env={**MAMBA_NO_RELEASE, "model_types": ("jamba", "mamba2")}, dists=CONV, pins=NEXT_MAMBA,
+        check=lambda d, p: (dict(d.steps[-1].env) == {"MAMBA_FORCE_BUILD": "TRUE", "MAMBA_KEEP_CUDA_BUILD": "TRUE"},
+                            "jamba calls its CUDA extension" in d.steps[-1].note, d.steps[-1].archs == ("sm_90",))),
+    Row("mamba.build: families not known (a CLI run): the CUDA build stays on", "mamba-ssm", INSTALL, "mamba.build",
+        env=MAMBA_NO_RELEASE, dists=CONV, pins=NEXT_MAMBA,
+        check=lambda d, p: "MAMBA_KEEP_CUDA_BUILD=TRUE: the model families in use are not known here" in d.steps[-1].note),
+    Row("mamba.ok.triton-only: a build without the extension, Mamba-2 in use", "mamba-ssm", OK, "mamba.ok.triton-only",
+        env={**MAMBA_NO_RELEASE, "model_types": ("bamba",)}, dists={**CONV, "mamba-ssm": MAMBA_PY}, pins=NEXT_MAMBA,
+        check=lambda d, p: (d.verify, "decided again at every start" in d.reason, not d.steps)),
+    Row("mamba.repair.cuda: a build without the extension, and a Mamba-1 model imported", "mamba-ssm", REPAIR,
+        "mamba.repair.cuda", env={**MAMBA_NO_RELEASE, "model_types": ("falcon_mamba",)},
+        dists={**CONV, "mamba-ssm": MAMBA_PY}, pins=NEXT_MAMBA,
+        check=lambda d, p: (d.steps[-1].force, ("MAMBA_KEEP_CUDA_BUILD", "TRUE") in d.steps[-1].env,
+                            "falcon_mamba calls its CUDA extension" in d.reason)),
+    Row("mamba.block.no-cuda: ... and no rebuild possible here (builds off)", "mamba-ssm", BLOCK, "mamba.block.no-cuda",
+        env={**MAMBA_NO_RELEASE, "model_types": ("mamba",)}, dists={**CONV, "mamba-ssm": MAMBA_PY}, pins=NEXT_MAMBA,
+        settings={"allow_build": "0"},
+        check=lambda d, p: ("Mamba-1 calls would raise" in d.reason, d.on_failure == "block", "ALLOW_BUILD" in d.fix)),
     Row("mamba.build.no-pip: a source build needs pip", "mamba-ssm", SKIP, "mamba.build.no-pip",
         env={**MAMBA_NO_RELEASE, "pip": False}, dists=CONV, check=lambda d, p: "ensurepip" in d.fix),
     Row("mamba.repair.half-installed", "mamba-ssm", REPAIR, "mamba.repair.half-installed",
@@ -792,7 +892,7 @@ def assert_checks_behaviour(check, d, plan):
     lambda d, p: d.verify or not d.verify,
 ], ids=["none", "empty-tuple", "returns-none", "truthy-value", "rule-only", "other-kernel-only", "tautology"])
 def test_a_check_that_cannot_fail_fails_the_row(check):
-    plan = plan_for(make_env({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.14.post1"}))
+    plan = plan_for(make_env({"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12.post1"}))
     with pytest.raises(AssertionError):
         assert_checks_behaviour(check, plan["tilelang"], plan)
     assert_checks_behaviour(lambda d, p: "not in the pins" in d.reason, plan["tilelang"], plan)   # the same, checking

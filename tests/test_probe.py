@@ -61,7 +61,7 @@ POSED = [
     ("torch=none,gpu=sm_90,cuda=12.8", dict(torch=None, accelerator=None)),
     ("triton=none", dict(triton=None, triton_dist=None)),
     ("nvcc=no,uv=no", dict(nvcc=None, uv=None)),
-    ("nvcc=yes,uv=yes", dict(nvcc="posed", uv="posed")),
+    ("uv=yes", dict(uv="posed")),
     ("platform=linux-aarch64,glibc=2.31,abi=no", dict(arch="aarch64", platform="linux-aarch64", glibc="2.31",
                                                       cxx11_abi=False)),
 ]
@@ -73,6 +73,23 @@ def test_posed_facts_override_the_probe(spec, expected):
     for key, value in expected.items():
         assert getattr(env, key) == value, key
     assert env.posed
+
+
+def test_a_posed_nvcc_release_never_replaces_the_real_toolkit(tmp_path, monkeypatch):
+    """`nvcc=13.0` in the target (an image builder's `--target` with CUDA_HOME set) says which release the
+    toolkit is; the compiler that runs - and gets the arch restriction - stays the real one."""
+    from support import sdists
+
+    real = probe(Settings())
+    if real.nvcc is None:   # no toolkit on this machine: a posed one stands for one
+        assert probe(Settings(target="nvcc=yes")).nvcc == "posed"
+    tk = sdists.fake_cuda_toolkit(str(tmp_path / "cuda"), release="13.0")
+    monkeypatch.setenv("CUDA_HOME", tk.home)
+    env = probe(Settings(target="nvcc=13.0"))
+    assert (env.nvcc, env.nvcc_version) == (tk.nvcc, "13.0") and "nvcc" in env.posed
+    assert probe(Settings(target="nvcc=12.8")).nvcc == tk.nvcc
+    assert probe(Settings(target="nvcc=yes")).nvcc == tk.nvcc
+    assert (probe(Settings(target="nvcc=no")).nvcc, probe(Settings(target="nvcc=no")).nvcc_version) == (None, None)
 
 
 def test_posed_distributions_replace_or_remove_installed_ones():

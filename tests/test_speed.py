@@ -183,7 +183,7 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
 # -- prebuilt wheels from a package index, before any build ----------------------------------------
 
 TORCH213 = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"     # the venvs' own torch, posed as a cu130 build
-INDEX_VERSION = "1.6.2.post1+cu.13.0.torch.2.13"
+INDEX_VERSION = "1.7.0+cu.13.0.torch.2.13"   # online, the first pinned release (1.7.0) is the one asked for
 
 
 def _asked(index) -> list:
@@ -205,7 +205,7 @@ def test_a_wheel_index_source_with_sha256_is_used_before_a_build_and_a_wrong_has
     os.makedirs(house)
     for name in os.listdir(build_dep_wheels):
         os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
-    sdists.causal_conv1d_sdist(house)
+    sdists.causal_conv1d_sdist(house, "1.7.0")
     published = str(tmp_path / "published")
     wheel = wheels.fake_causal_conv1d(published, f"causal_conv1d-{INDEX_VERSION}-{PY}-{PY}-manylinux_2_28_x86_64.whl")
     pins = test_pins()
@@ -253,6 +253,6 @@ def test_a_wheel_index_source_with_sha256_is_used_before_a_build_and_a_wrong_has
                            "substituted): refused, nothing installed; building from source instead"], proc.stderr
         assert _asked(bad)[-1] == f"/files/{os.path.basename(wheel)}"
         assert len([a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]) == 3   # built instead
-        assert third.versions()["causal-conv1d"] == "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90"
+        assert third.versions()["causal-conv1d"] == "1.7.0+fph.torch2.13.0.cu130.abi1.sm90"
         cached = os.listdir(os.path.join(str(tmp_path / "cache-bad"), "wheels"))
         assert not [n for n in cached if "cu.13.0" in n], cached          # the refused file is kept nowhere

@@ -12,7 +12,9 @@ killed run is rolled back from), only fewer processes start:
   fallback the build after it), or a source build - the builds run at the same time, each with its
   share of the cores (decide.builds.core_budget), so the wall time is the longest build's, not the sum;
 - the wheels: one installer call;
-- one child imports every member's modules in dependency order (act/verify.verify_many).
+- one child imports every member's modules in dependency order and runs the numeric checks of
+  those that have one here (act/verify.verify_many; act/numeric.py: remembered per installed files,
+  GPU arch and torch build, so a later environment runs none).
 
 A member whose build, lookup or check fails is dropped, with the members that need it; everything
 is rolled back and the rest installed again in a new transaction from the wheels already made (no
@@ -27,6 +29,7 @@ import shutil
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .. import events
@@ -46,6 +49,7 @@ class BatchResult:
     failed: FrozenMap
     seconds: float
     children: int       # the processes it started (installer calls, builds, verification children)
+    numeric: tuple = ()  # the failed ones whose numbers differ from torch's here (blocked there, as one install is)
 
     _freezes_itself = True
 
@@ -54,8 +58,9 @@ class BatchResult:
 
 
 class _Dropped(Exception):
-    def __init__(self, failed: dict):
+    def __init__(self, failed: dict, numeric=()):
         self.failed = failed
+        self.numeric = set(numeric)   # those that failed on their numbers (act/numeric.py): blocked on this GPU
 
 
 def run_batch(decisions, *, settings, env, pins, state_dir: str, site: str | None = None,
@@ -64,6 +69,7 @@ def run_batch(decisions, *, settings, env, pins, state_dir: str, site: str | Non
     `estimates`: kernel -> the build's expected seconds (its share of the cores follows them)."""
     members = list(decisions)
     failed: dict = {}
+    numeric: set = set()
     made: dict = {}   # kernel -> [(distribution names, local wheel, cache entry or None)], kept across retries
     start = time.monotonic()
     counter = {"children": 0}
@@ -74,11 +80,12 @@ def run_batch(decisions, *, settings, env, pins, state_dir: str, site: str | Non
             try:
                 results = _transaction(members, made, settings=settings, env=env, pins=pins, state_dir=state_dir,
                                        site=site, work=work, estimates=estimates or {}, counter=counter)
-                return BatchResult(results, failed, time.monotonic() - start, counter["children"])
+                return BatchResult(results, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
             except _Dropped as exc:
                 failed.update(exc.failed)
+                numeric |= exc.numeric
                 members = _survivors(members, failed)
-        return BatchResult({}, failed, time.monotonic() - start, counter["children"])
+        return BatchResult({}, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -98,6 +105,8 @@ def _survivors(members, failed: dict) -> list:
 
 
 def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, work, estimates, counter) -> dict:
+    from .._environ import cache_root
+    from .numeric import plan_for
     from .verify import verify_many
 
     real_before = _versions(scan()[0])
@@ -153,12 +162,14 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                 _check_result(d, after, protected_before, real_before, pins, env)
             kernel_env = tuple(pair for d in members for pair in d.env)
             counter["children"] += 1
+            root = cache_root(settings)
             checks = verify_many([pins.kernel(d.kernel) for d in members], timeout=settings.timeout,
-                                 env_extra=kernel_env + scratch, started=tx.record_group)
-            bad = {d.kernel: f"verification failed: {r.detail}" for d, r in zip(members, checks)
-                   if not r.ok and not r.detail.startswith("not checked")}
+                                 env_extra=kernel_env + scratch, started=tx.record_group,
+                                 numeric=[plan_for(d.kernel, env, pins, root) for d in members])
+            bad = {d.kernel: r.detail if r.numeric else f"verification failed: {r.detail}"
+                   for d, r in zip(members, checks) if not r.ok and not r.detail.startswith("not checked")}
             if bad:
-                raise _Dropped(bad)
+                raise _Dropped(bad, numeric={d.kernel for d, r in zip(members, checks) if not r.ok and r.numeric})
             for d, r in zip(members, checks):
                 events.status(f"verified {d.kernel}: {r.detail}", d.kernel, human=False)
             for d in members:
@@ -297,11 +308,12 @@ def _build_all(builds, budget, *, settings, env, pins, work, tx) -> dict:
     threads = [threading.Thread(target=one, args=(d, step), name=f"fastpath-hooks build {d.kernel}", daemon=True)
                for d, step in builds]
     try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            while th.is_alive():
-                th.join(0.5)
+        with _import_lock_released():
+            for th in threads:
+                th.start()
+            for th in threads:
+                while th.is_alive():
+                    th.join(0.5)
     except BaseException:
         with lock:
             groups = [g for g in live.values() if g]
@@ -311,6 +323,28 @@ def _build_all(builds, budget, *, settings, env, pins, work, tx) -> dict:
             th.join(15)
         raise
     return results
+
+
+@contextmanager
+def _import_lock_released():
+    """The global import lock let go while the builds run. The import hook decides inside a finder's
+    find_spec, which CPython calls holding that lock (importlib._bootstrap._find_spec): a build thread's
+    first import (the build module, the runner...) would wait for it while this thread waits for the
+    builds - for ever. Taken again as often as it was held."""
+    import _imp
+
+    held = 0
+    try:
+        while True:
+            _imp.release_lock()   # RuntimeError once this thread holds it no more
+            held += 1
+    except RuntimeError:
+        pass
+    try:
+        yield
+    finally:
+        for _ in range(held):
+            _imp.acquire_lock()
 
 
 def _wheel_file(step, settings, work) -> str:

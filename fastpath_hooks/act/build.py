@@ -12,8 +12,8 @@ alone, it would hand an old build back under a new torch), never taking a wheel 
 of the sdist. `MAX_JOBS` and nvcc's `--split-compile` threads come from the build's share of
 the cores and the memory (decide.builds.core_budget: one job per translation unit, the cores
 left over as split threads; builds of one request run side by side and split the machine); the
-restricting wrapper runs act/nvcc_speed.py's as its nvcc (the split, ccache/sccache, a record
-of every compile). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
+one nvcc wrapper (act/compiler_wrapper.py) also gives the split, runs ccache/sccache in front and
+records every compile (planned and read back by act/nvcc_speed.py). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
 named in every message about the build. The wheel is then relabelled with its key
 (`facts.cached_wheels.label`) so that it can be cached and shared, and the build's figures go
 to the cache's build history, which later estimates are made from.
@@ -33,8 +33,8 @@ from .. import events
 from ..facts import cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.wheel_names import parse_wheel, with_local_label
+from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
 
-WRAPPER_MARK = "fastpath-hooks nvcc wrapper:"
 
 
 class BuildError(Exception):
@@ -61,78 +61,77 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
     return os.path.join(root, "logs", name)
 
 
-_WRAPPER = r'''# Written by fastpath-hooks for one source build: hands nvcc only the -gencode pairs of {keep}.
-import os, sys
-
-REAL = {real!r}
-KEEP = {keep!r}
-MARK = {mark!r}
-
-
-def codes(spec):
-    """'arch=compute_90,code=sm_90' or 'arch=compute_90,code=[sm_90,compute_90]' -> {{'sm_90'}}."""
-    _, _, code = spec.partition("code=")
-    out = set()
-    for item in code.strip("[]\"'").split(","):
-        item = item.strip().replace("compute_", "sm_")
-        while item and item[-1].isalpha() and not item.endswith("sm_"):
-            item = item[:-1]   # sm_90a / sm_100f: the family
-        if item:
-            out.add(item)
-    return out
-
-
-args, kept, dropped, i = [], [], [], 1
-argv = sys.argv
-while i < len(argv):
-    arg = argv[i]
-    for flag in ("-gencode", "--generate-code"):
-        if arg == flag and i + 1 < len(argv):
-            pair, pieces, i = argv[i + 1], [arg, argv[i + 1]], i + 2
-            break
-        if arg.startswith(flag + "="):
-            pair, pieces, i = arg[len(flag) + 1:], [arg], i + 1
-            break
-    else:
-        args.append(arg)
-        i += 1
-        continue
-    if codes(pair) & set(KEEP):
-        args.extend(pieces)
-        kept.append(pair)
-    else:
-        dropped.append(pair)
-if dropped and not kept:
-    sys.stderr.write("fastpath-hooks nvcc wrapper: none of the -gencode pairs %s is for %s\n" % (dropped, ", ".join(KEEP)))
-    sys.exit(2)
-if kept or dropped:
-    sys.stderr.write("%s kept %s; dropped %s\n" % (MARK, " ".join(kept), " ".join(dropped) or "none"))
-    sys.stderr.flush()
-os.execv(REAL, [REAL] + args)
-'''
-
-
-def nvcc_wrapper(work: str, real_nvcc: str, keep) -> str:
-    """A `/bin/sh` script that runs the filter with this interpreter (a `#!python` line would break on
-    interpreter paths with spaces or longer than the kernel's shebang limit)."""
+def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None, speed=None) -> str:
+    """A `/bin/sh` shim `<work>/<name>` that runs act/compiler_wrapper.py with this interpreter and a
+    config (a `#!python` line would break on interpreter paths with spaces or longer than the kernel's
+    shebang limit): the real compiler `real` (argv list), `keep` (nvcc: the archs whose -gencode pairs
+    stay), `std` (the C++ standard handed last), `speed` (nvcc: act/nvcc_speed.py's Speed - the split,
+    the compiler cache, the record of each compile)."""
+    import json
     import shlex
 
-    script = os.path.join(work, "nvcc-restricted.py")
-    with open(script, "w", encoding="utf-8") as fh:
-        fh.write(_WRAPPER.format(real=real_nvcc, keep=tuple(keep), mark=WRAPPER_MARK))
-    path = os.path.join(work, "nvcc-restricted")
+    from . import compiler_wrapper
+
+    config = os.path.join(work, name + ".json")
+    with open(config, "w", encoding="utf-8") as fh:
+        json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std,
+                   **(speed.config() if speed is not None else {})}, fh)
+    path = os.path.join(work, name)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(script)} \"$@\"\n")
+        fh.write(f"#!/bin/sh\n# Written by fastpath-hooks for one source build ({kind}"
+                 f"{': only ' + ' '.join(keep) if keep is not None else ''}{'; -std=' + std if std else ''}"
+                 f"{'; --split-compile=%d' % speed.split if speed is not None and speed.split > 1 else ''}).\n"
+                 f"exec {shlex.quote(sys.executable)} {shlex.quote(compiler_wrapper.__file__)} "
+                 f"{shlex.quote(config)} \"$@\"\n")
     os.chmod(path, 0o755)
     return path
 
 
+def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None, speed=None) -> str:
+    """The one nvcc wrapper of a build: the archs, the C++ standard, and the speed part (act/nvcc_speed.py)."""
+    return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std, speed=speed)
+
+
+def real_nvcc(env) -> str | None:
+    """The nvcc torch's build would run (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda), whatever the target
+    poses: a posed `nvcc=13.0` says which release it is, never which compiler runs or for which archs."""
+    if env.nvcc and os.path.isfile(env.nvcc):
+        return env.nvcc
+    import shutil
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    return "/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None
+
+
+def real_hipcc(env) -> str | None:
+    """ROCm's hipcc as torch's build finds it (ROCM_HOME/ROCM_PATH, PATH, /opt/rocm), whatever is posed."""
+    if env.hipcc and os.path.isfile(env.hipcc):
+        return env.hipcc
+    import shutil
+
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
+            return os.path.join(home, "bin", "hipcc")
+    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+
+
 def build_environ(step, *, env, work: str, jobs: int, split: int = 1) -> tuple:
-    """(the build's extra environment, its nvcc_speed.Speed or None): the pins' variables, CUDA_HOME
-    of the probed nvcc, the restricting wrapper, MAX_JOBS (unless the user set it), the interpreter's
-    bin first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build
-    honours PYTORCH_NVCC). The restricting wrapper runs the speed wrapper (act/nvcc_speed.py:
-    --split-compile=`split`, a compiler cache, a record per compile) as its real nvcc."""
+    """(the build's extra environment, its nvcc_speed.Speed or None): the pins' variables, CUDA_HOME of
+    the real nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for, given the
+    C++ standard where the step asks, `--split-compile=<split>`, a compiler cache and a record per
+    compile - one wrapper, act/compiler_wrapper.py; hipcc given the standard; CXX: the host compiler
+    given the standard - only where the step asks), MAX_JOBS (unless the user set it), the interpreter's
+    bin first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours
+    PYTORCH_NVCC and CXX this way)."""
+    import shlex
+
     from . import nvcc_speed
 
     extra = dict(step.env)
@@ -140,16 +139,23 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1) -> tuple:
     extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
     if "MAX_JOBS" not in os.environ:
         extra["MAX_JOBS"] = str(jobs)
+    std = getattr(step, "cxx_std", None)
+    restricted = bool(step.archs) and step.archs not in (("all",), ("py",))
     speed = None
-    if env.torch_cuda and env.nvcc and os.path.isfile(env.nvcc):
-        home = os.path.dirname(os.path.dirname(env.nvcc))
-        extra.setdefault("CUDA_HOME", home)
-        speed = nvcc_speed.write(work, env.nvcc, split=split, path_var=extra["PATH"])
-        extra.update(nvcc_speed.launcher_environ(speed, work))
-        if step.archs and step.archs != ("all",):
-            extra["PYTORCH_NVCC"] = nvcc_wrapper(work, speed.wrapper, step.archs)
-        else:
-            extra["PYTORCH_NVCC"] = speed.wrapper
+    if env.torch_cuda:
+        nvcc = real_nvcc(env)
+        if nvcc is not None:
+            extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
+            speed = nvcc_speed.plan(work, split=split, path_var=extra["PATH"])
+            extra.update(nvcc_speed.launcher_environ(speed, work))
+            extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std, speed=speed)
+    elif env.torch_hip and std:
+        hipcc = real_hipcc(env)
+        if hipcc is not None:
+            extra["PYTORCH_NVCC"] = write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc", std=std)
+    if std:
+        host = shlex.split(os.environ.get("CXX", "")) or ["c++"]   # torch: CXX, else c++
+        extra["CXX"] = write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std)
     return extra, speed
 
 
@@ -221,18 +227,21 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
     wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
     if code != 0 or len(wheels) != 1:
-        raise BuildError(f"the source build of {what} failed (pip exit {code}); full log: {log}; {tail}")
-    if "PYTORCH_NVCC" in extra and not _mentions(log, WRAPPER_MARK):
-        events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
-                       "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
-                       f"still runs here; log: {log}", kernel)
+        first = first_compiler_error(log)
+        raise BuildError(f"the source build of {what} failed (pip exit {code})" + (f": {first}" if first else "") +
+                         f"; full log: {log}" + ("" if first else f"; {tail}"))
+    built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra)
+    if step.cxx_std and not _mentions(log, STD_MARK):
+        events.warning(f"{kernel}: the build never ran the compiler wrapper that hands -std={step.cxx_std} last (no "
+                       "ninja on PATH? torch's other build ignores CXX and PYTORCH_NVCC); it built anyway; log: "
+                       f"{log}", kernel)
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
-           "archs": list(archs), "nvcc": env.nvcc_version}
-    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=archs)
+           "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
+    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
-    record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(archs),
-              "n_archs": len(archs) if archs != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
+    record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
+              "n_archs": len(built) if built != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
               "cores": share.cores, "cpus": env.cpus, "jobs": jobs, "split": share.split if speed is not None else 1,
               "seconds": round(seconds, 1), "nvcc": env.nvcc_version, "launcher": info.get("launcher"),
               "concurrent": sorted(together), "cache": info.get("cache"), "slowest": info.get("slowest")}
@@ -290,6 +299,71 @@ def _trim(path: str) -> None:
         lines = fh.readlines()
     if len(lines) > build_history.KEEP * 4:
         atomic_write(path, lambda out: out.write("".join(lines[-build_history.KEEP * 2:])))
+
+
+def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool) -> tuple:
+    """The archs the wheel really holds, read back from the wrapper's lines in the log (the label says
+    what was built, not what was asked): a CUDA build restricted by the wrapper holds the codes it kept;
+    one that never ran it holds every arch its setup.py names (`all`) - refused where an arch rule
+    says that nvcc's code for a visible GPU is wrong."""
+    if not env.torch_cuda or archs in (("all",), ("py",)):
+        return archs
+    kept = wrapper_codes(log) if wrapped else None
+    if kept:
+        return tuple(sorted(kept, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+    bad = [(g, r) for r in spec.arch_rules for g in env.gpus if r.applies(g, env.nvcc_version)]
+    if bad:
+        gpu, rule = bad[0]
+        raise BuildError(f"the source build of {spec.requirement} never ran the arch-restricting nvcc wrapper, so it "
+                         f"holds {gpu} code from nvcc {env.nvcc_version or '(release unknown)'}, which {rule.effect} "
+                         f"({rule.id}); not installed; log: {log}")
+    events.warning(f"{kernel}: the build never ran the arch-restricting nvcc wrapper (no ninja on PATH? torch's "
+                   "other build ignores PYTORCH_NVCC), so it compiled every arch its setup.py names; the wheel "
+                   f"still runs here and is labelled `all`; log: {log}", kernel)
+    return ("all",)
+
+
+def wrapper_codes(log: str) -> set:
+    """The codes of every -gencode pair the nvcc wrapper kept, from its `kept ...` lines in the log."""
+    out: set = set()
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                _, found, rest = line.partition(WRAPPER_MARK + " kept ")   # pip -v indents the build's output
+                if found:
+                    for pair in rest.split(";", 1)[0].split():
+                        out |= _pair_codes(pair)
+    except OSError:
+        pass
+    return out
+
+
+_ERROR_LINES = None
+
+
+def first_compiler_error(log: str) -> str | None:
+    """The first diagnostic a compiler wrote into the log: gcc/clang `file:12:3: error: ...` (fatal too),
+    nvcc's front end `file.cu(42): error: ...`, `nvcc fatal : ...`, `c++: error: ...` - not pip's or
+    setuptools' own `error:` lines. Cut to 240 characters."""
+    import re
+
+    global _ERROR_LINES
+    if _ERROR_LINES is None:
+        _ERROR_LINES = re.compile(
+            r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
+            r"|\S+\(\d+\): (catastrophic )?error: .*"
+            r"|nvcc fatal\s*:.*"
+            r"|(\S*/)?(c\+\+|g\+\+|gcc|cc|clang\+\+|clang|cc1plus|hipcc|nvcc): (fatal )?error: .*)")
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                match = _ERROR_LINES.search(line.strip())
+                if match:
+                    text = match.group(0).strip()
+                    return text if len(text) <= 240 else text[:237] + "..."
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(frozen=True)

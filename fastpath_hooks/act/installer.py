@@ -47,6 +47,11 @@ class InstallError(Exception):
     """An install step, a check or the verification failed; the environment was restored."""
 
 
+class NumericMismatch(InstallError):
+    """The kernel imported but its numbers differ from torch's on this GPU (act/numeric.py): rolled back,
+    and the kernel is blocked on that arch (the message has the measured error)."""
+
+
 @dataclass(frozen=True)
 class InstallResult:
     kernel: str
@@ -128,6 +133,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
     import shutil
 
+    from .._environ import cache_root
+    from .numeric import plan_for
     from .verify import verify
 
     real_before = _versions(scan()[0])
@@ -197,8 +204,10 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                started=tx.record_group)
+                                started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)))
                 if not result.ok:
+                    if result.numeric:
+                        raise NumericMismatch(result.detail)
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
             for path, name, meta in to_cache:
@@ -209,7 +218,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), decision.kernel, human=bool(done))
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise InstallError(detail) from None
+            raise (type(exc) if isinstance(exc, InstallError) else InstallError)(detail) from None
         tx.commit()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -335,7 +344,7 @@ def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=Non
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
     install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
-                                  env=(), url=None, sha256=None, archs=())
+                                  env=(), url=None, sha256=None, archs=(), cxx_std=None)
     meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
             "distribution": built.key["distribution"], "version": built.key["version"], "build": thaw(built.record)}
     return install, built.path, (built.path, name, meta)

@@ -1,9 +1,6 @@
-"""The part of a source build's nvcc wrapper that makes it faster: `--split-compile=N`, a compiler
-cache, and a record of every compile.
-
-torch's ninja build runs `PYTORCH_NVCC` for every .cu file. The arch-restricting wrapper
-(act/build.py) hands the real nvcc only the -gencode pairs asked for; it runs this one as its
-"real" nvcc, so what reaches the real one is restricted first and sped up here:
+"""The speed half of a source build's nvcc wrapper: `--split-compile=N`, a compiler cache, and a
+record of every compile - planned here, done by the one wrapper (act/compiler_wrapper.py, which also
+restricts the archs and hands the C++ standard last), read back here after the build.
 
 - `--split-compile=N` (nvcc >= 11.8: the optimizer and ptxas of one file in N threads) on a
   compile that does not name one already, N from the build's share of the cores (decide/builds.py
@@ -18,70 +15,35 @@ torch's ninja build runs `PYTORCH_NVCC` for every .cu file. The arch-restricting
 - one JSON line per compile (`<work>/nvcc-calls.jsonl`, kept beside the build's log as
   `<log>.nvcc.jsonl`: the source, seconds, the split, the launcher, the exit status, the real nvcc,
   argv and cwd), and one line in the build's log: which file set the wall time is read off, and
-  benchmarks/cold_node.py replays a compile from it.
+  benchmarks/cold_node.sh collects them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-import sys
 from dataclasses import dataclass
 
-MARK = "fastpath-hooks nvcc speed:"
+from .compiler_wrapper import SPEED_MARK
+
+MARK = SPEED_MARK   # the summary line in the build's log starts with it, as each compile's line does
+
 CALLS = "nvcc-calls.jsonl"
 CCACHE_STATS = "ccache-stats.log"
-
-_SCRIPT = r'''# Written by fastpath-hooks for one source build: --split-compile, a compiler cache, a record per compile.
-import json, os, subprocess, sys, time
-
-REAL = {real!r}
-SPLIT = {split!r}
-LAUNCHER = {launcher!r}
-CALLS = {calls!r}
-MARK = {mark!r}
-
-args = sys.argv[1:]
-compiling = "-c" in args or "--compile" in args
-if compiling and SPLIT > 1 and not any(a.startswith(("--split-compile", "-split-compile")) for a in args):
-    args.append("--split-compile=%d" % SPLIT)
-command = ([LAUNCHER] if LAUNCHER and compiling else []) + [REAL] + args
-if not compiling:
-    os.execv(command[0], command)
-start = time.time()
-try:
-    code = subprocess.call(command)
-except OSError as exc:
-    sys.stderr.write("%s could not run %s: %s\n" % (MARK, command[0], exc))
-    code = 127
-seconds = time.time() - start
-source = next((a for a in args if a.endswith((".cu", ".cpp", ".cc", ".c")) and not a.startswith("-")), "?")
-record = {{"source": source, "seconds": round(seconds, 2), "split": SPLIT if SPLIT > 1 else 1, "real": REAL,
-          "launcher": os.path.basename(LAUNCHER) if LAUNCHER else None, "code": code, "argv": args,
-          "cwd": os.getcwd(), "start": round(start, 2)}}
-try:
-    with open(CALLS, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
-except OSError:
-    pass
-sys.stderr.write("%s %s in %.1f s (%s%s), exit %d\n" % (
-    MARK, source, seconds, "--split-compile=%d" % SPLIT if SPLIT > 1 else "no split",
-    ", " + os.path.basename(LAUNCHER) if LAUNCHER else "", code))
-sys.stderr.flush()
-sys.exit(code)
-'''
 
 
 @dataclass(frozen=True)
 class Speed:
-    """What the wrapper of one build does: `split` threads per compile (1: none), `launcher` the
-    compiler cache's path (None: none found), `wrapper` the script torch's build runs."""
-    wrapper: str
+    """What the wrapper of one build does for speed: `split` threads per compile (1: none), `launcher`
+    the compiler cache's path (None: none found), `calls` where each compile is recorded."""
     split: int
     launcher: str | None
     calls: str
+
+    def config(self) -> dict:
+        """The wrapper config's keys for it (act/compiler_wrapper.py)."""
+        return {"split": self.split, "launcher": self.launcher, "calls": self.calls}
 
 
 def launcher(path_var: str | None = None) -> str | None:
@@ -93,18 +55,9 @@ def launcher(path_var: str | None = None) -> str | None:
     return None
 
 
-def write(work: str, real_nvcc: str, *, split: int, path_var: str | None = None) -> Speed:
-    """The wrapper (a `/bin/sh` shim running the script with this interpreter) in `work`."""
-    calls = os.path.join(work, CALLS)
-    cache = launcher(path_var)
-    script = os.path.join(work, "nvcc-speed.py")
-    with open(script, "w", encoding="utf-8") as fh:
-        fh.write(_SCRIPT.format(real=real_nvcc, split=int(split), launcher=cache, calls=calls, mark=MARK))
-    shim = os.path.join(work, "nvcc-speed")
-    with open(shim, "w", encoding="utf-8") as fh:
-        fh.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(script)} \"$@\"\n")
-    os.chmod(shim, 0o755)
-    return Speed(wrapper=shim, split=max(1, int(split)), launcher=cache, calls=calls)
+def plan(work: str, *, split: int, path_var: str | None = None) -> Speed:
+    """The speed part of one build's nvcc wrapper: its records in `work`, the cache on `path_var`."""
+    return Speed(split=max(1, int(split)), launcher=launcher(path_var), calls=os.path.join(work, CALLS))
 
 
 def launcher_environ(speed: Speed, work: str) -> dict:
@@ -153,7 +106,7 @@ def calls_path(log: str) -> str:
 
 def keep_calls(speed: Speed, log: str) -> None:
     """Keep the compile records beside the build's log (the work directory goes): which file set the
-    wall time, and the exact command of each (benchmarks/cold_node.py replays one)."""
+    wall time, and the exact command of each (benchmarks/cold_node.sh collects them)."""
     try:
         shutil.copyfile(speed.calls, calls_path(log))
     except OSError:

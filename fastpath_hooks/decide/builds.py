@@ -15,10 +15,9 @@ from packaging.specifiers import SpecifierSet
 
 from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
-from ..facts.pins import same_version
 from ..facts.wheel_names import parse_wheel
 from .common import Context, deps_step, major_minor, within
-from .plan import INSTALL, Decision, Step, StepKind
+from .plan import INSTALL, SKIP, Decision, Step, StepKind
 
 
 def cxx11_abi_flag(env) -> str:
@@ -33,11 +32,11 @@ def cxx11_abi_flag(env) -> str:
 
 def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[str | None, str]:
     """The kernel's release wheel file name for this torch/CUDA/ABI/Python/arch, or (None, why not)."""
-    rel = pins.release(kernel)
+    rel = pins.release(kernel, version)   # a pinned release's own (causal-conv1d 1.7.0), else the kernel's
     if rel is None:
-        return None, f"no release wheels of {kernel} are pinned"
-    if version is not None and not same_version(version, rel.version):
-        return None, f"no release wheels are pinned for {kernel} {version}, only for {rel.version}"
+        if pins.release(kernel) is None and not any(getattr(r, "release", None) for r in pins.kernel(kernel).releases):
+            return None, f"no release wheels of {kernel} are pinned"
+        return None, f"no release wheels are pinned for {kernel} {version}"
     if env.os != "linux":
         return None, f"release wheels are Linux-only (this is {env.os})"
     if not env.torch_cuda:
@@ -48,6 +47,12 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
     abi = cxx11_abi_flag(env)
+    bad = next(((g, r) for r in pins.kernel(kernel).arch_rules if r.wheels == "avoid"
+                for g in env.gpus if r.applies(g, f"{cuda_major}.0")), None)
+    if bad is not None:  # the release wheels of this CUDA major were built by such an nvcc (pins: arch_rules)
+        gpu, rule = bad
+        return None, (f"{kernel}'s cu{cuda_major} release wheels carry {gpu} code from nvcc {cuda_major}, which "
+                      f"{rule.effect}, {rule.id}")
     for build in rel.builds:
         if (build["cuda_major"] == cuda_major and torch_mm in build["torch_mm"] and py_dotted in build["python"]
                 and env.arch in build["arch"] and abi in build["abi"]):
@@ -197,8 +202,12 @@ def decide_build(env, settings, pins, kernel: str) -> Decision:
     versions, clashes = release_order(ctx, kernel, {})
     if versions is None:
         return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
-    version = next((v for v in versions if v not in clashes), versions[0])
-    return source_build(ctx, kernel, pins.build(kernel, version), "asked for by `fastpath-hooks build`", kw, asked=True)
+    # the pins' order, a release without a declared clash first; the first one that can be built here (offline:
+    # whose sdist the wheelhouse has), else the first one's reason
+    order = sorted(versions, key=lambda v: v in clashes)
+    options = [source_build(ctx, kernel, pins.build(kernel, v), "asked for by `fastpath-hooks build`", kw, asked=True)
+               for v in order]
+    return next((d for d in options if d.action != SKIP), options[0])
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
@@ -220,9 +229,13 @@ def fits(ctx: Context, name: str, build) -> bool:
     env = ctx.env
     if not env.torch or build.version is None:
         return False
+    # a cached build was compiled by an nvcc of torch's CUDA major (cuXY in its label): its code for a GPU an
+    # arch rule names is wrong, whichever wheel holds it
+    bad = {g: g for g in env.gpus if env.torch_cuda and any(r.applies(g, env.torch_cuda) for r in build.arch_rules)}
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
                               cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
-                              arch=env.arch, gpus=env.gpus, all_codes=cuda_codes(build, env.torch_cuda))
+                              arch=env.arch, gpus=env.gpus, all_codes=cuda_codes(build, env.torch_cuda), bad=bad,
+                              python_only=not needs_cuda_build(env, build)[0])
 
 
 def cuda_codes(build, nvcc_version: str | None) -> tuple:
@@ -240,9 +253,49 @@ def build_archs(env, build, archs=None) -> tuple:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
     codes = cuda_codes(build, env.nvcc_version)
-    chosen = {g: cached_wheels.pair_for(g, codes) for g in gpus}
+    chosen = {g: cached_wheels.pair_for(_build_as(g, build, env.nvcc_version), codes) for g in gpus}
     return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
+
+
+def _build_as(gpu: str, build, nvcc_version) -> str:
+    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule that says this
+    nvcc's code for it is wrong (pins: kernels.<name>.arch_rules; an unknown nvcc release fails closed)."""
+    rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
+    return rule.build_as if rule is not None else gpu
+
+
+def needs_cuda_build(env, build) -> tuple:
+    """(whether the build compiles the CUDA extension, why - one clause). Always, unless this release's
+    extension is opt-in (pins: source_build.cuda_switch) and the model families known to be in use -
+    the modeling modules this process imported - include one that uses the package without it and none
+    that calls it. Not known (a CLI run, an import outside a model) counts as needing it."""
+    switch = build.cuda_switch
+    if switch is None or build.version is None or not switch.applies(build.version):
+        return True, ""
+    calls = [t for t in env.model_types if t in switch.needed_by]
+    if calls:
+        return True, f"{', '.join(calls)} calls its CUDA extension"
+    users = [t for t in env.model_types if t in switch.triton_only]
+    if not users:
+        return True, "the model families in use are not known here"
+    return False, f"only {', '.join(users)} in use, {'which uses' if len(users) == 1 else 'which use'} its Triton ops"
+
+
+def arch_rule_notes(env, build, archs=None) -> tuple:
+    """What the arch rules change for these GPUs: ((short, long), ...) - `sm_103 gets sm_100 code,
+    causal-conv1d#105` for the reason, the whole fact for the step's note and doctor."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        return ()
+    out = []
+    for g in gpus:
+        rule = next((r for r in build.arch_rules if r.applies(g, env.nvcc_version)), None)
+        if rule is not None:
+            out.append((f"{g} gets {rule.build_as} code: {rule.id}",
+                        f"{g} gets {rule.build_as} code, which runs on it: {g} code from nvcc "
+                        f"{env.nvcc_version or '(release unknown)'} {rule.effect} ({rule.id})"))
+    return tuple(out)
 
 
 def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
@@ -366,6 +419,12 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         return ctx.skip(kernel, "build.no-pip", f"{why}, and a source build runs pip, which this "
                      "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+    needs_cuda, families = needs_cuda_build(env, build)
+    switch = build.cuda_switch if build.cuda_switch is not None and build.version is not None \
+        and build.cuda_switch.applies(build.version) else None
+    switch_env = dict(switch.env) if switch is not None and needs_cuda else {}
+    if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in, and nothing in use calls it
+        return _triton_only(ctx, kernel, build, why, families, dep_steps, kw)
     if rocm:
         why = "no prebuilt ROCm wheels"
         if not env.hipcc:
@@ -393,6 +452,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         return ctx.skip(kernel, "build.no-arch", f"{why}, and {build.requirement} compiles no code that "
                      f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "", **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
+    env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
@@ -411,14 +471,24 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     seconds, how = build_estimate(build, n_archs, env.cpus, env.build_history)
     if rocm:
         how += " of a CUDA build"
+    std = ctx.pins.cxx_standard(env.torch_version)
+    notes = arch_rule_notes(env, build) if archs != ("all",) else ()
+    if std is not None:
+        compiler += f" and -std={std.std}"
     if seconds > settings.timeout:
         return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
                      f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
                      f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more", **kw)
     steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
                               build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
+                              cxx_std=std.std if std is not None else None,
                               note=f"source build against the installed torch with {compiler}, for "
-                                   f"{', '.join(archs)}; about {minutes(seconds)}, {how}"),)
+                                   f"{', '.join(archs)}; about {minutes(seconds)}, {how}" +
+                                   "".join(f"; {long}" for _, long in notes) +
+                                   (f"; -std={std.std} handed last to the host compiler and "
+                                    f"{'hipcc' if rocm else 'nvcc'}: torch {env.torch} needs it" if std else "") +
+                                   (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}"
+                                    if switch_env else "")),)
     missing = ctx.missing_offline(steps)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
@@ -428,6 +498,22 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                     # what happens and how long first: a line cut at 160 characters keeps it (the step's note
                     # says how the estimate was made)
                     reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
-                           f"{compiler}, about {minutes(seconds)}, an estimate{allowed}; {why}",
+                           f"{compiler}, about {minutes(seconds)}, an estimate{allowed}; "
+                           f"{''.join(f'{short}; ' for short, _ in notes)}{why}",
                     steps=steps, target={build.distribution: build.version}, expected_seconds=round(seconds), **kw)
 
+
+def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_steps, kw) -> Decision:
+    """The release's CUDA extension is opt-in and no family in use calls it: a build that compiles nothing
+    (its Python and Triton ops), labelled `py` (`<prefix>.build.triton-only`)."""
+    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True,
+                              binary_only=False, build_isolation=False, env=tuple(sorted(build.env.items())),
+                              archs=("py",), note=f"source build without the CUDA extension ({families}): "
+                                                  "Python and Triton only, no compiler"),)
+    missing = ctx.missing_offline(steps)
+    if missing:
+        return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
+                        "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index", **kw)
+    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "build.triton-only"),
+                    reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
+                    steps=steps, target={build.distribution: build.version}, **kw)

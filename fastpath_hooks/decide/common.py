@@ -18,7 +18,7 @@ from ..facts.distributions import canonical_name
 from ..facts.wheel_names import parse_wheel
 from . import rule_ids
 from .eras import uses
-from .plan import INSTALL, OK, REPAIR, SKIP, Decision, Step, StepKind
+from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
@@ -279,3 +279,31 @@ def served_hazards(ctx: Context, kernel: str) -> list:
     spec = ctx.pins.kernel(kernel)
     return [h for served in spec.serves for h in ctx.hazards(served) if h.needs == kernel]
 
+
+NUMERIC_FIX = "pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cache>/numeric/<kernel>.json to check again"
+
+
+def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
+    """A kernel release whose numbers were measured wrong on a visible GPU under this torch build
+    (act/numeric.py remembered it; the probe reads it) is blocked there, whatever else was decided:
+    installed or about to be, transformers keeps its torch path (`<prefix>.block.numeric`)."""
+    from ..facts.numeric_records import torch_build
+
+    if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
+        return decision
+    dist = ctx.pins.kernel(kernel).distributions[0]
+    version = decision.target.get(dist) or decision.installed.get(dist)
+    build = torch_build(ctx.env)
+    for k, measured, arch, torch_key, detail, path in ctx.env.numeric_failures:
+        if k != kernel or arch not in ctx.env.gpus or torch_key != build or not _same_public(measured, version):
+            continue
+        return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.numeric"), on_failure=OnFailure.BLOCK,
+                        reason=detail,   # the measured error, as the check said it (for `measured` under `build`)
+                        fix=NUMERIC_FIX.replace("<cache>/numeric/<kernel>.json", path), installed=decision.installed,
+                        transformers_uses=decision.transformers_uses)
+    return decision
+
+
+def _same_public(a, b) -> bool:
+    va, vb = parse(a), parse(b)
+    return va is not None and vb is not None and va.public == vb.public

@@ -63,8 +63,8 @@ def uses(env, pins, kernel: str) -> str:
     if which is None:
         return f"transformers {version} is older than the eras fastpath-hooks knows (4.x and later)"
     if which == "C":
-        return (f"transformers {version} (era C) uses it whenever `import {module}` succeeds when a modeling module is "
-                "imported (no device check)")
+        return (f"transformers {version} (era C) imports {module} with a modeling module and uses it whenever "
+                "that import succeeds, GPU or not")
     yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
     where = "accelerator" if env.accelerator else "machine (no accelerator)"
     gates = " / ".join(f"{g}()" for g in spec.gates)

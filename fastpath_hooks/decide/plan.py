@@ -87,6 +87,7 @@ class Step:
     sha256: str | None = None        # wheel steps: expected digest, when the pins know it
     note: str = ""
     archs: tuple = ()                # build steps: the GPU archs compiled for (("all",): every arch the sdist knows)
+    cxx_std: str | None = None       # build steps: the C++ standard both compilers get last (pins: cxx_standard)
 
     _freezes_itself = True
 
@@ -123,6 +124,7 @@ class Step:
             "sha256": self.sha256,
             "note": self.note,
             "archs": list(self.archs),
+            "cxx_std": self.cxx_std,
         }
 
 

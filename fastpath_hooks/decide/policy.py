@@ -2,13 +2,14 @@
 
 No I/O, no imports of torch or transformers, no clock: every input is an argument, so each rule is
 tested by a table row (tests/test_policy.py). The driver only orders the kernels by the registry's
-needs/serves graph and hands each to its kind's rules (decide/rules/); `Decision.rule` names the rule
-that decided (declared in decide/rule_ids.py).
+needs/serves graph and hands each to its kind's rules (decide/rules/), then blocks a release whose
+numbers were measured wrong here (common.numeric_block); `Decision.rule` names the rule that decided
+(declared in decide/rule_ids.py).
 """
 
 from __future__ import annotations
 
-from .common import Context, no_accelerator_reason
+from .common import Context, no_accelerator_reason, numeric_block
 from .plan import Plan
 from .rules import compiled, pair, pure
 
@@ -21,7 +22,7 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     ctx = Context(env, settings, pins, fresh)
     decided: dict = {}
     for kernel in decision_order(pins):
-        decided[kernel] = RULES[pins.kernel(kernel).kind](ctx, kernel, decided)
+        decided[kernel] = numeric_block(ctx, kernel, RULES[pins.kernel(kernel).kind](ctx, kernel, decided))
     notes = []
     if env.accelerator is None:
         notes.append(no_accelerator_reason(env))

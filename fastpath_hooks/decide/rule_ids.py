@@ -27,9 +27,19 @@ class Rule:
     machine_wide: bool = False    # said once for the machine and every kernel (no torch, no accelerator)
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
+    warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
 
 
 _S, _W = Severity.STATUS, Severity.WARNING
+
+# every kind: a kernel with numeric checks (pins: numeric_checks) whose numbers were measured wrong here
+NUMERIC = {
+    "block.numeric": Rule(_W, "its numbers were measured wrong on a visible GPU under this torch build: blocked",
+                          requires=("numeric_checks",)),
+}
+# a compiled kernel whose CUDA extension is opt-in (pins: source_build.cuda_switch): where only model families
+# that use its Triton ops are in use, nothing is compiled - good for those families only, so never a warm verdict
+_SWITCH = ("cuda_switch",)
 
 SHARED = {
     "user": Rule(_S, "the kernel is in FASTPATH_HOOKS_SKIP"),
@@ -55,6 +65,7 @@ PURE = {
     "offline-missing": Rule(_S, "offline, and the wheelhouse lacks the release's wheels"),
     "xpu.old-transformers": Rule(_S, "this transformers uses the kernel on CUDA only", requires=("gates",)),
     "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing"),
+    **NUMERIC,
 }
 
 PAIR = {
@@ -72,6 +83,7 @@ PAIR = {
     "repair.{problem}.unrepairable": Rule(_W, "a broken pair the pins know no repair for: blocked"),
     "ok.repair": Rule(_S, "the check of a known-good pair failed: repaired", engine=True),
     "ok.unverified.repair": Rule(_S, "the check of an unknown pair failed: repaired to a known-good one", engine=True),
+    **NUMERIC,
 }
 PAIR_PROBLEMS = ("half-installed", "broken-pair", "missing-companion")
 
@@ -79,7 +91,7 @@ COMPILED = {
     "ok": Rule(_S, "installed; checked once in a child process (a wrong-arch build can crash at import)"),
     "ok.half-installed": Rule(_S, "half-installed and cannot be reinstalled here: checked as it is"),
     "repair.half-installed": Rule(_S, "half-installed: reinstalled"),
-    "block.arch": Rule(_W, "an installed build of ours has no code for a visible GPU: blocked"),
+    "block.arch": Rule(_W, "an installed build has no code for a visible GPU, or code an arch rule says is wrong there"),
     "cache": Rule(_S, "a fitting wheel in the local wheel cache: installed from it"),
     "wheelhouse": Rule(_S, "a wheel built for this machine in the wheelhouse: installed from it"),
     "wheel": Rule(_S, "the release wheel for this torch, CUDA, ABI and Python: installed"),
@@ -105,6 +117,15 @@ COMPILED = {
     "build.timeout": Rule(_S, "the build would take longer than FASTPATH_HOOKS_TIMEOUT"),
     "without.{with}": Rule(_S, "a kernel it is only useful with is not installed here"),
     "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing"),
+    "build.triton-only": Rule(_S, "only families that use its Triton ops are in use: built without its CUDA extension",
+                              requires=_SWITCH, warm=False),
+    "ok.triton-only": Rule(_S, "installed without its CUDA extension, only families that do not call it in use",
+                           requires=_SWITCH, warm=False),
+    "repair.cuda": Rule(_S, "installed without its CUDA extension and a family in use calls it: rebuilt with it",
+                        requires=_SWITCH),
+    "block.no-cuda": Rule(_W, "installed without its CUDA extension, a family in use calls it, no rebuild here: blocked",
+                          requires=_SWITCH),
+    **NUMERIC,
 }
 
 KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED}

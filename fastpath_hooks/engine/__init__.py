@@ -29,7 +29,8 @@ import threading  # loaded with logging (events) anyway
 from .. import events
 from .outcome import Outcome, OutcomeState, apply_env
 
-_CONTEXT = ("load_context", "bad_settings", "value_once", "fingerprint", "verdict_distributions")
+_CONTEXT = ("load_context", "bad_settings", "check_settings", "unusable_cache_dir", "value_once", "fingerprint",
+            "verdict_distributions")
 
 __all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "expect", "expect_from", "forget",
            "outcomes", "simulation", "snapshot", "use_world") + _CONTEXT

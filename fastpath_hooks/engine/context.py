@@ -30,11 +30,12 @@ def load(target: str | None = None, *, strict: bool = False):
         settings = Settings.from_env()
         if target is not None:
             settings = settings.with_target(target)
+        unusable_cache_dir(settings)
     except SettingsError as exc:
         if strict:
             raise
         bad_settings(exc)
-        settings = _valid_part(os.environ)
+        settings = _valid_part(os.environ, exc.problems)
         invalid = "a FASTPATH_HOOKS_* variable is invalid (see above)"
     try:
         pins = load_pins(settings.pins_file)
@@ -70,6 +71,26 @@ def unknown_indexes(settings, pins) -> list:
     return [name for name in chosen if name not in known_indexes(pins)]
 
 
+def check_settings() -> bool:
+    """install()'s check of the FASTPATH_HOOKS_* variables: a bad one said now, once (the engine stays
+    quiet about it later), and an unusable cache directory too; True when they are valid."""
+    from ..facts.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        bad_settings(exc)
+        return False
+    unusable_cache_dir(settings)
+    return True
+
+
+def unusable_cache_dir(settings) -> None:
+    """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
+    if settings.cache_dir_unusable:
+        events.warning(settings.cache_dir_unusable, once="cache-dir", persist=f"cache-dir:{settings.cache_dir_unusable}")
+
+
 def bad_settings(exc) -> None:
     """The one line for invalid FASTPATH_HOOKS_* variables: said by install() or here, once."""
     var, value, why = exc.problems[0]
@@ -82,27 +103,35 @@ def bad_settings(exc) -> None:
 def value_once(value, why: str) -> str:
     """A reason that starts by quoting the value again ("'/x' is not a directory") says "it" instead."""
     quoted = repr(value)
+    if why.startswith(quoted + ": "):    # a target's "'gpu=sm_999': sm_999 is not ...": the value was just said
+        return why[len(quoted) + 2:]
     return "it" + why[len(quoted):] if why.startswith(quoted + " ") else why
 
 
-def _valid_part(environ):
-    """Settings from the variables that are valid on their own, in report mode."""
+def _valid_part(environ, problems=()):
+    """Settings from every variable but the bad ones (`problems`), in report mode: what it decides - and
+    says at debug - respects the other settings (a skip list, a target, offline with a bad wheelhouse)."""
     from dataclasses import replace
 
-    from ..facts.settings import VARIABLES, Settings, SettingsError
+    from .._names import PREFIX
+    from ..facts.settings import Settings, SettingsError, parse_bool
 
-    valid = {}
-    for name in VARIABLES:
-        if name in environ:
-            try:
-                Settings.from_env({name: environ[name]})
-                valid[name] = environ[name]
-            except SettingsError:
-                pass
-    try:
-        return replace(Settings.from_env(valid), mode="report")
-    except SettingsError:  # valid alone, invalid together (OFFLINE without FIND_LINKS is caught alone)
-        return Settings(mode="report")
+    bad = {var for var, _, _ in problems}
+    valid = {name: value for name, value in environ.items() if name.startswith(PREFIX) and name not in bad}
+    settings = Settings()
+    for _ in range(len(valid) + 1):   # a variable valid alone may be invalid without a dropped one
+        try:
+            settings = Settings.from_env(valid)
+            break
+        except SettingsError as exc:
+            for var, _, _ in exc.problems:
+                valid.pop(var, None)
+    try:   # FASTPATH_HOOKS_OFFLINE=1 without a (valid) wheelhouse still means: never reach an index
+        offline = parse_bool(environ.get("FASTPATH_HOOKS_OFFLINE") or "0")
+    except ValueError:
+        offline = False
+    settings = replace(settings, offline=settings.offline or offline)
+    return replace(settings, mode="report")
 
 
 def fingerprint(env, settings, pins, kernel: str) -> str:

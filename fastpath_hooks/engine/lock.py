@@ -105,6 +105,32 @@ class EnvironmentLock:
                           once=f"wait-{self.kernel}")
             waited = self.waited = True
 
+    def try_acquire(self) -> "EnvironmentLock | None":
+        """Take it only if it is free now: no wait and no line; None when another thread of this process
+        or another process holds it (install() does not wait for a running install: the imports do)."""
+        import filelock
+
+        from ..act.locks import environment_lock
+        from ..act.state import environment_state_dir
+
+        directory = self.directory or environment_state_dir(self.settings)
+        try:
+            lock = environment_lock(self.settings, directory)
+        except OSError:
+            return None
+        if _turns.owner == threading.get_ident() or not _turns.lock.acquire(blocking=False):
+            return None
+        _turns.owner, _turns.kernel = threading.get_ident(), self.kernel
+        events.hold()
+        try:
+            lock.acquire(timeout=0)
+        except (filelock.Timeout, OSError):
+            self._end_turn()
+            return None
+        self.lock = lock
+        self.first = _first_holder(directory)
+        return self
+
     def _take_turn(self, deadline: float) -> None:
         """This thread's turn among the threads of this process (said once when another kernel has it)."""
         if _turns.owner == threading.get_ident():  # a bug of ours, not a wait: say it instead of hanging

@@ -6,7 +6,8 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
     CONTEXT -> READ -> NEEDS -> CACHED -> LOCK -> CHECK -> VERIFY / INSTALL -> RECORD -> DONE
                                      \-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here.
+- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here -
+  after an install killed half-way is rolled back (its half-written tree must not be imported either).
 - READ: the world read once - the cheap stamp, then probe + policy, unless the world's last reading
   was made under the same stamp (the kernels of one request share it). A pending journal (an
   install running, or killed half-way) is waited for and rolled back under the lock first.
@@ -35,7 +36,7 @@ from .. import events
 from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
-from .world import Batched, InstallFailed, Reading
+from .world import Batched, InstallFailed, NumericFailed, Reading
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
@@ -129,6 +130,10 @@ def _context(run: Run):
     settings, pins, invalid = run.world.context(run.target)
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
+        if run.world.pending(settings):   # skipped, yet never imported from a half-written install
+            failed = _recover(run)
+            if failed is not None:
+                return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
         return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, "skipped by FASTPATH_HOOKS_SKIP"))
     return State.READ, run
@@ -152,7 +157,7 @@ def _read(run: Run):
     run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, reading.plan, run.pins))
+        return run.done(_skipped(decision, reading.plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(_blocked(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -184,11 +189,14 @@ def _needs(run: Run):
     decision = run.decision
     for dep in decision.needs:
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.REPORTED:
+            continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
-            events.warning(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+            say = events.debug if run.invalid is not None else events.warning
+            say(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -215,8 +223,11 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    events.warning(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}",
-                   kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
+    message = f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: {why}"
+    if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
+        events.debug(message, kernel)
+    else:
+        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
         return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
@@ -260,7 +271,7 @@ def _check(run: Run):
         if batched.ok and current.action == OK:
             return run.good(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
         if not batched.ok and current.action != OK:
-            return run.done(_failed(current, batched.detail))
+            return run.done(_failed(_numeric_block(current) if batched.numeric else current, batched.detail))
     if current.action == OK:
         known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
         if known is None:
@@ -272,7 +283,7 @@ def _check(run: Run):
                           kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
-        return run.done(_skipped(current, run.plan, run.pins))
+        return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
         return run.done(_blocked(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
@@ -281,9 +292,12 @@ def _check(run: Run):
 
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
-    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env)
+    result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
+                              numeric=_numeric_plan(run))
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
+    if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
+        return State.RECORD, replace(run, decision=_numeric_block(decision), verdict=(False, result.detail))
     if decision.repair is not None and settings.mode == "install":
         events.warning(f"{kernel}: {result.detail}; repairing", kernel)
         run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
@@ -305,6 +319,8 @@ def _install(run: Run):
     events.status(f"{kernel}: {verb} {_describe(current)} ({run.check_failed or current.reason})", kernel)
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
+    except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
+        return State.RECORD, replace(run, decision=_numeric_block(current), verdict=(False, str(exc)))
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
@@ -328,13 +344,15 @@ def _install_batch(run: Run, batch: tuple):
     verdicts are written here, under the fingerprint of what is on disk now, and remembered in the
     World for their own runs (CHECK), which then neither check nor install again."""
     world, settings, kernel, pins = run.world, run.settings, run.kernel, run.pins
-    events.status(f"{kernel}: installing {' and '.join(_describe(d) for d in batch)} together: one installer call, "
-                  f"one check ({run.decision.reason})", kernel)
+    for decision in batch:   # each member's own reason, said as one install says it
+        events.status(f"{decision.kernel}: installing {_describe(decision)} ({decision.reason})", decision.kernel)
+    events.status(f"{kernel}: installing {' and '.join(d.kernel for d in batch)} together: one installer call, "
+                  "one check", kernel)
     try:
         result = world.install_batch(batch, settings=settings, env=run.env, pins=pins)
-        results, failed = dict(result.results), dict(result.failed)
+        results, failed, numeric = dict(result.results), dict(result.failed), set(result.numeric)
     except InstallFailed as exc:
-        results, failed = {}, {d.kernel: str(exc) for d in batch}
+        results, failed, numeric = {}, {d.kernel: str(exc) for d in batch}, set()
     any_result = next(iter(results.values()), None)
     env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
     for decision in batch:
@@ -349,14 +367,15 @@ def _install_batch(run: Run, batch: tuple):
         else:
             detail = failed.get(other, "not installed")
             verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
-            world.batched[other] = Batched(False, detail, kernel)
+            world.batched[other] = Batched(False, detail, kernel, other in numeric)
             events.error(f"{other}: could not install - {detail}", other, once=f"fail-{other}")
         if not run.cache.record(other, verdict=verdict):
             events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
         events.debug(f"{other}: {detail}", other)
     mine = results.get(kernel)
     if mine is None:
-        return State.RECORD, replace(run, verdict=(False, failed.get(kernel, "not installed")))
+        decision = _numeric_block(run.decision) if kernel in numeric else run.decision   # as _install blocks it
+        return State.RECORD, replace(run, decision=decision, verdict=(False, failed.get(kernel, "not installed")))
     return State.RECORD, replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)
 
 
@@ -369,6 +388,22 @@ def _installed_line(kernel: str, result, decision) -> str:
         events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
                        "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
     return f"installed {done}"
+
+
+def _numeric_plan(run: Run):
+    """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
+    for these GPUs) - once per installed files, GPU arch and torch build."""
+    from .._environ import cache_root
+    from ..act.numeric import plan_for
+
+    return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
+
+
+def _numeric_block(decision):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays)."""
+    from ..decide.common import NUMERIC_FIX
+
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX)
 
 
 def _record(run: Run):
@@ -384,13 +419,22 @@ def _record(run: Run):
     if run.verdict is not None:
         verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None:
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and _warm_rule(run):
         # a bad variable must be reported at every start, not skipped by a warm hit: no warm verdict then
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in run.env_pairs]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)
+
+
+def _warm_rule(run: Run) -> bool:
+    """The decision's rule lets a good outcome be remembered for the next start (decide/rule_ids.py: a
+    build without mamba-ssm's CUDA extension is good only for the families in use now)."""
+    from ..decide.rule_ids import lookup
+
+    rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
+    return rule is None or rule.warm
 
 
 def _outcome(run: Run) -> Outcome:
@@ -450,8 +494,12 @@ def _remembered_failure(run: Run) -> Outcome | None:
     return None
 
 
-def _skipped(decision, plan, pins) -> Outcome:
-    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel."""
+def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
+    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+    if quiet:
+        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
+        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
     from ..decide.rule_ids import lookup
 
     rule = lookup(pins, decision.rule)

@@ -23,7 +23,7 @@ class OutcomeState(TextEnum):
 
 GOOD = (OutcomeState.OK, OutcomeState.INSTALLED, OutcomeState.REPAIRED)     # the kernel is usable
 CHANGED = (OutcomeState.INSTALLED, OutcomeState.REPAIRED)                   # what is on disk changed
-BAD = (OutcomeState.FAILED, OutcomeState.ERROR, OutcomeState.BLOCKED)       # `install` exits 1
+BAD = (OutcomeState.FAILED, OutcomeState.ERROR, OutcomeState.BLOCKED)       # went wrong (not merely left alone)
 
 
 class Outcome:

@@ -29,6 +29,11 @@ class InstallFailed(Exception):
     """An install (or a build) did not happen; the environment is as it was. The message says why."""
 
 
+class NumericFailed(InstallFailed):
+    """The install was rolled back because the kernel's numbers differ from torch's on this GPU
+    (act/numeric.py remembered it): the kernel is blocked there. The message has the measured error."""
+
+
 class Stamp(NamedTuple):
     """What tells, cheaply, whether the world may have changed since a read: the warm signature
     (interpreter, distributions on sys.path, variables, GPUs, pins, wheelhouse) and the wheel
@@ -43,6 +48,7 @@ class Batched(NamedTuple):
     ok: bool
     detail: str
     leader: str
+    numeric: bool = False   # it failed on its numbers here (act/numeric.py): blocked on this GPU
 
 
 class Request(NamedTuple):
@@ -181,11 +187,12 @@ class World:
 
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=()):
-        """The kernel imported in a child process: a result with `ok` and `detail`."""
+    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None):
+        """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
+        numbers against torch: a result with `ok`, `detail` and `numeric` (it failed on its numbers)."""
         from ..act.verify import verify
 
-        return verify(spec, timeout=timeout, env_extra=env_extra)
+        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""
@@ -196,11 +203,13 @@ class World:
     def install(self, decision, *, settings, env, pins):
         """Run the decision's steps in one transaction, the kernel verified before it commits
         (lock held); the InstallResult, or InstallFailed (everything rolled back)."""
-        from ..act.installer import InstallError, run_steps
+        from ..act.installer import InstallError, NumericMismatch, run_steps
 
         try:
             return run_steps(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings),
                              verify_specs=(pins.kernel(decision.kernel),), kernel_env=decision.env)
+        except NumericMismatch as exc:
+            raise NumericFailed(str(exc)) from None
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 

@@ -9,8 +9,8 @@
 - else never from a multiprocessing child (a rankless script's DataLoader or pool worker);
 - else processes started by one parent (a shell loop, xargs, a launcher that sets
   no rank) are one job: the first of them with something to say takes the node's
-  "voice" for that parent (an fcntl lock on one byte, released by the OS when it
-  exits) and the others stay quiet.
+  "voice" for that parent (an fcntl lock on one byte of one file per user in /tmp,
+  released by the OS when it exits) and the others stay quiet.
 
 Self-contained (the voice file's place is its own business): loaded at the first human line.
 """
@@ -64,16 +64,20 @@ def _lock_voice(parent: int) -> bool:
         import fcntl
     except ImportError:  # no fcntl (Windows): every process speaks
         return True
-    # node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
-    # process its own of; not the cache directory, which each process may set apart or nodes share)
+    # Node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
+    # process its own of; not the cache directory, which each process may set apart, and which nodes
+    # may share - an fcntl lock there would be cluster-wide on NFS, where parent pids of different
+    # nodes collide). One file per user, whatever the number of environments: the byte locked is the
+    # parent's pid (high bits) and this environment (low bits), so nothing accumulates, and the file
+    # is never removed (a process that locked a removed file would not exclude one that made it anew).
     directory = "/tmp" if os.path.isdir("/tmp") else os.environ.get("TMPDIR") or "."
-    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}-{environment_key()}.voice")
+    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}.voice")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return True
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, parent)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, (parent << 32) | int(environment_key()[:8], 16))
     except OSError:
         os.close(fd)
         return False

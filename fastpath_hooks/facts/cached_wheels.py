@@ -72,9 +72,11 @@ def pair_for(gpu: str, codes) -> str | None:
 
 
 def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
-         abi: str, python: str, arch: str, gpus, all_codes=()) -> bool:
+         abi: str, python: str, arch: str, gpus, all_codes=(), bad=None, python_only: bool = False) -> bool:
     """A built wheel (fph label) that runs here: same distribution and version, same key, this
-    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)."""
+    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)
+    that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules); a
+    build labelled `py` (no compiled code) fits when `python_only` says that is enough here."""
     from .distributions import canonical_name
     from .wheel_names import parse_wheel
 
@@ -92,8 +94,11 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     if not any(t.interpreter == py and t.platform.endswith("_" + arch) and t.platform.startswith(("linux_", "manylinux"))
                for t in tags):
         return False
+    if have == ["py"]:   # built without compiled code (an opt-in CUDA extension left out): fits where that is enough
+        return python_only
     codes = set(all_codes) if "all" in have else {(f"sm_{a[2:]}" if a.startswith("sm") else a) for a in have}
-    return bool(gpus) and all(pair_for(g, codes) is not None for g in gpus)
+    bad = bad or {}
+    return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
 
 
 # -- the directory ----------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def _read(path: str):
 
 def _check_user_shape(user: dict, origin: str) -> None:
     allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked",
-               "packed_sequences"}
+               "packed_sequences", "cxx_standard"}
     for key in user:
         if key not in allowed:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")

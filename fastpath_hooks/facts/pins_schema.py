@@ -6,16 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from . import pins_rules
 from .distributions import canonical_name
 from .frozen import FrozenSpecifierSet, freeze
 from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
-                          PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
-                          WheelIndex, same_version)
+                          PackedSequences, Pair, Pins, PinsError, PureRelease, Switch, WheelIndex, same_version)
 from .._registry import REGISTRY
 
 
@@ -110,13 +111,15 @@ def build(data, origins: tuple) -> Pins:
                "the ones it names")
 
     release_wheels, source_builds = {}, {}
-    for name, spec in kernels.items():
+    for name, spec in tuple(kernels.items()):
         if spec.kind != "compiled":
             continue
         raw = kernels_raw[name]
         if "release" in raw:
-            release_wheels[name] = _release_wheels(v, raw.get("release"), f"kernels.{name}.release")
-        source_builds[name] = build = _source_build(v, raw.get("source_build"), f"kernels.{name}.source_build")
+            release_wheels[name] = pins_rules.release_wheels(v, raw.get("release"), f"kernels.{name}.release")
+        source_builds[name] = build = pins_rules.source_build(v, raw.get("source_build"), f"kernels.{name}.source_build",
+                                                              spec.arch_rules)
+        kernels[name] = spec = replace(spec, cuda_switch=build.cuda_switch)
         if build.version is not None and spec.releases and not any(same_version(r.version, build.version)
                                                                    for r in spec.releases):
             v.fail(f"kernels.{name}.releases", f"the source build's {build.requirement} is not one of the releases")
@@ -192,6 +195,7 @@ def build(data, origins: tuple) -> Pins:
         hazards=tuple(hazards), yanked=yanked,
         origins=origins, digest=digest, packed_sequences=packed,
         release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
+        cxx_standards=pins_rules.cxx_standards(v, data.get("cxx_standard")),
     ))
 
 
@@ -249,7 +253,8 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
     releases, pairs, broken, switch = (), (), (), None
     if kind == "pure":
         releases = tuple(_releases(v, k.get("releases"), f"{e}.releases", lambda r, re_, **common: PureRelease(
-            backends=_kernel_names(v, r.get("backends", []), f"{re_}.backends", name, names), **common)))
+            backends=_kernel_names(v, r.get("backends", []), f"{re_}.backends", name, names),
+            issues=pins_rules.release_issues(v, r.get("issues", []), f"{re_}.issues"), **common)))
     elif kind == "compiled" and "releases" in k:
         releases = _kernel_releases(v, k.get("releases"), f"{e}.releases")
     elif kind == "pair":
@@ -265,7 +270,7 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
     indexes = _wheel_indexes(v, k["wheel_indexes"], f"{e}.wheel_indexes") if "wheel_indexes" in k else ()
     for key, kinds in (("releases", ("pure", "compiled")), ("pairs", ("pair",)), ("broken", ("pair",)),
                        ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",)),
-                       ("wheel_indexes", ("compiled",))):
+                       ("wheel_indexes", ("compiled",)), ("arch_rules", ("compiled",))):
         if key in k and kind not in kinds:
             v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
     if kind == "compiled" and "source_build" not in k:
@@ -295,6 +300,8 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
         serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
         rule_prefix=prefix, switch=switch, wheel_indexes=indexes,
         releases=releases, pairs=pairs, broken=broken,
+        numeric_checks=pins_rules.numeric_checks(v, k.get("numeric_checks", []), f"{e}.numeric_checks"),
+        arch_rules=pins_rules.arch_rules(v, k.get("arch_rules", []), f"{e}.arch_rules"),
     )
 
 
@@ -424,89 +431,6 @@ def _kernel_names(v: _V, raw, entry: str, own: str, kernels: tuple) -> tuple:
     return names
 
 
-def _gencode_table(v: _V, raw, e: str) -> dict:
-    arch_table = v.table(raw, e)
-    v.source(arch_table, e)
-    gencode = {}
-    for code, spec in v.table(arch_table.get("pairs"), f"{e}.pairs").items():
-        if not (code.startswith("sm_") and code[3:].isdigit()):
-            v.fail(f"{e}.pairs.{code}", "expected sm_XY (a -gencode code)")
-        gencode[code] = v.specifier(spec, f"{e}.pairs.{code}")
-    return gencode
-
-
-def _release_wheels(v: _V, raw, e: str) -> ReleaseWheels:
-    rel = v.table(raw, e)
-    fname = v.string(rel.get("filename"), f"{e}.filename")
-    for fieldname in ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}"):
-        if fieldname not in fname:
-            v.fail(f"{e}.filename", f"the template must contain {fieldname}")
-    base_url = v.string(rel.get("base_url"), f"{e}.base_url")
-    builds = []
-    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
-        be = f"{e}.builds[{i}]"
-        v.table(b, be)
-        builds.append({
-            "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
-            "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
-            "python": v.strings(b.get("python"), f"{be}.python"),
-            "arch": v.strings(b.get("arch"), f"{be}.arch"),
-            "abi": v.strings(b.get("abi"), f"{be}.abi"),
-        })
-    sha = v.table(rel.get("sha256", {}), f"{e}.sha256")
-    for key, digest in sha.items():
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            v.fail(f"{e}.sha256.{key}", "expected 64 lowercase hex digits")
-    aliases = v.table(rel.get("torch_aliases", {}), f"{e}.torch_aliases")
-    return ReleaseWheels(
-        version=v.version(rel.get("version"), f"{e}.version"),
-        tag=v.string(rel.get("tag"), f"{e}.tag"),
-        base_url=base_url,
-        filename=fname,
-        builds=tuple(builds),
-        torch_aliases={str(k): v.string(val, f"{e}.torch_aliases.{k}") for k, val in aliases.items()},
-        sha256=dict(sha),
-        source=v.source(rel, e),
-    )
-
-
-def _source_build(v: _V, raw, e: str) -> SourceBuild:
-    sb = v.table(raw, e)
-    measured = v.table(sb.get("measured"), f"{e}.measured")
-    v.source(measured, f"{e}.measured")
-    numbers = {}
-    for key in ("seconds", "archs", "cores"):
-        value = measured.get(key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            v.fail(f"{e}.measured.{key}", "expected a positive number")
-        numbers[key] = value
-    gencode = _gencode_table(v, sb.get("cuda_archs"), f"{e}.cuda_archs")
-    bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
-    v.source(bd, f"{e}.build_deps")
-    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
-                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
-    requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
-    spec = list(Requirement(requirement).specifier)
-    if len(spec) != 1 or spec[0].operator != "==":
-        v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
-    par = v.table(sb.get("parallel", {"translation_units": 1, "split_compile": False, "source": "upstream: not known"}),
-                  f"{e}.parallel")
-    units = par.get("translation_units", 1)
-    if not isinstance(units, int) or isinstance(units, bool) or units < 1:
-        v.fail(f"{e}.parallel.translation_units", "expected a positive whole number (the files the build compiles)")
-    v.source(par, f"{e}.parallel")
-    return SourceBuild(
-        translation_units=units, split_compile=v.boolean(par.get("split_compile", False), f"{e}.parallel.split_compile"),
-        requirement=requirement,
-        env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
-        rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},
-        build_deps=build_deps,
-        seconds=float(numbers["seconds"]), archs=int(numbers["archs"]), cores=int(numbers["cores"]),
-        cuda_archs=gencode,
-        source=v.source(sb, e),
-    )
-
-
 def _releases(v: _V, raw, e: str, make) -> list:
     """A list of releases (fla's, a compiled kernel's): tables, each version listed once, with
     torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
@@ -529,8 +453,13 @@ def _releases(v: _V, raw, e: str, make) -> list:
 
 
 def _kernel_releases(v: _V, raw, e: str) -> tuple:
-    return tuple(_releases(v, raw, e, lambda r, re_, **common: KernelRelease(
+    out = tuple(_releases(v, raw, e, lambda r, re_, **common: KernelRelease(
         declares=tuple(v.requirement(x, f"{re_}.declares[{j}]")
                        for j, x in enumerate(v.list(r.get("declares", []), f"{re_}.declares"))),
-        cuda_archs=_gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        cuda_archs=pins_rules.gencode_table(v, r["cuda_archs"], f"{re_}.cuda_archs") if "cuda_archs" in r else None,
+        release=pins_rules.release_wheels(v, r["release"], f"{re_}.release") if "release" in r else None,
         **common)))
+    for i, r in enumerate(out):   # a release's own release wheels are of that release
+        if r.release is not None and not same_version(r.release.version, r.version):
+            v.fail(f"{e}[{i}].release.version", f"{r.release.version} is not the release's version {r.version}")
+    return out

@@ -38,6 +38,17 @@ class PureRelease:
     transformers: SpecifierSet
     backends: tuple
     source: str
+    issues: tuple = ()      # ReleaseIssue: known wrong results on some GPUs, fixed in a later release
+
+
+@dataclass(frozen=True)
+class ReleaseIssue:
+    """A pinned release's known wrong results on `gpus` (fla 0.5.2 on Hopper: fla PR #1262), said in
+    its install reason; the numeric check is what catches it on the user's GPU."""
+    gpus: tuple
+    id: str
+    effect: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,10 @@ class KernelSpec:
     releases: tuple = ()            # pure: PureRelease, newest preferred first; compiled: KernelRelease (optional)
     pairs: tuple = ()               # pair: Pair, preferred first
     broken: tuple = ()              # pair: BrokenPair
+    # rules as data (docs/builds.md)
+    numeric_checks: tuple = ()      # NumericCheck: its numbers against torch references on the GPU (any kind)
+    arch_rules: tuple = ()          # compiled: ArchRule, code an nvcc release gets wrong for a GPU
+    cuda_switch: "CudaSwitch | None" = None   # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,7 @@ class KernelRelease:
     declares: tuple
     cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
     source: str
+    release: "ReleaseWheels | None" = None   # its GitHub release wheels, when other than the kernel's `release`
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,8 @@ class SourceBuild:
     source: str
     translation_units: int = 1     # files compiled (MAX_JOBS beyond this count leaves cores idle)
     split_compile: bool = False    # nvcc's --split-compile may be given to its compiles (nvcc >= 11.8)
+    arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
+    cuda_switch: "CudaSwitch | None" = None   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -174,6 +192,80 @@ class SourceBuild:
     def version(self) -> str | None:
         spec = list(Requirement(self.requirement).specifier)
         return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
+
+
+@dataclass(frozen=True)
+class CxxStandard:
+    """The C++ standard a torch release's headers need: `std` is handed LAST to both compilers of
+    every compiled kernel's build (host and nvcc/hipcc), replacing whatever the sdist hard-codes."""
+    torch: SpecifierSet
+    std: str
+    source: str
+
+
+@dataclass(frozen=True)
+class ArchRule:
+    """Code for `gpu` compiled by an nvcc in `nvcc` is known to be wrong: build `build_as` code instead
+    (it runs on `gpu`), and with `wheels` == "avoid" take no release wheel built by such an nvcc there."""
+    id: str
+    gpu: str
+    nvcc: SpecifierSet
+    build_as: str
+    wheels: str
+    effect: str
+    source: str
+
+    def applies(self, gpu: str, nvcc_version) -> bool:
+        """On `gpu`, with code from nvcc `nvcc_version` (None: unknown - the rule applies, failing closed)."""
+        if gpu != self.gpu:
+            return False
+        if nvcc_version is None:
+            return True
+        try:
+            return self.nvcc.contains(Version(str(nvcc_version)), prereleases=True)
+        except InvalidVersion:
+            return True
+
+
+@dataclass(frozen=True)
+class NumericCheck:
+    """One tiny run of a kernel function on the GPU against a torch reference (act/numeric_check.py
+    holds the references, by name). `gpus`: where it runs ("*": every GPU); `requires`: modules that
+    must import for it to apply (a build without the CUDA extension has no selective_scan_cuda)."""
+    name: str
+    function: str
+    reference: str
+    shapes: dict
+    dtype: str
+    tolerance: dict              # atol + rtol (elementwise, as torch.allclose) and/or ratio (rms error / rms of torch's)
+    backward: bool
+    gpus: tuple
+    requires: tuple
+    source: str
+    options: dict = field(default_factory=dict)         # the reference's switches (channel_last, ...)
+    backward_tolerance: dict | None = None              # for the gradients, when it differs
+
+    def runs_on(self, gpus) -> tuple:
+        return tuple(g for g in gpus if g.startswith(("sm_", "gfx")) and ("*" in self.gpus or g in self.gpus))
+
+
+@dataclass(frozen=True)
+class CudaSwitch:
+    """A release whose compiled CUDA extension is built only when `env` is set (mamba-ssm main, #977:
+    MAMBA_KEEP_CUDA_BUILD=TRUE). `releases`: the versions that have the switch; `needed_by`: the model
+    types whose modeling code calls that extension (transformers' Mamba-1 families); the others use
+    only its Triton ops, so where only they are in use the build compiles nothing."""
+    env: dict
+    releases: SpecifierSet
+    needed_by: tuple
+    triton_only: tuple   # the model types that use the package without the extension (its Triton ops)
+    source: str
+
+    def applies(self, version) -> bool:
+        try:
+            return self.releases.contains(Version(str(version)), prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 @dataclass(frozen=True)
@@ -225,15 +317,35 @@ class Pins:
     release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels (where published)
     source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
     decision_order: tuple = ()      # each kernel after those its rules read (decision_order())
+    cxx_standards: tuple = ()       # CxxStandard, first match wins (pins: cxx_standard)
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]
 
+    def cxx_standard(self, torch_version) -> CxxStandard | None:
+        """The rule for this torch (a Version or text; pre-releases and local builds included), or None."""
+        if torch_version is None:
+            return None
+        try:
+            v = torch_version if isinstance(torch_version, Version) else Version(str(torch_version))
+        except InvalidVersion:
+            return None
+        v = Version(v.public)
+        return next((r for r in self.cxx_standards if r.torch.contains(v, prereleases=True)), None)
+
     def of_kind(self, kind: str) -> tuple:
         return tuple(name for name, spec in self.kernels.items() if spec.kind == kind)
 
-    def release(self, kernel: str) -> ReleaseWheels | None:
-        return self.release_wheels.get(kernel)
+    def release(self, kernel: str, version: str | None = None) -> ReleaseWheels | None:
+        """The kernel's release wheels (of `version` when given: a pinned release's own, else the kernel's
+        `release` when it is of that version, else None)."""
+        base = self.release_wheels.get(kernel)
+        if version is None:
+            return base
+        rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
+        if rel is not None and getattr(rel, "release", None) is not None:
+            return rel.release
+        return base if base is not None and same_version(base.version, version) else None
 
     def build(self, kernel: str, version: str | None = None) -> SourceBuild:
         """The kernel's source build, of `version` when given (a pinned release: its own -gencode

@@ -21,6 +21,7 @@ from functools import cached_property, lru_cache
 from .distributions import canonical_name, scan
 from .frozen import FrozenMap, freeze_fields, thaw
 from .procfs import mem_available_gib
+from .toolkits import find_hipcc, find_nvcc, find_uv, imported_model_types, nvcc_release, toolkit_version
 
 # Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
 # the hub's `kernels` (transformers' is_kernels_available).
@@ -66,6 +67,9 @@ class Environment:
     cached_wheels: tuple = ()         # complete entries in it (file names)
     build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
+    numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
+    numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
+    model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
 
     _freezes_itself = True
 
@@ -179,8 +183,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         "hip": torch_info.get("hip"),
         "xpu": bool(torch_info.get("xpu")),
         "cxx11_abi": cxx11_abi,
-        "uv": _find_uv(),
-        "hipcc": _find_hipcc(),
+        "uv": find_uv(),
+        "hipcc": find_hipcc(),
         "cpus": _cpus(),
     }
     facts = dict(real)
@@ -245,15 +249,22 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
     from dataclasses import replace
 
-    from . import build_history, cached_wheels
+    from . import build_history, cached_wheels, numeric_records
     from .._environ import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
-    nvcc = _find_nvcc(dists)
-    nvcc_version = _toolkit_version(nvcc)
+    nvcc = find_nvcc(dists)
+    nvcc_version = toolkit_version(nvcc)
     if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
-        nvcc_version = None if posed["nvcc"] in (None, "posed") else posed["nvcc"]
-        nvcc = None if posed["nvcc"] is None else "posed"
+        if posed["nvcc"] is None:
+            nvcc, nvcc_version = None, None
+        elif nvcc and os.path.isfile(nvcc):
+            # a real toolkit stays the compiler that runs (and gets the arch restriction): a posed release only
+            # says which release it is (an image builder's `--target ...,nvcc=13.0` with CUDA_HOME set)
+            nvcc_version = nvcc_version if posed["nvcc"] == "posed" else posed["nvcc"]
+        else:
+            nvcc = "posed"
+            nvcc_version = None if posed["nvcc"] == "posed" else posed["nvcc"]
     for name, version in posed.get("distributions", {}).items():
         if version is None:
             dists.pop(name, None)
@@ -284,6 +295,9 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         cached_wheels=cached_wheels.listing(cache),
         build_history=build_history.read(cache),
         pip="pip" in dists,
+        numeric_device=posed.get("numeric"),
+        numeric_failures=numeric_records.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),
+        model_types=imported_model_types(),
     )
 
 
@@ -295,57 +309,6 @@ def with_nvcc_version(env: Environment) -> Environment:
     if env.nvcc_version or not env.nvcc or not os.path.isfile(env.nvcc):
         return env
     return replace(env, nvcc_version=nvcc_release(env.nvcc))
-
-
-_NVCC_RELEASES: dict = {}
-
-
-def nvcc_release(path: str) -> str | None:
-    """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
-    import re
-    import subprocess
-
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (path, st.st_mtime_ns, st.st_size)
-    if key not in _NVCC_RELEASES:
-        try:   # subprocess here, not act/runner.py (facts may not import act): a 10 s read of a version
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
-                                 stdin=subprocess.DEVNULL).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        match = re.search(r"release (\d+\.\d+)", out)
-        _NVCC_RELEASES[key] = match.group(1) if match else None
-    return _NVCC_RELEASES[key]
-
-
-def _toolkit_version(nvcc: str | None) -> str | None:
-    """The CUDA release a toolkit's version.json names (11.1+ ship one beside bin/): a file read,
-    no process. None when there is none (then `nvcc --version`, on demand)."""
-    if not nvcc or not os.path.isfile(nvcc):
-        return None
-    import json
-
-    path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            value = json.load(fh)["cuda"]["version"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    parts = str(value).split(".")
-    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
-
-
-def _find_hipcc() -> str | None:
-    import shutil
-
-    for var in ("ROCM_HOME", "ROCM_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
-            return os.path.join(home, "bin", "hipcc")
-    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
 
 
 def _cpus() -> int | None:
@@ -443,46 +406,6 @@ def _glibc() -> str | None:
 def _normal_arch(machine: str) -> str:
     low = machine.lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(low, low)
-
-
-def _find_nvcc(dists: dict) -> str | None:
-    """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
-    import shutil
-
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    which = shutil.which("nvcc")
-    if which:
-        return which
-    nvcc_wheel = dists.get("nvidia-cuda-nvcc")
-    if nvcc_wheel and nvcc_wheel.split(".")[0].isdigit() and int(nvcc_wheel.split(".")[0]) >= 13:
-        return f"nvidia-cuda-nvcc {nvcc_wheel}"
-    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
-        return "/usr/local/cuda/bin/nvcc"
-    return None
-
-
-def _find_uv() -> str | None:
-    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
-    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
-    import shutil
-    import sysconfig
-
-    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
-        candidate = os.path.join(directory, "uv")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("uv")
-    if found:
-        return found
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except Exception:  # not installed, or its binary is missing
-        return None
 
 
 _PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")

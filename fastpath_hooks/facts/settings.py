@@ -18,7 +18,7 @@ from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, 
 from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
 from .._registry import REGISTRY, listed, registry
-from .._environ import cache_dir_given, find_links_given, log_level
+from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
 from .frozen import FrozenMap
 
 MODES = ("install", "report")
@@ -128,6 +128,9 @@ class Settings:
     wheel_urls: FrozenMap = field(default_factory=FrozenMap)   # kernel -> its release-wheel mirror (registry `mirror`)
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created, not writable): why, in one
+    # sentence; cache_dir is then None - the default root - and this is said once (a warning, not an error)
+    cache_dir_unusable: str | None = None
     # Variables the user set (names only): lets reports tell defaults from choices.
     explicit: frozenset = field(default=frozenset(), compare=False)
 
@@ -195,6 +198,12 @@ class Settings:
             )
         if problems:
             raise SettingsError(problems)
+        if values.get("cache_dir"):
+            unusable = cache_dir_problem(values["cache_dir"])
+            if unusable:
+                values["cache_dir_unusable"] = (f"{CACHE_DIR}={values['cache_dir']} {unusable}; using "
+                                                f"{default_cache_root(env)} instead")
+                values["cache_dir"] = None
         explicit = frozenset(k for k in known if get(k) is not None)
         return cls(explicit=explicit, **values)
 
@@ -223,6 +232,7 @@ class Settings:
             "split_compile": self.split_compile,
             "wheel_index": None if self.wheel_index is None else list(self.wheel_index),
             "cache_dir": self.cache_dir,
+            "cache_dir_unusable": self.cache_dir_unusable,
             "pins_file": self.pins_file,
             "target": self.target,
             "log": self.log,

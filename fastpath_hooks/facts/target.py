@@ -3,7 +3,9 @@
 A spec is a comma list of `key=value` facts, e.g.
 `gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12`, `gpu=none` or
 `hip=6.4,gpu=gfx942`. Every fact the policy reads can be set; the ones not named
-are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`.
+are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`. A CUDA GPU is an arch of a
+released GPU (`CUDA_ARCHS`, or one the pins' -gencode tables know); `sm_90a` / `sm_100f` are
+accepted and pose that GPU's arch (`sm_90`, `sm_100`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from .distributions import canonical_name
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -70,6 +72,11 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
                 facts["nvcc"] = "posed"
             else:
                 facts["nvcc"] = _version(entry, value)
+        elif key == "numeric":   # where the numeric checks of a posed GPU run: cpu (CPU stand-ins), none: skipped
+            if value.lower() not in ("cpu", "none", "no"):
+                raise ValueError(f"{entry!r}: numeric=cpu runs the numeric checks on CPU tensors (a posed GPU has none "
+                                 "here); numeric=none skips them")
+            facts["numeric"] = "cpu" if value.lower() == "cpu" else None
         elif key == "os":
             if value.lower() not in _OS:
                 raise ValueError(f"{entry!r}: os must be one of {', '.join(_OS)}")
@@ -91,6 +98,72 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
     if facts.get("hip") and facts.get("cuda"):
         raise ValueError("cuda=... and hip=... together: a torch build has one or the other")
     return facts
+
+
+# The CUDA GPU archs (compute capabilities) of released GPUs: `nvcc --list-gpu-code` of CUDA 11.8
+# (sm_35 ... sm_90), 12.8 / 12.9 (sm_50 ... sm_121, sm_101) and 13.0 (sm_75 ... sm_121, sm_88, sm_110 -
+# sm_101 renamed). A posed GPU must be one of these or an arch the pins' -gencode tables know.
+CUDA_ARCHS = ("sm_35", "sm_37", "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75",
+              "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120",
+              "sm_121")
+# Arch-specific (sm_90a, sm_100a) and family-specific (sm_100f) compile targets name the GPU's own arch:
+# a posed sm_90a is an sm_90 GPU (what the probe reports for an H100), so every rule about sm_90 applies.
+ARCH_SUFFIXES = ("a", "f")
+
+
+def known_cuda_archs() -> tuple:
+    """CUDA_ARCHS and every arch a -gencode table of the pins names (the shipped file and a
+    FASTPATH_HOOKS_PINS file), sorted by number. Read only when a posed arch is not in CUDA_ARCHS."""
+    import json
+    import os
+
+    found = set(CUDA_ARCHS)
+
+    def walk(node):
+        if isinstance(node, dict):
+            table = node.get("cuda_archs")
+            if isinstance(table, dict) and isinstance(table.get("pairs"), dict):
+                found.update(k for k in table["pairs"] if isinstance(k, str) and k.startswith("sm_"))
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    files = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "pins.json")]
+    user = os.environ.get("FASTPATH_HOOKS_PINS", "").strip()
+    if user:
+        files.append(os.path.abspath(os.path.expanduser(user)))
+    for path in files:
+        try:
+            if path.endswith(".toml"):
+                import tomllib
+
+                with open(path, "rb") as fh:
+                    walk(tomllib.load(fh))
+            else:
+                with open(path, encoding="utf-8") as fh:
+                    walk(json.load(fh))
+        except (OSError, ValueError, ImportError):   # a bad pins file is reported where pins are loaded
+            pass
+    return tuple(sorted(found, key=lambda a: int(a[3:]) if a[3:].isdigit() else 0))
+
+
+def _cuda_arch(entry: str, part: str) -> str:
+    """sm_XY / smXY / sm_XYa / sm_XYf -> the GPU's arch sm_XY; an arch no CUDA release knows is refused."""
+    digits = part[3:] if part.startswith("sm_") else part[2:]
+    if digits[-1:] in ARCH_SUFFIXES:
+        digits = digits[:-1]
+    if not (digits.isdigit() and len(digits) in (2, 3)):
+        raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90 or sm_90a), gfxNNN (ROCm) "
+                         "or none")
+    arch = "sm_" + digits
+    if arch not in CUDA_ARCHS:
+        known = known_cuda_archs()
+        if arch not in known:
+            raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
+                             + " (each also with an a or f suffix, e.g. sm_90a)")
+    return arch
 
 
 def _posable(name: str, pins, pins_file) -> bool:
@@ -119,10 +192,8 @@ def _gpus(entry: str, value: str) -> tuple:
     out = []
     for part in value.replace("/", "+").split("+"):
         part = part.strip().lower()
-        if part.startswith("sm_") and part[3:].isdigit() and len(part) in (5, 6):
-            out.append(part)
-        elif part.startswith("sm") and part[2:].isdigit() and len(part) in (4, 5):
-            out.append("sm_" + part[2:])
+        if part.startswith("sm") and len(part) > 2:
+            out.append(_cuda_arch(entry, part))
         elif part.startswith("gfx") and len(part) > 3 and part[3:].isalnum():
             out.append(part)
         elif part == "xpu":

@@ -105,7 +105,10 @@ def install(*, kernels=None, on_event=None):
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
     already chose their kernels: hooks/late.py decides those kernels and rebinds their choice.
+    A non-callable on_event is a TypeError here, at the call (not a silence at the first event).
     """
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
     if disabled():
         import logging
 
@@ -140,6 +143,25 @@ def install(*, kernels=None, on_event=None):
     _claim_voice()
     if _settings_given():
         _check_settings()
+    # An install into this environment killed half-way (or running now) left its journal: rolled back
+    # (engine/recovery.py) before any kernel is imported, whatever FASTPATH_HOOKS_SKIP or kernels= leave
+    # out. One access(2) per site-packages directory of this environment on sys.path (one in a venv):
+    # installs go only to a writable site-packages, so the journal is <site-packages>/act.state.STATE_DIR_NAME/
+    # act.state.JOURNAL (tests/test_interrupted.py keeps the literal equal). Inline, without a helper
+    # function: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it).
+    import os
+
+    prefix = sys.prefix + os.sep
+    for entry in sys.path:
+        if entry.endswith("-packages") and entry.startswith(prefix) and \
+                os.access(entry + "/.fastpath-hooks/journal.json", 0):   # site-packages, dist-packages; F_OK
+            try:
+                from ..engine.recovery import recover_now
+
+                recover_now(wait=False)
+            except Exception as exc:
+                internal_error(exc)
+            break
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _late()
     return True
@@ -197,14 +219,9 @@ def _check_settings() -> None:
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
         if os.path.exists(marker):
             return
-        from ..facts.settings import Settings, SettingsError
+        from ..engine import check_settings
 
-        try:
-            Settings.from_env()
-        except SettingsError as exc:
-            from ..engine import bad_settings
-
-            bad_settings(exc)
+        if not check_settings():
             return
         try:
             os.makedirs(os.path.dirname(marker), exist_ok=True)

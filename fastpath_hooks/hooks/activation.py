@@ -14,7 +14,12 @@ broken package then costs nothing and says nothing: the stand-in steps aside.
   `import _fastpath_hooks_startup`, the stand-in as a module beside it;
 - `sitecustomize`: the stand-in as a marked block in the environment's
   `sitecustomize.py` (created if absent; existing content kept byte for byte and
-  restored by `disable`).
+  restored by `disable`: the user's own lines come back exactly, also lines they
+  added or changed since - only the block's lines are taken out).
+
+Whatever enable/disable write must compile: the new content is compiled before the
+atomic replace, and nothing is written when it would not (the user's file stays as
+it is, and the line says which line to fix).
 
 Why a stand-in and not `import fastpath_hooks.hooks` at start: site.py parses every
 .pth line at every start and each module import costs ~0.3-0.5 M instructions;
@@ -107,18 +112,7 @@ def enable(method: str = "auto") -> list[str]:
         _write(path, pth_line())
         return done + [f"wrote {module} (compiled) and {path}"]
     path, created = _sitecustomize_target()
-    original = b""
-    if not created:
-        with open(path, "rb") as fh:
-            original, created = _strip_block(fh.read(), with_flags=True)  # enable twice: one block, same flags
-    flags = FORMAT
-    if created:
-        flags += " created"
-    elif original and not original.endswith(b"\n"):
-        flags += " newline"
-    content = original + (b"\n" if "newline" in flags else b"") + block(flags).encode()
-    _write(path, content)
-    _compile(path)
+    write_block(path, created=created)
     return done + [f"wrote the block in {path} (compiled)"]
 
 
@@ -140,21 +134,41 @@ def _remove_entries(keep: str | None) -> list[str]:
     if keep == "sitecustomize":
         return done
     for path in _sitecustomize_files():
-        with open(path, "rb") as fh:
-            content = fh.read()
-        if BEGIN.encode() not in content:
-            continue
-        restored, created = _strip_block(content, with_flags=True)
-        if created and not restored:
-            os.unlink(path)
-            _remove_pyc(path)
-            done.append(f"removed {path} (it was created by enable)")
-        else:
-            with open(path, "wb") as fh:
-                fh.write(restored)
-            _compile(path)
-            done.append(f"restored {path}")
+        said = remove_block(path)
+        if said:
+            done.append(said)
     return done
+
+
+def write_block(path: str, *, created: bool) -> None:
+    """The block at the end of the sitecustomize.py at `path` (created: there is none yet), compiled."""
+    original = b""
+    if not created:
+        with open(path, "rb") as fh:
+            original = fh.read()
+    _write(path, with_block(original, created=created))
+    _compile(path)
+
+
+def remove_block(path: str) -> str | None:
+    """Take the block out of the sitecustomize.py at `path`; what was done, None when it holds none."""
+    with open(path, "rb") as fh:
+        content = fh.read()
+    if BEGIN.encode() not in content:
+        return None
+    if find_block(content) is None:   # lines that look like ours, not a block enable wrote: not ours to touch
+        if any(_begin_flags(line) for line in content.splitlines()):
+            return (f"left {path} as it is: it has fastpath-hooks' begin line but not the block `enable` wrote "
+                    "(its end line is gone?); remove what is left of it by hand")
+        return None
+    restored, created = without_block(content)
+    if created and not restored:
+        os.unlink(path)
+        _remove_pyc(path)
+        return f"removed {path} (it was created by enable)"
+    _write(path, restored, what="without fastpath-hooks' block")
+    _compile(path)
+    return f"restored {path}"
 
 
 def status() -> dict:
@@ -163,7 +177,7 @@ def status() -> dict:
     for path in _sitecustomize_files():
         try:
             with open(path, "rb") as fh:
-                if BEGIN.encode() in fh.read():
+                if find_block(fh.read()) is not None:
                     blocks.append(path)
         except OSError:
             continue
@@ -172,22 +186,78 @@ def status() -> dict:
 
 # -- helpers -----------------------------------------------------------------------------
 
-def _strip_block(content: bytes, with_flags: bool = False):
-    """Remove our block (and the newline enable added before it)."""
-    begin = content.find(BEGIN.encode())
-    created = False
-    if begin < 0:
-        return (content, False) if with_flags else content
-    end = content.find(END.encode(), begin)
-    end = len(content) if end < 0 else end + len(END)
-    if content[end:end + 1] == b"\n":
-        end += 1
-    line_end = content.find(b"\n", begin)
-    flags = content[begin:line_end].decode(errors="replace").split()
-    created = "created" in flags
-    start = begin - 1 if "newline" in flags and begin > 0 and content[begin - 1:begin] == b"\n" else begin
-    out = content[:start] + content[end:]
-    return (out, created) if with_flags else out
+# The block is whole lines: a BEGIN line at column 0 (`BEGIN v<format> [created] [newline]`), the
+# stand-in, an END line. Anything else that merely looks like a marker (indented, inside a string, without
+# a format tag, a BEGIN without an END after it) is the user's own line and is kept as it is.
+
+def _begin_flags(line: bytes):
+    """The flags of a BEGIN line as enable writes it, else None."""
+    text = line.rstrip(b"\r\n")
+    head = BEGIN.encode()
+    if not text.startswith(head + b" "):
+        return None
+    flags = text[len(head):].split()
+    if not flags or not (flags[0][:1] == b"v" and flags[0][1:].isdigit()):
+        return None
+    if not all(flag.isalpha() and flag.islower() for flag in flags[1:]):
+        return None
+    return [flag.decode() for flag in flags]
+
+
+def find_block(content: bytes):
+    """(lines, first, last, flags) of the block enable wrote (first and last: the BEGIN and END
+    lines' indices in `lines`, content.splitlines(keepends=True)), or None. A BEGIN line without an
+    END line after it is the user's (a later BEGIN line opens the block instead), and so is a pair of
+    them around lines that are not the stand-in."""
+    lines = content.splitlines(keepends=True)
+    first = flags = None
+    for i, line in enumerate(lines):
+        begin = _begin_flags(line)
+        if begin is not None:
+            first, flags = i, begin
+        elif first is not None and line.rstrip(b"\r\n") == END.encode():
+            if b"fastpath_hooks" in b"".join(lines[first + 1:i]):   # the stand-in hands over to the package
+                return lines, first, i, flags
+            first = flags = None    # a pair of marker lines around the user's own code
+    return None
+
+
+def without_block(content: bytes):
+    """(content without the block, whether enable created the file). The user's lines come back
+    exactly; the line end enable added after a last line that had none ("newline") is taken away
+    again only where that line is still the last one - a line the user appended since stays a line
+    of its own, never glued onto it."""
+    found = find_block(content)
+    if found is None:
+        return content, False
+    lines, first, last, flags = found
+    before, after = lines[:first], lines[last + 1:]
+    if "newline" in flags and not after and before and before[-1].endswith(b"\n"):
+        before[-1] = before[-1][:-1]
+    return b"".join(before + after), "created" in flags
+
+
+def with_block(original: bytes, *, created: bool) -> bytes:
+    """The file with one block at its end (enable twice: one block, the first one's flags kept)."""
+    if find_block(original) is not None:
+        original, created = without_block(original)
+    flags = FORMAT
+    if created:
+        flags += " created"
+    elif original and not original.endswith((b"\n", b"\r")):
+        flags += " newline"
+    return original + (b"\n" if "newline" in flags else b"") + block(flags).encode()
+
+
+def compile_problem(data: bytes, path: str):
+    """Why `data` would not compile as the Python file `path` (a line for the user), else None."""
+    try:
+        compile(data, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return f"line {exc.lineno}: {exc.msg}"
+    except ValueError as exc:   # e.g. a NUL byte
+        return str(exc)
+    return None
 
 
 def _sitecustomize_files() -> list[str]:
@@ -219,16 +289,29 @@ def _sitecustomize_target():
                     f"{module} is the system Python's and runs instead of one here; use --method pth")
             if not os.access(module, os.W_OK):
                 raise ActivationError(f"{module} is not writable")
+            with open(module, "rb") as fh:
+                problem = compile_problem(fh.read(), module)
+            if problem:  # Python already says "Error in sitecustomize" at every start: ours would never run
+                raise ActivationError(f"{module} does not compile ({problem}); fix it, or use --method pth")
             return module, False
     return os.path.join(site_packages(), "sitecustomize.py"), True
 
 
-def _write(path: str, data) -> None:
+def _write(path: str, data, what: str = "with fastpath-hooks' entry") -> None:
+    """Atomically: the whole new file or the old one, never half of it. A .py file is written only
+    when it compiles (nothing written here may stop `python` from starting)."""
     data = data.encode() if isinstance(data, str) else data
+    if path.endswith(".py"):
+        problem = compile_problem(data, path)
+        if problem:
+            raise ActivationError(f"{path} would not compile {what} ({problem}); left as it is: "
+                                  "fix that line, then run this again")
     tmp = path + ".fastpath-hooks.tmp"
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         if os.path.exists(path):
             os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         os.replace(tmp, path)

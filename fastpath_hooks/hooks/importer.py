@@ -83,6 +83,14 @@ def _before_kernel_import(fullname, hooks):
         modules, serves = kernel_modules(known), served_modules(known)
     kernel = modules.get(fullname)
     if kernel is None or not hooks.selected(kernel):
+        if kernel is not None:   # not ours to decide - but never imported from a half-written install
+            from ..engine.recovery import pending_journal, recover_now
+
+            if pending_journal():
+                try:
+                    recover_now()
+                except Exception as exc:
+                    hooks.internal_error(exc)
         return None
     served = serves.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):

@@ -172,25 +172,44 @@ RESET_CACHES = {"mamba": "_causal_conv1d_cache", "falcon_mamba": "_causal_conv1d
 _NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values())  # a module holding none: nothing to heal
 
 
+_healing: set = set()   # names of the modeling modules a pass (of any thread) is healing now
+
+
 def heal(hooks) -> None:
     """Rebind the kernel choice of every modeling module imported before install() (`hooks`: the
-    hooks' registry, hooks.HOOKS). Costs a scan of sys.modules when none is (benchmarks/late_cost.py)."""
+    hooks' registry, hooks.HOOKS). Costs a scan of sys.modules when none is (benchmarks/late_cost.py).
+
+    As wrapt's post-import hooks: what to heal is decided under the hooks' lock (each module is
+    claimed by one pass at a time); the kernels are decided - installed, for minutes maybe - and every
+    event's callback runs with no lock held; the lock is taken again only to rebind, and only while
+    still installed (an uninstall() meanwhile wins). Another thread's install(), uninstall() or gate
+    call therefore never waits for this pass."""
     modules = imported_modeling_modules()
     if not modules:
         return
     with hooks.lock:
         if not hooks.installed():
             return
+        mine = [m for m in modules if m.__name__ not in _healing]   # a module another pass heals now is its
+        _healing.update(m.__name__ for m in mine)
+    if not mine:
+        return
+    try:
         era = transformers_era()
         if era is None:
             _warning(None, f"transformers {_version()} is not a version fastpath-hooks knows; modeling modules "
-                 f"imported before install() keep their kernel choice ({', '.join(_short(m) for m in modules)}): {FIX}",
+                 f"imported before install() keep their kernel choice ({', '.join(_short(m) for m in mine)}): {FIX}",
                  once="late-unknown")
             return
-        if era == "C":
-            _Pass(hooks).era_c(modules)
-        else:
-            _Pass(hooks).era_ab(modules, era)
+        heal_pass = _Pass(hooks)
+        plans = heal_pass.era_c(mine) if era == "C" else heal_pass.era_ab(mine, era)   # no lock held
+        with hooks.lock:
+            applied = [plan.apply() for plan in plans] if hooks.installed() else []
+        for plan, changed in applied:
+            heal_pass.report(plan, changed)
+    finally:
+        with hooks.lock:
+            _healing.difference_update(m.__name__ for m in mine)
 
 
 def imported_modeling_modules() -> list:
@@ -246,22 +265,23 @@ class _Pass:
 
     # -- era C -------------------------------------------------------------------------------
 
-    def era_c(self, modules) -> None:
+    def era_c(self, modules) -> list:
         hub = sys.modules.get("transformers.integrations.hub_kernels")
         decorate = getattr(hub, "use_kernel_func_from_hub_with_fallback", None)
+        plans = []
         for module in modules:
             namespace = module.__dict__
             found = [(name, namespace[name]) for name in DECORATED if name in namespace]
             if not found:
                 continue
-            changed, unknown, taken = {}, [], set()
+            plan = _Rebind(module, CALL)
             for name, function in found:
                 func_name, package = DECORATED[name]
                 if not self.managed(package):
                     continue
                 closure = _closure(function)
                 if decorate is None or closure is None or not {"implementation", "torch_function"} <= set(closure):
-                    unknown.append(name)
+                    plan.unknown.append(name)
                     continue
                 torch_function = closure["torch_function"]
                 outcome = self.decide(package)
@@ -269,25 +289,27 @@ class _Pass:
                 fresh = _redecorate(decorate, func_name, package, torch_function, blocked)
                 now = (_closure(fresh) or {}).get("implementation")
                 if now is None:
-                    unknown.append(name)
+                    plan.unknown.append(name)
                     continue
                 if now is closure["implementation"]:
                     continue
-                namespace[name] = fresh
-                changed[name] = (package, now is not torch_function)
-                if blocked and package in sys.modules:
-                    taken.add(package)
-            self.report(module, changed, unknown, taken, CALL)
+                plan.rebind(name, function, fresh, package, now is not torch_function,
+                            taken=blocked and package in sys.modules)
+            plans.append(plan)
+        return plans
 
     # -- eras A/B -----------------------------------------------------------------------------
 
-    def era_ab(self, modules, era: str) -> None:
+    def era_ab(self, modules, era: str) -> list:
         import_utils = sys.modules.get("transformers.utils.import_utils")
+        plans = []
         for module in modules:
             model = _short(module)
             namespace = module.__dict__
+            plan = _Rebind(module, CALL)
+            plans.append(plan)
             if model in RESET_CACHES and era == "A":
-                self.reset_cache(module, RESET_CACHES[model])
+                self.reset_cache(plan, RESET_CACHES[model])
             layout = MODELS.get(model, {}).get(era)
             if layout is None:
                 if any(name in namespace for name in BOUND) and self.stale(namespace, import_utils):
@@ -303,28 +325,20 @@ class _Pass:
                      f"kernel globals differently than fastpath-hooks knows: it keeps the choice made then; {FIX}",
                      once=f"late-unknown-{model}")
                 continue
-            changed, taken = {}, set()
+            plan.layers, plan.layout = layout.layers, layout
             for name in layout.names:
                 package = layout.source(name)[0]
                 if not self.managed(package):
                     continue
                 value = self.resolve(package, name, import_utils, layout)
-                if value is namespace.get(name) or (value is None and name in layout.optional):
+                old = namespace.get(name)
+                if value is old or (value is None and name in layout.optional):
                     continue       # an optional name a fresh import leaves unbound: only reached on the fast path
-                namespace[name] = value
-                changed[name] = (package, value is not None)
                 outcome = self.outcomes.get(package)
-                if value is None and package in sys.modules and outcome is not None and outcome.block:
-                    taken.add(package)
-            lacking = ()
-            if changed:
-                fast_path = layout.fast_path
-                if "is_fast_path_available" in namespace and all(n in namespace for n in fast_path):
-                    namespace["is_fast_path_available"] = all(namespace[n] for n in fast_path)
-                if layout.tuple_global and layout.tuple_global in namespace:
-                    namespace[layout.tuple_global] = tuple(namespace[n] for n in fast_path)
-                lacking = tuple(n for n in fast_path if namespace.get(n) is None)
-            self.report(module, changed, [], taken, layout.layers, lacking)
+                plan.rebind(name, old, value, package, value is not None,
+                            taken=value is None and package in sys.modules and outcome is not None
+                            and outcome.block is not None)
+        return plans
 
     def stale(self, namespace, import_utils) -> bool:
         return any(self.resolve(BOUND[n][0], n, import_utils) is not namespace[n]
@@ -357,20 +371,21 @@ class _Pass:
                 self.fresh[key] = None
         return self.fresh[key]
 
-    def reset_cache(self, module, name: str) -> None:
-        if module.__dict__.get(name) == (None, None) and self.managed("causal_conv1d"):
+    def reset_cache(self, plan, name: str) -> None:
+        if plan.module.__dict__.get(name) == (None, None) and self.managed("causal_conv1d"):
             outcome = self.decide("causal_conv1d")
             if outcome is not None and outcome.block is None:
-                module.__dict__[name] = None     # the next forward asks the gate again
-                events = sys.modules.get("fastpath_hooks.events")
-                if events is not None:
-                    events.debug(f"{_short(module)}: imported before install(); its causal-conv1d cache is reset",
-                                 "causal-conv1d")
+                plan.resets.append(name)     # the next forward asks the gate again
 
     # -- what is said -------------------------------------------------------------------------
 
-    def report(self, module, changed: dict, unknown: list, taken: set, layers: str, lacking=()) -> None:
+    def report(self, plan, changed: dict) -> None:
+        module, unknown, taken, layers, lacking = plan.module, plan.unknown, plan.taken, plan.layers, plan.lacking
         model = _short(module)
+        if plan.reset:
+            events = sys.modules.get("fastpath_hooks.events")
+            if events is not None:
+                events.debug(f"{model}: imported before install(); its causal-conv1d cache is reset", "causal-conv1d")
         if unknown:
             _warning(None, f"{model}: imported before install(), and {', '.join(unknown)} "
                  f"{'is' if len(unknown) == 1 else 'are'} not laid out as fastpath-hooks knows for transformers "
@@ -400,6 +415,49 @@ class _Pass:
             _status(kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
                  "next call (they guard on the rebound functions); a program exported or AOT-compiled before "
                  "install() keeps its kernels: export it again", once="late-compiled")
+
+
+class _Rebind:
+    """What one pass would change in one modeling module, worked out with no lock held; `apply()` makes
+    the change under the hooks' lock - each global only where it still holds what the pass saw."""
+
+    def __init__(self, module, layers: str):
+        self.module, self.layers, self.layout = module, layers, None
+        self.changes: list = []    # (name, old, new, package, kernel_on)
+        self.unknown: list = []    # globals not laid out as the tables know
+        self.taken: set = set()    # packages imported before install() and now blocked
+        self.resets: list = []     # era A caches to reset
+        self.lacking: tuple = ()
+        self.reset = False
+
+    def rebind(self, name, old, new, package, kernel_on: bool, taken: bool) -> None:
+        self.changes.append((name, old, new, package, kernel_on))
+        if taken:
+            self.taken.add(package)
+
+    def apply(self):
+        """(self, {name: (package, kernel_on)} of the globals rebound). Call with the hooks' lock held."""
+        namespace = self.module.__dict__
+        for name in self.resets:
+            if namespace.get(name) == (None, None):
+                namespace[name] = None
+                self.reset = True
+        changed = {}
+        for name, old, new, package, kernel_on in self.changes:
+            if namespace.get(name) is old:    # nobody rebound it meanwhile (another pass, the user)
+                namespace[name] = new
+                changed[name] = (package, kernel_on)
+        layout = self.layout
+        if changed and layout is not None:
+            fast_path = layout.fast_path
+            if "is_fast_path_available" in namespace and all(n in namespace for n in fast_path):
+                namespace["is_fast_path_available"] = all(namespace[n] for n in fast_path)
+            if layout.tuple_global and layout.tuple_global in namespace:
+                namespace[layout.tuple_global] = tuple(namespace[n] for n in fast_path)
+            self.lacking = tuple(n for n in fast_path if namespace.get(n) is None)
+        if not changed:
+            self.taken = set()
+        return self, changed
 
 
 def _closure(function) -> dict | None:

@@ -160,6 +160,7 @@ import torch.nn.functional as F
 __version__ = "VERSION"
 CALLS = {"fn": 0, "update": 0}
 FAKE_CAUSAL_CONV1D = True
+OFFSET = 0.0   # a miscompiled build (causal-conv1d#105) returns numbers this far off: wrong=True
 
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, return_final_states=False,
@@ -167,7 +168,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
     CALLS["fn"] += 1
     width = weight.shape[-1]
     out = F.conv1d(x, weight.unsqueeze(1), bias, padding=width - 1, groups=x.shape[1])[..., : x.shape[-1]]
-    return F.silu(out) if activation in ("silu", "swish") else out
+    return (F.silu(out) if activation in ("silu", "swish") else out) + OFFSET
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,
@@ -186,12 +187,19 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
 '''
 
 
-def fake_causal_conv1d(dest: str, filename: str, *, version: str = "1.6.2.post1", crash: bool = False) -> str:
+def conv_module(version: str, *, wrong: bool = False) -> str:
+    """The fake causal_conv1d/__init__.py; wrong=True: causal_conv1d_fn's results are 0.5 off (imports fine)."""
+    body = _CONV.replace("VERSION", version)
+    return body.replace("OFFSET = 0.0", "OFFSET = 0.5") if wrong else body
+
+
+def fake_causal_conv1d(dest: str, filename: str, *, version: str = "1.6.2.post1", crash: bool = False,
+                       wrong: bool = False) -> str:
     """A wheel with the release file name (e.g. causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp311-...)."""
     stem = filename[: -len(".whl")]
     parts = stem.split("-")
     wheel_version, tag = parts[1], "-".join(parts[2:])
-    body = _CONV.replace("VERSION", wheel_version)
+    body = conv_module(wheel_version, wrong=wrong)
     if crash:
         body = "import os\nos.abort()\n" + body
     return build_wheel(dest, "causal-conv1d", wheel_version, {"causal_conv1d/__init__.py": body},
@@ -512,8 +520,25 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
 '''
 
 
-def mamba_ssm_files(version: str) -> dict:
-    """The stand-in `mamba_ssm` package (path -> text); wheels and the stand-in sdist share it."""
+_SELECTIVE_OPT_IN = (
+    "try:   # mamba-ssm main (#977): the CUDA extension is built only with MAMBA_KEEP_CUDA_BUILD=TRUE\n"
+    "    import selective_scan_cuda  # noqa: F401\n"
+    "except ImportError:\n"
+    "    selective_scan_cuda = None\n")
+
+
+def mamba_ssm_files(version: str, *, opt_in_cuda: bool = False) -> dict:
+    """The stand-in `mamba_ssm` package (path -> text); wheels and the stand-in sdist share it.
+    opt_in_cuda: selective_scan_cuda is optional (the Mamba-1 functions raise at their first call)."""
+    selective = _SELECTIVE
+    if opt_in_cuda:
+        selective = selective.replace("import selective_scan_cuda  # noqa: F401  (the compiled extension, as in the real module)\n",
+                                      _SELECTIVE_OPT_IN)
+        for fn in ("def selective_scan_fn(", "def mamba_inner_fn("):
+            head = selective.index(fn)
+            body = selective.index("\n    CALLS[", head)
+            selective = (selective[:body] + "\n    if selective_scan_cuda is None:\n        raise RuntimeError("
+                         "\"selective_scan_cuda is not built (MAMBA_KEEP_CUDA_BUILD=TRUE builds it)\")" + selective[body:])
     return {
         "mamba_ssm/__init__.py": _MAMBA_INIT.replace("VERSION", version),
         "mamba_ssm/ops/__init__.py": "",
@@ -521,7 +546,7 @@ def mamba_ssm_files(version: str) -> dict:
         "mamba_ssm/ops/triton/__init__.py": "",
         "mamba_ssm/ops/triton/ssd_combined.py": _SSD,
         "mamba_ssm/ops/triton/selective_state_update.py": _STATE_UPDATE,
-        "mamba_ssm/ops/selective_scan_interface.py": _SELECTIVE,
+        "mamba_ssm/ops/selective_scan_interface.py": selective,
         # as the real wheel: a fused layer norm transformers 4.57's kernels/falcon_mamba imports, and the
         # top-level compiled extension
         "mamba_ssm/ops/triton/layer_norm.py": '"""Stand-in fused layer norm."""\nFAKE_MAMBA_SSM = True\n\n\n'

@@ -18,7 +18,7 @@ from fastpath_hooks.act.verdicts import VerdictCache
 from fastpath_hooks.engine import machine
 from fastpath_hooks.engine.context import fingerprint
 from fastpath_hooks.engine.lock import LockUnavailable
-from fastpath_hooks.engine.world import InstallFailed, Stamp, World
+from fastpath_hooks.engine.world import InstallFailed, NumericFailed, Stamp, World
 from fastpath_hooks.act.installer import InstallResult
 from fastpath_hooks.act.warm import signature_environ
 from fastpath_hooks.facts import pins as pins_mod
@@ -55,8 +55,8 @@ def environment(dists: dict | None = None, **facts):
 
 
 class Verification:
-    def __init__(self, ok: bool, detail: str):
-        self.ok, self.detail = ok, detail
+    def __init__(self, ok: bool, detail: str, numeric: bool = False):
+        self.ok, self.detail, self.numeric = ok, detail, numeric
 
 
 class TableLock:
@@ -95,9 +95,11 @@ class TableWorld(World):
         self.lock_unavailable = False
         self.first_lock = False
         self.held = 0
-        self.verifications = []              # (ok, detail) answers, in order; then ok
+        self.verifications = []              # (ok, detail[, numeric]) answers, in order; then ok
+        self.numeric_plans = []              # the numeric plan each verification was handed
         self.installer_answer = ("uv", "auto: uv found")
         self.install_error = None
+        self.install_numeric = None          # an install rolled back on its numbers, with this measured error
         self.installed_decisions = []
         self.built_decisions = []
         self.downloaded = []
@@ -148,10 +150,11 @@ class TableWorld(World):
     def cache(self, settings):
         return VerdictCache(root=self.root, retry_after=settings.retry_after)
 
-    def verify(self, spec, *, timeout, env_extra=()):
+    def verify(self, spec, *, timeout, env_extra=(), numeric=None):
         self.calls["verify"] += 1
-        ok, detail = self.verifications.pop(0) if self.verifications else (True, f"{spec.name} imports")
-        return Verification(ok, detail)
+        self.numeric_plans.append(numeric)
+        answer = self.verifications.pop(0) if self.verifications else (True, f"{spec.name} imports")
+        return Verification(*answer)
 
     def installer(self, settings, env):
         return self.installer_answer
@@ -160,6 +163,8 @@ class TableWorld(World):
         assert self.held, "installs happen under the environment lock"
         self.calls["install"] += 1
         self.installed_decisions.append(decision)
+        if self.install_numeric:
+            raise NumericFailed(self.install_numeric)
         if self.install_error:
             raise InstallFailed(self.install_error)
         self.add(dict(decision.target))

@@ -11,9 +11,10 @@ import os
 from dataclasses import replace
 from urllib.parse import quote
 
+from ...facts import cached_wheels
 from ...facts.distributions import canonical_name
-from ..builds import (arch_gaps, built_archs, fits, index_sources, index_wheel_fits, release_order, release_wheel,
-                      source_build)
+from ..builds import (arch_gaps, built_archs, fits, index_sources, index_wheel_fits, needs_cuda_build, release_order,
+                      release_wheel, source_build)
 from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 
@@ -29,7 +30,17 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     kw = ctx.kw(kernel, installed)
     half = installed_v is not None and dist in ctx.env.half_installed
     if installed_v and not half:
+        if built_archs(installed_v) == ("py",):   # our build without the (opt-in) CUDA extension
+            return _without_cuda(ctx, kernel, installed_v, decided, kw)
         missing = arch_gaps(installed_v, ctx.env.gpus)
+        bad = _bad_code(ctx, kernel, installed_v)
+        if bad and not missing:
+            gpu, rule = bad
+            return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.arch"), on_failure=OnFailure.BLOCK,
+                            reason=f"{dist} {installed_v} runs {gpu} code from nvcc {ctx.env.torch_cuda}, which "
+                                   f"{rule.effect} ({rule.id})",
+                            fix=f"`pip uninstall {dist}`, then `fastpath-hooks install {kernel}` (it builds "
+                                f"{rule.build_as} code for {gpu})", **kw)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = built_archs(installed_v)
@@ -59,6 +70,52 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.half-installed"), verify=True, on_failure=OnFailure.BLOCK,
                     reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
                     fix=decision.fix, **kw)
+
+
+def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw) -> Decision:
+    """An installed build of ours labelled `py`: its release's CUDA extension is opt-in and was left out.
+    Fine while only families that use its Triton ops are in use (decided again at every start); a family
+    that calls the extension needs a rebuild with it (`repair.cuda`), or the kernel is blocked (`block.no-cuda`)."""
+    dist = ctx.pins.kernel(kernel).distributions[0]
+    needs, why = needs_cuda_build(ctx.env, ctx.pins.build(kernel, _public(installed_v)))
+    if not needs:
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.triton-only"), verify=True,
+                        on_failure=OnFailure.BLOCK, needs=_optional_needs(ctx, kernel, decided),
+                        reason=f"{dist} {installed_v} installed, without its CUDA extension: {why}; decided again "
+                               "at every start, as a model that calls the extension needs a rebuild", **kw)
+    decision = _choice(ctx, kernel, decided, kw)
+    if decision.action == INSTALL:
+        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
+        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.cuda"), steps=steps,
+                       on_failure=OnFailure.BLOCK, reason=f"installed without its CUDA extension, and "
+                       f"{why}: rebuilding; {decision.reason}")
+    # nvcc's release unknown: engine.context.complete asks it (the rule needs it), then decides again
+    rule = decision.rule if decision.rule == ctx.rule(kernel, "nvcc-unknown") else ctx.rule(kernel, "block.no-cuda")
+    return Decision(kernel=kernel, action=BLOCK, rule=rule, on_failure=OnFailure.BLOCK,
+                    reason=f"{dist} {installed_v} was built without its CUDA extension and {why}: its "
+                           f"Mamba-1 calls would raise; it cannot be rebuilt here: {decision.reason}",
+                    fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built", **kw)
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def _bad_code(ctx: Context, kernel: str, installed: str):
+    """(gpu, rule) when the installed build runs code on a visible GPU that an arch rule says is wrong:
+    a build of ours with that GPU's own code, or a release wheel (cuXY label) of such a CUDA major; else None."""
+    local = installed.split("+", 1)[1] if "+" in installed else ""
+    ours = built_archs(installed)
+    release = local.startswith("cu") and "torch" in local
+    if not (ours or release) or not ctx.env.torch_cuda:
+        return None
+    for rule in ctx.pins.kernel(kernel).arch_rules:
+        for gpu in ctx.env.gpus:
+            if ours and rule.applies(gpu, ctx.env.torch_cuda) and cached_wheels.pair_for(gpu, set(ours)) == gpu:
+                return gpu, rule
+            if release and rule.wheels == "avoid" and rule.applies(gpu, local[2:local.index("torch")] + ".0"):
+                return gpu, rule
+    return None
 
 
 def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | None:
@@ -95,9 +152,16 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
         return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file", **kw)
     options = [(version, _install(ctx, kernel, version, kw)) for version in versions]
     acting = [(i, v, d) for i, (v, d) in enumerate(options) if d.action != SKIP]
-    if not acting:
-        return options[0][1]
-    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps), o[1] in clashes, o[0]))
+    if not acting:   # the first release whose own files are there says what else is missing, else the first
+        dist = ctx.pins.kernel(kernel).distributions[0]
+        return next((d for v, d in options if f"{dist}=={v}" not in d.reason), options[0][1])
+    # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
+    # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
+    wheel = ctx.rule(kernel, "wheel")
+    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps),
+                                                      o[2].rule == wheel and any(
+                                                          s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
+                                                      o[1] in clashes, o[0]))
     if version in clashes:
         decision = replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
                                              "install leaves it unmet, a later resolver run could change it")
@@ -145,7 +209,7 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
     spec = pins.kernel(kernel)
     dist = spec.distributions[0]
-    rel, build = pins.release(kernel), pins.build(kernel, version)
+    rel, build = pins.release(kernel, version) or pins.release(kernel), pins.build(kernel, version)
     deps = deps_step(ctx, pins.kernel(kernel))
     dep_steps = (deps,) if deps is not None else ()
     filename, why = release_wheel(env, pins, kernel, version)

@@ -116,8 +116,25 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     reason = f"{kernel} {chosen.version} fits {' and '.join(fits or [f'torch {env.torch}'])}"
     if hz is not None:
         reason += f"; with {hz.needs} because of {hz.id}"
+    reason += _issues(env, spec, chosen)
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
                     target=target(chosen.version), needs=needs, **kw)
+
+
+def _issues(env, spec, chosen) -> str:
+    """The chosen release's known issues on the visible GPUs (pins: `issues`), one clause each (fla 0.5.2
+    on Hopper where transformers < 5.6.2 keeps 0.6.0 out), with the newer release that fixes it."""
+    out = ""
+    for issue in chosen.issues:
+        hit = [g for g in env.gpus if g in issue.gpus]
+        if not hit:
+            continue
+        newer = next((r for r in spec.releases if r is not chosen and not any(i.id == issue.id for i in r.issues)
+                      and Version(r.version) > Version(chosen.version)), None)
+        out += (f"; on {'+'.join(hit)} it {issue.effect}, {issue.id}" +
+                (f", fixed in {newer.version}, which needs transformers {newer.transformers}" if newer else "") +
+                ": its numbers are checked on this GPU first and it is blocked if they differ")
+    return out
 
 
 def _switched_off(ctx: Context, kernel: str) -> tuple:

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Issue 19's H200 acceptance run: causal-conv1d 1.7.0 and mamba-ssm 2.3.2.post1 built for sm_90
+# through fastpath-hooks in a cold environment (no network), their numeric verification on the
+# GPU (the pins' numeric_checks: a tiny forward and backward against torch references, timed, once),
+# then upstream's own tests of the built kernels, and fla's Hopper check where fla is carried.
+#
+# Carried in (about 0.5 MiB, gitignored - put them there before the device call):
+#   .whl/    causal_conv1d-1.7.0.tar.gz, mamba_ssm-2.3.2.post1.tar.gz (research wh-a), and for fla on
+#            Hopper optionally the wh-b wheels (fla_core/flash_linear_attention 0.6.0, tilelang 0.1.15,
+#            apache_tvm_ffi 0.1.12, torch_c_dlpack_ext) - `fla` below is skipped without them
+#   .gpu/    the fastpath-hooks wheel and platformdirs:
+#              .venv/bin/python -m pip wheel -q --no-deps -w .gpu . && cp /work/research/wh-a/platformdirs-*.whl .gpu/
+#   .tests/  upstream's tests: test_causal_conv1d-1.7.0.py (research cache/), test_selective_scan-v2.3.2.post1.py,
+#            test_selective_state_update-v2.3.2.post1.py (research cache/mamba-tests/)
+#   e.g.  carry: [".whl", ".gpu", ".tests"]
+#
+# Phases (arguments, run in order; a device call may run 600 s and the causal-conv1d build takes ~300 s):
+#   facts     the machine (GPU, torch, triton, nvcc)
+#   build     a cold environment, `fastpath-hooks plan`, then `install causal-conv1d` and `install mamba-ssm`
+#             (each builds, installs, verifies the import AND the numbers) in the BACKGROUND; returns at once
+#   wait      polls for the build's marker until ${WAIT_UNTIL:-540} s; copies the build logs and the numeric
+#             records to $OUT
+#   numeric   the numeric checks once more, with the remembered results removed first: how long they take
+#             cold and warm, and every tensor's measured error (numeric.json)
+#   upstream  upstream's tests against the built kernels ($CC_K / $MAMBA_K select a subset: the whole
+#             causal-conv1d file is ~13k cases)
+#   fla       fla 0.6.0 + tilelang on sm_90 through fastpath-hooks: the Hopper numeric check
+# e.g. call 1: bash benchmarks/h200_issue19.sh facts build
+#      call 2: bash benchmarks/h200_issue19.sh wait numeric
+#      call 3: bash benchmarks/h200_issue19.sh upstream
+#      call 4: bash benchmarks/h200_issue19.sh fla
+# Results: copy $OUT (files_at) to benchmarks/results/h200-<date>-issue19/.
+set -uo pipefail
+OUT=${OUT:-/tmp/h200-issue19-out}
+WORK=${WORK:-/tmp/issue19-h200}
+mkdir -p "$OUT" "$WORK"
+BASE=${BASE:-python3}
+ENV1=$WORK/env1
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
+CC_K=${CC_K:-"bfloat16 and not varlen"}
+MAMBA_K=${MAMBA_K:-""}
+[ $# -gt 0 ] || set -- facts build wait numeric upstream
+if [ "$1" != _build ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
+
+step() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
+
+fresh_env() {   # a venv over the image's packages (torch, triton, ninja, pip), fastpath-hooks installed
+  local dir=$1 base_site own_site
+  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  rm -rf "$dir"
+  $BASE -m venv --without-pip "$dir" || return 1
+  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "$base_site" > "$own_site/zz-image-site.pth"
+  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || return 1
+}
+
+phase_facts() {
+  step "machine"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader
+  nproc
+  $BASE -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])'
+  $BASE -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
+  which nvcc && nvcc --version | tail -2
+  ls -la .whl .gpu .tests 2>&1 | head -30
+}
+
+phase_build() {
+  step "build: in the background (log $WORK/build.log, marker $WORK/build.done)"
+  rm -f "$WORK/build.done" "$WORK/build.log"
+  local detach=; command -v setsid >/dev/null && detach=setsid
+  nohup $detach bash "$0" _build > "$WORK/build.log" 2>&1 < /dev/null &
+}
+
+phase__build() {
+  local rc=0 t
+  step "cold environment"; fresh_env "$ENV1" || { echo 1 > "$WORK/build.done"; exit 1; }
+  step "plan"; "$ENV1/bin/fastpath-hooks" plan causal-conv1d mamba-ssm
+  for kernel in causal-conv1d mamba-ssm; do
+    step "install $kernel"
+    t=$SECONDS
+    "$ENV1/bin/fastpath-hooks" install "$kernel" || rc=$?
+    echo "$kernel install: $((SECONDS - t)) s, exit $rc"
+  done
+  echo "$rc" > "$WORK/build.done"
+}
+
+collect() {
+  cp "$WORK/build.log" "$OUT/build.log" 2>/dev/null
+  tar -C "$WORK/cache" -czf "$OUT/build-logs.tar.gz" logs numeric 2>/dev/null
+}
+
+phase_wait() {
+  local until=${WAIT_UNTIL:-540}
+  step "wait for the build (until ${until}s)"
+  while [ ! -f "$WORK/build.done" ]; do
+    if [ "$until" != none ] && [ "$SECONDS" -ge "$until" ]; then echo "still building; call wait again"; collect; return 1; fi
+    sleep 20; echo "--- ${SECONDS}s: $(tail -1 "$WORK/build.log" 2>/dev/null | cut -c1-200)"
+  done
+  echo "build finished, exit $(cat "$WORK/build.done")"
+  grep -E "install: [0-9]+ s|numbers match|blocked|built |could not" "$WORK/build.log" | cut -c1-300
+  collect
+}
+
+phase_numeric() {
+  step "numeric checks, cold (records removed) and warm"
+  "$ENV1/bin/python" - "$WORK/cache" "$OUT/numeric.json" <<'PY'
+import json, os, sys, time
+from fastpath_hooks.act import numeric
+from fastpath_hooks.facts.pins import load
+from fastpath_hooks.facts.probe import probe
+from fastpath_hooks.facts.settings import Settings
+root, out = sys.argv[1], sys.argv[2]
+pins, env = load(), probe(Settings())
+report = {"gpus": list(env.gpus), "torch": env.torch, "kernels": {}}
+for kernel in ("causal-conv1d", "mamba-ssm", "fla"):
+    plan = numeric.plan_for(kernel, env, pins, root)
+    if plan is None:
+        continue
+    try:
+        os.unlink(numeric.cache_path(root, kernel))
+    except FileNotFoundError:
+        pass
+    runs = []
+    for _ in range(2):   # cold: runs the child; warm: remembered, no child
+        t = time.monotonic()
+        res = numeric.verify_numbers(plan, distributions=pins.kernel(kernel).distributions, timeout=600)
+        runs.append({"ok": res.ok, "ran": res.ran, "detail": res.detail, "seconds": round(time.monotonic() - t, 2)})
+    report["kernels"][kernel] = {"runs": runs, "records": numeric.read(root, kernel)}
+    print(kernel, runs)
+json.dump(report, open(out, "w"), indent=1)
+PY
+}
+
+phase_upstream() {
+  local py=$ENV1/bin/python
+  step "upstream tests (causal-conv1d 1.7.0: -k \"$CC_K\")"
+  (cd .tests && timeout 420 "$py" -m pytest -q -x -p no:cacheprovider test_causal_conv1d-1.7.0.py -k "$CC_K" 2>&1 | tail -15) \
+    | tee "$OUT/upstream-causal-conv1d.txt"
+  step "upstream tests (mamba-ssm 2.3.2.post1)"
+  (cd .tests && timeout 150 "$py" -m pytest -q -x -p no:cacheprovider test_selective_scan-v2.3.2.post1.py \
+      test_selective_state_update-v2.3.2.post1.py ${MAMBA_K:+-k "$MAMBA_K"} 2>&1 | tail -15) | tee "$OUT/upstream-mamba-ssm.txt"
+}
+
+phase_fla() {
+  step "fla on sm_90: install through fastpath-hooks (its Hopper numeric check runs at the install)"
+  ls .whl/fla_core-*.whl >/dev/null 2>&1 || { echo "no fla wheels in .whl: skipped"; return 0; }
+  local t=$SECONDS
+  "$ENV1/bin/fastpath-hooks" install fla 2>&1 | tee "$OUT/fla-install.txt"
+  echo "fla install: $((SECONDS - t)) s"
+}
+
+for phase in "$@"; do
+  case $phase in
+    facts) phase_facts ;;
+    build) phase_build ;;
+    _build) phase__build ;;
+    wait) phase_wait || exit 1 ;;
+    numeric) phase_numeric ;;
+    upstream) phase_upstream ;;
+    fla) phase_fla ;;
+    *) echo "unknown phase $phase"; exit 2 ;;
+  esac
+done
+echo "done (${SECONDS}s)"

@@ -1,0 +1,196 @@
+"""The compiler wrapper of a source build (run as a script; stdlib only, imports nothing of the package).
+
+torch's ninja build takes the host compiler from `CXX` and nvcc (hipcc on ROCm) from `PYTORCH_NVCC`;
+act/build.py points them at a two-line `/bin/sh` shim that runs this file with a JSON config:
+
+    {"real": ["/usr/local/cuda/bin/nvcc"], "kind": "nvcc" | "hipcc" | "cxx",
+     "keep": ["sm_90"] or null, "std": "c++20" or null}
+
+- `keep` (nvcc): only the `-gencode`/`--generate-code` pairs whose code is one of these archs are
+  handed on (the sdists hard-code one pair per arch the nvcc knows and ignore TORCH_CUDA_ARCH_LIST).
+- `std`: every `-std`/`--std` the sdist passes is dropped (nvcc refuses two) - for nvcc also those
+  it would forward with `-Xcompiler`/`--compiler-options` - and `-std=<std>` is appended LAST to
+  every compile (`-c`, `-E`, ...; a link or `-v` is left alone), whatever the sdist hard-codes.
+
+Each change is said on stderr (the build's log), one line per call, starting with MARK: the build
+labels its wheel from what these lines say was kept (not from what was asked).
+
+The same wrapper makes nvcc's compiles faster (act/nvcc_speed.py plans it; the config's optional keys):
+
+- `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none already, so
+  nvcc (>= 11.8) runs the optimizer and ptxas of one file in that many threads; 1 or absent: none.
+- `launcher`: ccache or sccache run in front of the real compiler for a compile.
+- `calls`: a JSON line per compile appended there (the source, seconds, the split, the launcher, the
+  exit status, the real compiler, argv and cwd), and one SPEED_MARK line on stderr.
+
+A compile with a launcher or records runs as a child (its exit status handed back); anything else
+replaces this process, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+MARK = "fastpath-hooks nvcc wrapper:"       # the arch lines (act/build.py reads them back)
+STD_MARK = "fastpath-hooks compiler wrapper:"
+SPEED_MARK = "fastpath-hooks nvcc speed:"   # the split, the compiler cache, the seconds of one compile
+_SPLIT_FLAGS = ("-c", "--compile", "-dc", "--device-c")
+_COMPILE_FLAGS = ("-c", "--compile", "-E", "-S", "-dc", "--device-c", "-fsyntax-only", "-cuda", "--cuda")
+_STD_PREFIXES = ("-std=", "--std=")
+
+
+def codes(spec: str) -> set:
+    """'arch=compute_90,code=sm_90' or 'arch=compute_90,code=[sm_90,compute_90]' -> {'sm_90'}."""
+    _, _, code = spec.partition("code=")
+    out = set()
+    for item in code.strip("[]\"'").split(","):
+        item = item.strip().strip("[]\"'").replace("compute_", "sm_")
+        while item and item[-1].isalpha() and not item.endswith("sm_"):
+            item = item[:-1]   # sm_90a / sm_100f: the family
+        if item:
+            out.add(item)
+    return out
+
+
+def filter_gencode(args: list, keep) -> tuple:
+    """(args without the pairs of other archs, kept pairs, dropped pairs)."""
+    out, kept, dropped, i = [], [], [], 0
+    while i < len(args):
+        arg = args[i]
+        for flag in ("-gencode", "--generate-code"):
+            if arg == flag and i + 1 < len(args):
+                pair, pieces, i = args[i + 1], [arg, args[i + 1]], i + 2
+                break
+            if arg.startswith(flag + "="):
+                pair, pieces, i = arg[len(flag) + 1:], [arg], i + 1
+                break
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if codes(pair) & set(keep):
+            out.extend(pieces)
+            kept.append(pair)
+        else:
+            dropped.append(pair)
+    return out, kept, dropped
+
+
+def _host_parts(value: str) -> tuple:
+    """A -Xcompiler value without its -std parts: (what is left, the dropped parts)."""
+    parts = value.split(",")
+    left = [p for p in parts if not p.strip().startswith(_STD_PREFIXES)]
+    return ",".join(left), [p for p in parts if p not in left]
+
+
+def strip_std(args: list, nvcc: bool) -> tuple:
+    """(args without any C++ standard option, the options dropped)."""
+    out, dropped, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-std", "--std") and i + 1 < len(args):     # nvcc's `-std c++17`
+            dropped.append(f"{arg} {args[i + 1]}")
+            i += 2
+            continue
+        if arg.startswith(_STD_PREFIXES):
+            dropped.append(arg)
+            i += 1
+            continue
+        if nvcc and arg in ("-Xcompiler", "--compiler-options") and i + 1 < len(args):
+            left, gone = _host_parts(args[i + 1])
+            dropped += [f"{arg} {g}" for g in gone]
+            if left:
+                out += [arg, left]
+            i += 2
+            continue
+        if nvcc and arg.startswith(("-Xcompiler=", "--compiler-options=")):
+            flag, _, value = arg.partition("=")
+            left, gone = _host_parts(value)
+            dropped += [f"{flag} {g}" for g in gone]
+            if left:
+                out.append(f"{flag}={left}")
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return out, dropped
+
+
+def rewrite(args: list, config: dict) -> tuple:
+    """(the argv handed to the real compiler, the lines to say)."""
+    kind, keep, std = config.get("kind"), config.get("keep"), config.get("std")
+    said = []
+    if keep is not None and kind == "nvcc":
+        args, kept, dropped = filter_gencode(args, keep)
+        if dropped and not kept:
+            raise SystemExit(f"{MARK} none of the -gencode pairs {dropped} is for {', '.join(keep)}")
+        if kept or dropped:
+            said.append(f"{MARK} kept {' '.join(kept)}; dropped {' '.join(dropped) or 'none'}")
+    split = int(config.get("split") or 1)
+    if kind == "nvcc" and split > 1 and any(a in _SPLIT_FLAGS for a in args) and \
+            not any(a.startswith(("--split-compile", "-split-compile")) for a in args):
+        args = args + [f"--split-compile={split}"]   # before -std, which stays last
+    if std:
+        args, dropped = strip_std(args, nvcc=kind == "nvcc")
+        if dropped or any(a in _COMPILE_FLAGS for a in args):
+            args = args + [f"-std={std}"]
+            said.append(f"{STD_MARK} {kind} gets -std={std} last"
+                        f"{' (dropped ' + ', '.join(dropped) + ')' if dropped else ''}")
+    return args, said
+
+
+def main(argv: list) -> None:
+    with open(argv[1], encoding="utf-8") as fh:
+        config = json.load(fh)
+    try:
+        args, said = rewrite(argv[2:], config)
+    except SystemExit as exc:
+        sys.stderr.write(f"{exc}\n")
+        sys.exit(2)
+    for line in said:
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    real = list(config["real"])
+    compiling = any(a in _SPLIT_FLAGS for a in args)   # not -E/-M/--version: nothing to cache or time
+    launcher, calls = config.get("launcher"), config.get("calls")
+    if not compiling or not (launcher or calls):
+        os.execvp(real[0], real + args)
+    sys.exit(_timed([launcher] if launcher else [], real, args, config))
+
+
+def _timed(front: list, real: list, args: list, config: dict) -> int:
+    """Run one compile as a child (behind the compiler cache, if any), record it, hand back its status."""
+    import subprocess
+    import time
+
+    command = front + real + args
+    start = time.time()
+    try:
+        code = subprocess.call(command)
+    except OSError as exc:
+        sys.stderr.write(f"{SPEED_MARK} could not run {command[0]}: {exc}\n")
+        code = 127
+    seconds = time.time() - start
+    source = next((a for a in args if a.endswith((".cu", ".cpp", ".cc", ".c", ".hip")) and not a.startswith("-")), "?")
+    split = next((int(a.partition("=")[2]) for a in args if a.startswith("--split-compile=")
+                  and a.partition("=")[2].isdigit()), 1)
+    launcher = os.path.basename(front[0]) if front else None
+    if config.get("calls"):
+        record = {"source": source, "seconds": round(seconds, 2), "split": split, "real": real[0], "launcher": launcher,
+                  "code": code, "argv": args, "cwd": os.getcwd(), "start": round(start, 2)}
+        try:
+            with open(config["calls"], "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError:
+            pass
+    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ("
+                     f"{'--split-compile=%d' % split if split > 1 else 'no split'}"
+                     f"{', ' + launcher if launcher else ''}), exit {code}\n")
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,250 @@
+"""Numbers, not just imports: a kernel's tiny forward (and backward) checked against torch on the GPU.
+
+The pins name the checks per kernel (kernels.<name>.numeric_checks: function, shapes, dtype,
+tolerance, reference, on which GPUs); act/numeric_check.py runs them in a child process (a bad
+build can crash the process) against its own plain-torch references. A check runs once per
+(installed files, GPU arch, torch build) and is remembered in the cache (`<cache>/numeric/<kernel>.json`,
+shared by every environment of the user, like the wheel cache): the installed files are named by
+the digest of the wheel's RECORD entries (the same wheel gives the same key however it was
+installed). A mismatch is remembered too, with the measured error: the policy then blocks that
+kernel release on that arch under that torch build (`<p>.block.numeric`) until the entry is removed.
+
+On a posed GPU (FASTPATH_HOOKS_TARGET) there is no such device here: the check is skipped and said
+so; `numeric=cpu` in the target runs it on CPU tensors instead (CPU stand-ins in the tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from .. import events
+
+from ..facts.numeric_records import GOOD, MISMATCH, path as cache_path, read
+
+_MARK = "FASTPATH_HOOKS_NUMERIC "
+
+
+@dataclass(frozen=True)
+class NumericPlan:
+    """What the numeric verification of one kernel does here (a pure value, see `plan_for`)."""
+    kernel: str
+    checks: tuple            # NumericCheck that apply to these GPUs
+    device: str | None       # "cuda" (torch's device for CUDA and ROCm), "cpu" (numeric=cpu), None: skipped
+    archs: tuple             # the GPU archs it speaks for
+    torch_build: str         # torch version + its CUDA/HIP build, part of the key
+    root: str | None = None  # the cache root the results are remembered under
+    skip: str = ""           # why it does not run here
+
+
+@dataclass(frozen=True)
+class NumericResult:
+    ok: bool
+    detail: str
+    ran: bool                # a child ran the checks (False: skipped or remembered)
+
+
+def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | None:
+    """None when the kernel has no check for these GPUs (or there is no accelerator)."""
+    from ..facts.numeric_records import torch_build
+
+    checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus))
+    if not checks or env.accelerator not in ("cuda", "rocm"):
+        return None
+    archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
+    build = torch_build(env)
+    if env.gpu_source == "target":
+        if env.numeric_device == "cpu":
+            return NumericPlan(kernel, checks, "cpu", archs, build, root)
+        return NumericPlan(kernel, checks, None, archs, build, root,
+                           skip=f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to run "
+                                "them on (numeric=cpu in the target checks CPU stand-ins)")
+    return NumericPlan(kernel, checks, "cuda", archs, build, root)
+
+
+# -- the key and the cache ------------------------------------------------------------------
+
+def installed_digest(distributions) -> str | None:
+    """The digest of the installed files of these distributions as their wheels' RECORD lists them
+    (path and sha256, dist-info and bytecode left out): the same wheel gives the same digest."""
+    from ..facts.distributions import scan
+
+    found, _ = scan()
+    rows = []
+    for name in sorted(distributions):
+        dist = found.get(name)
+        if dist is None:
+            continue
+        try:
+            with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+                import csv
+
+                for row in csv.reader(fh):
+                    if len(row) < 2 or not row[1] or ".dist-info/" in row[0] or row[0].endswith(".pyc"):
+                        continue
+                    rows.append(f"{name}:{row[0]},{row[1]}")
+        except OSError:
+            continue
+    if not rows:
+        return None
+    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+
+
+def _key(plan: NumericPlan, digest: str, arch: str) -> str:
+    return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}".encode()).hexdigest()[:32]
+
+
+def _remember(root: str, kernel: str, entries: dict) -> None:
+    from .files import atomic_write_json
+    from .locks import file_lock
+
+    path = cache_path(root, kernel)
+    try:
+        with file_lock(path + ".lock", timeout=30):
+            data = read(root, kernel)
+            data.update(entries)
+            atomic_write_json(path, data)
+    except Exception as exc:   # noqa: BLE001 - a read-only cache costs a re-check next time
+        events.debug(f"{kernel}: could not remember the numeric check in {path}: {exc}", kernel)
+
+
+# -- running ----------------------------------------------------------------------------------
+
+def verify_numbers(plan: NumericPlan, *, distributions, timeout: float, env_extra=(), python: str | None = None,
+                   started=None) -> NumericResult:
+    """Run (or recall) the plan's checks for the installed kernel; a mismatch is remembered and fails."""
+    pending = prepare(plan, distributions)
+    if isinstance(pending, NumericResult):
+        return pending
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
+    start = time.monotonic()
+    report, problem = run_check_script(script, json.dumps(pending.payload), mark=_MARK, timeout=timeout,
+                                       env_extra=env_extra, python=python, started=started,
+                                       what=f"{plan.kernel}'s numeric check")
+    return conclude(pending, report, problem, time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A numeric check to run: the child's payload, and what its result is remembered under."""
+    plan: NumericPlan
+    payload: dict            # {"device": ..., "checks": [...]}: numeric_check.py's argument
+    keys: dict               # arch -> cache key (empty: the installed files could not be named)
+    digest: str | None
+    version: str | None
+
+
+def prepare(plan: NumericPlan, distributions):
+    """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
+    else the Pending check - for verify_numbers' own child or one child that checks several kernels
+    (act/verify.verify_many)."""
+    from ..facts.distributions import installed_versions
+
+    kernel, root = plan.kernel, plan.root
+    version = installed_versions().get(distributions[0])
+    names = ", ".join(_what(c) for c in plan.checks)
+    if plan.device is None:
+        events.status(f"{kernel}: numbers not checked ({names}): {plan.skip}", kernel, human=False)
+        return NumericResult(True, f"numbers not checked: {plan.skip}", False)
+    digest = installed_digest(distributions)
+    keys = {arch: _key(plan, digest, arch) for arch in plan.archs} if digest else {}
+    known = read(root, kernel)
+    if keys and all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
+        return NumericResult(True, f"numbers checked before on {'+'.join(plan.archs)} ({names}), {known_detail(known, keys)}",
+                             False)
+    bad = next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
+    if bad is not None:
+        return NumericResult(False, bad["detail"], False)
+    return Pending(plan, {"device": plan.device, "checks": [_payload(c) for c in plan.checks]}, keys, digest, version)
+
+
+def conclude(pending: Pending, report, problem, seconds: float) -> NumericResult:
+    """The result of a Pending check from the child's report (or why there is none), remembered."""
+    plan = pending.plan
+    kernel, root, keys, digest, version = plan.kernel, plan.root, pending.keys, pending.digest, pending.version
+    where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)")
+    if problem is None and not report.get("ok"):
+        problem = f"{kernel}'s numeric check failed: {report.get('error')}"
+    if problem is not None:   # the child could not run the checks (a crash is a verdict on the build too)
+        return NumericResult(False, problem, True)
+    results = report.get("results", [])
+    failed = [r for r in results if r.get("state") in ("mismatch", "error")]
+    if failed:
+        first = failed[0]   # short: the engine's line says `<kernel>: blocked - <this>` within one line
+        detail = f"on {where}, {_short(first['function'])} {first.get('why')}"
+        if root and digest:
+            _remember(root, kernel, {k: {"state": MISMATCH, "detail": detail, "version": version, "arch": arch,
+                                         "torch_build": plan.torch_build, "device": plan.device, "ts": time.time(),
+                                         "results": results} for arch, k in keys.items()})
+        return NumericResult(False, detail, True)
+    worst = max((r.get("max_abs", 0.0) for r in results), default=0.0)
+    skipped = [f"{r['name']} ({r.get('why')})" for r in results if r.get("state") == "skipped"]
+    ran = [r for r in results if r.get("state") == "ok"]
+    detail = (f"numbers match torch on {where}: {len(ran)} check{'s' if len(ran) != 1 else ''}, max abs diff "
+              f"{worst:.2g}, in {seconds:.1f} s" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
+    if root and digest:
+        _remember(root, kernel, {k: {"state": GOOD, "detail": detail, "version": version, "arch": arch,
+                                     "torch_build": plan.torch_build, "device": plan.device, "ts": time.time()}
+                                 for arch, k in keys.items()})
+    events.status(f"{kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
+    return NumericResult(True, detail, True)
+
+
+def run_check_script(script: str, payload: str, *, mark: str, timeout: float, env_extra=(), python: str | None = None,
+                     what: str, started=None):
+    """Run a check script (a file: the numeric check) in a child interpreter, as `run_check` does, and read
+    the JSON it prints last after `mark`: (report, None), or (None, why there is none)."""
+    import signal
+    import sys
+
+    from .runner import child_environ, run
+
+    ran = run([python or sys.executable, script, payload], timeout=timeout, environ=child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",)),
+              started=started)
+    report = None
+    lines = ran.output.splitlines()
+    for line in lines:
+        if line.startswith(mark):
+            try:
+                report = json.loads(line[len(mark):])
+            except ValueError:
+                report = None
+    other = "\n".join(ln for ln in lines if not ln.startswith(mark))
+    if ran.timed_out:
+        return None, f"{what} did not finish within {timeout:.0f} s"
+    if ran.code is not None and ran.code < 0:
+        try:
+            name = signal.Signals(-ran.code).name
+        except ValueError:
+            name = f"signal {-ran.code}"
+        return None, f"{what} killed the process ({name})" + (f": {_tail(other)}" if _tail(other) else "")
+    if not isinstance(report, dict):
+        return None, f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}"
+    return report, None
+
+
+def _tail(text: str, lines: int = 3) -> str:
+    rows = [r for r in (text or "").strip().splitlines() if r.strip()]
+    return " | ".join(rows[-lines:])[-400:]
+
+
+def known_detail(known: dict, keys: dict) -> str:
+    return str(next(iter(known[k] for k in keys.values())).get("detail", ""))
+
+
+def _payload(check) -> dict:
+    return {"name": check.name, "function": check.function, "reference": check.reference, "shapes": dict(check.shapes),
+            "options": dict(check.options), "dtype": check.dtype, "tolerance": dict(check.tolerance),
+            "backward_tolerance": dict(check.backward_tolerance) if check.backward_tolerance else None,
+            "backward": check.backward, "requires": list(check.requires)}
+
+
+def _short(function: str) -> str:
+    return function.rpartition(":")[2]
+
+
+def _what(check) -> str:
+    return f"{_short(check.function)} {'fwd+bwd' if check.backward else 'fwd'}"

@@ -1,0 +1,351 @@
+"""The numeric check's child (run as a script; torch and the kernel only, nothing of the package).
+
+    python numeric_check.py '<json payload>'
+
+The payload (act/numeric.py): {"device": "cuda" | "cpu", "checks": [<the pins' numeric_checks entries>]}.
+Each check builds seeded inputs of the pins' shapes and dtype on the device, runs the kernel's
+function - forward, and backward where training uses it - and the same computation in plain torch
+(float32, written here from the packages' own references and tests, never calling the package), and
+compares every output and gradient: max abs diff, elementwise `atol + rtol * |ref|`, and the error
+ratio rms(out - ref) / rms(ref) (fla's tests' measure), as the check's tolerance names them. The last
+line printed is MARK + JSON: per check ok / skipped / error, the worst tensor and its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+MARK = "FASTPATH_HOOKS_NUMERIC "
+
+
+# -- references: plain torch, float32 --------------------------------------------------------
+
+def _silu(x):
+    import torch.nn.functional as F
+
+    return F.silu(x)
+
+
+def conv_ref(x, weight, bias, activation):
+    """causal_conv1d_ref (causal-conv1d's causal_conv1d_interface.py), in float32."""
+    import torch.nn.functional as F
+
+    dim, width = weight.shape
+    out = F.conv1d(x.float(), weight.float().unsqueeze(1), None if bias is None else bias.float(),
+                   padding=width - 1, groups=dim)[..., : x.shape[-1]]
+    return _silu(out) if activation else out
+
+
+def conv_update_ref(x, conv_state, weight, bias, activation):
+    """causal_conv1d_update_ref without cache_seqlens: (out, the new conv_state), float32."""
+    import torch
+    import torch.nn.functional as F
+
+    state_len = conv_state.shape[-1]
+    x_new = torch.cat([conv_state.float(), x.float().unsqueeze(-1)], dim=-1)
+    out = F.conv1d(x_new, weight.float().unsqueeze(1), None if bias is None else bias.float(), padding=0,
+                   groups=weight.shape[0])[:, :, -1]
+    return (_silu(out) if activation else out), x_new[:, :, -state_len:]
+
+
+def ssd_ref(x, dt, A, B, C, D, dt_bias):
+    """Mamba-2's scan as the recurrence it computes (mamba-ssm's ssd_minimal / selective_state_update_ref,
+    step by step), float32: x (b,l,h,p), dt (b,l,h), A (h), B/C (b,l,g,n), D (h) -> y (b,l,h,p), state (b,h,p,n)."""
+    import torch
+    import torch.nn.functional as F
+
+    b, l, h, p = x.shape
+    g = B.shape[2]
+    xf = x.float()
+    dtf = F.softplus(dt.float() + dt_bias.float())
+    Bf = B.float().repeat_interleave(h // g, dim=2)
+    Cf = C.float().repeat_interleave(h // g, dim=2)
+    state = xf.new_zeros(b, h, p, B.shape[3])
+    ys = []
+    for t in range(l):
+        dA = torch.exp(dtf[:, t] * A.float())                                   # (b,h)
+        state = state * dA[..., None, None] + (dtf[:, t][..., None] * xf[:, t])[..., None] * Bf[:, t][:, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", state, Cf[:, t]))
+    y = torch.stack(ys, dim=1) + D.float()[:, None] * xf
+    return y, state
+
+
+def state_update_ref(state, x, dt, A, B, C, D, z, dt_bias):
+    """selective_state_update_ref (mamba-ssm), with heads, float32: (out, the new state)."""
+    import torch
+    import torch.nn.functional as F
+
+    h, g = state.shape[1], B.shape[1]
+    dtf = F.softplus(dt.float() + dt_bias.float())                                # (b,h,p)
+    dA = torch.exp(dtf[..., None] * A.float())                                  # (b,h,p,n)
+    Bf = B.float().repeat_interleave(h // g, dim=1)
+    Cf = C.float().repeat_interleave(h // g, dim=1)
+    new = state.float() * dA + (dtf * x.float())[..., None] * Bf[:, :, None, :]
+    out = torch.einsum("bhpn,bhn->bhp", new, Cf) + D.float() * x.float()
+    return out * _silu(z.float()), new
+
+
+def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
+    """selective_scan_ref (mamba-ssm's selective_scan_interface.py), variable B/C, float32: (out, last state)."""
+    import torch
+    import torch.nn.functional as F
+
+    uf = u.float()
+    df = F.softplus(delta.float() + delta_bias.float()[..., None])              # (b,d,l)
+    b, d, l = uf.shape
+    state = uf.new_zeros(b, d, A.shape[1])
+    ys = []
+    for t in range(l):
+        dA = torch.exp(df[:, :, t, None] * A.float())
+        state = state * dA + df[:, :, t, None] * B.float()[:, None, :, t] * uf[:, :, t, None]
+        ys.append((state * C.float()[:, None, :, t]).sum(-1))
+    y = torch.stack(ys, dim=2) + uf * D.float()[:, None]
+    return y * _silu(z.float()), state
+
+
+def gdr_ref(q, k, v, g, beta):
+    """fla's naive_recurrent_gated_delta_rule with the q/k l2-norm the kernel is asked to do, float32:
+    (o, final state)."""
+    import torch
+    import torch.nn.functional as F
+
+    q = F.normalize(q.float(), p=2, dim=-1)
+    k = F.normalize(k.float(), p=2, dim=-1)
+    v, g, beta = v.float(), g.float(), beta.float()
+    B, T, H, K = k.shape
+    q = q * K ** -0.5
+    h = q.new_zeros(B, H, K, v.shape[-1])
+    outs = []
+    for t in range(T):
+        h = h * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], h)) * beta[:, t][..., None]
+        h = h + k[:, t][..., None] * delta[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], h))
+    return torch.stack(outs, dim=1), h
+
+
+# -- the checks: inputs, the kernel's call, the reference's --------------------------------------
+
+def _leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def _conv(fn, s, opt, dtype, device, backward):
+    import torch
+
+    b, d, l, w = s["batch"], s["dim"], s["seqlen"], s["width"]
+    if opt.get("channel_last"):
+        x = torch.randn(b, l, d, device=device, dtype=dtype).transpose(1, 2)
+    else:
+        x = torch.randn(b, d, l, device=device, dtype=dtype)
+    x = x.detach().requires_grad_(backward)
+    weight = torch.randn(d, w, device=device, dtype=dtype).requires_grad_(backward)
+    bias = torch.randn(d, device=device, dtype=dtype).requires_grad_(backward)
+    out = fn(x, weight, bias, activation="silu")
+    xr, wr, br = (_leaf(t) for t in (x, weight, bias))
+    ref = conv_ref(xr, wr, br, True)
+    pairs = [("forward", out, ref)]
+    if backward:
+        grad = torch.randn_like(ref)
+        out.backward(grad.to(out.dtype))
+        ref.backward(grad)
+        pairs += [("dx", x.grad, xr.grad), ("dweight", weight.grad, wr.grad), ("dbias", bias.grad, br.grad)]
+    return pairs
+
+
+def _conv_update(fn, s, opt, dtype, device, backward):
+    import torch
+
+    b, d, w = s["batch"], s["dim"], s["width"]
+    x = torch.randn(b, d, device=device, dtype=dtype)
+    conv_state = torch.randn(b, d, s.get("state_len", w), device=device, dtype=dtype)
+    weight = torch.randn(d, w, device=device, dtype=dtype)
+    bias = torch.randn(d, device=device, dtype=dtype)
+    ref, ref_state = conv_update_ref(x, conv_state.clone(), weight, bias, True)
+    out = fn(x, conv_state, weight, bias, activation="silu")   # updates conv_state in place
+    return [("forward", out, ref), ("conv_state", conv_state, ref_state)]
+
+
+def _ssd(fn, s, opt, dtype, device, backward):
+    import torch
+
+    b, l, h, p, g, n = s["batch"], s["seqlen"], s["nheads"], s["headdim"], s["ngroups"], s["dstate"]
+    x = torch.randn(b, l, h, p, device=device, dtype=dtype)
+    dt = torch.randn(b, l, h, device=device, dtype=dtype)
+    A = -torch.exp(torch.rand(h, device=device, dtype=torch.float32))
+    B = torch.randn(b, l, g, n, device=device, dtype=dtype) / 4
+    C = torch.randn(b, l, g, n, device=device, dtype=dtype) / 4
+    D = torch.randn(h, device=device, dtype=torch.float32)
+    dt_bias = torch.rand(h, device=device, dtype=torch.float32) - 4.0
+    leaves = [t.requires_grad_(backward) for t in (x, dt, A, B, C, D, dt_bias)]
+    y, state = fn(x, dt, A, B, C, s["chunk_size"], D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
+    refs = [_leaf(t) for t in leaves]
+    ry, rstate = ssd_ref(*refs)
+    pairs = [("forward", y, ry), ("final_states", state, rstate)]
+    if backward:
+        grad = torch.randn_like(ry)
+        y.backward(grad.to(y.dtype))
+        ry.backward(grad)
+        for name, a, r in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), leaves, refs):
+            pairs.append((name, a.grad, r.grad))
+    return pairs
+
+
+def _state_update(fn, s, opt, dtype, device, backward):
+    import torch
+
+    b, h, p, g, n = s["batch"], s["nheads"], s["headdim"], s["ngroups"], s["dstate"]
+    state = torch.randn(b, h, p, n, device=device, dtype=dtype)
+    x = torch.randn(b, h, p, device=device, dtype=dtype)
+    dt = torch.randn(b, h, device=device, dtype=dtype)[..., None].expand(b, h, p)       # tied over headdim,
+    dt_bias = (torch.rand(h, device=device) - 4.0)[:, None].expand(h, p)               # as transformers' Mamba-2
+    A = (-torch.rand(h, device=device) - 1.0)[:, None, None].expand(h, p, n)
+    B = torch.randn(b, g, n, device=device, dtype=dtype)
+    C = torch.randn(b, g, n, device=device, dtype=dtype)
+    D = torch.randn(h, device=device)[:, None].expand(h, p)
+    z = torch.randn(b, h, p, device=device, dtype=dtype)
+    ref, ref_state = state_update_ref(state.clone(), x, dt, A, B, C, D, z, dt_bias)
+    out = fn(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)    # updates state in place
+    return [("forward", out, ref), ("state", state, ref_state)]
+
+
+def _selective_scan(fn, s, opt, dtype, device, backward):
+    import torch
+
+    b, d, n, l = s["batch"], s["dim"], s["dstate"], s["seqlen"]
+    u = torch.randn(b, d, l, device=device, dtype=dtype)
+    delta = 0.5 * torch.rand(b, d, l, device=device, dtype=dtype)
+    A = -0.5 * torch.rand(d, n, device=device, dtype=torch.float32)
+    B = torch.randn(b, n, l, device=device, dtype=dtype)
+    C = torch.randn(b, n, l, device=device, dtype=dtype)
+    D = torch.randn(d, device=device, dtype=torch.float32)
+    z = torch.randn(b, d, l, device=device, dtype=dtype)
+    delta_bias = 0.5 * torch.rand(d, device=device, dtype=torch.float32)
+    leaves = [t.requires_grad_(backward) for t in (u, delta, A, B, C, D, z, delta_bias)]
+    out, last = fn(u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True, return_last_state=True)
+    refs = [_leaf(t) for t in leaves]
+    ref, ref_last = selective_scan_ref(*refs)
+    pairs = [("forward", out, ref), ("last_state", last, ref_last)]
+    if backward:
+        grad = torch.randn_like(ref)
+        out.backward(grad.to(out.dtype))
+        ref.backward(grad)
+        for name, a, r in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), leaves, refs):
+            pairs.append((name, a.grad, r.grad))
+    return pairs
+
+
+def _gdr(fn, s, opt, dtype, device, backward):
+    import torch
+    import torch.nn.functional as F
+
+    b, t, h, d = s["batch"], s["seqlen"], s["heads"], s["head_dim"]
+    q = torch.rand(b, t, h, d, device=device, dtype=dtype)
+    k = torch.rand(b, t, h, d, device=device, dtype=dtype)
+    v = torch.rand(b, t, h, d, device=device, dtype=dtype)
+    g = F.logsigmoid(torch.rand(b, t, h, device=device, dtype=torch.float32))
+    beta = torch.rand(b, t, h, device=device, dtype=torch.float32).sigmoid()
+    leaves = [x.requires_grad_(backward) for x in (q, k, v, g, beta)]
+    o, ht = fn(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    refs = [_leaf(x) for x in leaves]
+    ro, rht = gdr_ref(*refs)
+    pairs = [("forward", o, ro), ("final_state", ht, rht)]
+    if backward:
+        do, dht = torch.randn_like(ro), torch.randn_like(rht)
+        ((o.float() * do).sum() + (ht.float() * dht).sum()).backward()   # the state's backward too (fla PR #1262)
+        ((ro * do).sum() + (rht * dht).sum()).backward()
+        for name, a, r in zip(("dq", "dk", "dv", "dg", "dbeta"), leaves, refs):
+            pairs.append((name, a.grad, r.grad))
+    return pairs
+
+
+REFERENCES = {"causal_conv1d": _conv, "causal_conv1d_update": _conv_update, "ssd": _ssd,
+              "selective_state_update": _state_update, "selective_scan": _selective_scan, "gated_delta_rule": _gdr}
+
+
+# -- comparing -------------------------------------------------------------------------------
+
+def compare(name, out, ref, tol) -> dict:
+    """Figures of one tensor against its reference, and whether they are within `tol`."""
+    import torch
+
+    if out is None or ref is None:
+        return {"tensor": name, "ok": False, "why": "no value (no gradient)" if out is None else "no reference"}
+    a, r = out.detach().float(), ref.detach().float()
+    if a.shape != r.shape:
+        return {"tensor": name, "ok": False, "why": f"shape {tuple(a.shape)}, torch's {tuple(r.shape)}"}
+    if not torch.isfinite(a).all():
+        return {"tensor": name, "ok": False, "why": "not finite (nan or inf)"}
+    diff = (a - r).abs()
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    ratio = ((a - r).square().mean().sqrt() / (r.square().mean().sqrt() + 1e-8)).item() if diff.numel() else 0.0
+    ok, why = True, ""
+    if "atol" in tol and "rtol" in tol:
+        excess = (diff - (tol["atol"] + tol["rtol"] * r.abs())).max().item() if diff.numel() else 0.0
+        if excess > 0:   # the tolerance as torch.allclose reads it: atol + rtol * |torch's|
+            ok, why = False, f"differs from torch by {max_abs:.2g} (tolerance {tol['atol']:g} + {tol['rtol']:.0%})"
+    if ok and "ratio" in tol and ratio > tol["ratio"]:
+        ok, why = False, f"differs from torch by {max_abs:.2g}, relative error {ratio:.2g} (tolerance {tol['ratio']:g})"
+    return {"tensor": name, "ok": ok, "why": why, "max_abs": max_abs, "ratio": ratio}
+
+
+def run_check(check: dict, device: str) -> dict:
+    import importlib
+
+    import torch
+
+    start = time.monotonic()
+    out = {"name": check["name"], "function": check["function"]}
+    for module in check.get("requires", ()):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:   # noqa: BLE001 - a build without it: nothing of this check can run
+            out.update(state="skipped", why=f"{module} does not import ({type(exc).__name__})")
+            return out
+    modname, _, attr = check["function"].partition(":")
+    try:
+        fn = importlib.import_module(modname)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except Exception as exc:   # noqa: BLE001 - the import check passed: this is the function's own module
+        out.update(state="error", why=f"does not import: {type(exc).__name__}: {exc}"[:300])
+        return out
+    torch.manual_seed(0)
+    dtype = getattr(torch, check["dtype"])
+    try:
+        pairs = REFERENCES[check["reference"]](fn, check["shapes"], check.get("options", {}), dtype, device,
+                                               check["backward"])
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:   # noqa: BLE001 - a kernel that raises (no code for this GPU...) fails its check
+        out.update(state="error", why=f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+        return out
+    results = []
+    for name, a, r in pairs:
+        tol = check["backward_tolerance"] if name.startswith("d") and check.get("backward_tolerance") else check["tolerance"]
+        results.append(compare(name, a, r, tol))
+    bad = [r for r in results if not r["ok"]]
+    out.update(state="ok" if not bad else "mismatch", tensors=results, seconds=round(time.monotonic() - start, 3))
+    if bad:
+        out["why"] = f"{bad[0]['tensor']} {bad[0]['why']}"
+    out["max_abs"] = max((r.get("max_abs", 0.0) for r in results), default=0.0)
+    return out
+
+
+def main(argv) -> None:
+    payload = json.loads(argv[1])
+    results = []
+    try:
+        for check in payload["checks"]:
+            results.append(run_check(check, payload["device"]))
+        report = {"ok": True, "results": results}
+    except BaseException as exc:   # an import that fails, a device that is not there
+        report = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
+    sys.stdout.write("\n" + MARK + json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,111 @@
+"""The tools this machine has for kernels, found as the kernels' own builds find them (facts: no
+act/ import): nvcc (CUDA_HOME, PATH, the nvcc wheel, /usr/local/cuda) and the CUDA release it is,
+hipcc, uv; and the transformers model families this process uses."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+_NVCC_RELEASES: dict = {}
+
+
+def nvcc_release(path: str) -> str | None:
+    """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
+    import re
+    import subprocess
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _NVCC_RELEASES:
+        try:   # subprocess here, not act/runner.py (facts may not import act): a 10 s read of a version
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        match = re.search(r"release (\d+\.\d+)", out)
+        _NVCC_RELEASES[key] = match.group(1) if match else None
+    return _NVCC_RELEASES[key]
+
+
+def toolkit_version(nvcc: str | None) -> str | None:
+    """The CUDA release a toolkit's version.json names (11.1+ ship one beside bin/): a file read,
+    no process. None when there is none (then `nvcc --version`, on demand)."""
+    if not nvcc or not os.path.isfile(nvcc):
+        return None
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)["cuda"]["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    parts = str(value).split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+
+
+def find_hipcc() -> str | None:
+    import shutil
+
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
+            return os.path.join(home, "bin", "hipcc")
+    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+
+
+def find_nvcc(dists: dict) -> str | None:
+    """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
+    import shutil
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    which = shutil.which("nvcc")
+    if which:
+        return which
+    nvcc_wheel = dists.get("nvidia-cuda-nvcc")
+    if nvcc_wheel and nvcc_wheel.split(".")[0].isdigit() and int(nvcc_wheel.split(".")[0]) >= 13:
+        return f"nvidia-cuda-nvcc {nvcc_wheel}"
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda/bin/nvcc"
+    return None
+
+
+def find_uv() -> str | None:
+    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
+    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
+    import shutil
+    import sysconfig
+
+    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = os.path.join(directory, "uv")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception:  # not installed, or its binary is missing
+        return None
+
+
+def imported_model_types() -> tuple:
+    """The model types whose transformers modeling module this process has imported (or is importing: a
+    kernel's decision runs inside that import), e.g. ("mamba2",): which families are in use, when known."""
+    out = set()
+    for name in list(sys.modules):
+        if name.startswith("transformers.models."):
+            parts = name.split(".")
+            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
+                out.add(parts[2])
+    return tuple(sorted(out))

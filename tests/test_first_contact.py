@@ -1,0 +1,217 @@
+"""The smaller defects a new user met in their first hour (issue 17, defect 7), each in real processes
+where it shows there:
+
+- FASTPATH_HOOKS_TARGET: real arch-specific GPUs (sm_90a, sm_100a, sm_100f) are accepted as their GPU's
+  arch; an arch no CUDA release knows (sm_999) is refused with the known list;
+- `install(on_event=42)`: a TypeError at the call;
+- the voice lock: one file per user in /tmp, however many environments speak;
+- doctor on a machine without a GPU: the fix said once, in words a user knows;
+- one bad variable: one line, and what is decided meanwhile respects the other settings.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv as venv_module
+
+import pytest
+
+from fastpath_hooks.facts.settings import Settings, SettingsError
+from fastpath_hooks.facts.target import CUDA_ARCHS, known_cuda_archs, parse_target
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+A100 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
+
+
+def _env(tmp_path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_", "PIP_"))
+           and k not in ("LOCAL_RANK", "RANK", "LOCAL_WORLD_SIZE")}
+    env.update(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), PIP_CONFIG_FILE=os.devnull, PYTHONPATH=ROOT)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+# -- the posed GPU's arch ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, arch", [("sm_90a", "sm_90"), ("sm_100a", "sm_100"), ("sm_100f", "sm_100"),
+                                         ("sm_120a", "sm_120"), ("sm90a", "sm_90"), ("SM_86", "sm_86")])
+def test_arch_specific_gpus_are_accepted_as_their_arch(given, arch):
+    assert parse_target(f"gpu={given}")["gpus"] == (arch,)
+    assert Settings.from_env({"FASTPATH_HOOKS_TARGET": f"gpu={given}+sm_80"}).target == f"gpu={given}+sm_80"
+
+
+@pytest.mark.parametrize("given", ["sm_999", "sm_91", "sm_20", "sm_100x"])
+def test_an_arch_no_cuda_release_knows_is_refused_with_the_known_list(given):
+    with pytest.raises(SettingsError) as exc:
+        Settings.from_env({"FASTPATH_HOOKS_TARGET": f"gpu={given}"})
+    (var, value, why), = exc.value.problems
+    assert var == "FASTPATH_HOOKS_TARGET" and value == f"gpu={given}"
+    if given[-1].isdigit():
+        assert f"{given} is not a CUDA GPU arch; known: sm_35 37 50" in why
+        assert " 89 90 100 " in why and why.endswith(" 120 121 (each also with an a or f suffix, e.g. sm_90a)")
+
+
+def test_the_known_archs_are_the_cuda_releases_and_every_arch_the_pins_gencode_tables_name():
+    from fastpath_hooks.facts import pins
+
+    tables = [sb.cuda_archs for sb in pins.load().source_builds.values()]
+    named = {arch for table in tables for arch in table}
+    assert named and named <= set(known_cuda_archs())
+    assert set(CUDA_ARCHS) <= set(known_cuda_archs())
+
+
+def test_a_pinned_arch_beyond_the_cuda_list_is_known(tmp_path, monkeypatch):
+    """A pins file (FASTPATH_HOOKS_PINS) whose -gencode table names a newer arch makes it posable."""
+    import json
+
+    user = tmp_path / "pins.json"
+    user.write_text(json.dumps({"kernels": {"causal-conv1d": {"source_build": {"cuda_archs": {
+        "pairs": {"sm_130": ">=14.0"}}}}}}))
+    with pytest.raises(ValueError):
+        parse_target("gpu=sm_130")
+    monkeypatch.setenv("FASTPATH_HOOKS_PINS", str(user))
+    assert parse_target("gpu=sm_130")["gpus"] == ("sm_130",)
+
+
+def test_a_posed_sm_90a_gets_the_hopper_rule(tmp_path):
+    """sm_90a is an H100: fla there with triton 3.6.0 needs tilelang, exactly as for sm_90."""
+    proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "plan", "fla", "--target",
+                           "gpu=sm_90a,cuda=12.8,torch=2.10.0,triton=3.6.0"],
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "fla#640" in proc.stdout, proc.stdout
+
+
+# -- install(on_event=...) ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [42, "print", ["a list"]])
+def test_a_non_callable_on_event_is_a_type_error_at_the_call(tmp_path, bad):
+    code = ("import fastpath_hooks, sys\n"
+            f"try:\n    fastpath_hooks.install(on_event={bad!r})\n"
+            "except TypeError as exc:\n    print('TypeError', exc)\n"
+            "print('hooked' if any(type(f).__name__ == 'KernelImportFinder' for f in sys.meta_path) else 'nothing')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path))
+    first, second = proc.stdout.splitlines()
+    assert first.startswith("TypeError install(on_event=...) takes a callable") and type(bad).__name__ in first
+    assert second == "nothing"     # nothing was changed by the refused call
+
+
+# -- the voice lock: one file per user -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_environments(tmp_path_factory):
+    """Two real venvs (bare: `python -m venv` without pip), the package from this checkout on PYTHONPATH."""
+    out = []
+    for name in ("one", "two"):
+        path = str(tmp_path_factory.mktemp("voice") / name)
+        venv_module.EnvBuilder(with_pip=False).create(path)
+        out.append(os.path.join(path, "bin", "python"))
+    return out
+
+
+SPEAK = r'''
+import sys
+from fastpath_hooks import events, _environ
+events.status("hello from " + sys.prefix)
+print(_environ.environment_key())
+'''
+
+
+def test_speaking_from_many_environments_leaves_one_voice_file_per_user(two_environments, tmp_path):
+    uid = os.getuid()
+    keys = []
+    for python in two_environments:
+        proc = subprocess.run([python, "-c", SPEAK], capture_output=True, text=True, env=_env(tmp_path))
+        assert proc.returncode == 0 and "fastpath-hooks: hello from" in proc.stderr, proc.stderr   # each speaks
+        keys.append(proc.stdout.strip())
+    assert len(set(keys)) == 2
+    for key in keys:     # no file per environment
+        assert not os.path.exists(f"/tmp/fastpath-hooks-{uid}-{key}.voice")
+    assert os.path.isfile(f"/tmp/fastpath-hooks-{uid}.voice")
+
+
+JOB = r'''
+import os, sys, time
+from fastpath_hooks import events
+print("speaks" if events.speaks() else "quiet", flush=True)
+sys.stdin.readline()
+'''
+
+
+def test_one_job_still_speaks_once_per_environment_with_the_one_file(two_environments, tmp_path):
+    """Two processes of one parent in one environment: one voice; the same parent's process in another
+    environment speaks for that one (the environment is part of the locked byte)."""
+    one, two = two_environments
+    procs = [subprocess.Popen([python, "-c", JOB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=_env(tmp_path)) for python in (one, one, two)]
+    try:
+        said = [p.stdout.readline().strip() for p in procs]
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+    assert sorted(said[:2]) == ["quiet", "speaks"] and said[2] == "speaks", said
+
+
+# -- doctor on a machine without a GPU -------------------------------------------------------------
+
+def test_doctor_without_a_gpu_says_the_fix_once_in_plain_words(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "doctor", "--target", "gpu=none"],
+                          capture_output=True, text=True, env=_env(tmp_path), cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    fix = "run on a machine with a CUDA (or XPU) GPU and a matching torch build"
+    assert out.count(fix) == 1, out
+    assert f"\nTo change it: {fix}." in out.split("Summary: ", 1)[1]
+    assert "no device check" not in out
+    if "(era C)" in out:
+        assert "GPU or not" in out
+
+
+# -- one bad variable: one line -----------------------------------------------------------------
+
+DECIDE_ALL = r'''
+import fastpath_hooks
+fastpath_hooks.install()
+for name in ("fla", "causal_conv1d", "mamba_ssm"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+from fastpath_hooks import engine
+print({k: str(o.state) for k, o in sorted(engine.outcomes().items())})
+'''
+
+
+@pytest.mark.parametrize("bad", [{"FASTPATH_HOOKS_TIMEOUT": "abc"}, {"FASTPATH_HOOKS_RETRY_AFTR": "5"},
+                                 {"FASTPATH_HOOKS_FIND_LINKS": "/nonexistent-wheelhouse"}])
+def test_one_bad_variable_is_one_line_and_the_rest_still_counts(tmp_path, bad):
+    house = tmp_path / "house"
+    house.mkdir()
+    settings = dict(FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_FIND_LINKS=str(house),
+                    FASTPATH_HOOKS_SKIP="fla")
+    settings.update(bad)
+    proc = subprocess.run([sys.executable, "-c", DECIDE_ALL], capture_output=True, text=True, cwd=str(tmp_path),
+                          env=_env(tmp_path, **settings))
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fastpath-hooks:")]
+    (var, value), = bad.items()
+    assert len(lines) == 1 and lines[0].startswith(f"fastpath-hooks: {var}={value!r} is not valid"), proc.stderr
+    # meanwhile the decisions follow the valid settings: fla skipped (the skip list), nothing "would install"
+    # from an index (offline, the wheelhouse is empty)
+    assert "'fla': 'skipped'" in proc.stdout and "'causal-conv1d': 'skipped'" in proc.stdout, proc.stdout
+    debug = subprocess.run([sys.executable, "-c", DECIDE_ALL], capture_output=True, text=True, cwd=str(tmp_path),
+                           env=_env(tmp_path, FASTPATH_HOOKS_LOG="debug", **settings))
+    assert "would install" not in debug.stderr and "offline" in debug.stderr, debug.stderr
+
+
+def test_the_valid_part_keeps_offline_when_its_wheelhouse_is_the_bad_one():
+    from fastpath_hooks.engine.context import _valid_part
+
+    environ = {"FASTPATH_HOOKS_OFFLINE": "1", "FASTPATH_HOOKS_FIND_LINKS": "/nonexistent-wheelhouse",
+               "FASTPATH_HOOKS_SKIP": "fla", "FASTPATH_HOOKS_TARGET": A100}
+    with pytest.raises(SettingsError) as exc:
+        Settings.from_env(environ)
+    settings = _valid_part(environ, exc.value.problems)
+    assert (settings.mode, settings.offline, settings.skip, settings.target) == ("report", True, {"fla"}, A100)
