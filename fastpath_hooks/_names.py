@@ -12,15 +12,16 @@ VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 # (_registry.REGISTRY, pins.json's entries as literals) - written out, so that loading this leaf costs
 # no registry (tests/test_registry.py proves both equal to pins.json). A FASTPATH_HOOKS_PINS file's
 # kernels: `_registry.registry()`.
-KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang")      # as listed to users (_registry.listed)
+KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")      # as listed to users (_registry.listed)
 # module -> kernel (the distribution name fastpath-hooks manages); the start-up stand-in
 # (hooks/startup.py) and the finder watch exactly these module names (and a user's kernels' from install()).
-KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm"}
+KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm",
+                  "flash_qla": "flash-qla"}
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
 # A kernel that only serves another (tilelang: fla's Hopper backend) is not installed for another
 # package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
 # it nor what it serves is on the path: that import goes on as without fastpath-hooks.
-SERVES = {"tilelang": ("fla",)}   # module -> modules it serves
+SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}   # module -> modules it serves
 GATES_MODULE = "transformers.utils.import_utils"
 WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
 PINS = "FASTPATH_HOOKS_PINS"

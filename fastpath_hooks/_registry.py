@@ -15,7 +15,8 @@ from ._names import GATES_MODULE, PINS, environ_of
 # this equal to pins.json and prints the literal to paste when a kernel is added there). A user's
 # FASTPATH_HOOKS_PINS file adds kernels the same way: `registry()` reads it (docs/registry.md).
 #   kind: pure (wheels at pinned releases) | pair (two distributions pinned together, serving another
-#   kernel) | compiled (release wheels or a source build); modules: its import names (the first is
+#   kernel) | compiled (release wheels or a source build) | backend (wheels the kernel it serves
+#   dispatches to by itself when they are importable); modules: its import names (the first is
 #   the one checked and blocked); aliases: other names FASTPATH_HOOKS_SKIP etc. accept; gates:
 #   transformers' availability gates that ask for it; mirror: the variable naming a mirror of its
 #   release wheels; with: kernels it is only useful with (ensured first); serves: kernels that use it;
@@ -35,6 +36,9 @@ REGISTRY = {
                   "aliases": ("mamba_ssm",), "gates": ("is_mamba_ssm_available", "is_mamba_2_ssm_available"),
                   "mirror": "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL", "with": ("causal-conv1d",), "serves": (),
                   "rule_prefix": "mamba", "switch": None},
+    "flash-qla": {"kind": "backend", "modules": ("flash_qla",), "distributions": ("flash-qla",),
+                  "aliases": ("flash_qla", "flashqla"), "gates": (), "mirror": None, "with": ("tilelang",),
+                  "serves": ("fla",), "rule_prefix": "qla", "switch": "FLA_FLASH_QLA"},
 }
 
 

@@ -170,12 +170,14 @@ def _doctor(args) -> int:
         data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
         data["interrupted_install"] = interrupted
         data["wheel_cache"] = report.wheel_cache_json(cache_root(settings))
+        data["jit"] = report.jit_json(env, cache_root(settings))
         if smoke is not None:
             data["smoke"] = smoke
         print(json.dumps(data, indent=2))
     else:
         print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts, interrupted=interrupted))
         print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
+        print("\n" + report.jit_text(report.jit_json(env, cache_root(settings))))
         if smoke is not None:
             from .act.smoke import smoke_text
 

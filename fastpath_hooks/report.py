@@ -318,3 +318,30 @@ def wheel_cache_text(data: dict) -> str:
     if wheels:
         lines.append("  (`fastpath-hooks cache clear [KERNEL]` removes them)")
     return "\n".join(lines)
+
+
+def jit_json(env, root: str) -> dict:
+    """The JIT caches (`doctor --json`: jit): each pins variable's directory - yours or fastpath-hooks' -
+    what is in it, and the warm-ups the verification children ran into them (docs/json-schema.md)."""
+    from .act.gdr_check import cache_listing, warm_records
+
+    caches = {var: {**cache_listing(path), "set_by": "you" if var in env.jit_caches_given else "fastpath-hooks"}
+              for var, path in env.jit_caches.items()}
+    return {"caches": caches, "warmed": warm_records(root)}
+
+
+def jit_text(data: dict) -> str:
+    lines = ["JIT caches (compiled by the verification children for the training process)"]
+    for var, c in data["caches"].items():
+        what = (f"{c['entries']} entries, {c['bytes'] / 1e6:.1f} MB, newest {c['newest']}" if c["exists"] and c["entries"]
+                else "empty" if c["exists"] else "not made yet")
+        lines.append(f"  {var:<19}{c['directory']} ({c['set_by']}): {what}")
+    for kernel, w in sorted(data["warmed"].items()):
+        shapes = ", ".join("x".join(str(n) for n in s) for s in (w.get("shapes") or []))
+        seqs = ", ".join(str(n) for n in (w.get("seqs") or []))
+        done = f"for {seqs} tokens" if seqs else f"checked only ({w.get('skipped') or 'no warm-up'})"
+        lines.append(f"  {kernel}: warmed {w.get('at')} {done} at {shapes} (heads x heads x K x V) in "
+                     f"{(w.get('seconds') or 0):.1f} s on {w.get('device')}")
+    if not data["warmed"]:
+        lines.append("  nothing warmed yet (a verification warms them where fla runs tilelang or flash-qla)")
+    return "\n".join(lines)

@@ -19,6 +19,8 @@ A100 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
 H100_OLD_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
 H100_NEW_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.7.1,nvcc=yes"
 CAUSAL_WHEEL = f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
+# The gated-delta-rule check (pins `warm`) at a size a CPU computes in a moment (the stand-ins run there).
+SMALL_CHECK = {"check_seq": 16, "seqs": [32], "heads": [1, 2], "dims": [128, 128]}
 
 
 # Fixtures that make real venvs, build wheels or fetch from the index: a test using one is slow (minutes in
@@ -92,7 +94,7 @@ def make_wheelhouse(tmp_path, dep_wheels):
     counter = {"n": 0}
 
     def make(*, fla=None, fla_broken=None, fla_padding=0, tilelang=None, tvm_ffi=(), causal=False,
-             causal_crash=False, tilelang_abort=False, deps=True):
+             causal_crash=False, tilelang_abort=False, deps=True, flash_qla=None):
         counter["n"] += 1
         dest = str(tmp_path / f"wheelhouse{counter['n']}")
         os.makedirs(dest)
@@ -116,6 +118,8 @@ def make_wheelhouse(tmp_path, dep_wheels):
                 wheels.fake_tilelang_from_pins(dest, tilelang, pins_mod.load())
         if causal:
             wheels.fake_causal_conv1d(dest, CAUSAL_WHEEL, crash=causal_crash)
+        if flash_qla:   # its mode: ok, jit, import, wrong (tests/support/wheels.py fake_flash_qla)
+            wheels.fake_flash_qla(dest, mode=flash_qla)
         return dest
 
     return make
@@ -123,13 +127,17 @@ def make_wheelhouse(tmp_path, dep_wheels):
 
 @pytest.fixture
 def test_pins(tmp_path):
-    """A FASTPATH_HOOKS_PINS file for the fakes: no heavy tilelang deps, the fake causal wheel's real hash."""
+    """A FASTPATH_HOOKS_PINS file for the fakes: no heavy tilelang deps, the fake causal wheel's real hash, and
+    the gated-delta-rule check at a size the stand-ins compute in a moment on a CPU (one key head, two value
+    heads, K = V = 128: what fla sends to flash-qla)."""
 
     def make(wheelhouse: str | None = None, extra: dict | None = None) -> str:
         data = {
             "kernels": {
                 "tilelang": {"runtime_deps": []},
                 "causal-conv1d": {"runtime_deps": []},
+                "fla": {"warm": SMALL_CHECK},
+                "flash-qla": {"warm": SMALL_CHECK},
             }
         }
         if wheelhouse and os.path.exists(os.path.join(wheelhouse, CAUSAL_WHEEL)):

@@ -165,7 +165,7 @@ def check_document(data: dict, table: str):
     check_table(data, table, table)
     assert data["schema"] == f"fastpath-hooks.{table}/1"
     for kernel, commands in data["commands"].items():
-        assert kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang")
+        assert kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
         check(commands, "list of command", f"{table}.commands.{kernel}")
     for kernel, verdict in data.get("verdicts", {}).items():
         check(verdict, "verdict", f"{table}.verdicts.{kernel}")

@@ -17,7 +17,7 @@ import pytest
 from conftest import A100, offline_env
 from support.processes import IMPORT_FLA_TOGETHER, counting_uv, installer_calls, run_env, start_together
 
-# slow: real venvs, many processes at once (README, Development)
+# slow: real venvs, many processes at once (docs/development.md)
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

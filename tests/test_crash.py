@@ -21,7 +21,7 @@ from conftest import A100, offline_env
 from fastpath_hooks.act import state
 from support.processes import link_uv, processes_with, running
 
-# slow: real venvs, processes killed mid-install (README, Development)
+# slow: real venvs, processes killed mid-install (docs/development.md)
 pytestmark = pytest.mark.slow
 
 PADDING = 3000  # small modules in the fake fla: extracting them takes seconds, long enough to be killed

@@ -22,7 +22,7 @@ from fastpath_hooks.facts import pins as pins_mod
 DEAD_INDEX = "http://127.0.0.1:9/simple/"
 PY = "cp311"
 
-# slow: real venvs, real downloads into a wheelhouse (README, Development)
+# slow: real venvs, real downloads into a wheelhouse (docs/development.md)
 pytestmark = pytest.mark.slow
 
 

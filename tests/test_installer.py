@@ -28,7 +28,7 @@ PINS = pins_mod.load()
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"
 A100_TRITON_39 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.9.0,nvcc=yes"
 
-# slow: real venvs, real pip/uv installs of the stand-in wheels (README, Development)
+# slow: real venvs, real pip/uv installs of the stand-in wheels (docs/development.md)
 pytestmark = pytest.mark.slow
 
 

@@ -25,7 +25,7 @@ from fastpath_hooks.engine.lock import HELD_BEFORE
 
 PINS = pins_mod.load()
 
-# slow: real venvs, installers interrupted mid-step (README, Development)
+# slow: real venvs, installers interrupted mid-step (docs/development.md)
 pytestmark = pytest.mark.slow
 STATE = ".fastpath-hooks"
 

@@ -59,6 +59,29 @@ def test_a_posed_gpu_has_no_device_here_so_the_check_is_skipped_and_says_why():
     assert [c.name for c in _plan("fla").checks] == ["chunk_gated_delta_rule"]
 
 
+@pytest.mark.slow   # two child interpreters importing torch: ~10 s on 2 cores
+def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_path):
+    """fla 0.6 dispatches its chunk entry point to an importable flash_qla by itself; fla's numeric check is
+    remembered under fla's files, so it runs with its backends off (FLA_FLASH_QLA=0) - a wrong flash_qla
+    beside it is the backend check's business (act/gdr_check.py), not a verdict on fla."""
+    from fastpath_hooks.act.numeric import verify_numbers
+
+    root = _stand_ins(tmp_path)
+    files = {"flash_qla/__init__.py": wheels._QLA.replace("MODE_VALUE", "wrong").replace("VERSION", "0.1.3"),
+             "tilelang/__init__.py": ""}
+    for name, text in files.items():
+        (tmp_path / "right" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "right" / name).write_text(text)
+    plan = _plan("fla", root=str(tmp_path / "cache"))
+    assert plan.env == (("FLA_FLASH_QLA", "0"),)
+    own = verify_numbers(plan, distributions=("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
+    assert own.ok and own.ran, own.detail
+    # the same check with flash_qla left on measures the wrong stand-in: the switch is what keeps it fla's
+    through = verify_numbers(dataclasses.replace(plan, env=()), distributions=("fla-core",), timeout=180,
+                             env_extra=(("PYTHONPATH", root),))
+    assert not through.ok and "chunk_gated_delta_rule" in through.detail, through.detail
+
+
 def test_the_target_takes_numeric_cpu_and_refuses_other_values():
     from fastpath_hooks.facts.target import parse_target
 

@@ -36,8 +36,16 @@ def write(tmp_path, name: str, content) -> str:
 
 def test_shipped_pins_validate():
     assert SHIPPED.origins == (pins_mod.SHIPPED,)
-    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm"}
+    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm", "flash-qla"}
     assert SHIPPED.kernel("fla").releases and SHIPPED.kernel("tilelang").pairs and SHIPPED.kernel("tilelang").broken and SHIPPED.hazards
+    qla = SHIPPED.kernel("flash-qla")
+    assert (qla.kind, qla.serves, qla.with_kernels, qla.switch.variable) == ("backend", ("fla",), ("tilelang",), "FLA_FLASH_QLA")
+    assert qla.archs.train == ("sm_90", "sm_100", "sm_103") and qla.head_dims.k == qla.head_dims.v == (128,)
+    assert str(qla.releases[0].partners["tilelang"]) == ">=0.1.12"
+    assert "flash-qla" in SHIPPED.kernel("fla").releases[0].backends     # fla 0.6.0 dispatches to it
+    # decided after fla (whose release and use it reads), which still comes after tilelang
+    assert SHIPPED.decision_order.index("flash-qla") > SHIPPED.decision_order.index("fla") > \
+        SHIPPED.decision_order.index("tilelang")
 
 
 def test_every_fact_names_its_source():
@@ -335,3 +343,6 @@ def test_a_kernels_verdict_depends_on_the_kernels_its_import_runs():
 
     assert {"mamba-ssm", "causal-conv1d", "tilelang", "apache-tvm-ffi", "einops"} <= set(verdict_distributions(SHIPPED, "mamba-ssm"))
     assert not {"tilelang", "apache-tvm-ffi"} & set(verdict_distributions(SHIPPED, "causal-conv1d"))
+    # flash-qla's check runs through fla and on tilelang: a new fla or tilelang checks it again
+    assert set(verdict_distributions(SHIPPED, "flash-qla")) == {"flash-qla", "tilelang", "apache-tvm-ffi", "fla-core",
+                                                                "flash-linear-attention"}

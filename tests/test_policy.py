@@ -335,6 +335,50 @@ def _from_index(dist, exact, url, then_build: bool):
     return check
 
 
+# flash-qla: a backend fla 0.6 dispatches to by itself when `flash_qla` is importable
+QLA = {"flash-qla": "0.1.3"}
+WHEEL_QLA = ("flash_qla-0.1.3-py3-none-any.whl",)
+QWEN35 = (("qwen3_5", 128, 128, 16, 32),)          # Environment.model_shapes: a Qwen3.5 config imported
+JIT = {"jit_caches": {"TRITON_CACHE_DIR": "/cache/jit/triton", "TILELANG_CACHE_DIR": "/cache/jit/tilelang"}}
+OFF = {"FLA_FLASH_QLA": "0"}
+
+
+def with_pays(hazard: bool, elsewhere: bool) -> pins_mod.Pins:
+    """The one-line data change the benchmark decides (pins `pays`)."""
+    from fastpath_hooks.facts.pins import Pays
+
+    return with_kernel(PINS, "flash-qla", pays=Pays(hazard, elsewhere, "measured: test"))
+
+
+def _qla_installs(fragment, shapes=((16, 32, 128, 128),)):
+    """flash-qla 0.1.3 alone (--no-deps: tilelang is the pinned pair, decided first), after tilelang and fla,
+    its failure never blocking anything (fla keeps its own path: FLA_FLASH_QLA=0), checked against fla's own
+    path at `shapes`, and ensured by fla right after fla (`wants`)."""
+    def check(d, plan):
+        assert d.target == QLA and d.steps[-1].requirements == ("flash-qla==0.1.3",) and d.steps[-1].no_deps
+        assert d.needs == ("tilelang", "fla") and d.on_failure == "proceed" and dict(d.off) == OFF
+        assert d.check["compare"] == {"module": "flash_qla", "function": "chunk_gated_delta_rule", "switch": "FLA_FLASH_QLA"}
+        assert [tuple(s) for s in d.check["shapes"]] == list(shapes) and d.check["own"] == OFF
+        assert plan["fla"].wants == ("flash-qla",) and plan["tilelang"].action in (INSTALL, OK)
+        assert fragment in d.reason, d.reason
+        return True
+    return check
+
+
+def _qla_skips(fragment, *, off=False, fix=None, fla_wants=None):
+    """Not installed; an installed flash-qla that cannot work here is switched off in fla (`off`: FLA_FLASH_QLA=0
+    in the decision's env, since blocking `import flash_qla` would make fla dispatch to the blocked module)."""
+    def check(d, plan):
+        assert not d.steps and not d.target and d.on_failure == "proceed"
+        assert dict(d.env) == (OFF if off else {}), d.env
+        assert fragment in d.reason, d.reason
+        assert fix is None or fix in d.fix, d.fix
+        if fla_wants is not None:
+            assert plan["fla"].wants == fla_wants
+        return True
+    return check
+
+
 ROWS = [
     # shared skip rules
     Row("skip.user", "causal-conv1d", SKIP, "skip.user", settings={"skip": frozenset({"causal-conv1d"})},
@@ -512,6 +556,99 @@ ROWS = [
     Row("fla offline takes the release the wheelhouse has", "fla", INSTALL, "fla.install", settings=OFFLINE,
         env={"gpus": ("sm_80",), "wheelhouse": WHEELS_052}, dists={"transformers": "4.57.1"},
         check=_fla_installs("0.5.2")),
+
+    # flash-qla (a backend of fla)
+    Row("qla.install (acceptance: sm_90 + nvcc + tilelang; the model's head dims not known)", "flash-qla", INSTALL,
+        "qla.install", check=_qla_installs("head dims are not known here: fla uses it for K = V = 128")),
+    Row("qla.install: a Qwen3.5 config imported (K = V = 128, 16 / 32 heads): its shapes are checked and warmed",
+        "flash-qla", INSTALL, "qla.install", env={"model_shapes": QWEN35},
+        check=_qla_installs("the qwen3_5 config: K x V = 128 x 128")),
+    Row("qla.install under transformers 5.17 (it repeats q and k to the 32 value heads before calling fla)", "flash-qla",
+        INSTALL, "qla.install", dists={"transformers": "5.17.0"},
+        check=_qla_installs("flash-qla 0.1.3", shapes=((32, 32, 128, 128),))),
+    Row("qla.install with the nvcc wheel tilelang installs (CUDA 13 torch, no toolkit)", "flash-qla", INSTALL,
+        "qla.install", env={"nvcc": None, "torch_cuda": "13.0"}, check=_qla_installs("where fla runs tilelang anyway")),
+    Row("qla.install offline from the wheelhouse", "flash-qla", INSTALL, "qla.install", settings=OFFLINE,
+        env={"wheelhouse": WHEELS_06 + WHEELS_PAIR + WHEEL_QLA}, dists=TILELANG_DEPS,
+        check=_qla_installs("flash-qla 0.1.3 for fla's gated delta rule on sm_90")),
+    Row("qla.install where fla needs no tilelang (triton 3.7.1), once the benchmark flips pays.elsewhere", "flash-qla",
+        INSTALL, "qla.install", env={"triton": "3.7.1"}, pins=with_pays(True, True),
+        check=lambda d, p: (_qla_installs("on by default where fla needs no tilelang")(d, p),
+                            p["tilelang"].rule == "tilelang.install.for-backend")),
+    Row("tilelang.install.for-backend: flash-qla runs on it where fla alone does not need it", "tilelang", INSTALL,
+        "tilelang.install.for-backend", env={"triton": "3.7.1"}, pins=with_pays(True, True),
+        check=lambda d, p: (assert_known_good_pair(d, ("sm_90",)), "flash-qla runs on tilelang" in d.reason,
+                            p["fla"].needs == ())),
+    Row("qla.ok: installed; checked once against fla's own path (its failure switches it off)", "flash-qla", OK,
+        "qla.ok", dists=QLA,
+        check=lambda d, p: (d.verify, not d.steps, d.on_failure == "proceed", dict(d.off) == OFF, d.env == (),
+                            d.check["compare"]["switch"] == "FLA_FLASH_QLA", d.needs == ("tilelang", "fla"),
+                            "checked once against fla's own path" in d.reason, p["fla"].wants == ("flash-qla",))),
+    Row("skip.user: FASTPATH_HOOKS_SKIP=flash-qla", "flash-qla", SKIP, "skip.user",
+        settings={"skip": frozenset({"flash-qla"})},
+        check=lambda d, p: (_leaves_alone("FASTPATH_HOOKS_SKIP", fix="remove flash-qla")(d, p),
+                            p["fla"].wants == (), p["fla"].rule == "fla.install")),
+    Row("qla.user-disabled: FLA_FLASH_QLA=0 (fla's own switch)", "flash-qla", SKIP, "qla.user-disabled",
+        env={"switches": OFF}, check=_qla_skips("FLA_FLASH_QLA=0 is set", fix="unset FLA_FLASH_QLA", fla_wants=())),
+    Row("qla.not-used: no nvcc, so no tilelang and no fla (fla#640)", "flash-qla", SKIP, "qla.not-used",
+        env={"nvcc": None}, check=_qla_skips("fla is not used here: sm_90 + triton 3.6.0 computes fla's backward wrongly")),
+    Row("qla.arch: not on sm_80", "flash-qla", SKIP, "qla.arch", env={"gpus": ("sm_80",)},
+        check=_qla_skips("sm_80: flash-qla trains (forward + backward) on sm_90, sm_100, sm_103 only", fla_wants=())),
+    Row("qla.arch: not on sm_120 for training (a bf16 forward only)", "flash-qla", SKIP, "qla.arch",
+        env={"gpus": ("sm_120",), "triton": "3.7.1"}, pins=with_pays(True, True),
+        check=_qla_skips("on sm_120 it has a forward only, and training needs the backward")),
+    Row("qla.arch: an sm_80 beside the sm_90 (fla picks its backend by device 0)", "flash-qla", SKIP, "qla.arch",
+        env={"gpus": ("sm_90", "sm_80")}, check=_qla_skips("sm_80: flash-qla trains")),
+    Row("qla.arch with flash-qla installed by hand: switched off in fla, never blocked", "flash-qla", SKIP, "qla.arch",
+        env={"gpus": ("sm_80",)}, dists=QLA, check=_qla_skips("sm_80", off=True, fla_wants=("flash-qla",))),
+    Row("qla.no-nvcc: flash-qla and tilelang installed, no nvcc (triton 3.7.1): switched off", "flash-qla", SKIP,
+        "qla.no-nvcc", env={"triton": "3.7.1", "nvcc": None}, dists={**QLA, **PAIR_015},
+        check=_qla_skips("no nvcc; tilelang compiles flash-qla's kernels with it at first use", off=True,
+                         fix="point CUDA_HOME at one")),
+    Row("qla.without.tilelang: flash-qla installed by hand where tilelang is not used (triton 3.7.1)", "flash-qla", SKIP,
+        "qla.without.tilelang", env={"triton": "3.7.1"}, dists=QLA,
+        check=_qla_skips("flash-qla runs on tilelang, which is not used here", off=True)),
+    Row("qla.old.tilelang: tilelang 0.1.11 installed (flash-qla 0.1.3 needs >= 0.1.12)", "flash-qla", SKIP,
+        "qla.old.tilelang", dists={"tilelang": "0.1.11", "apache-tvm-ffi": "0.1.11"},
+        check=_qla_skips("tilelang 0.1.11 is used here; flash-qla 0.1.3 needs tilelang >=0.1.12", fix="tilelang 0.1.15")),
+    Row("qla.no-backend: fla 0.5.2 does not dispatch to flash-qla", "flash-qla", SKIP, "qla.no-backend",
+        dists={"fla-core": "0.5.2", "flash-linear-attention": "0.5.2"},
+        check=_qla_skips("fla 0.5.2 does not dispatch to flash-qla (fla does from 0.6.0)", fix="upgrade fla")),
+    Row("qla.off: where fla needs no tilelang (triton 3.7.1), off until a benchmark shows it pays", "flash-qla", SKIP,
+        "qla.off", env={"triton": "3.7.1"},
+        check=lambda d, p: (_qla_skips("off by default where fla needs no tilelang (triton 3.7.1)",
+                                       fix="pays.elsewhere to true")(d, p), p["tilelang"].rule == "tilelang.not-needed")),
+    Row("qla.off: pays.hazard flipped off (the benchmark's one-line change)", "flash-qla", SKIP, "qla.off",
+        pins=with_pays(False, False),
+        check=lambda d, p: (_qla_skips("where fla runs tilelang anyway (fla#640)", fix="pays.hazard")(d, p),
+                            p["tilelang"].action == INSTALL, p["fla"].wants == ())),
+    Row("qla.head-dims: the imported model's K x V = 64 x 64", "flash-qla", SKIP, "qla.head-dims",
+        env={"model_shapes": (("qwen3_5", 64, 64, 16, 32),)},
+        check=_qla_skips("qwen3_5: K x V = 64 x 64; flash-qla computes K = 128, V = 128 only", fla_wants=())),
+    Row("qla.no-release: no pinned flash-qla for this torch", "flash-qla", SKIP, "qla.no-release",
+        pins=with_kernel(PINS, "flash-qla", releases=tuple(dataclasses.replace(r, torch=SpecifierSet(">=2.12"))
+                                                          for r in PINS.kernel("flash-qla").releases)),
+        check=_qla_skips("no known-good flash-qla release for torch 2.10.0", fix="FASTPATH_HOOKS_PINS")),
+    Row("qla.offline-missing: the wheelhouse has fla and tilelang, not flash-qla", "flash-qla", SKIP,
+        "qla.offline-missing", settings=OFFLINE, env={"wheelhouse": WHEELS_06 + WHEELS_PAIR}, dists=TILELANG_DEPS,
+        check=lambda d, p: (_qla_skips("lacks flash-qla==0.1.3", fix="fastpath-hooks download")(d, p),
+                            p["fla"].rule == "fla.install", p["fla"].wants == ())),
+    Row("fla.install on Hopper checks and warms its own path (FLA_FLASH_QLA=0) in its verification child", "fla",
+        INSTALL, "fla.install", env={"model_shapes": QWEN35},
+        check=lambda d, p: (_fla_installs("0.6.0", needs=("tilelang",))(d, p), d.check["own"] == OFF,
+                            "compare" not in d.check, d.check["shapes"] == ((16, 32, 128, 128),), d.wants == ("flash-qla",))),
+    Row("the JIT caches under fastpath-hooks' cache for the training process, where a verification warms them",
+        "flash-qla", INSTALL, "qla.install", env=JIT,
+        check=lambda d, p: (_qla_installs("flash-qla 0.1.3")(d, p), dict(d.env) == dict(JIT["jit_caches"]),
+                            dict(p["fla"].env) == {"TRITON_CACHE_DIR": "/cache/jit/triton"},
+                            dict(p["tilelang"].env) == {"TILELANG_CACHE_DIR": "/cache/jit/tilelang"})),
+    Row("a TRITON_CACHE_DIR the user set is theirs: only TILELANG_CACHE_DIR is set", "flash-qla", INSTALL, "qla.install",
+        env={**JIT, "jit_caches_given": ("TRITON_CACHE_DIR",)},
+        check=lambda d, p: (_qla_installs("flash-qla 0.1.3")(d, p), dict(d.env) == {"TILELANG_CACHE_DIR": "/cache/jit/tilelang"},
+                            p["fla"].env == ())),
+    Row("no JIT warmed here (sm_80): the caches stay where triton puts them", "fla", INSTALL, "fla.install",
+        env={**JIT, "gpus": ("sm_80",)},
+        check=lambda d, p: (_fla_installs("0.6.0")(d, p), d.env == (), not d.check, p["flash-qla"].rule == "qla.arch")),
 
     # causal-conv1d
     Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel", check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256)),
@@ -1108,7 +1245,8 @@ def test_causal_conv1d_mirror_url():
 
 def test_fresh_plans_as_if_no_kernel_were_installed():
     env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
-                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1"})
+                    "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1",
+                    "flash-qla": "0.1.3"})
     assert all(d.action == OK for d in plan_for(env).decisions.values())
     fresh = plan_for(env, fresh=True)
     assert all(d.action == INSTALL for d in fresh.decisions.values())
@@ -1127,4 +1265,4 @@ def test_plan_json_round_trips():
 
     data = plan_for().to_json()
     assert json.loads(json.dumps(data)) == data
-    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "tilelang"]
+    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla"]

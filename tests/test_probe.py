@@ -156,7 +156,44 @@ def test_wheelhouse_lists_package_files(tmp_path):
 
 def test_fla_tilelang_variable_is_a_fact(monkeypatch):
     monkeypatch.setenv("FLA_TILELANG", "0")
+    monkeypatch.delenv("FLA_FLASH_QLA", raising=False)
     assert probe(Settings(target="gpu=none")).switches == {"FLA_TILELANG": "0"}
+    monkeypatch.setenv("FLA_FLASH_QLA", "0")          # flash-qla's switch (the pins' `switch` of a backend)
+    assert probe(Settings(target="gpu=none")).switches == {"FLA_TILELANG": "0", "FLA_FLASH_QLA": "0"}
+
+
+def test_the_models_shapes_are_read_from_the_imported_configs(monkeypatch):
+    """A modeling module imports its configuration module before it chooses its kernels: the class defaults
+    of the attributes the pins name are the shapes fla's gated delta rule will see (where the user's config
+    keeps them); posed: head_dims= / heads=."""
+    import types
+
+    from fastpath_hooks.facts.pins import load
+    from fastpath_hooks.facts.probe import model_shapes
+
+    module = types.ModuleType("transformers.models.qwen3_5.configuration_qwen3_5")
+    config = type("Qwen3_5TextConfig", (), {"__module__": module.__name__, "linear_key_head_dim": 128,
+                                              "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+                                              "linear_num_value_heads": 32})
+    derived = type("OlmoHybridConfig", (), {"__module__": "transformers.models.olmo_hybrid.configuration_olmo_hybrid",
+                                            "linear_key_head_dim": None, "linear_value_head_dim": None})
+    module.Qwen3_5TextConfig = config
+    other = types.ModuleType("transformers.models.olmo_hybrid.configuration_olmo_hybrid")
+    other.OlmoHybridConfig = derived
+    modules = {module.__name__: module, other.__name__: other, "transformers.models.qwen3_5.modeling_qwen3_5": module}
+    assert model_shapes(load(), modules) == (("olmo_hybrid", None, None, None, None), ("qwen3_5", 128, 128, 16, 32))
+    posed = probe(Settings(target="gpu=sm_90,cuda=12.8,torch=2.10.0,head_dims=64x64,heads=4x8"))
+    assert posed.model_shapes == (("posed", 64, 64, 4, 8),)
+    assert posed.to_json()["model_shapes"] == [{"model": "posed", "k": 64, "v": 64, "heads_k": 4, "heads_v": 8}]
+
+
+def test_the_jit_caches_are_under_fastpath_hooks_cache_unless_set(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.delenv("TILELANG_CACHE_DIR", raising=False)
+    env = probe(Settings(target="gpu=none", cache_dir=str(tmp_path / "cache")))
+    assert env.jit_caches == {"TRITON_CACHE_DIR": str(tmp_path / "mine"),
+                              "TILELANG_CACHE_DIR": str(tmp_path / "cache" / "jit" / "tilelang")}
+    assert env.jit_caches_given == ("TRITON_CACHE_DIR",)
 
 
 def test_environment_is_immutable_and_json_ready():

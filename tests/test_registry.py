@@ -60,6 +60,18 @@ FOO_CONV = {
         "source": "upstream: a stand-in whose setup.py compiles with the nvcc it is given",
     },
 }
+# A stand-in backend of fla (a kernel fla would dispatch to by itself): decided by the backend rules alone.
+FOO_QLA = {
+    "kind": "backend", "modules": ["foo_qla"], "distributions": ["foo-qla"], "serves": ["fla"], "with": ["tilelang"],
+    "rule_prefix": "fooqla", "switch": {"variable": "FLA_FOO_QLA", "off": "0", "source": "measured: a stand-in"},
+    "python": ">=3.10", "torch": ">=2.8", "accelerators": ["cuda"], "platforms": ["linux-x86_64"], "needs_nvcc": True,
+    "verify": {"modules": ["foo_qla"], "attributes": []}, "source": "measured: a stand-in backend of the tests",
+    "archs": {"train": ["sm_90"], "source": "measured: test"},
+    "head_dims": {"k": [64], "v": [64], "source": "measured: test"},
+    "pays": {"hazard": True, "elsewhere": False, "source": "measured: test"},
+    "releases": [{"version": "0.2.0", "torch": ">=2.8", "triton": "", "transformers": "", "with": {"tilelang": ">=0.1.12"},
+                  "source": "measured: test"}],
+}
 
 
 def user_pins(tmp_path, **kernels) -> str:
@@ -98,23 +110,25 @@ def test_every_derived_list_follows_the_index():
     from fastpath_hooks.facts.settings import KERNEL_ALIASES, KERNELS, VARIABLES
     from fastpath_hooks.hooks import gates, late
 
-    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang")   # what models use, then what serves them
+    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")   # what models use, then what serves them
     assert KERNEL_ALIASES == {"fla": "fla", "flash-linear-attention": "fla", "fla-core": "fla", "tilelang": "tilelang",
                               "causal-conv1d": "causal-conv1d", "causal_conv1d": "causal-conv1d",
-                              "mamba-ssm": "mamba-ssm", "mamba_ssm": "mamba-ssm"}
+                              "mamba-ssm": "mamba-ssm", "mamba_ssm": "mamba-ssm", "flash-qla": "flash-qla",
+                              "flash_qla": "flash-qla", "flashqla": "flash-qla"}
     assert [v for v in VARIABLES if v.endswith("_WHEEL_URL")] == ["FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL",
                                                                   "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
-    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "transformers.utils.import_utils"}
-    assert _names.SERVES == {"tilelang": ("fla",)}
+    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils"}
+    assert _names.SERVES == {"tilelang": ("fla",), "flash_qla": ("fla",)}
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
                            "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d")}
     assert late.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
                           "mamba_ssm": "is_mamba_ssm_available"}
     pins = pins_mod.load()
-    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm")
+    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm", "flash-qla")
     assert {k: s.rule_prefix for k, s in pins.kernels.items()} == {"fla": "fla", "tilelang": "tilelang",
-                                                                  "causal-conv1d": "causal", "mamba-ssm": "mamba"}
+                                                                  "causal-conv1d": "causal", "mamba-ssm": "mamba",
+                                                                  "flash-qla": "qla"}
 
 
 def test_a_circle_of_kernels_is_refused(tmp_path):
@@ -136,6 +150,17 @@ def test_a_circle_of_kernels_is_refused(tmp_path):
     ({**FOO_ATTN, "pairs": []}, "kernels.bar.pairs", "only a pair kernel has pairs"),
     ({**FOO_CONV, "source_build": None, "rule_prefix": "b"}, "kernels.bar.source_build", "expected a table"),
     ({k: v for k, v in FOO_CONV.items() if k != "source_build"}, "kernels.bar.source_build", "needs its source build"),
+    ({**FOO_QLA, "serves": []}, "kernels.bar.serves", "a backend kernel serves another kernel"),
+    ({k: v for k, v in FOO_QLA.items() if k != "switch"}, "kernels.bar.switch", "its import is never blocked"),
+    ({**FOO_ATTN, "archs": FOO_QLA["archs"]}, "kernels.bar.archs", "only a backend kernel has archs"),
+    ({**FOO_QLA, "archs": {"train": ["hopper"], "source": "measured: x"}}, "kernels.bar.archs.train[0]", "expected sm_XY"),
+    ({**FOO_QLA, "releases": [{**FOO_QLA["releases"][0], "with": {"fla": ">=0.6"}}]}, "kernels.bar.releases[0].with.fla",
+     "expected a kernel of its `with` (tilelang)"),
+    ({**FOO_ATTN, "warm": {"check_seq": 0, "heads": [1, 1], "dims": [64, 64], "source": "measured: x"}},
+     "kernels.bar.warm.check_seq", "expected a positive integer"),
+    ({**FOO_ATTN, "jit_caches": {"triton": "x"}}, "kernels.bar.jit_caches.triton", "an environment variable name"),
+    # a backend is never blocked, so it has no numeric checks (its check is against the served kernel's own path)
+    ({**FOO_QLA, "numeric_checks": []}, "kernels.bar.numeric_checks", "only a pure or compiled or pair kernel has"),
 ])
 def test_a_malformed_new_kernel_names_the_entry(tmp_path, entry, where, fragment):
     with pytest.raises(pins_mod.PinsError) as info:
@@ -278,7 +303,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     environ = {"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_SKIP": "fooattn,tilelang"}
     settings = Settings.from_env(environ)
     assert settings.skip == {"foo-attn", "tilelang"}
-    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, tilelang"):
+    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, tilelang, flash-qla"):
         Settings.from_env({"FASTPATH_HOOKS_SKIP": "foo-attn"})    # without the file: unknown
     assert parse_target("foo-attn=1.0.0", pins_file=path) == {"distributions": {"foo-attn": "1.0.0"}}
     with pytest.raises(ValueError, match="unknown fact 'foo-attn'"):
@@ -287,7 +312,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     assert _registry.kernel_modules(known)["foo_attn"] == "foo-attn" and "foo_attn" in _registry.watched_modules(known)
     assert gates.gate_table(known)["is_foo_attn_available"] == ("foo-attn",)
     monkeypatch.setenv("FASTPATH_HOOKS_PINS", path)
-    assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang (default: all)" in " ".join(_subcommand_help(cli, "install").split())
+    assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang, flash-qla (default: all)" in " ".join(_subcommand_help(cli, "install").split())
 
 
 def _subcommand_help(cli, name: str) -> str:
@@ -380,9 +405,30 @@ def test_the_user_kernels_come_in_the_plan_and_their_mirror_is_a_setting(tmp_pat
     path = user_pins(tmp_path, foo_attn=FOO_ATTN, foo_conv=FOO_CONV)
     pins = pins_mod.load(path)
     assert tuple(plan_for(make_env(**A100), pins=pins).decisions) == (
-        "fla", "causal-conv1d", "mamba-ssm", "foo-attn", "foo-conv", "tilelang")
+        "fla", "causal-conv1d", "mamba-ssm", "foo-attn", "foo-conv", "tilelang", "flash-qla")
     settings = Settings.from_env({"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_FOO_CONV_WHEEL_URL": "https://mirror.example/foo/"})
     assert settings.wheel_urls == {"foo-conv": "https://mirror.example/foo/"}
     assert settings.public()["wheel_urls"] == {"foo-conv": "https://mirror.example/foo/"}
     with pytest.raises(SettingsError, match="FASTPATH_HOOKS_FOO_CONV_WHEEL_URL.*unknown variable"):
         Settings.from_env({"FASTPATH_HOOKS_FOO_CONV_WHEEL_URL": "https://mirror.example/foo/"})
+
+
+def test_a_users_backend_of_fla_is_decided_by_the_backend_rules(tmp_path):
+    """A backend a pins file adds (and names in fla's release): decided after fla, ensured by fla (`wants`),
+    switched off through its own switch, by the backend kind's rules and rule ids alone."""
+    release = {"version": "0.6.0", "torch": ">=2.7", "triton": ">=3.3", "transformers": ">=5.6.2,<6",
+               "backends": ["tilelang", "flash-qla", "foo-qla"], "source": "measured: test"}
+    path = user_pins(tmp_path, foo_qla=FOO_QLA, fla={"releases": [release]})
+    pins = pins_mod.load(path)
+    assert pins.decision_order.index("foo-qla") > pins.decision_order.index("fla")
+    assert {"fooqla.install", "fooqla.arch", "fooqla.without.tilelang", "fooqla.old.tilelang"} <= set(rule_ids.declared(pins))
+    plan = plan_for(make_env(model_shapes=(("m", 64, 64, 4, 8),)), pins=pins)
+    d = plan["foo-qla"]
+    assert (d.action, d.rule, dict(d.target)) == (INSTALL, "fooqla.install", {"foo-qla": "0.2.0"})
+    assert d.needs == ("tilelang", "fla") and dict(d.off) == {"FLA_FOO_QLA": "0"} and not d.check   # no `warm`
+    # each backend by its own head dims: flash-qla (K = V = 128) is not used for this 64 x 64 model, foo-qla is
+    assert (plan["flash-qla"].action, plan["flash-qla"].rule) == (SKIP, "qla.head-dims")
+    assert plan["fla"].wants == ("foo-qla",)
+    assert plan_for(make_env(), pins=pins)["fla"].wants == ("flash-qla", "foo-qla")   # head dims not known: both
+    installed = plan_for(make_env({"foo-qla": "0.2.0"}, gpus=("sm_80",)), pins=pins)["foo-qla"]
+    assert (installed.action, installed.rule, dict(installed.env)) == (SKIP, "fooqla.arch", {"FLA_FOO_QLA": "0"})

@@ -34,7 +34,7 @@ def fill(value: str, paths: dict) -> str:
 # variable -> (bad values, a fragment every message must contain: what is accepted)
 BAD = {
     "FASTPATH_HOOKS_DISABLE": (["maybe", "2", "enable", "-1"], "1, true, yes, on"),
-    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, mamba-ssm, tilelang"),
+    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, mamba-ssm, tilelang, flash-qla"),
     "FASTPATH_HOOKS_MODE": (["dry-run", "installl", "1"], "install, report"),
     "FASTPATH_HOOKS_FIND_LINKS": (["{missing}", "{file}", "ftp://mirror.example/wheels", "{wheelhouse},{missing}"],
                                   "directories or URLs"),
@@ -91,7 +91,7 @@ GOOD = [
     ({"FASTPATH_HOOKS_DISABLE": "off"}, {"disable": False}),
     ({"FASTPATH_HOOKS_SKIP": "fla, causal_conv1d"}, {"skip": frozenset({"fla", "causal-conv1d"})}),
     ({"FASTPATH_HOOKS_SKIP": "flash-linear-attention tilelang"}, {"skip": frozenset({"fla", "tilelang"})}),
-    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "mamba-ssm", "tilelang"})}),
+    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla"})}),
     ({"FASTPATH_HOOKS_SKIP": "mamba_ssm"}, {"skip": frozenset({"mamba-ssm"})}),
     ({"FASTPATH_HOOKS_MODE": "Report"}, {"mode": "report"}),
     ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}"}, {"find_links": ("{wheelhouse}",)}),

@@ -30,6 +30,8 @@ VALID = [
      {"distributions": {"fla-core": "0.6.0", "tilelang": None, "apache-tvm-ffi": "0.1.12"}}),
     ("Transformers=4.57.6", {"distributions": {"transformers": "4.57.6"}}),
     (" gpu = sm_80 , cuda = 12.8 ,", {"gpus": ("sm_80",), "cuda": "12.8"}),
+    ("head_dims=128x128,heads=16X32", {"head_dims": (128, 128), "heads": (16, 32)}),
+    ("flash-qla=0.1.3", {"distributions": {"flash-qla": "0.1.3"}}),
 ]
 
 
@@ -42,6 +44,8 @@ INVALID = [
     ("", "empty target"),
     ("   ,  ", "empty target"),
     ("sm_90", "'sm_90': expected key=value"),
+    ("head_dims=128", "'head_dims=128': expected two numbers such as 128x128"),
+    ("heads=0x32", "'heads=0x32': expected two numbers such as 128x128"),
     ("gpu=sm_9", "'gpu=sm_9': a GPU is sm_XY"),
     ("gpu=sm_90+", "'gpu=sm_90+': a GPU is sm_XY"),
     ("gpu=a100", "'gpu=a100': a GPU is sm_XY"),

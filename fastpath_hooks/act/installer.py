@@ -204,7 +204,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             _check_result(decision, after, protected_before, real_before, pins, env)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)))
+                                started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)),
+                                check=decision.check if spec.name == decision.kernel else None)
                 if not result.ok:
                     if result.numeric:
                         raise NumericMismatch(result.detail)

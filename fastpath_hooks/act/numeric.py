@@ -38,6 +38,7 @@ class NumericPlan:
     torch_build: str         # torch version + its CUDA/HIP build, part of the key
     root: str | None = None  # the cache root the results are remembered under
     skip: str = ""           # why it does not run here
+    env: tuple = ()          # the kernel's backends switched off (FLA_FLASH_QLA=0): its own numbers, not theirs
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,17 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
         return None
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
     build = torch_build(env)
+    # the result is remembered under the kernel's own files: a backend it would dispatch to (fla to
+    # flash-qla) is checked against its own path by the backend's check (act/gdr_check.py), not here
+    off = tuple((s.switch.variable, s.switch.off) for s in pins.kernels.values()
+                if s.kind == "backend" and kernel in s.serves and s.switch is not None)
     if env.gpu_source == "target":
         if env.numeric_device == "cpu":
-            return NumericPlan(kernel, checks, "cpu", archs, build, root)
+            return NumericPlan(kernel, checks, "cpu", archs, build, root, env=off)
         return NumericPlan(kernel, checks, None, archs, build, root,
                            skip=f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to run "
-                                "them on (numeric=cpu in the target checks CPU stand-ins)")
-    return NumericPlan(kernel, checks, "cuda", archs, build, root)
+                                "them on (numeric=cpu in the target checks CPU stand-ins)", env=off)
+    return NumericPlan(kernel, checks, "cuda", archs, build, root, env=off)
 
 
 # -- the key and the cache ------------------------------------------------------------------
@@ -122,7 +127,7 @@ def verify_numbers(plan: NumericPlan, *, distributions, timeout: float, env_extr
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
     start = time.monotonic()
     report, problem = run_check_script(script, json.dumps(pending.payload), mark=_MARK, timeout=timeout,
-                                       env_extra=env_extra, python=python, started=started,
+                                       env_extra=tuple(env_extra) + plan.env, python=python, started=started,
                                        what=f"{plan.kernel}'s numeric check")
     return conclude(pending, report, problem, time.monotonic() - start)
 

@@ -96,23 +96,40 @@ def child_env(extra=()) -> dict:
 
 
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-           numeric=None) -> Verification:
+           numeric=None, check=None) -> Verification:
     """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
-    numbers against torch on the GPU (once per installed files, GPU arch and torch build)."""
+    numbers against torch on the GPU (once per installed files, GPU arch and torch build); then, where
+    its decision has a `check` (the gated delta rule through the served kernel with and without a
+    backend, compared, and the JIT warmed: act/gdr_check.py), that check in another child. The numeric
+    check speaks for the kernel's own build (a mismatch blocks it on that arch); the gated-delta-rule
+    check for a backend against the served kernel's own path (a failure switches the backend off)."""
+    from dataclasses import replace
+
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
     result = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
                        what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
-    if not result.ok or numeric is None:
+    if not result.ok:
         return result
-    from dataclasses import replace
+    numbers = None
+    if numeric is not None:
+        from .numeric import verify_numbers
 
-    from .numeric import verify_numbers
+        numbers = verify_numbers(numeric, distributions=kernel_spec.distributions, timeout=timeout, env_extra=env_extra,
+                                 python=python, started=started)
+        if not numbers.ok:
+            return replace(result, ok=False, detail=numbers.detail, numeric=True)
+        if not check:
+            return replace(result, detail=f"{result.detail}; {numbers.detail}")
+    if not check:
+        return result
+    from .gdr_check import run_check as run_gdr_check
 
-    numbers = verify_numbers(numeric, distributions=kernel_spec.distributions, timeout=timeout, env_extra=env_extra,
-                             python=python, started=started)
-    if not numbers.ok:
-        return replace(result, ok=False, detail=numbers.detail, numeric=True)
-    return replace(result, detail=f"{result.detail}; {numbers.detail}")
+    checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
+                            env_extra=env_extra, python=python, started=started)
+    # the check imports and runs the kernel: its clause says more than the import's (one line stays short)
+    detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
+    return replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
+                   returncode=checked.returncode)
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
@@ -142,7 +159,9 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
                            **({"numeric": pending[i].payload} if i in pending else {})} for i, s in enumerate(specs)])
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
-    ran = run([python or sys.executable, "-c", _MANY, script, payload], timeout=timeout, environ=child_env(env_extra),
+    off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
+    ran = run([python or sys.executable, "-c", _MANY, script, payload], timeout=timeout,
+              environ=child_env(tuple(env_extra) + off),
               started=started)
     results: dict = {}
     in_numbers: set = set()

@@ -16,7 +16,7 @@ import sys
 from .._environ import JOURNAL, STATE_DIR_NAME, cache_root_from_environ, environment_key, find_links_given
 
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
-SIGNATURE_VARIABLES = ("FLA_TILELANG", "CUDA_HOME", "CUDA_PATH", "PATH", "CUDA_VISIBLE_DEVICES",
+SIGNATURE_VARIABLES = ("FLA_TILELANG", "FLA_FLASH_QLA", "CUDA_HOME", "CUDA_PATH", "PATH", "CUDA_VISIBLE_DEVICES",
                        "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "XDG_CACHE_HOME", "HOME")
 # Where the kernel driver describes the GPUs without initialising CUDA/ROCm (cheap text files).
 _GPU_INFO = (("/proc/driver/nvidia/gpus", "information"), ("/sys/class/kfd/kfd/topology/nodes", "name"))

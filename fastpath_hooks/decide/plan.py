@@ -10,7 +10,7 @@ from packaging.requirements import Requirement
 
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
-from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields
+from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields, thaw
 from ..facts.wheel_names import parse_wheel, wheel_distribution
 
 
@@ -138,7 +138,10 @@ class Decision:
     target: FrozenMap = field(default_factory=FrozenMap)      # dist -> exact version after the steps
     installed: FrozenMap = field(default_factory=FrozenMap)   # dist -> version now
     needs: tuple = ()                 # kernels that must be good first
+    wants: tuple = ()                 # backends ensured right after it, before its import (their outcome does not matter)
     env: tuple = ()                   # ((NAME, VALUE), ...) set in this process before import
+    off: tuple = ()                   # ((NAME, VALUE), ...) set when it ends unusable: what keeps the kernel it serves off it
+    check: FrozenMap = field(default_factory=FrozenMap)   # the gated-delta-rule check and warm-up its verification runs
     verify: bool = False              # OK but a child-process check is due (unverified combination)
     repair_steps: tuple = ()          # what to run if that check fails
     on_failure: OnFailure = OnFailure.PROCEED   # what the import does if the action fails
@@ -178,7 +181,10 @@ class Decision:
             "installed": dict(self.installed),
             "target": dict(self.target),
             "needs": list(self.needs),
+            "wants": list(self.wants),
             "env": dict(self.env),
+            "off": dict(self.off),
+            "check": thaw(self.check),
             "verify": self.verify,
             "on_failure": self.on_failure,
             "fix": self.fix,

@@ -3,7 +3,7 @@ how its outcome is said and what it needs. The engine reads severities and needs
 from the id's text; the policy makes its ids through `rule_id`, which accepts only declared ones.
 
 An id is `<scope>.<suffix>`. The rules every kernel shares have the scope `skip`; the others the
-kernel's rule prefix (its registry entry's `rule_prefix`: fla, tilelang, causal, mamba) and a suffix
+kernel's rule prefix (its registry entry's `rule_prefix`: fla, tilelang, causal, mamba, qla) and a suffix
 declared for the kernel's kind. Three families take their last part from the kernel's data:
 `{accelerator}` (cuda, rocm, xpu), `{with}` (the rule prefix of a kernel it is used with) and
 `{import}` (a distribution its import needs, `imports_installed`).
@@ -81,6 +81,7 @@ PAIR = {
     "repair.{problem}": Rule(_S, "the installed pair is broken, half-installed or incomplete: repair it"),
     "repair.{problem}.offline-missing": Rule(_W, "a broken pair, offline, the wheelhouse lacks the repair: blocked"),
     "repair.{problem}.unrepairable": Rule(_W, "a broken pair the pins know no repair for: blocked"),
+    "install.for-backend": Rule(_S, "a backend kernel that runs on it is on by default here: install a known-good pair"),
     "ok.repair": Rule(_S, "the check of a known-good pair failed: repaired", engine=True),
     "ok.unverified.repair": Rule(_S, "the check of an unknown pair failed: repaired to a known-good one", engine=True),
     **NUMERIC,
@@ -128,7 +129,23 @@ COMPILED = {
     **NUMERIC,
 }
 
-KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED}
+BACKEND = {
+    "install": Rule(_S, "the fastest correct path here: install it; checked against the served kernel's own path"),
+    "ok": Rule(_S, "installed; checked once against the served kernel's own path (and its JIT warmed)"),
+    "not-used": Rule(_S, "the kernel it serves is not used here: not installed"),
+    "no-backend": Rule(_S, "the served kernel's release does not dispatch to it"),
+    "user-disabled": Rule(_S, "the served kernel is told (its switch variable) not to use it", requires=("switch",)),
+    "arch": Rule(_S, "a visible GPU cannot train with it (no kernels, or a forward only)"),
+    "no-nvcc": Rule(_W, "its kernels compile at first use and there is no nvcc", requires=("needs_nvcc",)),
+    "without.{with}": Rule(_S, "a kernel it runs on is not used here"),
+    "old.{with}": Rule(_S, "a kernel it runs on is at a version its release does not support"),
+    "off": Rule(_S, "not on by default here (pins `pays`: not measured to pay)"),
+    "head-dims": Rule(_S, "the imported models' head dims are not the ones it computes"),
+    "no-release": Rule(_S, "no pinned release fits torch here"),
+    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks its wheel"),
+}
+
+KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED, "backend": BACKEND}
 ACCELERATORS = ("cuda", "rocm", "xpu")
 
 

@@ -67,13 +67,15 @@ def ensure(kernel: str, *, target: str | None = None) -> Outcome:
             continue  # its runner gave up (an exception such as Ctrl-C went through it): claim it again
         finished = False
         try:
-            outcome, simulated = _decide(kernel, target)
+            outcome, simulated, wants = _decide(kernel, target)
             _registry.finish(future, outcome, simulated)
             finished = True
-            return outcome
         finally:
             if not finished:
                 _registry.abandon(future)
+        for backend in wants:   # after this kernel is decided (they need it), before its import goes on
+            ensure(backend, target=target)
+        return outcome
 
 
 def outcomes() -> dict:
@@ -243,23 +245,27 @@ if hasattr(os, "register_at_fork"):
 # -- one decision: the warm verdict, else the state machine ---------------------------------
 
 def _decide(kernel: str, target: str | None):
-    """(Outcome, simulated accelerator kind); never raises an Exception."""
+    """(Outcome, simulated accelerator kind, the backends to ensure next); never raises an Exception.
+    A warm hit ensures no backend: one that is installed is decided when the kernel it serves looks
+    for it (the finder watches its module), and one that is not had its chance under this signature."""
     try:
         from ..act.warm import signature_environ
 
         captured = signature_environ(target=target)   # before this decision sets any variable
         signature, warm = _warm(kernel, captured)
         if warm is not None:
-            return warm
+            return warm + ((),)
         from . import machine
+        from .outcome import GOOD
 
         run = machine.run(kernel, needs=lambda other: ensure(other, target=target), world=current_world(),
                           captured=captured, target=target, signature=signature, request=lambda: _request(target))
-        return run.outcome, _simulated(run.posed)
+        wants = run.decision.wants if run.decision is not None and run.outcome.state in GOOD else ()
+        return run.outcome, _simulated(run.posed), wants
     except Exception as exc:  # never into the user's import
         outcome = Outcome(kernel, OutcomeState.ERROR, f"internal error: {type(exc).__name__}: {exc}")
         events.error(f"{kernel}: {outcome.reason}; leaving it as it is", kernel, once="internal")
-        return outcome, None
+        return outcome, None, ()
 
 
 def _warm(kernel: str, captured: tuple):

@@ -171,7 +171,8 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
     dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
     (fla on Hopper needs tilelang), that it is used with (`with`) or whose import runs inside its own
-    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`)."""
+    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`), and - for a backend - of the
+    kernels it serves (its check runs through fla)."""
     from packaging.requirements import Requirement
 
     from ..facts.distributions import canonical_name
@@ -185,18 +186,24 @@ def verdict_distributions(pins, kernel: str) -> tuple:
             names += pins.kernel(hazard.needs).distributions
     for partner in spec.with_kernels + spec.imports_optional:   # mamba-ssm: causal-conv1d; tilelang, imported inside
         names += pins.kernel(partner).distributions
+    if spec.kind == "backend":   # checked through the kernel it serves (flash-qla against fla's own path)
+        for served in spec.serves:
+            names += pins.kernel(served).distributions
     return tuple(sorted(set(names)))
 
 
-def complete(env, plan, settings, pins, *, decide=None):
+def complete(env, plan, settings, pins, *, decide=None, kernel=None):
     """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
-    is being considered and no version.json told it - not at every probe."""
+    is being considered and no version.json told it - not at every probe. `kernel`: only where that
+    kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
+    kernel's build; that kernel's own read completes it)."""
     from ..decide.rule_ids import NVCC_RELEASE, lookup
     from ..facts.probe import with_nvcc_version
 
     if decide is None:
         from ..decide.policy import decide
-    if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in plan.decisions.values()):
+    considered = plan.decisions.values() if kernel is None else (plan[kernel],)
+    if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in considered):
         fuller = with_nvcc_version(env)
         if fuller is not env:
             return fuller, decide(fuller, settings, pins)

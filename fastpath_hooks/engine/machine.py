@@ -149,7 +149,10 @@ def _read(run: Run):
         stamp = world.stamp(run.captured)
     reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
     if reading is None:
-        env, plan = world.read(settings, run.pins)
+        env, plan = world.read(settings, run.pins, run.kernel)
+    else:   # read for another kernel: nvcc's release asked for now if this kernel's decision needs it
+        env, plan = world.complete(reading.env, reading.plan, settings, run.pins, run.kernel)
+    if reading is None or plan is not reading.plan:
         reading = Reading(stamp, env, plan)
         if stamp is not None:
             world.readings.put((run.captured, stamp), reading)
@@ -195,8 +198,9 @@ def _needs(run: Run):
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel)))
+            apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
-            say(f"{why}; {run.kernel} is not installed, transformers keeps its torch path", run.kernel)
+            say(f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}", run.kernel)
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -256,7 +260,7 @@ def _check(run: Run):
     # directory was made, which moves site-packages' mtime, part of the stamp)
     changed = now is None or (now != run.stamp and not run.lock.first)
     if changed:
-        env, plan = world.read(settings, run.pins)
+        env, plan = world.read(settings, run.pins, kernel)
         if now is not None:
             world.readings.put((run.captured, now), Reading(now, env, plan))
         decision = plan[kernel]
@@ -293,7 +297,7 @@ def _check(run: Run):
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
-                              numeric=_numeric_plan(run))
+                              numeric=_numeric_plan(run), check=decision.check)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
@@ -526,11 +530,13 @@ def _blocked(decision, reason: str, fix: str) -> Outcome:
 
 
 def _failed(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
-    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires)."""
+    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
+    backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
     if remembered is not None:
         reason = remembered["reason"]
     if decision.on_failure == OnFailure.BLOCK:
         return _blocked(decision, reason, decision.fix or "")
+    apply_env(decision.kernel, decision.off, "it is not usable here")
     persist = None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
@@ -538,7 +544,11 @@ def _failed(decision, reason: str, remembered: dict | None = None, settings=None
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
     else:
-        message = f"{decision.kernel}: could not {decision.action} - {reason}"   # the torch path stays
+        verb = "verify it" if decision.action == OK else decision.action
+        message = f"{decision.kernel}: could not {verb} - {reason}"   # the torch path stays
+        entry = registry().get(decision.kernel) or {}
+        if entry.get("kind") == "backend":
+            message += f"; {' and '.join(entry['serves'])} keeps its own path"
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist)
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
@@ -548,6 +558,14 @@ def _retry_in(entry: dict, settings) -> str:
 
     left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
     return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+
+
+def _keeps(pins, kernel: str) -> str:
+    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
+    spec = pins.kernel(kernel)
+    if spec.kind == "backend":
+        return f"{' and '.join(spec.serves)} keeps its own path"
+    return "transformers keeps its torch path"
 
 
 def _describe(decision) -> str:

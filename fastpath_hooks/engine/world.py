@@ -123,13 +123,18 @@ class World:
             listed = None
         return Stamp(signature, listed)
 
-    def read(self, settings, pins):
+    def read(self, settings, pins, kernel=None):
         """(env, plan): the environment probed now and the policy's plan for it - the one read
-        (nvcc's CUDA release asked for only where a source build is being considered)."""
+        (nvcc's CUDA release asked for only where a source build is being considered: for `kernel`'s
+        decision when one is named, see `complete`)."""
+        env = self.probe(settings, pins)
+        return self.complete(env, self.decide(env, settings, pins), settings, pins, kernel)
+
+    def complete(self, env, plan, settings, pins, kernel=None):
+        """(env, plan) with nvcc's CUDA release where `kernel`'s decision needs it (the same objects when not)."""
         from .context import complete
 
-        env = self.probe(settings, pins)
-        return complete(env, self.decide(env, settings, pins), settings, pins, decide=self.decide)
+        return complete(env, plan, settings, pins, decide=self.decide, kernel=kernel)
 
     def probe(self, settings, pins, *, nvcc: bool = False):
         """The environment as it is now; `nvcc`: with nvcc's CUDA release (`nvcc --version` if need be)."""
@@ -187,12 +192,13 @@ class World:
 
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None):
+    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None):
         """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
-        numbers against torch: a result with `ok`, `detail` and `numeric` (it failed on its numbers)."""
+        numbers against torch, then its `check` (act/gdr_check.py): a result with `ok`, `detail` and
+        `numeric` (it failed on its numbers)."""
         from ..act.verify import verify
 
-        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric)
+        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""

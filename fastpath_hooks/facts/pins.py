@@ -20,15 +20,15 @@ import os
 from functools import lru_cache
 
 from .pins_schema import build, decision_order
-from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
-                          PackedSequences, Pair, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Switch,
-                          WheelIndex, same_version)
+from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
+                          PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels,
+                          SourceBuild, Switch, Warm, WheelIndex, same_version)
 from .._registry import REGISTRY
 
 # the values (pins_values) and the order of the kernels (pins_schema) are read from here too
-__all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "BrokenPair", "Hazard", "KernelRelease", "KernelSpec", "PackedPackage",
-           "PackedSequences", "Pair", "Pins", "PinsError", "PureRelease", "ReleaseWheels", "SourceBuild", "Switch",
-           "WheelIndex", "decision_order", "load", "record_keys", "same_version"]
+__all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", "HeadDims", "KernelRelease", "KernelSpec",
+           "PackedPackage", "PackedSequences", "Pair", "Pays", "Pins", "PinsError", "PureRelease", "ReleaseWheels",
+           "SourceBuild", "Switch", "Warm", "WheelIndex", "decision_order", "load", "record_keys", "same_version"]
 
 
 def record_keys(kernels: dict) -> dict:
@@ -38,7 +38,7 @@ def record_keys(kernels: dict) -> dict:
         if not isinstance(entry, dict):
             continue
         kind = entry.get("kind")
-        if kind in ("pure", "compiled"):
+        if kind in ("pure", "compiled", "backend"):
             out[("kernels", name, "releases")] = ("version",)
         if kind == "compiled":
             out[("kernels", name, "wheel_indexes")] = ("name",)

@@ -15,8 +15,9 @@ from packaging.version import InvalidVersion, Version
 from . import pins_rules
 from .distributions import canonical_name
 from .frozen import FrozenSpecifierSet, freeze
-from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, BrokenPair, Hazard, KernelRelease, KernelSpec, PackedPackage,
-                          PackedSequences, Pair, Pins, PinsError, PureRelease, Switch, WheelIndex, same_version)
+from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
+                          PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, Switch, Warm, WheelIndex,
+                          same_version)
 from .._registry import REGISTRY
 
 
@@ -157,7 +158,7 @@ def build(data, origins: tuple) -> Pins:
             check_not_yanked(first, pair.version, f"kernels.{name}.pairs[{i}].{first}")
             for j, companion in enumerate(pair.companions):
                 check_not_yanked(rest[0], companion, f"kernels.{name}.pairs[{i}].{rest[0]}[{j}]")
-        if spec.kind == "pure":
+        if spec.kind in ("pure", "backend"):
             for i, rel in enumerate(spec.releases):
                 for dist in spec.distributions:
                     check_not_yanked(dist, rel.version, f"kernels.{name}.releases[{i}].version")
@@ -251,30 +252,52 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
             v.fail(f"{e}.platforms[{i}]", f"{p!r}: expected os-arch such as linux-x86_64")
 
     releases, pairs, broken, switch = (), (), (), None
+    archs = head_dims = pays = None
+    with_kernels = _kernel_names(v, k.get("with", []), f"{e}.with", name, names)
     if kind == "pure":
         releases = tuple(_releases(v, k.get("releases"), f"{e}.releases", lambda r, re_, **common: PureRelease(
             backends=_kernel_names(v, r.get("backends", []), f"{re_}.backends", name, names),
             issues=pins_rules.release_issues(v, r.get("issues", []), f"{re_}.issues"), **common)))
+    elif kind == "backend":
+        releases = tuple(_releases(v, k.get("releases"), f"{e}.releases", lambda r, re_, **common: PureRelease(
+            backends=(), partners=_partners(v, r.get("with", {}), f"{re_}.with", with_kernels), **common)))
+        archs, head_dims, pays = _archs(v, k, e), _head_dims(v, k, e), _pays(v, k, e)
     elif kind == "compiled" and "releases" in k:
         releases = _kernel_releases(v, k.get("releases"), f"{e}.releases")
     elif kind == "pair":
         pairs, broken = _pairs(v, k, e, distributions)
-        if "switch" in k:
-            sw = v.table(k["switch"], f"{e}.switch")
-            off_on = v.strings(sw.get("off_on", []), f"{e}.switch.off_on")
-            for i, a in enumerate(off_on):
-                if a not in ACCELERATORS:
-                    v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
-            switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
-                            off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
+    if "switch" in k and kind in ("pair", "backend"):
+        sw = v.table(k["switch"], f"{e}.switch")
+        off_on = v.strings(sw.get("off_on", []), f"{e}.switch.off_on")
+        for i, a in enumerate(off_on):
+            if a not in ACCELERATORS:
+                v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
+        switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
+                        off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
     indexes = _wheel_indexes(v, k["wheel_indexes"], f"{e}.wheel_indexes") if "wheel_indexes" in k else ()
-    for key, kinds in (("releases", ("pure", "compiled")), ("pairs", ("pair",)), ("broken", ("pair",)),
-                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair",)),
-                       ("wheel_indexes", ("compiled",)), ("arch_rules", ("compiled",))):
+    for key, kinds in (("releases", ("pure", "compiled", "backend")), ("pairs", ("pair",)), ("broken", ("pair",)),
+                       ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair", "backend")),
+                       ("arch_rules", ("compiled",)), ("archs", ("backend",)), ("head_dims", ("backend",)),
+                       ("pays", ("backend",)), ("numeric_checks", ("pure", "compiled", "pair")),
+                       ("wheel_indexes", ("compiled",))):
         if key in k and kind not in kinds:
             v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
     if kind == "compiled" and "source_build" not in k:
         v.fail(f"{e}.source_build", "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
+    if kind == "backend":
+        if not k.get("serves"):
+            v.fail(f"{e}.serves", "a backend kernel serves another kernel (the one that dispatches to it)")
+        if switch is None:
+            v.fail(f"{e}.switch", "a backend kernel needs the served kernel's switch: its import is never blocked "
+                   "(the served kernel would dispatch to the blocked module), so a backend that cannot work is turned off")
+    jit_caches = {}
+    for var, sub in v.table(k.get("jit_caches", {}), f"{e}.jit_caches").items():
+        if not (var.isidentifier() and var.upper() == var):
+            v.fail(f"{e}.jit_caches.{var}", "expected an environment variable name such as TRITON_CACHE_DIR")
+        if not isinstance(sub, str) or not sub or "/" in sub or sub.startswith("."):
+            v.fail(f"{e}.jit_caches.{var}", "expected the name of a subdirectory of fastpath-hooks' JIT cache")
+        jit_caches[var] = sub
+    warm = _warm(v, k["warm"], f"{e}.warm") if "warm" in k else None
 
     return KernelSpec(
         name=name, module=modules[0], distributions=distributions,
@@ -289,7 +312,7 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
         glibc=dict(glibc),
         needs_nvcc=v.boolean(k.get("needs_nvcc", False), f"{e}.needs_nvcc"),
         nvcc_packages=dict(nvcc_pk) if nvcc_pk else None,
-        with_kernels=_kernel_names(v, k.get("with", []), f"{e}.with", name, names),
+        with_kernels=with_kernels,
         imports_installed=tuple(canonical_name(n) for n in v.strings(k.get("imports_installed", []),
                                                                     f"{e}.imports_installed")),
         imports_optional=_kernel_names(v, k.get("imports_optional", []), f"{e}.imports_optional", name, names),
@@ -298,8 +321,8 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
         gates=v.strings(k.get("gates", []), f"{e}.gates"),
         mirror=mirror,
         serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
-        rule_prefix=prefix, switch=switch, wheel_indexes=indexes,
-        releases=releases, pairs=pairs, broken=broken,
+        rule_prefix=prefix, switch=switch, jit_caches=jit_caches, warm=warm, wheel_indexes=indexes,
+        releases=releases, pairs=pairs, broken=broken, archs=archs, head_dims=head_dims, pays=pays,
         numeric_checks=pins_rules.numeric_checks(v, k.get("numeric_checks", []), f"{e}.numeric_checks"),
         arch_rules=pins_rules.arch_rules(v, k.get("arch_rules", []), f"{e}.arch_rules"),
     )
@@ -339,8 +362,11 @@ def _wheel_indexes(v: _V, raw, e: str) -> tuple:
 def decision_order(kernels: dict) -> tuple | None:
     """The kernels in the order they are decided: each after the ones its rules read - the kernels that
     serve it (fla after tilelang), that it is used with (mamba-ssm after causal-conv1d) and that its
-    import tries (mamba-ssm after tilelang); else in the pins' order. None: they make a circle."""
-    after = {name: set(spec.with_kernels) | set(spec.imports_optional) | {k for k, s in kernels.items() if name in s.serves}
+    import tries (mamba-ssm after tilelang); a backend after the kernels it serves (flash-qla after
+    fla, whose release and use it reads); else in the pins' order. None: they make a circle."""
+    after = {name: set(spec.with_kernels) | set(spec.imports_optional)
+             | {k for k, s in kernels.items() if name in s.serves and s.kind != "backend"}
+             | (set(spec.serves) if spec.kind == "backend" else set())
              for name, spec in kernels.items()}
     order: list = []
     while len(order) < len(kernels):
@@ -463,3 +489,86 @@ def _kernel_releases(v: _V, raw, e: str) -> tuple:
         if r.release is not None and not same_version(r.release.version, r.version):
             v.fail(f"{e}[{i}].release.version", f"{r.release.version} is not the release's version {r.version}")
     return out
+
+
+def _partners(v: _V, raw, e: str, with_kernels: tuple) -> dict:
+    """A backend release's versions of the kernels it is used with (flash-qla 0.1.3: tilelang >= 0.1.12)."""
+    out = {}
+    for kernel, spec in v.table(raw, e).items():
+        if kernel not in with_kernels:
+            v.fail(f"{e}.{kernel}", f"{kernel!r}: expected a kernel of its `with` ({', '.join(with_kernels) or 'none'})")
+        out[kernel] = v.specifier(spec, f"{e}.{kernel}")
+    return out
+
+
+def _archs(v: _V, k: dict, e: str) -> Archs:
+    raw = v.table(k.get("archs"), f"{e}.archs")
+    lists = {}
+    for key in ("train", "forward"):
+        lists[key] = v.strings(raw.get(key, []), f"{e}.archs.{key}")
+        for i, arch in enumerate(lists[key]):
+            if not (arch.startswith("sm_") and arch[3:].isdigit()):
+                v.fail(f"{e}.archs.{key}[{i}]", f"{arch!r}: expected sm_XY")
+    if not lists["train"] and not lists["forward"]:
+        v.fail(f"{e}.archs", "at least one GPU arch is needed")
+    return Archs(train=lists["train"], forward=lists["forward"], source=v.source(raw, f"{e}.archs"))
+
+
+def _dims(v: _V, raw, entry: str) -> tuple:
+    values = v.list(raw, entry)
+    if not values or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in values):
+        v.fail(entry, "expected a list of positive integers")
+    return tuple(values)
+
+
+def _head_dims(v: _V, k: dict, e: str) -> HeadDims:
+    raw = v.table(k.get("head_dims"), f"{e}.head_dims")
+    config = v.table(raw.get("config", {}), f"{e}.head_dims.config")
+    attrs = {}
+    for key, names in config.items():
+        if key not in ("k", "v", "heads_k", "heads_v"):
+            v.fail(f"{e}.head_dims.config.{key}", "expected k, v, heads_k or heads_v")
+        attrs[key] = v.strings(names, f"{e}.head_dims.config.{key}")
+    return HeadDims(k=_dims(v, raw.get("k"), f"{e}.head_dims.k"), v=_dims(v, raw.get("v"), f"{e}.head_dims.v"),
+                    config=attrs, source=v.source(raw, f"{e}.head_dims"))
+
+
+def _pays(v: _V, k: dict, e: str) -> Pays:
+    raw = v.table(k.get("pays"), f"{e}.pays")
+    return Pays(hazard=v.boolean(raw.get("hazard"), f"{e}.pays.hazard"),
+                elsewhere=v.boolean(raw.get("elsewhere"), f"{e}.pays.elsewhere"), source=v.source(raw, f"{e}.pays"))
+
+
+_TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
+
+
+def _warm(v: _V, raw, e: str) -> Warm:
+    w = v.table(raw, e)
+    check_seq = w.get("check_seq")
+    if not isinstance(check_seq, int) or isinstance(check_seq, bool) or check_seq <= 0:
+        v.fail(f"{e}.check_seq", "expected a positive integer (the check's sequence length)")
+    seqs = tuple(w.get("seqs", []))
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in seqs):
+        v.fail(f"{e}.seqs", "expected a list of positive integers (the sequence lengths warmed)")
+    heads, dims = _dims(v, w.get("heads"), f"{e}.heads"), _dims(v, w.get("dims"), f"{e}.dims")
+    if len(heads) != 2 or len(dims) != 2:
+        v.fail(f"{e}.heads" if len(heads) != 2 else f"{e}.dims", "expected two numbers: key, value")
+    tol = v.table(w.get("tolerances", {}), f"{e}.tolerances")   # none: run and warmed, not compared
+    for name in (_TENSORS if tol else ()):
+        value = tol.get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            v.fail(f"{e}.tolerances.{name}", "expected a positive number (a relative RMS error)")
+    slack = w.get("slack", 1.0)
+    if not isinstance(slack, (int, float)) or isinstance(slack, bool) or slack < 1:
+        v.fail(f"{e}.slack", "expected a number >= 1")
+    return Warm(check_seq=check_seq, seqs=seqs, heads=heads, dims=dims,
+                tolerances={n: float(tol[n]) for n in _TENSORS if tol}, slack=float(slack), source=v.source(w, e),
+                gva_transformers=v.specifier(w.get("gva_transformers", ""), f"{e}.gva_transformers"),
+                final_state=_final_states(v, w.get("final_state", [False]), f"{e}.final_state"))
+
+
+def _final_states(v: _V, raw, e: str) -> tuple:
+    values = tuple(v.boolean(x, f"{e}[{i}]") for i, x in enumerate(v.list(raw, e)))
+    if not values:
+        v.fail(e, "expected a list of true / false (output_final_state of the calls warmed)")
+    return values

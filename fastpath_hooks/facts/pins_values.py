@@ -17,8 +17,11 @@ SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")
 # pure: wheels at pinned releases (fla); pair: two distributions pinned together, serving another
 # kernel (tilelang + apache-tvm-ffi); compiled: sdists with hard-coded -gencode pairs, release wheels
-# on GitHub for some torch builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm).
-KINDS = ("pure", "pair", "compiled")
+# on GitHub for some torch builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm);
+# backend: pure-Python wheels that the kernel they serve dispatches to by itself whenever they are
+# importable (flash-qla under fla), so they are installed only where they are right and turned off
+# through the served kernel's switch, never blocked.
+KINDS = ("pure", "pair", "compiled", "backend")
 ACCELERATORS = ("cuda", "rocm", "xpu")
 
 
@@ -31,13 +34,16 @@ class PinsError(ValueError):
 @dataclass(frozen=True)
 class PureRelease:
     """One pinned release of a pure kernel (every distribution at this version), where it fits;
-    `backends`: the serving kernels it can use (fla 0.5+: tilelang), which a hazard may need."""
+    `backends`: the serving kernels it can use (fla 0.5+: tilelang; 0.6+: flash-qla), which a hazard
+    may need and a backend kernel is installed for. A backend's release: `partners`, the versions of
+    the kernels it is used `with` that it needs (flash-qla 0.1.3: tilelang >= 0.1.12)."""
     version: str
     torch: SpecifierSet
     triton: SpecifierSet
     transformers: SpecifierSet
     backends: tuple
     source: str
+    partners: dict = field(default_factory=dict)    # kernel -> SpecifierSet
     issues: tuple = ()      # ReleaseIssue: known wrong results on some GPUs, fixed in a later release
 
 
@@ -49,6 +55,55 @@ class ReleaseIssue:
     id: str
     effect: str
     source: str
+
+
+@dataclass(frozen=True)
+class Archs:
+    """A backend's GPUs: `train` runs its forward and backward, `forward` its forward only (the
+    served kernel sends a call that needs gradients elsewhere, so it is no training path there)."""
+    train: tuple
+    forward: tuple
+    source: str
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    """The head dims (K, V) a backend computes; the served kernel sends other shapes elsewhere. `config`:
+    the transformers config attributes that hold them (and the head counts), read from the config
+    classes of the modeling modules imported (facts/probe.py)."""
+    k: tuple
+    v: tuple
+    config: dict      # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
+    source: str
+
+
+@dataclass(frozen=True)
+class Pays:
+    """Where a backend is installed by default: `hazard` - where a hazard of the served kernel makes it
+    need the backend's `with` kernel anyway (fla#640: fla runs tilelang on Hopper with triton < 3.7.1);
+    `elsewhere` - everywhere else it applies. Flipped by a benchmark's figures (a pins file can too)."""
+    hazard: bool
+    elsewhere: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class Warm:
+    """The gated-delta-rule check and warm-up a kernel's verification child runs (act/gdr_check.py):
+    the check's sequence length, the sequence lengths warmed (each JIT variant the model's training
+    shapes reach: short ones without, long ones with a backend's intra-card split), the head counts and
+    dims used where the model's are not known, and the tolerances (relative RMS error vs a float32
+    recurrence, as fla's tests measure it; or within `slack` times the served kernel's own error; none:
+    the kernel is run and warmed, its errors only reported)."""
+    check_seq: int
+    seqs: tuple
+    heads: tuple       # (key heads, value heads)
+    dims: tuple        # (K, V)
+    tolerances: dict   # o, dq, dk, dv, dbeta, dg -> ratio
+    slack: float
+    source: str
+    gva_transformers: SpecifierSet = field(default_factory=SpecifierSet)   # where q/k keep their own head count
+    final_state: tuple = (False,)   # output_final_state of the calls warmed (the first: the check's)
 
 
 @dataclass(frozen=True)
@@ -108,10 +163,15 @@ class KernelSpec:
     rule_prefix: str = ""
     switch: Switch | None = None
     wheel_indexes: tuple = ()       # compiled: WheelIndex, where prebuilt wheels of it may be looked up
+    jit_caches: dict = field(default_factory=dict)   # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
+    warm: Warm | None = None        # the gated-delta-rule check/warm-up its verification runs, where decided
     # its kind's data
-    releases: tuple = ()            # pure: PureRelease, newest preferred first; compiled: KernelRelease (optional)
+    releases: tuple = ()            # pure, backend: PureRelease, newest preferred first; compiled: KernelRelease
     pairs: tuple = ()               # pair: Pair, preferred first
     broken: tuple = ()              # pair: BrokenPair
+    archs: Archs | None = None      # backend
+    head_dims: HeadDims | None = None   # backend
+    pays: Pays | None = None        # backend
     # rules as data (docs/builds.md)
     numeric_checks: tuple = ()      # NumericCheck: its numbers against torch references on the GPU (any kind)
     arch_rules: tuple = ()          # compiled: ArchRule, code an nvcc release gets wrong for a GPU

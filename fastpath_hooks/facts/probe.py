@@ -67,6 +67,11 @@ class Environment:
     cached_wheels: tuple = ()         # complete entries in it (file names)
     build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
+    # ((model type, K, V, key heads, value heads), ...): the gated-delta-rule models whose config classes are
+    # imported in this process (their defaults; None where a default is derived), or posed (head_dims=, heads=)
+    model_shapes: tuple = ()
+    jit_caches: FrozenMap = field(default_factory=FrozenMap)   # the pins' JIT cache variables -> the directory in effect
+    jit_caches_given: tuple = ()           # those the user set (the rest: under fastpath-hooks' cache)
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
@@ -141,6 +146,7 @@ class Environment:
         data["platform"] = self.platform
         data["accelerator"] = self.accelerator
         data["torch_build"] = self.torch_build
+        data["model_shapes"] = [dict(zip(("model", "k", "v", "heads_k", "heads_v"), row)) for row in self.model_shapes]
         return data
 
 
@@ -230,8 +236,68 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         hipcc=facts["hipcc"],
         cpus=facts["cpus"],
         memory_gib=mem_available_gib(),
+        model_shapes=_posed_shapes(posed) if ("head_dims" in posed or "heads" in posed) else model_shapes(pins),
+        **_jit_caches(pins, settings),
     )
     return _with_distributions(env, found, duplicates, posed, settings, pins)
+
+
+def _posed_shapes(posed: dict) -> tuple:
+    k, v = posed.get("head_dims") or (None, None)
+    hk, hv = posed.get("heads") or (None, None)
+    return (("posed", k, v, hk, hv),)
+
+
+def model_shapes(pins, modules=None) -> tuple:
+    """((model type, K, V, key heads, value heads), ...) of the models whose transformers configuration
+    module is imported (a modeling module imports its own before it chooses its kernels): the class
+    defaults of the config attributes the pins name (a backend's `head_dims.config`). Reads
+    sys.modules only; a default that is not an int (derived at run time) is None."""
+    attrs: dict = {}
+    for spec in pins.kernels.values():
+        if spec.head_dims is not None:
+            for key, names in spec.head_dims.config.items():
+                attrs.setdefault(key, [])
+                attrs[key] += [n for n in names if n not in attrs[key]]
+    if not attrs.get("k") or not attrs.get("v"):
+        return ()
+    modules = sys.modules if modules is None else modules
+    out = []
+    for name, module in list(modules.items()):
+        parts = name.split(".")
+        if len(parts) != 4 or parts[:2] != ["transformers", "models"] or not parts[3].startswith("configuration_"):
+            continue
+        for obj in list(vars(module).values()):
+            if not isinstance(obj, type) or getattr(obj, "__module__", None) != name:
+                continue
+            values = []
+            for key in ("k", "v", "heads_k", "heads_v"):
+                found = next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None)
+                values.append(found if isinstance(found, int) and not isinstance(found, bool) else None)
+            if not any(hasattr(obj, a) for a in attrs["k"]):
+                continue
+            row = (parts[2], *values)
+            if row not in out:
+                out.append(row)
+    return tuple(sorted(out, key=str))
+
+
+def _jit_caches(pins, settings) -> dict:
+    """The pins' JIT cache variables (a kernel's `jit_caches`): the directory each one names here - the
+    user's, or one under fastpath-hooks' cache (<cache>/jit/<name>)."""
+    from .._environ import cache_root, default_cache_root
+
+    root = cache_root(settings) if settings is not None else default_cache_root()
+    caches, given = {}, []
+    for spec in pins.kernels.values():
+        for var, sub in spec.jit_caches.items():
+            if var in caches:
+                continue
+            value = os.environ.get(var, "").strip()
+            if value:
+                given.append(var)
+            caches[var] = value or os.path.join(root, "jit", sub)
+    return {"jit_caches": caches, "jit_caches_given": tuple(sorted(given))}
 
 
 def after_install(env: Environment, settings, pins, found) -> Environment:

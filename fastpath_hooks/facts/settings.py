@@ -66,7 +66,7 @@ KERNELS = kernel_names(REGISTRY)
 KERNEL_ALIASES = kernel_aliases(REGISTRY)
 _COMPILED = tuple(k for k in KERNELS if REGISTRY[k]["kind"] == "compiled")
 
-# name -> what it means, its accepted values and default: the README's settings table says the same
+# name -> what it means, its accepted values and default: docs/settings.md's table says the same
 # (tests/test_settings.py compares them).
 _VARIABLES = {
     "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",

@@ -5,7 +5,9 @@ A spec is a comma list of `key=value` facts, e.g.
 `hip=6.4,gpu=gfx942`. Every fact the policy reads can be set; the ones not named
 are probed from this machine. Several GPUs: `gpu=sm_90+sm_80`. A CUDA GPU is an arch of a
 released GPU (`CUDA_ARCHS`, or one the pins' -gencode tables know); `sm_90a` / `sm_100f` are
-accepted and pose that GPU's arch (`sm_90`, `sm_100`).
+accepted and pose that GPU's arch (`sm_90`, `sm_100`). The model's gated-delta-rule shapes
+(otherwise read from the transformers configs imported): `head_dims=128x128` (K x V),
+`heads=16x32` (key heads x value heads).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from .distributions import canonical_name
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric", "head_dims", "heads")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -60,6 +62,8 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
             facts["cxx11_abi"] = _flag(entry, value)
         elif key in ("uv", "hipcc"):
             facts[key] = _flag(entry, value)
+        elif key in ("head_dims", "heads"):
+            facts[key] = _pair(entry, value)
         elif key == "cpus":
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{entry!r}: cpus is a number of CPU cores, e.g. cpus=16")
@@ -201,6 +205,13 @@ def _gpus(entry: str, value: str) -> tuple:
         else:
             raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90), gfxNNN (ROCm) or none")
     return tuple(out)
+
+
+def _pair(entry: str, value: str) -> tuple:
+    parts = value.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{entry!r}: expected two numbers such as 128x128")
+    return int(parts[0]), int(parts[1])
 
 
 def _version(entry: str, value: str) -> str:

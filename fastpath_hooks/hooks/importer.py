@@ -3,8 +3,9 @@ hooks' registry it is handed (`hooks.HOOKS`: the lock, what is installed and sel
 
 Loaded at the first watched import, never at interpreter start:
 
-- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`: ask the engine (`engine.ensure`) BEFORE the
-  import resolves. It may install or repair (then the normal import proceeds and finds the new files), or say the
+- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`, `flash_qla`: ask the engine (`engine.ensure`) BEFORE the
+  import resolves (a backend's - flash_qla's - only while the kernel it serves is not imported yet, or
+  when it is on the path: fla looks for it at its first call, inside a training step). It may install or repair (then the normal import proceeds and finds the new files), or say the
   kernel would crash here: the import then fails with an ImportError carrying the reason,
   before any of the kernel's code runs, so transformers keeps its torch path.
 - `transformers.utils.import_utils`: let the real finder and loader import it, then wrap
@@ -95,6 +96,10 @@ def _before_kernel_import(fullname, hooks):
     served = serves.get(fullname)
     if served and not any(_on_path(name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
+    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _on_path(fullname):
+        # the served kernel looks for its backend (fla: find_spec at its first call): installing it now would
+        # happen inside a training step; it was decided - ensured right after fla - before fla's import
+        return None
     try:
         from .. import engine
 
@@ -108,6 +113,12 @@ def _before_kernel_import(fullname, hooks):
     from importlib.machinery import ModuleSpec
 
     return ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _backend(kernel: str) -> bool:
+    from .._registry import registry
+
+    return (registry().get(kernel) or {}).get("kind") == "backend"
 
 
 def _on_path(module: str) -> bool:

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROTECTED = ("torch", "numpy", "transformers", "triton")
 # "latest" in the tests means the newest transformers these tests were run against, so results do not
 # change by the day; FASTPATH_HOOKS_TEST_TRANSFORMERS=newest runs them against the real newest release
-# (the separate job in the README), or =X.Y.Z against any other.
+# (the separate job in docs/development.md), or =X.Y.Z against any other.
 NEWEST_TESTED_TRANSFORMERS = "5.24.0"
 
 

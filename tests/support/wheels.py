@@ -58,11 +58,51 @@ def sha256_of(path: str) -> str:
 # -- fla ---------------------------------------------------------------------------
 
 _GDR = '''
-"""Fake fla gated delta rule: a float32 torch recurrence with fla's signature."""
+"""Fake fla gated delta rule: a float32 torch recurrence with fla's signature. Its chunk entry point
+dispatches like fla 0.6.0's backend registry (fla/backends.py, ops/gated_delta_rule/backends/flash_qla.py):
+to flash_qla whenever find_spec("flash_qla") finds it (cached, as fla's find_spec_cached) and FLA_FLASH_QLA
+is not 0, for calls its verifier accepts (bf16/fp16, q/k/v one dtype, K = V = 128; the GPU-arch test is left
+out: a CPU poses the GPU) - without catching flash_qla's import or JIT errors."""
+import functools
+import importlib.util
+import logging
+import os
+
 import torch
 
-CALLS = {"chunk": 0, "recurrent": 0}
+CALLS = {"chunk": 0, "recurrent": 0, "flash_qla": 0}
 FAKE_FLA = True
+logger = logging.getLogger("fla.backends")
+_find_spec_cached = functools.cache(importlib.util.find_spec)
+
+
+def _flash_qla_verifier(q, k, v):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return False, f"FlashQLA requires dtype float16 or bfloat16, got {q.dtype}"
+    if not (q.dtype == k.dtype == v.dtype):
+        return False, "FlashQLA requires q, k, v to have the same dtype"
+    if q.shape[-1] != 128:
+        return False, f"FlashQLA requires K=128, got {q.shape[-1]}"
+    if v.shape[-1] != 128:
+        return False, f"FlashQLA requires V=128, got {v.shape[-1]}"
+    return True, None
+
+
+def _flash_qla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens):
+    """The backend's turn, or None: availability, the switch, the verifier - then the call, unguarded."""
+    if _find_spec_cached("flash_qla") is None or os.environ.get("FLA_FLASH_QLA", "1") == "0":
+        return None
+    accepted, reason = _flash_qla_verifier(q, k, v)
+    if not accepted:
+        logger.info("[FLA Backend] gated_delta_rule.chunk_gated_delta_rule -> flash_qla rejected: %s", reason)
+        return None
+    import flash_qla
+
+    CALLS["flash_qla"] += 1
+    return flash_qla.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                                            output_final_state=output_final_state,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens,
+                                            auto_cp=True)
 
 
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel):
@@ -91,7 +131,10 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                           cu_seqlens=None, use_qk_l2norm_in_kernel=False):
+                           cu_seqlens=None, use_qk_l2norm_in_kernel=False, **kwargs):
+    out = _flash_qla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)
+    if out is not None:
+        return out
     CALLS["chunk"] += 1
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
 
@@ -148,6 +191,64 @@ def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, pa
                          {"fla/layers/__init__.py": "FAKE_LAYERS = True\n"},
                          requires=(f"fla-core=={version}",))
     return [core, layers]
+
+
+# -- flash-qla --------------------------------------------------------------------------
+
+_QLA = '''
+"""Stand-in flash-qla VERSION: fla's chunk_gated_delta_rule backend, computed in torch (float64, so it
+differs from fla's own float32 path by rounding only). As the real one, `import flash_qla` imports tilelang
+(its JIT). Baked-in misbehaviour (tests): MODE = "ok" | "jit" (the first call raises, as a failed nvcc
+JIT) | "import" (the import raises, as on a GPU it does not support) | "wrong" (a wrong output)."""
+import torch
+
+import tilelang  # noqa: F401
+
+__version__ = "VERSION"
+MODE = "MODE_VALUE"
+CALLS = {"chunk": 0}
+FAKE_FLASH_QLA = True
+if MODE == "import":
+    raise ValueError("FlashQLA now support sm90, sm100, sm103, sm120 and sm121 only. Found compute version: 8.0")
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, head_first=False, state_v_first=False,
+                           auto_cp=True, **kwargs):
+    CALLS["chunk"] += 1
+    if MODE == "jit":
+        raise RuntimeError("tilelang: nvcc fatal : Unsupported gpu architecture 'compute_90a' (stand-in)")
+    dtype = v.dtype
+    q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q = torch.nn.functional.normalize(q, dim=-1)
+        k = torch.nn.functional.normalize(k, dim=-1)
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[-1]
+    if HV != H:
+        q = q.repeat_interleave(HV // H, dim=2)
+        k = k.repeat_interleave(HV // H, dim=2)
+    q = q * (K ** -0.5 if scale is None else scale)
+    state = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state.double()
+    outs = []
+    for t in range(T):
+        state = state * g[:, t].exp()[..., None, None]
+        kt = k[:, t]
+        delta = (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, state)) * beta[:, t][..., None]
+        state = state + kt[..., None] * delta[..., None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    out = torch.stack(outs, dim=1)
+    if MODE == "wrong":
+        out = out * 1.1
+    return out.to(dtype), (state.float() if output_final_state else None)
+'''
+
+
+def fake_flash_qla(dest: str, version: str = "0.1.3", *, mode: str = "ok") -> str:
+    """flash-qla `version` (pure Python, Requires-Dist torch and tilelang, as the real wheel); `mode`: see _QLA."""
+    body = _QLA.replace("MODE_VALUE", mode).replace("VERSION", version)
+    return build_wheel(dest, "flash-qla", version, {"flash_qla/__init__.py": body},
+                       requires=("torch>=2.8", "tilelang>=0.1.12"))
 
 
 # -- causal-conv1d --------------------------------------------------------------------

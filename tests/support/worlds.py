@@ -89,6 +89,7 @@ class TableWorld(World):
         self.env, self.settings, self.pins, self.invalid = env, settings or Settings(), pins, invalid
         self.root = str(tmp_path / "cache")
         self.calls = collections.Counter()
+        self.checks = []            # the `check` each verification was handed
         self.generation = 0                  # bumped by every change of what is installed (the stamp follows it)
         self.journal = False                 # an install's journal is pending
         self.meanwhile = None                # what another process does while this one waits for the lock
@@ -113,9 +114,9 @@ class TableWorld(World):
         self.calls["stamp"] += 1
         return None if self.journal else Stamp(f"signature{self.generation}", None)
 
-    def read(self, settings, pins):
+    def read(self, settings, pins, kernel=None):
         self.calls["read"] += 1
-        return super().read(settings, pins)
+        return super().read(settings, pins, kernel)
 
     def probe(self, settings, pins, *, nvcc=False):
         self.calls["probe"] += 1
@@ -150,9 +151,10 @@ class TableWorld(World):
     def cache(self, settings):
         return VerdictCache(root=self.root, retry_after=settings.retry_after)
 
-    def verify(self, spec, *, timeout, env_extra=(), numeric=None):
+    def verify(self, spec, *, timeout, env_extra=(), numeric=None, check=None):
         self.calls["verify"] += 1
         self.numeric_plans.append(numeric)
+        self.checks.append(check)
         answer = self.verifications.pop(0) if self.verifications else (True, f"{spec.name} imports")
         return Verification(*answer)
 

@@ -13,6 +13,7 @@ from packaging.version import Version
 from ...facts.pins import same_version
 from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, specifier, within
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+from . import backend
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
@@ -43,7 +44,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if have and not companion:
         return _repair(ctx, kernel, have, None, f"{first} {have} is installed without {second}", "missing-companion", kw)
 
-    if not hazards:
+    backends = [] if hazards else [b for b, s in pins.kernels.items()
+                                   if s.kind == "backend" and kernel in s.with_kernels and backend.wanted_here(ctx, b)]
+    if not hazards and not backends:
         why = _not_needed(ctx, kernel)
         if have:
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.not-needed"),
@@ -51,9 +54,12 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             **kw)
         return ctx.skip(kernel, "not-needed", f"{served} does not need it here: {why}", **kw)
 
-    hz = hazards[0]
+    # who needs it, and why: a served kernel's hazard (fla#640), or a backend that runs on it, on by default here
+    hz = hazards[0] if hazards else None
+    who = hz.kernel if hz is not None else backends[0]
+    because = f"because of {hz.id}" if hz is not None else f"to run {who}, on by default here: pins pays.elsewhere"
     switch = spec.switch
-    if switch is not None and env.switches.get(switch.variable) == switch.off:
+    if hz is not None and switch is not None and env.switches.get(switch.variable) == switch.off:
         return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {hz.kernel} would not use {kernel}",
                         f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}", **kw)
     nvcc_reqs = ()
@@ -62,10 +68,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if pk and env.torch_cuda and within(env.cuda_version, specifier(pk["cuda"])):
             nvcc_reqs = tuple(pk["requirements"])
         else:
-            return ctx.skip(kernel, "no-nvcc",
-                            f"no nvcc; {kernel} compiles its kernels with it at run time, and {hz.kernel} uses {kernel} "
-                            "only when nvcc is found in CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda or the "
-                            "nvidia-cuda-nvcc wheel", "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
+            tail = (f", and {hz.kernel} uses {kernel} only when nvcc is found in CUDA_HOME, CUDA_PATH, PATH, "
+                    "/usr/local/cuda or the nvidia-cuda-nvcc wheel" if hz is not None else f" (and {who}'s kernels)")
+            return ctx.skip(kernel, "no-nvcc", f"no nvcc; {kernel} compiles its kernels with it at run time{tail}",
+                            "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
 
     if have:
         good = [g for g in pins.good_companions(kernel, have) if pins.broken_for(kernel, have, g, env.gpus) is None]
@@ -74,8 +80,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                 return _install(ctx, kernel, have, companion, nvcc_reqs, "install.nvcc", REPAIR,
                                 f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True,
-                            reason=f"{first} {have} + {second} {companion} is a known-good pair; {hz.kernel} needs it "
-                                   f"here because of {hz.id}",
+                            reason=f"{first} {have} + {second} {companion} is a known-good pair; {who} needs it "
+                                   f"here {because}",
                             on_failure=OnFailure.BLOCK, repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True),
                             **kw)
         pair = preferred(ctx, kernel)
@@ -89,6 +95,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return ctx.skip(kernel, "offline-missing",
                         f"offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good {first} + {second} pair",
                         fetch_fix(f"{kernel}'s wheels"), **kw)
+    if hz is None:
+        return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install.for-backend", INSTALL,
+                        f"{who} runs on {kernel}, and {who} is on by default here: pins pays.elsewhere", kw)
     return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install", INSTALL,
                     f"{hz.kernel} needs {kernel} on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw)
 
@@ -107,7 +116,7 @@ def _not_needed(ctx: Context, kernel: str) -> str:
         return f"no {'/'.join(gpus)} GPU"
     if env.triton is None:
         return "no triton"
-    return f"triton {env.triton} is outside {', '.join(f'{h.id} ({h.triton})' for h in hazards)}"
+    return f"triton {env.triton} is outside {', '.join(f'{h.id} {h.triton}' for h in hazards)}"
 
 
 def preferred(ctx: Context, kernel: str):

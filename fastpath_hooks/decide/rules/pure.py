@@ -14,6 +14,7 @@ from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetc
                       within)
 from ..eras import era
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+from ..warmup import gdr_check, model_shapes
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
@@ -82,7 +83,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                 return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
                                 f"; replacing with {kernel} {chosen.version}", steps=planned, target=target(chosen.version),
                                 needs=needs, on_failure=OnFailure.BLOCK if (unsafe or incompatible or hz) else OnFailure.PROCEED,
-                                **kw)
+                                check=_warm_check(ctx, kernel, hz), **kw)
             nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
                        else f"no known-good {kernel} release fits here")
             if unsafe or incompatible:
@@ -118,7 +119,18 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         reason += f"; with {hz.needs} because of {hz.id}"
     reason += _issues(env, spec, chosen)
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
-                    target=target(chosen.version), needs=needs, **kw)
+                    target=target(chosen.version), needs=needs, check=_warm_check(ctx, kernel, hz), **kw)
+
+
+def _warm_check(ctx: Context, kernel: str, hz) -> dict:
+    """Where a hazard makes the kernel run a serving kernel's JIT path (fla on Hopper: tilelang), its
+    verification child runs it forward + backward at the model's shapes (pins `warm`): the JIT
+    happens there, not in the first training step."""
+    spec = ctx.pins.kernel(kernel)
+    if hz is None or spec.warm is None:
+        return {}
+    shapes, source = model_shapes(ctx.env.model_shapes, spec.warm, ctx.env.dist_version("transformers"))
+    return gdr_check(ctx.env, ctx.pins, kernel, served=kernel, shapes=shapes, shapes_from=source)
 
 
 def _issues(env, spec, chosen) -> str:

@@ -1,0 +1,223 @@
+"""A backend: pure-Python wheels that the kernel they serve dispatches to by itself whenever they are
+importable (flash-qla under fla 0.6: `find_spec("flash_qla")` is fla's whole availability check, and
+fla does not catch flash-qla's import or JIT errors). So a backend is installed only where it is the
+fastest correct path - a GPU it trains on (`archs.train`), an nvcc for its JIT, the kernels it runs on
+(`with`: tilelang) usable at versions its release supports, head dims it computes where the model's
+are known, and on by default here (`pays`: where a hazard makes the served kernel run its `with`
+kernel anyway, or elsewhere) - and its import is never blocked (the served kernel would dispatch to
+the blocked module): one that is installed and cannot work here is turned off through the served
+kernel's switch (`off`, FLA_FLASH_QLA=0), and its verification compares it with the served kernel's
+own path (decide/warmup.py, act/gdr_check.py). It is ensured right after the served kernel, before
+that kernel's import goes on (`wants`), after the kernels it needs (`needs`: tilelang, fla).
+Rule ids: `<prefix>.*` (decide/rule_ids.py BACKEND)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from packaging.version import InvalidVersion, Version
+
+from ...facts.pins import same_version
+from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, shared_skip, within
+from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
+from ..warmup import gdr_check, model_shapes
+
+
+def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
+    pins, env = ctx.pins, ctx.env
+    spec = pins.kernel(kernel)
+    installed = ctx.installed_of(kernel)
+    have = installed.get(spec.distributions[0])
+    kw = ctx.kw(kernel, installed)
+    switch = spec.switch
+    # an installed backend that cannot work here: the served kernel is told not to use it (never blocked)
+    off = ((switch.variable, switch.off),) if env.switches.get(switch.variable) is None else ()
+    kw_off = {**kw, "env": off if have else ()}
+
+    common = shared_skip(ctx, kernel, installed=installed)
+    if common is not None:
+        return common if common.rule in NOT_OURS or not have else replace(common, env=off)
+
+    served = next((k for k in spec.serves if decided[k].action in USABLE), None)
+    if served is None:
+        first = spec.serves[0]
+        return ctx.skip(kernel, "not-used", f"{first} is not used here: {_first_clause(decided[first].reason)}", **kw)
+    version = _version_of(ctx, served, decided[served])
+    if not _dispatches(pins.kernel(served), version, kernel):
+        since = min((r.version for r in pins.kernel(served).releases if kernel in r.backends), key=Version, default="?")
+        return ctx.skip(kernel, "no-backend", f"{served} {version} does not dispatch to {kernel} ({served} does from "
+                        f"{since})", f"upgrade {served} to {since} or newer", **kw)
+    if env.switches.get(switch.variable) == switch.off:
+        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {served} would not use {kernel}",
+                        f"unset {switch.variable}", **kw)
+    no_train = [g for g in env.gpus if g not in spec.archs.train]
+    if no_train:
+        forward = sorted({g for g in no_train if g in spec.archs.forward})
+        reason = f"{'+'.join(no_train)}: {kernel} trains (forward + backward) on {', '.join(spec.archs.train)} only"
+        if forward:
+            reason += f"; on {'/'.join(forward)} it has a forward only, and training needs the backward"
+        return ctx.skip(kernel, "arch", reason, **kw_off)
+    if spec.needs_nvcc and not env.nvcc and not _nvcc_planned(spec, decided):
+        return ctx.skip(kernel, "no-nvcc", f"no nvcc; tilelang compiles {kernel}'s kernels with it at first use, and "
+                        f"{served} chooses {kernel} without looking for one", "install a CUDA toolkit matching torch or "
+                        "point CUDA_HOME at one", **kw_off)
+    hazard = next((h for h in ctx.hazards(served) if h.needs in spec.with_kernels), None)
+    default = spec.pays.hazard if hazard is not None else spec.pays.elsewhere
+    if not have and not default:
+        where = (f"where {served} runs {hazard.needs} anyway ({hazard.id})" if hazard is not None else
+                 f"where {served} needs no {' or '.join(spec.with_kernels)} ({_no_hazard_why(ctx, served, spec)})")
+        key = "hazard" if hazard is not None else "elsewhere"
+        return ctx.skip(kernel, "off", f"off by default {where}: not measured to pay there (pins `pays.{key}`)",
+                        f"set kernels.{kernel}.pays.{key} to true in a FASTPATH_HOOKS_PINS file", **kw)
+    for partner in spec.with_kernels:
+        pd = decided[partner]
+        if pd.action not in USABLE:
+            return ctx.skip(kernel, f"without.{pins.kernel(partner).rule_prefix}",
+                            f"{kernel} runs on {partner}, which is not used here: {_first_clause(pd.reason)}", pd.fix,
+                            **kw_off)
+
+    shapes, shapes_from = _shapes(ctx, kernel)
+    checked, checked_from = (shapes, shapes_from) if shapes else model_shapes((), spec.warm, _transformers(env))
+    check = gdr_check(env, pins, kernel, served=served, shapes=checked, shapes_from=checked_from) if spec.warm else {}
+    needs = tuple(spec.with_kernels) + (served,)
+    if have:
+        known = next((r for r in spec.releases if same_version(r.version, have)), None)
+        old = _old_partner(ctx, kernel, known, decided) if known is not None else None
+        if old is not None:
+            return ctx.skip(kernel, f"old.{pins.kernel(old[0]).rule_prefix}", old[1], old[2], **kw_off)
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, needs=needs, check=check,
+                        reason=f"{kernel} {have} installed; {served} dispatches to it here, so it is checked once "
+                               f"against {served}'s own path in a child process",
+                        on_failure=OnFailure.PROCEED, off=off, **kw)
+
+    if not shapes and _known(env):
+        bad = ", ".join(f"{name}: K x V = {k} x {v}" for name, k, v, _, _ in env.model_shapes if k is not None)
+        return ctx.skip(kernel, "head-dims", f"{bad}; {kernel} computes K = {'/'.join(map(str, spec.head_dims.k))}, V = "
+                        f"{'/'.join(map(str, spec.head_dims.v))} only ({served} keeps its own path for the rest)", **kw)
+    candidates = [r for r in spec.releases if within(env.torch_version, r.torch) and within(env.triton_version, r.triton)]
+    if not candidates:
+        return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for torch {env.torch}",
+                        "add a release to a FASTPATH_HOOKS_PINS file", **kw)
+    fitting = [r for r in candidates if _old_partner(ctx, kernel, r, decided) is None]
+    if not fitting:
+        partner, why, fix = _old_partner(ctx, kernel, candidates[0], decided)
+        return ctx.skip(kernel, f"old.{pins.kernel(partner).rule_prefix}", why, fix, **kw)
+    first_missing = ()
+    for rel in fitting:
+        planned = _steps(ctx, kernel, rel.version)
+        missing = ctx.missing_offline(planned)
+        if not missing:
+            break
+        first_missing = first_missing or tuple(missing)
+    else:
+        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
+                        fetch_fix(f"{kernel}'s wheel"), **kw)
+    reason = f"{kernel} {rel.version} for {served}'s gated delta rule on {'+'.join(sorted(set(env.gpus)))}"
+    reason += (f", where {served} runs {hazard.needs} anyway because of {hazard.id}" if hazard is not None else
+               f", on by default where {served} needs no {' or '.join(spec.with_kernels)}")
+    reason += (f"; {shapes_from}: K x V = " + ", ".join(f"{k} x {v}" for _, _, k, v in shapes) if _known(env) else
+               f"; the model's head dims are not known here: {served} uses it for K = V = "
+               f"{'/'.join(map(str, spec.head_dims.k))}, as in Qwen3.5 and Qwen3-Next, and keeps its own path otherwise")
+    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
+                    target={d: rel.version for d in spec.distributions}, needs=needs, check=check,
+                    on_failure=OnFailure.PROCEED, off=off, **kw)
+
+
+def wanted_here(ctx: Context, kernel: str) -> bool:
+    """Whether this backend is on by default here without a hazard of the kernel it serves (`pays.elsewhere`)
+    and nothing of this machine rules it out - the pair rule installs its `with` kernel then (tilelang,
+    which fla alone needs only under fla#640). Reads the environment and settings, never a decision."""
+    spec = ctx.pins.kernel(kernel)
+    env, switch = ctx.env, spec.switch
+    if not spec.pays.elsewhere or shared_skip(ctx, kernel, installed={}) is not None:
+        return False
+    if all(s in ctx.settings.skip for s in spec.serves) or env.switches.get(switch.variable) == switch.off:
+        return False
+    return bool(env.gpus) and all(g in spec.archs.train for g in env.gpus)
+
+
+def _known(env) -> list:
+    """The imported (or posed) models whose head dims are known."""
+    return [m for m in env.model_shapes if m[1] is not None and m[2] is not None]
+
+
+def _shapes(ctx: Context, kernel: str):
+    """(the shapes to check and warm, where they come from): the known models' that this backend computes
+    (none: () - it would not be used), or the pins' defaults where no model is known."""
+    spec, env = ctx.pins.kernel(kernel), ctx.env
+    known = _known(env)
+    if not known:
+        return model_shapes((), spec.warm, _transformers(env))
+    fits = [m for m in known if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
+    return model_shapes(fits, spec.warm, _transformers(env)) if fits else ((), "")
+
+
+def _transformers(env):
+    """The installed transformers (the heads it calls fla with), or None."""
+    return env.dist_version("transformers")
+
+
+def _steps(ctx: Context, kernel: str, version: str) -> tuple:
+    spec = ctx.pins.kernel(kernel)
+    out = []
+    deps = deps_step(ctx, spec)
+    if deps is not None:
+        out.append(deps)
+    out.append(Step(kind=StepKind.KERNEL, requirements=tuple(f"{d}=={version}" for d in spec.distributions),
+                    no_deps=True, note="the pinned release, without its torch/tilelang requirements (tilelang is "
+                                       "the known-good pair, installed first)"))
+    return tuple(out)
+
+
+def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:
+    """The version `kernel` has once its decision ran: its target, else what is installed."""
+    spec = ctx.pins.kernel(kernel)
+    for dist in spec.distributions:
+        version = decision.target.get(dist) or ctx.installed(dist)
+        if version:
+            return version
+    return "?"
+
+
+def _dispatches(served_spec, version: str, backend: str) -> bool:
+    """The served kernel's release has this backend (pins `backends`); an unpinned one from the oldest that has it."""
+    known = next((r for r in served_spec.releases if same_version(r.version, version)), None)
+    if known is not None:
+        return backend in known.backends
+    with_it = [Version(r.version) for r in served_spec.releases if backend in r.backends]
+    try:
+        return bool(with_it) and Version(version) >= min(with_it)
+    except InvalidVersion:
+        return False
+
+
+def _old_partner(ctx: Context, kernel: str, release, decided: dict):
+    """(partner, reason, fix) when a kernel this release runs on is at a version outside its `with` range."""
+    for partner, spec in release.partners.items():
+        version = _version_of(ctx, partner, decided[partner])
+        if not within(version, spec):
+            good = next((p.version for p in ctx.pins.kernel(partner).pairs if within(p.version, spec)), None)
+            fix = (f"install {partner} {good} (with its known-good partner) or remove {partner} to let fastpath-hooks "
+                   "install it" if good else f"add a {partner} {spec} pair to a FASTPATH_HOOKS_PINS file")
+            return partner, f"{partner} {version} is used here; {kernel} {release.version} needs {partner} {spec}", fix
+    return None
+
+
+def _nvcc_planned(spec, decided: dict) -> bool:
+    """A kernel it runs on installs the nvcc wheel (tilelang on a CUDA >= 13 torch without a toolkit)."""
+    for partner in spec.with_kernels:
+        for step in decided[partner].steps:
+            if any(r.startswith("nvidia-cuda-nvcc") for r in step.requirements):
+                return True
+    return False
+
+
+def _no_hazard_why(ctx: Context, served: str, spec) -> str:
+    gpus = sorted({g for h in ctx.pins.hazards if h.kernel == served for g in h.gpu})
+    if not any(g in gpus for g in ctx.env.gpus):
+        return f"no {'/'.join(gpus)} GPU" if gpus else "no hazard of it applies"
+    return f"triton {ctx.env.triton}"
+
+
+def _first_clause(reason: str) -> str:
+    return reason.split("; ")[0]

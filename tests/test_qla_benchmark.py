@@ -1,0 +1,126 @@
+"""benchmarks/qla_speedup.py, checked on a CPU: its report decides what the H200 run means (the speedup of
+flash-qla over fla + tilelang at the longest sequence -> pins `pays.hazard`; the first step after the
+warm-up against a warm one; the first losses of all paths), and its dry run drives every phase on tiny
+models in child processes, as the H200 run does (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "qla_speedup.py")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("qla_speedup", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(model, seq, mode, ms, loss=10.8, first=None, calls=None):
+    return {"model": model, "seq": seq, "mode": mode, "median_step_ms": ms, "first_loss": loss,
+            "first_step_s": first if first is not None else ms / 1e3 * 1.5, "flash_qla_calls": calls}
+
+
+def _phases(qla_ms_16k, *, first_s=0.05, qla_loss=10.8, calls=4):
+    return {
+        "torch": {"phase": "torch", "runs": [_run("qwen3_5", 4096, "torch", 213.0), _run("qwen3_5", 16384, "torch", 1429.0)]},
+        "fast": {"phase": "fast", "setup_s": 240.0, "runs": [
+            _run("qwen3_5", 4096, "qla", 30.0, first=first_s, calls=calls), _run("qwen3_5", 4096, "fla", 36.7),
+            _run("qwen3_5", 16384, "qla", qla_ms_16k, loss=qla_loss, calls=calls), _run("qwen3_5", 16384, "fla", 145.8)]},
+        "cold": {"phase": "cold", "runs": [_run("qwen3_5", 4096, "qla", 30.0, first=61.0, calls=calls)]},
+    }
+
+
+def test_flash_qla_pays_keeps_the_pins_and_the_table_has_every_path():
+    bench = _bench()
+    rep = bench.report(_phases(100.0))
+    v = rep["verdict"]
+    assert v["pays"] and round(v["speedup_at_longest"], 3) == round(145.8 / 100.0, 3)
+    assert v["pins"] == "keep kernels.flash-qla.pays.hazard = true"
+    assert v["first_within_2x"] and round(v["first_over_warm"], 3) == round(0.05 / 0.03, 3) and v["losses_agree"]
+    row = next(r for r in rep["rows"] if r["seq"] == 4096)
+    assert (row["torch_ms"], row["fla_ms"], row["qla_ms"], row["cold_first_s"]) == (213.0, 36.7, 30.0, 61.0)
+    text = bench.table(rep)
+    assert "| qwen3_5 | 16384 | 1429.0 | 145.8 | 100.0 | 1.46x | 14.3x |" in text and "pays ->" in text
+
+
+@pytest.mark.parametrize("change,verdict,fragment", [
+    (dict(qla_ms_16k=130.0), "pays", 'set "hazard": false in kernels.flash-qla.pays'),        # 1.12x < 1.3x
+    (dict(qla_ms_16k=100.0, calls=0), "pays", 'set "hazard": false in kernels.flash-qla.pays'),  # it never ran
+    (dict(qla_ms_16k=100.0, first_s=0.09), "first_within_2x", "3.0x a warm step"),
+    (dict(qla_ms_16k=100.0, qla_loss=10.9), "losses_agree", "first losses agree within 0.001: False"),
+])
+def test_what_misses_a_target_is_said(change, verdict, fragment):
+    bench = _bench()
+    rep = bench.report(_phases(**change))
+    assert rep["verdict"][verdict] is False
+    assert fragment in bench.table(rep)
+
+
+def test_a_model_this_transformers_lacks_is_skipped_with_a_line_saying_so():
+    """The H200 image has transformers 5.17.0: both models are there (qwen3_5_text / qwen3_next causal LMs,
+    read from its wheel); one a transformers lacks is skipped, said in the phase and the table."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    bench = _bench()
+    assert [bench.missing(k, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "x") for k in bench.MODELS] == [None, None]
+    without_next = {k: v for k, v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if k != "qwen3_next"}
+    why = bench.missing("qwen3_next", without_next, "5.1.0")
+    assert why == "qwen3_next: transformers 5.1.0 has no Qwen3-Next causal-LM model ('qwen3_next'): skipped"
+    assert "not a model of this benchmark" in bench.missing("qwen3", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "x")
+    phases = _phases(100.0)
+    phases["fast"]["skipped"] = [why]
+    assert f"skipped: {why}" in bench.table(bench.report(phases))
+
+
+@pytest.mark.slow
+def test_the_dry_run_drives_every_phase_on_a_cpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
+    env["FASTPATH_HOOKS_CACHE_DIR"] = str(tmp_path / "cache")
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.run([sys.executable, SCRIPT, "dry-run"], capture_output=True, text=True, env=env, timeout=900,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (work,) = [p for p in os.listdir(tmp_path) if p.startswith("flash-qla-dry-")]
+    rep = json.load(open(tmp_path / work / "report.json"))
+    assert {p for p in rep["phases"]} == {"torch", "fast", "cold"} and not rep["errors"]
+    assert [(r["model"], r["seq"]) for r in rep["rows"]] == [("qwen3_5", 32), ("qwen3_5", 64), ("qwen3_next", 32),
+                                                              ("qwen3_next", 64)]
+    assert all(r["torch_ms"] and r["fla_ms"] and r["qla_ms"] for r in rep["rows"])
+    assert rep["verdict"]["losses_agree"]     # one init, one batch: the same first loss on every path
+    assert "| qwen3_next | 64 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_h200_script_runs_every_phase_in_one_call_on_a_cpu(tmp_path, fastpath_wheel):
+    """benchmarks/h200_qla.sh as the lead runs it (no arguments: facts start torch wait report), on a CPU with
+    tiny models and no kernel wheels for the cold venv: the background (cold, then fast after the torch phase)
+    is waited for, its files come to $OUT and the report is made - the orchestration, not the figures."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    (run_dir / ".gpu").mkdir(parents=True)
+    shutil.copy(fastpath_wheel, run_dir / ".gpu")
+    shutil.copytree(os.path.join(ROOT, "benchmarks"), run_dir / "benchmarks")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
+    env.update(BASE=sys.executable, COLD_WHEELS="", WORK=str(tmp_path / "work"), OUT=str(tmp_path / "out"),
+               WAIT_UNTIL="500", BENCH_ARGS="--device cpu --hidden 64 --intermediate 128 --heads 2 --vocab 128 "
+               "--linear 2x2x16 --seqs 32 --steps 1 --warmup 0 --torch-short-from 32")
+    proc = subprocess.run(["bash", "benchmarks/h200_qla.sh"], cwd=run_dir, env=env, capture_output=True, text=True,
+                          timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "background done: fast 0, cold 0" in proc.stdout, proc.stdout[-3000:]
+    out = tmp_path / "out"
+    assert {"log.txt", "torch.json", "bg.log", "cold.json", "fast.json", "qla-h200.json"} <= set(os.listdir(out))
+    rep = json.load(open(out / "qla-h200.json"))
+    assert {p for p in rep["phases"]} == {"torch", "fast", "cold"} and not rep["errors"]
+    assert [(r["model"], r["seq"], bool(r["cold_first_s"])) for r in rep["rows"]] == [("qwen3_5", 32, True),
+                                                                                      ("qwen3_next", 32, False)]
