@@ -68,7 +68,8 @@ phase_check() {
 fresh_env() {   # a venv over the device's packages, fastpath-hooks and its dependencies from the wheelhouse
   local dir=$1
   rm -rf "$dir"
-  $BASE -m venv --system-site-packages "$dir" || return 1
+  $BASE -m venv --system-site-packages "$dir" 2>/dev/null \
+    || { rm -rf "$dir"; $BASE -m venv --system-site-packages --without-pip "$dir"; } || return 1   # no ensurepip: the system pip
   "$dir/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" fastpath-hooks || return 1
 }
 

@@ -202,7 +202,10 @@ def complete(env, plan, settings, pins, *, decide=None, kernel=None):
 
     if decide is None:
         from ..decide.policy import decide
-    considered = plan.decisions.values() if kernel is None else (plan[kernel],)
+    # a kernel's own decision, and those of the kernels it is only useful with (mamba-ssm: causal-conv1d,
+    # whose build its decision depends on: without nvcc's release that one is skipped, and so mamba-ssm)
+    considered = plan.decisions.values() if kernel is None else \
+        [plan[k] for k in (kernel, *pins.kernel(kernel).with_kernels) if k in plan.decisions]
     if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in considered):
         fuller = with_nvcc_version(env)
         if fuller is not env:
