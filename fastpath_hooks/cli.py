@@ -256,6 +256,7 @@ def _install(args) -> int:
         _, plan, _ = _snapshot(settings, pins)
         needed = {k for k in wanted if k in plan.decisions and plan.decisions[k].action not in (SKIP, BLOCK)}
     missing = []
+    engine.expect(wanted)   # the compiled ones among them install together (builds side by side, one check)
     for kernel in wanted:
         outcome = engine.ensure(kernel, target=args.target)
         print(f"{kernel}: {outcome.state} - {outcome.reason}")

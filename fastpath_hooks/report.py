@@ -17,21 +17,71 @@ VERBS = {
 
 
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
-    """kernel -> list of invocation dicts, as `install` would run them."""
+    """kernel -> list of invocation dicts, as `install` of the plan's kernels would run them; the
+    kernels it installs together (decide/batches.py) have their batch's commands under the first."""
+    from .decide.batches import batches
+
     env = plan.environment
     installer, why = installer_choice(settings, env)
     out, files = {}, {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
-        out[kernel] = [invocation(s, installer=installer or "pip", settings=settings,
-                                  uv=uv_executable(env)).to_json() for s in steps]
+        out[kernel] = [_invocation(s, installer, settings, env) for s in steps]
         # the installer writes exactly these lines (the same function) into its constraints file, after
         # the kernels this one needs are installed
         before = installed_after_needs(plan.decisions, kernel, real_installed)
         files[kernel] = constraints(before, pins.protected, step_names(steps)) if steps else []
+    together = batches(plan, pins)
+    for members in together:
+        lead = members[0].kernel
+        out[lead] = _batch_commands(members, installer, settings, env)
+        names = set().union(*(step_names(d.steps) for d in members))
+        files[lead] = constraints(installed_after_needs(plan.decisions, lead, real_installed), pins.protected, names)
+        for d in members[1:]:
+            out[d.kernel], files[d.kernel] = [], []
     return {"installer": installer, "installer_reason": why,
             "constraints": protected_constraints(real_installed, pins.protected),
-            "kernel_constraints": files, "commands": out}
+            "kernel_constraints": files, "commands": out, "batches": [[d.kernel for d in m] for m in together]}
+
+
+def _invocation(step, installer, settings, env, local_files=()) -> dict:
+    from .decide.plan import StepKind
+
+    local = f"<{step.requirements[0]} from {step.url}>" if step.kind == StepKind.INDEX else None
+    return invocation(step, installer=installer or "pip", settings=settings, uv=uv_executable(env), local_file=local,
+                      local_files=local_files).to_json()
+
+
+def _batch_commands(members, installer, settings, env) -> list:
+    """What act/batch.py runs for these decisions: their dependencies in one call, each one's builds
+    (side by side), then every wheel in one call (a build's or an index's by what it will be)."""
+    from dataclasses import replace
+
+    from .decide.plan import Step, StepKind
+
+    reqs, out, wheels = [], [], []
+    for d in members:
+        reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]
+    if reqs:
+        out.append(_invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False), installer, settings,
+                               env))
+    for d in members:
+        kinds = {s.kind for s in d.steps}
+        for s in d.steps:
+            if s.kind == StepKind.BUILD:
+                out.append(_invocation(s, installer, settings, env))
+        wheel = next((s for s in d.steps if s.kind == StepKind.WHEEL), None)
+        if wheel is not None:
+            wheels.append(wheel.url or wheel.requirements[0])
+        elif StepKind.INDEX in kinds:
+            index = next(s for s in d.steps if s.kind == StepKind.INDEX)
+            wheels.append(f"<{index.requirements[0]} from {index.url}" +
+                          (", else the one built above>" if StepKind.BUILD in kinds else ">"))
+        else:
+            wheels.append(f"<the {d.kernel} wheel built above>")
+    step = replace(Step(kind=StepKind.WHEEL, requirements=tuple(wheels)), no_deps=True)
+    out.append(_invocation(step, installer, settings, env, local_files=tuple(wheels)))
+    return out
 
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
@@ -224,8 +274,15 @@ def _shared_fixes(pairs) -> dict:
 def plan_text(plan, settings, *, real_installed, pins) -> str:
     data = commands_for(plan, settings, real_installed=real_installed, pins=pins)
     lines = [f"installer: {data['installer'] or 'none'} - {data['installer_reason']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
+    led = {b[0]: b[1:] for b in data["batches"]}
+    joined = {k: b[0] for b in data["batches"] for k in b[1:]}
     for kernel, d in plan.decisions.items():
         lines.append(f"{kernel}: {d.action} - {d.reason}")
+        if kernel in led:
+            lines.append(f"    with {', '.join(led[kernel])} in one batch: builds side by side, one installer call, "
+                         "one check")
+        if kernel in joined:
+            lines.append(f"    installed in {joined[kernel]}'s batch (its commands)")
         for inv in data["commands"][kernel]:
             env = " ".join(f"{k}={v}" for k, v in inv["env"].items())
             lines.append("    " + (env + " " if env else "") + " ".join(_quote(a) for a in inv["argv"]))

@@ -75,6 +75,15 @@ def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_t
     assert len(kept) == 3 and {k for k, _ in kept} == {"arch=compute_90,code=sm_90"}
     assert all(len(d.split()) == 8 and "code=sm_120" in d for _, d in kept)
     assert "the build never ran the arch-restricting nvcc wrapper" not in proc.stderr
+    # each compile's record is kept beside the log (the work directory goes): its source and the argv
+    # the real nvcc got, restricted
+    from fastpath_hooks.act import nvcc_speed
+
+    with open(nvcc_speed.calls_path(log)) as fh:
+        records = [json.loads(line) for line in fh]
+    assert sorted(os.path.basename(r["source"]) for r in records) == sorted(
+        os.path.basename(a) for argv in calls for a in argv if a.endswith(".cu"))
+    assert all(r["code"] == 0 and sdists.gencode_codes(r["argv"]) == ["sm_90"] for r in records), records
     built = "causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90"
     assert _import_conv(first) == {"version": "1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90", "fn": True}
     assert [n for n in _cached(cache) if n.endswith(".whl")] == [n for n in _cached(cache) if n.startswith(built)][:1]

@@ -194,9 +194,10 @@ def test_a_mamba_ssm_that_crashes_at_import_is_rolled_back(make_venv, make_wheel
 
 def test_plan_prints_the_constraints_mamba_ssm_is_installed_under_after_causal_conv1d(
         make_venv, make_wheelhouse, test_pins, tmp_path):
-    """mamba-ssm needs causal-conv1d, installed first in its own transaction: the constraints file of
-    mamba-ssm's install pins the causal-conv1d release wheel that install put there, and `plan`
-    prints that file before anything is installed (a uv in front of the real one keeps a copy)."""
+    """mamba-ssm needs causal-conv1d: both are installed in one batch (one transaction, one installer
+    call for the two wheels, causal-conv1d's first), and `plan` prints the batch's commands and the
+    constraints file that call gets before anything is installed (a uv in front of the real one
+    keeps a copy of every constraints file it is passed)."""
     house = make_wheelhouse(causal=True)
     wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
     venv = make_venv()
@@ -210,15 +211,18 @@ def test_plan_prints_the_constraints_mamba_ssm_is_installed_under_after_causal_c
 
     data = json.loads(venv.cli("plan", "--json", env=env).stdout)
     assert data["installer"] == "uv"
-    expected = {k: data["kernel_constraints"][k] for k in ("causal-conv1d", "mamba-ssm")}
-    assert f"causal-conv1d=={CAUSAL_WHEEL.split('-')[1]}" in expected["mamba-ssm"]  # installed first
-    assert not any(line.startswith("causal-conv1d==") for line in expected["causal-conv1d"])
+    assert ["causal-conv1d", "mamba-ssm"] in data["batches"]
+    expected = data["kernel_constraints"]["causal-conv1d"]   # the batch's, under its first kernel
+    assert not data["kernel_constraints"]["mamba-ssm"] and not data["commands"]["mamba-ssm"]
+    assert not any(line.startswith(("causal-conv1d==", "mamba-ssm==")) for line in expected)   # both are named
+    (wheel_call,) = [c for c in data["commands"]["causal-conv1d"] if c["kind"] == "wheel"]
+    assert [os.path.basename(a) for a in wheel_call["argv"][-2:]] == [CAUSAL_WHEEL, MAMBA_WHEEL]   # dependency order
 
     proc = venv.cli("install", "mamba-ssm", env=env)
     assert proc.returncode == 0, proc.stderr
     files = sorted(open(os.path.join(captured, name)).read().splitlines() for name in os.listdir(captured))
-    runs = {k: len(data["commands"][k]) for k in expected}
-    assert files == sorted([expected["causal-conv1d"]] * runs["causal-conv1d"] + [expected["mamba-ssm"]] * runs["mamba-ssm"])
+    assert files == [expected] * len(data["commands"]["causal-conv1d"])
+    assert "installing causal-conv1d 1.6.2.post1 and mamba-ssm 2.3.2.post1 together" in proc.stderr
 
 
 def test_download_mamba_ssm_fetches_its_release_wheel_and_causal_conv1d_s(make_venv, tmp_path, test_pins):

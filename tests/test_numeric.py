@@ -225,3 +225,29 @@ def test_right_numbers_are_checked_once_per_wheel_arch_and_torch_and_remembered(
     proc = second.cli("install", "causal-conv1d", env=env)
     assert proc.returncode == 0 and "from the local wheel cache" in proc.stderr, proc.stderr
     assert "numbers match torch" not in proc.stderr and os.stat(record).st_mtime_ns == stamp
+
+
+@pytest.mark.slow   # one child interpreter importing torch
+def test_one_verification_child_for_several_kernels_runs_their_numeric_checks_too(tmp_path, dep_wheels):
+    """The batched path (act/verify.verify_many, as act/batch.py calls it): the import checks and the numeric
+    checks of causal-conv1d and mamba-ssm in ONE child; the wrong causal-conv1d fails on its numbers (marked
+    numeric, so the engine blocks it), mamba-ssm's numbers match."""
+    from fastpath_hooks.act.verify import verify_many
+    from fastpath_hooks.facts.pins import load
+
+    pins = load()
+    children = []
+    root = str(tmp_path / "cache")
+    import glob
+
+    path = os.pathsep.join([_stand_ins(tmp_path, wrong=True), *glob.glob(os.path.join(dep_wheels, "einops-*.whl"))])
+    conv, mamba = verify_many([pins.kernel("causal-conv1d"), pins.kernel("mamba-ssm")], timeout=300,
+                              env_extra=(("PYTHONPATH", path),),
+                              started=lambda pgid: children.append(pgid) if pgid is not None else None,
+                              numeric=[_plan("causal-conv1d", root=root), _plan("mamba-ssm", root=root)])
+    assert len(children) == 1, children
+    assert not conv.ok and conv.numeric
+    assert re.fullmatch(r"on sm_90 \(CPU tensors\), causal_conv1d_fn forward differs from torch by 0\.5\d? "
+                        r"\(tolerance 0\.05 \+ 1%\)", conv.detail), conv.detail
+    assert mamba.ok and not mamba.numeric, mamba.detail
+    assert re.search(r"one check for 2 kernels\); numbers match torch on sm_90 \(CPU tensors\): \d+ checks", mamba.detail)

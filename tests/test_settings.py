@@ -44,6 +44,8 @@ BAD = {
     "FASTPATH_HOOKS_INSTALLER": (["conda", "pip3", "poetry"], "auto, uv, pip"),
     "FASTPATH_HOOKS_TIMEOUT": (["abc", "0", "-5", "nan", "inf", "10s"], "greater than 0"),
     "FASTPATH_HOOKS_ALLOW_BUILD": (["please", "y", "automatic", "2"], "auto"),
+    "FASTPATH_HOOKS_SPLIT_COMPILE": (["yes", "-2", "four", "99999"], "auto"),
+    "FASTPATH_HOOKS_WHEEL_INDEX": (["ftp://mirror/simple", "astral;pypi", "https://"], "index names"),
     "FASTPATH_HOOKS_CACHE_DIR": (["{file}"], "expected a directory"),
     "FASTPATH_HOOKS_PINS": (["{missing}", "{dir}"], "JSON or TOML pins file"),
     "FASTPATH_HOOKS_TARGET": (["sm_90", "gpu=sm_9", "gpu=sm_90,torch=latest", "gpu=sm_90,gpu=sm_80", "colour=blue",
@@ -106,6 +108,11 @@ GOOD = [
     ({"FASTPATH_HOOKS_ALLOW_BUILD": "off"}, {"allow_build": "0"}),
     ({"FASTPATH_HOOKS_ALLOW_BUILD": "AUTO"}, {"allow_build": "auto"}),
     ({"FASTPATH_HOOKS_CACHE_DIR": "{dir}/cache-not-yet"}, {"cache_dir": "{dir}/cache-not-yet"}),
+    ({"FASTPATH_HOOKS_SPLIT_COMPILE": "off"}, {"split_compile": "0"}),
+    ({"FASTPATH_HOOKS_SPLIT_COMPILE": "08"}, {"split_compile": "8"}),
+    ({"FASTPATH_HOOKS_WHEEL_INDEX": "off"}, {"wheel_index": ()}),
+    ({"FASTPATH_HOOKS_WHEEL_INDEX": "Astral"}, {"wheel_index": ("astral",)}),
+    ({"FASTPATH_HOOKS_WHEEL_INDEX": "http://127.0.0.1:8000/simple"}, {"wheel_index": ("url", "http://127.0.0.1:8000/simple/")}),
     ({"FASTPATH_HOOKS_PINS": "{pins}"}, {"pins_file": "{pins}"}),
     ({"FASTPATH_HOOKS_TARGET": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"},
      {"target": "gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12"}),
@@ -309,4 +316,4 @@ def test_the_defaults_the_table_names_are_the_parsed_defaults():
         elif word:
             assert str(value) == word.group(1), (name, value, word.group(1))
             checked += 1
-    assert checked == 7  # TIMEOUT, RETRY_AFTER, LOCK_TIMEOUT; MODE, INSTALLER, ALLOW_BUILD, LOG
+    assert checked == 8  # TIMEOUT, RETRY_AFTER, LOCK_TIMEOUT; MODE, INSTALLER, ALLOW_BUILD, SPLIT_COMPILE, LOG

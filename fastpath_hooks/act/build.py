@@ -9,10 +9,14 @@ pairs of the archs asked for. ROCm reads `HIP_ARCHITECTURES` (set by the policy)
 The build runs `pip wheel --no-deps --no-build-isolation --no-cache-dir --no-binary
 <dist>`: against the installed torch, never through pip's wheel cache (keyed by the sdist
 alone, it would hand an old build back under a new torch), never taking a wheel instead
-of the sdist. `MAX_JOBS` comes from the cores and the memory (nvcc runs 4 threads per job,
-GBs each). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
+of the sdist. `MAX_JOBS` and nvcc's `--split-compile` threads come from the build's share of
+the cores and the memory (decide.builds.core_budget: one job per translation unit, the cores
+left over as split threads; builds of one request run side by side and split the machine); the
+one nvcc wrapper (act/compiler_wrapper.py) also gives the split, runs ccache/sccache in front and
+records every compile (planned and read back by act/nvcc_speed.py). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
 named in every message about the build. The wheel is then relabelled with its key
-(`facts.cached_wheels.label`) so that it can be cached and shared.
+(`facts.cached_wheels.label`) so that it can be cached and shared, and the build's figures go
+to the cache's build history, which later estimates are made from.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from ..events.lines import shown_path
 from ..facts.wheel_names import parse_wheel, with_local_label
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
 
-GIB_PER_JOB = 5.0   # nvcc --threads 4 of a causal-conv1d file: measured 4-6 GB resident per job (gpu-findings.md)
 
 
 class BuildError(Exception):
@@ -45,18 +48,12 @@ class Built:
     log: str
     seconds: float
     key: FrozenMap     # what the binary depends on (also in the file name)
+    record: FrozenMap = FrozenMap()   # how it was built (facts/build_history.py's fields)
 
     _freezes_itself = True
 
     def __post_init__(self):
         freeze_fields(self)
-
-
-def max_jobs(cpus: int | None, memory_gib: float | None) -> int:
-    jobs = cpus or 1
-    if memory_gib:
-        jobs = min(jobs, int(memory_gib // GIB_PER_JOB))
-    return max(1, jobs)
 
 
 def log_path(root: str, distribution: str, version: str, archs) -> str:
@@ -65,11 +62,12 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
     return os.path.join(root, "logs", name)
 
 
-def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None) -> str:
+def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None, speed=None) -> str:
     """A `/bin/sh` shim `<work>/<name>` that runs act/compiler_wrapper.py with this interpreter and a
     config (a `#!python` line would break on interpreter paths with spaces or longer than the kernel's
     shebang limit): the real compiler `real` (argv list), `keep` (nvcc: the archs whose -gencode pairs
-    stay), `std` (the C++ standard handed last)."""
+    stay), `std` (the C++ standard handed last), `speed` (nvcc: act/nvcc_speed.py's Speed - the split,
+    the compiler cache, the record of each compile)."""
     import json
     import shlex
 
@@ -77,19 +75,22 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
 
     config = os.path.join(work, name + ".json")
     with open(config, "w", encoding="utf-8") as fh:
-        json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std}, fh)
+        json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std,
+                   **(speed.config() if speed is not None else {})}, fh)
     path = os.path.join(work, name)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(f"#!/bin/sh\n# Written by fastpath-hooks for one source build ({kind}"
-                 f"{': only ' + ' '.join(keep) if keep is not None else ''}{'; -std=' + std if std else ''}).\n"
+                 f"{': only ' + ' '.join(keep) if keep is not None else ''}{'; -std=' + std if std else ''}"
+                 f"{'; --split-compile=%d' % speed.split if speed is not None and speed.split > 1 else ''}).\n"
                  f"exec {shlex.quote(sys.executable)} {shlex.quote(compiler_wrapper.__file__)} "
                  f"{shlex.quote(config)} \"$@\"\n")
     os.chmod(path, 0o755)
     return path
 
 
-def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None) -> str:
-    return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std)
+def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None, speed=None) -> str:
+    """The one nvcc wrapper of a build: the archs, the C++ standard, and the speed part (act/nvcc_speed.py)."""
+    return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std, speed=speed)
 
 
 def real_nvcc(env) -> str | None:
@@ -122,13 +123,17 @@ def real_hipcc(env) -> str | None:
     return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
 
 
-def build_environ(step, *, env, work: str, jobs: int) -> dict:
-    """The build's extra environment: the pins' variables, CUDA_HOME of the real nvcc, the compiler
-    wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for and/or given the C++ standard, hipcc
-    given the standard; CXX: the host compiler given the standard - only where the step asks), MAX_JOBS
-    (unless the user set it), the interpreter's bin first on PATH (torch uses ninja only when `ninja` is
-    on PATH, and only its ninja build honours PYTORCH_NVCC and CXX this way)."""
+def build_environ(step, *, env, work: str, jobs: int, split: int = 1) -> tuple:
+    """(the build's extra environment, its nvcc_speed.Speed or None): the pins' variables, CUDA_HOME of
+    the real nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for, given the
+    C++ standard where the step asks, `--split-compile=<split>`, a compiler cache and a record per
+    compile - one wrapper, act/compiler_wrapper.py; hipcc given the standard; CXX: the host compiler
+    given the standard - only where the step asks), MAX_JOBS (unless the user set it), the interpreter's
+    bin first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours
+    PYTORCH_NVCC and CXX this way)."""
     import shlex
+
+    from . import nvcc_speed
 
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
@@ -137,12 +142,14 @@ def build_environ(step, *, env, work: str, jobs: int) -> dict:
         extra["MAX_JOBS"] = str(jobs)
     std = getattr(step, "cxx_std", None)
     restricted = bool(step.archs) and step.archs not in (("all",), ("py",))
+    speed = None
     if env.torch_cuda:
         nvcc = real_nvcc(env)
         if nvcc is not None:
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
-            if restricted or std:
-                extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std)
+            speed = nvcc_speed.plan(work, split=split, path_var=extra["PATH"])
+            extra.update(nvcc_speed.launcher_environ(speed, work))
+            extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std, speed=speed)
     elif env.torch_hip and std:
         hipcc = real_hipcc(env)
         if hipcc is not None:
@@ -150,7 +157,7 @@ def build_environ(step, *, env, work: str, jobs: int) -> dict:
     if std:
         host = shlex.split(os.environ.get("CXX", "")) or ["c++"]   # torch: CXX, else c++
         extra["CXX"] = write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std)
-    return extra
+    return extra, speed
 
 
 def _tool_dirs() -> list:
@@ -168,14 +175,19 @@ def _tool_dirs() -> list:
     return out
 
 
-def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None) -> Built:
-    """Build the step's sdist into a wheel labelled with its key; BuildError names the log."""
+def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
+              expected: float | None = None, together=()) -> Built:
+    """Build the step's sdist into a wheel labelled with its key; BuildError names the log.
+    `share`: its decide.builds.Share of the machine when other builds run at the same time
+    (`together`: their kernels), else the whole machine's; `expected`: the estimate in seconds, said
+    up front and with the heartbeat. The build is recorded for later estimates (facts/build_history.py)."""
     from packaging.requirements import Requirement
 
     from ..decide.commands import build_argv
     from .runner import execute
-    from ..decide.builds import cxx11_abi_flag
+    from ..decide.builds import cuda_codes, cxx11_abi_flag
     from .._environ import cache_root
+    from . import nvcc_speed
 
     # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
     req = Requirement(step.requirements[0])
@@ -189,20 +201,30 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     os.makedirs(os.path.dirname(log), exist_ok=True)
     out_dir = os.path.join(work, "built")
     os.makedirs(out_dir, exist_ok=True)
-    jobs = int(os.environ.get("MAX_JOBS") or max_jobs(env.cpus, env.memory_gib))
-    extra = build_environ(step, env=env, work=work, jobs=jobs)
+    if share is None:
+        share = machine_share(kernel, spec, settings=settings, env=env, expected=expected)
+    jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
+    extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split)
     what = f"{spec.requirement} for {', '.join(archs)}"
     shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
-    events.status(f"{kernel}: building for {', '.join(archs)}; log: {shown}", kernel,
-                  detail=f"{kernel}: building {what} from source (MAX_JOBS={jobs}); log: {log}")
+    how = f"MAX_JOBS={jobs}" + (f", --split-compile={share.split}" if speed is not None and share.split > 1 else "") + \
+        (f", {share.cores} of {env.cpus} cores" if together and env.cpus else "")
+    events.status(f"{kernel}: building for {', '.join(archs)} ({how}); log: {shown}", kernel,
+                  detail=f"{kernel}: building {what} from source ({how}){_expected(expected)}; log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
-        fh.write(f"# fastpath-hooks source build of {what}\n# argv: {' '.join(argv)}\n")
+        fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work, extra_env=scratch,
-                  log=log, started=started)
+    sccache_before = nvcc_speed.sccache_counts(speed.launcher) if speed is not None else None
+    ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work,
+                  extra_env=scratch, log=log, started=started, expected=expected)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
+    compiled, info = nvcc_speed.summary(speed, work, sccache_before) if speed is not None else ("", {})
+    if compiled:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"# {nvcc_speed.MARK} {compiled}\n")
+        nvcc_speed.keep_calls(speed, log)
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
@@ -223,9 +245,66 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
            "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
+    record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
+              "n_archs": len(built) if built != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
+              "cores": share.cores, "cpus": env.cpus, "jobs": jobs, "split": share.split if speed is not None else 1,
+              "seconds": round(seconds, 1), "nvcc": env.nvcc_version, "launcher": info.get("launcher"),
+              "concurrent": sorted(together), "cache": info.get("cache"), "slowest": info.get("slowest")}
+    remember_build(root, record)
     events.status(f"{kernel}: built for {', '.join(built)} in {seconds:.0f} s; log: {shown}", kernel,
-                  detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s; log: {log}")
-    return Built(path=path, log=log, seconds=seconds, key=key)
+                  detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s" +
+                         (f" ({compiled})" if compiled else "") + f"; log: {log}")
+    return Built(path=path, log=log, seconds=seconds, key=key, record=record)
+
+
+def machine_share(kernel: str, spec, *, settings, env, expected=None):
+    """The whole machine's Share for one build (decide.builds.core_budget of one)."""
+    from ..decide.builds import core_budget, split_allowed
+
+    given = os.environ.get("MAX_JOBS")
+    budget = core_budget([(kernel, spec, expected, split_allowed(spec, settings, env.nvcc_version))], cpus=env.cpus,
+                         memory_gib=env.memory_gib, settings=settings,
+                         jobs_given=int(given) if given and given.isdigit() and int(given) > 0 else None)
+    return budget[kernel]
+
+
+def _expected(seconds) -> str:
+    if not seconds:
+        return ""
+    from ..decide.builds import minutes
+
+    return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
+            "of time)")
+
+
+def remember_build(root: str, record: dict) -> None:
+    """Append the build's record to this cache's build history (facts/build_history.py), for later
+    estimates; a history that cannot be written costs only those (said at debug)."""
+    import json
+
+    from ..facts import build_history
+    from .locks import file_lock
+
+    path = build_history.path(root)
+    entry = dict(record, host=build_history.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with file_lock(path + ".lock", timeout=30.0):
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            _trim(path)
+    except Exception as exc:   # OSError, a lock timeout
+        events.debug(f"build history not written ({path}): {exc}")
+
+
+def _trim(path: str) -> None:
+    from ..facts import build_history
+    from .files import atomic_write
+
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.readlines()
+    if len(lines) > build_history.KEEP * 4:
+        atomic_write(path, lambda out: out.write("".join(lines[-build_history.KEEP * 2:])))
 
 
 def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:

@@ -14,6 +14,17 @@ act/build.py points them at a two-line `/bin/sh` shim that runs this file with a
 
 Each change is said on stderr (the build's log), one line per call, starting with MARK: the build
 labels its wheel from what these lines say was kept (not from what was asked).
+
+The same wrapper makes nvcc's compiles faster (act/nvcc_speed.py plans it; the config's optional keys):
+
+- `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none already, so
+  nvcc (>= 11.8) runs the optimizer and ptxas of one file in that many threads; 1 or absent: none.
+- `launcher`: ccache or sccache run in front of the real compiler for a compile.
+- `calls`: a JSON line per compile appended there (the source, seconds, the split, the launcher, the
+  exit status, the real compiler, argv and cwd), and one SPEED_MARK line on stderr.
+
+A compile with a launcher or records runs as a child (its exit status handed back); anything else
+replaces this process, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ import sys
 
 MARK = "fastpath-hooks nvcc wrapper:"       # the arch lines (act/build.py reads them back)
 STD_MARK = "fastpath-hooks compiler wrapper:"
+SPEED_MARK = "fastpath-hooks nvcc speed:"   # the split, the compiler cache, the seconds of one compile
+_SPLIT_FLAGS = ("-c", "--compile", "-dc", "--device-c")
 _COMPILE_FLAGS = ("-c", "--compile", "-E", "-S", "-dc", "--device-c", "-fsyntax-only", "-cuda", "--cuda")
 _STD_PREFIXES = ("-std=", "--std=")
 
@@ -115,6 +128,10 @@ def rewrite(args: list, config: dict) -> tuple:
             raise SystemExit(f"{MARK} none of the -gencode pairs {dropped} is for {', '.join(keep)}")
         if kept or dropped:
             said.append(f"{MARK} kept {' '.join(kept)}; dropped {' '.join(dropped) or 'none'}")
+    split = int(config.get("split") or 1)
+    if kind == "nvcc" and split > 1 and any(a in _SPLIT_FLAGS for a in args) and \
+            not any(a.startswith(("--split-compile", "-split-compile")) for a in args):
+        args = args + [f"--split-compile={split}"]   # before -std, which stays last
     if std:
         args, dropped = strip_std(args, nvcc=kind == "nvcc")
         if dropped or any(a in _COMPILE_FLAGS for a in args):
@@ -136,7 +153,43 @@ def main(argv: list) -> None:
         sys.stderr.write(line + "\n")
     sys.stderr.flush()
     real = list(config["real"])
-    os.execvp(real[0], real + args)
+    compiling = any(a in _SPLIT_FLAGS for a in args)   # not -E/-M/--version: nothing to cache or time
+    launcher, calls = config.get("launcher"), config.get("calls")
+    if not compiling or not (launcher or calls):
+        os.execvp(real[0], real + args)
+    sys.exit(_timed([launcher] if launcher else [], real, args, config))
+
+
+def _timed(front: list, real: list, args: list, config: dict) -> int:
+    """Run one compile as a child (behind the compiler cache, if any), record it, hand back its status."""
+    import subprocess
+    import time
+
+    command = front + real + args
+    start = time.time()
+    try:
+        code = subprocess.call(command)
+    except OSError as exc:
+        sys.stderr.write(f"{SPEED_MARK} could not run {command[0]}: {exc}\n")
+        code = 127
+    seconds = time.time() - start
+    source = next((a for a in args if a.endswith((".cu", ".cpp", ".cc", ".c", ".hip")) and not a.startswith("-")), "?")
+    split = next((int(a.partition("=")[2]) for a in args if a.startswith("--split-compile=")
+                  and a.partition("=")[2].isdigit()), 1)
+    launcher = os.path.basename(front[0]) if front else None
+    if config.get("calls"):
+        record = {"source": source, "seconds": round(seconds, 2), "split": split, "real": real[0], "launcher": launcher,
+                  "code": code, "argv": args, "cwd": os.getcwd(), "start": round(start, 2)}
+        try:
+            with open(config["calls"], "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError:
+            pass
+    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ("
+                     f"{'--split-compile=%d' % split if split > 1 else 'no split'}"
+                     f"{', ' + launcher if launcher else ''}), exit {code}\n")
+    sys.stderr.flush()
+    return code
 
 
 if __name__ == "__main__":

@@ -171,11 +171,23 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                 fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
             to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
             now = None      # sys.path's distributions after the last step (one scan per step, reused below)
-            for step in steps:
+            brought: set = set()   # distributions an index step brought: their fallback steps are skipped
+            for i, step in enumerate(steps):
                 local = None
-                if step.kind == StepKind.BUILD:
+                if step.kind in (StepKind.INDEX, StepKind.BUILD) and set(step.names) <= brought:
+                    continue
+                if step.kind == StepKind.INDEX:
+                    local = index_wheel(step, steps[i + 1:], settings=settings, env=env, work=work,
+                                        kernel=decision.kernel)
+                    if local is None:
+                        continue   # the next index or the build
+                    brought |= set(step.names)
+                    to_cache.append((local, os.path.basename(local), {"origin": "index", "url": step.url}))
+                    step = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(os.path.basename(local),), url=None)
+                elif step.kind == StepKind.BUILD:
                     step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                                     kernel=decision.kernel, scratch=scratch, started=tx.record_group)
+                                                     kernel=decision.kernel, scratch=scratch, started=tx.record_group,
+                                                     expected=decision.expected_seconds)
                     to_cache.append(entry)
                 elif step.kind == StepKind.WHEEL:
                     try:
@@ -306,20 +318,40 @@ def same_release(have: str | None, pinned: str) -> bool:
     return Version(got.public) == want
 
 
-def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None):
+def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
+    """The index step's wheel, downloaded and checked (act/index.py); None when the index has none
+    that fits (or a bad one: refused, said in one line) and a later step of the same distribution -
+    the next index, the source build - takes over; InstallError when none does."""
+    from .index import IndexMiss, fetch
+
+    try:
+        return fetch(step, settings, env, work)
+    except IndexMiss as exc:
+        fallback = next((s for s in later if s.kind in (StepKind.INDEX, StepKind.BUILD)
+                         and set(s.names) & set(step.names)), None)
+        if fallback is None:
+            raise InstallError(str(exc)) from None
+        then = "building from source instead" if fallback.kind == StepKind.BUILD else "trying the next index"
+        events.debug(f"{kernel}: {exc}", kernel)
+        events.warning(f"{kernel}: {exc.short}; {then}", kernel)
+        return None
+
+
+def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None, share=None, expected=None,
+                together=()):
     """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
     from .build import BuildError, run_build
 
     try:
         built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
-                          started=started)
+                          started=started, share=share, expected=expected, together=together)
     except BuildError as exc:
         raise InstallError(str(exc)) from None
     name = os.path.basename(built.path)
     install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
                                   env=(), url=None, sha256=None, archs=(), cxx_std=None)
     meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
-            "distribution": built.key["distribution"], "version": built.key["version"]}
+            "distribution": built.key["distribution"], "version": built.key["version"], "build": thaw(built.record)}
     return install, built.path, (built.path, name, meta)
 
 
@@ -348,10 +380,11 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
                          "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
-def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None) -> str:
+def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None,
+              local_files=()) -> str:
     """Run one step; in auto mode a failing uv step is retried with pip. Returns the installer used."""
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
-                     constraints_file=cfile, local_file=local)
+                     constraints_file=cfile, local_file=local, local_files=local_files)
     label = _step_label(step)
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
@@ -364,7 +397,7 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({tail}); retrying with pip", kernel)
         return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel,
-                         work=work, scratch=scratch, started=started)
+                         work=work, scratch=scratch, started=started, local_files=local_files)
     hint = ""
     if code == 127 and installer == "uv":
         hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"
@@ -374,7 +407,7 @@ def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scr
 def _step_label(step) -> str:
     """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
     if step.kind == StepKind.WHEEL:
-        return f"installing {step.requirements[0]}"
+        return f"installing {', '.join(step.requirements)}"
     names = ", ".join(step.names)
     return f"{'building' if step.kind == StepKind.BUILD else 'installing'} {names}"
 

@@ -121,6 +121,31 @@ def _remember(root: str, kernel: str, entries: dict) -> None:
 def verify_numbers(plan: NumericPlan, *, distributions, timeout: float, env_extra=(), python: str | None = None,
                    started=None) -> NumericResult:
     """Run (or recall) the plan's checks for the installed kernel; a mismatch is remembered and fails."""
+    pending = prepare(plan, distributions)
+    if isinstance(pending, NumericResult):
+        return pending
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
+    start = time.monotonic()
+    report, problem = run_check_script(script, json.dumps(pending.payload), mark=_MARK, timeout=timeout,
+                                       env_extra=tuple(env_extra) + plan.env, python=python, started=started,
+                                       what=f"{plan.kernel}'s numeric check")
+    return conclude(pending, report, problem, time.monotonic() - start)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A numeric check to run: the child's payload, and what its result is remembered under."""
+    plan: NumericPlan
+    payload: dict            # {"device": ..., "checks": [...]}: numeric_check.py's argument
+    keys: dict               # arch -> cache key (empty: the installed files could not be named)
+    digest: str | None
+    version: str | None
+
+
+def prepare(plan: NumericPlan, distributions):
+    """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
+    else the Pending check - for verify_numbers' own child or one child that checks several kernels
+    (act/verify.verify_many)."""
     from ..facts.distributions import installed_versions
 
     kernel, root = plan.kernel, plan.root
@@ -138,13 +163,13 @@ def verify_numbers(plan: NumericPlan, *, distributions, timeout: float, env_extr
     bad = next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
     if bad is not None:
         return NumericResult(False, bad["detail"], False)
+    return Pending(plan, {"device": plan.device, "checks": [_payload(c) for c in plan.checks]}, keys, digest, version)
 
-    payload = json.dumps({"device": plan.device, "checks": [_payload(c) for c in plan.checks]})
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
-    start = time.monotonic()
-    report, problem = run_check_script(script, payload, mark=_MARK, timeout=timeout,
-                                       env_extra=tuple(env_extra) + plan.env, python=python, started=started, what=f"{kernel}'s numeric check")
-    seconds = time.monotonic() - start
+
+def conclude(pending: Pending, report, problem, seconds: float) -> NumericResult:
+    """The result of a Pending check from the child's report (or why there is none), remembered."""
+    plan = pending.plan
+    kernel, root, keys, digest, version = plan.kernel, plan.root, pending.keys, pending.digest, pending.version
     where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)")
     if problem is None and not report.get("ok"):
         problem = f"{kernel}'s numeric check failed: {report.get('error')}"

@@ -65,14 +65,15 @@ def child_environ(extra=(), drop=()) -> dict:
 
 
 def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,
-        log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS) -> Ran:
+        log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS, expected: float | None = None) -> Ran:
     """Run `argv` in its own session; the whole process group is killed when `timeout` passes or
     when anything (Ctrl-C's KeyboardInterrupt included: the child's session gets no terminal
     signal) interrupts the wait, before the exception propagates - a rollback that follows has
     no writer left.
 
     `environ`: the child's whole environment (default `child_environ()`). `label`: said with the
-    heartbeat (`still <label> (N s)`) every `heartbeat` seconds; none without one. `work`: the
+    heartbeat (`still <label> (N s)`; `N s of about M s expected` given `expected`) every `heartbeat`
+    seconds; none without one. `work`: the
     directory of the temporary output file. `log`: append the whole output there (kept) instead.
     `started(pgid)`: called once the group exists, before the command runs (see the module
     docstring), and `started(None)` once the group is gone; an exception from the first kills the
@@ -111,7 +112,8 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
                     break
                 except subprocess.TimeoutExpired:
                     if label:
-                        events.status(f"still {label} ({time.monotonic() - start:.0f} s)", kernel, heartbeat=True)
+                        events.status(f"still {label} ({_elapsed(time.monotonic() - start, expected)})", kernel,
+                                      heartbeat=True)
         except BaseException:
             _kill(proc)
             if gated:
@@ -162,11 +164,20 @@ def _resume_ctrl_c(deferred) -> None:
             signal.raise_signal(signal.SIGINT)
 
 
+def _elapsed(seconds: float, expected: float | None) -> str:
+    """`95 s`, or `95 s of about 270 s expected` (`over the 270 s expected` once past it)."""
+    if not expected:
+        return f"{seconds:.0f} s"
+    if seconds <= expected:
+        return f"{seconds:.0f} s of about {expected:.0f} s expected"
+    return f"{seconds:.0f} s, over the {expected:.0f} s expected"
+
+
 def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None,
-            started=None) -> Ran:
+            started=None, expected: float | None = None) -> Ran:
     """Run an installer or build `Invocation` (its argv and extra environment) with `run`."""
     return run(inv.argv, timeout=timeout, environ=child_environ(tuple(inv.env) + tuple(extra_env)), kernel=kernel,
-               label=label, work=work, log=log, started=started)
+               label=label, work=work, log=log, started=started, expected=expected)
 
 
 def summary(text: str) -> str:

@@ -52,6 +52,7 @@ class Transaction:
         self.dist_dirs: list = []    # every *.dist-info / *.egg-info at begin()
         self.before_dirs: dict = {}  # name -> its dist-info directories at begin() (two after a crash)
         self.group = None            # the running child's process group (runner.group_record), if any
+        self.groups: dict = {}       # pgid -> record: children running side by side (a request's builds)
 
     # -- lifecycle -------------------------------------------------------------
     def begin(self) -> None:
@@ -84,12 +85,23 @@ class Transaction:
         self.group = group_record(pgid) if pgid is not None else None
         self._write_journal()
 
+    def record_side_group(self, pgid, running: bool) -> None:
+        """Journal (or drop) one of several children running side by side (the concurrent builds of
+        a request), each a process group of its own, for the same reason as `record_group`."""
+        from .runner import group_record
+
+        if running:
+            self.groups[pgid] = group_record(pgid)
+        else:
+            self.groups.pop(pgid, None)
+        self._write_journal()
+
     def stop_group(self) -> int:
-        """Kill what is left of the recorded child's group (a dead writer's installer); the number
-        of processes that were still running."""
+        """Kill what is left of the recorded children's groups (a dead writer's installer and builds);
+        the number of processes that were still running."""
         from .runner import kill_group
 
-        return kill_group(self.group) if self.group else 0
+        return sum(kill_group(g) for g in [self.group, *self.groups.values()] if g)
 
     def commit(self) -> None:
         # The work directory goes before the journal (once the journal is gone, only an install's
@@ -192,6 +204,7 @@ class Transaction:
         tx.state_dir = state_dir
         tx.journal_path = path
         tx.pid = tx.started = tx.group = None
+        tx.groups = {}
         if not isinstance(data, dict):
             # unreadable journal: nothing reliable to restore; drop it
             tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing, tx.dist_dirs = "", [], {}, [], [], []
@@ -214,6 +227,7 @@ class Transaction:
         tx.pid = data.get("pid")
         tx.started = data.get("started")
         tx.group = data.get("group")
+        tx.groups = {i: g for i, g in enumerate(data.get("groups") or []) if isinstance(g, dict)}
         return tx
 
     @staticmethod
@@ -245,7 +259,7 @@ class Transaction:
             "site_dir": self.site_dir, "prefix": self.prefix, "names": self.names, "before": self.before,
             "manifest": self.manifest, "listing": self.listing, "dist_dirs": self.dist_dirs,
             "before_dirs": self.before_dirs,
-            "backup_dir": self.backup_dir, "group": self.group,
+            "backup_dir": self.backup_dir, "group": self.group, "groups": list(self.groups.values()),
         })
 
     def _known_listing(self) -> dict | None:

@@ -35,6 +35,50 @@ sys.stdout.flush()
 """.replace("MARK", repr(_MARK))
 
 
+# Several kernels in one child (a request's cached kernels, dependency order): one result line per
+# kernel as soon as it is checked, so a crash names the kernel it happened in and the ones before stand.
+_MANY = r"""
+import importlib, importlib.util, json, sys, time
+specs = json.loads(sys.argv[2])   # argv[1]: act/numeric_check.py, loaded only where a numeric check runs
+numeric = None
+for i, spec in enumerate(specs):
+    out = {"index": i, "ok": True, "error": None, "seconds": 0.0}
+    start = time.monotonic()
+    try:
+        for name in spec["modules"]:
+            importlib.import_module(name)
+        for item in spec["attributes"]:
+            modname, _, attr = item.partition(":")
+            obj = importlib.import_module(modname)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            if not callable(obj):
+                raise TypeError(f"{item} is not callable")
+    except BaseException as exc:
+        out["ok"] = False
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out["seconds"] = round(time.monotonic() - start, 3)
+    if out["ok"] and spec.get("numeric"):
+        # the numeric check (act/numeric_check.py) in this child too; a crash in it is said as its own
+        sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "numeric"}) + "\n")
+        sys.stdout.flush()
+        if numeric is None:
+            loaded = importlib.util.spec_from_file_location("fastpath_hooks_numeric_check", sys.argv[1])
+            numeric = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(numeric)
+        payload, results, began = spec["numeric"], [], time.monotonic()
+        try:
+            for check in payload["checks"]:
+                results.append(numeric.run_check(check, payload["device"]))
+            out["numeric"] = {"ok": True, "results": results}
+        except BaseException as exc:
+            out["numeric"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
+        out["numeric_seconds"] = round(time.monotonic() - began, 3)
+    sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
+    sys.stdout.flush()
+""".replace("MARK", repr(_MARK))
+
+
 @dataclass(frozen=True)
 class Verification:
     ok: bool
@@ -86,6 +130,109 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
     detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
     return replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
                    returncode=checked.returncode)
+
+
+def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
+                numeric=()) -> list:
+    """Every kernel of `kernel_specs` (in order: a kernel after those it imports) checked in ONE child
+    process: one Verification each (its `seconds` the kernel's own import time in the child). A kernel
+    the child never reached (it crashed or timed out on an earlier one) gets a failed Verification
+    saying so, with `returncode` None, and is not to be blamed: its `detail` starts with "not checked".
+    `numeric`: per kernel, act/numeric.py's NumericPlan or None; a check not remembered for the installed
+    files runs in the same child, after the kernel's import (torch is imported once for all of them),
+    and a mismatch (or a crash in it) fails the kernel with `numeric` set, as verify() does."""
+    import os
+
+    from .runner import run
+
+    specs = list(kernel_specs)
+    plans = list(numeric) + [None] * (len(specs) - len(numeric))
+    pending: dict = {}   # index -> numeric.Pending; done: index -> NumericResult (skipped or remembered)
+    done: dict = {}
+    if any(p is not None for p in plans):
+        from .numeric import NumericResult, prepare
+
+        for i, (spec, plan) in enumerate(zip(specs, plans)):
+            if plan is not None:
+                got = prepare(plan, spec.distributions)
+                (done if isinstance(got, NumericResult) else pending)[i] = got
+    payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
+                           **({"numeric": pending[i].payload} if i in pending else {})} for i, s in enumerate(specs)])
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
+    off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
+    ran = run([python or sys.executable, "-c", _MANY, script, payload], timeout=timeout,
+              environ=child_env(tuple(env_extra) + off),
+              started=started)
+    results: dict = {}
+    in_numbers: set = set()
+    for line in ran.output.splitlines():
+        if line.startswith(_MARK):
+            try:
+                item = json.loads(line[len(_MARK):])
+                if item.get("phase") == "numeric":
+                    in_numbers.add(int(item["index"]))
+                else:
+                    results[int(item["index"])] = item
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
+    other = "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK))
+    out, blamed = [], False
+    for i, spec in enumerate(specs):
+        what = f"import {_modules(spec.verify_modules)}"
+        item = results.get(i)
+        if item is not None:
+            ok = bool(item.get("ok"))
+            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s (one check for {len(specs)} kernels)" if ok \
+                else f"{what}: {item.get('error')}"
+            out.append(_with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0), ran.code),
+                                     i, item, pending, done))
+            continue
+        if blamed:
+            out.append(Verification(False, "not checked: the check stopped at an earlier kernel", 0.0, None))
+            continue
+        blamed = True
+        if ran.timed_out:
+            detail = f"{what} did not finish within {timeout:.0f} s"
+        elif ran.code is not None and ran.code < 0:
+            try:
+                name = signal.Signals(-ran.code).name
+            except ValueError:
+                name = f"signal {-ran.code}"
+            tail = _tail(other)
+            detail = f"{what} killed the process ({name})" + (f": {tail}" if tail else "")
+        else:
+            detail = f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}"
+        if i in in_numbers and i in pending:   # it imported; its numeric check crashed or ran out of time
+            from .numeric import conclude
+
+            numbers = conclude(pending[i], None, f"{spec.name}'s numeric check: {detail.split(': ', 1)[-1]}"
+                               if not ran.timed_out else f"{spec.name}'s numeric check did not finish within "
+                               f"{timeout:.0f} s", ran.seconds)
+            out.append(Verification(False, numbers.detail, ran.seconds, ran.code, numeric=True))
+            continue
+        out.append(Verification(False, detail, ran.seconds, ran.code))
+    return out
+
+
+def _with_numbers(result, i: int, item: dict, pending: dict, done: dict):
+    """An imported kernel's Verification with its numeric result (run in the child, or known before)."""
+    from dataclasses import replace
+
+    if not result.ok:
+        return result
+    if i in pending:
+        from .numeric import conclude
+
+        report = item.get("numeric")
+        numbers = conclude(pending[i], report, None if isinstance(report, dict) else "the numeric check did not run",
+                           float(item.get("numeric_seconds") or 0.0))
+    elif i in done:
+        numbers = done[i]
+    else:
+        return result
+    if not numbers.ok:
+        return replace(result, ok=False, detail=numbers.detail, numeric=True)
+    return replace(result, detail=f"{result.detail}; {numbers.detail}")
 
 
 def _modules(names) -> str:

@@ -8,7 +8,10 @@ Data, not code, says what each kernel's sdist does (pins: `source_build`, `relea
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from ..facts import cached_wheels
 from ..facts.distributions import canonical_name
@@ -90,6 +93,87 @@ def release_order(ctx: Context, kernel: str, planned: dict):
                                               f"{'planned' if name in planned else 'installed'}")
     return tuple(r.version for r in fits), clashes
 
+
+
+def index_sources(ctx: Context, kernel: str, build, *, cached: bool = False) -> tuple:
+    """([(WheelIndex, project page URL, exact version)], why none): the package indexes (pins:
+    `wheel_indexes`) that may hold a wheel of `build`'s version for this machine - the ones
+    FASTPATH_HOOKS_WHEEL_INDEX allows (unset: the pins' enabled ones; a URL: the first entry's layout
+    at that base), never offline - with the exact version their local label spells for this torch
+    build. An index's builds hold every arch the sdist's -gencode table gives torch's CUDA release:
+    taken only where that covers every visible GPU and no arch rule refuses that code.
+    `cached`: every entry, whatever the settings (a wheel from one already in the local cache)."""
+    env, settings = ctx.env, ctx.settings
+    spec = ctx.pins.kernel(kernel)
+    indexes = list(spec.wheel_indexes)
+    chosen = None if cached else settings.wheel_index
+    if not cached:
+        if settings.offline:
+            return [], "offline (FASTPATH_HOOKS_OFFLINE=1)"
+        if chosen is None:
+            indexes = [ix for ix in indexes if ix.enabled]
+        elif chosen[:1] == ("url",):
+            from dataclasses import replace as _replace
+
+            indexes = [_replace(ix, url=chosen[1] + "{channel}/{project}/", name=chosen[1]) for ix in indexes[:1]]
+        else:
+            indexes = [ix for name in chosen for ix in indexes if ix.name == name]
+    if not indexes:
+        return [], "no package index of prebuilt wheels is enabled (FASTPATH_HOOKS_WHEEL_INDEX)"
+    if env.os != "linux" or not env.torch_cuda or build.version is None:
+        return [], "index wheels are Linux CUDA builds"
+    abi = cxx11_abi_flag(env)
+    codes = cuda_codes(build, env.torch_cuda)
+    fields = {"cuda": env.torch_cuda, "cuda_nodot": "".join(env.torch_cuda.split(".")[:2]),
+              "torch_mm": major_minor(env.torch_version)}
+    out, why = [], ""
+    for ix in indexes:
+        if not within(env.torch_version, ix.torch) or abi != ix.cxx11_abi:
+            why = f"the {ix.name} index builds for torch {ix.torch} with cxx11 ABI {ix.cxx11_abi}"
+            continue
+        gaps = [g for g in env.gpus if cached_wheels.pair_for(g, codes) is None]
+        if gaps or not env.gpus:
+            why = f"the {ix.name} index's CUDA {env.torch_cuda} builds hold no code for {'+'.join(gaps) or 'no GPU'}"
+            continue
+        refused = prebuilt_arch_refusal(ctx.pins, kernel, env.gpus, env.torch_cuda)
+        if refused:
+            why = f"the {ix.name} index's builds {refused}"
+            continue
+        channel = ix.channel.format(**fields, project=ix.project, channel="")
+        url = ix.url.format(**fields, project=ix.project, channel=channel)
+        out.append((ix, url, f"{build.version}+{ix.local.format(**fields, project=ix.project, channel=channel)}"))
+    return out, ("" if out else why)
+
+
+def prebuilt_arch_refusal(pins, kernel: str, gpus, cuda: str | None) -> str | None:
+    """Why a prebuilt all-arch wheel (a package index's) compiled by CUDA `cuda`'s nvcc must not run
+    on one of `gpus`, else None. The hook for the pins' arch rules (`kernels.<name>.arch_rules`, with
+    `applies(gpu, nvcc_version)` and `wheels == "avoid"`: e.g. causal-conv1d#105, sm_103 code from
+    nvcc 13 computes wrong results): none in these pins, so nothing is refused yet."""
+    rules = getattr(pins, "arch_rules", None)
+    rules = rules.get(kernel, ()) if isinstance(rules, dict) or hasattr(rules, "get") else ()
+    for rule in rules:
+        if getattr(rule, "wheels", "avoid") != "avoid":
+            continue
+        for gpu in gpus:
+            if rule.applies(gpu, cuda):
+                return f"carry {gpu} code from nvcc {cuda}, which {rule.effect} ({rule.id})"
+    return None
+
+
+def index_wheel_fits(ctx: Context, kernel: str, build, name: str) -> bool:
+    """A wheel file (in the local cache) of an index's build that fits here: its exact version is the
+    one an index's label spells for this torch build, and its tags fit this Python and platform."""
+    wheel = parse_wheel(name)
+    if wheel is None or wheel.distribution != build.distribution:
+        return False
+    sources, _ = index_sources(ctx, kernel, build, cached=True)
+    if not any(str(wheel.version) == exact for _, _, exact in sources):
+        return False
+    from ..facts.wheel_tags import choose
+
+    return choose([{"filename": name}], build.distribution, str(wheel.version), python=ctx.env.python,
+                  arch=ctx.env.arch, glibc=ctx.env.glibc) is not None
 
 
 def built_archs(installed: str) -> tuple:
@@ -223,15 +307,103 @@ def arch_rule_notes(env, build, archs=None) -> tuple:
     return tuple(out)
 
 
-def build_estimate(build, n_archs: int, cpus: int | None) -> tuple:
-    """(seconds, how): the measured build scaled by archs (each is compiled separately) and by
-    fewer cores (more cores do not help: the big files compile one per job)."""
-    seconds = build.seconds * n_archs / build.archs
-    if cpus and cpus < build.cores:
-        seconds *= build.cores / cpus
-    how = (f"an estimate: {build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores, "
-           f"scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores")
+def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
+    """(seconds, how): a measured build scaled by archs (each is compiled separately) and by fewer
+    cores (more cores do not help: the big files compile one per job). The measurement is this
+    machine's own last build of the distribution (`history`: the probe's `build_history`, newest
+    last; the same version preferred) where there is one, else the pins' `measured` figure."""
+    mine = [r for r in history if r.get("distribution") == build.distribution and r.get("seconds")]
+    same = [r for r in mine if r.get("version") == build.version] or mine
+    if same:
+        rec = same[-1]
+        base, archs, cores = float(rec["seconds"]), max(1, int(rec.get("n_archs") or 1)), max(1, int(rec.get("cores") or 1))
+        split = int(rec.get("split") or 1)
+        origin = (f"this machine's build of {build.distribution} {rec.get('version')} took {base:.0f} s for {archs} arch "
+                  f"on {cores} cores" + (f" (--split-compile={split})" if split > 1 else ""))
+    else:
+        base, archs, cores = build.seconds, build.archs, build.cores
+        origin = f"{build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores"
+    seconds = base * n_archs / archs
+    if cpus and cpus < cores:
+        seconds *= cores / cpus
+    how = f"an estimate: {origin}, scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores"
     return seconds, how
+
+
+# -- how a build uses the machine: jobs, split compilation, the share of the cores -------------------
+
+# nvcc --split-compile=N (CUDA 11.8+: "Improving CUDA Compilation Time" in the CUDA Programming Guide;
+# `nvcc --help` of 13.0) runs the optimizer (cicc) and ptxas of one translation unit in N threads.
+SPLIT_COMPILE_NVCC = ">=11.8"
+# A job's memory: 4-6 GB resident measured for one causal-conv1d nvcc job with `--threads 4` (four
+# compiler threads, gpu-findings.md): about 1.5 GB per compiler thread, a job counted as its threads.
+GIB_PER_THREAD = 1.5
+
+
+class Share(NamedTuple):
+    """One build's part of the machine: `cores` of its CPUs, MAX_JOBS=`jobs`, `split` threads per nvcc job
+    (1: no --split-compile) - jobs x split <= cores, and within its part of the memory."""
+    cores: int
+    jobs: int
+    split: int
+
+
+def split_allowed(build, settings, nvcc_version) -> bool:
+    """--split-compile for this build: the pins allow it for the kernel, FASTPATH_HOOKS_SPLIT_COMPILE is
+    not 0, and nvcc is a release that has it (an unknown release: not given)."""
+    if getattr(settings, "split_compile", "auto") == "0" or not build.split_compile or nvcc_version is None:
+        return False
+    return within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC))
+
+
+def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=None, jobs_given: int | None = None) -> dict:
+    """kernel -> Share for builds that run at the same time: `builds` = (kernel, SourceBuild,
+    expected seconds, split allowed). The cores are split in proportion to the expected times (the
+    longest build gets the most), at least one each; within its share a build runs one job per
+    translation unit (more leave cores idle) and gives nvcc the cores left over as --split-compile
+    threads; memory (`GIB_PER_THREAD` per thread, in the same proportion) takes threads away first,
+    then jobs. `jobs_given`: the user's MAX_JOBS, kept as it is. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
+    builds = list(builds)
+    if not builds:
+        return {}
+    total = max(1, cpus or 1)
+    weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
+    shares = _proportional(total, weights)
+    forced = getattr(settings, "split_compile", "auto")
+    out = {}
+    for (kernel, build, _, allowed), cores in zip(builds, shares):
+        units = max(1, int(getattr(build, "translation_units", 1) or 1))
+        if jobs_given:
+            jobs = jobs_given
+        elif allowed and forced not in ("auto", "0"):
+            jobs = max(1, min(units, cores // int(forced)))
+        else:
+            jobs = min(units, cores)
+        split = 1
+        if allowed:
+            split = int(forced) if forced not in ("auto", "0") else max(1, cores // jobs)
+        if memory_gib:
+            room = memory_gib * cores / total
+            while split > 1 and jobs * split * GIB_PER_THREAD > room:
+                split -= 1
+            while not jobs_given and jobs > 1 and jobs * GIB_PER_THREAD > room:
+                jobs -= 1
+        out[kernel] = Share(cores, jobs, split)
+    return out
+
+
+def _proportional(total: int, weights) -> list:
+    """`total` whole cores split in proportion to `weights`, at least one each (largest remainders)."""
+    n = len(weights)
+    if total <= n:
+        return [1] * n
+    spare = total - n
+    raw = [spare * w / sum(weights) for w in weights]
+    shares = [1 + int(r) for r in raw]
+    left = total - sum(shares)
+    for i in sorted(range(n), key=lambda i: raw[i] - int(raw[i]), reverse=True)[:left]:
+        shares[i] += 1
+    return shares
 
 
 def minutes(seconds: float) -> str:
@@ -294,7 +466,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
-            seconds, _ = build_estimate(build, len(cuda_codes(build, env.nvcc_version)), env.cpus)
+            seconds, _ = build_estimate(build, len(cuda_codes(build, env.nvcc_version)), env.cpus, env.build_history)
             return ctx.skip(kernel, "build.unrestricted", f"{why}; a source build cannot be restricted to "
                          f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
                          f"- about {minutes(seconds)}, an estimate",
@@ -307,7 +479,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         n_archs = len(archs)
         if rocm:
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
-    seconds, how = build_estimate(build, n_archs, env.cpus)
+    seconds, how = build_estimate(build, n_archs, env.cpus, env.build_history)
     if rocm:
         how += " of a CUDA build"
     std = ctx.pins.cxx_standard(env.torch_version)

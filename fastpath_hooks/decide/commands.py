@@ -135,15 +135,17 @@ def step_names(steps) -> set:
 
 
 def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,
-               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None) -> Invocation:
-    """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path."""
+               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None,
+               local_files=()) -> Invocation:
+    """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path;
+    `local_files`: several wheel files installed by one call (the cached kernels of one request)."""
     python = python or sys.executable
     if step.kind == StepKind.BUILD:  # builds the wheel (installed next, from the work directory, and cached)
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind == StepKind.WHEEL:
-        reqs = [local_file or step.url or step.requirements[0]]
+    if step.kind in (StepKind.WHEEL, StepKind.INDEX):
+        reqs = list(local_files) or [local_file or step.url or step.requirements[0]]
     if installer == "uv":
         argv = [uv or "uv", "pip", "install", "--python", python]
         if step.no_deps:
@@ -205,6 +207,8 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
         for step in decision.steps:
             if step.kind == StepKind.WHEEL:
                 wheels.append(step)
+            elif step.kind == StepKind.INDEX:
+                continue   # looked up on the index at install time, for the machine installing it
             elif step.kind == StepKind.BUILD:
                 builds.extend(step.requirements)
             else:

@@ -34,6 +34,8 @@ class StepKind(TextEnum):
     KERNEL = "kernel"      # the kernel's pinned distributions, without their dependencies
     REPLACE = "replace"    # a broken companion replaced in place (tilelang's apache-tvm-ffi)
     WHEEL = "wheel"        # one wheel file (a release wheel, or one from the cache)
+    INDEX = "index"        # one wheel of an exact version looked up on a package index (`url`: its project page);
+                           # when none fits, the next index step or the build step of that distribution runs instead
     BUILD = "build"        # a source build into a wheel, then that wheel installed
 
 

@@ -32,8 +32,8 @@ from .outcome import Outcome, OutcomeState, apply_env
 _CONTEXT = ("load_context", "bad_settings", "check_settings", "unusable_cache_dir", "value_once", "fingerprint",
             "verdict_distributions")
 
-__all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "forget", "outcomes",
-           "simulation", "snapshot", "use_world") + _CONTEXT
+__all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "expect", "expect_from", "forget",
+           "outcomes", "simulation", "snapshot", "use_world") + _CONTEXT
 
 
 def __getattr__(name: str):
@@ -92,9 +92,46 @@ def simulation(kernel: str | None = None) -> str | None:
 def forget() -> None:
     """Forget every decision of this process (uninstall()): the next ensure() decides again."""
     _registry.clear()
+    _expected.clear()
     if _world is not None:
         _world.readings.clear()
+        _world.batched.clear()
     events.forget()
+
+
+# -- the request: which kernels are asked for together ---------------------------------------
+
+_expected: set = set()      # kernels said to be coming in this process (`fastpath-hooks install A B`)
+_providers: list = []       # callables -> kernels about to be asked for (the hooks': a modeling import's)
+
+
+def expect(kernels) -> None:
+    """Say that these kernels will be asked for in this process: a kernel that installs first takes
+    the others along where it can (their builds side by side, one installer call, one check)."""
+    _expected.update(kernels)
+
+
+def expect_from(provider) -> None:
+    """Register `provider()` -> kernel names about to be asked for, called only when a kernel is about
+    to be installed (the hooks register one that reads the modeling module being imported)."""
+    if provider not in _providers:
+        _providers.append(provider)
+
+
+def _request(target):
+    """The world.Request of a decision for `target`: the kernels being ensured now (in any thread)
+    and those expected, and the ones already decided usable."""
+    from .outcome import GOOD
+    from .world import Request
+
+    kernels = set(_expected) | _registry.running(target)
+    for provider in list(_providers):
+        try:
+            kernels.update(provider() or ())
+        except Exception as exc:  # a hint only: never in the way of the install
+            events.debug(f"request hint failed: {type(exc).__name__}: {exc}")
+    good = {k for k, o in _registry.outcomes().items() if o.state in GOOD}
+    return Request(frozenset(kernels), frozenset(good))
 
 
 # -- run once per kernel ---------------------------------------------------------------------
@@ -177,6 +214,11 @@ class _Registry:
             futures = list(self._futures.values())
         return {f.kernel: f.outcome for f in futures if f.done.is_set() and f.outcome is not None}
 
+    def running(self, target) -> set:
+        """The kernels being decided for `target` now (claimed, not done)."""
+        with self._lock:
+            return {f.kernel for f in self._futures.values() if f.key[1] == target and not f.done.is_set()}
+
     def simulated(self, kernel: str | None) -> str | None:
         with self._lock:
             futures = [f for f in self._futures.values() if kernel is None or f.kernel == kernel]
@@ -217,7 +259,7 @@ def _decide(kernel: str, target: str | None):
         from .outcome import GOOD
 
         run = machine.run(kernel, needs=lambda other: ensure(other, target=target), world=current_world(),
-                          captured=captured, target=target, signature=signature)
+                          captured=captured, target=target, signature=signature, request=lambda: _request(target))
         wants = run.decision.wants if run.decision is not None and run.outcome.state in GOOD else ()
         return run.outcome, _simulated(run.posed), wants
     except Exception as exc:  # never into the user's import

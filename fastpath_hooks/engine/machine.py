@@ -36,7 +36,7 @@ from .. import events
 from .._registry import registry
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
-from .world import InstallFailed, NumericFailed, Reading
+from .world import Batched, InstallFailed, NumericFailed, Reading
 from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
@@ -66,6 +66,7 @@ class Run:
     target: str | None = None         # a FASTPATH_HOOKS_TARGET given as a parameter (`--target`)
     signature: str | None = None      # the warm signature of `captured`, computed by the engine just before
     needs: object = None              # kernel -> Outcome: how a kernel needed first is decided (ensure)
+    request: object = None            # () -> world.Request: the kernels of this request (the batch at INSTALL)
     settings: object = None
     pins: object = None
     invalid: str | None = None        # why report mode although nobody asked for it (a bad variable/pins file)
@@ -104,12 +105,14 @@ class Run:
         return State.RECORD, replace(self, outcome=outcome)
 
 
-def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None) -> Run:
+def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None,
+        request=None) -> Run:
     """Decide `kernel` (the engine makes sure this runs once per process); the final Run.
     `needs(other)` -> Outcome decides a kernel this one needs first (the engine's `ensure`);
-    `signature`: the warm signature of `captured` the engine just computed (the first stamp uses it)."""
+    `signature`: the warm signature of `captured` the engine just computed (the first stamp uses it);
+    `request()` -> world.Request: the other kernels of this request, installed with it where they can be."""
     state, current = State.CONTEXT, Run(kernel, world=world, captured=captured, target=target, needs=needs,
-                                        signature=signature)
+                                        signature=signature, request=request)
     try:
         while state is not State.DONE:
             before = state
@@ -276,6 +279,12 @@ def _check(run: Run):
     current = run.decision
     if run.repairing:
         return State.INSTALL, run
+    batched = world.batched.get(kernel)
+    if batched is not None:   # installed (or not) by this process with another kernel of its request
+        if batched.ok and current.action == OK:
+            return run.good(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
+        if not batched.ok and current.action != OK:
+            return run.done(_failed(_numeric_block(current) if batched.numeric else current, batched.detail))
     if current.action == OK:
         known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
         if known is None:
@@ -317,6 +326,9 @@ def _install(run: Run):
         events.warning(_engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
                        persist=f"{current.rule}:no-installer:{why}", reminder=_reminder(run.pins, kernel))
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
+    batch = _batch(run)
+    if len(batch) > 1:
+        return _install_batch(run, batch)
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(short.line(current), kernel,
                   detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
@@ -328,6 +340,71 @@ def _install(run: Run):
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
+
+
+def _batch(run: Run) -> tuple:
+    """The acting decisions installed together with this one (decide/batches.py), in dependency
+    order, this one among them: the compiled kernels of the same request - being ensured in this
+    process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
+    this decision otherwise (or a repair)."""
+    from ..decide.batches import batch
+
+    if run.repairing or run.request is None:
+        return (run.decision,)
+    request = run.request()
+    return batch(run.plan, run.pins, run.kernel, request=request.kernels, good=request.good, decision=run.decision)
+
+
+def _install_batch(run: Run, batch: tuple):
+    """This kernel and the others of its request in one batch (World.install_batch). The others'
+    verdicts are written here, under the fingerprint of what is on disk now, and remembered in the
+    World for their own runs (CHECK), which then neither check nor install again."""
+    world, settings, kernel, pins = run.world, run.settings, run.kernel, run.pins
+    for decision in batch:   # each member's own reason, said as one install says it
+        events.status(short.line(decision), decision.kernel,
+                      detail=f"{decision.kernel}: installing {_describe(decision, whole=True)} ({decision.reason})")
+    events.status(f"{kernel}: installing {' and '.join(d.kernel for d in batch)} together: one installer call, "
+                  "one check", kernel)
+    try:
+        result = world.install_batch(batch, settings=settings, env=run.env, pins=pins)
+        results, failed, numeric = dict(result.results), dict(result.failed), set(result.numeric)
+    except InstallFailed as exc:
+        results, failed, numeric = {}, {d.kernel: str(exc) for d in batch}, set()
+    any_result = next(iter(results.values()), None)
+    env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
+    for decision in batch:
+        other = decision.kernel
+        if other == kernel:
+            continue
+        done = results.get(other)
+        if done is not None:
+            detail = _installed_line(other, done, decision)
+            verdict = (world.fingerprint(env, settings, pins, other), VERIFIED, f"installed with {kernel}")
+            world.batched[other] = Batched(True, decision.reason, kernel)
+        else:
+            detail = failed.get(other, "not installed")
+            verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
+            world.batched[other] = Batched(False, detail, kernel, other in numeric)
+            events.error(f"{other}: could not install - {detail}", other, once=f"fail-{other}")
+        if not run.cache.record(other, verdict=verdict):
+            events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
+        events.debug(f"{other}: {detail}", other)
+    mine = results.get(kernel)
+    if mine is None:
+        decision = _numeric_block(run.decision) if kernel in numeric else run.decision   # as _install blocks it
+        return State.RECORD, replace(run, decision=decision, verdict=(False, failed.get(kernel, "not installed")))
+    return State.RECORD, replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)
+
+
+def _installed_line(kernel: str, result, decision) -> str:
+    """Say a batch member's install as RECORD says the leader's."""
+    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
+    events.status(f"{kernel}: installed {done} in {result.seconds:.1f} s with {result.installer}; verified in a child "
+                  "process", kernel)
+    if result.restart_advised:
+        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
+                       "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
+    return f"installed {done}"
 
 
 def _numeric_plan(run: Run):

@@ -42,6 +42,22 @@ class Stamp(NamedTuple):
     wheels: tuple | None
 
 
+class Batched(NamedTuple):
+    """What happened to a kernel installed together with the one whose run led the batch: `ok`, the
+    line that says it, the leader."""
+    ok: bool
+    detail: str
+    leader: str
+    numeric: bool = False   # it failed on its numbers here (act/numeric.py): blocked on this GPU
+
+
+class Request(NamedTuple):
+    """The kernels of the request a decision belongs to (being ensured in this process, or said to
+    be coming: `engine.expect`), and those already decided usable."""
+    kernels: frozenset
+    good: frozenset
+
+
 class Reading(NamedTuple):
     """One read of the world, made under `stamp`: the probed environment and the policy's plan."""
     stamp: Stamp | None
@@ -80,6 +96,8 @@ class World:
 
     def __init__(self):
         self.readings = Readings()
+        # kernel -> Batched: installed (or failed) together with another kernel of its request by this process
+        self.batched: dict = {}
 
     # -- what a decision is made from ------------------------------------------------------
     def context(self, target: str | None = None):
@@ -198,6 +216,18 @@ class World:
                              verify_specs=(pins.kernel(decision.kernel),), kernel_env=decision.env)
         except NumericMismatch as exc:
             raise NumericFailed(str(exc)) from None
+        except InstallError as exc:
+            raise InstallFailed(str(exc)) from None
+
+    def install_batch(self, decisions, *, settings, env, pins):
+        """Several kernels of one request in one transaction (act/batch.py: their dependencies and
+        wheels in one installer call each, their builds side by side, one verification child); the
+        BatchResult, or InstallFailed when nothing could be installed for a reason of all of them."""
+        from ..act.batch import run_batch
+        from ..act.installer import InstallError
+
+        try:
+            return run_batch(decisions, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 

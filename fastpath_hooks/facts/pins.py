@@ -22,13 +22,13 @@ from functools import lru_cache
 from .pins_schema import build, decision_order
 from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
                           PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels,
-                          SourceBuild, Switch, Warm, same_version)
+                          SourceBuild, Switch, Warm, WheelIndex, same_version)
 from .._registry import REGISTRY
 
 # the values (pins_values) and the order of the kernels (pins_schema) are read from here too
 __all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", "HeadDims", "KernelRelease", "KernelSpec",
            "PackedPackage", "PackedSequences", "Pair", "Pays", "Pins", "PinsError", "PureRelease", "ReleaseWheels",
-           "SourceBuild", "Switch", "Warm", "decision_order", "load", "record_keys", "same_version"]
+           "SourceBuild", "Switch", "Warm", "WheelIndex", "decision_order", "load", "record_keys", "same_version"]
 
 
 def record_keys(kernels: dict) -> dict:
@@ -40,6 +40,8 @@ def record_keys(kernels: dict) -> dict:
         kind = entry.get("kind")
         if kind in ("pure", "compiled", "backend"):
             out[("kernels", name, "releases")] = ("version",)
+        if kind == "compiled":
+            out[("kernels", name, "wheel_indexes")] = ("name",)
         elif kind == "pair":
             first = (entry.get("distributions") or [None])[0]
             out[("kernels", name, "pairs")] = (first,)

@@ -82,7 +82,14 @@ def source_build(v, raw, e: str, arch_rules=()) -> SourceBuild:
     if len(spec) != 1 or spec[0].operator != "==":
         v.fail(f"{e}.requirement", f"{requirement!r}: expected one exact version (name==X): builds are cached by it")
     switch = cuda_switch(v, sb["cuda_switch"], f"{e}.cuda_switch") if "cuda_switch" in sb else None
+    par = v.table(sb.get("parallel", {"translation_units": 1, "split_compile": False, "source": "upstream: not known"}),
+                  f"{e}.parallel")
+    units = par.get("translation_units", 1)
+    if not isinstance(units, int) or isinstance(units, bool) or units < 1:
+        v.fail(f"{e}.parallel.translation_units", "expected a positive whole number (the files the build compiles)")
+    v.source(par, f"{e}.parallel")
     return SourceBuild(
+        translation_units=units, split_compile=v.boolean(par.get("split_compile", False), f"{e}.parallel.split_compile"),
         requirement=requirement,
         env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},
         rocm_env={str(k): str(x) for k, x in v.table(sb.get("rocm_env", {}), f"{e}.rocm_env").items()},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import replace
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -15,7 +16,8 @@ from . import pins_rules
 from .distributions import canonical_name
 from .frozen import FrozenSpecifierSet, freeze
 from .pins_values import (ACCELERATORS, KINDS, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
-                          PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, Switch, Warm, same_version)
+                          PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, Switch, Warm, WheelIndex,
+                          same_version)
 from .._registry import REGISTRY
 
 
@@ -272,10 +274,12 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
                 v.fail(f"{e}.switch.off_on[{i}]", f"{a!r}: expected cuda, rocm or xpu")
         switch = Switch(variable=v.string(sw.get("variable"), f"{e}.switch.variable"),
                         off=v.string(sw.get("off"), f"{e}.switch.off"), off_on=off_on, source=v.source(sw, f"{e}.switch"))
+    indexes = _wheel_indexes(v, k["wheel_indexes"], f"{e}.wheel_indexes") if "wheel_indexes" in k else ()
     for key, kinds in (("releases", ("pure", "compiled", "backend")), ("pairs", ("pair",)), ("broken", ("pair",)),
                        ("release", ("compiled",)), ("source_build", ("compiled",)), ("switch", ("pair", "backend")),
                        ("arch_rules", ("compiled",)), ("archs", ("backend",)), ("head_dims", ("backend",)),
-                       ("pays", ("backend",)), ("numeric_checks", ("pure", "compiled", "pair"))):
+                       ("pays", ("backend",)), ("numeric_checks", ("pure", "compiled", "pair")),
+                       ("wheel_indexes", ("compiled",))):
         if key in k and kind not in kinds:
             v.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
     if kind == "compiled" and "source_build" not in k:
@@ -317,11 +321,42 @@ def _kernel(v: _V, name: str, raw, names: tuple) -> KernelSpec:
         gates=v.strings(k.get("gates", []), f"{e}.gates"),
         mirror=mirror,
         serves=_kernel_names(v, k.get("serves", []), f"{e}.serves", name, names),
-        rule_prefix=prefix, switch=switch, jit_caches=jit_caches, warm=warm,
+        rule_prefix=prefix, switch=switch, jit_caches=jit_caches, warm=warm, wheel_indexes=indexes,
         releases=releases, pairs=pairs, broken=broken, archs=archs, head_dims=head_dims, pays=pays,
         numeric_checks=pins_rules.numeric_checks(v, k.get("numeric_checks", []), f"{e}.numeric_checks"),
         arch_rules=pins_rules.arch_rules(v, k.get("arch_rules", []), f"{e}.arch_rules"),
     )
+
+
+INDEX_FIELDS = ("{channel}", "{project}", "{cuda}", "{cuda_nodot}", "{torch_mm}")
+
+
+def _wheel_indexes(v: _V, raw, e: str) -> tuple:
+    out, seen = [], set()
+    for i, r in enumerate(v.list(raw, e)):
+        ie = f"{e}[{i}]"
+        v.table(r, ie)
+        name = v.string(r.get("name"), f"{ie}.name")
+        if name in seen or not name.replace("-", "").isalnum() or name.lower() != name:
+            v.fail(f"{ie}.name", f"{name!r}: a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
+        seen.add(name)
+        url = v.string(r.get("url"), f"{ie}.url")
+        if not url.startswith(("https://", "http://", "file://")) or "{project}" not in url or not url.endswith("/"):
+            v.fail(f"{ie}.url", f"{url!r}: an http(s):// or file:// template of the project page, with {{project}}, "
+                   "ending in /")
+        for key in ("url", "channel", "local"):
+            text = v.string(r.get(key), f"{ie}.{key}")
+            for placeholder in re.findall(r"{[^}]*}", text):
+                if placeholder not in INDEX_FIELDS:
+                    v.fail(f"{ie}.{key}", f"unknown placeholder {placeholder}; known: {', '.join(INDEX_FIELDS)}")
+        abi = v.string(r.get("cxx11_abi"), f"{ie}.cxx11_abi")
+        if abi not in ("TRUE", "FALSE"):
+            v.fail(f"{ie}.cxx11_abi", f"{abi!r}: expected TRUE or FALSE (the cxx11 ABI of its builds)")
+        out.append(WheelIndex(name=name, url=url, project=v.string(r.get("project"), f"{ie}.project"),
+                              channel=r["channel"], local=r["local"], cxx11_abi=abi,
+                              torch=v.specifier(r.get("torch", ""), f"{ie}.torch"),
+                              enabled=v.boolean(r.get("enabled", False), f"{ie}.enabled"), source=v.source(r, ie)))
+    return tuple(out)
 
 
 def decision_order(kernels: dict) -> tuple | None:

@@ -162,6 +162,7 @@ class KernelSpec:
     serves: tuple = ()              # kernels that use it (tilelang: fla)
     rule_prefix: str = ""
     switch: Switch | None = None
+    wheel_indexes: tuple = ()       # compiled: WheelIndex, where prebuilt wheels of it may be looked up
     jit_caches: dict = field(default_factory=dict)   # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
     warm: Warm | None = None        # the gated-delta-rule check/warm-up its verification runs, where decided
     # its kind's data
@@ -205,6 +206,26 @@ class ReleaseWheels:
 
 
 @dataclass(frozen=True)
+class WheelIndex:
+    """A PEP 503/691 package index with one channel per CUDA release that publishes prebuilt wheels of
+    a compiled kernel (Astral's layout: `<host>/simple/<channel>/<project>/`). A wheel is taken from it
+    only when its version is a pinned release with the local label `local` spells for this torch
+    build, its tags fit this Python and platform, and its sha256 is the one the index lists.
+    `url`, `channel` and `local` are templates: {channel}, {project}, {cuda} (torch.version.cuda,
+    13.0), {cuda_nodot} (130), {torch_mm} (2.11). Its builds hold every arch the sdist's -gencode
+    table gives that CUDA release, and use the cxx11 ABI `cxx11_abi` (where `torch` holds)."""
+    name: str
+    url: str
+    project: str
+    channel: str
+    local: str
+    cxx11_abi: str
+    torch: SpecifierSet
+    enabled: bool          # used unless FASTPATH_HOOKS_WHEEL_INDEX says otherwise
+    source: str
+
+
+@dataclass(frozen=True)
 class SourceBuild:
     """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
     `seconds` for `archs` GPU archs on `cores` cores is the measured time the estimates scale;
@@ -218,6 +239,8 @@ class SourceBuild:
     cores: int
     cuda_archs: dict
     source: str
+    translation_units: int = 1     # files compiled (MAX_JOBS beyond this count leaves cores idle)
+    split_compile: bool = False    # nvcc's --split-compile may be given to its compiles (nvcc >= 11.8)
     arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
     cuda_switch: "CudaSwitch | None" = None   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 

@@ -65,6 +65,7 @@ class Environment:
     memory_gib: float | None = None   # available memory (MAX_JOBS: nvcc jobs take GBs each)
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
+    build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
     # ((model type, K, V, key heads, value heads), ...): the gated-delta-rule models whose config classes are
     # imported in this process (their defaults; None where a default is derived), or posed (head_dims=, heads=)
@@ -314,7 +315,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
     from dataclasses import replace
 
-    from . import cached_wheels, numeric_records
+    from . import build_history, cached_wheels, numeric_records
     from .._environ import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
@@ -358,6 +359,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         half_installed=tuple(sorted(set(duplicates) & watched_distributions(pins))),
         wheel_cache=cached_wheels.directory(cache) if cache else None,
         cached_wheels=cached_wheels.listing(cache),
+        build_history=build_history.read(cache),
         pip="pip" in dists,
         numeric_device=posed.get("numeric"),
         numeric_failures=numeric_records.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),

@@ -81,6 +81,12 @@ _VARIABLES = {
     "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {' and '.join(_COMPILED)} when no prebuilt wheel fits: auto (default: "
                                    "only with nvcc of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 "
                                    "(also for all archs: long), 0 (never)"),
+    "FASTPATH_HOOKS_SPLIT_COMPILE": ("source builds: auto (default: nvcc's --split-compile where nvcc >= 11.8 and the "
+                                     "kernel's pins allow it, its threads from the build's share of the cores), 0 (off) "
+                                     "or the threads per nvcc job"),
+    "FASTPATH_HOOKS_WHEEL_INDEX": ("package indexes of prebuilt compiled-kernel wheels, tried before a source build: "
+                                   "unset (the pins' enabled ones: none shipped), off, names from the pins (astral), or "
+                                   "the base URL of an index with that layout (https://host/simple/); never offline"),
     "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
                                  "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
     PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
@@ -113,6 +119,8 @@ class Settings:
     installer: str = "auto"
     timeout: float = DEFAULT_TIMEOUT
     allow_build: str = "auto"          # "auto", "1" or "0" (see BUILD_MODES)
+    split_compile: str = "auto"        # "auto", "0" or a number of threads per nvcc job
+    wheel_index: tuple | None = None   # None: the pins' enabled indexes; (): none; names, or ("url", URL)
     cache_dir: str | None = None
     pins_file: str | None = None
     target: str | None = None
@@ -161,6 +169,8 @@ class Settings:
         parse("FASTPATH_HOOKS_INSTALLER", "installer", _choice(INSTALLERS))
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
         parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
+        parse("FASTPATH_HOOKS_SPLIT_COMPILE", "split_compile", parse_split_compile)
+        parse("FASTPATH_HOOKS_WHEEL_INDEX", "wheel_index", parse_wheel_index)
         parse(CACHE_DIR, "cache_dir", _directory_or_creatable)
         parse(PINS, "pins_file", _readable_file)
         parse("FASTPATH_HOOKS_TARGET", "target", lambda raw: _target_spec(raw, get(PINS)))
@@ -222,6 +232,8 @@ class Settings:
             "timeout": self.timeout,
             "allow_build": self.allow_build != "0",
             "allow_build_mode": self.allow_build,
+            "split_compile": self.split_compile,
+            "wheel_index": None if self.wheel_index is None else list(self.wheel_index),
             "cache_dir": self.cache_dir,
             "cache_dir_unusable": self.cache_dir_unusable,
             "pins_file": self.pins_file,
@@ -252,6 +264,39 @@ def parse_build_mode(raw: str) -> str:
     except ValueError:
         raise ValueError("expected auto (build only for the visible GPUs with a matching compiler), "
                          "1, true, yes, on (build even for all archs) or 0, false, no, off (never build)") from None
+
+
+def parse_split_compile(raw: str) -> str:
+    """auto, 0 (also off/false/no) or a positive number of threads per nvcc job."""
+    low = raw.strip().lower()
+    if low == "auto":
+        return "auto"
+    if low in _FALSE:
+        return "0"
+    if low.isdigit() and 0 < int(low) <= 1024:
+        return str(int(low))
+    raise ValueError("expected auto (nvcc's --split-compile where it is known to work, threads from the core budget), "
+                     "0 (never) or the threads per nvcc job, e.g. 4")
+
+
+def parse_wheel_index(raw: str) -> tuple:
+    """off -> (); a base URL -> ("url", URL); else the index names of the pins (checked against them
+    when the pins are loaded)."""
+    text = raw.strip()
+    if text.lower() in _FALSE:
+        return ()
+    accepted = ("expected off, index names from the pins (e.g. astral) or an http(s):// or file:// base URL of an "
+                "index with that layout")
+    if "://" in text:
+        try:
+            url = _url(("http", "https", "file"))(text)
+        except ValueError:
+            raise ValueError(accepted) from None
+        return ("url", url if url.endswith("/") else url + "/")
+    names = tuple(part.strip().lower() for part in text.replace(" ", ",").split(",") if part.strip())
+    if not names or any(not n.replace("-", "").isalnum() for n in names):
+        raise ValueError(accepted)
+    return names
 
 
 def parse_kernel_list(raw: str, reg=None) -> frozenset:

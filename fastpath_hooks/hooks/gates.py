@@ -174,6 +174,7 @@ def _first_query(kernels: tuple, import_utils, hooks):
         if not hooks.selected(kernel):  # install(kernels=...) left this one alone
             return _PASS
 
+        engine.expect_from(_modeling_hint)   # read only if this kernel is about to be installed
         outcome = engine.ensure(kernel)
         for partner in kernels[1:]:     # what the gate's models need with it; its answer stays the gate's own
             if hooks.selected(partner):
@@ -250,3 +251,10 @@ def simulated_accelerator(import_utils, kind: str):
 
 def _available() -> bool:
     return True
+
+
+def _modeling_hint():
+    """The kernels the modeling module being imported names (hooks/request.py), for the engine's batch."""
+    from .request import modeling_kernels
+
+    return modeling_kernels()

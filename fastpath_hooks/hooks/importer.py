@@ -103,6 +103,7 @@ def _before_kernel_import(fullname, hooks):
     try:
         from .. import engine
 
+        engine.expect_from(_modeling_hint)   # read only if this kernel is about to be installed
         message = engine.before_import(kernel)
     except Exception as exc:  # never make an import worse than without fastpath-hooks
         hooks.internal_error(exc)
@@ -193,3 +194,10 @@ class AfterImportLoader:
 
     def __repr__(self):
         return f"<fastpath-hooks after-import wrapper of {self._loader!r}>"
+
+
+def _modeling_hint():
+    """The kernels the modeling module being imported names (hooks/request.py), for the engine's batch."""
+    from .request import modeling_kernels
+
+    return modeling_kernels()

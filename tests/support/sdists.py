@@ -18,8 +18,14 @@ the .cu files with `PYTORCH_NVCC`, else `$ROCM_HOME/bin/hipcc`, with `-std=c++17
 
 The toolkit's `bin/nvcc` (ROCm's `bin/hipcc`) answers `--version` like nvcc 13.0 (hipcc 6.4) and
 appends every other argv to `<home>/calls.jsonl`; a file `<home>/FAIL` makes it fail like a
-compile error. Its host compiler `<home>/host/c++` (give it as CXX) records into
-`<home>/host-calls.jsonl`; `<home>/FAIL_HOST` makes it fail like g++ on a missing header.
+compile error, and `<home>/DELAY` (seconds) makes every compile take that long. Its host compiler
+`<home>/host/c++` (give it as CXX) records into `<home>/host-calls.jsonl`; `<home>/FAIL_HOST`
+makes it fail like g++ on a missing header.
+
+`fake_ccache(dir)` puts a `ccache` there that works like the real one where fastpath-hooks relies
+on it: it runs the compiler it is given, keeps the object under a key of the command line (the
+`-o` path left out) and the source's bytes, hands it back on the next identical compile without
+running the compiler, and writes each result to `$CCACHE_STATSLOG` as ccache 4.x does.
 """
 
 from __future__ import annotations
@@ -135,6 +141,9 @@ if "--version" in args or "-V" in args:
     sys.exit(0)
 with open(os.path.join(HOME, "calls.jsonl"), "a") as fh:
     fh.write(json.dumps(args) + "\n")
+if os.path.exists(os.path.join(HOME, "DELAY")):   # a compile that takes a while (concurrent builds overlap)
+    import time
+    time.sleep(float(open(os.path.join(HOME, "DELAY")).read() or 0))
 if os.path.exists(os.path.join(HOME, "FAIL")):
     sys.stderr.write('csrc/causal_conv1d_fwd.cu(42): error: identifier "__nv_bfloat16" is undefined (fake nvcc)\n')
     sys.exit(1)
@@ -208,6 +217,11 @@ class FakeToolkit:
     def host_calls(self) -> list:
         """argv of every call of the host compiler (not -v/--version), in order."""
         return _read_calls(os.path.join(self.home, "host-calls.jsonl"))
+
+    def delay(self, seconds: float) -> None:
+        """Every compile takes `seconds` from now on (0: none)."""
+        with open(os.path.join(self.home, "DELAY"), "w") as fh:
+            fh.write(str(seconds))
 
     def fail(self, on: bool = True) -> None:
         marker = os.path.join(self.home, "FAIL")
@@ -379,3 +393,43 @@ def foo_conv_sdist(dest: str, version: str = "0.1.0") -> str:
         files[f"csrc/{src}"] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
     os.makedirs(dest, exist_ok=True)
     return _write_sdist(dest, root, files)
+
+
+_CCACHE = r'''#!PYTHON
+import hashlib, json, os, shutil, subprocess, sys
+
+STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "store")
+args = sys.argv[1:]
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls.jsonl"), "a") as fh:
+    fh.write(json.dumps(args) + "\n")
+out = args[args.index("-o") + 1] if "-o" in args else None
+source = next((a for a in args if a.endswith((".cu", ".cpp"))), None)
+key = hashlib.sha256(json.dumps([a for a in args if a != out]).encode()
+                     + (open(source, "rb").read() if source and os.path.exists(source) else b"")).hexdigest()
+cached = os.path.join(STORE, key)
+log = os.environ.get("CCACHE_STATSLOG")
+def stats(counter):
+    if log:
+        with open(log, "a") as fh:
+            fh.write("# %s\n%s\n" % (source, counter))
+if out and os.path.exists(cached):
+    shutil.copyfile(cached, out)
+    stats("direct_cache_hit")
+    sys.exit(0)
+code = subprocess.call(args)
+if code == 0 and out:
+    os.makedirs(STORE, exist_ok=True)
+    shutil.copyfile(out, cached)
+    stats("cache_miss")
+sys.exit(code)
+'''
+
+
+def fake_ccache(directory: str) -> str:
+    """A stand-in `ccache` in `directory` (see the module docstring); its calls in calls.jsonl there."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "ccache")
+    with open(path, "w") as fh:
+        fh.write(_CCACHE.replace("PYTHON", sys.executable))
+    os.chmod(path, 0o755)
+    return path

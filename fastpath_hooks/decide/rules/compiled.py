@@ -13,7 +13,8 @@ from urllib.parse import quote
 
 from ...facts import cached_wheels
 from ...facts.distributions import canonical_name
-from ..builds import arch_gaps, built_archs, cuda_families, fits, needs_cuda_build, release_order, release_wheel, source_build
+from ..builds import (arch_gaps, built_archs, cuda_families, fits, index_sources, index_wheel_fits, needs_cuda_build,
+                      release_order, release_wheel, source_build)
 from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 from ..short import few, render
@@ -66,7 +67,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return decision
     what = f"{dist} {installed_v} is {HALF_INSTALLED}"
     if decision.action == INSTALL:
-        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
+        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.INDEX, StepKind.BUILD) else s
+                      for s in decision.steps)
         return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.half-installed"), steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
     return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.half-installed"), verify=True, on_failure=OnFailure.BLOCK,
@@ -231,7 +233,8 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     from ...facts.settings import release_wheel_url
 
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
-    dist = pins.kernel(kernel).distributions[0]
+    spec = pins.kernel(kernel)
+    dist = spec.distributions[0]
     rel, build = pins.release(kernel, version) or pins.release(kernel), pins.build(kernel, version)
     deps = deps_step(ctx, pins.kernel(kernel))
     dep_steps = (deps,) if deps is not None else ()
@@ -244,7 +247,8 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                         target={dist: version}, **kw)
 
     deps_missing = ctx.missing_offline(dep_steps)
-    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)), None)
+    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)
+                   or (spec.wheel_indexes and index_wheel_fits(ctx, kernel, build, n))), None)
     housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
     if deps_missing and (cached or housed):
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
@@ -273,4 +277,28 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
         if settings.allow_build == "0":
             return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"),
                             facts={"missing": few(missing)}, **kw)
-    return source_build(ctx, kernel, build, why, kw)
+    built = source_build(ctx, kernel, build, why, kw)
+    sources, _ = index_sources(ctx, kernel, build) if spec.wheel_indexes else ([], "")
+    if not sources:
+        return built
+    return _from_index(ctx, kernel, version, sources, built, dep_steps, kw)
+
+
+def _from_index(ctx: Context, kernel: str, version: str, sources, built: Decision, dep_steps, kw) -> Decision:
+    """A wheel looked up on the package indexes the settings allow, before the source build (which
+    runs when none fits: the installer takes the build step after the index steps of the same
+    distribution as their fallback); or the index alone where no build is possible here."""
+    dist = ctx.pins.kernel(kernel).distributions[0]
+    names = ", ".join(dict.fromkeys(ix.name for ix, _, _ in sources))
+    steps = tuple(Step(kind=StepKind.INDEX, requirements=(f"{dist}=={exact}",), url=url,
+                       note=f"a prebuilt wheel from the {ix.name} index, taken only with the sha256 it lists")
+                  for ix, url, exact in sources)
+    wanted = ", ".join(exact for _, _, exact in sources)
+    if built.action == INSTALL:
+        build_steps = tuple(s for s in built.steps if s.kind == StepKind.BUILD)
+        first = tuple(s for s in built.steps if s.kind != StepKind.BUILD)
+        return replace(built, rule=ctx.rule(kernel, "index"), steps=first + steps + build_steps,
+                       reason=f"{dist} {wanted} from the {names} index if it has one, else {built.reason}")
+    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "index.only"), steps=tuple(dep_steps) + steps,
+                    target={dist: version}, fix=built.fix,
+                    reason=f"{dist} {wanted} from the {names} index; no source build here: {built.reason}", **kw)

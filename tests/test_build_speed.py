@@ -1,0 +1,351 @@
+"""Faster builds and the honest wait, part by part (fast): how a build's share of the machine is cut
+(jobs by translation units, --split-compile threads from the cores left over, memory, several builds
+side by side), the estimate from this machine's own builds, the nvcc speed wrapper run for real
+(the fake toolkit's nvcc behind it, a stand-in ccache in front of that), the heartbeat, one
+verification child for several kernels. The whole path in real venvs: tests/test_speed.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import sdists
+from fastpath_hooks.act import nvcc_speed
+from fastpath_hooks.act.build import nvcc_wrapper
+from fastpath_hooks.act.runner import _elapsed
+from fastpath_hooks.act.verify import verify_many
+from fastpath_hooks.decide.builds import Share, build_estimate, core_budget, minutes, split_allowed
+from fastpath_hooks.facts import build_history, pins as pins_mod
+from fastpath_hooks.facts.settings import Settings
+
+PINS = pins_mod.load()
+CONV = PINS.build("causal-conv1d")     # 4 translation units, measured 275 s for sm_90 on 16 cores
+MAMBA = PINS.build("mamba-ssm")        # 10 translation units, 117 s
+
+
+def _budget(*builds, cpus=16, memory=128.0, settings=None, jobs_given=None):
+    return core_budget([(k, b, s, ok) for k, b, s, ok in builds], cpus=cpus, memory_gib=memory,
+                       settings=settings or Settings(), jobs_given=jobs_given)
+
+
+def test_the_pins_say_how_many_files_each_build_compiles_and_that_split_compilation_may_be_used():
+    assert (CONV.translation_units, CONV.split_compile) == (4, True)
+    assert (MAMBA.translation_units, MAMBA.split_compile) == (10, True)
+    assert PINS.build("mamba-ssm", "2.3.1").translation_units == 10   # another pinned release keeps them
+
+
+@pytest.mark.parametrize("builds,cpus,memory,expected", [
+    # alone on the H200's 16 cores: one job per file, the cores left over as split threads
+    ((("causal-conv1d", CONV, 275, True),), 16, 128.0, {"causal-conv1d": Share(16, 4, 4)}),
+    ((("mamba-ssm", MAMBA, 117, True),), 16, 128.0, {"mamba-ssm": Share(16, 10, 1)}),
+    # side by side: the cores in proportion to the estimates (275 : 117 of 14 spare, one each first)
+    ((("causal-conv1d", CONV, 275, True), ("mamba-ssm", MAMBA, 117, True)), 16, 128.0,
+     {"causal-conv1d": Share(11, 4, 2), "mamba-ssm": Share(5, 5, 1)}),
+    # an nvcc without --split-compile: one thread per job, however many cores
+    ((("causal-conv1d", CONV, 275, False),), 16, 128.0, {"causal-conv1d": Share(16, 4, 1)}),
+    # memory: 6 GiB holds four 1.5 GiB compiler threads - the split threads go first
+    ((("causal-conv1d", CONV, 275, True),), 16, 6.0, {"causal-conv1d": Share(16, 4, 1)}),
+    ((("causal-conv1d", CONV, 275, True),), 16, 3.0, {"causal-conv1d": Share(16, 2, 1)}),
+    # two cores, two builds: one each (never zero)
+    ((("causal-conv1d", CONV, 275, True), ("mamba-ssm", MAMBA, 117, True)), 2, 64.0,
+     {"causal-conv1d": Share(1, 1, 1), "mamba-ssm": Share(1, 1, 1)}),
+])
+def test_core_budget(builds, cpus, memory, expected):
+    got = _budget(*builds, cpus=cpus, memory=memory)
+    assert got == expected
+    for kernel, share in got.items():   # never more threads than the build's cores (bar the one-core floor)
+        assert share.jobs * share.split <= max(share.cores, 1)
+
+
+def test_core_budget_keeps_the_users_max_jobs_and_a_forced_split():
+    assert _budget(("causal-conv1d", CONV, 275, True), jobs_given=2) == {"causal-conv1d": Share(16, 2, 8)}
+    forced = Settings(split_compile="3")
+    assert _budget(("causal-conv1d", CONV, 275, True), settings=forced) == {"causal-conv1d": Share(16, 4, 3)}
+    assert _budget(("mamba-ssm", MAMBA, 117, True), settings=forced) == {"mamba-ssm": Share(16, 5, 3)}
+
+
+def test_split_compile_needs_nvcc_11_8_the_pins_and_the_setting():
+    assert split_allowed(CONV, Settings(), "13.0") and split_allowed(CONV, Settings(), "11.8")
+    assert not split_allowed(CONV, Settings(), "11.7")
+    assert not split_allowed(CONV, Settings(), None)                      # an nvcc of unknown release
+    assert not split_allowed(CONV, Settings(split_compile="0"), "13.0")  # the A/B switch
+    assert not split_allowed(dataclasses.replace(CONV, split_compile=False), Settings(), "13.0")   # the pins' switch
+
+
+def test_the_estimate_is_this_machines_last_build_of_it_else_the_pins_figure():
+    seconds, how = build_estimate(CONV, 1, 16)
+    assert seconds == 275 and "275 s measured for 1 arch on 16 cores" in how
+    history = ({"distribution": "causal-conv1d", "version": "1.6.2.post1", "n_archs": 1, "cores": 16, "split": 4,
+                "seconds": 141.0},
+               {"distribution": "mamba-ssm", "version": "2.3.2.post1", "n_archs": 1, "cores": 5, "seconds": 90.0},
+               {"distribution": "causal-conv1d", "version": "1.7.0", "n_archs": 1, "cores": 16, "seconds": 99.0})
+    seconds, how = build_estimate(CONV, 2, 8, history)       # the same version's, not the newer 1.7.0 one
+    assert seconds == 141.0 * 2 * 2 and "this machine's build of causal-conv1d 1.6.2.post1 took 141 s" in how
+    assert "--split-compile=4" in how and "scaled to 2 archs on 8 cores" in how
+    seconds, _ = build_estimate(MAMBA, 1, 16, history)       # built with 5 cores: more do not make it slower
+    assert seconds == 90.0
+
+
+def test_the_build_history_keeps_this_hosts_records(tmp_path):
+    path = build_history.path(str(tmp_path))
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"distribution": "causal-conv1d", "seconds": 100, "host": "elsewhere"}) + "\n")
+        fh.write("not json\n")
+        fh.write(json.dumps({"distribution": "causal-conv1d", "seconds": 120, "host": build_history.host(),
+                             "unknown": 1}) + "\n")
+    assert build_history.read(str(tmp_path)) == ({"distribution": "causal-conv1d", "seconds": 120,
+                                                  "host": build_history.host()},)
+    assert build_history.read(None) == () and build_history.read(str(tmp_path / "none")) == ()
+
+
+def test_the_heartbeat_says_elapsed_of_expected():
+    assert _elapsed(95, None) == "95 s"
+    assert _elapsed(95, 270) == "95 s of about 270 s expected"
+    assert _elapsed(300, 270) == "300 s, over the 270 s expected"
+    assert minutes(270) == "4 min"
+
+
+# -- the nvcc speed wrapper, for real --------------------------------------------------------------
+
+def _compile(wrapper, source, obj, env):
+    return subprocess.run([wrapper, "-c", source, "-o", obj, "-O3", "-gencode", "arch=compute_90,code=sm_90",
+                           "-gencode", "arch=compute_80,code=sm_80"],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_wrapper_adds_split_compile_records_each_compile_and_runs_ccache_in_front(tmp_path, toolkit):
+    work = str(tmp_path / "work")
+    os.makedirs(work)
+    source = str(tmp_path / "causal_conv1d_bwd.cu")
+    with open(source, "w") as fh:
+        fh.write("__global__ void k() {}\n")
+    launcher_dir = str(tmp_path / "tools")
+    sdists.fake_ccache(launcher_dir)
+    speed = nvcc_speed.plan(work, split=4, path_var=launcher_dir + os.pathsep + os.environ["PATH"])
+    assert speed.launcher == os.path.join(launcher_dir, "ccache") and speed.split == 4
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, ["sm_90"], speed=speed)    # the build's one nvcc wrapper
+    env = dict(os.environ, **nvcc_speed.launcher_environ(speed, work))
+    assert env["CCACHE_BASEDIR"] == work and env["CCACHE_STATSLOG"].startswith(work)
+
+    first = _compile(wrapper, source, str(tmp_path / "a.o"), env)
+    second = _compile(wrapper, source, str(tmp_path / "a.o"), env)   # the same compile again
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert nvcc_speed.MARK in first.stderr and "--split-compile=4" in first.stderr and "ccache" in first.stderr
+    assert "fastpath-hooks nvcc wrapper: kept arch=compute_90,code=sm_90; dropped arch=compute_80" in first.stderr
+    # the real (fake) nvcc ran once, with the split added once; the second compile was ccache's hit
+    (call,) = toolkit.calls()
+    assert call.count("--split-compile=4") == 1 and sdists.gencode_codes(call) == ["sm_90"]
+    assert open(tmp_path / "a.o").read() == "fake object\n"
+    assert nvcc_speed.ccache_result(work) == {"hits": 1, "misses": 1, "uncacheable": 0}
+    records = nvcc_speed.calls(speed)
+    assert [r["source"] for r in records] == [source, source] and all(r["split"] == 4 for r in records)
+    assert all(r["launcher"] == "ccache" and r["code"] == 0 and r["seconds"] >= 0 for r in records)
+    line, info = nvcc_speed.summary(speed, work)
+    assert line.startswith("2 nvcc compiles, --split-compile=4, slowest causal_conv1d_bwd.cu ")
+    assert line.endswith("ccache: 1 hit, 1 miss") and info["cache"]["hits"] == 1
+
+
+def test_one_wrapper_restricts_the_archs_adds_the_split_and_keeps_the_standard_last():
+    """The speed part lives in the same rewrite as the arch and C++-standard rules (act/compiler_wrapper.py):
+    the split goes on a compile only, once, and the rule's -std stays the last argument."""
+    from fastpath_hooks.act.compiler_wrapper import rewrite
+
+    argv = ["-c", "x.cu", "-o", "x.o", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90",
+            "-gencode", "arch=compute_100,code=sm_100"]
+    out, said = rewrite(argv, {"kind": "nvcc", "keep": ["sm_90"], "std": "c++20", "split": 4})
+    assert out == ["-c", "x.cu", "-o", "x.o", "-gencode", "arch=compute_90,code=sm_90", "--split-compile=4",
+                   "-std=c++20"]
+    assert said[0] == ("fastpath-hooks nvcc wrapper: kept arch=compute_90,code=sm_90; dropped "
+                       "arch=compute_100,code=sm_100")
+    assert rewrite(["-E", "x.cu"], {"kind": "nvcc", "keep": None, "std": None, "split": 4})[0] == ["-E", "x.cu"]
+    assert rewrite(["-c", "x.cpp"], {"kind": "cxx", "keep": None, "std": None, "split": 4})[0] == ["-c", "x.cpp"]
+
+
+def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tmp_path, toolkit):
+    work = str(tmp_path / "work")
+    os.makedirs(work)
+    speed = nvcc_speed.plan(work, split=8, path_var="/nonexistent")
+    assert speed.launcher is None
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=speed)
+    out = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=60)
+    assert "release 13.0" in out.stdout and not nvcc_speed.calls(speed)     # not a compile: nothing recorded
+    source = str(tmp_path / "x.cu")
+    open(source, "w").close()
+    done = subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "x.o"), "--split-compile=2"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    (call,) = toolkit.calls()
+    assert [a for a in call if "split-compile" in a] == ["--split-compile=2"]   # the build's own, not a second one
+    line, info = nvcc_speed.summary(speed, work)
+    assert "no compiler cache" in line and info["launcher"] is None
+    toolkit.fail()
+    failed = subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "y.o")], capture_output=True, text=True,
+                            timeout=60)
+    assert failed.returncode == 1 and "error: identifier" in failed.stderr    # nvcc's exit status and message pass through
+    assert nvcc_speed.calls(speed)[-1]["code"] == 1
+
+
+def test_without_a_split_the_wrapper_adds_none(tmp_path, toolkit):
+    work = str(tmp_path / "work")
+    os.makedirs(work)
+    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=nvcc_speed.plan(work, split=1, path_var="/nonexistent"))
+    source = str(tmp_path / "x.cu")
+    open(source, "w").close()
+    assert subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "x.o")], timeout=60).returncode == 0
+    assert not [a for a in toolkit.calls()[0] if "split-compile" in a]
+
+
+# -- one verification child for several kernels ---------------------------------------------------
+
+class _Spec:
+    def __init__(self, modules, attributes=()):
+        self.verify_modules, self.verify_attributes = tuple(modules), tuple(attributes)
+
+
+def test_one_child_checks_several_kernels_and_a_crash_blames_only_the_kernel_it_happened_in(tmp_path):
+    pkg = tmp_path / "mods"
+    pkg.mkdir()
+    (pkg / "good_one.py").write_text("def fn():\n    return 1\n")
+    (pkg / "crashes.py").write_text("import os\nos.abort()\n")
+    (pkg / "good_two.py").write_text("VALUE = 2\n")
+    env = (("PYTHONPATH", str(pkg)),)
+    results = verify_many([_Spec(["good_one"], ["good_one:fn"]), _Spec(["good_two"]), _Spec(["json"], ["json:dumps"])],
+                          timeout=60, env_extra=env)
+    assert [r.ok for r in results] == [True, True, True]
+    assert all("one check for 3 kernels" in r.detail for r in results)
+    results = verify_many([_Spec(["good_one"]), _Spec(["crashes"]), _Spec(["good_two"])], timeout=60, env_extra=env)
+    assert [r.ok for r in results] == [True, False, False]
+    assert "killed the process (SIGABRT)" in results[1].detail and results[1].detail.startswith("import crashes")
+    assert results[2].detail.startswith("not checked")      # never reached: not to be blamed
+    results = verify_many([_Spec(["good_one"], ["good_one:VALUE_MISSING"]), _Spec(["good_two"], ["good_two:VALUE"])],
+                          timeout=60, env_extra=env)
+    assert not results[0].ok and "AttributeError" in results[0].detail
+    assert not results[1].ok and "not callable" in results[1].detail
+
+
+def test_a_sys_executable_child_is_what_checks(tmp_path):
+    """The batch check runs this interpreter, as the one-kernel check does (the venv's python)."""
+    (tmp_path / "where.py").write_text(f"import sys\nassert sys.executable == {sys.executable!r}\n")
+    (result,) = verify_many([_Spec(["where"])], timeout=60, env_extra=(("PYTHONPATH", str(tmp_path)),))
+    assert result.ok, result.detail
+
+
+# -- a package index of prebuilt wheels, over real HTTP --------------------------------------------
+
+from support.index_server import IndexServer   # noqa: E402
+from support import wheels   # noqa: E402
+from fastpath_hooks.act import index as index_mod   # noqa: E402
+from fastpath_hooks.decide.plan import Step, StepKind   # noqa: E402
+
+PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+LOCAL = "1.6.2.post1+cu.13.0.torch.2.13"
+
+
+class _Env:
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}.0"
+    arch, glibc, platform = "x86_64", "2.36", "linux-x86_64"
+
+
+def _index_wheel(dest, version=LOCAL, tag=f"{PY}-{PY}-manylinux_2_28_x86_64"):
+    return wheels.fake_causal_conv1d(str(dest), f"causal_conv1d-{version}-{tag}.whl")
+
+
+def _step(index, channel="cu130", version=LOCAL):
+    return Step(kind=StepKind.INDEX, requirements=(f"causal-conv1d=={version}",),
+                url=f"{index.base}{channel}/causal-conv1d/")
+
+
+@pytest.mark.parametrize("accept_html", [False, True])
+def test_an_index_wheel_of_the_exact_version_is_downloaded_and_checked(tmp_path, accept_html, monkeypatch):
+    files = tmp_path / "files"
+    good = _index_wheel(files)
+    _index_wheel(files, version="1.6.2.post1+cu.13.0.torch.2.12")                           # another torch
+    _index_wheel(files, tag=f"{PY}-{PY}-manylinux_2_39_x86_64")                             # a newer glibc
+    if accept_html:   # a PEP 503 index that answers HTML only
+        monkeypatch.setattr(index_mod, "ACCEPT", "text/html")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with IndexServer() as index:
+        for name in sorted(os.listdir(files)):
+            index.add("cu130", "causal-conv1d", str(files / name))
+        got = index_mod.fetch(_step(index), Settings(), _Env(), str(dest))
+    assert os.path.basename(got) == os.path.basename(good)
+    assert open(got, "rb").read() == open(good, "rb").read()
+    assert index.requests == ["/simple/cu130/causal-conv1d/", f"/files/{os.path.basename(good)}"]
+
+
+def test_a_wheel_whose_bytes_do_not_match_the_listed_sha256_is_refused_and_deleted(tmp_path):
+    good = _index_wheel(tmp_path / "files")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with IndexServer() as index:
+        index.add("cu130", "causal-conv1d", good, sha256="0" * 64)
+        with pytest.raises(index_mod.IndexMiss) as info:
+            index_mod.fetch(_step(index), Settings(), _Env(), str(dest))
+    message = str(info.value)
+    assert "\n" not in message and f"sha256 {wheels.sha256_of(good)} does not match the index's {'0' * 64}" in message
+    assert "refused, nothing installed" in message and "127.0.0.1" in message
+    assert os.listdir(dest) == []                     # nothing corrupt left where it could be installed from
+
+
+def test_a_wheel_without_a_listed_sha256_is_not_taken(tmp_path):
+    good = _index_wheel(tmp_path / "files")
+    with IndexServer() as index:
+        index.add("cu130", "causal-conv1d", good, sha256=None)
+        with pytest.raises(index_mod.IndexMiss, match="has no sha256 on the index: not taken"):
+            index_mod.fetch(_step(index), Settings(), _Env(), str(tmp_path))
+        assert index.requests == ["/simple/cu130/causal-conv1d/"]      # never downloaded
+
+
+def test_no_fitting_wheel_an_unknown_page_and_offline_are_each_one_line(tmp_path):
+    with IndexServer() as index:
+        index.add("cu130", "causal-conv1d", _index_wheel(tmp_path / "files", version="1.6.2.post1+cu.13.0.torch.2.12"))
+        with pytest.raises(index_mod.IndexMiss) as info:
+            index_mod.fetch(_step(index), Settings(), _Env(), str(tmp_path))
+        assert f"has no causal-conv1d {LOCAL} wheel for {PY} linux-x86_64" in str(info.value)
+        assert "it lists causal_conv1d-1.6.2.post1+cu.13.0.torch.2.12" in str(info.value)
+        with pytest.raises(index_mod.IndexMiss, match="could not read .*cu129/causal-conv1d/.*404"):
+            index_mod.fetch(_step(index, channel="cu129"), Settings(), _Env(), str(tmp_path))
+        before = list(index.requests)
+        with pytest.raises(index_mod.IndexMiss, match="FASTPATH_HOOKS_OFFLINE=1"):
+            index_mod.fetch(_step(index), Settings(offline=True, find_links=(str(tmp_path),)), _Env(), str(tmp_path))
+        assert index.requests == before                                   # offline: not asked at all
+
+
+# -- the request: what the modeling module being imported will ask for -----------------------------
+
+def test_while_granite_4_0_h_is_imported_its_first_kernel_import_sees_both_kernels_coming():
+    """transformers >= 5.15 imports causal_conv1d at the first decorator of modeling_granitemoehybrid,
+    mamba_ssm only at a later one: the hint (read when the first is about to be installed) names
+    both, so they build side by side (real transformers, its real modeling module)."""
+    import importlib
+
+    from fastpath_hooks.hooks.request import modeling_kernels
+
+    seen = {}
+
+    class Spy:
+        def find_spec(self, name, path=None, target=None):
+            if name in ("causal_conv1d", "mamba_ssm") and name not in seen:
+                seen[name] = modeling_kernels()
+            return None
+
+    name = "transformers.models.granitemoehybrid.modeling_granitemoehybrid"
+    saved = {k: v for k, v in sys.modules.items() if k == name}
+    sys.modules.pop(name, None)
+    spy = Spy()
+    sys.meta_path.insert(0, spy)
+    try:
+        importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(spy)
+        sys.modules.pop(name, None)
+        sys.modules.update(saved)
+    assert seen.get("causal_conv1d") == {"causal-conv1d", "mamba-ssm"}, seen
+    assert modeling_kernels() == set()     # nothing is being imported now

@@ -1,0 +1,258 @@
+"""Issue 20 on a CPU machine, for real: the two compiled kernels of one request build side by side
+(stand-in sdists whose setup.py compiles through the nvcc torch's ninja build would use; a fake CUDA
+toolkit whose compiles take a second each) and still install in dependency order, in one installer
+call under the environment lock; the estimate later builds and `doctor` say comes from what this
+machine measured; a second environment on the same cache checks both kernels in ONE verification
+child; a wheel from a package index served over real HTTP (http.server) is taken before any build
+when its sha256 is the one the index lists, and refused - the build taking over - when it is not.
+
+Processes are counted with the package's own means: every process the fastpath-hooks command
+starts is seen by a PEP 578 audit hook in that same process (tests/support/processes.py's way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow   # real venvs, real pip/uv installs and builds
+
+from conftest import PY, offline_env
+from support import sdists, wheels
+from support.index_server import IndexServer
+from support.venvs import clean_env
+
+H200 = "gpu=sm_90,cuda=13.0,torch=2.11.0,triton=3.6.0,cpus=16"
+LABEL = "+fph.torch2.11.0.cu130.abi1.sm90"
+
+# The CLI in the venv's interpreter, behind an audit hook that writes every process it starts to
+# SPAWNS (a JSON line each: the argv), so a test counts installer calls and verification children.
+COUNTED_CLI = r'''
+import json, os, sys
+_log = open(os.environ["SPAWNS"], "a")
+def _hook(event, args):
+    if event == "subprocess.Popen":
+        _log.write(json.dumps([str(a) for a in args[1]]) + "\n")
+        _log.flush()
+sys.addaudithook(_hook)
+from fastpath_hooks.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def _house(path, build_dep_wheels) -> str:
+    os.makedirs(path)
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(path, name))
+    sdists.mamba_ssm_sdist(path)
+    sdists.causal_conv1d_sdist(path)
+    return path
+
+
+def _counted(venv, *args, env, spawns):
+    env = dict(env, SPAWNS=spawns)
+    open(spawns, "w").close()
+    proc = venv.run(COUNTED_CLI, env=env, args=args, timeout=900)
+    with open(spawns) as fh:
+        started = [json.loads(line) for line in fh if line.strip()]
+    return proc, started
+
+
+def _verification_children(started) -> list:
+    return [argv for argv in started if any("FASTPATH_HOOKS_VERIFY" in a for a in argv)]
+
+
+def _installs(started) -> list:
+    """The installer calls (uv pip install / pip install), not builds (pip wheel) or checks."""
+    return [argv for argv in started if "install" in argv and ("pip" in argv or any(a.endswith("/uv") or a == "uv"
+                                                                                  for a in argv))]
+
+
+def _interval(log: str) -> tuple:
+    text = open(log).read()
+    start = float(re.search(r"^# started: ([\d.]+)$", text, re.M).group(1))
+    took = float(re.search(r"^# exit: 0 after ([\d.]+) s$", text, re.M).group(1))
+    return start, start + took
+
+
+def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency_order(
+        make_venv, toolkit, build_dep_wheels, tmp_path, test_pins):
+    house = _house(str(tmp_path / "sdists"), build_dep_wheels)
+    cache = str(tmp_path / "cache")
+    env = offline_env(house, H200, cache_dir=cache, pins=test_pins(), CUDA_HOME=toolkit.home)
+    toolkit.delay(1.0)        # 3 causal-conv1d compiles and 9 mamba-ssm ones, a second each
+    first = make_venv()
+    plan = json.loads(first.cli("plan", "--json", env=env).stdout)
+    assert ["causal-conv1d", "mamba-ssm"] in plan["batches"]
+
+    proc, started = _counted(first, "install", "mamba-ssm", env=env, spawns=str(tmp_path / "spawns1.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    # the wait said up front: both builds, side by side, how long, how to do it ahead
+    assert re.search(r"causal-conv1d and mamba-ssm: building from source side by side, about \d+ min in all .*"
+                     r"`fastpath-hooks build`", proc.stderr), proc.stderr
+    logs = {k: sorted(set(re.findall(rf"log: (\S+/{k}-\S+\.log)", proc.stderr))) for k in ("causal-conv1d", "mamba-ssm")}
+    assert all(len(v) == 1 for v in logs.values()), logs
+    (c0, c1), (m0, m1) = _interval(logs["causal-conv1d"][0]), _interval(logs["mamba-ssm"][0])
+    assert max(c0, m0) < min(c1, m1), f"the build logs do not overlap in time: {c0, c1} {m0, m1}"
+    assert c1 - c0 >= 3 and m1 - m0 >= 3            # each really compiled (a second per file, at least)
+    # nvcc got only sm_90; causal-conv1d's four files... here three, with the split its share of the cores allows
+    conv = [a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]
+    mamba = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
+    assert len(conv) == 3 and len(mamba) == 9
+    assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 11 of 16 cores, 4 jobs
+    assert all(sdists.gencode_codes(a) == ["sm_90"] for a in conv + mamba)
+    assert re.search(r"causal-conv1d: building causal-conv1d==1\.6\.2\.post1 for sm_90 from source \(MAX_JOBS=4, "
+                     r"--split-compile=2, 11 of 16 cores\)", proc.stderr), proc.stderr
+    # one installer call put both wheels in, causal-conv1d's first, after the two builds; one check of both
+    wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]
+    assert len(wheel_calls) == 1, wheel_calls
+    files = [os.path.basename(x) for x in wheel_calls[0] if x.endswith(".whl")]
+    assert [f.split("-")[0] for f in files] == ["causal_conv1d", "mamba_ssm"]
+    assert started.index(wheel_calls[0]) > max(i for i, a in enumerate(started) if "wheel" in a and "pip" in a[:4] + a)
+    assert len(_verification_children(started)) == 1
+    assert re.search(r"mamba-ssm: installed einops \S+, mamba-ssm 2\.3\.2\.post1\+fph\S+ in [\d.]+ s with \w+; "
+                     r"verified in a child process", proc.stderr) or \
+        re.search(r"mamba-ssm: installed mamba-ssm 2\.3\.2\.post1\+fph\S+ in [\d.]+ s", proc.stderr), proc.stderr
+    versions = first.versions()
+    assert versions["causal-conv1d"] == "1.6.2.post1" + LABEL and versions["mamba-ssm"] == "2.3.2.post1" + LABEL
+    out = first.run("import causal_conv1d, mamba_ssm; print('ok')", env=clean_env(FASTPATH_HOOKS_DISABLE="1"))
+    assert out.stdout.strip() == "ok", out.stderr
+
+    # the builds are recorded, and what `doctor` estimates next is what this machine measured
+    second = make_venv()
+    doctor = json.loads(second.cli("doctor", "--json", env=dict(env, FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "c2")))
+                        .stdout)
+    assert doctor["environment"]["build_history"] == []        # another cache: no history there
+    doctor = json.loads(second.cli("doctor", "--json", env=env).stdout)
+    history = {r["distribution"]: r for r in doctor["environment"]["build_history"]}
+    assert history["causal-conv1d"]["split"] == 2 and history["causal-conv1d"]["cores"] == 11
+    assert history["causal-conv1d"]["concurrent"] == ["mamba-ssm"] and history["mamba-ssm"]["split"] == 1
+    assert history["causal-conv1d"]["seconds"] >= 3
+    # the estimate doctor prints, and the one the next build says before it starts, are the same
+    clear = second.cli("cache", "clear", env=env)
+    assert clear.returncode == 0
+    doctor = json.loads(second.cli("doctor", "--json", env=env).stdout)
+    reason = {d["kernel"]: d["reason"] for d in doctor["decisions"]}["causal-conv1d"]
+    said = re.search(r"about (\d+ (?:s|min)), an estimate", reason).group(1)
+    assert "this machine's build of causal-conv1d 1.6.2.post1 took" in \
+        next(s for d in doctor["decisions"] if d["kernel"] == "causal-conv1d" for s in d["steps"] if s["kind"] == "build")["note"]
+    proc = second.cli("install", "causal-conv1d", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(rf"causal-conv1d: building causal-conv1d==1\.6\.2\.post1 for sm_90 from source \([^)]*\), about "
+                     rf"{said} \(an estimate", proc.stderr), (said, proc.stderr)
+
+
+def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_installer_call(
+        make_venv, toolkit, build_dep_wheels, tmp_path, test_pins):
+    house = _house(str(tmp_path / "sdists"), build_dep_wheels)
+    cache = str(tmp_path / "cache")
+    env = offline_env(house, H200, cache_dir=cache, pins=test_pins(), CUDA_HOME=toolkit.home)
+    first = make_venv()
+    assert first.cli("install", "mamba-ssm", env=env).returncode == 0
+    calls = toolkit.calls()
+
+    second = make_venv()
+    plan = json.loads(second.cli("plan", "--json", env=env).stdout)
+    assert [d["rule"] for d in plan["decisions"] if d["kernel"] in ("causal-conv1d", "mamba-ssm")] == \
+        ["causal.cache", "mamba.cache"]
+    proc, started = _counted(second, "install", "mamba-ssm", env=env, spawns=str(tmp_path / "spawns2.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert toolkit.calls() == calls, "nothing compiled for the second environment"
+    assert not [a for a in started if "wheel" in a and "-w" in a], "no build"
+    children = _verification_children(started)
+    assert len(children) == 1, children                       # one child checked both kernels
+    payload = json.loads(children[0][-1])
+    assert [spec["modules"][0] for spec in payload] == ["causal_conv1d", "mamba_ssm"]   # dependency order
+    wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]
+    assert len(wheel_calls) == 1 and sum(x.endswith(".whl") for x in wheel_calls[0]) == 2   # one call, both wheels
+    # the time is said, for each kernel
+    for kernel, label in (("causal-conv1d", "1.6.2.post1"), ("mamba-ssm", "2.3.2.post1")):
+        assert re.search(rf"{kernel}: installed (\S+ \S+, )*{kernel} {re.escape(label + LABEL)}(, \S+ \S+)* in [\d.]+ s",
+                         proc.stderr), proc.stderr
+    assert "installing causal-conv1d" in proc.stderr and "together: one installer call, one check" in proc.stderr
+    versions = second.versions()
+    assert versions["mamba-ssm"] == "2.3.2.post1" + LABEL and versions["causal-conv1d"] == "1.6.2.post1" + LABEL
+    # and the next start in that environment: both good, nothing started at all
+    proc, started = _counted(second, "install", "mamba-ssm", env=env, spawns=str(tmp_path / "spawns3.jsonl"))
+    assert proc.returncode == 0 and started == [], started
+
+
+# -- prebuilt wheels from a package index, before any build ----------------------------------------
+
+TORCH213 = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"     # the venvs' own torch, posed as a cu130 build
+INDEX_VERSION = "1.7.0+cu.13.0.torch.2.13"   # online, the first pinned release (1.7.0) is the one asked for
+
+
+def _asked(index) -> list:
+    """What was asked of the kernel index (the installers' own queries for dependencies go to /pypi/)."""
+    return [r for r in index.requests if not r.startswith("/pypi/")]
+
+
+def _index_env(house, toolkit, cache, pins, index, **extra):
+    """Online (an index is asked) but every installer only finds the wheelhouse: deps come from it."""
+    env = clean_env(FASTPATH_HOOKS_TARGET=TORCH213, FASTPATH_HOOKS_CACHE_DIR=cache, FASTPATH_HOOKS_PINS=pins,
+                    FASTPATH_HOOKS_FIND_LINKS=house, FASTPATH_HOOKS_INDEX_URL=index.base.replace("/simple/", "/pypi/"),
+                    FASTPATH_HOOKS_WHEEL_INDEX=index.base, CUDA_HOME=toolkit.home, **extra)
+    return env
+
+
+def test_a_wheel_index_source_with_sha256_is_used_before_a_build_and_a_wrong_hash_is_refused(
+        make_venv, toolkit, build_dep_wheels, tmp_path, test_pins):
+    house = str(tmp_path / "house")
+    os.makedirs(house)
+    for name in os.listdir(build_dep_wheels):
+        os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
+    sdists.causal_conv1d_sdist(house, "1.7.0")
+    published = str(tmp_path / "published")
+    wheel = wheels.fake_causal_conv1d(published, f"causal_conv1d-{INDEX_VERSION}-{PY}-{PY}-manylinux_2_28_x86_64.whl")
+    pins = test_pins()
+    with IndexServer() as good, IndexServer() as bad:
+        good.add("cu130", "causal-conv1d", wheel)
+        bad.add("cu130", "causal-conv1d", wheel, sha256="0" * 64)
+
+        # offline, the index is never asked (and the build runs from the wheelhouse)
+        venv = make_venv(transformers=None)
+        offline = dict(_index_env(house, toolkit, str(tmp_path / "cache0"), pins, good), FASTPATH_HOOKS_OFFLINE="1")
+        offline.pop("FASTPATH_HOOKS_INDEX_URL")
+        plan = json.loads(venv.cli("plan", "--json", env=offline).stdout)
+        assert {d["kernel"]: d["rule"] for d in plan["decisions"]}["causal-conv1d"] == "causal.build"
+        assert good.requests == []
+
+        # the index's wheel, its sha256 the listed one: installed, nothing compiled, kept in the cache
+        cache = str(tmp_path / "cache")
+        env = _index_env(house, toolkit, cache, pins, good)
+        plan = json.loads(venv.cli("plan", "--json", env=env).stdout)
+        decision = {d["kernel"]: d for d in plan["decisions"]}["causal-conv1d"]
+        assert decision["rule"] == "causal.index" and [s["kind"] for s in decision["steps"]][-2:] == ["index", "build"]
+        proc = venv.cli("install", "causal-conv1d", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert toolkit.calls() == [], "no build: the index had the wheel"
+        assert venv.versions()["causal-conv1d"] == INDEX_VERSION
+        assert _asked(good) == ["/simple/cu130/causal-conv1d/", f"/files/{os.path.basename(wheel)}"]
+        listing = json.loads(venv.cli("cache", "list", "--json", env=env).stdout)
+        (entry,) = listing["wheels"]
+        assert entry["origin"] == "index" and entry["sha256"] == wheels.sha256_of(wheel)
+
+        # another environment on the machine: from the cache, the index not asked again
+        other = make_venv(transformers=None)
+        proc = other.cli("install", "causal-conv1d", env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "from the local wheel cache" in proc.stderr and len(_asked(good)) == 2
+        assert other.versions()["causal-conv1d"] == INDEX_VERSION
+
+        # a wheel whose bytes are not what the index lists: one line, nothing of it installed, the build instead
+        third = make_venv(transformers=None)
+        env = _index_env(house, toolkit, str(tmp_path / "cache-bad"), pins, bad)
+        proc = third.cli("install", "causal-conv1d", env=env)
+        assert proc.returncode == 0, proc.stderr
+        refused = [ln for ln in proc.stderr.splitlines() if "sha256" in ln]
+        assert refused == ["fastpath-hooks: causal-conv1d: the index's wheel fails its listed sha256 (corrupt or "
+                           "substituted): refused, nothing installed; building from source instead"], proc.stderr
+        assert _asked(bad)[-1] == f"/files/{os.path.basename(wheel)}"
+        assert len([a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]) == 3   # built instead
+        assert third.versions()["causal-conv1d"] == "1.7.0+fph.torch2.13.0.cu130.abi1.sm90"
+        cached = os.listdir(os.path.join(str(tmp_path / "cache-bad"), "wheels"))
+        assert not [n for n in cached if "cu.13.0" in n], cached          # the refused file is kept nowhere
