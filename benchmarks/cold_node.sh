@@ -67,9 +67,14 @@ phase_check() {
 
 fresh_env() {   # a venv over the device's packages, fastpath-hooks and its dependencies from the wheelhouse
   local dir=$1
+  local base_site own_site
   rm -rf "$dir"
   $BASE -m venv --system-site-packages "$dir" 2>/dev/null \
     || { rm -rf "$dir"; $BASE -m venv --system-site-packages --without-pip "$dir"; } || return 1   # no ensurepip: the system pip
+  # $BASE may itself be a venv (the device's is): --system-site-packages then misses its packages, so name them
+  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  [ "$base_site" = "$own_site" ] || echo "$base_site" > "$own_site/zz-image-site.pth"
   "$dir/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" fastpath-hooks || return 1
 }
 

@@ -135,10 +135,10 @@ PY
 phase_upstream() {
   local py=$ENV1/bin/python
   step "upstream tests (causal-conv1d 1.7.0: -k \"$CC_K\")"
-  (cd .tests && timeout 420 "$py" -m pytest -q -x -p no:cacheprovider test_causal_conv1d-1.7.0.py -k "$CC_K" 2>&1 | tail -15) \
+  (cd .tests && timeout ${CC_TIMEOUT:-420} "$py" -m pytest -q -x -p no:cacheprovider test_causal_conv1d-1.7.0.py -k "$CC_K" 2>&1 | tail -15) \
     | tee "$OUT/upstream-causal-conv1d.txt"
   step "upstream tests (mamba-ssm 2.3.2.post1)"
-  (cd .tests && timeout 150 "$py" -m pytest -q -x -p no:cacheprovider test_selective_scan-v2.3.2.post1.py \
+  (cd .tests && timeout ${MAMBA_TIMEOUT:-150} "$py" -m pytest -q -x -p no:cacheprovider test_selective_scan-v2.3.2.post1.py \
       test_selective_state_update-v2.3.2.post1.py ${MAMBA_K:+-k "$MAMBA_K"} 2>&1 | tail -15) | tee "$OUT/upstream-mamba-ssm.txt"
 }
 

@@ -177,8 +177,10 @@ def test_a_flash_qla_that_fails_its_check_leaves_fla_on_its_own_path_not_the_tor
     env = offline_env(wh, HOPPER, cache_dir=str(tmp_path / "cache"), pins=test_pins(wh))
     result = _user(clean, env)
     said = [m for m, _ in result["events"]]
-    assert any(m.startswith("flash-qla: could not install - verification failed: flash-qla's gated-delta-rule check: "
-                            "flash-qla raised RuntimeError") and m.endswith("fla keeps its own path") for m in said), said
+    # the line: the outcome, as much of the check's error as fits, and that fla keeps its own path (the whole
+    # error is in the event's detail and doctor)
+    assert any(m.startswith("flash-qla: could not install - verification failed: flash-qla's gated-delta-rule")
+               and "(fla keeps its own path" in m for m in said), said
     versions = clean.versions()
     assert "flash-qla" not in versions and versions["fla-core"] == "0.6.0"      # rolled back; fla stays
     assert not result["flash_qla_importable"] and result["env"]["FLA_FLASH_QLA"] == "0"
@@ -198,6 +200,6 @@ def test_a_broken_flash_qla_installed_by_hand_is_switched_off(clean, house, test
     assert without.returncode != 0 and "FlashQLA now support sm90" in without.stderr   # fla does not catch it
     result = _user(clean, env)
     assert result["env"]["FLA_FLASH_QLA"] == "0" and result["calls"]["chunk"] == 1 and result["finite"]
-    assert any(m.startswith("flash-qla: could not verify it - import flash_qla: ValueError: FlashQLA now support")
-               and m.endswith("fla keeps its own path") for m, _ in result["events"]), result["events"]
+    assert any(m.startswith("flash-qla: could not verify it - import flash_qla: ValueError: FlashQLA")
+               and "(fla keeps its own path" in m for m, _ in result["events"]), result["events"]
     assert clean.versions()["flash-qla"] == "0.1.3"     # the user's install is never removed
