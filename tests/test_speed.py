@@ -93,7 +93,9 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     # the wait said up front: both builds, side by side, how long, how to do it ahead
     assert re.search(r"causal-conv1d and mamba-ssm: building from source side by side, about \d+ min in all .*"
                      r"`fastpath-hooks build`", proc.stderr), proc.stderr
-    logs = {k: sorted(set(re.findall(rf"log: (\S+/{k}-\S+\.log)", proc.stderr))) for k in ("causal-conv1d", "mamba-ssm")}
+    logs = {k: sorted({p.replace("$FASTPATH_HOOKS_CACHE_DIR", cache) for p in re.findall(rf"log: (\S+/{k}-\S+\.log)",
+                                                                                       proc.stderr)})
+            for k in ("causal-conv1d", "mamba-ssm")}
     assert all(len(v) == 1 for v in logs.values()), logs
     (c0, c1), (m0, m1) = _interval(logs["causal-conv1d"][0]), _interval(logs["mamba-ssm"][0])
     assert max(c0, m0) < min(c1, m1), f"the build logs do not overlap in time: {c0, c1} {m0, m1}"
@@ -104,8 +106,8 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     assert len(conv) == 3 and len(mamba) == 9
     assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 11 of 16 cores, 4 jobs
     assert all(sdists.gencode_codes(a) == ["sm_90"] for a in conv + mamba)
-    assert re.search(r"causal-conv1d: building causal-conv1d==1\.6\.2\.post1 for sm_90 from source \(MAX_JOBS=4, "
-                     r"--split-compile=2, 11 of 16 cores\)", proc.stderr), proc.stderr
+    assert re.search(r"causal-conv1d: building for sm_90 \(MAX_JOBS=4, --split-compile=2, 11 of 16 cores\)", proc.stderr), \
+        proc.stderr
     # one installer call put both wheels in, causal-conv1d's first, after the two builds; one check of both
     wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]
     assert len(wheel_calls) == 1, wheel_calls
@@ -141,8 +143,8 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
         next(s for d in doctor["decisions"] if d["kernel"] == "causal-conv1d" for s in d["steps"] if s["kind"] == "build")["note"]
     proc = second.cli("install", "causal-conv1d", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(rf"causal-conv1d: building causal-conv1d==1\.6\.2\.post1 for sm_90 from source \([^)]*\), about "
-                     rf"{said} \(an estimate", proc.stderr), (said, proc.stderr)
+    assert re.search(rf"causal-conv1d: building - from source for sm_90, an estimated {said} ", proc.stderr), \
+        (said, proc.stderr)
 
 
 def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_installer_call(
