@@ -40,6 +40,7 @@ def index(tmp_path_factory, dep_wheels):
         shutil.copy(os.path.join(dep_wheels, name), pkgs)
     wheels.fake_fla(pkgs, "0.6.0")
     pins = pins_mod.load()
+    wheels.fake_flash_qla(pkgs, pins.kernel("flash-qla").releases[0].version)   # fla's backend on Hopper
     tilelang = wheels.fake_tilelang_from_pins(pkgs, "0.1.15", pins)
     os.rename(tilelang, os.path.join(pkgs, "tilelang-0.1.15-cp38-abi3-manylinux_2_17_x86_64.whl"))
     for version in ("0.1.12", "0.1.11", "0.1.15.post2"):
@@ -81,6 +82,7 @@ def test_download_for_another_python_fetches_its_wheels(small_venv, index, tmp_p
         "apache_tvm_ffi-0.1.12-cp312-cp312-manylinux_2_17_x86_64.whl",
         "tilelang-0.1.15-cp38-abi3-manylinux_2_17_x86_64.whl",
         "fla_core-0.6.0-py3-none-any.whl", "flash_linear_attention-0.6.0-py3-none-any.whl",
+        "flash_qla-0.1.3-py3-none-any.whl",
         *os.listdir(dep_wheels),  # einops, packaging (pure Python)
         causal_name("cp312"),
     ])

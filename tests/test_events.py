@@ -66,6 +66,26 @@ def test_many_short_words_are_cut_at_the_end():
     assert len(line) == events.MAX_LINE and line.endswith("...")
 
 
+def test_a_handed_over_error_chain_keeps_what_failed_and_the_error_itself():
+    from fastpath_hooks.events.lines import fitted
+
+    head = "fla: failed, retry in 60 min (FASTPATH_HOOKS_RETRY_AFTER): "
+    chain = "verification failed: import fla: ImportError: fake fla 0.6.0: broken on purpose (tests)"
+    line = events.PREFIX + fitted(head, chain)
+    assert len(line) <= events.MAX_LINE, line
+    assert (head + "verification failed: ... broken on purpose (tests) (the whole: fastpath-hooks doctor)") in line
+    short = fitted("fla: could not install - ", chain)   # whole when it fits
+    assert short == "fla: could not install - " + chain, short
+
+
+def test_a_text_that_is_no_chain_is_cut_at_its_end():
+    from fastpath_hooks.events.lines import fitted
+
+    line = fitted("FASTPATH_HOOKS_SKIP='bogus' is not valid, so nothing is installed: ",
+                  "unknown kernel; accepted: " + ", ".join(f"kernel-{i}" for i in range(20)))
+    assert "unknown kernel; accepted: kernel-0, ker... (the whole: fastpath-hooks doctor)" in line, line
+
+
 # -- events: every listener, its own dict ---------------------------------------------------------
 
 def test_every_listener_gets_its_own_json_ready_event_and_a_raising_one_breaks_nothing(voice, capsys):

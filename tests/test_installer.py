@@ -336,7 +336,7 @@ def test_tilelang_that_aborts_is_rolled_back(venv, fresh, tmp_path, make_wheelho
     _check_torch_path(result, proc)
     assert "verification failed: import tvm_ffi, tilelang killed the process (SIGABRT)" in proc.stderr
     assert "rolled back: removed " in proc.stderr
-    assert "fla needs tilelang here and tilelang is not usable" in proc.stderr
+    assert "fla: not installed - needs tilelang here, which is not usable (fix tilelang first" in proc.stderr
     assert guarded.site_entries(venv) == [] and guarded.kernel_versions(venv) == {}
     again, proc2 = guarded.ask(venv, "fla", env)
     assert again["runs_first"] == 0 and again["first"] == result["first"], proc2.stderr

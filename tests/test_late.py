@@ -244,7 +244,7 @@ def test_era_c_hopper_late_install_takes_an_imported_fla_away_again(scenarios):
     assert out["before"]["torch_chunk_gated_delta_rule"]["module"] == "fla.ops.gated_delta_rule"
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
         assert out["resolved"][name]["torch"], out["resolved"]                 # the torch function again
-    assert out["calls_train"]["fla"] == {"chunk": 0, "recurrent": 0}          # fla never ran
+    assert out["calls_train"]["fla"] == {"chunk": 0, "recurrent": 0, "flash_qla": 0}   # fla never ran
     assert out["grads_finite"]                                                  # forward + backward on torch
     lines = [line for line in after_install(step) if "qwen3_5" in line]
     assert len(lines) == 1, step.stderr

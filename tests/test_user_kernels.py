@@ -129,7 +129,9 @@ def test_a_compiled_kernel_added_by_a_pins_file_builds_for_the_visible_gpu(make_
     venv = make_venv(transformers=None)
     proc = venv.cli("install", "foo-conv", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"building from source for sm_90 with nvcc 13\.0", proc.stderr), proc.stderr
+    assert "foo-conv: building - from source for sm_90" in proc.stderr, proc.stderr
+    assert re.search(r"foo-conv: built for sm_90 in \d+ s; log: \$FASTPATH_HOOKS_CACHE_DIR/logs/foo-conv-0\.1\.0-sm_90-",
+                     proc.stderr), proc.stderr
     calls = toolkit.calls()
     assert len(calls) == 3 and all(sdists.gencode_codes(argv) == ["sm_90"] for argv in calls), calls
     code = ("import json, foo_conv, importlib.metadata as m\n"

@@ -121,14 +121,22 @@ def recover(state_dir: str) -> list:
         stopped = tx.stop_group()
         still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
         whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
-        events.warning(fitted("an earlier install was interrupted: ", f"{tx.description or tx.id}{still}",
+        events.warning(fitted(f"an earlier install was interrupted{still}: ", tx.description or tx.id,
                               "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
         done = tx.rollback()
         whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
-        events.status(fitted("recovered: ", "; ".join(done) if done else "nothing to restore",
+        events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
                              whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
     Transaction.discard_stale(state_dir)
     return done
+
+
+def _counted(done: list) -> list:
+    """A rollback's steps for its line: many leftovers removed are one count (the debug log names them)."""
+    leftovers = [d for d in done if d.startswith("removed leftover ")]
+    if len(leftovers) <= 2:
+        return done
+    return [d for d in done if d not in leftovers] + [f"removed {len(leftovers)} leftover files"]
 
 
 def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=(),

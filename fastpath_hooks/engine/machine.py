@@ -198,12 +198,15 @@ def _needs(run: Run):
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             fix = f"fix {dep} first: its line says how"
+            # the line: why whole when it fits, else in short (the dependency's own line says its reason)
+            said = (why, fix) if _fits(f"{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") \
+                else (f"needs {dep} here, which is not usable", fix)
             if decision.on_failure == OnFailure.BLOCK:
                 return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
-                                         said=(why, fix)))
+                                         said=said))
             apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
-            say(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", why, fix), run.kernel,
+            say(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
                 detail=f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run

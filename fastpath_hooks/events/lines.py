@@ -9,11 +9,11 @@ MAX_LINE = 160          # characters, "fastpath-hooks: " included
 PREFIX = "fastpath-hooks: "
 
 
-def fit(message: str, limit: int = MAX_LINE) -> str:
+def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) -> str:
     """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
     a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
     the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path is never cut (every message about a
-    build names it): the line then ends after it, even past `limit`."""
+    build names it): the line then ends after it, even past `limit`. cut_words_only: only the long words."""
     words = message.split()
     line = PREFIX + " ".join(words)
 
@@ -34,7 +34,7 @@ def fit(message: str, limit: int = MAX_LINE) -> str:
         head = max(keep // 2, head)
         words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
         line = PREFIX + " ".join(words)
-    if len(line) > limit:
+    if len(line) > limit and not cut_words_only:
         logs = [i for i, w in enumerate(words) if is_log(w)]
         # cut at the end - but never before a build log's path ends
         end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
@@ -60,7 +60,22 @@ def fitted(head: str, detail: str, fix: str = "", *, whole_at: str = "fastpath-h
         return whole
     tail = f" ({fix}; the whole: {whole_at})" if fix else f" (the whole: {whole_at})"
     room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
-    return head + fit(str(detail), room + len(PREFIX))[len(PREFIX):] + tail
+    text = fit(str(detail), 10 ** 6)[len(PREFIX):]
+    cut = fit(text, room + len(PREFIX))[len(PREFIX):]
+    if cut.endswith("...") and not any(w.rstrip(";,)").endswith(".log") for w in text.split()):
+        cut = _middle_out(fit(text, room + len(PREFIX), cut_words_only=True)[len(PREFIX):], room) or cut
+    return head + cut + tail
+
+
+def _middle_out(text: str, room: int) -> str | None:
+    """A handed-over error chain cut in its middle, by clauses: its first says what failed ("verification
+    failed"), its last the error itself ("broken on purpose"); None when no such cut fits."""
+    parts = text.split(": ")
+    for j in range(len(parts) - 2, 0, -1):   # the first clause, then as many of the last as fit
+        line = f"{parts[0]}: ... {': '.join(parts[-j:])}"
+        if len(line) <= room:
+            return line
+    return None
 
 
 def shown_path(path: str) -> str:
