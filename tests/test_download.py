@@ -105,11 +105,12 @@ def test_offline_install_from_a_downloaded_wheelhouse(small_venv, index, tmp_pat
                              PIP_INDEX_URL=DEAD_INDEX, UV_DEFAULT_INDEX=DEAD_INDEX, UV_INDEX_URL=DEAD_INDEX)
     proc = venv.cli("install", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for kernel in ("fla", "tilelang", "causal-conv1d"):
+    for kernel in ("fla", "tilelang", "flash-qla", "causal-conv1d"):
         assert f"{kernel}: installed" in proc.stdout, proc.stdout + proc.stderr
-    assert proc.stderr.count("verified in a child process") == 3
+    assert proc.stderr.count("verified in a child process") == 4
     assert guarded.kernel_versions(venv) == {
         "fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12",
         "causal-conv1d": "1.6.2.post1+cu12torch2.10cxx11abiTRUE"}
+    assert venv.versions()["flash-qla"] == "0.1.3"   # fla's backend on Hopper, from the same wheelhouse
     assert venv.file_hashes() == before and "triton" not in before
     assert venv.pip_check() == "No broken requirements found."

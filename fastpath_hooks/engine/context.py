@@ -96,6 +96,7 @@ def unusable_cache_dir(settings) -> None:
         if given is not None:   # the long paths are details: said short, or left to doctor
             line = first_fitting(line, f"{CACHE_DIR}={given} {problem}; using {shown_path(instead)} instead{fix}",
                                  f"{CACHE_DIR}={given} {problem}; using the default cache instead{fix}",
+                                 f"{CACHE_DIR}={given} {problem.split(' (')[0]}; using the default cache instead{fix}",
                                  f"{CACHE_DIR} {problem}; using {shown_path(instead)} instead{fix}",
                                  f"{CACHE_DIR} {problem}; using the default cache instead{fix}")
         events.warning(line, once="cache-dir", persist=f"cache-dir:{settings.cache_dir_unusable}",
