@@ -6,7 +6,7 @@ decisions install wheels or build, and whose other needs are already usable, go 
 builds side by side, their dependencies and wheels in one installer call each, one verification
 child (act/batch.py). The first of them in dependency order leads it - the one the engine reaches
 first, as every other one needs it or is decided after it. `plan` and `doctor` show the same
-batches (report.commands_for), the engine runs them (engine/machine.py).
+batches (report.commands_for), the engine runs them (engine/batch_install.py).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
 - RECORD: the verdict and, for a good outcome, the warm verdict for the next start, in one write;
   after an install the facts are settled from the installer's own scan (no probe, no policy).
 The lock is released by the loop, whatever state it ends in.
+
+The steps decide the transitions; the lines an outcome is said in are said.py's, the install of a
+request's batch batch_install.py's.
 """
 
 from __future__ import annotations
@@ -33,14 +36,15 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
-from .._registry import registry
+from ..act.verdicts import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
-from .world import Batched, InstallFailed, NumericFailed, Reading
+from .world import InstallFailed, NumericFailed, Reading
+from .batch_install import _batch, _install_batch
+from .said import (_blocked, _describe, _engine_line, _failed, _fits, _hazard_fix, _keeps, _numeric_block, _outcome,
+                   _reminder, _skipped)
 from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
-
-VERIFIED, FAILED = "good", "failed"   # the verdicts' states (act/verdicts.py)
 
 
 class State(enum.Enum):
@@ -331,7 +335,7 @@ def _install(run: Run):
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     batch = _batch(run)
     if len(batch) > 1:
-        return _install_batch(run, batch)
+        return State.RECORD, _install_batch(run, batch)
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(short.line(current), kernel,
                   detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
@@ -345,71 +349,6 @@ def _install(run: Run):
     return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
 
 
-def _batch(run: Run) -> tuple:
-    """The acting decisions installed together with this one (decide/batches.py), in dependency
-    order, this one among them: the compiled kernels of the same request - being ensured in this
-    process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
-    this decision otherwise (or a repair)."""
-    from ..decide.batches import batch
-
-    if run.repairing or run.request is None:
-        return (run.decision,)
-    request = run.request()
-    return batch(run.plan, run.pins, run.kernel, request=request.kernels, good=request.good, decision=run.decision)
-
-
-def _install_batch(run: Run, batch: tuple):
-    """This kernel and the others of its request in one batch (World.install_batch). The others'
-    verdicts are written here, under the fingerprint of what is on disk now, and remembered in the
-    World for their own runs (CHECK), which then neither check nor install again."""
-    world, settings, kernel, pins = run.world, run.settings, run.kernel, run.pins
-    for decision in batch:   # each member's own reason, said as one install says it
-        events.status(short.line(decision), decision.kernel,
-                      detail=f"{decision.kernel}: installing {_describe(decision, whole=True)} ({decision.reason})")
-    events.status(f"{kernel}: installing {' and '.join(d.kernel for d in batch)} together: one installer call, "
-                  "one check", kernel)
-    try:
-        result = world.install_batch(batch, settings=settings, env=run.env, pins=pins)
-        results, failed, numeric = dict(result.results), dict(result.failed), set(result.numeric)
-    except InstallFailed as exc:
-        results, failed, numeric = {}, {d.kernel: str(exc) for d in batch}, set()
-    any_result = next(iter(results.values()), None)
-    env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
-    for decision in batch:
-        other = decision.kernel
-        if other == kernel:
-            continue
-        done = results.get(other)
-        if done is not None:
-            detail = _installed_line(other, done, decision)
-            verdict = (world.fingerprint(env, settings, pins, other), VERIFIED, f"installed with {kernel}")
-            world.batched[other] = Batched(True, decision.reason, kernel)
-        else:
-            detail = failed.get(other, "not installed")
-            verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
-            world.batched[other] = Batched(False, detail, kernel, other in numeric)
-            events.error(f"{other}: could not install - {detail}", other, once=f"fail-{other}")
-        if not run.cache.record(other, verdict=verdict):
-            events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
-        events.debug(f"{other}: {detail}", other)
-    mine = results.get(kernel)
-    if mine is None:
-        decision = _numeric_block(run.decision) if kernel in numeric else run.decision   # as _install blocks it
-        return State.RECORD, replace(run, decision=decision, verdict=(False, failed.get(kernel, "not installed")))
-    return State.RECORD, replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)
-
-
-def _installed_line(kernel: str, result, decision) -> str:
-    """Say a batch member's install as RECORD says the leader's."""
-    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
-    events.status(f"{kernel}: installed {done} in {result.seconds:.1f} s with {result.installer}; verified in a child "
-                  "process", kernel)
-    if result.restart_advised:
-        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
-                       "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
-    return f"installed {done}"
-
-
 def _numeric_plan(run: Run):
     """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
     for these GPUs) - once per installed files, GPU arch and torch build."""
@@ -417,16 +356,6 @@ def _numeric_plan(run: Run):
     from ..act.numeric import plan_for
 
     return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
-
-
-def _numeric_block(decision, detail: str, gpus):
-    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
-    its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
-    from ..decide.common import NUMERIC_FIX, numeric_measured
-    from ..decide.rule_ids import NUMERIC_SHORT_FIX
-
-    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX, reason=detail,
-                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)), short_fix=NUMERIC_SHORT_FIX)
 
 
 def _record(run: Run):
@@ -460,27 +389,6 @@ def _warm_rule(run: Run) -> bool:
     return rule is None or rule.warm
 
 
-def _outcome(run: Run) -> Outcome:
-    """The outcome of a verification or an install (RECORD), said."""
-    good, detail = run.verdict
-    decision, kernel = run.decision, run.kernel
-    if not good:
-        return _failed(decision, detail)
-    result = run.installed
-    if result is None:
-        events.debug(f"{kernel}: {detail}", kernel)
-        return Outcome(kernel, OutcomeState.OK, decision.reason)
-    repaired = decision.action == REPAIR
-    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
-            f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
-    events.status(said[0] if _fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
-    if result.restart_advised:
-        events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
-                       "changed on disk; restart it to avoid running mixed versions", kernel)
-    reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
-    return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
-
-
 STEP = {
     State.CONTEXT: _context,
     State.READ: _read,
@@ -495,7 +403,7 @@ STEP = {
 }
 
 
-# -- outcomes and the lines that say them ---------------------------------------------------
+# -- the verdicts cached earlier -----------------------------------------------------------
 
 def _known(run: Run) -> Outcome | None:
     """The cached verdict of an installed kernel: good, or a failure remembered for
@@ -515,132 +423,3 @@ def _remembered_failure(run: Run) -> Outcome | None:
     if cached is not None and cached["state"] == FAILED:
         return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
     return None
-
-
-def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
-    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
-    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
-    if quiet:
-        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
-        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
-    from ..decide.rule_ids import lookup
-
-    rule = lookup(pins, decision.rule)
-    if rule is not None and rule.machine_wide:
-        why = plan.notes[0] if plan.notes else decision.reason
-        events.emit(events.Severity.STATUS, short.machine_line(decision), decision.kernel, once="global-skip",
-                    persist=f"{decision.rule}:{why}",
-                    detail=f"{why}; nothing to install, transformers keeps its torch path ({', '.join(plan.decisions)})")
-    else:
-        kind = rule.severity if rule is not None else events.Severity.STATUS
-        # said once per environment; a later start reminds in one line while the kernel stays missing
-        missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
-        events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
-                    persist=f"{decision.rule}:{decision.reason}",
-                    reminder=_reminder(pins, decision.kernel) if missing else None,
-                    detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
-                           (f" ({decision.fix})" if decision.fix else ""))
-    return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
-
-
-def _reminder(pins, kernel: str) -> str | None:
-    """The one line a later start says for a kernel still missing - not for one that only serves another
-    (tilelang: fla's line says it)."""
-    return None if pins.kernel(kernel).serves else short.reminder(kernel)
-
-
-def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
-    """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
-    short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
-    as much as fits."""
-    module = registry()[decision.kernel]["modules"][0]
-    message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
-               f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
-    if said is None and decision.short_reason and reason == decision.reason:
-        said = (decision.short_reason, decision.short_fix)
-    elif said is None:   # a reason the engine was handed (a failed check): the decision's short fix
-        said = (reason, decision.short_fix if decision.short_reason and fix == decision.fix else fix)
-    head = f"{decision.kernel}: {short.BLOCKED} - "
-    events.warning(_engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
-                   detail=f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""))
-    return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
-
-
-def _failed(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
-    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
-    backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
-    if remembered is not None:
-        reason = remembered["reason"]
-    if decision.on_failure == OnFailure.BLOCK:
-        return _blocked(decision, reason, decision.fix or "")
-    apply_env(decision.kernel, decision.off, "it is not usable here")
-    persist, reminder = None, None
-    if remembered is not None:
-        retry = _retry_in(remembered, settings)
-        message = _engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
-        # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
-        persist = f"{decision.rule}:failed:{remembered.get('ts')}"
-        reminder = _reminder(pins, decision.kernel) if pins is not None else None
-    else:   # the torch path stays (a backend: the kernel it serves keeps its own path)
-        verb = "verify it" if decision.action == OK else decision.action
-        entry = registry().get(decision.kernel) or {}
-        keeps = f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else ""
-        message = _engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
-        reason_whole = reason + (f"; {keeps}" if keeps else "")
-    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
-                 detail=f"{decision.kernel}: could not {decision.action} - "
-                        f"{reason if remembered is not None else reason_whole}")
-    return Outcome(decision.kernel, OutcomeState.FAILED, reason)
-
-
-def _retry_in(entry: dict, settings) -> str:
-    import time
-
-    left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
-    return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
-
-
-def _keeps(pins, kernel: str) -> str:
-    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
-    spec = pins.kernel(kernel)
-    if spec.kind == "backend":
-        return f"{' and '.join(spec.serves)} keeps its own path"
-    return "transformers keeps its torch path"
-
-
-def _engine_line(head: str, detail: str, fix: str = "") -> str:
-    """A line about a text the engine was handed (a failed check's or install's output, why no installer
-    can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
-    from ..events.lines import fitted
-
-    return fitted(head, detail, fix, whole_at=short.DOCTOR)
-
-
-def _fits(line: str) -> bool:
-    from ..events.lines import MAX_LINE, PREFIX
-
-    return len(PREFIX) + len(line) <= MAX_LINE
-
-
-def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
-    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (whole:
-    with a built wheel's local label), and how many dependencies came with them (by name in the debug log)."""
-    own = pins.kernel(kernel).distributions
-    mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
-    others = len(result.installed) - len(mine)
-    if not mine:
-        return _describe(decision)
-    return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
-
-
-def _describe(decision, whole: bool = False) -> str:
-    if decision.target:
-        return " + ".join(f"{k} {v if whole else short.public(v)}" for k, v in decision.target.items())
-    return ", ".join(r for s in decision.steps for r in s.requirements)
-
-
-def _hazard_fix(pins, kernel: str) -> str:
-    for hz in pins.hazards:
-        if hz.kernel == kernel:
-            return hz.fix
-    return ""

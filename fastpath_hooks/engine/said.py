@@ -1,0 +1,187 @@
+"""The lines a decision's outcome is said in, and the Outcome each goes with: skipped, blocked,
+failed (a remembered failure with its retry time), installed or repaired (RECORD's line, a batch
+member's), and the pieces those lines are made of (what is installed, what keeps running instead, a
+handed-over text fitted to the line width). The state machine (machine.py) decides which one; this
+module only says it - at the severity and once-key each line has always had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import events
+from .._registry import registry
+from .outcome import Outcome, OutcomeState, apply_env
+from ..decide import short
+from ..decide.plan import OK, REPAIR, OnFailure
+
+
+def _outcome(run) -> Outcome:
+    """The outcome of a verification or an install (RECORD), said."""
+    good, detail = run.verdict
+    decision, kernel = run.decision, run.kernel
+    if not good:
+        return _failed(decision, detail)
+    result = run.installed
+    if result is None:
+        events.debug(f"{kernel}: {detail}", kernel)
+        return Outcome(kernel, OutcomeState.OK, decision.reason)
+    repaired = decision.action == REPAIR
+    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
+            f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
+    events.status(said[0] if _fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
+    if result.restart_advised:
+        events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
+                       "changed on disk; restart it to avoid running mixed versions", kernel)
+    reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
+    return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
+
+
+def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+    """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
+    quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
+    if quiet:
+        events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
+        return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
+    from ..decide.rule_ids import lookup
+
+    rule = lookup(pins, decision.rule)
+    if rule is not None and rule.machine_wide:
+        why = plan.notes[0] if plan.notes else decision.reason
+        events.emit(events.Severity.STATUS, short.machine_line(decision), decision.kernel, once="global-skip",
+                    persist=f"{decision.rule}:{why}",
+                    detail=f"{why}; nothing to install, transformers keeps its torch path ({', '.join(plan.decisions)})")
+    else:
+        kind = rule.severity if rule is not None else events.Severity.STATUS
+        # said once per environment; a later start reminds in one line while the kernel stays missing
+        missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
+        events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
+                    persist=f"{decision.rule}:{decision.reason}",
+                    reminder=_reminder(pins, decision.kernel) if missing else None,
+                    detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
+                           (f" ({decision.fix})" if decision.fix else ""))
+    return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
+
+
+def _reminder(pins, kernel: str) -> str | None:
+    """The one line a later start says for a kernel still missing - not for one that only serves another
+    (tilelang: fla's line says it)."""
+    return None if pins.kernel(kernel).serves else short.reminder(kernel)
+
+
+def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
+    """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
+    short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
+    as much as fits."""
+    module = registry()[decision.kernel]["modules"][0]
+    message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
+               f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
+    if said is None and decision.short_reason and reason == decision.reason:
+        said = (decision.short_reason, decision.short_fix)
+    elif said is None:   # a reason the engine was handed (a failed check): the decision's short fix
+        said = (reason, decision.short_fix if decision.short_reason and fix == decision.fix else fix)
+    head = f"{decision.kernel}: {short.BLOCKED} - "
+    events.warning(_engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
+                   detail=f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""))
+    return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
+
+
+def _failed(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
+    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
+    backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
+    if remembered is not None:
+        reason = remembered["reason"]
+    if decision.on_failure == OnFailure.BLOCK:
+        return _blocked(decision, reason, decision.fix or "")
+    apply_env(decision.kernel, decision.off, "it is not usable here")
+    persist, reminder = None, None
+    if remembered is not None:
+        retry = _retry_in(remembered, settings)
+        message = _engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
+        # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
+        persist = f"{decision.rule}:failed:{remembered.get('ts')}"
+        reminder = _reminder(pins, decision.kernel) if pins is not None else None
+    else:   # the torch path stays (a backend: the kernel it serves keeps its own path)
+        verb = "verify it" if decision.action == OK else decision.action
+        entry = registry().get(decision.kernel) or {}
+        keeps = f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else ""
+        message = _engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
+        reason_whole = reason + (f"; {keeps}" if keeps else "")
+    events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
+                 detail=f"{decision.kernel}: could not {decision.action} - "
+                        f"{reason if remembered is not None else reason_whole}")
+    return Outcome(decision.kernel, OutcomeState.FAILED, reason)
+
+
+def _retry_in(entry: dict, settings) -> str:
+    import time
+
+    left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
+    return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+
+
+def _keeps(pins, kernel: str) -> str:
+    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
+    spec = pins.kernel(kernel)
+    if spec.kind == "backend":
+        return f"{' and '.join(spec.serves)} keeps its own path"
+    return "transformers keeps its torch path"
+
+
+def _engine_line(head: str, detail: str, fix: str = "") -> str:
+    """A line about a text the engine was handed (a failed check's or install's output, why no installer
+    can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
+    from ..events.lines import fitted
+
+    return fitted(head, detail, fix, whole_at=short.DOCTOR)
+
+
+def _fits(line: str) -> bool:
+    from ..events.lines import MAX_LINE, PREFIX
+
+    return len(PREFIX) + len(line) <= MAX_LINE
+
+
+def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
+    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (whole:
+    with a built wheel's local label), and how many dependencies came with them (by name in the debug log)."""
+    own = pins.kernel(kernel).distributions
+    mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
+    others = len(result.installed) - len(mine)
+    if not mine:
+        return _describe(decision)
+    return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
+
+
+def _describe(decision, whole: bool = False) -> str:
+    if decision.target:
+        return " + ".join(f"{k} {v if whole else short.public(v)}" for k, v in decision.target.items())
+    return ", ".join(r for s in decision.steps for r in s.requirements)
+
+
+def _hazard_fix(pins, kernel: str) -> str:
+    for hz in pins.hazards:
+        if hz.kernel == kernel:
+            return hz.fix
+    return ""
+
+
+def _installed_line(kernel: str, result, decision) -> str:
+    """Say a batch member's install as RECORD says the leader's."""
+    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
+    events.status(f"{kernel}: installed {done} in {result.seconds:.1f} s with {result.installer}; verified in a child "
+                  "process", kernel)
+    if result.restart_advised:
+        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
+                       "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
+    return f"installed {done}"
+
+
+def _numeric_block(decision, detail: str, gpus):
+    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
+    its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
+    from ..decide.common import NUMERIC_FIX, numeric_measured
+    from ..decide.rule_ids import NUMERIC_SHORT_FIX
+
+    return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX, reason=detail,
+                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)), short_fix=NUMERIC_SHORT_FIX)
