@@ -26,7 +26,7 @@ from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.decide import rule_ids
 from fastpath_hooks.decide.builds import decide_build, release_wheel
 from fastpath_hooks.decide.policy import decide
-from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import Settings
 
 from packaging.requirements import Requirement

@@ -19,6 +19,7 @@ from fastpath_hooks.decide import commands, common
 from fastpath_hooks.facts import probe as probe_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import PinsError, load
+from fastpath_hooks.facts.pip_config import pip_index_config
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.facts.settings import Settings
 
@@ -161,7 +162,7 @@ def test_pip_index_config_reads_variables_and_files_as_pip_does(tmp_path):
     home, xdg = str(tmp_path / "home"), str(tmp_path / "xdg")
     user = _conf(os.path.join(home, ".config", "pip", "pip.conf"), "[global]\nextra-index-url = https://in.example/simple\n")
     base = {"HOME": home, "XDG_CONFIG_DIRS": xdg}
-    find = probe_mod.pip_index_config
+    find = pip_index_config
     assert find({**base, "PIP_CONFIG_FILE": os.devnull}) is None                 # devnull: no files at all
     assert find({**base, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "https://in.example/simple"}) == "PIP_INDEX_URL"
     assert user in find(base) and "extra-index-url" in find(base)

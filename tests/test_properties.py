@@ -18,7 +18,7 @@ from fastpath_hooks.decide.commands import invocation
 from fastpath_hooks.facts.pins import PinsError
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Action, Plan
 from fastpath_hooks.decide.policy import decide
-from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import KERNELS, VARIABLES, Settings, SettingsError
 from fastpath_hooks.facts.pins import load as load_pins
 from fastpath_hooks.facts.target import FACT_KEYS, distribution_keys, parse_target

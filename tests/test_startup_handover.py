@@ -30,7 +30,7 @@ from conftest import A100, H100_OLD_TRITON, offline_env
 from fastpath_hooks.hooks import activation
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks import engine
-from fastpath_hooks.facts.probe import Environment
+from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import Settings
 from support import venvs
 from support.processes import AUDIT_PRELUDE, link_uv, run_env

@@ -214,7 +214,7 @@ def target_of(steps) -> dict:
 
 @dataclass(frozen=True)
 class Plan:
-    environment: object               # probe.Environment
+    environment: object               # facts.environment.Environment
     decisions: FrozenMap              # kernel -> Decision, in display order
     notes: tuple = ()
 

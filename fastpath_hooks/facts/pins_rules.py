@@ -1,7 +1,8 @@
-"""Validation of the rules the pins hold as data (docs/builds.md), for facts/pins_schema.py: a
-compiled kernel's release wheels and source build (its -gencode table, its opt-in CUDA extension),
-its arch rules, the C++ standard a torch needs, every kind's numeric checks and a release's known
-issues. Each function takes pins_schema's validator `v` (errors name the file and the entry)."""
+"""Validation of the rules the pins hold as data (docs/builds.md), for facts/pins_schema.py and
+pins_kernels.py: a compiled kernel's release wheels and source build (its -gencode table, its opt-in
+CUDA extension), its arch rules, the C++ standard a torch needs, every kind's numeric checks and a
+release's known issues. Each function takes the pins validator `v` (facts/pins_validator.py: errors
+name the file and the entry)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,7 @@ def release_wheels(v, raw, e: str) -> ReleaseWheels:
             v.fail(f"{e}.filename", f"the template must contain {fieldname}")
     base_url = v.string(rel.get("base_url"), f"{e}.base_url")
     builds = []
-    for i, b in enumerate(v.list(rel.get("builds"), f"{e}.builds")):
-        be = f"{e}.builds[{i}]"
-        v.table(b, be)
+    for be, b in v.tables(rel.get("builds"), f"{e}.builds"):
         builds.append({
             "cuda_major": v.string(str(b.get("cuda_major", "")), f"{be}.cuda_major"),
             "torch_mm": v.strings(b.get("torch_mm"), f"{be}.torch_mm"),
@@ -75,8 +74,7 @@ def source_build(v, raw, e: str, arch_rules=()) -> SourceBuild:
     gencode = gencode_table(v, sb.get("cuda_archs"), f"{e}.cuda_archs")
     bd = v.table(sb.get("build_deps", {"requirements": [], "source": "upstream: none"}), f"{e}.build_deps")
     v.source(bd, f"{e}.build_deps")
-    build_deps = tuple(v.requirement(r, f"{e}.build_deps.requirements[{i}]")
-                       for i, r in enumerate(v.list(bd.get("requirements", []), f"{e}.build_deps.requirements")))
+    build_deps = v.requirements(bd.get("requirements", []), f"{e}.build_deps.requirements")
     requirement = v.requirement(sb.get("requirement"), f"{e}.requirement")
     spec = list(Requirement(requirement).specifier)
     if len(spec) != 1 or spec[0].operator != "==":
@@ -121,9 +119,7 @@ def cxx_standards(v, raw) -> tuple:
     v.table(raw, e)
     v.source(raw, e)
     out = []
-    for i, r in enumerate(v.list(raw.get("rules"), f"{e}.rules")):
-        re_ = f"{e}.rules[{i}]"
-        v.table(r, re_)
+    for re_, r in v.tables(raw.get("rules"), f"{e}.rules"):
         std = v.string(r.get("std"), f"{re_}.std")
         if std not in STDS:
             v.fail(f"{re_}.std", f"{std!r}: expected one of {', '.join(STDS)}")
@@ -140,9 +136,7 @@ def _sm(v, value, entry) -> str:
 
 def arch_rules(v, raw, e: str) -> tuple:
     out = []
-    for i, r in enumerate(v.list(raw, e)):
-        re_ = f"{e}[{i}]"
-        v.table(r, re_)
+    for re_, r in v.tables(raw, e):
         gpu, build_as = _sm(v, r.get("gpu"), f"{re_}.gpu"), _sm(v, r.get("build_as"), f"{re_}.build_as")
         if gpu[3:-1] != build_as[3:-1] or int(build_as[-1]) > int(gpu[-1]):
             v.fail(f"{re_}.build_as", f"{build_as} code does not run on {gpu} (same major, a lower or equal minor)")
@@ -157,9 +151,7 @@ def arch_rules(v, raw, e: str) -> tuple:
 
 def numeric_checks(v, raw, e: str) -> tuple:
     out, names = [], set()
-    for i, c in enumerate(v.list(raw, e)):
-        ce = f"{e}[{i}]"
-        v.table(c, ce)
+    for ce, c in v.tables(raw, e):
         name = v.string(c.get("name"), f"{ce}.name")
         if name in names:
             v.fail(f"{ce}.name", f"{name} is listed twice")
@@ -209,9 +201,7 @@ def _tolerance(v, raw, e: str) -> dict:
 def release_issues(v, raw, e: str) -> tuple:
     """A pinned release's `issues`: [{gpu: [sm_XY...], id, effect, source}]."""
     out = []
-    for j, x in enumerate(v.list(raw, e)):
-        ie = f"{e}[{j}]"
-        v.table(x, ie)
+    for ie, x in v.tables(raw, e):
         out.append(ReleaseIssue(gpus=v.strings(x.get("gpu"), f"{ie}.gpu"), id=v.string(x.get("id"), f"{ie}.id"),
                                 effect=v.string(x.get("effect"), f"{ie}.effect"), source=v.source(x, ie)))
     return tuple(out)

@@ -70,7 +70,7 @@ class Archs:
 class HeadDims:
     """The head dims (K, V) a backend computes; the served kernel sends other shapes elsewhere. `config`:
     the transformers config attributes that hold them (and the head counts), read from the config
-    classes of the modeling modules imported (facts/probe.py)."""
+    classes of the modeling modules imported (facts/imported_models.py)."""
     k: tuple
     v: tuple
     config: dict      # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins

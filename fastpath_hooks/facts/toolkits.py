@@ -1,6 +1,6 @@
 """The tools this machine has for kernels, found as the kernels' own builds find them (facts: no
 act/ import): nvcc (CUDA_HOME, PATH, the nvcc wheel, /usr/local/cuda) and the CUDA release it is,
-hipcc, uv; and the transformers model families this process uses."""
+hipcc, uv."""
 
 from __future__ import annotations
 
@@ -97,15 +97,3 @@ def find_uv() -> str | None:
         return find_uv_bin()
     except Exception:  # not installed, or its binary is missing
         return None
-
-
-def imported_model_types() -> tuple:
-    """The model types whose transformers modeling module this process has imported (or is importing: a
-    kernel's decision runs inside that import), e.g. ("mamba2",): which families are in use, when known."""
-    out = set()
-    for name in list(sys.modules):
-        if name.startswith("transformers.models."):
-            parts = name.split(".")
-            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
-                out.add(parts[2])
-    return tuple(sorted(out))

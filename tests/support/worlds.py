@@ -43,7 +43,7 @@ TILELANG_PAIR = {"tilelang": "0.1.15", "apache-tvm-ffi": "0.1.12", "z3-solver": 
 
 def environment(dists: dict | None = None, **facts):
     """An Environment value: FACTS with `facts` replaced, DISTS with `dists` added (None: removed)."""
-    from fastpath_hooks.facts.probe import Environment
+    from fastpath_hooks.facts.environment import Environment
 
     installed = dict(DISTS)
     for name, version in (dists or {}).items():
