@@ -36,7 +36,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 export FASTPATH_HOOKS_FIND_LINKS=$WHEELHOUSE FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
 [ "${SPLIT:-1}" = 0 ] && export FASTPATH_HOOKS_SPLIT_COMPILE=0
-unset MAX_JOBS   # the cores are shared out by the package (decide/builds.py core_budget)
+unset MAX_JOBS   # the cores are shared out by the package (decide/build_time.py core_budget)
 [ $# -gt 0 ] || set -- start wait
 if [ "$1" != _run ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 

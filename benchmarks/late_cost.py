@@ -22,7 +22,7 @@ is, no FASTPATH_HOOKS_* variable unless the case sets one):
 
 Figures (wall, this machine's noise is ~10%): the first install() call (median over --runs
 processes, including everything it imports - the gate wrapping too once transformers is
-imported); the late pass's first call in a process, late.py's import included (median); and
+imported); the late pass's first call in a process, late.py's import included (and late_layouts.py's; median); and
 the late pass again (`late.heal()`, best of 5 timeit runs of --number calls, per call).
 The package's .pyc files are written first, as benchmarks/import_cost.py does (with
 PYTHONDONTWRITEBYTECODE=1 every start would otherwise measure the compiler).
@@ -56,7 +56,7 @@ if out["late_loaded"]:
     from fastpath_hooks.hooks import late
     out["heal_us"] = min(timeit.repeat(lambda: late.heal(hooks.HOOKS), number=number, repeat=5)) / number * 1e6
     # the first pass of a process, late.py's import included: measured again in a state install() left
-    del sys.modules["fastpath_hooks.hooks.late"]
+    del sys.modules["fastpath_hooks.hooks.late"], sys.modules["fastpath_hooks.hooks.late_layouts"]
     t0 = time.perf_counter()
     hooks._late()
     out["late_first_ms"] = (time.perf_counter() - t0) * 1e3

@@ -19,7 +19,7 @@ from fastpath_hooks.act import nvcc_speed
 from fastpath_hooks.act.build import nvcc_wrapper
 from fastpath_hooks.act.runner import _elapsed
 from fastpath_hooks.act.verify import verify_many
-from fastpath_hooks.decide.builds import Share, build_estimate, core_budget, minutes, split_allowed
+from fastpath_hooks.decide.build_time import Share, build_estimate, core_budget, minutes, split_allowed
 from fastpath_hooks.facts import build_history, pins as pins_mod
 from fastpath_hooks.facts.settings import Settings
 

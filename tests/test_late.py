@@ -297,10 +297,10 @@ def test_era_a_late_install_rebinds_the_globals_and_an_early_lfm2_model_follows(
 @pytest.mark.slow
 def test_every_decorated_kernel_function_of_the_installed_transformers_is_in_the_table():
     """Era C: every `@use_kernel_func_from_hub_with_fallback(func, package)` in this environment's
-    transformers is known to late.py with the same arguments (a new one would not be healed)."""
+    transformers is known to late_layouts.py with the same arguments (a new one would not be healed)."""
     import transformers
 
-    from fastpath_hooks.hooks import late
+    from fastpath_hooks.hooks import late, late_layouts
 
     if late.transformers_era() != "C":
         pytest.skip(f"transformers {transformers.__version__} is not era C")
@@ -316,8 +316,8 @@ def test_every_decorated_kernel_function_of_the_installed_transformers_is_in_the
                         and len(deco.args) >= 2):
                     found.setdefault(node.name, set()).add((deco.args[0].value, deco.args[1].value))
     assert len(found) >= 10, found
-    assert {name: pairs for name, pairs in found.items() if pairs != {late.DECORATED.get(name)}} == {}
-    assert {package for pairs in found.values() for _, package in pairs} <= set(late.PACKAGES)
+    assert {name: pairs for name, pairs in found.items() if pairs != {late_layouts.DECORATED.get(name)}} == {}
+    assert {package for pairs in found.values() for _, package in pairs} <= set(late_layouts.PACKAGES)
 
 
 # -- a bad setting is said at install() ------------------------------------------------------------

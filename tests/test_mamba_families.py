@@ -264,7 +264,7 @@ def test_the_tables_are_read_from_the_installed_transformers_source():
     (zamba's `x = use_kernel_func_from_hub_with_fallback(...)(torch_x)`)."""
     import transformers
 
-    from fastpath_hooks.hooks import late
+    from fastpath_hooks.hooks import late, late_layouts
 
     if late.transformers_era() != "C":
         pytest.skip(f"transformers {transformers.__version__} is not era C")
@@ -273,7 +273,7 @@ def test_the_tables_are_read_from_the_installed_transformers_source():
     assert found == families.DECORATED
     for table in found.values():
         for name, pair in table.items():
-            assert late.DECORATED[name] == pair
+            assert late_layouts.DECORATED[name] == pair
 
 
 def _einops(dep_wheels) -> list:

@@ -24,8 +24,9 @@ from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.decide import rule_ids
-from fastpath_hooks.decide.builds import decide_build, release_wheel
+from fastpath_hooks.decide.build_decision import decide_build
 from fastpath_hooks.decide.policy import decide
+from fastpath_hooks.decide.wheel_fit import release_wheel
 from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import Settings
 

@@ -108,7 +108,7 @@ def test_the_start_up_paths_names_are_the_registrys():
 def test_every_derived_list_follows_the_index():
     """The lists that used to be written out by hand, read back from the registry."""
     from fastpath_hooks.facts.settings import KERNEL_ALIASES, KERNELS, VARIABLES
-    from fastpath_hooks.hooks import gates, late
+    from fastpath_hooks.hooks import gates, late_layouts
 
     assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")   # what models use, then what serves them
     assert KERNEL_ALIASES == {"fla": "fla", "flash-linear-attention": "fla", "fla-core": "fla", "tilelang": "tilelang",
@@ -122,8 +122,8 @@ def test_every_derived_list_follows_the_index():
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
                            "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d")}
-    assert late.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
-                          "mamba_ssm": "is_mamba_ssm_available"}
+    assert late_layouts.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
+                                  "mamba_ssm": "is_mamba_ssm_available"}
     pins = pins_mod.load()
     assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm", "flash-qla")
     assert {k: s.rule_prefix for k, s in pins.kernels.items()} == {"fla": "fla", "tilelang": "tilelang",
@@ -263,7 +263,7 @@ def _matches(made: str, templates) -> bool:
 
 
 @pytest.mark.parametrize("module,table", [("rules/pure.py", rule_ids.PURE), ("rules/pair.py", rule_ids.PAIR),
-                                          ("rules/compiled.py", rule_ids.COMPILED), ("builds.py", rule_ids.COMPILED),
+                                          ("rules/compiled.py", rule_ids.COMPILED), ("build_decision.py", rule_ids.COMPILED),
                                           ("common.py", {**rule_ids.SHARED, **rule_ids.PURE, **rule_ids.COMPILED})])
 def test_every_rule_id_a_rules_module_makes_is_declared(module, table):
     """Read from the source, so a path no row reaches is checked too (rule_ids.rule_id also refuses an

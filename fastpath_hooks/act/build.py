@@ -10,7 +10,7 @@ The build runs `pip wheel --no-deps --no-build-isolation --no-cache-dir --no-bin
 <dist>`: against the installed torch, never through pip's wheel cache (keyed by the sdist
 alone, it would hand an old build back under a new torch), never taking a wheel instead
 of the sdist. `MAX_JOBS` and nvcc's `--split-compile` threads come from the build's share of
-the cores and the memory (decide.builds.core_budget: one job per translation unit, the cores
+the cores and the memory (decide.build_time.core_budget: one job per translation unit, the cores
 left over as split threads; builds of one request run side by side and split the machine); the
 one nvcc wrapper (act/compiler_wrapper.py) also gives the split, runs ccache/sccache in front and
 records every compile (planned and read back by act/nvcc_speed.py). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
@@ -178,14 +178,15 @@ def _tool_dirs() -> list:
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
               expected: float | None = None, together=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log.
-    `share`: its decide.builds.Share of the machine when other builds run at the same time
+    `share`: its decide.build_time.Share of the machine when other builds run at the same time
     (`together`: their kernels), else the whole machine's; `expected`: the estimate in seconds, said
     up front and with the heartbeat. The build is recorded for later estimates (facts/build_history.py)."""
     from packaging.requirements import Requirement
 
     from ..decide.commands import build_argv
     from .runner import execute
-    from ..decide.builds import cuda_codes, cxx11_abi_flag
+    from ..decide.build_codes import cuda_codes
+    from ..decide.wheel_fit import cxx11_abi_flag
     from .._environ import cache_root
     from . import nvcc_speed
 
@@ -258,8 +259,8 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
 
 def machine_share(kernel: str, spec, *, settings, env, expected=None):
-    """The whole machine's Share for one build (decide.builds.core_budget of one)."""
-    from ..decide.builds import core_budget, split_allowed
+    """The whole machine's Share for one build (decide.build_time.core_budget of one)."""
+    from ..decide.build_time import core_budget, split_allowed
 
     given = os.environ.get("MAX_JOBS")
     budget = core_budget([(kernel, spec, expected, split_allowed(spec, settings, env.nvcc_version))], cpus=env.cpus,
@@ -271,7 +272,7 @@ def machine_share(kernel: str, spec, *, settings, env, expected=None):
 def _expected(seconds) -> str:
     if not seconds:
         return ""
-    from ..decide.builds import minutes
+    from ..decide.build_time import minutes
 
     return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
             "of time)")

@@ -3,7 +3,7 @@ record of every compile - planned here, done by the one wrapper (act/compiler_wr
 restricts the archs and hands the C++ standard last), read back here after the build.
 
 - `--split-compile=N` (nvcc >= 11.8: the optimizer and ptxas of one file in N threads) on a
-  compile that does not name one already, N from the build's share of the cores (decide/builds.py
+  compile that does not name one already, N from the build's share of the cores (decide/build_time.py
   `core_budget`); none when the share leaves one thread per job or the switch is off
   (pins `parallel.split_compile`, FASTPATH_HOOKS_SPLIT_COMPILE=0).
 - ccache (else sccache) in front of the real nvcc where one is on the build's PATH: ccache writes

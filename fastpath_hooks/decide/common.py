@@ -15,6 +15,7 @@ from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
 from ..facts.distributions import canonical_name
+from ..facts.pins import same_version
 from ..facts.wheel_names import parse_wheel
 from . import rule_ids
 from .eras import uses
@@ -182,6 +183,19 @@ def major_minor(version) -> str | None:
 
 def specifier(text) -> SpecifierSet:
     return SpecifierSet(text)
+
+
+def has_backend(spec, version: str, backend: str) -> bool:
+    """The kernel's release `version` has this backend (pins `backends`): a pinned release says so; an
+    unpinned one is trusted only from the oldest pinned release that has it."""
+    known = next((r for r in spec.releases if same_version(r.version, version)), None)
+    if known is not None:
+        return backend in known.backends
+    with_it = [Version(r.version) for r in spec.releases if backend in r.backends]
+    try:
+        return bool(with_it) and Version(version) >= min(with_it)
+    except InvalidVersion:
+        return False
 
 
 # -- what every kernel shares -----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Every finished build appends one JSON line to `<cache root>/builds/history.jsonl` (act/build.py):
 the distribution and version, the archs, the cores it had, MAX_JOBS, the --split-compile threads,
-its measured seconds, the host. The policy's estimate (decide/builds.py `build_estimate`) takes this
+its measured seconds, the host. The policy's estimate (decide/build_time.py `build_estimate`) takes this
 machine's last build of a distribution instead of the pins' figure, so `doctor`, the line before a
 build and its heartbeat say what this machine took, not what another one did. A shared cache
 directory holds several hosts' builds; only this host's are read. `cache clear` leaves it.

@@ -1,6 +1,6 @@
 """Which wheel files fit a machine, by their tags (pure): CPython X.Y (or abi3 / py3), Linux on this
 arch (manylinux up to this glibc, or plain linux_). A package index's listing (act/index.py) and a
-cached index wheel (decide/builds.py) are matched the same way."""
+cached index wheel (decide/wheel_fit.py) are matched the same way."""
 
 from __future__ import annotations
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ...facts.pins import same_version
-from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, shared_skip, within
+from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, shared_skip, within
 from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
 from ..rule_ids import PINS_FILE
 from ..short import few
@@ -46,7 +46,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return ctx.skip(kernel, "not-used", f"{first} is not used here: {_first_clause(decided[first].reason)}",
                         facts={"served": first}, **kw)
     version = _version_of(ctx, served, decided[served])
-    if not _dispatches(pins.kernel(served), version, kernel):
+    if not has_backend(pins.kernel(served), version, kernel):
         since = min((r.version for r in pins.kernel(served).releases if kernel in r.backends), key=Version, default="?")
         return ctx.skip(kernel, "no-backend", f"{served} {version} does not dispatch to {kernel} ({served} does from "
                         f"{since})", f"upgrade {served} to {since} or newer",
@@ -188,18 +188,6 @@ def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:
         if version:
             return version
     return "?"
-
-
-def _dispatches(served_spec, version: str, backend: str) -> bool:
-    """The served kernel's release has this backend (pins `backends`); an unpinned one from the oldest that has it."""
-    known = next((r for r in served_spec.releases if same_version(r.version, version)), None)
-    if known is not None:
-        return backend in known.backends
-    with_it = [Version(r.version) for r in served_spec.releases if backend in r.backends]
-    try:
-        return bool(with_it) and Version(version) >= min(with_it)
-    except InvalidVersion:
-        return False
 
 
 def _old_partner(ctx: Context, kernel: str, release, decided: dict):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from ...facts.pins import same_version
-from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip,
-                      versions_here, within)
+from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, missing_import,
+                      shared_skip, versions_here, within)
 from ..eras import era
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
 from ..short import few
@@ -79,7 +79,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if incompatible:
             problems.append(f"{kernel} {current} does not import with triton {env.triton}, it needs triton {known.triton}")
             shorts.append(f"{current} does not import with triton {env.triton}")
-        unsafe = hz is not None and not _has_backend(spec, current, known, hz.needs)
+        unsafe = hz is not None and not has_backend(spec, current, hz.needs)
         if unsafe:
             problems.append(f"{kernel} {current} has no {hz.needs} backend, so it is wrong here because of {hz.id}")
             shorts.append(f"{current} lacks the {hz.needs} backend {hz.id} needs")
@@ -211,17 +211,6 @@ def _valid(version: str) -> bool:
     try:
         Version(version)
         return True
-    except InvalidVersion:
-        return False
-
-
-def _has_backend(spec, version: str, known, backend: str) -> bool:
-    """Pinned releases say so; an unpinned one is trusted only from the oldest pinned release with the backend."""
-    if known is not None:
-        return backend in known.backends
-    with_backend = [Version(r.version) for r in spec.releases if backend in r.backends]
-    try:
-        return bool(with_backend) and Version(version) >= min(with_backend)
     except InvalidVersion:
         return False
 
