@@ -330,3 +330,25 @@ def test_a_broken_tilelang_is_checked_before_mamba_ssm_which_is_not_blamed(make_
     assert "mamba-ssm: blocked - needs tilelang here, which is not usable (fix tilelang first" in proc.stderr, proc.stderr
     assert not re.search(r"mamba-ssm: .*import mamba_ssm.* killed the process", proc.stderr), proc.stderr
     assert venv.versions()["mamba-ssm"] == "2.3.2.post1+cu12torch2.10cxx11abiTRUE"
+
+
+def test_a_batch_whose_lead_computes_wrongly_is_rolled_back_and_blocked_with_the_measured_error(
+        make_venv, make_wheelhouse, test_pins, tmp_path):
+    """causal-conv1d and mamba-ssm in one batch, causal-conv1d's numbers wrong (numeric=cpu: CPU stand-ins):
+    the batch is rolled back, causal-conv1d is blocked with the measured error, as a lone install is,
+    and mamba-ssm, which needs it, is not installed."""
+    house = make_wheelhouse()
+    wheels.fake_causal_conv1d(house, CAUSAL_WHEEL, wrong=True)
+    wheels.mamba_ssm_wheel(house, filename=MAMBA_WHEEL)
+    venv = make_venv()
+    venv.uv_install("einops", "packaging", extra=("--no-index", "--find-links", house))
+    before = venv.versions()
+    env = offline_env(house, H100_OLD_TRITON.replace("sm_90", "sm_80") + ",numeric=cpu",
+                      cache_dir=str(tmp_path / "cache"), pins=test_pins(house), FASTPATH_HOOKS_INSTALLER="uv")
+    proc = venv.cli("install", "causal-conv1d", "mamba-ssm", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "installing causal-conv1d and mamba-ssm together" in proc.stderr, proc.stderr
+    assert re.search(r"^fastpath-hooks: causal-conv1d: blocked - on sm_80 \(CPU tensors\), causal_conv1d_fn forward "
+                     r"differs from torch by 0\.5", proc.stderr, re.M), proc.stderr
+    assert "rolled back" in proc.stderr and venv.versions() == before

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from .. import events
 from ..act.verdicts import FAILED, GOOD as VERIFIED
-from .said import _describe, _installed_line, _numeric_block
+from .said import _describe, _engine_line, _installed_line, _numeric_block
 from .world import Batched, InstallFailed
 from ..decide import short
 
@@ -58,12 +58,14 @@ def _install_batch(run, batch: tuple):
             detail = failed.get(other, "not installed")
             verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
             world.batched[other] = Batched(False, detail, kernel, other in numeric)
-            events.error(f"{other}: could not install - {detail}", other, once=f"fail-{other}")
+            events.error(_engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
+                         detail=f"{other}: could not install - {detail}")
         if not run.cache.record(other, verdict=verdict):
             events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
         events.debug(f"{other}: {detail}", other)
     mine = results.get(kernel)
     if mine is None:
-        decision = _numeric_block(run.decision) if kernel in numeric else run.decision   # as _install blocks it
-        return replace(run, decision=decision, verdict=(False, failed.get(kernel, "not installed")))
+        why = failed.get(kernel, "not installed")
+        decision = _numeric_block(run.decision, why, run.env.gpus) if kernel in numeric else run.decision   # as _install
+        return replace(run, decision=decision, verdict=(False, why))
     return replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)

@@ -291,7 +291,8 @@ def _check(run: Run):
         if batched.ok and current.action == OK:
             return run.good(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
         if not batched.ok and current.action != OK:
-            return run.done(_failed(_numeric_block(current) if batched.numeric else current, batched.detail))
+            return run.done(_failed(_numeric_block(current, batched.detail, run.env.gpus) if batched.numeric else current,
+                                     batched.detail))
     if current.action == OK:
         known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
         if known is None:
