@@ -26,6 +26,7 @@
 # figure; use another WORK), WORK (default /tmp/cold-node), BASE (default python3), OUT.
 # Results: copy $OUT (files_at) to benchmarks/results/h200-<date>-cold-node/ with the command.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/cold-node-out}
 WORK=${WORK:-/tmp/cold-node}
 BASE=${BASE:-python3}
@@ -40,7 +41,6 @@ unset MAX_JOBS   # the cores are shared out by the package (decide/build_time.py
 [ $# -gt 0 ] || set -- start wait
 if [ "$1" != _run ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 
 phase_check() {
   step "machine and wheelhouse ($WHEELHOUSE)"
@@ -65,22 +65,10 @@ phase_check() {
   echo "wheelhouse ok"
 }
 
-fresh_env() {   # a venv over the device's packages, fastpath-hooks and its dependencies from the wheelhouse
-  local dir=$1
-  local base_site own_site
-  rm -rf "$dir"
-  $BASE -m venv --system-site-packages "$dir" 2>/dev/null \
-    || { rm -rf "$dir"; $BASE -m venv --system-site-packages --without-pip "$dir"; } || return 1   # no ensurepip: the system pip
-  # $BASE may itself be a venv (the device's is): --system-site-packages then misses its packages, so name them
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  [ "$base_site" = "$own_site" ] || echo "$base_site" > "$own_site/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --find-links "$WHEELHOUSE" fastpath-hooks || return 1
-}
 
 train() {   # env name: a fresh environment, the training script in it, timed from outside too
   local name=$1 t rc
-  step "$name: fresh environment"; fresh_env "$WORK/$name" || return 1
+  step "$name: fresh environment"; fresh_env "$WORK/$name" --find-links "$WHEELHOUSE" fastpath-hooks || return 1
   step "$name: training script (fastpath_hooks.install() first)"
   t=$SECONDS
   (cd "$WORK" && "$WORK/$name/bin/python" "$TRAIN" --device "$DEVICE" --out "$WORK/$name.json")

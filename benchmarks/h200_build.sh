@@ -17,6 +17,7 @@
 # Each environment is a fresh venv layered over the image's site-packages (torch, ninja, pip:
 # a .pth line after its own), so causal-conv1d lands in the venv's own site-packages.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/h200-build}
 mkdir -p "$OUT"
 BASE=${BASE:-python3}
@@ -25,16 +26,7 @@ export MAX_JOBS=${MAX_JOBS:-16}   # as in the measured 275 s (the default follow
 export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$OUT/cache
 exec > >(tee -a "$OUT/log.txt") 2>&1
 
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
-fresh_env() {   # fresh_env DIR: a venv over the image's packages, with fastpath-hooks installed
-  local dir=$1 base_site
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  $BASE -m venv --without-pip "$dir" || exit 1
-  "$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >/tmp/site.txt
-  echo "$base_site" > "$(cat /tmp/site.txt)/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || exit 1
-}
 
 GPU_CHECK='
 import torch, torch.nn.functional as F, causal_conv1d, importlib.metadata as md
@@ -51,7 +43,7 @@ which nvcc && nvcc --version | tail -2
 ls -la .whl
 
 step "1. cold environment: plan, then install (a source build for sm_90 only)"
-fresh_env /tmp/env1
+fresh_env /tmp/env1 --no-deps .gpu/*.whl || exit 1
 /tmp/env1/bin/fastpath-hooks plan causal-conv1d | tee "$OUT/plan.txt"
 time /tmp/env1/bin/fastpath-hooks install causal-conv1d
 /tmp/env1/bin/python -c "$GPU_CHECK"
@@ -62,7 +54,7 @@ cp "$OUT"/cache/logs/*.log "$OUT/" 2>/dev/null
 grep -c "fastpath-hooks nvcc wrapper: kept" "$OUT"/cache/logs/*.log
 
 step "2. a second fresh environment: from the wheel cache, no build"
-fresh_env /tmp/env2
+fresh_env /tmp/env2 --no-deps .gpu/*.whl || exit 1
 time /tmp/env2/bin/fastpath-hooks install causal-conv1d
 /tmp/env2/bin/python -c "$GPU_CHECK"
 /tmp/env2/bin/fastpath-hooks cache list
@@ -83,7 +75,7 @@ if [ "$SECONDS" -gt 470 ]; then echo "skipping step 4 ($SECONDS s used)"; echo d
 
 step "4. build --dest: a wheelhouse for offline nodes; a third environment installs from it with builds off"
 /tmp/env2/bin/fastpath-hooks build causal-conv1d --arch sm_90 --dest "$OUT/wheelhouse"
-fresh_env /tmp/env3
+fresh_env /tmp/env3 --no-deps .gpu/*.whl || exit 1
 FASTPATH_HOOKS_FIND_LINKS=$OUT/wheelhouse FASTPATH_HOOKS_CACHE_DIR=/tmp/cache3 FASTPATH_HOOKS_ALLOW_BUILD=0 \
     /tmp/env3/bin/fastpath-hooks install causal-conv1d
 /tmp/env3/bin/python -c "$GPU_CHECK"

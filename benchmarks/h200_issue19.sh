@@ -31,6 +31,7 @@
 #      call 4: bash benchmarks/h200_issue19.sh fla
 # Results: copy $OUT (files_at) to benchmarks/results/h200-<date>-issue19/.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/h200-issue19-out}
 WORK=${WORK:-/tmp/issue19-h200}
 mkdir -p "$OUT" "$WORK"
@@ -43,17 +44,7 @@ MAMBA_K=${MAMBA_K:-""}
 [ $# -gt 0 ] || set -- facts build wait numeric upstream
 if [ "$1" != _build ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 
-fresh_env() {   # a venv over the image's packages (torch, triton, ninja, pip), fastpath-hooks installed
-  local dir=$1 base_site own_site
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  rm -rf "$dir"
-  $BASE -m venv --without-pip "$dir" || return 1
-  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  echo "$base_site" > "$own_site/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || return 1
-}
 
 phase_facts() {
   step "machine"
@@ -74,7 +65,7 @@ phase_build() {
 
 phase__build() {
   local rc=0 t
-  step "cold environment"; fresh_env "$ENV1" || { echo 1 > "$WORK/build.done"; exit 1; }
+  step "cold environment"; fresh_env "$ENV1" --no-deps .gpu/*.whl || { echo 1 > "$WORK/build.done"; exit 1; }
   step "plan"; "$ENV1/bin/fastpath-hooks" plan causal-conv1d mamba-ssm
   for kernel in causal-conv1d mamba-ssm; do
     step "install $kernel"

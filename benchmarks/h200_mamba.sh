@@ -37,6 +37,7 @@
 # Each environment is a fresh venv layered over the image's site-packages (torch, ninja, pip:
 # a .pth line after its own), so the kernels land in the venv's own site-packages.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/h200-mamba-out}
 WORK=${WORK:-/tmp/mamba-h200}
 mkdir -p "$OUT" "$WORK"
@@ -50,17 +51,7 @@ BENCH_ARGS=${BENCH_ARGS:---steps 10 --warmup 3 --timeout 420}
 [ $# -gt 0 ] || set -- all
 if [ "$1" != _build ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 
-fresh_env() {   # fresh_env DIR: a venv over the image's packages, with fastpath-hooks installed
-  local dir=$1 base_site own_site
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  rm -rf "$dir"
-  $BASE -m venv --without-pip "$dir" || return 1
-  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  echo "$base_site" > "$own_site/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || return 1
-}
 
 has_dist() { "$ENV1/bin/python" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
 
@@ -102,7 +93,7 @@ phase__build() {   # the background part: a cold environment, plan, install(s), 
   BUILD_RC=0
   echo "$$" > "$WORK/build.pid"
   step "1. cold environment"
-  fresh_env "$ENV1" || { echo 1 > "$WORK/build.done"; exit 1; }
+  fresh_env "$ENV1" --no-deps .gpu/*.whl || { echo 1 > "$WORK/build.done"; exit 1; }
   step "2. fastpath-hooks plan mamba-ssm"
   "$ENV1/bin/fastpath-hooks" plan mamba-ssm 2>&1 | tee "$WORK/plan.txt"
   prc=${PIPESTATUS[0]}
@@ -187,7 +178,7 @@ PY
 
 phase_cache2() {   # a second fresh environment on this machine: both kernels from the wheel cache, no compiler run
   step "7. a second fresh environment: install from the wheel cache"
-  fresh_env "$WORK/env2" || return 1
+  fresh_env "$WORK/env2" --no-deps .gpu/*.whl || return 1
   local s=$SECONDS
   time "$WORK/env2/bin/fastpath-hooks" install causal-conv1d mamba-ssm
   echo "second environment: causal-conv1d + mamba-ssm in $((SECONDS - s)) s (exit $?)"

@@ -45,6 +45,7 @@
 # image's, has both: qwen3_5_text -> Qwen3_5ForCausalLM, qwen3_next -> Qwen3NextForCausalLM).
 # $OUT: log.txt, torch.json, bg.log, cold.json, fast.json, doctor.txt, qla-h200.json.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/h200-qla-out}
 WORK=${WORK:-/tmp/qla-h200}
 mkdir -p "$OUT" "$WORK"
@@ -63,17 +64,7 @@ COLD_WHEELS=${COLD_WHEELS-$(ls "$PWD"/.whl/*.whl 2>/dev/null)}   # what the cold
 [ $# -gt 0 ] || set -- facts start torch wait report
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-step() { echo; echo "=== $* ($(date -u +%H:%M:%S), ${SECONDS}s)"; }
 
-fresh_env() {   # fresh_env DIR: a venv over the image's packages, with fastpath-hooks installed
-  local dir=$1 base_site own_site
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  rm -rf "$dir"
-  $BASE -m venv --without-pip "$dir" || return 1
-  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  echo "$base_site" > "$own_site/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --no-deps .gpu/*.whl || return 1
-}
 
 running() {   # the background was started and has not finished
   [ -f "$WORK/bg.started" ] && [ ! -f "$WORK/bg.done" ] && [ -f "$WORK/bg.pid" ] && kill -0 "$(cat "$WORK/bg.pid")" 2>/dev/null
@@ -118,7 +109,7 @@ bg_cold() {
   step "cold: the kernels installed by hand, hooks off, empty JIT caches: flash-qla's first steps without the warm-up"
   local jit=$WORK/cold-jit
   rm -rf "$jit" && mkdir -p "$jit/triton" "$jit/tilelang"
-  if ! fresh_env "$ENV2"; then echo "!! could not make $ENV2"; echo 1 > "$WORK/cold.rc"; return; fi
+  if ! fresh_env "$ENV2" --no-deps .gpu/*.whl; then echo "!! could not make $ENV2"; echo 1 > "$WORK/cold.rc"; return; fi
   # shellcheck disable=SC2086
   [ -z "$COLD_WHEELS" ] || "$ENV2/bin/python" -m pip install -q --no-index --no-deps $COLD_WHEELS \
     || { echo "!! the hand install failed"; echo 1 > "$WORK/cold.rc"; return; }
@@ -144,7 +135,7 @@ bg_fast() {
 phase_torch() {
   step "a fresh environment; the torch path (fla blocked, hooks off)"
   rm -f "$WORK/torch.done"
-  if fresh_env "$ENV1"; then
+  if fresh_env "$ENV1" --no-deps .gpu/*.whl; then
     # shellcheck disable=SC2086
     FASTPATH_HOOKS_DISABLE=1 timeout 300 "$ENV1/bin/python" "$BENCH" torch $BENCH_ARGS --out "$WORK/torch.json"
     echo "torch phase exit $?"

@@ -18,6 +18,7 @@
 #   enable   `fastpath-hooks enable` and an unmodified copy of the script (its install() lines removed)
 # $OUT: multi_gpu.json (per phase: wall time, the fastpath-hooks lines, per-rank kernels, losses, step times)
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/multi-gpu-out}
 WORK=${WORK:-/tmp/multi-gpu}
 BASE=${BASE:-python3}
@@ -29,15 +30,6 @@ export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOO
 ARGS=${ARGS:-"--json --steps 20 --seq 2048 --batch 1 --hidden 1024 --layers 4 --vocab 8192"}
 [ "$N" -ge 2 ] || { echo "multi_gpu: $N GPU(s) here; this run needs two or more"; exit 2; }
 
-fresh_env() {   # a venv over the image's packages ($BASE may itself be a venv), fastpath-hooks from .whl
-  local dir=$1 base_site own_site
-  rm -rf "$dir"
-  $BASE -m venv --without-pip "$dir" || return 1
-  base_site=$($BASE -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  own_site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-  echo "$base_site" > "$own_site/zz-image-site.pth"
-  "$dir/bin/python" -m pip install -q --no-index --no-deps --find-links .whl fastpath-hooks platformdirs || return 1
-}
 
 launch() {   # name venv script [env...]: torchrun over all GPUs; stdout (one JSON line per rank) and stderr kept
   local name=$1 venv=$2 script=$3; shift 3
@@ -48,13 +40,13 @@ launch() {   # name venv script [env...]: torchrun over all GPUs; stdout (one JS
   echo $((SECONDS - t0)) > "$WORK/$name.wall"
 }
 
-fresh_env "$WORK/env" || exit 1
+fresh_env "$WORK/env" --no-deps --find-links .whl fastpath-hooks platformdirs || exit 1
 launch cold "$WORK/env" examples/train_tiny_qwen3_5.py
 launch warm "$WORK/env" examples/train_tiny_qwen3_5.py
-fresh_env "$WORK/torch-env" || exit 1
+fresh_env "$WORK/torch-env" --no-deps --find-links .whl fastpath-hooks platformdirs || exit 1
 launch torch "$WORK/torch-env" examples/train_tiny_qwen3_5.py FASTPATH_HOOKS_DISABLE=1
 grep -v "fastpath_hooks" examples/train_tiny_qwen3_5.py > "$WORK/plain_train.py"   # the script, unmodified by us
-fresh_env "$WORK/enabled-env" || exit 1
+fresh_env "$WORK/enabled-env" --no-deps --find-links .whl fastpath-hooks platformdirs || exit 1
 "$WORK/enabled-env/bin/fastpath-hooks" enable
 launch enable "$WORK/enabled-env" "$WORK/plain_train.py"
 

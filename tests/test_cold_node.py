@@ -48,3 +48,28 @@ def test_the_training_script_on_cpu_says_the_kernels_stayed_on_the_torch_path(tm
     assert 0 < r["install_s"] <= r["ready_s"] <= r["first_step_s"]
     assert r["ready"] is False and "mamba2_split_conv1d_scan_combined" in r["unresolved"]   # no kernels on CPU
     assert any("no CUDA/XPU accelerator" in (e["message"] or "") for e in r["events"]), r["events"]
+
+
+@pytest.mark.slow   # a venv and a pip install
+def test_every_device_benchmark_makes_its_fresh_environment_over_a_base_that_is_a_venv(tmp_path):
+    """benchmarks/lib.sh's fresh_env, which every device script sources: over a $BASE that is itself a venv
+    (this dev venv, as the device's python is), the new environment sees the base's torch without
+    installing it, and holds only what it was asked to install."""
+    from support import wheels
+
+    house = str(tmp_path / "house")
+    os.makedirs(house)
+    wheels.build_wheel(house, "standin-pkg", "1.0", {"standin_pkg/__init__.py": "X = 1\n"})
+    env_dir = str(tmp_path / "env")
+    script = f'. {ROOT}/benchmarks/lib.sh && fresh_env "$1" --no-deps --find-links "$2" standin-pkg'
+    proc = subprocess.run(["bash", "-c", script, "fresh", env_dir, house], env=dict(os.environ, BASE=sys.executable),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code = "import json, torch, standin_pkg; print(json.dumps([torch.__file__, standin_pkg.__file__]))"
+    torch_file, own_file = json.loads(subprocess.run([os.path.join(env_dir, "bin", "python"), "-c", code],
+                                                     capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert not torch_file.startswith(env_dir) and own_file.startswith(env_dir), (torch_file, own_file)
+    for script_name in sorted(os.listdir(os.path.join(ROOT, "benchmarks"))):
+        if script_name.endswith(".sh") and script_name != "lib.sh":
+            text = open(os.path.join(ROOT, "benchmarks", script_name)).read()
+            assert "fresh_env() {" not in text and ("lib.sh" in text or "fresh_env" not in text), script_name
