@@ -209,10 +209,7 @@ def _releases(v: Validator, raw, e: str, make) -> list:
     torch/triton/transformers ranges and a source; `make(entry, path, **those)` adds the rest."""
     out, seen = [], set()
     for re_, r in v.tables(raw, e):
-        ver = v.version(r.get("version"), f"{re_}.version")
-        if ver in seen:
-            v.fail(f"{re_}.version", f"{ver} is listed twice")
-        seen.add(ver)
+        ver = v.once(v.version(r.get("version"), f"{re_}.version"), seen, f"{re_}.version")
         out.append(make(r, re_, version=ver,
                         torch=v.specifier(r.get("torch", ""), f"{re_}.torch"),
                         triton=v.specifier(r.get("triton", ""), f"{re_}.triton"),

@@ -152,10 +152,7 @@ def arch_rules(v, raw, e: str) -> tuple:
 def numeric_checks(v, raw, e: str) -> tuple:
     out, names = [], set()
     for ce, c in v.tables(raw, e):
-        name = v.string(c.get("name"), f"{ce}.name")
-        if name in names:
-            v.fail(f"{ce}.name", f"{name} is listed twice")
-        names.add(name)
+        name = v.once(v.string(c.get("name"), f"{ce}.name"), names, f"{ce}.name")
         function = v.string(c.get("function"), f"{ce}.function")
         if ":" not in function:
             v.fail(f"{ce}.function", "expected module:function")

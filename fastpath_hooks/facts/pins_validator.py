@@ -45,6 +45,13 @@ class Validator:
         for i, item in enumerate(self.list(value, entry)):
             yield f"{entry}[{i}]", self.table(item, f"{entry}[{i}]")
 
+    def once(self, value, seen: set, entry):
+        """`value`, refused when an earlier item of the same list had it (a version, a check's name)."""
+        if value in seen:
+            self.fail(entry, f"{value} is listed twice")
+        seen.add(value)
+        return value
+
     def version(self, value, entry) -> str:
         self.string(value, entry)
         try:
