@@ -63,7 +63,7 @@ def test_a_build_logs_path_is_never_cut():
 
 def test_many_short_words_are_cut_at_the_end():
     line = events.fit("word " * 100)
-    assert len(line) == events.MAX_LINE and line.endswith("...")
+    assert events.MAX_LINE - 8 <= len(line) <= events.MAX_LINE and line.endswith(" word..."), line   # at a word's end
 
 
 def test_a_handed_over_error_chain_keeps_what_failed_and_the_error_itself():
@@ -78,12 +78,22 @@ def test_a_handed_over_error_chain_keeps_what_failed_and_the_error_itself():
     assert short == "fla: could not install - " + chain, short
 
 
+def test_a_chain_whose_error_would_be_cut_to_a_few_characters_is_cut_at_its_end():
+    from fastpath_hooks.events.lines import fitted
+
+    error = ("import flash_qla: ValueError: FlashQLA now support sm90, sm100, sm103, sm120 and sm121 only. "
+             "Found compute version: 8.0")   # a middle cut would leave "... 8.0"
+    line = fitted("flash-qla: could not verify it - ", error, "fla keeps its own path")
+    assert "import flash_qla: ValueError: FlashQLA now... (fla keeps its own path" in line and ": ... " not in line, line
+    assert len(events.PREFIX + line) <= events.MAX_LINE, line
+
+
 def test_a_text_that_is_no_chain_is_cut_at_its_end():
     from fastpath_hooks.events.lines import fitted
 
     line = fitted("FASTPATH_HOOKS_SKIP='bogus' is not valid, so nothing is installed: ",
                   "unknown kernel; accepted: " + ", ".join(f"kernel-{i}" for i in range(20)))
-    assert "unknown kernel; accepted: kernel-0, ker... (the whole: fastpath-hooks doctor)" in line, line
+    assert "unknown kernel; accepted: kernel-0,... (the whole: fastpath-hooks doctor)" in line, line
 
 
 # -- events: every listener, its own dict ---------------------------------------------------------

@@ -147,6 +147,10 @@ def test_fla_looking_for_flash_qla_at_its_first_call_installs_nothing(world, tmp
     (site / "fla").mkdir(parents=True)
     (site / "fla" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(site))
+    # modeling modules other tests imported into this process would make install()'s late pass decide (and
+    # import fla) already: out of sight for this test, back after it
+    for name in [n for n in sys.modules if n.startswith("transformers.models.") and ".modeling_" in n]:
+        monkeypatch.delitem(sys.modules, name)
     w = world()
     fastpath_hooks.install()
     try:

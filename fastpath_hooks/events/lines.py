@@ -38,7 +38,10 @@ def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) ->
         logs = [i for i, w in enumerate(words) if is_log(w)]
         # cut at the end - but never before a build log's path ends
         end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
-        line = line if end >= len(line) else line[:max(limit - 3, end)].rstrip() + "..."
+        if end < len(line):
+            cut = line[:max(limit - 3, end)]
+            space = cut.rfind(" ")   # at a word's end where one is near
+            line = (cut[:space] if space > max(end, len(cut) - 16) else cut).rstrip() + "..."
     return line
 
 
@@ -68,14 +71,19 @@ def fitted(head: str, detail: str, fix: str = "", *, whole_at: str = "fastpath-h
 
 
 def _middle_out(text: str, room: int) -> str | None:
-    """A handed-over error chain cut in its middle, by clauses: its first says what failed ("verification
-    failed"), its last the error itself ("broken on purpose"); None when no such cut fits."""
+    """A handed-over error chain cut in its middle, by clauses (": "): its first says what failed
+    ("verification failed"), its last ones the error itself ("broken on purpose (tests)"), as many of
+    them as fit; None when what would be left of the error is too little to say anything."""
     parts = text.split(": ")
-    for j in range(len(parts) - 2, 0, -1):   # the first clause, then as many of the last as fit
-        line = f"{parts[0]}: ... {': '.join(parts[-j:])}"
+    for k in range(2, len(parts)):   # drop clauses 1..k-1, the fewest that make it fit
+        tail = ": ".join(parts[k:])
+        line = f"{parts[0]}: ... {tail}"
         if len(line) <= room:
-            return line
+            return line if len(tail) >= _LEAST_ERROR else None
     return None
+
+
+_LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the end is cut instead)
 
 
 def shown_path(path: str) -> str:
