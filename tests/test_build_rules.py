@@ -265,6 +265,7 @@ def test_only_mamba2_in_use_builds_the_next_mamba_ssm_without_compiling_and_a_ma
     assert re.search(r"mamba-ssm: building - 2\.4\.0 without its CUDA extension: only mamba2 in use", proc.stderr), \
         proc.stderr
     assert proc.stdout.split() == ["2.4.0+fph.torch2.13.0.cu130.abi1.py", "False"], proc.stdout + proc.stderr
+    assert re.search(r"mamba-ssm: built without its CUDA extension in \d+ s; log: ", proc.stderr), proc.stderr
     mamba_calls = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
     assert mamba_calls == [] and len(toolkit.calls()) == 3, "causal-conv1d compiled, mamba-ssm nothing"
 

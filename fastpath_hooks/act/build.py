@@ -56,6 +56,14 @@ class Built:
         freeze_fields(self)
 
 
+def _for(archs) -> str:
+    """What a build's line says it compiles: `for sm_90`, `for every arch`, or no GPU code at all (a
+    Triton-only build: the opt-in CUDA extension left out)."""
+    if tuple(archs) == ("py",):
+        return "without its CUDA extension"
+    return "for every arch" if tuple(archs) == ("all",) else f"for {', '.join(archs)}"
+
+
 def log_path(root: str, distribution: str, version: str, archs) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     name = f"{distribution}-{version}-{'+'.join(archs) or 'all'}-{stamp}-{os.getpid()}.log"
@@ -210,7 +218,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
     how = f"MAX_JOBS={jobs}" + (f", --split-compile={share.split}" if speed is not None and share.split > 1 else "") + \
         (f", {share.cores} of {env.cpus} cores" if together and env.cpus else "")
-    events.status(f"{kernel}: building for {', '.join(archs)} ({how}); log: {shown}", kernel,
+    events.status(f"{kernel}: building {_for(archs)} ({how}); log: {shown}", kernel,
                   detail=f"{kernel}: building {what} from source ({how}){_expected(expected)}; log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
@@ -252,7 +260,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
               "seconds": round(seconds, 1), "nvcc": env.nvcc_version, "launcher": info.get("launcher"),
               "concurrent": sorted(together), "cache": info.get("cache"), "slowest": info.get("slowest")}
     remember_build(root, record)
-    events.status(f"{kernel}: built for {', '.join(built)} in {seconds:.0f} s; log: {shown}", kernel,
+    events.status(f"{kernel}: built {_for(built)} in {seconds:.0f} s; log: {shown}", kernel,
                   detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s" +
                          (f" ({compiled})" if compiled else "") + f"; log: {log}")
     return Built(path=path, log=log, seconds=seconds, key=key, record=record)
