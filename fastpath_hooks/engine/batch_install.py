@@ -9,12 +9,12 @@ from dataclasses import replace
 
 from .. import events
 from ..act.verdicts import FAILED, GOOD as VERIFIED
-from .said import _describe, _engine_line, _installed_line, _numeric_block
+from .said import describe, engine_line, installed_line, numeric_block
 from .world import Batched, InstallFailed
 from ..decide import short
 
 
-def _batch(run) -> tuple:
+def batch_of(run) -> tuple:
     """The acting decisions installed together with this one (decide/batches.py), in dependency
     order, this one among them: the compiled kernels of the same request - being ensured in this
     process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
@@ -27,7 +27,7 @@ def _batch(run) -> tuple:
     return batch(run.plan, run.pins, run.kernel, request=request.kernels, good=request.good, decision=run.decision)
 
 
-def _install_batch(run, batch: tuple):
+def install_together(run, batch: tuple):
     """This kernel and the others of its request in one batch (World.install_batch). The others'
     verdicts are written here, under the fingerprint of what is on disk now, and remembered in the
     World for their own runs (CHECK), which then neither check nor install again. Returns this kernel's
@@ -35,7 +35,7 @@ def _install_batch(run, batch: tuple):
     world, settings, kernel, pins = run.world, run.settings, run.kernel, run.pins
     for decision in batch:   # each member's own reason, said as one install says it
         events.status(short.line(decision), decision.kernel,
-                      detail=f"{decision.kernel}: installing {_describe(decision, whole=True)} ({decision.reason})")
+                      detail=f"{decision.kernel}: installing {describe(decision, whole=True)} ({decision.reason})")
     events.status(f"{kernel}: installing {' and '.join(d.kernel for d in batch)} together: one installer call, "
                   "one check", kernel)
     try:
@@ -51,14 +51,14 @@ def _install_batch(run, batch: tuple):
             continue
         done = results.get(other)
         if done is not None:
-            detail = _installed_line(other, done, decision)
+            detail = installed_line(other, done, decision)
             verdict = (world.fingerprint(env, settings, pins, other), VERIFIED, f"installed with {kernel}")
             world.batched[other] = Batched(True, decision.reason, kernel)
         else:
             detail = failed.get(other, "not installed")
             verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
             world.batched[other] = Batched(False, detail, kernel, other in numeric)
-            events.error(_engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
+            events.error(engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
                          detail=f"{other}: could not install - {detail}")
         if not run.cache.record(other, verdict=verdict):
             events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
@@ -66,6 +66,6 @@ def _install_batch(run, batch: tuple):
     mine = results.get(kernel)
     if mine is None:
         why = failed.get(kernel, "not installed")
-        decision = _numeric_block(run.decision, why, run.env.gpus) if kernel in numeric else run.decision   # as _install
+        decision = numeric_block(run.decision, why, run.env.gpus) if kernel in numeric else run.decision   # as _install
         return replace(run, decision=decision, verdict=(False, why))
     return replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)

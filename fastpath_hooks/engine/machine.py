@@ -40,9 +40,9 @@ from ..act.verdicts import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, NumericFailed, Reading
-from .batch_install import _batch, _install_batch
-from .said import (_blocked, _describe, _engine_line, _failed, _fits, _hazard_fix, _keeps, _numeric_block, _outcome,
-                   _reminder, _skipped)
+from .batch_install import batch_of, install_together
+from .said import (blocked_outcome, describe, engine_line, failed_outcome, hazard_fix, keeps_instead, line_fits,
+                   numeric_block, recorded_outcome, reminder_for, skipped_outcome)
 from ..decide import short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
@@ -165,9 +165,9 @@ def _read(run: Run):
     run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(_skipped(decision, reading.plan, run.pins, quiet=run.invalid is not None))
+        return run.done(skipped_outcome(decision, reading.plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
-        return run.done(_blocked(decision, decision.reason, decision.fix))
+        return run.done(blocked_outcome(decision, decision.reason, decision.fix))
     return State.NEEDS, run
 
 
@@ -203,15 +203,15 @@ def _needs(run: Run):
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             fix = f"fix {dep} first: its line says how"
             # the line: why whole when it fits, else in short (the dependency's own line says its reason)
-            said = (why, fix) if _fits(f"{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") \
+            said = (why, fix) if line_fits(f"{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") \
                 else (f"needs {dep} here, which is not usable", fix)
             if decision.on_failure == OnFailure.BLOCK:
-                return run.done(_blocked(decision, why, decision.fix or _hazard_fix(run.pins, run.kernel),
+                return run.done(blocked_outcome(decision, why, decision.fix or hazard_fix(run.pins, run.kernel),
                                          said=said))
             apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
-            say(_engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
-                detail=f"{why}; {run.kernel} is not installed, {_keeps(run.pins, run.kernel)}")
+            say(engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
+                detail=f"{why}; {run.kernel} is not installed, {keeps_instead(run.pins, run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -238,8 +238,8 @@ def _cached(run: Run):
 def _report(run: Run):
     decision, kernel = run.decision, run.kernel
     why = run.invalid or "FASTPATH_HOOKS_MODE=report"
-    message = _engine_line(f"{kernel}: would {decision.action} {_describe(decision)}; nothing is installed: ", why)
-    detail = (f"{kernel}: would {decision.action} {_describe(decision, whole=True)}; nothing is installed: {why}; "
+    message = engine_line(f"{kernel}: would {decision.action} {describe(decision)}; nothing is installed: ", why)
+    detail = (f"{kernel}: would {decision.action} {describe(decision, whole=True)}; nothing is installed: {why}; "
               f"{decision.reason}")
     if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
         events.debug(detail, kernel)
@@ -247,7 +247,7 @@ def _report(run: Run):
         events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
                        detail=detail)
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
-        return run.done(_blocked(decision, decision.reason + " (report mode: not repaired)", decision.fix,
+        return run.done(blocked_outcome(decision, decision.reason + " (report mode: not repaired)", decision.fix,
                                  said=((decision.short_reason or decision.reason) + " (report mode: not repaired)",
                                        decision.short_fix if decision.short_reason else decision.fix)))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
@@ -261,7 +261,7 @@ def _lock(run: Run):
         if run.decision.action == OK and not run.repairing:  # verifying unlocked is what the lock only saves repeating
             events.debug(f"{run.kernel}: {exc}; verifying without it", run.kernel)
             return State.VERIFY, run
-        return run.done(_failed(run.decision, str(exc)))
+        return run.done(failed_outcome(run.decision, str(exc)))
     return State.CHECK, replace(run, lock=lock)
 
 
@@ -291,8 +291,8 @@ def _check(run: Run):
         if batched.ok and current.action == OK:
             return run.good(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
         if not batched.ok and current.action != OK:
-            return run.done(_failed(_numeric_block(current, batched.detail, run.env.gpus) if batched.numeric else current,
-                                     batched.detail))
+            decision = numeric_block(current, batched.detail, run.env.gpus) if batched.numeric else current
+            return run.done(failed_outcome(decision, batched.detail))
     if current.action == OK:
         known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
         if known is None:
@@ -303,9 +303,9 @@ def _check(run: Run):
             events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
-        return run.done(_skipped(current, run.plan, run.pins, quiet=run.invalid is not None))
+        return run.done(skipped_outcome(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
-        return run.done(_blocked(current, current.reason, current.fix))
+        return run.done(blocked_outcome(current, current.reason, current.fix))
     failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
     return run.done(failed) if failed is not None else (State.INSTALL, run)
 
@@ -317,10 +317,10 @@ def _verify(run: Run):
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
-        return State.RECORD, replace(run, decision=_numeric_block(decision, result.detail, run.env.gpus),
+        return State.RECORD, replace(run, decision=numeric_block(decision, result.detail, run.env.gpus),
                                      verdict=(False, result.detail))
     if decision.repair is not None and settings.mode == "install":
-        events.warning(_engine_line(f"{kernel}: check failed - ", result.detail, "repairing"), kernel,
+        events.warning(engine_line(f"{kernel}: check failed - ", result.detail, "repairing"), kernel,
                        detail=f"{kernel}: {result.detail}; repairing")
         run = replace(run, decision=decision.repair, repairing=True, check_failed=result.detail)
         return (State.INSTALL if run.lock is not None else State.LOCK), run
@@ -331,19 +331,19 @@ def _install(run: Run):
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
-        events.warning(_engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
-                       persist=f"{current.rule}:no-installer:{why}", reminder=_reminder(run.pins, kernel))
+        events.warning(engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
+                       persist=f"{current.rule}:no-installer:{why}", reminder=reminder_for(run.pins, kernel))
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
-    batch = _batch(run)
+    batch = batch_of(run)
     if len(batch) > 1:
-        return State.RECORD, _install_batch(run, batch)
+        return State.RECORD, install_together(run, batch)
     verb = "repairing" if current.action == REPAIR else "installing"
     events.status(short.line(current), kernel,
-                  detail=f"{kernel}: {verb} {_describe(current, whole=True)} ({run.check_failed or current.reason})")
+                  detail=f"{kernel}: {verb} {describe(current, whole=True)} ({run.check_failed or current.reason})")
     try:
         result = world.install(current, settings=settings, env=run.env, pins=run.pins)
     except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
-        return State.RECORD, replace(run, decision=_numeric_block(current, str(exc), run.env.gpus),
+        return State.RECORD, replace(run, decision=numeric_block(current, str(exc), run.env.gpus),
                                      verdict=(False, str(exc)))
     except InstallFailed as exc:
         return State.RECORD, replace(run, verdict=(False, str(exc)))
@@ -367,7 +367,7 @@ def _record(run: Run):
         env = world.settle(run.env, run.settings, run.pins, run.installed)
         run = replace(run, env=env, fingerprint=world.fingerprint(env, run.settings, run.pins, kernel),
                       stamp=world.stamp(run.captured))
-    outcome = run.outcome if run.outcome is not None else _outcome(run)
+    outcome = run.outcome if run.outcome is not None else recorded_outcome(run)
     verdict = None
     if run.verdict is not None:
         verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
@@ -416,11 +416,11 @@ def _known(run: Run) -> Outcome | None:
     if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
         return Outcome(run.kernel, OutcomeState.OK, decision.reason)
-    return _failed(decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
+    return failed_outcome(decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is not None and cached["state"] == FAILED:
-        return _failed(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
+        return failed_outcome(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
     return None

@@ -16,12 +16,12 @@ from ..decide import short
 from ..decide.plan import OK, REPAIR, OnFailure
 
 
-def _outcome(run) -> Outcome:
+def recorded_outcome(run) -> Outcome:
     """The outcome of a verification or an install (RECORD), said."""
     good, detail = run.verdict
     decision, kernel = run.decision, run.kernel
     if not good:
-        return _failed(decision, detail)
+        return failed_outcome(decision, detail)
     result = run.installed
     if result is None:
         events.debug(f"{kernel}: {detail}", kernel)
@@ -29,7 +29,7 @@ def _outcome(run) -> Outcome:
     repaired = decision.action == REPAIR
     said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
             f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
-    events.status(said[0] if _fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
+    events.status(said[0] if line_fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
     if result.restart_advised:
         events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
                        "changed on disk; restart it to avoid running mixed versions", kernel)
@@ -37,7 +37,7 @@ def _outcome(run) -> Outcome:
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
 
-def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
+def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:
     """Said at the severity its rule declares (decide/rule_ids.py); a machine-wide one once for every kernel.
     quiet: settings are invalid - the one line about them was said; the skip goes to the debug log."""
     if quiet:
@@ -57,19 +57,19 @@ def _skipped(decision, plan, pins, quiet: bool = False) -> Outcome:
         missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
         events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
                     persist=f"{decision.rule}:{decision.reason}",
-                    reminder=_reminder(pins, decision.kernel) if missing else None,
+                    reminder=reminder_for(pins, decision.kernel) if missing else None,
                     detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
                            (f" ({decision.fix})" if decision.fix else ""))
     return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
-def _reminder(pins, kernel: str) -> str | None:
+def reminder_for(pins, kernel: str) -> str | None:
     """The one line a later start says for a kernel still missing - not for one that only serves another
     (tilelang: fla's line says it)."""
     return None if pins.kernel(kernel).serves else short.reminder(kernel)
 
 
-def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
+def blocked_outcome(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
     """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
     short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
     as much as fits."""
@@ -81,31 +81,31 @@ def _blocked(decision, reason: str, fix: str, *, said: tuple | None = None) -> O
     elif said is None:   # a reason the engine was handed (a failed check): the decision's short fix
         said = (reason, decision.short_fix if decision.short_reason and fix == decision.fix else fix)
     head = f"{decision.kernel}: {short.BLOCKED} - "
-    events.warning(_engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
+    events.warning(engine_line(head, *said), decision.kernel, once=f"block-{decision.kernel}",
                    detail=f"{decision.kernel}: blocked - {reason}" + (f" (fix: {fix})" if fix else ""))
     return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
 
 
-def _failed(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
+def failed_outcome(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
     """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
     backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
     if remembered is not None:
         reason = remembered["reason"]
     if decision.on_failure == OnFailure.BLOCK:
-        return _blocked(decision, reason, decision.fix or "")
+        return blocked_outcome(decision, reason, decision.fix or "")
     apply_env(decision.kernel, decision.off, "it is not usable here")
     persist, reminder = None, None
     if remembered is not None:
         retry = _retry_in(remembered, settings)
-        message = _engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
+        message = engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
-        reminder = _reminder(pins, decision.kernel) if pins is not None else None
+        reminder = reminder_for(pins, decision.kernel) if pins is not None else None
     else:   # the torch path stays (a backend: the kernel it serves keeps its own path)
         verb = "verify it" if decision.action == OK else decision.action
         entry = registry().get(decision.kernel) or {}
         keeps = f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else ""
-        message = _engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
+        message = engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
         reason_whole = reason + (f"; {keeps}" if keeps else "")
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
                  detail=f"{decision.kernel}: could not {decision.action} - "
@@ -120,7 +120,7 @@ def _retry_in(entry: dict, settings) -> str:
     return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
 
 
-def _keeps(pins, kernel: str) -> str:
+def keeps_instead(pins, kernel: str) -> str:
     """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
     spec = pins.kernel(kernel)
     if spec.kind == "backend":
@@ -128,7 +128,7 @@ def _keeps(pins, kernel: str) -> str:
     return "transformers keeps its torch path"
 
 
-def _engine_line(head: str, detail: str, fix: str = "") -> str:
+def engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text the engine was handed (a failed check's or install's output, why no installer
     can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
     from ..events.lines import fitted
@@ -136,7 +136,7 @@ def _engine_line(head: str, detail: str, fix: str = "") -> str:
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
 
 
-def _fits(line: str) -> bool:
+def line_fits(line: str) -> bool:
     from ..events.lines import MAX_LINE, PREFIX
 
     return len(PREFIX) + len(line) <= MAX_LINE
@@ -149,26 +149,26 @@ def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
     mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
     others = len(result.installed) - len(mine)
     if not mine:
-        return _describe(decision)
+        return describe(decision)
     return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
 
 
-def _describe(decision, whole: bool = False) -> str:
+def describe(decision, whole: bool = False) -> str:
     if decision.target:
         return " + ".join(f"{k} {v if whole else short.public(v)}" for k, v in decision.target.items())
     return ", ".join(r for s in decision.steps for r in s.requirements)
 
 
-def _hazard_fix(pins, kernel: str) -> str:
+def hazard_fix(pins, kernel: str) -> str:
     for hz in pins.hazards:
         if hz.kernel == kernel:
             return hz.fix
     return ""
 
 
-def _installed_line(kernel: str, result, decision) -> str:
+def installed_line(kernel: str, result, decision) -> str:
     """Say a batch member's install as RECORD says the leader's."""
-    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or _describe(decision)
+    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or describe(decision)
     events.status(f"{kernel}: installed {done} in {result.seconds:.1f} s with {result.installer}; verified in a child "
                   "process", kernel)
     if result.restart_advised:
@@ -177,7 +177,7 @@ def _installed_line(kernel: str, result, decision) -> str:
     return f"installed {done}"
 
 
-def _numeric_block(decision, detail: str, gpus):
+def numeric_block(decision, detail: str, gpus):
     """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
     its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
     from ..decide.common import NUMERIC_FIX, numeric_measured
