@@ -12,21 +12,19 @@ PREFIX = "fastpath-hooks: "
 def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) -> str:
     """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
     a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
-    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path is never cut (every message about a
-    build names it): the line then ends after it, even past `limit`. cut_words_only: only the long words."""
+    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path
+    is never cut (every message about a build names it): the line then ends after it, even past `limit`.
+    cut_words_only: only the long words are cut, the line may stay longer than `limit`."""
     words = message.split()
     line = PREFIX + " ".join(words)
 
     def value(word):  # VARIABLE='value': only the value may be cut
         return len(word) - word.find("=") - 1
 
-    def is_log(word):
-        return word.rstrip(";,)").endswith(".log")
-
     for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
         if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
             break
-        if is_log(words[i]):
+        if _is_log(words[i]):
             continue
         word = words[i]
         head = word.find("=") + 3   # VARIABLE='value': the name stays whole
@@ -35,7 +33,7 @@ def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) ->
         words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
         line = PREFIX + " ".join(words)
     if len(line) > limit and not cut_words_only:
-        logs = [i for i, w in enumerate(words) if is_log(w)]
+        logs = [i for i, w in enumerate(words) if _is_log(w)]
         # cut at the end - but never before a build log's path ends
         end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
         if end < len(line):
@@ -43,6 +41,10 @@ def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) ->
             space = cut.rfind(" ")   # at a word's end where one is near
             line = (cut[:space] if space > max(end, len(cut) - 16) else cut).rstrip() + "..."
     return line
+
+
+def _is_log(word: str) -> bool:
+    return word.rstrip(";,)").endswith(".log")
 
 
 def first_fitting(*candidates: str) -> str:
@@ -63,11 +65,14 @@ def fitted(head: str, detail: str, fix: str = "", *, whole_at: str = "fastpath-h
         return whole
     tail = f" ({fix}; the whole: {whole_at})" if fix else f" (the whole: {whole_at})"
     room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
-    text = fit(str(detail), 10 ** 6)[len(PREFIX):]
+    text = " ".join(str(detail).split())
     cut = fit(text, room + len(PREFIX))[len(PREFIX):]
-    if cut.endswith("...") and not any(w.rstrip(";,)").endswith(".log") for w in text.split()):
+    if cut.endswith("...") and not any(_is_log(w) for w in text.split()):   # an error chain: its middle goes
         cut = _middle_out(fit(text, room + len(PREFIX), cut_words_only=True)[len(PREFIX):], room) or cut
     return head + cut + tail
+
+
+_LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the end is cut instead)
 
 
 def _middle_out(text: str, room: int) -> str | None:
@@ -81,9 +86,6 @@ def _middle_out(text: str, room: int) -> str | None:
         if len(line) <= room:
             return line if len(tail) >= _LEAST_ERROR else None
     return None
-
-
-_LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the end is cut instead)
 
 
 def shown_path(path: str) -> str:
