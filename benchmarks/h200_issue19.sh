@@ -10,8 +10,10 @@
 #            apache_tvm_ffi 0.1.12, torch_c_dlpack_ext) - `fla` below is skipped without them
 #   .gpu/    the fastpath-hooks wheel and platformdirs:
 #              .venv/bin/python -m pip wheel -q --no-deps -w .gpu . && cp /work/research/wh-a/platformdirs-*.whl .gpu/
-#   .tests/  upstream's tests: test_causal_conv1d-1.7.0.py (research cache/), test_selective_scan-v2.3.2.post1.py,
-#            test_selective_state_update-v2.3.2.post1.py (research cache/mamba-tests/)
+#   .tests/  upstream's tests: test_causal_conv1d-1.7.0.py (tests/ of the causal-conv1d 1.7.0 sdist),
+#            test_selective_scan-v2.3.2.post1.py, test_selective_state_update-v2.3.2.post1.py (state-spaces/mamba
+#            at v2.3.2.post1: tests/ops/, tests/ops/triton/), and optionally
+#            test_selective_state_update-reffixed-v2.3.2.post1.py (the same with vllm#48578's reference fix)
 #   e.g.  carry: [".whl", ".gpu", ".tests"]
 #
 # Phases (arguments, run in order; a device call may run 600 s and the causal-conv1d build takes ~300 s):
@@ -134,6 +136,14 @@ phase_upstream() {
   step "upstream tests (mamba-ssm 2.3.2.post1)"
   (cd "$t" && timeout ${MAMBA_TIMEOUT:-150} "$py" -m pytest -q -p no:cacheprovider test_selective_scan_v2_3_2_post1.py \
       test_selective_state_update_v2_3_2_post1.py ${MAMBA_K:+-k "$MAMBA_K"} 2>&1 | tail -15) | tee "$OUT/upstream-mamba-ssm.txt"
+  # the same state-update test with its reference's known bf16 defect fixed (.tests/...-reffixed-...: the new
+  # state is rounded to bf16 before `out` is computed from it; vllm-project/vllm#48578, sgl-project/sglang#20345)
+  if [ -f "$t/test_selective_state_update_reffixed_v2_3_2_post1.py" ]; then
+    step "upstream's state-update test, its reference fixed"
+    (cd "$t" && timeout ${MAMBA_TIMEOUT:-150} "$py" -m pytest -q -p no:cacheprovider \
+        test_selective_state_update_reffixed_v2_3_2_post1.py 2>&1 | tail -8) | tee "$OUT/upstream-mamba-ssm-reffixed.txt"
+  fi
+  touch "$WORK/upstream.done"
 }
 
 phase_fla() {
