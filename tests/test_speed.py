@@ -164,7 +164,15 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     assert proc.returncode == 0, proc.stderr
     assert toolkit.calls() == calls, "nothing compiled for the second environment"
     assert not [a for a in started if "wheel" in a and "-w" in a], "no build"
-    children = _verification_children(started)
+    # the same files beside the same versions of what their imports load (the first environment's
+    # build deps do not count): remembered, no child at all (act/import_memory.py)
+    assert _verification_children(started) == [], started
+    # another environment for the import (another PYTHONPATH): one child checks both kernels
+    third = make_venv()
+    other = dict(env, PYTHONPATH=str(tmp_path))
+    proc3, started3 = _counted(third, "install", "mamba-ssm", env=other, spawns=str(tmp_path / "spawns2b.jsonl"))
+    assert proc3.returncode == 0, proc3.stderr
+    children = _verification_children(started3)
     assert len(children) == 1, children                       # one child checked both kernels
     payload = json.loads(children[0][-1])
     assert [spec["modules"][0] for spec in payload] == ["causal_conv1d", "mamba_ssm"]   # dependency order

@@ -131,7 +131,7 @@ def real_hipcc(env) -> str | None:
     return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
 
 
-def build_environ(step, *, env, work: str, jobs: int, split: int = 1) -> tuple:
+def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) -> tuple:
     """(the build's extra environment, its nvcc_speed.Speed or None): the pins' variables, CUDA_HOME of
     the real nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for, given the
     C++ standard where the step asks, `--split-compile=<split>`, a compiler cache and a record per
@@ -155,7 +155,7 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1) -> tuple:
         nvcc = real_nvcc(env)
         if nvcc is not None:
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
-            speed = nvcc_speed.plan(work, split=split, path_var=extra["PATH"])
+            speed = nvcc_speed.plan(work, split=split, path_var=extra["PATH"], parts=parts)
             extra.update(nvcc_speed.launcher_environ(speed, work))
             extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std, speed=speed)
     elif env.torch_hip and std:
@@ -213,13 +213,15 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     if share is None:
         share = machine_share(kernel, spec, settings=settings, env=env, expected=expected)
     jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
-    extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split)
+    extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split,
+                                 parts=[(unit, share.parts) for unit in spec.split_units])
     what = f"{spec.requirement} for {', '.join(archs)}"
     shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
     how = f"MAX_JOBS={jobs}" + (f", --split-compile={share.split}" if speed is not None and share.split > 1 else "") + \
         (f", {share.cores} of {env.cpus} cores" if together and env.cpus else "")
+    parted = f"; {' '.join(spec.split_units)} in {share.parts} parts" if speed is not None and speed.parts else ""
     events.status(f"{kernel}: building {_for(archs)} ({how}); log: {shown}", kernel,
-                  detail=f"{kernel}: building {what} from source ({how}){_expected(expected)}; log: {log}")
+                  detail=f"{kernel}: building {what} from source ({how}{parted}){_expected(expected)}; log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
     inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
@@ -257,6 +259,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
               "n_archs": len(built) if built != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
               "cores": share.cores, "cpus": env.cpus, "jobs": jobs, "split": share.split if speed is not None else 1,
+              "parts": share.parts if speed is not None and speed.parts else 1,
               "seconds": round(seconds, 1), "nvcc": env.nvcc_version, "launcher": info.get("launcher"),
               "concurrent": sorted(together), "cache": info.get("cache"), "slowest": info.get("slowest")}
     remember_build(root, record)

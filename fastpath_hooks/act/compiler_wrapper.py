@@ -22,6 +22,12 @@ The same wrapper makes nvcc's compiles faster (act/nvcc_speed.py plans it; the c
 - `launcher`: ccache or sccache run in front of the real compiler for a compile.
 - `calls`: a JSON line per compile appended there (the source, seconds, the split, the launcher, the
   exit status, the real compiler, argv and cwd), and one SPEED_MARK line on stderr.
+- `parts` (nvcc): {file name: N} - a file that one compile cannot spread over the cores (causal-conv1d's
+  backward: 18 explicit instantiations, one file, most of the build's wall time) is compiled as N parts
+  side by side, each a copy of it beside it that keeps every line but a share of its one-line explicit
+  instantiations (`template void f<float>(...);`), and the parts' objects are linked back into the one
+  object asked for (`ld -r`; the dependency file is the first part's, renamed). Anything unexpected -
+  fewer than two such lines, a part that fails, the link - and the file is compiled whole, as asked.
 
 A compile with a launcher or records runs as a child (its exit status handed back); anything else
 replaces this process, as before.
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 MARK = "fastpath-hooks nvcc wrapper:"       # the arch lines (act/build.py reads them back)
@@ -39,6 +46,9 @@ SPEED_MARK = "fastpath-hooks nvcc speed:"   # the split, the compiler cache, the
 _SPLIT_FLAGS = ("-c", "--compile", "-dc", "--device-c")
 _COMPILE_FLAGS = ("-c", "--compile", "-E", "-S", "-dc", "--device-c", "-fsyntax-only", "-cuda", "--cuda")
 _STD_PREFIXES = ("-std=", "--std=")
+# one whole explicit instantiation on one line: `template void f<float>(P &p);` (not `template<...>`)
+_INSTANTIATION = re.compile(r"^\s*template\s+(?!<)[^{};]*;\s*$")
+_SOURCES = (".cu", ".cpp", ".cc", ".c", ".hip")
 
 
 def codes(spec: str) -> set:
@@ -155,9 +165,109 @@ def main(argv: list) -> None:
     real = list(config["real"])
     compiling = any(a in _SPLIT_FLAGS for a in args)   # not -E/-M/--version: nothing to cache or time
     launcher, calls = config.get("launcher"), config.get("calls")
+    parts = _parts_for(args, config) if compiling else 1
+    if parts > 1:
+        code = _in_parts(real, args, parts, config, [launcher] if launcher else [])
+        if code == 0:
+            sys.exit(0)
     if not compiling or not (launcher or calls):
         os.execvp(real[0], real + args)
     sys.exit(_timed([launcher] if launcher else [], real, args, config))
+
+
+def _source(args: list) -> str | None:
+    return next((a for a in args if a.endswith(_SOURCES) and not a.startswith("-")), None)
+
+
+def _parts_for(args: list, config: dict) -> int:
+    source = _source(args)
+    if config.get("kind") != "nvcc" or source is None or "-o" not in args:
+        return 1
+    return max(1, int((config.get("parts") or {}).get(os.path.basename(source), 1)))
+
+
+def split_source(text: str, parts: int) -> list:
+    """The texts of up to `parts` copies of a source, each keeping every line but its share of the
+    one-line explicit instantiations (the others blanked: line numbers stay); [] with fewer than two."""
+    lines = text.split("\n")
+    found = [i for i, line in enumerate(lines) if _INSTANTIATION.match(line)]
+    if len(found) < 2:
+        return []
+    parts = min(parts, len(found))
+    out = []
+    for k in range(parts):
+        mine = set(found[k::parts])   # interleaved: the heavy and the light instantiations spread evenly
+        out.append("\n".join("" if i in found and i not in mine else line for i, line in enumerate(lines)))
+    return out
+
+
+def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> int:
+    """Compile the file as parts side by side and link them into the object asked for; the exit
+    status (not 0: nothing is left behind and the caller compiles the file whole)."""
+    import subprocess
+    import time
+
+    source = _source(args)
+    obj = args[args.index("-o") + 1]
+    try:
+        with open(source, encoding="utf-8") as fh:
+            texts = split_source(fh.read(), parts)
+    except (OSError, UnicodeDecodeError):
+        texts = []
+    if not texts:
+        return 1
+    stem, ext = os.path.splitext(source)
+    made, children, start = [], [], time.time()
+    depfile = args[args.index("--dependency-output") + 1] if "--dependency-output" in args[:-1] else None
+    try:
+        for k, text in enumerate(texts):
+            part_src, part_obj = f"{stem}.fph-part{k}{ext}", f"{obj}.fph-part{k}.o"
+            made += [part_src, part_obj, part_obj + ".d"]
+            with open(part_src, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            argv = []
+            for i, a in enumerate(args):
+                prev = args[i - 1] if i else None
+                argv.append(part_src if a == source else part_obj if prev == "-o" else
+                            part_obj + ".d" if prev == "--dependency-output" else a)
+            argv = [a for a in argv if not a.startswith(("--split-compile", "-split-compile"))]   # the parts are the threads
+            children.append(subprocess.Popen(front + real + argv))
+        codes = [c.wait() for c in children]
+        code = max(codes, key=abs)
+        if code == 0:
+            code = subprocess.call([config.get("ld") or "ld", "-r", "-o", obj] + [f"{obj}.fph-part{k}.o" for k in range(len(texts))])
+        if code == 0 and depfile:
+            with open(f"{obj}.fph-part0.o.d", encoding="utf-8") as fh:
+                deps = fh.read().replace(f"{obj}.fph-part0.o", obj, 1).replace(f"{stem}.fph-part0{ext}", source)
+            with open(depfile, "w", encoding="utf-8") as fh:
+                fh.write(deps)
+    except OSError as exc:
+        sys.stderr.write(f"{SPEED_MARK} {source} in parts: {exc}\n")
+        code = 1
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        for path in made:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+    seconds = time.time() - start
+    said = "" if code == 0 else "; compiling it whole instead"
+    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ({len(texts)} parts side by side), exit {code}{said}\n")
+    if config.get("calls"):
+        record = {"source": source, "seconds": round(seconds, 2), "split": 1, "parts": len(texts), "real": real[0],
+                  "launcher": os.path.basename(front[0]) if front else None, "code": code, "argv": args,
+                  "cwd": os.getcwd(), "start": round(start, 2)}
+        try:
+            with open(config["calls"], "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+        except OSError:
+            pass
+    sys.stderr.flush()
+    return code
 
 
 def _timed(front: list, real: list, args: list, config: dict) -> int:
@@ -173,7 +283,7 @@ def _timed(front: list, real: list, args: list, config: dict) -> int:
         sys.stderr.write(f"{SPEED_MARK} could not run {command[0]}: {exc}\n")
         code = 127
     seconds = time.time() - start
-    source = next((a for a in args if a.endswith((".cu", ".cpp", ".cc", ".c", ".hip")) and not a.startswith("-")), "?")
+    source = _source(args) or "?"
     split = next((int(a.partition("=")[2]) for a in args if a.startswith("--split-compile=")
                   and a.partition("=")[2].isdigit()), 1)
     launcher = os.path.basename(front[0]) if front else None

@@ -6,6 +6,8 @@ restricts the archs and hands the C++ standard last), read back here after the b
   compile that does not name one already, N from the build's share of the cores (decide/build_time.py
   `core_budget`); none when the share leaves one thread per job or the switch is off
   (pins `parallel.split_compile`, FASTPATH_HOOKS_SPLIT_COMPILE=0).
+- a file the pins name in `parallel.split_units` compiled as N parts side by side (N from the same
+  share: the cores the build's other files leave), linked back into its one object by the wrapper.
 - ccache (else sccache) in front of the real nvcc where one is on the build's PATH: ccache writes
   each compile's result into a stats log of this build (`CCACHE_STATSLOG`), so the build says how
   many compiles hit; sccache's counters are read before and after the build (its server is shared,
@@ -40,10 +42,11 @@ class Speed:
     split: int
     launcher: str | None
     calls: str
+    parts: tuple = ()    # (file name, N): compiled as N parts side by side (pins `parallel.split_units`)
 
     def config(self) -> dict:
         """The wrapper config's keys for it (act/compiler_wrapper.py)."""
-        return {"split": self.split, "launcher": self.launcher, "calls": self.calls}
+        return {"split": self.split, "launcher": self.launcher, "calls": self.calls, "parts": dict(self.parts)}
 
 
 def launcher(path_var: str | None = None) -> str | None:
@@ -55,9 +58,11 @@ def launcher(path_var: str | None = None) -> str | None:
     return None
 
 
-def plan(work: str, *, split: int, path_var: str | None = None) -> Speed:
-    """The speed part of one build's nvcc wrapper: its records in `work`, the cache on `path_var`."""
-    return Speed(split=max(1, int(split)), launcher=launcher(path_var), calls=os.path.join(work, CALLS))
+def plan(work: str, *, split: int, path_var: str | None = None, parts=()) -> Speed:
+    """The speed part of one build's nvcc wrapper: its records in `work`, the cache on `path_var`,
+    `parts`: (file name, N) for the files compiled in N parts."""
+    return Speed(split=max(1, int(split)), launcher=launcher(path_var), calls=os.path.join(work, CALLS),
+                 parts=tuple((name, int(n)) for name, n in parts if int(n) > 1))
 
 
 def launcher_environ(speed: Speed, work: str) -> dict:

@@ -76,6 +76,22 @@ for i, spec in enumerate(specs):
         out["numeric_seconds"] = round(time.monotonic() - began, 3)
     sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
+# the distributions whose modules these imports loaded (act/import_memory.py keys the memory on them)
+try:
+    import importlib.metadata as md
+    tops = {name.split(".")[0] for name, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)}
+    owners = md.packages_distributions()
+    dists = {}
+    for top in sorted(tops):
+        for dist in owners.get(top, ()):
+            try:
+                dists[dist] = md.version(dist)
+            except Exception:
+                pass
+    sys.stdout.write("\n" + MARK + json.dumps({"loaded": dists}) + "\n")
+    sys.stdout.flush()
+except Exception:
+    pass
 """.replace("MARK", repr(_MARK))
 
 
@@ -133,16 +149,20 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-                numeric=()) -> list:
+                numeric=(), root: str | None = None) -> list:
     """Every kernel of `kernel_specs` (in order: a kernel after those it imports) checked in ONE child
     process: one Verification each (its `seconds` the kernel's own import time in the child). A kernel
     the child never reached (it crashed or timed out on an earlier one) gets a failed Verification
     saying so, with `returncode` None, and is not to be blamed: its `detail` starts with "not checked".
     `numeric`: per kernel, act/numeric.py's NumericPlan or None; a check not remembered for the installed
     files runs in the same child, after the kernel's import (torch is imported once for all of them),
-    and a mismatch (or a crash in it) fails the kernel with `numeric` set, as verify() does."""
+    and a mismatch (or a crash in it) fails the kernel with `numeric` set, as verify() does.
+    `root`: the cache root whose import memory (act/import_memory.py) is read and written: when every
+    kernel's import is remembered for exactly this environment and no numeric check is due, no child
+    runs at all."""
     import os
 
+    from . import import_memory
     from .runner import run
 
     specs = list(kernel_specs)
@@ -156,6 +176,12 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
             if plan is not None:
                 got = prepare(plan, spec.distributions)
                 (done if isinstance(got, NumericResult) else pending)[i] = got
+    mine = root and python is None   # the memory speaks for this interpreter's environment only
+    known = [import_memory.recall(root, s, env_extra) if mine else None for s in specs]
+    if not pending and all(known):
+        return [_with_numbers(Verification(True, f"import {_modules(s.verify_modules)}: remembered (same files and "
+                                                 f"environment, {k.get('when', '?')})", 0.0, None), i, {}, pending, done)
+                for i, (s, k) in enumerate(zip(specs, known))]
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
                            **({"numeric": pending[i].payload} if i in pending else {})} for i, s in enumerate(specs)])
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
@@ -165,11 +191,14 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
               started=started)
     results: dict = {}
     in_numbers: set = set()
+    loaded = None
     for line in ran.output.splitlines():
         if line.startswith(_MARK):
             try:
                 item = json.loads(line[len(_MARK):])
-                if item.get("phase") == "numeric":
+                if "loaded" in item:
+                    loaded = item["loaded"]
+                elif item.get("phase") == "numeric":
                     in_numbers.add(int(item["index"]))
                 else:
                     results[int(item["index"])] = item
@@ -211,6 +240,10 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
             out.append(Verification(False, numbers.detail, ran.seconds, ran.code, numeric=True))
             continue
         out.append(Verification(False, detail, ran.seconds, ran.code))
+    if mine and loaded:
+        for spec, result in zip(specs, out):
+            if result.ok:
+                import_memory.remember(root, spec, env_extra, loaded, result.seconds)
     return out
 
 

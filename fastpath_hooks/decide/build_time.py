@@ -48,10 +48,36 @@ GIB_PER_THREAD = 1.5
 
 class Share(NamedTuple):
     """One build's part of the machine: `cores` of its CPUs, MAX_JOBS=`jobs`, `split` threads per nvcc job
-    (1: no --split-compile) - jobs x split <= cores, and within its part of the memory."""
+    (1: no --split-compile) - jobs x split <= cores, and within its part of the memory; `parts`: how many
+    parts a file of the pins' `split_units` is compiled in, side by side (1: whole)."""
     cores: int
     jobs: int
     split: int
+    parts: int = 1
+
+
+def unit_parts(build, cores: int) -> int:
+    """The parts a split unit is compiled in with `cores`: the cores the build's other files leave."""
+    if not build.split_units:
+        return 1
+    units = max(int(build.translation_units or 1), len(build.unit_seconds))
+    return max(1, cores - (units - len(build.split_units)))
+
+
+def makespan(build, cores: int) -> float | None:
+    """The build's expected wall time on `cores` from its files' measured compiles (pins
+    `parallel.unit_seconds`; a split unit in `unit_parts` equal parts), longest first onto the least
+    loaded core; None without the figures."""
+    seconds = dict(build.unit_seconds)
+    if not seconds:
+        return None
+    parts = unit_parts(build, cores)
+    pieces = [s for u, s in seconds.items() if u not in build.split_units]
+    pieces += [seconds[u] / parts for u in build.split_units for _ in range(parts)]
+    loads = [0.0] * max(1, cores)
+    for piece in sorted(pieces, reverse=True):
+        loads[loads.index(min(loads))] += piece
+    return max(loads)
 
 
 def split_allowed(build, settings, nvcc_version) -> bool:
@@ -64,8 +90,8 @@ def split_allowed(build, settings, nvcc_version) -> bool:
 
 def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=None, jobs_given: int | None = None) -> dict:
     """kernel -> Share for builds that run at the same time: `builds` = (kernel, SourceBuild,
-    expected seconds, split allowed). The cores are split in proportion to the expected times (the
-    longest build gets the most), at least one each; within its share a build runs one job per
+    expected seconds, split allowed). The cores go where they shorten the longest build (`_balanced`,
+    from the files' measured compiles) - else in proportion to the expected times - at least one each; within its share a build runs one job per
     translation unit (more leave cores idle) and gives nvcc the cores left over as --split-compile
     threads; memory (`GIB_PER_THREAD` per thread, in the same proportion) takes threads away first,
     then jobs. `jobs_given`: the user's MAX_JOBS, kept as it is. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
@@ -73,8 +99,11 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=
     if not builds:
         return {}
     total = max(1, cpus or 1)
-    weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
-    shares = _proportional(total, weights)
+    if len(builds) > 1 and all(b.unit_seconds for _, b, _, _ in builds):
+        shares = _balanced(total, [b for _, b, _, _ in builds])
+    else:
+        weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
+        shares = _proportional(total, weights)
     forced = getattr(settings, "split_compile", "auto")
     out = {}
     for (kernel, build, _, allowed), cores in zip(builds, shares):
@@ -88,14 +117,31 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=
         split = 1
         if allowed:
             split = int(forced) if forced not in ("auto", "0") else max(1, cores // jobs)
+        parts = unit_parts(build, cores) if allowed else 1
+        if jobs_given:
+            parts = min(parts, jobs_given)   # the user's MAX_JOBS caps the compiles at once, parts too
         if memory_gib:
             room = memory_gib * cores / total
             while split > 1 and jobs * split * GIB_PER_THREAD > room:
                 split -= 1
+            while parts > 1 and (jobs - 1 + parts) * GIB_PER_THREAD > room:
+                parts -= 1
             while not jobs_given and jobs > 1 and jobs * GIB_PER_THREAD > room:
                 jobs -= 1
-        out[kernel] = Share(cores, jobs, split)
+        out[kernel] = Share(cores, jobs, split, parts)
     return out
+
+
+def _balanced(total: int, builds) -> list:
+    """`total` cores for builds that run side by side, one at a time to the build whose expected wall
+    time (`makespan`) is longest and drops with it - the request is done when its longest build is."""
+    shares = [1] * len(builds)
+    for _ in range(max(0, total - len(builds))):
+        spans = [makespan(b, c) for b, c in zip(builds, shares)]
+        order = sorted(range(len(builds)), key=lambda i: spans[i], reverse=True)
+        pick = next((i for i in order if makespan(builds[i], shares[i] + 1) < spans[i] - 1e-9), order[0])
+        shares[pick] += 1
+    return shares
 
 
 def _proportional(total: int, weights) -> list:

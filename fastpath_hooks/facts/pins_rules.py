@@ -85,8 +85,16 @@ def source_build(v, raw, e: str, arch_rules=()) -> SourceBuild:
     units = par.get("translation_units", 1)
     if not isinstance(units, int) or isinstance(units, bool) or units < 1:
         v.fail(f"{e}.parallel.translation_units", "expected a positive whole number (the files the build compiles)")
+    seconds = v.table(par.get("unit_seconds", {}), f"{e}.parallel.unit_seconds")
+    for name, value in seconds.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            v.fail(f"{e}.parallel.unit_seconds.{name}", "expected a positive number (a file's measured compile)")
+    split_units = par.get("split_units", [])
+    if not isinstance(split_units, list) or not all(isinstance(u, str) and u in seconds for u in split_units):
+        v.fail(f"{e}.parallel.split_units", "expected a list of file names that unit_seconds has")
     v.source(par, f"{e}.parallel")
     return SourceBuild(
+        unit_seconds=tuple(sorted((str(k), float(x)) for k, x in seconds.items())), split_units=tuple(split_units),
         translation_units=units, split_compile=v.boolean(par.get("split_compile", False), f"{e}.parallel.split_compile"),
         requirement=requirement,
         env={str(k): str(x) for k, x in v.table(sb.get("env", {}), f"{e}.env").items()},

@@ -241,6 +241,8 @@ class SourceBuild:
     source: str
     translation_units: int = 1     # files compiled (MAX_JOBS beyond this count leaves cores idle)
     split_compile: bool = False    # nvcc's --split-compile may be given to its compiles (nvcc >= 11.8)
+    unit_seconds: tuple = ()       # (file name, measured seconds of its compile): how the cores are shared out
+    split_units: tuple = ()        # files compiled in parts, one per explicit instantiation group (act/compiler_wrapper.py)
     arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
     cuda_switch: "CudaSwitch | None" = None   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 
