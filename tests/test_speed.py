@@ -104,9 +104,9 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     conv = [a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]
     mamba = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
     assert len(conv) == 3 and len(mamba) == 9
-    assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 11 of 16 cores, 4 jobs
+    assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 9 of 16 cores (balanced: decide/build_time.py), 4 jobs
     assert all(sdists.gencode_codes(a) == ["sm_90"] for a in conv + mamba)
-    assert re.search(r"causal-conv1d: building for sm_90 \(MAX_JOBS=4, --split-compile=2, 11 of 16 cores\)", proc.stderr), \
+    assert re.search(r"causal-conv1d: building for sm_90 \(MAX_JOBS=4, --split-compile=2, 9 of 16 cores\)", proc.stderr), \
         proc.stderr
     # one installer call put both wheels in, causal-conv1d's first, after the two builds; one check of both
     wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]
@@ -130,7 +130,7 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     assert doctor["environment"]["build_history"] == []        # another cache: no history there
     doctor = json.loads(second.cli("doctor", "--json", env=env).stdout)
     history = {r["distribution"]: r for r in doctor["environment"]["build_history"]}
-    assert history["causal-conv1d"]["split"] == 2 and history["causal-conv1d"]["cores"] == 11
+    assert history["causal-conv1d"]["split"] == 2 and history["causal-conv1d"]["cores"] == 9
     assert history["causal-conv1d"]["concurrent"] == ["mamba-ssm"] and history["mamba-ssm"]["split"] == 1
     assert history["causal-conv1d"]["seconds"] >= 3
     # the estimate doctor prints, and the one the next build says before it starts, are the same
