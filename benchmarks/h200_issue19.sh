@@ -8,24 +8,25 @@
 #   .whl/    causal_conv1d-1.7.0.tar.gz, mamba_ssm-2.3.2.post1.tar.gz (research wh-a), and for fla on
 #            Hopper optionally the wh-b wheels (fla_core/flash_linear_attention 0.6.0, tilelang 0.1.15,
 #            apache_tvm_ffi 0.1.12, torch_c_dlpack_ext) - `fla` below is skipped without them
-#   .gpu/    the fastpath-hooks wheel and platformdirs:
-#              .venv/bin/python -m pip wheel -q --no-deps -w .gpu . && cp /work/research/wh-a/platformdirs-*.whl .gpu/
+#            and the fastpath-hooks wheel with platformdirs (the cold environment gets these two):
+#              .venv/bin/python -m pip wheel -q --no-deps -w .whl . (platformdirs: as for benchmarks/cold_node.sh)
 #   .tests/  upstream's tests: test_causal_conv1d-1.7.0.py (tests/ of the causal-conv1d 1.7.0 sdist),
 #            test_selective_scan-v2.3.2.post1.py, test_selective_state_update-v2.3.2.post1.py (state-spaces/mamba
 #            at v2.3.2.post1: tests/ops/, tests/ops/triton/), and optionally
 #            test_selective_state_update-reffixed-v2.3.2.post1.py (the same with vllm#48578's reference fix)
-#   e.g.  carry: [".whl", ".gpu", ".tests"]
+#   e.g.  carry: [".whl", ".tests"]
 #
 # Phases (arguments, run in order; a device call may run 600 s and the causal-conv1d build takes ~300 s):
 #   facts     the machine (GPU, torch, triton, nvcc)
 #   build     a cold environment, `fastpath-hooks plan`, then `install causal-conv1d` and `install mamba-ssm`
+#             ($KERNELS: which, in order; default both)
 #             (each builds, installs, verifies the import AND the numbers) in the BACKGROUND; returns at once
 #   wait      polls for the build's marker until ${WAIT_UNTIL:-540} s; copies the build logs and the numeric
 #             records to $OUT
 #   numeric   the numeric checks once more, with the remembered results removed first: how long they take
 #             cold and warm, and every tensor's measured error (numeric.json)
-#   upstream  upstream's tests against the built kernels ($CC_K / $MAMBA_K select a subset: the whole
-#             causal-conv1d file is ~13k cases)
+#   upstream  upstream's tests against the built kernels ($CC_K / $MAMBA_K: a pytest -k subset; default all,
+#             the whole causal-conv1d file is 13,373 cases; the ids name dtypes itype0/1/2, not float32/...)
 #   fla       fla 0.6.0 + tilelang on sm_90 through fastpath-hooks: the Hopper numeric check
 # e.g. call 1: bash benchmarks/h200_issue19.sh facts build
 #      call 2: bash benchmarks/h200_issue19.sh wait numeric
@@ -41,8 +42,9 @@ BASE=${BASE:-python3}
 ENV1=$WORK/env1
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
-CC_K=${CC_K:-"bfloat16 and not varlen"}
-MAMBA_K=${MAMBA_K:-""}
+CC_K=${CC_K:-}
+MAMBA_K=${MAMBA_K:-}
+KERNELS=${KERNELS:-causal-conv1d mamba-ssm}
 [ $# -gt 0 ] || set -- facts build wait numeric upstream
 if [ "$1" != _build ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
@@ -55,7 +57,7 @@ phase_facts() {
   $BASE -c 'import torch, sys; print("torch", torch.__version__, "cuda", torch.version.cuda, "python", sys.version.split()[0])'
   $BASE -c 'import triton; print("triton", triton.__version__)' 2>&1 | tail -1
   which nvcc && nvcc --version | tail -2
-  ls -la .whl .gpu .tests 2>&1 | head -30
+  ls -la .whl .tests 2>&1 | head -30
 }
 
 phase_build() {
@@ -67,9 +69,10 @@ phase_build() {
 
 phase__build() {
   local rc=0 t
-  step "cold environment"; fresh_env "$ENV1" --no-deps .gpu/*.whl || { echo 1 > "$WORK/build.done"; exit 1; }
-  step "plan"; "$ENV1/bin/fastpath-hooks" plan causal-conv1d mamba-ssm
-  for kernel in causal-conv1d mamba-ssm; do
+  step "cold environment"; fresh_env "$ENV1" --no-deps .whl/fastpath_hooks-*.whl .whl/platformdirs-*.whl || { echo 1 > "$WORK/build.done"; exit 1; }
+  step "plan"; # shellcheck disable=SC2086
+  "$ENV1/bin/fastpath-hooks" plan $KERNELS
+  for kernel in $KERNELS; do
     step "install $kernel"
     t=$SECONDS
     "$ENV1/bin/fastpath-hooks" install "$kernel" || rc=$?
@@ -130,14 +133,18 @@ phase_upstream() {
   # pytest imports a test file by its name: `test_causal_conv1d-1.7.0.py` is no module name, so plain copies
   rm -rf "$t"; mkdir -p "$t"
   for f in .tests/*.py; do cp "$f" "$t/$(basename "$f" .py | tr '.-' '__').py"; done
-  step "upstream tests (causal-conv1d 1.7.0: -k \"$CC_K\")"
-  (cd "$t" && timeout ${CC_TIMEOUT:-420} "$py" -m pytest -q -p no:cacheprovider test_causal_conv1d_1_7_0.py -k "$CC_K" 2>&1 | tail -15) \
-    | tee "$OUT/upstream-causal-conv1d.txt"
+  if [[ " $KERNELS " == *" causal-conv1d "* ]]; then
+    step "upstream tests (causal-conv1d 1.7.0${CC_K:+: -k \"$CC_K\"})"
+    (cd "$t" && timeout ${CC_TIMEOUT:-420} "$py" -m pytest -q -p no:cacheprovider test_causal_conv1d_1_7_0.py ${CC_K:+-k "$CC_K"} \
+        --junitxml="$OUT/upstream-causal-conv1d.xml" 2>&1 | tail -15) | tee "$OUT/upstream-causal-conv1d.txt"
+  fi
+  [[ " $KERNELS " == *" mamba-ssm "* ]] || { touch "$WORK/upstream.done"; return 0; }
   step "upstream tests (mamba-ssm 2.3.2.post1)"
   (cd "$t" && timeout ${MAMBA_TIMEOUT:-150} "$py" -m pytest -q -p no:cacheprovider test_selective_scan_v2_3_2_post1.py \
       test_selective_state_update_v2_3_2_post1.py ${MAMBA_K:+-k "$MAMBA_K"} 2>&1 | tail -15) | tee "$OUT/upstream-mamba-ssm.txt"
-  # the same state-update test with its reference's known bf16 defect fixed (.tests/...-reffixed-...: the new
-  # state is rounded to bf16 before `out` is computed from it; vllm-project/vllm#48578, sgl-project/sglang#20345)
+  # the same state-update test with its reference's known bf16 defect fixed (.tests/...-reffixed-...: upstream's
+  # reference rounds the new state to bf16 and computes `out` from that, the kernel computes `out` from the
+  # unrounded state; the fixed reference does as the kernel; vllm-project/vllm#48578, sgl-project/sglang#20345)
   if [ -f "$t/test_selective_state_update_reffixed_v2_3_2_post1.py" ]; then
     step "upstream's state-update test, its reference fixed"
     (cd "$t" && timeout ${MAMBA_TIMEOUT:-150} "$py" -m pytest -q -p no:cacheprovider \

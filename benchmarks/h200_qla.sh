@@ -7,20 +7,20 @@
 #
 # Carried in (about 60 MiB, gitignored: put them there on the CPU machine, from the worktree root, before
 # the device call):
-#   .whl/ - the kernels' wheelhouse: /work/research/wh-b (fla-core and flash-linear-attention 0.6.0,
-#           tilelang 0.1.15 repacked with LZMA by /work/shared/tools/gpu-wheelhouse.sh - pip installs it, uv
-#           refuses it, so FASTPATH_HOOKS_INSTALLER=pip below -, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext
-#           0.1.5, flash-qla 0.1.3) + z3-solver 4.15.4.0 from /work/research/wh-a (tilelang links libz3)
-#   .gpu/ - the fastpath-hooks wheel of this branch and platformdirs (not on the image)
-#     rm -rf .whl .gpu && mkdir -p .whl .gpu && cp /work/research/wh-b/*.whl .whl/ \
-#       && cp /work/research/wh-a/z3_solver-*.whl .whl/ \
-#       && .venv/bin/python -m pip wheel -q --no-deps -w .gpu . && cp /work/research/wh-a/platformdirs-*.whl .gpu/
+#   .whl-qla/ (WHEELHOUSE) - the kernels' wheels: fla-core and flash-linear-attention 0.6.0, tilelang 0.1.15
+#           (repacked with LZMA: pip installs it, uv refuses it, so FASTPATH_HOOKS_INSTALLER=pip below),
+#           apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5, z3-solver 4.15.4.0 (tilelang links libz3), flash-qla 0.1.3:
+#     bash ../shared/tools/gpu-wheelhouse.sh .whl-qla fla-core==0.6.0 flash-linear-attention==0.6.0 tilelang==0.1.15 \
+#       apache-tvm-ffi==0.1.12 z3-solver==4.15.4.0 torch-c-dlpack-ext==0.1.5 flash-qla==0.1.3
+#   HOOKS_WHEELS - the fastpath-hooks wheel of this branch and platformdirs (not on the image), e.g. in .whl/:
+#     .venv/bin/python -m pip wheel -q --no-deps -w .whl .   (platformdirs: pip download --no-deps -d .whl platformdirs)
 #
-# THE RUN - one device call on nvidia-h200, carry [".whl", ".gpu"], timeout_s 600:
-#     bash benchmarks/h200_qla.sh
-# (= facts start torch wait report). It returns by ~580 s with the table (qla-h200.json) when everything
-# finished, about 8 min expected. If it says "still running", call at once - the machine stays warm only
-# 30 s after a call, and $WORK (/tmp/qla-h200) goes with it - with the same carry:
+# THE RUN (2026-12-02: two device calls on nvidia-h200, carry [".whl", ".whl-qla"]; the whole run takes
+# ~12 min, most of it the installs' checks and JIT warm-ups - fla 377 s, flash-qla 259 s):
+#     HOOKS_WHEELS="$PWD/.whl/fastpath_hooks-0.1.0-py3-none-any.whl $PWD/.whl/platformdirs-4.14.9-py3-none-any.whl" \
+#       WHEELHOUSE=.whl-qla bash benchmarks/h200_qla.sh facts start torch wait
+# then at once - the machine stays warm only 30 s after a call, and $WORK (/tmp/qla-h200) goes with it -,
+# with the same variables and carry:
 #     bash benchmarks/h200_qla.sh wait report
 # Results: copy the files (files_at) to benchmarks/results/h200-<date>-qla/ and set
 # kernels.flash-qla.pays.hazard in fastpath_hooks/facts/pins.json as the report's last lines say.
@@ -41,6 +41,9 @@
 #   wait   - polls for the background until ${WAIT_UNTIL:-570} s into this call and copies what it wrote to $OUT
 #   report - the table and the verdicts (qla-h200.json); says so and stops when the background is not done
 #   all    - facts start torch, then wait without a limit, then report (longer than one device call)
+# Knobs: WHEELHOUSE (default .whl: the kernels' wheels), COLD=0 (no cold phase: the report then takes
+# COLD_FROM, an earlier run's cold.json on the same image), FAST_TIMEOUT (default 900 s: on a cold machine
+# the fast phase's installs, checks and warm-ups take ~10 min, mostly Triton and TileLang JIT), OUT, WORK.
 # A model class this transformers lacks is skipped with a line saying so (transformers 5.17.0, the
 # image's, has both: qwen3_5_text -> Qwen3_5ForCausalLM, qwen3_next -> Qwen3NextForCausalLM).
 # $OUT: log.txt, torch.json, bg.log, cold.json, fast.json, doctor.txt, qla-h200.json.
@@ -56,11 +59,14 @@ ENV2=$WORK/env2     # the kernels installed by hand: the cold first steps
 export PYTHONUNBUFFERED=1
 # the kernels from the carried wheelhouse only; causal-conv1d and mamba-ssm left alone (a 5-min build for
 # torch 2.11, and the same in every mode: transformers' torch conv)
-export FASTPATH_HOOKS_FIND_LINKS=$PWD/.whl FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
+WHEELHOUSE=$(cd "${WHEELHOUSE:-.whl}" 2>/dev/null && pwd || echo "${WHEELHOUSE:-.whl}")
+export FASTPATH_HOOKS_FIND_LINKS=$WHEELHOUSE FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
 export FASTPATH_HOOKS_SKIP=causal-conv1d,mamba-ssm FASTPATH_HOOKS_INSTALLER=pip
 BENCH=${BENCH:-benchmarks/qla_speedup.py}
 BENCH_ARGS=${BENCH_ARGS:-}
-COLD_WHEELS=${COLD_WHEELS-$(ls "$PWD"/.whl/*.whl 2>/dev/null)}   # what the cold venv gets by hand
+# the fastpath-hooks wheel and platformdirs for the fresh venvs (.gpu/ by default; HOOKS_WHEELS to name others)
+HOOKS_WHEELS=${HOOKS_WHEELS:-$(ls "$PWD"/.gpu/*.whl 2>/dev/null)}
+COLD_WHEELS=${COLD_WHEELS-$(ls "$WHEELHOUSE"/*.whl 2>/dev/null)}   # what the cold venv gets by hand
 [ $# -gt 0 ] || set -- facts start torch wait report
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
@@ -83,7 +89,7 @@ for n in ("torch", "triton", "transformers", "numpy", "einops", "packaging", "fi
 print("python", sys.version.split()[0])
 PY
   which nvcc && nvcc --version | tail -2
-  ls -la .whl .gpu
+  ls -la "$WHEELHOUSE" .gpu
 }
 
 phase_start() {
@@ -97,7 +103,7 @@ phase_start() {
 
 phase__bg() {
   echo "$$" > "$WORK/bg.pid"
-  bg_cold
+  if [ "${COLD:-1}" = 0 ]; then echo "cold phase left out (COLD=0)"; else bg_cold; fi
   step "waiting for the torch phase"
   local waited=0
   while [ ! -f "$WORK/torch.done" ] && [ "$waited" -lt 400 ]; do sleep 2; waited=$((waited + 2)); done
@@ -109,7 +115,7 @@ bg_cold() {
   step "cold: the kernels installed by hand, hooks off, empty JIT caches: flash-qla's first steps without the warm-up"
   local jit=$WORK/cold-jit
   rm -rf "$jit" && mkdir -p "$jit/triton" "$jit/tilelang"
-  if ! fresh_env "$ENV2" --no-deps .gpu/*.whl; then echo "!! could not make $ENV2"; echo 1 > "$WORK/cold.rc"; return; fi
+  if ! fresh_env "$ENV2" --no-deps $HOOKS_WHEELS; then echo "!! could not make $ENV2"; echo 1 > "$WORK/cold.rc"; return; fi
   # shellcheck disable=SC2086
   [ -z "$COLD_WHEELS" ] || "$ENV2/bin/python" -m pip install -q --no-index --no-deps $COLD_WHEELS \
     || { echo "!! the hand install failed"; echo 1 > "$WORK/cold.rc"; return; }
@@ -126,7 +132,7 @@ bg_fast() {
   [ -x "$ENV1/bin/python" ] || { echo "!! no $ENV1: the torch phase makes it"; echo 1 > "$WORK/fast.rc"; return; }
   "$ENV1/bin/fastpath-hooks" plan 2>&1 | tail -12
   # shellcheck disable=SC2086
-  timeout 480 "$ENV1/bin/python" "$BENCH" fast $BENCH_ARGS --out "$WORK/fast.json"
+  timeout "${FAST_TIMEOUT:-900}" "$ENV1/bin/python" "$BENCH" fast $BENCH_ARGS --out "$WORK/fast.json"
   echo "$?" > "$WORK/fast.rc"
   "$ENV1/bin/fastpath-hooks" doctor > "$WORK/doctor.txt" 2>&1
   echo "fast phase exit $(cat "$WORK/fast.rc")"
@@ -135,7 +141,7 @@ bg_fast() {
 phase_torch() {
   step "a fresh environment; the torch path (fla blocked, hooks off)"
   rm -f "$WORK/torch.done"
-  if fresh_env "$ENV1" --no-deps .gpu/*.whl; then
+  if fresh_env "$ENV1" --no-deps $HOOKS_WHEELS; then
     # shellcheck disable=SC2086
     FASTPATH_HOOKS_DISABLE=1 timeout 300 "$ENV1/bin/python" "$BENCH" torch $BENCH_ARGS --out "$WORK/torch.json"
     echo "torch phase exit $?"
@@ -171,6 +177,8 @@ phase_report() {
   [ -f "$WORK/bg.done" ] || { echo "the background is not done: no report yet"; return 1; }
   local inputs=()
   for f in torch fast cold; do [ -f "$WORK/$f.json" ] && inputs+=("$WORK/$f.json"); done
+  # COLD=0: the cold phase's figures from an earlier run on the same image (COLD_FROM, carried in)
+  [ -f "$WORK/cold.json" ] || [ -z "${COLD_FROM:-}" ] || inputs+=("$COLD_FROM")
   "${ENV1}/bin/python" "$BENCH" report "${inputs[@]}" --out "$OUT/qla-h200.json"
 }
 

@@ -240,7 +240,8 @@ def _find(runs, model, seq, mode):
 
 def report(phases: dict) -> dict:
     """The table and the verdicts from the phases' JSON (torch / fast / cold; a missing one leaves gaps)."""
-    runs = [r for p in phases.values() for r in p.get("runs", [])]
+    # step times from the torch and fast phases only: the cold phase times its first steps (JIT included)
+    runs = [r for name, p in phases.items() if name != "cold" for r in p.get("runs", [])]
     cold = phases.get("cold", {}).get("runs", [])
     rows = []
     for model in sorted({r["model"] for r in runs}):

@@ -65,6 +65,17 @@ def test_what_misses_a_target_is_said(change, verdict, fragment):
     assert fragment in bench.table(rep)
 
 
+def test_the_cold_phase_gives_only_its_first_step_never_a_step_time():
+    """The cold phase times its first steps, JIT included: without a fast phase its runs must not stand in for
+    flash-qla's step time (the 2026-12-01 table showed a 73 s "median" that way)."""
+    bench = _bench()
+    phases = _phases(100.0)
+    del phases["fast"]
+    phases["cold"]["runs"][0]["median_step_ms"] = 73297.6
+    row = next(r for r in bench.report(phases)["rows"] if r["seq"] == 4096)
+    assert row["qla_ms"] is None and row["qla_over_fla"] is None and row["cold_first_s"] == 61.0
+
+
 def test_a_model_this_transformers_lacks_is_skipped_with_a_line_saying_so():
     """The H200 image has transformers 5.17.0: both models are there (qwen3_5_text / qwen3_next causal LMs,
     read from its wheel); one a transformers lacks is skipped, said in the phase and the table."""
