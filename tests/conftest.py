@@ -131,13 +131,15 @@ def test_pins(tmp_path):
     the gated-delta-rule check at a size the stand-ins compute in a moment on a CPU (one key head, two value
     heads, K = V = 128: what fla sends to flash-qla)."""
 
-    def make(wheelhouse: str | None = None, extra: dict | None = None) -> str:
+    def make(wheelhouse: str | None = None, extra: dict | None = None, flash_qla_on: bool = True) -> str:
+        # flash-qla is off by default on Hopper (measured not to pay at small sizes: pins pays.hazard); the tests
+        # of its install path turn it on as a user does, with a FASTPATH_HOOKS_PINS file
         data = {
             "kernels": {
                 "tilelang": {"runtime_deps": []},
                 "causal-conv1d": {"runtime_deps": []},
                 "fla": {"warm": SMALL_CHECK},
-                "flash-qla": {"warm": SMALL_CHECK},
+                "flash-qla": {"warm": SMALL_CHECK, **({"pays": {"hazard": True}} if flash_qla_on else {})},
             }
         }
         if wheelhouse and os.path.exists(os.path.join(wheelhouse, CAUSAL_WHEEL)):

@@ -55,6 +55,7 @@ def index(tmp_path_factory, dep_wheels):
     pins_file = base / "pins.json"
     pins_file.write_text(json.dumps({"kernels": {
         "tilelang": {"runtime_deps": []},
+        "flash-qla": {"pays": {"hazard": True}},   # turned on (off by default on Hopper): downloaded with the rest
         "causal-conv1d": {"runtime_deps": [], "release": {"sha256": digests}}}}))
     return url, release, str(pins_file)
 

@@ -120,6 +120,14 @@ def test_planned_only_where_its_rules_allow(clean, house, test_pins, tmp_path):
         d = _plan(clean, env, target)["flash-qla"]
         assert (d["action"], d["rule"]) == ("skip", rule), (target, d["reason"])
         assert d["reason"] and not d["steps"]
+    # the shipped pins: off by default on Hopper too (measured on the H200: 1.02-1.08x over fla + tilelang at
+    # small sizes), said with the way to turn it on; fla then wants nothing of it
+    shipped = _plan(clean, {**env, "FASTPATH_HOOKS_PINS": test_pins(wh, flash_qla_on=False)}, HOPPER)
+    off = shipped["flash-qla"]
+    assert (off["action"], off["rule"]) == ("skip", "qla.off") and not off["steps"]
+    assert "fla#640" in off["reason"] and "measured not to pay" in off["reason"], off
+    assert "pays.hazard" in off["fix"], off
+    assert shipped["fla"]["wants"] == [] and shipped["tilelang"]["action"] == "install"
     skipped = _plan(clean, {**env, "FASTPATH_HOOKS_SKIP": "flash-qla"}, HOPPER)
     assert skipped["flash-qla"]["rule"] == "skip.user" and skipped["fla"]["wants"] == []
 

@@ -12,6 +12,7 @@ The real children and installs: tests/test_flash_qla.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -19,11 +20,15 @@ import pytest
 from fastpath_hooks import engine, events
 from fastpath_hooks.engine.outcome import OutcomeState
 from fastpath_hooks.engine.world import InstallFailed
-from support.worlds import TILELANG_PAIR, TableWorld, environment
+from support.worlds import PINS, TILELANG_PAIR, TableWorld, environment
 
 HOPPER = dict(gpus=("sm_90",), triton="3.6.0")
 FLA = {"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"}
 QLA = {"flash-qla": "0.1.3"}
+# flash-qla is off by default on Hopper (the H200 benchmark: it does not pay at small sizes, pins pays.hazard);
+# these tests turn it on, as a user's FASTPATH_HOOKS_PINS file does
+QLA_ON = dataclasses.replace(PINS, kernels={**PINS.kernels, "flash-qla": dataclasses.replace(
+    PINS.kernel("flash-qla"), pays=dataclasses.replace(PINS.kernel("flash-qla").pays, hazard=True))})
 
 
 class QlaFails(TableWorld):
@@ -46,8 +51,8 @@ def world(tmp_path, monkeypatch):
         monkeypatch.delenv(var)
     worlds = []
 
-    def make(cls=TableWorld, dists=None, **facts):
-        w = cls(environment(dists, **{**HOPPER, **facts}), tmp_path)
+    def make(cls=TableWorld, dists=None, pins=QLA_ON, **facts):
+        w = cls(environment(dists, **{**HOPPER, **facts}), tmp_path, pins=pins)
         worlds.append(engine.use_world(w))
         return w
 
@@ -56,18 +61,34 @@ def world(tmp_path, monkeypatch):
         engine.use_world(worlds[0])
 
 
+def _ensure_fla():
+    """engine.ensure("fla"), and what it said."""
+    seen = []
+    events.add_listener(seen.append)
+    try:
+        return engine.ensure("fla"), seen
+    finally:
+        events.clear_listeners()
+
+
 def _said(capture):
     return [e["message"] for e in capture]
 
 
+def test_with_the_shipped_pins_import_fla_on_hopper_installs_tilelang_and_fla_not_flash_qla(world):
+    w = world(pins=PINS)
+    outcome, seen = _ensure_fla()
+    assert outcome.state == OutcomeState.INSTALLED
+    assert [d.kernel for d in w.installed_decisions] == ["tilelang", "fla"]
+    assert not any("flash-qla" in m for m in _said(seen) if "installing" in m)
+    qla = engine.outcomes().get("flash-qla")
+    assert qla is None or qla.state != OutcomeState.INSTALLED
+    assert os.environ.get("FLA_FLASH_QLA") is None     # nothing installed to switch off
+
+
 def test_import_fla_on_hopper_installs_tilelang_then_fla_then_flash_qla_before_it_returns(world):
     w = world()
-    seen = []
-    events.add_listener(seen.append)
-    try:
-        outcome = engine.ensure("fla")
-    finally:
-        events.clear_listeners()
+    outcome, seen = _ensure_fla()
     assert outcome.state == OutcomeState.INSTALLED
     assert [d.kernel for d in w.installed_decisions] == ["tilelang", "fla", "flash-qla"]
     qla = w.installed_decisions[-1]
@@ -83,12 +104,7 @@ def test_import_fla_on_hopper_installs_tilelang_then_fla_then_flash_qla_before_i
 
 def test_a_failed_flash_qla_leaves_fla_on_its_own_path_not_the_torch_path(world):
     w = world(QlaFails)
-    seen = []
-    events.add_listener(seen.append)
-    try:
-        outcome = engine.ensure("fla")
-    finally:
-        events.clear_listeners()
+    outcome, seen = _ensure_fla()
     assert outcome.state == OutcomeState.INSTALLED and outcome.block is None       # fla: usable, not blocked
     assert engine.outcomes()["flash-qla"].state == OutcomeState.FAILED
     assert engine.outcomes()["flash-qla"].block is None                            # never a blocked import

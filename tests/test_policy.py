@@ -351,6 +351,16 @@ def with_pays(hazard: bool, elsewhere: bool) -> pins_mod.Pins:
     return with_kernel(PINS, "flash-qla", pays=Pays(hazard, elsewhere, "measured: test"))
 
 
+# flash-qla is off by default on Hopper (measured on the H200 not to pay at small sizes: pins pays.hazard);
+# its install path as a user turns it on, with a FASTPATH_HOOKS_PINS file
+QLA_ON = with_pays(True, False)
+
+
+def QlaOn(*args, **kw) -> "Row":
+    """A row under QLA_ON."""
+    return Row(*args, pins=QLA_ON, **kw)
+
+
 def _qla_installs(fragment, shapes=((16, 32, 128, 128),)):
     """flash-qla 0.1.3 alone (--no-deps: tilelang is the pinned pair, decided first), after tilelang and fla,
     its failure never blocking anything (fla keeps its own path: FLA_FLASH_QLA=0), checked against fla's own
@@ -559,17 +569,17 @@ ROWS = [
         check=_fla_installs("0.5.2")),
 
     # flash-qla (a backend of fla)
-    Row("qla.install (acceptance: sm_90 + nvcc + tilelang; the model's head dims not known)", "flash-qla", INSTALL,
+    QlaOn("qla.install (acceptance: sm_90 + nvcc + tilelang; the model's head dims not known)", "flash-qla", INSTALL,
         "qla.install", check=_qla_installs("head dims are not known here: fla uses it for K = V = 128")),
-    Row("qla.install: a Qwen3.5 config imported (K = V = 128, 16 / 32 heads): its shapes are checked and warmed",
+    QlaOn("qla.install: a Qwen3.5 config imported (K = V = 128, 16 / 32 heads): its shapes are checked and warmed",
         "flash-qla", INSTALL, "qla.install", env={"model_shapes": QWEN35},
         check=_qla_installs("the qwen3_5 config: K x V = 128 x 128")),
-    Row("qla.install under transformers 5.17 (it repeats q and k to the 32 value heads before calling fla)", "flash-qla",
+    QlaOn("qla.install under transformers 5.17 (it repeats q and k to the 32 value heads before calling fla)", "flash-qla",
         INSTALL, "qla.install", dists={"transformers": "5.17.0"},
         check=_qla_installs("flash-qla 0.1.3", shapes=((32, 32, 128, 128),))),
-    Row("qla.install with the nvcc wheel tilelang installs (CUDA 13 torch, no toolkit)", "flash-qla", INSTALL,
+    QlaOn("qla.install with the nvcc wheel tilelang installs (CUDA 13 torch, no toolkit)", "flash-qla", INSTALL,
         "qla.install", env={"nvcc": None, "torch_cuda": "13.0"}, check=_qla_installs("where fla runs tilelang anyway")),
-    Row("qla.install offline from the wheelhouse", "flash-qla", INSTALL, "qla.install", settings=OFFLINE,
+    QlaOn("qla.install offline from the wheelhouse", "flash-qla", INSTALL, "qla.install", settings=OFFLINE,
         env={"wheelhouse": WHEELS_06 + WHEELS_PAIR + WHEEL_QLA}, dists=TILELANG_DEPS,
         check=_qla_installs("flash-qla 0.1.3 for fla's gated delta rule on sm_90")),
     Row("qla.install where fla needs no tilelang (triton 3.7.1), once the benchmark flips pays.elsewhere", "flash-qla",
@@ -609,7 +619,7 @@ ROWS = [
     Row("qla.without.tilelang: flash-qla installed by hand where tilelang is not used (triton 3.7.1)", "flash-qla", SKIP,
         "qla.without.tilelang", env={"triton": "3.7.1"}, dists=QLA,
         check=_qla_skips("flash-qla runs on tilelang, which is not used here", off=True)),
-    Row("qla.old.tilelang: tilelang 0.1.11 installed (flash-qla 0.1.3 needs >= 0.1.12)", "flash-qla", SKIP,
+    QlaOn("qla.old.tilelang: tilelang 0.1.11 installed (flash-qla 0.1.3 needs >= 0.1.12)", "flash-qla", SKIP,
         "qla.old.tilelang", dists={"tilelang": "0.1.11", "apache-tvm-ffi": "0.1.11"},
         check=_qla_skips("tilelang 0.1.11 is used here; flash-qla 0.1.3 needs tilelang >=0.1.12", fix="tilelang 0.1.15")),
     Row("qla.no-backend: fla 0.5.2 does not dispatch to flash-qla", "flash-qla", SKIP, "qla.no-backend",
@@ -619,31 +629,31 @@ ROWS = [
         "qla.off", env={"triton": "3.7.1"},
         check=lambda d, p: (_qla_skips("off by default where fla needs no tilelang (triton 3.7.1)",
                                        fix="pays.elsewhere to true")(d, p), p["tilelang"].rule == "tilelang.not-needed")),
-    Row("qla.off: pays.hazard flipped off (the benchmark's one-line change)", "flash-qla", SKIP, "qla.off",
-        pins=with_pays(False, False),
+    Row("qla.off on Hopper with the shipped pins (the H200 benchmark: 1.02-1.08x over fla + tilelang)", "flash-qla",
+        SKIP, "qla.off",
         check=lambda d, p: (_qla_skips("where fla runs tilelang anyway (fla#640)", fix="pays.hazard")(d, p),
                             p["tilelang"].action == INSTALL, p["fla"].wants == ())),
-    Row("qla.head-dims: the imported model's K x V = 64 x 64", "flash-qla", SKIP, "qla.head-dims",
+    QlaOn("qla.head-dims: the imported model's K x V = 64 x 64", "flash-qla", SKIP, "qla.head-dims",
         env={"model_shapes": (("qwen3_5", 64, 64, 16, 32),)},
         check=_qla_skips("qwen3_5: K x V = 64 x 64; flash-qla computes K = 128, V = 128 only", fla_wants=())),
     Row("qla.no-release: no pinned flash-qla for this torch", "flash-qla", SKIP, "qla.no-release",
-        pins=with_kernel(PINS, "flash-qla", releases=tuple(dataclasses.replace(r, torch=SpecifierSet(">=2.12"))
+        pins=with_kernel(QLA_ON, "flash-qla", releases=tuple(dataclasses.replace(r, torch=SpecifierSet(">=2.12"))
                                                           for r in PINS.kernel("flash-qla").releases)),
         check=_qla_skips("no known-good flash-qla release for torch 2.10.0", fix="FASTPATH_HOOKS_PINS")),
-    Row("qla.offline-missing: the wheelhouse has fla and tilelang, not flash-qla", "flash-qla", SKIP,
+    QlaOn("qla.offline-missing: the wheelhouse has fla and tilelang, not flash-qla", "flash-qla", SKIP,
         "qla.offline-missing", settings=OFFLINE, env={"wheelhouse": WHEELS_06 + WHEELS_PAIR}, dists=TILELANG_DEPS,
         check=lambda d, p: (_qla_skips("lacks flash-qla==0.1.3", fix="fastpath-hooks download")(d, p),
                             p["fla"].rule == "fla.install", p["fla"].wants == ())),
-    Row("fla.install on Hopper checks and warms its own path (FLA_FLASH_QLA=0) in its verification child", "fla",
+    QlaOn("fla.install on Hopper checks and warms its own path (FLA_FLASH_QLA=0) in its verification child", "fla",
         INSTALL, "fla.install", env={"model_shapes": QWEN35},
         check=lambda d, p: (_fla_installs("0.6.0", needs=("tilelang",))(d, p), d.check["own"] == OFF,
                             "compare" not in d.check, d.check["shapes"] == ((16, 32, 128, 128),), d.wants == ("flash-qla",))),
-    Row("the JIT caches under fastpath-hooks' cache for the training process, where a verification warms them",
+    QlaOn("the JIT caches under fastpath-hooks' cache for the training process, where a verification warms them",
         "flash-qla", INSTALL, "qla.install", env=JIT,
         check=lambda d, p: (_qla_installs("flash-qla 0.1.3")(d, p), dict(d.env) == dict(JIT["jit_caches"]),
                             dict(p["fla"].env) == {"TRITON_CACHE_DIR": "/cache/jit/triton"},
                             dict(p["tilelang"].env) == {"TILELANG_CACHE_DIR": "/cache/jit/tilelang"})),
-    Row("a TRITON_CACHE_DIR the user set is theirs: only TILELANG_CACHE_DIR is set", "flash-qla", INSTALL, "qla.install",
+    QlaOn("a TRITON_CACHE_DIR the user set is theirs: only TILELANG_CACHE_DIR is set", "flash-qla", INSTALL, "qla.install",
         env={**JIT, "jit_caches_given": ("TRITON_CACHE_DIR",)},
         check=lambda d, p: (_qla_installs("flash-qla 0.1.3")(d, p), dict(d.env) == {"TILELANG_CACHE_DIR": "/cache/jit/tilelang"},
                             p["fla"].env == ())),
@@ -1248,9 +1258,12 @@ def test_fresh_plans_as_if_no_kernel_were_installed():
     env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
                     "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1",
                     "flash-qla": "0.1.3"})
-    assert all(d.action == OK for d in plan_for(env).decisions.values())
-    fresh = plan_for(env, fresh=True)
+    assert all(d.action == OK for d in plan_for(env, pins=QLA_ON).decisions.values())
+    fresh = plan_for(env, pins=QLA_ON, fresh=True)
     assert all(d.action == INSTALL for d in fresh.decisions.values())
+    # with the shipped pins an installed flash-qla is the user's and stays; a fresh plan leaves it off
+    assert plan_for(env).decisions["flash-qla"].action == OK
+    assert plan_for(env, fresh=True).decisions["flash-qla"].rule == "qla.off"
 
 
 def test_policy_is_pure_and_deterministic():

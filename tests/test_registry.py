@@ -418,7 +418,8 @@ def test_a_users_backend_of_fla_is_decided_by_the_backend_rules(tmp_path):
     switched off through its own switch, by the backend kind's rules and rule ids alone."""
     release = {"version": "0.6.0", "torch": ">=2.7", "triton": ">=3.3", "transformers": ">=5.6.2,<6",
                "backends": ["tilelang", "flash-qla", "foo-qla"], "source": "measured: test"}
-    path = user_pins(tmp_path, foo_qla=FOO_QLA, fla={"releases": [release]})
+    # flash-qla turned on too (off by default on Hopper): the two backends side by side
+    path = user_pins(tmp_path, foo_qla=FOO_QLA, fla={"releases": [release]}, flash_qla={"pays": {"hazard": True}})
     pins = pins_mod.load(path)
     assert pins.decision_order.index("foo-qla") > pins.decision_order.index("fla")
     assert {"fooqla.install", "fooqla.arch", "fooqla.without.tilelang", "fooqla.old.tilelang"} <= set(rule_ids.declared(pins))
