@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import enum
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -254,7 +255,7 @@ def _causal_build(archs, version="1.7.0", **env):
         assert step.archs == archs
         assert dict(step.env) == {"CAUSAL_CONV1D_FORCE_BUILD": "TRUE", **env}, "compile, never download a wheel"
         assert d.target == {"causal-conv1d": version} and step.requirements == (f"causal-conv1d=={version}",)
-        assert d.expected_seconds > 0 and "estimate" in d.reason and "min" in d.reason
+        assert d.expected_seconds > 0 and "estimate" in d.reason and re.search(r"about \d+ (s|min)", d.reason)
         return True
     return check
 
@@ -747,8 +748,8 @@ ROWS = [
         check=_causal_build(("sm_90",))),
     Row("causal.build.no-arch: the sdist compiles nothing that runs on sm_70", "causal-conv1d", SKIP,
         "causal.build.no-arch", env={**NO_RELEASE, "gpus": ("sm_70",)}, check=_no_build("sm_70")),
-    Row("causal.build.timeout: the estimate on 2 cores outlasts FASTPATH_HOOKS_TIMEOUT", "causal-conv1d", SKIP,
-        "causal.build.timeout", env={**NO_RELEASE, "cpus": 2},
+    Row("causal.build.timeout: the estimate on 1 core outlasts FASTPATH_HOOKS_TIMEOUT", "causal-conv1d", SKIP,
+        "causal.build.timeout", env={**NO_RELEASE, "cpus": 1},
         check=lambda d, p: "FASTPATH_HOOKS_TIMEOUT=900" in d.reason and "raise FASTPATH_HOOKS_TIMEOUT" in d.fix),
     Row("causal.build.all-archs: `fastpath-hooks build --arch all`", "causal-conv1d", INSTALL, "causal.build.all-archs",
         env={**NO_RELEASE, "gpus": ()}, settings={"allow_build": "1", "timeout": 1e6},
