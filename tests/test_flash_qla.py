@@ -125,7 +125,7 @@ def test_planned_only_where_its_rules_allow(clean, house, test_pins, tmp_path):
     shipped = _plan(clean, {**env, "FASTPATH_HOOKS_PINS": test_pins(wh, flash_qla_on=False)}, HOPPER)
     off = shipped["flash-qla"]
     assert (off["action"], off["rule"]) == ("skip", "qla.off") and not off["steps"]
-    assert "fla#640" in off["reason"] and "measured not to pay" in off["reason"], off
+    assert "fla#640" in off["reason"] and "not shown to pay" in off["reason"], off
     assert "pays.hazard" in off["fix"], off
     assert shipped["fla"]["wants"] == [] and shipped["tilelang"]["action"] == "install"
     skipped = _plan(clean, {**env, "FASTPATH_HOOKS_SKIP": "flash-qla"}, HOPPER)

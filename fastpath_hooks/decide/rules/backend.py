@@ -74,11 +74,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                  f"where {served} needs no {' or '.join(spec.with_kernels)} ({_no_hazard_why(ctx, served, spec)})")
         key = "hazard" if hazard is not None else "elsewhere"
         short_where = f"under {hazard.id}" if hazard is not None else f"without {' or '.join(spec.with_kernels)}"
-        # a measurement that said no (the pins' source says "measured"), or none yet
-        paid = "measured not to pay" if spec.pays.source.startswith("measured") else "not measured to pay"
-        return ctx.skip(kernel, "off", f"off by default {where}: {paid} there (pins `pays.{key}`)",
+        # not shown: a benchmark that said no (flash-qla on the H200), or none yet
+        return ctx.skip(kernel, "off", f"off by default {where}: not shown to pay there (pins `pays.{key}`)",
                         f"set kernels.{kernel}.pays.{key} to true in a FASTPATH_HOOKS_PINS file",
-                        facts={"where": short_where, "key": key, "paid": paid}, **kw)
+                        facts={"where": short_where, "key": key}, **kw)
     for partner in spec.with_kernels:
         pd = decided[partner]
         if pd.action not in USABLE:
