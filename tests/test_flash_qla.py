@@ -46,6 +46,10 @@ g, beta = -torch.rand(1, 8, 2), torch.rand(1, 8, 2).bfloat16()
 out, _ = chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
 out.float().sum().backward()
 import importlib.util
+if importlib.util.find_spec("tilelang") is not None:   # as fla 0.6.0's first backward on Hopper does (fla#640)
+    before = os.environ.get("TILELANG_CACHE_DIR")
+    import tilelang  # noqa: F401
+    seen.append(("imported tilelang under TILELANG_CACHE_DIR=" + str(os.environ.get("TILELANG_CACHE_DIR")), before))
 print("RESULT " + json.dumps({
     "calls": dict(CALLS), "finite": bool(torch.isfinite(q.grad.float()).all()),
     "flash_qla_importable": importlib.util.find_spec("flash_qla") is not None,
@@ -177,12 +181,14 @@ def test_import_fla_installs_flash_qla_after_tilelang_and_before_fla_and_fla_the
     again = _user(clean, env)
     assert not [m for m, _ in again["events"] if _acted(m)], again["events"]
     assert again["calls"]["flash_qla"] == 1
+    assert again["env"]["TRITON_CACHE_DIR"] == str(cache / "jit" / "triton")     # the caches the check warmed
 
 
 def test_a_flash_qla_that_fails_its_check_leaves_fla_on_its_own_path_not_the_torch_path(clean, house, test_pins,
                                                                                         tmp_path):
     wh = house("jit")        # its first call raises, as a tilelang JIT whose nvcc fails
-    env = offline_env(wh, HOPPER, cache_dir=str(tmp_path / "cache"), pins=test_pins(wh))
+    cache = tmp_path / "cache"
+    env = offline_env(wh, HOPPER, cache_dir=str(cache), pins=test_pins(wh))
     result = _user(clean, env)
     said = [m for m, _ in result["events"]]
     # the line: the outcome, as much of the check's error as fits, and that fla keeps its own path (the whole
@@ -197,6 +203,29 @@ def test_a_flash_qla_that_fails_its_check_leaves_fla_on_its_own_path_not_the_tor
     again = _user(clean, env)     # remembered: not retried at the next start, still switched off
     assert not [m for m, _ in again["events"] if _acted(m)], again["events"]
     assert again["env"]["FLA_FLASH_QLA"] == "0" and again["calls"]["chunk"] == 1
+    assert again["env"]["TRITON_CACHE_DIR"] == str(cache / "jit" / "triton")
+
+
+def test_with_the_shipped_pins_fla_is_warmed_on_hopper_and_the_next_process_loads_what_was_warmed(
+        clean, house, test_pins, tmp_path):
+    """flash-qla off (the shipped default on Hopper): fla's own check warms its tilelang path; a later process,
+    with nothing left to check, still sets the caches it warmed - on the H200, before it did, the first
+    training process compiled everything again (first step 144.0 s; 5.0 s once it found them)."""
+    wh = house()
+    cache = tmp_path / "cache"
+    env = offline_env(wh, HOPPER, cache_dir=str(cache), pins=test_pins(wh, flash_qla_on=False))
+    first = _user(clean, env)
+    said = [m for m, _ in first["events"]]
+    assert [m.split(":")[0] for m in said if ": installed " in m] == ["tilelang", "fla"], said
+    assert first["calls"] == {"chunk": 1, "recurrent": 0, "flash_qla": 0} and first["finite"]
+    assert set(json.loads((cache / "jit" / "warm.json").read_text())) == {"fla"}
+    again = _user(clean, env)
+    assert not [m for m, _ in again["events"] if _acted(m)], again["events"]
+    for result in (first, again):
+        assert result["env"]["TRITON_CACHE_DIR"] == str(cache / "jit" / "triton"), result["events"]
+        # set before tilelang was imported (inside fla's first backward), where it reads it
+        assert f"imported tilelang under TILELANG_CACHE_DIR={cache / 'jit' / 'tilelang'}" in [
+            m for m, _ in result["events"]], result["events"]
 
 
 def test_a_broken_flash_qla_installed_by_hand_is_switched_off(clean, house, test_pins, tmp_path):

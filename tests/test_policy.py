@@ -661,6 +661,17 @@ ROWS = [
     Row("no JIT warmed here (sm_80): the caches stay where triton puts them", "fla", INSTALL, "fla.install",
         env={**JIT, "gpus": ("sm_80",)},
         check=lambda d, p: (_fla_installs("0.6.0")(d, p), d.env == (), not d.check, p["flash-qla"].rule == "qla.arch")),
+    # the H200 run of issue 21: before this, a training process after the install set no cache dirs and
+    # compiled everything again (first step 144.0 s; 5.0 s once it found the warm-up's caches)
+    Row("a later process, fla and the pair installed on Hopper: it finds the caches the install warmed", "fla", OK,
+        "fla.ok", env=JIT, dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
+                                  "apache-tvm-ffi": "0.1.12"},
+        check=lambda d, p: (not d.verify, p["tilelang"].rule == "tilelang.ok",
+                            dict(d.env) == {"TRITON_CACHE_DIR": "/cache/jit/triton"},
+                            dict(p["tilelang"].env) == {"TILELANG_CACHE_DIR": "/cache/jit/tilelang"})),
+    Row("a later process on sm_80 (no JIT warmed there): the caches stay where triton puts them", "fla", OK, "fla.ok",
+        env={**JIT, "gpus": ("sm_80",)}, dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
+        check=lambda d, p: (d.env == (), not d.check)),
 
     # causal-conv1d
     Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel", check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256)),

@@ -197,6 +197,17 @@ def test_the_jit_caches_are_under_fastpath_hooks_cache_unless_set(monkeypatch, t
     assert env.jit_caches_given == ("TRITON_CACHE_DIR",)
 
 
+def test_our_own_jit_cache_directory_set_earlier_in_the_process_is_not_the_users(monkeypatch, tmp_path):
+    """A decision of this process set TRITON_CACHE_DIR to fastpath-hooks' directory (apply_env); the read after an
+    install must not take it for the user's choice, or the decision (and the warm verdict the next process
+    applies) loses it - on the H200 the next training process then compiled everything again."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache" / "jit" / "triton") + "/")
+    monkeypatch.delenv("TILELANG_CACHE_DIR", raising=False)
+    env = probe(Settings(target="gpu=none", cache_dir=str(tmp_path / "cache")))
+    assert env.jit_caches_given == ()
+    assert env.jit_caches["TRITON_CACHE_DIR"].rstrip("/") == str(tmp_path / "cache" / "jit" / "triton")
+
+
 def test_environment_is_immutable_and_json_ready():
     env = probe(Settings(target="gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0"))
     assert isinstance(env, Environment)

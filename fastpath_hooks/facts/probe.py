@@ -134,11 +134,18 @@ def _jit_caches(pins, settings) -> dict:
         for var, sub in spec.jit_caches.items():
             if var in caches:
                 continue
+            ours = os.path.join(root, "jit", sub)
             value = os.environ.get(var, "").strip()
-            if value:
+            # our own directory is not the user's choice: an earlier decision of this process set it (apply_env),
+            # and the decisions read again after an install must still carry it (the warm verdict remembers them)
+            if value and _normal(value) != _normal(ours):
                 given.append(var)
-            caches[var] = value or os.path.join(root, "jit", sub)
+            caches[var] = value or ours
     return {"jit_caches": caches, "jit_caches_given": tuple(sorted(given))}
+
+
+def _normal(path: str) -> str:
+    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
 
 def after_install(env: Environment, settings, pins, found) -> Environment:

@@ -104,11 +104,14 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                                 facts=facts, **kw)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"),
                             reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
-                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, facts=facts, **kw)
+                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, facts=facts,
+                            check=_warm_check(ctx, kernel, hz), **kw)
+        # installed: its check (run only when a verification is due) also says that the JIT caches the
+        # install warmed are the ones this process must use (policy.with_jit_caches)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"),
                         reason=f"{kernel} {current} installed" + (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
                         needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED,
-                        facts={"hazard": hz.id if hz else ""}, **kw)
+                        check=_warm_check(ctx, kernel, hz), facts={"hazard": hz.id if hz else ""}, **kw)
 
     if not serving_ok:
         return ctx.skip(kernel, "hazard.skip", hazard_reason(env, hz, decided[hz.needs]) +
