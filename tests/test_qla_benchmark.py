@@ -135,3 +135,48 @@ def test_the_h200_script_runs_every_phase_in_one_call_on_a_cpu(tmp_path, fastpat
     assert {p for p in rep["phases"]} == {"torch", "fast", "cold"} and not rep["errors"]
     assert [(r["model"], r["seq"], bool(r["cold_first_s"])) for r in rep["rows"]] == [("qwen3_5", 32, True),
                                                                                       ("qwen3_next", 32, False)]
+
+
+# -- benchmarks/first_step.py: the first training step of a fresh process ----------------------------------
+
+FIRST_STEP = os.path.join(ROOT, "benchmarks", "first_step.py")
+
+
+def _first_step():
+    sys.path.insert(0, os.path.dirname(FIRST_STEP))      # it imports qla_speedup beside it
+    try:
+        spec = importlib.util.spec_from_file_location("first_step", FIRST_STEP)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.dirname(FIRST_STEP))
+    return module
+
+
+def _case(case, path, first_s, warm_ms, **kw):
+    return {"case": case, "path": path, "model": "qwen3_5", "seq": kw.pop("seq", 4096), "primer": None,
+            "preload": None, "profile": False, "first_step_s": first_s, "first_forward_s": first_s / 2,
+            "first_backward_s": first_s / 2, "median_warm_ms": warm_ms, "first_over_warm": first_s / (warm_ms / 1e3),
+            "modules_imported_in_step": 0, "imported_in_backward": [], "timings_s": {"build": 1.0}, **kw}
+
+
+def test_the_first_step_verdict_comes_from_the_plain_fresh_processes_only():
+    """The verdict is the median of the plain fresh processes of each path; the cold case (minutes of JIT), the
+    long sequence and the primed or profiled cases are shown, never mixed into it."""
+    bench = _first_step()
+    runs = [_case("fla-1", "fla", 0.070, 37.0), _case("fla-2", "fla", 0.060, 37.0), _case("fla-3", "fla", 0.090, 38.0),
+            _case("torch-1", "torch", 3.0, 250.0), _case("torch-2", "torch", 3.2, 254.0),
+            _case("fla-cold", "fla", 144.0, 37.0), _case("fla-16k", "fla", 9.0, 147.0, seq=16384),
+            _case("fla-primer", "fla", 0.040, 36.0, primer="cuda")]
+    rep = bench.report(runs)
+    v = rep["verdict"]
+    assert v["fla_first_s"] == 0.070 and v["fla_warm_ms"] == 37.0 and v["first_within_2x"] is True    # 1.9x
+    assert round(v["fla_first_over_warm"], 2) == round(0.070 / 0.037, 2)
+    assert v["torch_first_s"] == 3.1 and v["fla_cold_first_s"] == 144.0 and v["fla_16k_first_s"] == 9.0
+    text = bench.table(rep)
+    assert "without the warm-up (empty JIT caches): first step 144.00 s" in text
+    assert [r["case"] for r in rep["rows"]][:3] == ["torch-1", "fla-1", "fla-2"]      # the series' order
+    runs[1] = _case("fla-2", "fla", 0.095, 37.0)                                        # the median now 2.4x
+    slower = bench.report(runs)
+    assert slower["verdict"]["first_within_2x"] is False and "2.4x a warm step (target <= 2.0x): not met" in \
+        bench.table(slower)
