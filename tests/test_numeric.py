@@ -251,3 +251,12 @@ def test_one_verification_child_for_several_kernels_runs_their_numeric_checks_to
                         r"\(tolerance 0\.05 \+ 1%\)", conv.detail), conv.detail
     assert mamba.ok and not mamba.numeric, mamba.detail
     assert re.search(r"one check for 2 kernels\); numbers match torch on sm_90 \(CPU tensors\): \d+ checks", mamba.detail)
+
+
+def test_the_warm_up_clause_names_each_length_once():
+    """The H200 install line said 'JIT warmed for 4096, 4096, 16384, 16384 tokens': one row per variant (a final
+    state or not) of each length; each length is said once."""
+    from fastpath_hooks.act.gdr_check import summary
+
+    warm = [{"seq": s, "shape": [32, 32, 128, 128], "final_state": f} for s in (4096, 16384) for f in (True, False)]
+    assert summary({"warm": warm, "seconds": 205.6}) == "JIT warmed for 4096, 16384 tokens, 205.6 s"

@@ -90,7 +90,8 @@ def summary(result: dict) -> str:
         parts.append(f"{worst['tensor']} {worst['error']:.1e} (limit {worst['limit']:.1e}) at T={result['check_seq']}")
     warm = result.get("warm", [])
     if warm:
-        parts.append(f"JIT warmed for {', '.join(str(w['seq']) for w in warm)} tokens")
+        seqs = sorted({w["seq"] for w in warm})      # each length once: its variants (a final state or not) too
+        parts.append(f"JIT warmed for {', '.join(map(str, seqs))} tokens")
     parts.append(f"{result.get('seconds', 0):.1f} s")
     return ", ".join(parts)
 
