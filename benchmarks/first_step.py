@@ -344,9 +344,7 @@ def main(argv=None) -> int:
         data = report(runs)
         print(table(data))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(data, fh, indent=1)
+        qla.write_json(args.out, data)
     return 0
 
 

@@ -349,10 +349,14 @@ def main(argv=None) -> int:
         data = phase(args)
         print(json.dumps({k: data[k] for k in ("phase", "seconds", "setup_s", "errors", "skipped") if k in data}))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
-        with open(args.out, "w") as fh:
-            json.dump(data, fh, indent=1)
+        write_json(args.out, data)
     return 0
+
+
+def write_json(path: str, data) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1)
 
 
 def dry_run(args) -> int:

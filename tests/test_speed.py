@@ -167,6 +167,11 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     # the same files beside the same versions of what their imports load (the first environment's
     # build deps do not count): remembered, no child at all (act/import_memory.py)
     assert _verification_children(started) == [], started
+    # and its lines say so, not "verified in a child process"
+    for kernel in ("causal-conv1d", "mamba-ssm"):
+        assert re.search(rf"{kernel}: installed .* in [\d.]+ s with \w+; import check remembered\n", proc.stderr), \
+            proc.stderr
+    assert "verified in a child process" not in proc.stderr
     # another environment for the import (another PYTHONPATH): one child checks both kernels
     third = make_venv()
     other = dict(env, PYTHONPATH=str(tmp_path))
@@ -174,6 +179,7 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     assert proc3.returncode == 0, proc3.stderr
     children = _verification_children(started3)
     assert len(children) == 1, children                       # one child checked both kernels
+    assert proc3.stderr.count("; verified in a child process") == 2, proc3.stderr
     payload = json.loads(children[0][-1])
     assert [spec["modules"][0] for spec in payload] == ["causal_conv1d", "mamba_ssm"]   # dependency order
     wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]

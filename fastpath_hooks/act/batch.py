@@ -41,6 +41,9 @@ from .installer import (InstallError, InstallResult, _cache_wheel, _build_step, 
                         _restart_advised, _run_step, _versions, allowed_steps, index_wheel)
 from .transaction import WORK_PREFIX, Transaction
 
+# a member whose import the cache remembers for these very files and this environment: no child checked it
+REMEMBERED = "import check remembered"
+
 
 @dataclass(frozen=True)
 class BatchResult:
@@ -197,7 +200,9 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
         for name in step_names(steps[d.kernel]):
             owner.setdefault(name, d.kernel)
     return {d.kernel: InstallResult(d.kernel, {n: v for n, v in changed.items() if owner.get(n) == d.kernel},
-                                    seconds, installer, restart, scan=now) for d in members}
+                                    seconds, installer, restart, scan=now,
+                                    checked="verified in a child process" if r.child else REMEMBERED)
+            for d, r in zip(members, checks)}
 
 
 def _merged(steps) -> Step | None:

@@ -61,6 +61,7 @@ class InstallResult:
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
     scan: tuple = ()         # sys.path's (distributions, duplicates) afterwards: the engine settles its env from it
+    checked: str = "verified in a child process"   # how, for its line (a batch's remembered import: no child)
 
     _freezes_itself = True
 

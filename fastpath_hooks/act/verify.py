@@ -102,6 +102,7 @@ class Verification:
     seconds: float
     returncode: int | None
     numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
+    child: bool = True        # a child process checked it (False: its import remembered, act/import_memory.py)
 
 
 def child_env(extra=()) -> dict:
@@ -180,7 +181,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     known = [import_memory.recall(root, s, env_extra) if mine else None for s in specs]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"import {_modules(s.verify_modules)}: remembered (same files and "
-                                                 f"environment, {k.get('when', '?')})", 0.0, None), i, {}, pending, done)
+                                                 f"environment, {k.get('when', '?')})", 0.0, None, child=False),
+                              i, {}, pending, done)
                 for i, (s, k) in enumerate(zip(specs, known))]
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
                            **({"numeric": pending[i].payload} if i in pending else {})} for i, s in enumerate(specs)])

@@ -28,7 +28,7 @@ def recorded_outcome(run) -> Outcome:
         return Outcome(kernel, OutcomeState.OK, decision.reason)
     repaired = decision.action == REPAIR
     said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
-            f"in {result.seconds:.1f} s with {result.installer}; verified in a child process" for whole in (True, False)]
+            f"in {result.seconds:.1f} s with {result.installer}; {result.checked}" for whole in (True, False)]
     events.status(said[0] if line_fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
     if result.restart_advised:
         events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
@@ -168,9 +168,11 @@ def hazard_fix(pins, kernel: str) -> str:
 
 def installed_line(kernel: str, result, decision) -> str:
     """Say a batch member's install as RECORD says the leader's."""
+    said = [f"{kernel}: installed " + (", ".join(f"{k} {v if whole else short.public(v)}"
+                                                 for k, v in sorted(result.installed.items())) or describe(decision))
+            + f" in {result.seconds:.1f} s with {result.installer}; {result.checked}" for whole in (True, False)]
+    events.status(said[0] if line_fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
     done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or describe(decision)
-    events.status(f"{kernel}: installed {done} in {result.seconds:.1f} s with {result.installer}; verified in a child "
-                  "process", kernel)
     if result.restart_advised:
         events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
                        "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
