@@ -53,9 +53,10 @@ def with_backends(ctx: Context, decided: dict) -> dict:
 
 
 def with_jit_caches(ctx: Context, decided: dict) -> dict:
-    """Where a verification child warms JIT caches here (a decision with a `check`), every usable kernel
-    with JIT caches (pins `jit_caches`) sets them for the process that imports it - the training run then
-    finds what the child compiled - unless the user set them."""
+    """Where a verification child warms JIT caches here (a decision with a `check`: the one due now, or the
+    install's earlier one for an installed kernel), every usable kernel with JIT caches (pins `jit_caches`)
+    sets them for the process that imports it - the training run then finds what the child compiled -
+    unless the user set them (to another directory than fastpath-hooks': facts/probe.py)."""
     if not any(d.check and d.action in USABLE for d in decided.values()):
         return decided
     out = dict(decided)
