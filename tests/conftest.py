@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,6 +30,35 @@ SMALL_CHECK = {"check_seq": 16, "seqs": [32], "heads": [1, 2], "dims": [128, 128
 SLOW_FIXTURES = frozenset({"torch_wheel", "fastpath_wheel", "dep_wheels", "make_wheelhouse", "make_venv"})
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Parallel runs (pytest-xdist, `-n N --dist loadgroup`, what .ci/run does): the tests of a module
+    that shares module-scoped state (one venv for the module, scenarios run once, a last test checking
+    what the others left) run in one worker, in their order; every other test goes wherever a worker is
+    free. The heaviest work is handed out first - the modules with the most slow tests, then the other
+    slow tests, then the fast ones - so that no long module starts last."""
+    shared, slow_count = {}, {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d and d[-1].scope == "module" for d in defs.values()):
+            shared[module] = True
+        if item.get_closest_marker("slow") is not None:
+            slow_count[module] = slow_count.get(module, 0) + 1
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if shared.get(module):
+            item.add_marker(pytest.mark.xdist_group(os.path.basename(module)[:-3]))
+
+    def weight(item):
+        module = item.nodeid.split("::", 1)[0]
+        slow = item.get_closest_marker("slow") is not None
+        if shared.get(module) and slow_count.get(module):
+            return (0, -slow_count[module], module)
+        return (1, 0, "") if slow else (2, 0, "")
+
+    items.sort(key=weight)   # stable: a module's tests keep their order
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if item.get_closest_marker("slow") is not None:
@@ -50,42 +80,62 @@ def toolkit(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def build_dep_wheels(artifacts):
-    """Real wheel, ninja, packaging and einops wheels (what the stand-in sdists' builds and mamba_ssm's
-    import need), fetched once."""
-    import subprocess
-    import sys
+def artifacts(tmp_path_factory):
+    """One directory per test run for what the whole run shares (wheels fetched or built once): the
+    parent of every xdist worker's base directory, so that parallel workers share it too."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / "artifacts"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
-    from support import venvs
 
-    dest = os.path.join(artifacts, "build-deps")
+def made_once(artifacts: str, name: str, make) -> str:
+    """`make(path)` run once per test run for `artifacts/name`, whichever worker asks first (the others
+    wait on its lock and then reuse it); a make that failed is tried again by the next asker."""
+    from filelock import FileLock
+
+    path = os.path.join(artifacts, name)
+    with FileLock(path + ".lock"):
+        if not os.path.exists(path + ".done"):
+            shutil.rmtree(path, ignore_errors=True)
+            make(path)
+            with open(path + ".done", "w"):
+                pass
+    return path
+
+
+def _download(dest: str, *names: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
-                    "wheel", "ninja", "packaging", "einops"], check=True, env=venvs.clean_env())
-    return dest
+                    *names], check=True, env=venvs.clean_env())
 
 
 @pytest.fixture(scope="session")
-def artifacts(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("artifacts"))
+def build_dep_wheels(artifacts):
+    """Real wheel, ninja, packaging and einops wheels (what the stand-in sdists' builds and mamba_ssm's
+    import need), fetched once per run."""
+    return made_once(artifacts, "build-deps", lambda dest: _download(dest, "wheel", "ninja", "packaging", "einops"))
 
 
 @pytest.fixture(scope="session")
 def torch_wheel(artifacts):
-    return venvs.find_torch_wheel(os.path.join(artifacts, "torch"))
+    """The CPU torch 2.13.0 wheel (the one on this machine's disk, or downloaded once per run)."""
+    from filelock import FileLock
+
+    with FileLock(os.path.join(artifacts, "torch.lock")):
+        return venvs.find_torch_wheel(os.path.join(artifacts, "torch"))
 
 
 @pytest.fixture(scope="session")
 def fastpath_wheel(artifacts):
-    return venvs.build_fastpath_wheel(os.path.join(artifacts, "dist"))
+    dist = made_once(artifacts, "dist", venvs.build_fastpath_wheel)
+    return venvs.newest_fastpath_wheel(dist)
 
 
 @pytest.fixture(scope="session")
 def dep_wheels(artifacts):
-    """Real einops and packaging wheels (fla's runtime deps), fetched once from the index."""
-    dest = os.path.join(artifacts, "deps")
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", dest,
-                    "einops", "packaging"], check=True, env=venvs.clean_env())
-    return dest
+    """Real einops and packaging wheels (fla's runtime deps), fetched once per run from the index."""
+    return made_once(artifacts, "deps", lambda dest: _download(dest, "einops", "packaging"))
 
 
 @pytest.fixture

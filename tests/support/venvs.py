@@ -75,6 +75,10 @@ def build_fastpath_wheel(dest: str) -> str:
     os.makedirs(dest, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dest, ROOT],
                    check=True, env=clean_env())
+    return newest_fastpath_wheel(dest)
+
+
+def newest_fastpath_wheel(dest: str) -> str:
     return sorted(glob.glob(os.path.join(dest, "fastpath_hooks-*.whl")))[-1]
 
 
