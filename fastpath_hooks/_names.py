@@ -22,8 +22,33 @@ MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # 
 # package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
 # it nor what it serves is on the path: that import goes on as without fastpath-hooks.
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}   # module -> modules it serves
+# transformers 5.15+ (eras C, D): its decorated kernel functions, module global -> (func_name, package) passed to
+# use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late_layouts.py; the
+# hub's kernel mapping names them by func_name).
+# Families (5.24.0): the mamba_ssm group - mamba, falcon_mamba, jamba (mamba_inner_fn, selective_state_update,
+# selective_scan_fn; zamba the last two), mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2
+# (mamba_split_conv1d_scan_combined, selective_state_update, mamba_chunk_scan_combined) - each with the
+# causal_conv1d pair; and the fla group (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, ...).
+DECORATED = {
+    "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
+    "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d"),
+    "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "fla"),
+    "torch_recurrent_gated_delta_rule": ("fused_recurrent_gated_delta_rule", "fla"),
+    "chunk_kimi_delta_attention": ("chunk_kda", "fla"),
+    "recurrent_kimi_delta_attention": ("fused_recurrent_kda", "fla"),
+    "mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba_ssm"),
+    "mamba2_selective_state_update": ("selective_state_update", "mamba_ssm"),
+    "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba_ssm"),
+    "mamba_inner_fn": ("mamba_inner_fn", "mamba_ssm"),
+    "mamba_selective_state_update": ("selective_state_update", "mamba_ssm"),
+    "mamba_selective_scan": ("selective_scan_fn", "mamba_ssm"),
+}
+
 GATES_MODULE = "transformers.utils.import_utils"
-WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE}
+# transformers 5.25+: where its hub-kernel mapping lives; fastpath-hooks decides which entries may serve
+# here when transformers asks for the mapping (engine/hub.py)
+HUB_MODULE = "transformers.integrations.hub_kernels"
+WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE, HUB_MODULE}
 PINS = "FASTPATH_HOOKS_PINS"
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")

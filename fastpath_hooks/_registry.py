@@ -9,7 +9,7 @@ full and says what is wrong; an entry that is not well-formed here is left out (
 know its kernel) or keeps the shipped keys.
 """
 
-from ._names import GATES_MODULE, PINS, environ_of
+from ._names import GATES_MODULE, HUB_MODULE, PINS, environ_of
 
 # The index: each kernel's registry keys in facts/pins.json, as literals (tests/test_registry.py proves
 # this equal to pins.json and prints the literal to paste when a kernel is added there). A user's
@@ -58,7 +58,7 @@ def served_modules(registry) -> dict:
 
 def watched_modules(registry) -> frozenset:
     """What the finder (and the start-up stand-in, hooks/startup.py) watches."""
-    return frozenset(kernel_modules(registry)) | {GATES_MODULE}
+    return frozenset(kernel_modules(registry)) | {GATES_MODULE, HUB_MODULE}
 
 
 def listed(registry) -> tuple:

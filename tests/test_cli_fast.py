@@ -21,6 +21,10 @@ def clean(tmp_path, monkeypatch):
     for name in [k for k in os.environ if k.startswith("FASTPATH_HOOKS_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))
+    # this process speaks for the node (local rank 0), whichever process beside it (a parallel test worker
+    # of the same parent) spoke first
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("_FASTPATH_HOOKS_VOICE", raising=False)
     saved = dict(os.environ)
     events.forget()
     yield

@@ -87,6 +87,20 @@ NEXT_MAMBA = _next_mamba()
 MAMBA_PY = "2.4.0+fph.torch2.13.0.cu128.abi1.py"
 
 
+def _hub_rows(repo: str, version: int, kernel: str, functions) -> tuple:
+    return tuple((f, repo, f, version, None, kernel, ("inference", "training")) for f in functions)
+
+
+# transformers 5.25's mapping as the probe reads it, each repo loaded from a LOCAL_KERNELS directory
+HUB_MAMBA_LOCAL = dict(
+    hub_entries=_hub_rows("kernels-community/mamba-ssm", 5, "causal-conv1d", ("causal_conv1d_fn", "causal_conv1d_update"))
+    + _hub_rows("kernels-community/mamba-ssm", 5, "mamba-ssm", ("mamba_chunk_scan_combined", "selective_state_update")),
+    hub_where={"kernels-community/mamba-ssm@v5": ("LOCAL_KERNELS", "/kernels/mamba-ssm")})
+HUB_FLA_LOCAL = dict(
+    hub_entries=_hub_rows("kernels-community/fla", 3, "fla", ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")),
+    hub_where={"kernels-community/fla@v3": ("LOCAL_KERNELS", "/kernels/fla")})
+
+
 def make_env(dists: dict | None = None, **over) -> Environment:
     """An Environment with BASE facts, `over` replacing facts and `dists` adding (None: removing) distributions."""
     facts = {**BASE, **over}
@@ -420,6 +434,31 @@ ROWS = [
         check=_leaves_alone("tilelang does not support XPU", also={"fla": "fla.install"})),
     Row("skip.accelerator.xpu (causal-conv1d)", "causal-conv1d", SKIP, "skip.accelerator.xpu", env=XPU,
         check=_leaves_alone("causal-conv1d does not support XPU", also={"fla": "fla.install"})),
+
+    # transformers 5.25+: the hub's kernels (the probe's facts: facts/hub.py; the choice: decide/hub.py)
+    Row("skip.hub: the hub serves every causal-conv1d function here", "causal-conv1d", SKIP, "skip.hub",
+        env=HUB_MAMBA_LOCAL, dists={"transformers": "5.25.0"},
+        check=_leaves_alone("from the hub here (kernels-community/mamba-ssm@v5)", fix="USE_HUB_KERNELS=0",
+                            also={"fla": "fla.install", "mamba-ssm": "skip.hub"})),
+    Row("skip.hub: not where the hub serves only some of its functions", "causal-conv1d", INSTALL, "causal.wheel",
+        env=dict(HUB_MAMBA_LOCAL, hub_where={**HUB_MAMBA_LOCAL["hub_where"], "kernels-community/conv@v1": ("", "offline")},
+                 hub_entries=HUB_MAMBA_LOCAL["hub_entries"][:1] + (("causal_conv1d_update", "kernels-community/conv",
+                                                                    "causal_conv1d_update", 1, None, "causal-conv1d", ()),)),
+        dists={"transformers": "5.25.0"}, check=lambda d, p: "causal-conv1d" in d.target and bool(d.steps)),
+    Row("skip.hub: not offline where the cache lacks the build", "mamba-ssm", INSTALL, "mamba.wheel",
+        env=dict(HUB_MAMBA_LOCAL, hub_where={"kernels-community/mamba-ssm@v5": ("", "HF_HUB_OFFLINE is set")}),
+        dists={"transformers": "5.25.0"},
+        check=lambda d, p: "mamba-ssm" in d.target and bool(d.steps) and p["causal-conv1d"].rule == "causal.wheel"),
+    Row("skip.hub: not for fla on Hopper + triton 3.6 (fla#640: the hub's fla has no tilelang backend)", "fla",
+        INSTALL, "fla.install", env=HUB_FLA_LOCAL, dists={"transformers": "5.25.0"},
+        check=lambda d, p: d.needs == ("tilelang",)),
+    Row("skip.hub: fla on Hopper with triton 3.7.1, where fla#640 is fixed", "fla", SKIP, "skip.hub",
+        env=dict(HUB_FLA_LOCAL, triton="3.7.1", torch="2.13.0"), dists={"transformers": "5.25.0"},
+        check=lambda d, p: "kernels-community/fla@v3" in d.reason),
+    Row("skip.hub: never in a plan for another machine (download: offline nodes have no hub)", "causal-conv1d",
+        INSTALL, "causal.wheel", env=HUB_MAMBA_LOCAL, dists={"transformers": "5.25.0"},
+        via=lambda env, settings, pins: decide(env, settings, pins, fresh=True)["causal-conv1d"],
+        check=lambda d, p: "causal-conv1d" in d.target and bool(d.steps)),
 
     # tilelang
     Row("tilelang.install (acceptance: sm_90 + triton 3.6)", "tilelang", INSTALL, "tilelang.install",

@@ -117,7 +117,8 @@ def test_every_derived_list_follows_the_index():
                               "flash_qla": "flash-qla", "flashqla": "flash-qla"}
     assert [v for v in VARIABLES if v.endswith("_WHEEL_URL")] == ["FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL",
                                                                   "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
-    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils"}
+    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils",
+                              "transformers.integrations.hub_kernels"}
     assert _names.SERVES == {"tilelang": ("fla",), "flash_qla": ("fla",)}
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
@@ -196,7 +197,7 @@ def test_enable_writes_the_user_kernels_modules_into_the_stand_in(tmp_path):
 # -- one transformers era ----------------------------------------------------------------------------------
 
 ERAS = [("4.57.6", "A"), ("4.56.2", "A"), ("5.0.0", "B"), ("5.0.0rc1", "B"), ("5.14.2", "B"), ("5.15.0", "C"),
-        ("5.15.0rc1", "C"), ("5.15.0.dev0", "C"), ("5.24.0", "C"), ("6.0.0", "C"), ("3.9.0", None), ("?", None),
+        ("5.15.0rc1", "C"), ("5.15.0.dev0", "C"), ("5.24.0", "C"), ("5.25.0", "D"), ("5.25.0rc1", "D"), ("6.0.0", "D"), ("3.9.0", None), ("?", None),
         ("", None)]
 
 

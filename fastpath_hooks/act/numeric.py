@@ -166,7 +166,7 @@ def prepare(plan: NumericPlan, distributions):
     return Pending(plan, {"device": plan.device, "checks": [_payload(c) for c in plan.checks]}, keys, digest, version)
 
 
-def conclude(pending: Pending, report, problem, seconds: float) -> NumericResult:
+def conclude(pending: Pending, report, problem, seconds: float, label: str | None = None) -> NumericResult:
     """The result of a Pending check from the child's report (or why there is none), remembered."""
     plan = pending.plan
     kernel, root, keys, digest, version = plan.kernel, plan.root, pending.keys, pending.digest, pending.version
@@ -194,7 +194,7 @@ def conclude(pending: Pending, report, problem, seconds: float) -> NumericResult
         _remember(root, kernel, {k: {"state": GOOD, "detail": detail, "version": version, "arch": arch,
                                      "torch_build": plan.torch_build, "device": plan.device, "ts": time.time()}
                                  for arch, k in keys.items()})
-    events.status(f"{kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
+    events.status(f"{label or kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
     return NumericResult(True, detail, True)
 
 
@@ -253,3 +253,68 @@ def _short(function: str) -> str:
 
 def _what(check) -> str:
     return f"{_short(check.function)} {'fwd+bwd' if check.backward else 'fwd'}"
+
+
+# -- a hub kernel (transformers 5.25+: engine/hub.py) ------------------------------------------------------
+
+def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
+    """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
+    (`hub:` in the check's function: numeric_check.py loads it through kernels, as kernelize will), once per
+    build (its files' digest), GPU arch and torch build, remembered like a package's. No check for this
+    function on these GPUs: (True, why)."""
+    from dataclasses import replace
+
+    plan = plan_for(entry.kernel, env, pins, root)
+    leaf = f":{entry.name}"
+    checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \
+        if plan is not None else ()
+    if not checks:
+        return True, f"no numeric check of {entry.name} for {'+'.join(env.gpus) or 'this machine'}"
+    hub = {"repo": entry.repo_id, "version": entry.version, "revision": entry.revision, "layer": entry.layer}
+    checks = tuple(replace(c, function=f"hub:{entry.ref}:{entry.layer}") for c in checks)
+    plan = replace(plan, kernel=entry.kernel, checks=checks)
+    if plan.device is None:
+        return True, f"numbers not checked: {plan.skip}"
+    digest = _hub_digest(entry)
+    if digest is None:
+        return False, f"{entry.ref} does not load here"
+    keys = {arch: _key(plan, digest, arch) for arch in plan.archs}
+    known = read(root, entry.kernel)
+    if all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
+        return True, f"numbers checked before on {'+'.join(plan.archs)}"
+    bad = next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
+    if bad is not None:
+        return False, bad["detail"]
+    payload = {"device": plan.device, "checks": [dict(_payload(c), hub=hub, check_arch=plan.device == "cuda")
+                                                  for c in checks]}
+    pending = Pending(plan, payload, keys, digest, entry.ref)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
+    start = time.monotonic()
+    report, problem = run_check_script(script, json.dumps(payload), mark=_MARK, timeout=timeout, env_extra=plan.env,
+                                       what=f"{entry.ref}'s numeric check")
+    result = conclude(pending, report, problem, time.monotonic() - start, label=f"{entry.kernel} from {entry.ref}")
+    return result.ok, result.detail
+
+
+def _hub_digest(entry) -> str | None:
+    """The digest of the files of the build kernels would load for `entry` here (LOCAL_KERNELS or the cache:
+    content-named), without importing it; None when it cannot be located."""
+    try:
+        from kernels import install_kernel
+
+        local = dict(p.partition("=")[::2] for p in os.environ.get("LOCAL_KERNELS", "").split(":") if "=" in p)
+        path = local.get(entry.repo_id) or str(install_kernel(entry.repo_id, version=entry.version,
+                                                               revision=None if entry.version else entry.revision))
+    except Exception:   # noqa: BLE001 - no build for this machine, or the hub is not reachable
+        return None
+    rows = []
+    for base, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            full = os.path.join(base, name)
+            try:
+                st = os.stat(full)
+            except OSError:
+                continue
+            rows.append(f"{os.path.relpath(full, path)}|{st.st_size}|{st.st_mtime_ns}")
+    return hashlib.sha256(f"{entry.ref}|{path}\n".encode() + "\n".join(rows).encode()).hexdigest() if rows else None

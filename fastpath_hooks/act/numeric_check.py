@@ -291,6 +291,28 @@ def compare(name, out, ref, tol) -> dict:
     return {"tensor": name, "ok": ok, "why": why, "max_abs": max_abs, "ratio": ratio}
 
 
+def _function(check: dict):
+    """The function a check runs: `module:attribute`, or - `hub` given - the layer of a hub kernel, loaded
+    through HF kernels as transformers' kernelize loads it (LOCAL_KERNELS, the cache, the hub)."""
+    import importlib
+
+    hub = check.get("hub")
+    if hub:
+        import kernels
+
+        module = kernels.get_kernel(hub["repo"], version=hub.get("version"),
+                                    revision=None if hub.get("version") else hub.get("revision"),
+                                    check_arch=bool(check.get("check_arch")))
+        layer = getattr(module.layers, hub["layer"])
+        instance = layer()
+        return lambda *args, **kwargs: layer.forward(instance, *args, **kwargs)
+    modname, _, attr = check["function"].partition(":")
+    fn = importlib.import_module(modname)
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    return fn
+
+
 def run_check(check: dict, device: str) -> dict:
     import importlib
 
@@ -304,11 +326,8 @@ def run_check(check: dict, device: str) -> dict:
         except Exception as exc:   # noqa: BLE001 - a build without it: nothing of this check can run
             out.update(state="skipped", why=f"{module} does not import ({type(exc).__name__})")
             return out
-    modname, _, attr = check["function"].partition(":")
     try:
-        fn = importlib.import_module(modname)
-        for part in attr.split("."):
-            fn = getattr(fn, part)
+        fn = _function(check)
     except Exception as exc:   # noqa: BLE001 - the import check passed: this is the function's own module
         out.update(state="error", why=f"does not import: {type(exc).__name__}: {exc}"[:300])
         return out

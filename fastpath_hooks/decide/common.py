@@ -19,6 +19,7 @@ from ..facts.pins import same_version
 from ..facts.wheel_names import parse_wheel
 from . import rule_ids
 from .eras import uses
+from .hub import hub_serves
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 from .short import public
 
@@ -266,6 +267,12 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
     if env.accelerator not in spec.accelerators:
         name = {"rocm": "ROCm"}.get(env.accelerator, env.accelerator.upper())
         return skip(f"accelerator.{env.accelerator}", f"{kernel} does not support {name}")
+    served = () if ctx.fresh else hub_serves(ctx, kernel)
+    if served:   # transformers 5.25+: from_pretrained on this GPU takes all its functions from the hub
+        return skip("hub", f"transformers takes {kernel}'s functions from the hub here ({', '.join(served)}): "
+                    "from_pretrained on the GPU replaces them with its kernels, so no package is installed",
+                    "set USE_HUB_KERNELS=0 to keep the hub out and install the package",
+                    facts={"hub": ", ".join(served)})
     return None
 
 

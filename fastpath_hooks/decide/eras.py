@@ -3,8 +3,11 @@ answer the policy, the reports and the late pass (hooks/late.py) share.
 
 - A: 4.x (read from 4.56 - 4.57.6): plain gates, kernels bound at modeling import behind them;
 - B: 5.0 - 5.14: cached gates; some families bind their kernels when a model is built;
-- C: 5.15 and later: no gate - a kernel function is chosen once, when the modeling module is
-  imported, by whether `import <module>` succeeds. Versions newer than the tables are taken as C.
+- C: 5.15 - 5.24: no gate - a kernel function is chosen once, when the modeling module is
+  imported, by whether `import <module>` succeeds;
+- D: 5.25 and later: as C for the packages (used for the devices transformers lists for each), and
+  HF `kernels` is required: from_pretrained on a GPU replaces the decorated functions with hub kernels
+  (kernelize), where the hub has a build for this torch. Versions newer than the tables are taken as D.
 A pre-release is its release's era (5.15.0rc1 is C: it carries 5.15's code). Anything else (no
 version, or older than 4): None.
 """
@@ -20,7 +23,9 @@ def era(version) -> str | None:
         return None
     if major_minor[0] == 4:
         return "A"
-    return "B" if major_minor < (5, 15) else "C"
+    if major_minor < (5, 15):
+        return "B"
+    return "C" if major_minor < (5, 25) else "D"
 
 
 def _release(version) -> tuple | None:
@@ -65,6 +70,9 @@ def uses(env, pins, kernel: str) -> str:
     if which == "C":
         return (f"transformers {version} (era C) imports {module} with a modeling module and uses it whenever "
                 "that import succeeds, GPU or not")
+    if which == "D":
+        return (f"transformers {version} (era D) imports {module} with a modeling module and uses it for GPU inputs "
+                "where no hub kernel replaces it (from_pretrained on a GPU asks the hub first)")
     yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
     where = "accelerator" if env.accelerator else "machine (no accelerator)"
     gates = " / ".join(f"{g}()" for g in spec.gates)

@@ -73,6 +73,8 @@ SHARED = {
                   line="torch {torch} is outside its support ({spec_torch})", fix="use torch {spec_torch}"),
     "accelerator.{accelerator}": Rule(_S, "the kernel does not run on this kind of GPU",
                                       line="it does not support {accelerator}", fix=""),
+    "hub": Rule(_S, "transformers 5.25+ takes all the kernel's functions from the hub here: no package install",
+                line="{hub} serves it at from_pretrained", fix="USE_HUB_KERNELS=0 for the package"),
 }
 
 PURE = {

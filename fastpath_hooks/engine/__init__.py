@@ -94,6 +94,9 @@ def forget() -> None:
     """Forget every decision of this process (uninstall()): the next ensure() decides again."""
     _registry.clear()
     _expected.clear()
+    hub = sys.modules.get(__name__ + ".hub")
+    if hub is not None:
+        hub.forget()
     if _world is not None:
         _world.readings.clear()
         _world.batched.clear()

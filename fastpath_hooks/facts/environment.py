@@ -52,6 +52,11 @@ class Environment:
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
+    # transformers 5.25+ with an accelerator (facts/hub.py): its mapping's entries of the managed functions,
+    # (name, repo, layer, version, revision, kernel, modes), and where each repo@version loads from here:
+    # ref -> (how, detail), how LOCAL_KERNELS / cache / hub or "" (nowhere)
+    hub_entries: tuple = ()
+    hub_where: FrozenMap = field(default_factory=FrozenMap)
 
     _freezes_itself = True
 

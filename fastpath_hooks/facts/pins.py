@@ -33,7 +33,7 @@ __all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", 
 
 def record_keys(kernels: dict) -> dict:
     """The identity of each kind's records, per kernel (what a user's record replaces)."""
-    out = {("hazards",): ("id",)}
+    out = {("hazards",): ("id",), ("hub", "broken"): ("id",)}
     for name, entry in kernels.items():
         if not isinstance(entry, dict):
             continue
@@ -99,7 +99,7 @@ def _read(path: str):
 
 def _check_user_shape(user: dict, origin: str) -> None:
     allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked",
-               "packed_sequences", "cxx_standard"}
+               "packed_sequences", "cxx_standard", "hub"}
     for key in user:
         if key not in allowed:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")

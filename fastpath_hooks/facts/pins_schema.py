@@ -17,7 +17,7 @@ from .distributions import canonical_name
 from .frozen import freeze
 from .pins_kernels import kernel_spec
 from .pins_validator import Validator
-from .pins_values import Hazard, PackedPackage, PackedSequences, Pins, same_version
+from .pins_values import Hazard, HubBroken, HubRules, PackedPackage, PackedSequences, Pins, same_version
 from .._registry import REGISTRY
 
 
@@ -131,6 +131,7 @@ def build(data, origins: tuple) -> Pins:
         origins=origins, digest=digest, packed_sequences=packed,
         release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
         cxx_standards=pins_rules.cxx_standards(v, data.get("cxx_standard")),
+        hub=_hub(v, data.get("hub"), names),
     ))
 
 
@@ -189,3 +190,31 @@ def _packed_sequences(v: Validator, raw, kernels: tuple) -> PackedSequences | No
             models=v.strings(p.get("models", []), f"{pe}.models")))
     return PackedSequences(transformers=v.specifier(raw.get("transformers"), f"{e}.transformers"),
                            packages=tuple(packages), source=v.source(raw, e))
+
+
+def _hub(v: Validator, raw, kernels: tuple) -> HubRules:
+    if raw is None:
+        return HubRules()
+    e = "hub"
+    v.table(raw, e)
+    backends = {}
+    for repo, names in v.table(raw.get("backends", {}), f"{e}.backends").items():
+        backends[repo] = v.strings(names, f"{e}.backends.{repo}")
+        for i, name in enumerate(backends[repo]):
+            if name not in kernels:
+                v.fail(f"{e}.backends.{repo}[{i}]", f"{name!r}: expected one of {', '.join(kernels)}")
+    broken = []
+    for be, b in v.tables(raw.get("broken", []), f"{e}.broken"):
+        version = b.get("version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+            v.fail(f"{be}.version", "expected the repo's kernel version, a whole number such as 5")
+        broken.append(HubBroken(
+            id=v.string(b.get("id"), f"{be}.id"), repo=v.string(b.get("repo"), f"{be}.repo"), version=version,
+            torch=v.specifier(b["torch"], f"{be}.torch") if "torch" in b else None,
+            cuda=v.specifier(b["cuda"], f"{be}.cuda") if "cuda" in b else None,
+            gpu=v.strings(b.get("gpu", []), f"{be}.gpu"), effect=v.string(b.get("effect"), f"{be}.effect"),
+            source=v.source(b, be)))
+    seconds = raw.get("probe_seconds", 3.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 60:
+        v.fail(f"{e}.probe_seconds", "expected seconds, more than 0 and at most 60")
+    return HubRules(backends=backends, broken=tuple(broken), probe_seconds=float(seconds), source=v.source(raw, e))

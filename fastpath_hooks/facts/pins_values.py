@@ -366,6 +366,31 @@ class PackedSequences:
 
 
 @dataclass(frozen=True)
+class HubBroken:
+    """A hub kernel build known to fail: `repo` at `version` (None: any) with a torch and CUDA in these ranges
+    (None: any) on these GPUs (empty: any)."""
+    id: str
+    repo: str
+    version: int | None
+    torch: SpecifierSet | None
+    cuda: SpecifierSet | None
+    gpu: tuple
+    effect: str
+    source: str
+
+
+@dataclass(frozen=True)
+class HubRules:
+    """What fastpath-hooks knows of the hub's kernels (transformers 5.25+ asks for them by default):
+    which remedies of a hazard a repo's build carries (`backends`: repo -> kernels it dispatches to,
+    none by default), the builds known to be broken, and how long the hub may take to answer."""
+    backends: dict = field(default_factory=dict)
+    broken: tuple = ()
+    probe_seconds: float = 3.0
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Pins:
     protected: tuple
     triton_distributions: tuple
@@ -380,6 +405,7 @@ class Pins:
     source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
     decision_order: tuple = ()      # each kernel after those its rules read (decision_order())
     cxx_standards: tuple = ()       # CxxStandard, first match wins (pins: cxx_standard)
+    hub: HubRules = field(default_factory=HubRules)   # the hub's kernels (pins: hub)
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]

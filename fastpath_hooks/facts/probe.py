@@ -21,6 +21,7 @@ import sys
 from .distributions import scan
 from .environment import Environment
 from .host import glibc, normal_arch, usable_cpus
+from .hub import hub_facts
 from .imported_models import imported_model_types, model_shapes
 from .pip_config import pip_index_config
 from .procfs import mem_available_gib
@@ -197,7 +198,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         if triton_dist is not None:
             dists[triton_dist] = triton
     cache = cache_root(settings) if settings is not None else None
-    return replace(
+    env = replace(
         env,
         triton=triton,
         triton_dist=triton_dist,
@@ -213,6 +214,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         numeric_failures=numeric_records.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),
         model_types=imported_model_types(),
     )
+    return replace(env, **hub_facts(env, settings, pins))
 
 
 def with_nvcc_version(env: Environment) -> Environment:

@@ -11,7 +11,8 @@ read at install()), `importer` (loaded then) acts:
 - `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm` (and a user's kernels): before the import resolves -
   install, repair, or make the import fail with an explanation (era C of transformers
   chooses kernels with exactly this import, see transformers-eras.md);
-- `transformers.utils.import_utils`: after it executed - wrap the gates.
+- `transformers.utils.import_utils`: after it executed - wrap the gates;
+- `transformers.integrations.hub_kernels` (5.25+): after it executed - wrap the hub-kernel mapping's getter.
 
 What install() decided lives in one object, `HOOKS` (the lock, the finder, the selected
 kernels); the modules below (importer, gates, late) are handed it and never import this
@@ -22,7 +23,7 @@ install() one more module load - ~0.4 M instructions, a fifth of what install() 
 import sys
 import _thread
 
-from .._names import GATES_MODULE, PINS, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
+from .._names import GATES_MODULE, HUB_MODULE, PINS, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
 
 
 class Hooks:
@@ -140,6 +141,11 @@ def install(*, kernels=None, on_event=None):
             from .importer import after_gates_import
 
             after_gates_import(gates_module, HOOKS)
+        hub_module = sys.modules.get(HUB_MODULE)
+        if hub_module is not None:    # transformers 5.25+'s mapping: the same
+            from .importer import after_hub_import
+
+            after_hub_import(hub_module, HOOKS)
     _claim_voice()
     if _settings_given():
         _check_settings()
@@ -257,6 +263,9 @@ def uninstall():
         gates = sys.modules.get("fastpath_hooks.hooks.gates")
         if gates is not None:
             gates.unpatch()
+        importer, hub_module = sys.modules.get("fastpath_hooks.hooks.importer"), sys.modules.get(HUB_MODULE)
+        if importer is not None and hub_module is not None:
+            importer.unwrap_hub(hub_module)
         engine = sys.modules.get("fastpath_hooks.engine")
         if engine is not None:
             engine.forget()

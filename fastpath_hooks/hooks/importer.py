@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import _thread
 
-from .._names import GATES_MODULE, KERNEL_MODULES, SERVES, WATCHED
+from .._names import GATES_MODULE, HUB_MODULE, KERNEL_MODULES, SERVES, WATCHED
 
 _busy: set = set()   # (thread, name) while this module resolves `name` itself: no recursion
 
@@ -32,7 +32,10 @@ def find_spec(fullname, path, target, hooks):
     _busy.add(key)
     try:
         if fullname == GATES_MODULE:
-            return _after_import_spec(fullname, path, target, hooks)
+            return _after_import_spec(fullname, path, target,
+                                      lambda module: after_gates_import(module, hooks, just_imported=True), hooks)
+        if fullname == HUB_MODULE:
+            return _after_import_spec(fullname, path, target, lambda module: after_hub_import(module, hooks), hooks)
         return _before_kernel_import(fullname, hooks)
     finally:
         _busy.discard(key)
@@ -72,6 +75,44 @@ def after_gates_import(module, hooks, *, just_imported: bool = False) -> None:
                 gates.patch(module, hooks, just_imported=just_imported)
     except Exception as exc:
         hooks.internal_error(exc)
+
+
+MAPPING = "get_kernel_mapping_transformers"   # transformers 5.25+: the hub-kernel mapping, built on first use
+
+
+def after_hub_import(module, hooks) -> None:
+    """transformers 5.25+: wrap its mapping getter, so that the hub kernels that may serve here are decided
+    when transformers asks for them (engine/hub.py) - a copy of the mapping, the original left as it is."""
+    try:
+        with hooks.lock:
+            original = module.__dict__.get(MAPPING)
+            if not hooks.installed() or original is None or hasattr(original, "_fastpath_hooks_original"):
+                return
+
+            def get_kernel_mapping_transformers():
+                mapping = original()
+                if not hooks.installed():
+                    return mapping
+                try:
+                    from ..engine.hub import choose
+
+                    return choose(mapping)
+                except Exception as exc:   # never make loading worse than without fastpath-hooks
+                    hooks.internal_error(exc)
+                    return mapping
+
+            get_kernel_mapping_transformers._fastpath_hooks_original = original
+            module.__dict__[MAPPING] = get_kernel_mapping_transformers
+    except Exception as exc:
+        hooks.internal_error(exc)
+
+
+def unwrap_hub(module) -> None:
+    """uninstall(): the original mapping getter back."""
+    current = module.__dict__.get(MAPPING)
+    original = getattr(current, "_fastpath_hooks_original", None)
+    if original is not None:
+        module.__dict__[MAPPING] = original
 
 
 def _before_kernel_import(fullname, hooks):
@@ -129,8 +170,8 @@ def _on_path(module: str) -> bool:
     return PathFinder.find_spec(module) is not None
 
 
-def _after_import_spec(fullname, path, target, hooks):
-    """The spec the rest of sys.meta_path finds, its loader wrapped to call us afterwards."""
+def _after_import_spec(fullname, path, target, callback, hooks):
+    """The spec the rest of sys.meta_path finds, its loader wrapped to call `callback(module)` afterwards."""
     for finder in list(sys.meta_path):
         if hooks.ours(finder):
             continue
@@ -144,7 +185,7 @@ def _after_import_spec(fullname, path, target, hooks):
         return None
     if spec.loader is None or not hasattr(spec.loader, "exec_module"):
         return spec
-    spec.loader = AfterImportLoader(spec.loader, lambda module: after_gates_import(module, hooks, just_imported=True))
+    spec.loader = AfterImportLoader(spec.loader, callback)
     return spec
 
 

@@ -69,7 +69,7 @@ def heal(hooks) -> None:
                  once="late-unknown")
             return
         heal_pass = _Pass(hooks)
-        plans = heal_pass.era_c(mine) if era == "C" else heal_pass.era_ab(mine, era)   # no lock held
+        plans = heal_pass.era_c(mine) if era in ("C", "D") else heal_pass.era_ab(mine, era)   # no lock held
         with hooks.lock:
             applied = [plan.apply() for plan in plans] if hooks.installed() else []
         for plan, changed in applied:
@@ -121,6 +121,11 @@ class _Pass:
     # -- era C -------------------------------------------------------------------------------
 
     def era_c(self, modules) -> list:
+        """Eras C and D: each decorated function is what transformers' decorator chose at the modeling
+        import; the decorator run again gives what a fresh import chooses now, and that choice is written
+        into the existing function (its closure: `implementation` and what goes with it). The function
+        object stays: under HF `kernels` (5.25; 5.23/5.24 with kernels 0.18) each module global is a
+        `Func` module that kernelize routes by identity, so the hub's kernels still reach it."""
         hub = sys.modules.get("transformers.integrations.hub_kernels")
         decorate = getattr(hub, "use_kernel_func_from_hub_with_fallback", None)
         plans = []
@@ -130,10 +135,11 @@ class _Pass:
             if not found:
                 continue
             plan = _Rebind(module, CALL)
-            for name, function in found:
+            for name, value in found:
                 func_name, package = DECORATED[name]
                 if not self.managed(package):
                     continue
+                function = decorated_function(value)
                 closure = _closure(function)
                 if decorate is None or closure is None or not {"implementation", "torch_function"} <= set(closure):
                     plan.unknown.append(name)
@@ -141,15 +147,15 @@ class _Pass:
                 torch_function = closure["torch_function"]
                 outcome = self.decide(package)
                 blocked = outcome is not None and outcome.block is not None
-                fresh = _redecorate(decorate, func_name, package, torch_function, blocked)
-                now = (_closure(fresh) or {}).get("implementation")
+                fresh = _closure(decorated_function(_redecorate(decorate, func_name, package, torch_function, blocked)))
+                now = (fresh or {}).get("implementation")
                 if now is None:
                     plan.unknown.append(name)
                     continue
                 if now is closure["implementation"]:
                     continue
-                plan.rebind(name, function, fresh, package, now is not torch_function,
-                            taken=blocked and package in sys.modules)
+                plan.rewrite(name, function, closure["implementation"], fresh, package, now is not torch_function,
+                             taken=blocked and package in sys.modules)
             plans.append(plan)
         return plans
 
@@ -282,11 +288,18 @@ class _Rebind:
         self.unknown: list = []    # globals not laid out as the tables know
         self.taken: set = set()    # packages imported before install() and now blocked
         self.resets: list = []     # era A caches to reset
+        self.rewrites: list = []   # (name, function, old implementation, fresh closure, package, kernel_on): eras C/D
         self.lacking: tuple = ()
         self.reset = False
 
     def rebind(self, name, old, new, package, kernel_on: bool, taken: bool) -> None:
         self.changes.append((name, old, new, package, kernel_on))
+        if taken:
+            self.taken.add(package)
+
+    def rewrite(self, name, function, old, fresh: dict, package, kernel_on: bool, taken: bool) -> None:
+        """Eras C/D: `function`'s closure gets the fresh decoration's choice (`fresh`: its closure)."""
+        self.rewrites.append((name, function, old, fresh, package, kernel_on))
         if taken:
             self.taken.add(package)
 
@@ -302,6 +315,9 @@ class _Rebind:
             if namespace.get(name) is old:    # nobody rebound it meanwhile (another pass, the user)
                 namespace[name] = new
                 changed[name] = (package, kernel_on)
+        for name, function, old, fresh, package, kernel_on in self.rewrites:
+            if _set_closure(function, old, fresh):   # only where it still holds what the pass saw
+                changed[name] = (package, kernel_on)
         layout = self.layout
         if changed and layout is not None:
             fast_path = layout.fast_path
@@ -313,6 +329,36 @@ class _Rebind:
         if not changed:
             self.taken = set()
         return self, changed
+
+
+# What transformers' decorator computes from its choice (5.17 - 5.25): the closure names a fresh decoration
+# rewrites in the existing function. Names one version lacks are left out.
+CHOICE = ("implementation", "applicable_params", "is_new_implementation", "supported_devices")
+
+
+def decorated_function(value):
+    """The function transformers' decorator made (its closure holds the choice): the module global itself,
+    or - under HF `kernels` - the function the `Func` module wrapping it calls (`type(value).forward`'s
+    free variable `func`)."""
+    if getattr(value, "__code__", None) is not None:
+        return value
+    forward = getattr(type(value), "forward", None)
+    return (_closure(forward) or {}).get("func")
+
+
+def _set_closure(function, old, fresh: dict) -> bool:
+    """Write the fresh choice into `function`'s cells - if its implementation is still `old`."""
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__))
+    current = cells.get("implementation")
+    try:
+        if current is None or current.cell_contents is not old:
+            return False
+    except ValueError:
+        return False
+    for name in CHOICE:
+        if name in cells and name in fresh:
+            cells[name].cell_contents = fresh[name]
+    return True
 
 
 def _closure(function) -> dict | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from .._names import KERNEL_MODULES
+from .._names import DECORATED, KERNEL_MODULES
 
 PREFIX = "transformers.models."
 
@@ -29,25 +29,7 @@ PACKAGES = KERNEL_MODULES
 #   `lazy_load_kernel("causal-conv1d" | "mamba-ssm")` (which asks `is_{name}_available` by name), and its
 #   `is_fast_path_available` when that is global too.
 
-# Era C: module global -> (func_name, package) passed to use_kernel_func_from_hub_with_fallback.
-# Families (5.24.0): the mamba_ssm group - mamba, falcon_mamba, jamba (mamba_inner_fn, selective_state_update,
-# selective_scan_fn; zamba the last two), mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2
-# (mamba_split_conv1d_scan_combined, selective_state_update, mamba_chunk_scan_combined) - each with the
-# causal_conv1d pair; and the fla group (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, ...).
-DECORATED = {
-    "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
-    "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d"),
-    "torch_chunk_gated_delta_rule": ("chunk_gated_delta_rule", "fla"),
-    "torch_recurrent_gated_delta_rule": ("fused_recurrent_gated_delta_rule", "fla"),
-    "chunk_kimi_delta_attention": ("chunk_kda", "fla"),
-    "recurrent_kimi_delta_attention": ("fused_recurrent_kda", "fla"),
-    "mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba_ssm"),
-    "mamba2_selective_state_update": ("selective_state_update", "mamba_ssm"),
-    "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba_ssm"),
-    "mamba_inner_fn": ("mamba_inner_fn", "mamba_ssm"),
-    "mamba_selective_state_update": ("selective_state_update", "mamba_ssm"),
-    "mamba_selective_scan": ("selective_scan_fn", "mamba_ssm"),
-}
+# Era C: DECORATED (module global -> (func_name, package)), in _names (the hub's kernels are named by func_name).
 
 # Eras A/B: module global -> (package, module it comes from, attribute), bound behind the package's gate.
 _SSM_SCAN = "mamba_ssm.ops.selective_scan_interface"
