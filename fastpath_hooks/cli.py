@@ -140,8 +140,23 @@ def _snapshot(settings, pins):
     from .facts.distributions import installed_versions
     from .engine import snapshot
 
+    _with_hub_mapping()
     env, plan = snapshot(settings, pins)
     return env, plan, installed_versions()
+
+
+def _with_hub_mapping() -> None:
+    """transformers 5.25+ takes kernels from the hub at from_pretrained: its mapping is imported, so that the
+    probe reads which functions the hub serves here (facts/hub.py reads it only where transformers is imported)."""
+    from .facts.distributions import installed_versions
+    from .facts.environment import parse_version
+
+    version = parse_version(installed_versions().get("transformers"))
+    if version is not None and version.release[:2] >= (5, 25):
+        try:
+            import transformers.integrations.hub_kernels  # noqa: F401
+        except Exception:   # noqa: BLE001 - a broken transformers: the rest of doctor still says what it can
+            pass
 
 
 def _doctor(args) -> int:

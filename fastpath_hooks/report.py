@@ -93,8 +93,17 @@ def plan_json(plan, settings, *, real_installed, pins) -> dict:
     data["settings"] = settings.public()
     data["pins"] = list(pins.origins)
     data["summary"] = summary(plan, settings)
+    data["sources"] = function_sources(plan, settings, pins)
     data.update(commands_for(plan, settings, real_installed=real_installed, pins=pins))
     return data
+
+
+def function_sources(plan, settings, pins) -> list:
+    """What serves each function transformers decorates here (decide/hub.py: the hub, the package, torch)."""
+    from .decide.common import Context
+    from .decide.hub import sources
+
+    return sources(plan, pins, Context(plan.environment, settings, pins, False).hazards)
 
 
 def summary(plan, settings) -> str:
@@ -135,6 +144,7 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
         "decisions": [d.to_json() for d in plan.decisions.values()],
         "notes": list(plan.notes),
         "summary": summary(plan, settings),
+        "sources": function_sources(plan, settings, pins),
         "packed_sequences": packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
         **commands_for(plan, settings, real_installed=real_installed, pins=pins),
     }
@@ -213,6 +223,13 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
         if fix != machine_fix:
             lines.append(f"  {', '.join(kernels)}")
             lines.append(f"    to change it   {fix}")
+    rows = function_sources(plan, settings, pins)
+    if rows:
+        lines += ["", "Sources (what serves each function transformers decorates)"]
+        for row in rows:
+            lines.append(f"  {row['function']:<34}{row['source']}" + ("" if row["source"].startswith("hub ") or
+                                                                       row["source"].startswith("package ") else
+                                                                       f" - {row['reason']}"))
     lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
                          said=machine_fix)
     lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])

@@ -100,3 +100,40 @@ def hub_serves(ctx, kernel: str) -> tuple:
         return ()
     where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
     return served_kernels(choose(rows, env=env, pins=ctx.pins, where=where, hazards=ctx.hazards)).get(kernel, ())
+
+
+def sources(plan, pins, hazards) -> list:
+    """What serves each function transformers decorates for the managed kernels here: `hub <repo>@v<N>`,
+    `package <dist> <version>`, or `torch`, with the reason (doctor, plan, --json). The hub where the probe
+    read transformers 5.25+'s mapping (its entries and where they load from), else the kernel's decision."""
+    from .._names import DECORATED, KERNEL_MODULES
+    from .plan import BLOCK, INSTALL, OK, REPAIR
+
+    env = plan.environment
+    where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
+    rows = [HubEntry(*row) for row in env.hub_entries]
+    hub = {c.entry.name: c for c in choose(rows, env=env, pins=pins, where=where, hazards=hazards)}
+    out = []
+    for func, package in dict.fromkeys(DECORATED.values()):
+        kernel = KERNEL_MODULES.get(package)
+        decision = plan.decisions.get(kernel)
+        if decision is None:
+            continue
+        choice = hub.get(func)
+        if choice is not None and choice.serve:
+            out.append({"function": func, "kernel": kernel, "source": choice.source,
+                        "reason": "from_pretrained on the GPU takes it from the hub"})
+            continue
+        dist = pins.kernel(kernel).distributions[0]
+        version = decision.target.get(dist) or decision.installed.get(dist)
+        said = decision.short_reason or decision.reason
+        if decision.action in (OK, INSTALL, REPAIR) and version:
+            source, why = f"package {dist} {version}", said
+        elif decision.action == BLOCK:
+            source, why = "torch", f"{kernel} blocked: {said}"
+        else:
+            source, why = "torch", f"{kernel}: {said}"
+        if choice is not None:
+            why = f"not from {choice.entry.ref}: {choice.reason}; {why}"
+        out.append({"function": func, "kernel": kernel, "source": source, "reason": why})
+    return out

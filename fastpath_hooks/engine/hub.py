@@ -123,8 +123,9 @@ def _say(choices, env) -> None:
     unloadable = [c for c in choices if not c.serve and not c.refused]
     if unloadable:
         why = unloadable[0].reason.split(", and ")[0]
-        events.status(f"hub kernels: {why} and the kernels cache lacks {len({c.entry.ref for c in unloadable})} of "
-                      "the mapping's builds; the packages or torch serve those functions", once="hub-offline")
+        count = len({c.entry.ref for c in unloadable})
+        events.status(f"hub kernels: {why}; {count} of the mapping's builds are not cached, so packages or torch "
+                      "serve them", once="hub-offline")
     for kernel in sorted({c.entry.kernel for c in choices if c.refused and c.entry.kernel}):
         refused = [c for c in choices if c.refused and c.entry.kernel == kernel]
         events.warning(f"{kernel}: not from {refused[0].entry.repo_id} - {refused[0].reason}", kernel,

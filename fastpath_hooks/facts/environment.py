@@ -129,6 +129,9 @@ class Environment:
         data["accelerator"] = self.accelerator
         data["torch_build"] = self.torch_build
         data["model_shapes"] = [dict(zip(("model", "k", "v", "heads_k", "heads_v"), row)) for row in self.model_shapes]
+        data["hub_entries"] = [dict(zip(("function", "repo", "layer", "version", "revision", "kernel", "modes"), row),
+                                    modes=list(row[6])) for row in self.hub_entries]
+        data["hub_where"] = {ref: {"how": how, "detail": detail} for ref, (how, detail) in self.hub_where.items()}
         return data
 
 

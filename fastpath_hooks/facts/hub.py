@@ -127,7 +127,7 @@ def offline_reason(offline: bool, seconds: float) -> str | None:
         except urllib.error.HTTPError:
             _reachable[key] = None          # it answered
         except Exception:   # noqa: BLE001 - refused, unresolvable, a timeout: not reachable
-            _reachable[key] = f"the hub ({endpoint}) did not answer within {seconds:g} s"
+            _reachable[key] = f"the hub did not answer within {seconds:g} s"
     return _reachable[key]
 
 
