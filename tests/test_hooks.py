@@ -311,6 +311,25 @@ def test_install_kernels_accepts_any_spelling_of_a_distribution_name(hooks_env, 
     assert not [e for e in events if e["type"] == "error"], events
 
 
+@pytest.mark.parametrize("kernels", ["causal-conv1d,mamba-ssm", "causal_conv1d, mamba_ssm", "causal-conv1d mamba-ssm",
+                                     ["causal-conv1d,mamba-ssm"]])
+def test_install_kernels_accepts_the_comma_form_of_fastpath_hooks_skip(hooks_env, kernels):
+    """Issue 34, defect 5: `install(kernels="causal-conv1d,mamba-ssm")` managed no kernel at all."""
+    events = []
+    fastpath_hooks.install(kernels=kernels, on_event=events.append)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert hooks.selected("causal-conv1d") and hooks.selected("mamba-ssm") and not hooks.selected("fla")
+
+
+def test_install_kernels_naming_no_known_kernel_says_that_none_is_managed(hooks_env):
+    events = []
+    fastpath_hooks.install(kernels="causal-convld", on_event=events.append)
+    (error,) = [e for e in events if e["type"] == "error"]
+    assert "unknown kernel 'causal-convld'; did you mean causal-conv1d?" in error["message"], error
+    assert "no kernel is managed" in error["message"], error
+    assert not hooks.selected("causal-conv1d")
+
+
 def test_install_again_after_the_wrappers_stepped_aside_does_not_wrap_again(hooks_env):
     where = {name: holders(gate) for name, gate in ORIGINALS.items()}
     fastpath_hooks.install()

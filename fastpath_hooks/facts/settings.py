@@ -19,6 +19,7 @@ from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
 from .._registry import REGISTRY, listed, registry
 from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
+from .distributions import canonical_name
 from .frozen import FrozenMap
 
 MODES = ("install", "report")
@@ -301,19 +302,29 @@ def parse_wheel_index(raw: str) -> tuple:
 
 def parse_kernel_list(raw: str, reg=None) -> frozenset:
     reg = registry() if reg is None else reg
-    names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
+    return frozenset(k for name in kernel_list_names(raw) for k in kernels_named(name, reg))
+
+
+def kernel_list_names(raw: str) -> list:
+    """The names of a kernel list as FASTPATH_HOOKS_SKIP and install(kernels=...) take it: comma or
+    whitespace separated."""
+    return [part for part in raw.replace(",", " ").split() if part]
+
+
+def kernels_named(name: str, reg=None) -> tuple:
+    """The kernels a name of a kernel list means: any spelling of a kernel or an alias (PEP 503:
+    `Causal.Conv1d`), or `all`; ValueError naming the closest known one."""
+    reg = registry() if reg is None else reg
     kernels, aliases = kernel_names(reg), kernel_aliases(reg)
-    out = set()
-    for name in names:
-        if name == "all":
-            out.update(kernels)
-            continue
-        if name not in aliases:
-            close = _closest(name, aliases, cutoff=0.6)
-            hint = f"did you mean {aliases[close]}? " if close else ""
-            raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)} (or all)")
-        out.add(aliases[name])
-    return frozenset(out)
+    low = name.strip().lower()
+    if low == "all":
+        return tuple(kernels)
+    for spelling in (low, canonical_name(low)):
+        if spelling in aliases:
+            return (aliases[spelling],)
+    close = _closest(low, aliases, cutoff=0.6)
+    hint = f"did you mean {aliases[close]}? " if close else ""
+    raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)} (or all)")
 
 
 def normalize_kernel(name: str, reg=None) -> str:

@@ -100,7 +100,8 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm); None = all.
+    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm, flash-qla), a list or one string
+    as FASTPATH_HOOKS_SKIP takes it ("causal-conv1d,mamba-ssm"); None = all.
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call

@@ -39,24 +39,23 @@ def find_spec(fullname, path, target, hooks):
 
 
 def normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
-    Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
-    from ..facts.distributions import canonical_name
-    from ..facts.settings import kernel_names, normalize_kernel
+    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes (a list, or
+    one string: `"causal-conv1d,mamba-ssm"`) and any spelling of a name (PEP 503: `flash_linear_attention`,
+    `Causal.Conv1d`); an unknown name is said and ignored - and when none is left, that none is managed."""
+    from .. import events
+    from ..facts.settings import kernel_list_names, kernels_named
 
-    if isinstance(kernels, str):
-        kernels = [kernels]
-    out = set()
-    for name in kernels:
+    names = [part for item in ([kernels] if isinstance(kernels, str) else kernels)
+             for part in (kernel_list_names(item) if isinstance(item, str) else [item])]
+    out, unknown = set(), []
+    for name in names:
         try:
-            out.add(normalize_kernel(canonical_name(name)))
-        except (ValueError, AttributeError):
-            from .. import events
-
-            from .._registry import registry
-
-            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(kernel_names(registry()))}; "
-                         "ignoring it")
+            out.update(kernels_named(name))
+        except (ValueError, AttributeError) as exc:
+            unknown.append(str(exc) if isinstance(exc, ValueError) else f"{name!r} is not a kernel name")
+    for i, why in enumerate(unknown):
+        events.error(f"install(kernels=...): {why}; " + ("ignoring it" if out or i < len(unknown) - 1 else
+                                                         "no kernel is managed"))
     return frozenset(out)
 
 
