@@ -50,8 +50,8 @@ def kernel_modules(registry) -> dict:
 def served_modules(registry) -> dict:
     """module -> the modules of the kernels it serves. A kernel that only serves another (tilelang:
     fla's Hopper backend) is not installed for another package's optional import of it (mamba-ssm's
-    Mamba-3 kernels try `import tilelang`) while neither it nor what it serves is on the path: that
-    import goes on as without fastpath-hooks."""
+    Mamba-3 kernels try `import tilelang`) while neither it nor what it serves is installed (its
+    distribution's metadata on sys.path): that import goes on as without fastpath-hooks."""
     return {entry["modules"][0]: tuple(registry[k]["modules"][0] for k in entry["serves"] if k in registry)
             for entry in registry.values() if entry["serves"]}
 

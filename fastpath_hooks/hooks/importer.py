@@ -5,7 +5,7 @@ Loaded at the first watched import, never at interpreter start:
 
 - `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`, `flash_qla`: ask the engine (`engine.ensure`) BEFORE the
   import resolves (a backend's - flash_qla's - only while the kernel it serves is not imported yet, or
-  when it is on the path: fla looks for it at its first call, inside a training step). It may install or repair (then the normal import proceeds and finds the new files), or say the
+  when it is installed: fla looks for it at its first call, inside a training step). It may install or repair (then the normal import proceeds and finds the new files), or say the
   kernel would crash here: the import then fails with an ImportError carrying the reason,
   before any of the kernel's code runs, so transformers keeps its torch path.
 - `transformers.utils.import_utils`: let the real finder and loader import it, then wrap
@@ -93,9 +93,9 @@ def _before_kernel_import(fullname, hooks):
                     hooks.internal_error(exc)
         return None
     served = serves.get(fullname)
-    if served and not any(_on_path(name) for name in (fullname, *served)):
+    if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
-    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _on_path(fullname):
+    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _installed(modules, fullname):
         # the served kernel looks for its backend (fla: find_spec at its first call): installing it now would
         # happen inside a training step; it was decided - ensured right after fla - before fla's import
         return None
@@ -120,12 +120,14 @@ def _backend(kernel: str) -> bool:
     return (registry().get(kernel) or {}).get("kind") == "backend"
 
 
-def _on_path(module: str) -> bool:
-    """Whether a top-level module is installed, asked of the path finder alone (never of
-    sys.meta_path, where this finder would decide it)."""
-    from importlib.machinery import PathFinder
+def _installed(modules: dict, module: str) -> bool:
+    """Whether a kernel's module is installed: one of its kernel's distributions has its metadata on
+    sys.path (an empty `fla/` that an uninstall left is a namespace package to the path finder, not fla)."""
+    from .._registry import registry
+    from ..facts.distributions import installed_versions
 
-    return PathFinder.find_spec(module) is not None
+    entry = registry().get(modules.get(module, ""))
+    return bool(entry and installed_versions(entry["distributions"]))
 
 
 def _after_import_spec(fullname, path, target, hooks):
