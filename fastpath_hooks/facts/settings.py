@@ -88,8 +88,9 @@ _VARIABLES = {
     "FASTPATH_HOOKS_WHEEL_INDEX": ("package indexes of prebuilt compiled-kernel wheels, tried before a source build: "
                                    "unset (the pins' enabled ones: none shipped), off, names from the pins (astral), or "
                                    "the base URL of an index with that layout (https://host/simple/); never offline"),
-    "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
-                                 "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
+    "FASTPATH_HOOKS_CACHE_DIR": ("absolute directory for verdicts and the wheel cache of built and downloaded kernel "
+                                 "wheels (default: the user cache dir, e.g. ~/.cache/fastpath-hooks); one that is "
+                                 "relative or cannot be created or written falls back to the default, said once"),
     PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
@@ -129,7 +130,7 @@ class Settings:
     wheel_urls: FrozenMap = field(default_factory=FrozenMap)   # kernel -> its release-wheel mirror (registry `mirror`)
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created, not writable): why, in one
+    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created or written, relative): why, in one
     # sentence; cache_dir is then None - the default root - and this is said once (a warning, not an error)
     cache_dir_unusable: str | None = None
     # the same as (the value given, why it is unusable, the root used instead): what the one line says, short
@@ -406,7 +407,7 @@ def _directory_or_creatable(raw: str) -> str:
     path = cache_dir_given({CACHE_DIR: raw})
     if not path:
         raise ValueError("expected a directory path")
-    if os.path.exists(path) and not os.path.isdir(path):
+    if os.path.isabs(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError("exists and is not a directory; expected a directory (created if missing)")
     return path
 
