@@ -16,6 +16,11 @@ from ._registry import listed, registry
 
 
 def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):   # a path the output's encoding lacks is said escaped, never a traceback
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

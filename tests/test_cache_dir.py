@@ -163,3 +163,11 @@ def test_a_relative_cache_dir_is_refused_with_one_line_and_nothing_made_in_the_w
         doctor.stdout, doctor.stdout
     assert os.listdir(work) == []                              # nothing made where it was run
 
+
+def test_doctor_says_a_non_ascii_cache_path_where_the_output_is_ascii(tmp_path):
+    """`PYTHONIOENCODING=ascii fastpath-hooks doctor` with a cache under a non-ASCII path ended in a traceback."""
+    cache = tmp_path / "caché-ü"
+    env = _cli_env(tmp_path, str(cache), PYTHONIOENCODING="ascii")
+    doctor = _python(env, "-m", "fastpath_hooks", "doctor")
+    assert doctor.returncode == 0, doctor.stderr
+    assert f"{tmp_path}/cach\\xe9-\\xfc/wheels" in doctor.stdout, doctor.stdout    # said, escaped
