@@ -382,3 +382,43 @@ def test_a_measured_error_is_said_with_the_fix_within_the_width(kernel, detail):
     assert said in (detail, detail.split(" (tolerance")[0]) or "sm_90" in said, said
     if len(detail) < 90 and kernel != "causal-conv1d":
         assert "differs from torch by" in said, said       # the measure itself whenever it fits
+
+
+# -- a handed-over error keeps the error itself (issue 34, defect 3) ---------------------------------
+
+SITE = HOME + "/.venv/lib/python3.12/site-packages"
+WHEEL = "causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+HANDED_OVER = [   # (what the installer or the download hands over, as the real parts compose it; what must stay)
+    (f"Processing /tmp/fph-work/{WHEEL}\nInstalling collected packages: causal-conv1d\nERROR: Could not install "
+     f"packages due to an OSError: [Errno 28] No space left on device: '{SITE}/causal_conv1d_cuda.cpython-312-x86_64-"
+     "linux-gnu.so'\n", "pip", "[Errno 28] No space left on device"),
+    (f"Resolved 1 package in 3ms\nerror: Failed to install: {WHEEL} (causal-conv1d==1.6.2.post1)\n  Caused by: failed "
+     f"to write to file `{SITE}/causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so`: No space left on device (os error "
+     "28)\n", "uv", "No space left on device (os error 28)"),
+    (None, None, "Connection refused"),
+]
+
+
+@pytest.mark.parametrize("output, installer, kept", HANDED_OVER, ids=["pip-disk-full", "uv-disk-full", "download-refused"])
+def test_an_install_failure_line_keeps_the_error_itself(output, installer, kept, speaking, monkeypatch, tmp_path,
+                                                        capsys):
+    """The disk-full install line ended `ERROR: Could...` before "No space left on device"; a refused download
+    ended in the middle of its URL. What failed (its start), the error itself and the pointer stay."""
+    from fastpath_hooks.act.runner import summary
+    from support.worlds import environment
+
+    if output is None:   # act/fetch.py's words, the mirror's own variable named after them
+        url = "http://127.0.0.1:40221/files/" + WHEEL.replace("+", "%2B")
+        text = (f"could not download {url}: <urlopen error [Errno 111] Connection refused> "
+                "(FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL points at a mirror)")
+    else:                # act/installer.py's: the step's label, the installer's exit, its output's summary
+        text = f"installing {WHEEL} failed ({installer} exit {1 if installer == 'pip' else 2}): {summary(output)}"
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "said"))
+    world = TableWorld(environment(), tmp_path, settings=Settings())
+    world.install_error = text
+    assert world.run("causal-conv1d").outcome.state == "failed"
+    engine.use_world(None)
+    (line,) = [ln for ln in said_lines(capsys) if "could not install" in ln]
+    assert len(line) <= MAX_LINE and line == fit(line[len(PREFIX):]), line
+    assert kept in line and line.endswith("(the whole: fastpath-hooks doctor)"), line
+    assert line.startswith(f"{PREFIX}causal-conv1d: could not install - {text.split()[0]} "), line   # what failed
