@@ -263,7 +263,7 @@ def _install(args) -> int:
     missing = []
     engine.expect(wanted)   # the compiled ones among them install together (builds side by side, one check)
     for kernel in wanted:
-        outcome = engine.ensure(kernel, target=args.target)
+        outcome = engine.ensure(kernel, target=args.target, now=True)   # a remembered failure is tried again
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
         fine = outcome.state in GOOD or outcome.state == OutcomeState.REPORTED   # MODE=report asked for no install
         if outcome.state == OutcomeState.BLOCKED or (kernel in needed and not fine):

@@ -95,7 +95,8 @@ _VARIABLES = {
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
                            "info (default) or debug"),
-    "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
+    "FASTPATH_HOOKS_RETRY_AFTER": ("seconds a failed attempt is remembered before an interpreter start retries it "
+                                   "(default 3600); `fastpath-hooks install` retries at once"),
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
 }
 VARIABLES = variables(REGISTRY)
