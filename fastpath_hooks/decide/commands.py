@@ -37,7 +37,11 @@ def installer_choice(settings, env) -> tuple:
     """(uv, pip or None, why). Auto mode prefers uv, except where pip is configured with its own index or
     find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
     the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
-    run here (`uv venv` makes no pip, and uv may not be on PATH); `why` names the fix."""
+    run here (`uv venv` makes no pip, and uv may not be on PATH; site-packages cannot be written); `why` is
+    `<what is missing>; <the fix>`."""
+    if env.unwritable_site:
+        return None, (f"site-packages is not writable ({env.unwritable_site}); install as the environment's owner, "
+                      "or set FASTPATH_HOOKS_SKIP")
     if settings.installer == "uv" and not env.uv:
         return None, ("FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run "
                       "`python -m ensurepip`")

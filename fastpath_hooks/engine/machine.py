@@ -37,6 +37,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
+from ..events.lines import first_fitting
 from ..act.verdicts import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
@@ -334,8 +335,12 @@ def _install(run: Run):
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
-        events.warning(engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
-                       persist=f"{current.rule}:no-installer:{why}", reminder=reminder_for(run.pins, kernel))
+        head = f"{kernel}: {short.NOT_INSTALLED} - "
+        reason, _, fix = why.partition("; ")     # `<what is missing>; <the fix>` (decide/commands.py)
+        bare = reason.split(" (", 1)[0]          # a path in parentheses is detail: doctor shows it
+        events.warning(first_fitting(head + why, f"{head}{bare}; {fix}", engine_line(head, bare, fix)), kernel,
+                       once=f"fail-{kernel}", persist=f"{current.rule}:no-installer:{why}",
+                       reminder=reminder_for(run.pins, kernel), detail=head + why)
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     batch = batch_of(run)
     if len(batch) > 1:
