@@ -17,7 +17,7 @@ from typing import Mapping
 from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
 from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
-from .._registry import REGISTRY, listed, registry
+from .._registry import REGISTRY, listed, pins_file_size_problem, registry
 from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
 from .distributions import canonical_name
 from .frozen import FrozenMap
@@ -91,7 +91,7 @@ _VARIABLES = {
     "FASTPATH_HOOKS_CACHE_DIR": ("absolute directory for verdicts and the wheel cache of built and downloaded kernel "
                                  "wheels (default: the user cache dir, e.g. ~/.cache/fastpath-hooks); one that is "
                                  "relative or cannot be created or written falls back to the default, said once"),
-    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
+    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules (at most 1 MB: a larger one is refused unread)",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
                            "info (default) or debug"),
@@ -421,6 +421,9 @@ def _readable_file(raw: str) -> str:
         raise ValueError("no such file; expected a JSON or TOML pins file")
     if not os.access(path, os.R_OK):
         raise ValueError("the file is not readable")
+    too_big = pins_file_size_problem(os.path.getsize(path))
+    if too_big:
+        raise ValueError(too_big)
     return path
 
 
