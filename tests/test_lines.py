@@ -373,8 +373,8 @@ def start(env: dict, *args) -> list:
     proc = subprocess.run([sys.executable, *(args or ("-c", START))], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    return [line for line in (proc.stderr if not args else proc.stdout).splitlines()
-            if args or line.startswith(PREFIX)]
+    return [line for line in (proc.stderr if not args else proc.stdout).splitlines()   # the posed target's own
+            if args or (line.startswith(PREFIX) and not line.startswith(f"{PREFIX}posing "))]   # line aside
 
 
 def test_a_later_start_names_the_missing_kernel_and_doctor_in_one_line(tmp_path):

@@ -208,7 +208,8 @@ def _user_pins() -> bool:
 def _check_settings() -> None:
     """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
-    start with the same variables costs a digest and a stat, not settings.py's import."""
+    start with the same variables costs a digest and a stat, not settings.py's import. A valid
+    FASTPATH_HOOKS_TARGET is said at every start: every decision of this process is for that machine."""
     try:
         import hashlib
         import os
@@ -218,17 +219,22 @@ def _check_settings() -> None:
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
-        if os.path.exists(marker):
-            return
-        from ..engine import check_settings
+        if not os.path.exists(marker):
+            from ..engine import check_settings
 
-        if not check_settings():
-            return
-        try:
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "a").close()
-        except OSError:
-            pass  # only the shortcut is lost
+            if not check_settings():
+                return
+            try:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                open(marker, "a").close()
+            except OSError:
+                pass  # only the shortcut is lost
+        target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
+        if target:
+            from ..events import warning
+
+            warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
+                    "machine)", once="posed")
     except Exception as exc:
         internal_error(exc)
 
