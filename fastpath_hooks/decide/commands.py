@@ -148,8 +148,11 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind in (StepKind.WHEEL, StepKind.INDEX):
-        reqs = list(local_files) or [local_file or step.url or step.requirements[0]]
+    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/batch.py)
+        named = [r for r in step.requirements
+                 if step.kind == StepKind.WHEEL and not r.endswith(".whl") and r not in local_files]
+        files = [r for r in step.requirements if r not in named]
+        reqs = named + (list(local_files) or [local_file or step.url or files[0]])
     if installer == "uv":
         argv = [uv or "uv", "pip", "install", "--python", python]
         if step.no_deps:
