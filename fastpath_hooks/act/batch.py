@@ -34,6 +34,8 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from .. import events
 from ..decide.batches import deps_with_wheels
 from ..decide.commands import choose_installer, constraints, step_names
@@ -218,8 +220,6 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
 def _unmet(names, found: dict) -> list:
     """The requirements of the distributions `names` - installed without theirs (`--no-deps`) - that
     nothing installed satisfies: their METADATA's Requires-Dist, markers evaluated, extras' aside."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
     out = []
     for name in names:
         dist = found.get(canonical_name(name))
