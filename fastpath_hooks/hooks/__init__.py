@@ -209,7 +209,8 @@ def _check_settings() -> None:
     """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
     start with the same variables costs a digest and a stat, not settings.py's import. A valid
-    FASTPATH_HOOKS_TARGET is said at every start: every decision of this process is for that machine."""
+    FASTPATH_HOOKS_TARGET is said too - every decision of this process is for that machine - once per
+    environment and target, like every line that would repeat at each start (later: the debug log)."""
     try:
         import hashlib
         import os
@@ -234,7 +235,7 @@ def _check_settings() -> None:
             from ..events import warning
 
             warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
-                    "machine)", once="posed")
+                    "machine)", once="posed", persist=f"posed:{target}")
     except Exception as exc:
         internal_error(exc)
 
