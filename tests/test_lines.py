@@ -222,6 +222,8 @@ def _variants(row):
     hazard.block compose the same dependency's reasons): each as a row of its own decision's rule."""
     out = [row]
     for dists in ({**row.dists, **FLA_INSTALLED}, {**row.dists, **{d: None for d in FLA_INSTALLED}}):
+        if all(row.dists.get(d) == v for d, v in dists.items()):
+            continue   # the row as it is
         variant = dataclasses.replace(row, dists=dists)
         out.append(dataclasses.replace(variant, rule=decided(variant, variant.env, variant.dists, variant.settings)[3].rule))
     return out
