@@ -49,7 +49,7 @@ def cache_dir_given(environ=None) -> str | None:
 
 
 _unusable: dict = {}   # path -> why it cannot be the cache root ("" when it can): asked once per process
-_WRITE_TEST = 16384    # bytes the cache root must take: room for a verdict (a full tmpfs still makes empty files)
+_WRITE_TEST = 4096     # bytes the cache root must take, a page (a full tmpfs still makes empty files)
 
 
 def cache_dir_problem(path: str) -> str:
