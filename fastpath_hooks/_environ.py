@@ -37,28 +37,35 @@ def environment_key() -> str:
 
 
 def cache_dir_given(environ=None) -> str | None:
-    """FASTPATH_HOOKS_CACHE_DIR as an absolute path, None when unset."""
+    """FASTPATH_HOOKS_CACHE_DIR with `~` expanded (absolute, normalised; a relative one as given, which
+    `cache_dir_problem` refuses), None when unset."""
     import os
 
     raw = environ_of(environ).get(CACHE_DIR, "").strip()
-    return os.path.abspath(os.path.expanduser(raw)) if raw else None
+    if not raw:
+        return None
+    path = os.path.expanduser(raw)
+    return os.path.abspath(path) if os.path.isabs(path) else path
 
 
 _unusable: dict = {}   # path -> why it cannot be the cache root ("" when it can): asked once per process
+_WRITE_TEST = 4096     # bytes the cache root must take, a page (a full tmpfs still makes empty files)
 
 
 def cache_dir_problem(path: str) -> str:
-    """Why `path` cannot be the cache root ("" when it can): a directory this process can write, made
-    if missing. An unusable FASTPATH_HOOKS_CACHE_DIR (`/proc/nope`) falls back to the default root -
-    said once (settings.cache_dir_unusable) - instead of every verdict being lost and every start
-    verifying again. One or two system calls, once per process and path."""
+    """Why `path` cannot be the cache root ("" when it can): an absolute directory this process can write
+    a file into, made if missing. An unusable FASTPATH_HOOKS_CACHE_DIR (`/proc/nope`, a full or read-only
+    mount, a relative path each process would resolve in its own working directory) falls back to the
+    default root - said once (settings.cache_dir_unusable) - instead of every verdict being lost and every
+    start verifying again. A few system calls (a small file written and removed), once per process and path."""
     import os
 
     if path not in _unusable:
         problem = ""
-        if os.path.isdir(path):
-            if not os.access(path, os.W_OK | os.X_OK):
-                problem = "is not writable"
+        if not os.path.isabs(path):
+            problem = "is a relative path"
+        elif os.path.isdir(path):
+            problem = _write_problem(path)
         elif os.path.lexists(path):
             problem = "is not a directory"
         else:
@@ -66,8 +73,37 @@ def cache_dir_problem(path: str) -> str:
                 os.makedirs(path, exist_ok=True)
             except OSError as exc:
                 problem = f"cannot be created ({exc.strerror or exc})"
+            else:
+                problem = _write_problem(path)
         _unusable[path] = problem
     return _unusable[path]
+
+
+def _write_problem(path: str) -> str:
+    """"" when a file of _WRITE_TEST bytes can be written into `path` (and is removed again), else why not:
+    access(2) says a full tmpfs is writable, and as root says so of every directory."""
+    import os
+
+    probe = os.path.join(path, f".fastpath-hooks-write-test-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror or exc})"
+    problem = ""
+    try:
+        os.write(fd, bytes(_WRITE_TEST))
+    except OSError as exc:
+        problem = f"cannot be written ({exc.strerror or exc})"
+    finally:
+        try:
+            os.close(fd)   # NFS may say a delayed write's error here
+        except OSError as exc:
+            problem = problem or f"cannot be written ({exc.strerror or exc})"
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    return problem
 
 
 def cache_root_from_environ(environ=None) -> str:

@@ -20,7 +20,7 @@ KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
 # A kernel that only serves another (tilelang: fla's Hopper backend) is not installed for another
 # package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
-# it nor what it serves is on the path: that import goes on as without fastpath-hooks.
+# it nor what it serves is installed (their metadata): that import goes on as without fastpath-hooks.
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}   # module -> modules it serves
 # transformers 5.15+ (eras C, D): its decorated kernel functions, module global -> (func_name, package) passed to
 # use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late_layouts.py; the

@@ -50,8 +50,8 @@ def kernel_modules(registry) -> dict:
 def served_modules(registry) -> dict:
     """module -> the modules of the kernels it serves. A kernel that only serves another (tilelang:
     fla's Hopper backend) is not installed for another package's optional import of it (mamba-ssm's
-    Mamba-3 kernels try `import tilelang`) while neither it nor what it serves is on the path: that
-    import goes on as without fastpath-hooks."""
+    Mamba-3 kernels try `import tilelang`) while neither it nor what it serves is installed (its
+    distribution's metadata on sys.path): that import goes on as without fastpath-hooks."""
     return {entry["modules"][0]: tuple(registry[k]["modules"][0] for k in entry["serves"] if k in registry)
             for entry in registry.values() if entry["serves"]}
 
@@ -120,19 +120,58 @@ def with_user_file(path: str, base: dict) -> dict:
     return _cache[key]
 
 
+PINS_MAX_BYTES = 1 << 20   # a pins file is small (the shipped one: about 56 KB); a bigger one is refused unread
+
+
+class PinsFileError(ValueError):
+    """Why a pins file's text is not pins data: too big, not JSON or TOML (the message says which)."""
+
+
+def pins_file_size_problem(size: int) -> str:
+    """"" for a pins file of `size` bytes that may be read, else why not (a 208 MB one was parsed in every process)."""
+    if size <= PINS_MAX_BYTES:
+        return ""
+    return f"it is {size / (1 << 20):.0f} MB; a pins file is at most {PINS_MAX_BYTES >> 20} MB"
+
+
+def read_pins_file(path: str):
+    """The data of a JSON or TOML pins file (`.toml`), read at most PINS_MAX_BYTES - the one reader of pins
+    files (the registry's shallow look, the pins' validation, the posed archs). OSError: unreadable;
+    PinsFileError: too big, not valid JSON/TOML, no TOML parser (Python 3.10 without tomli)."""
+    import os
+
+    with open(path, "rb") as fh:
+        problem = pins_file_size_problem(os.fstat(fh.fileno()).st_size)
+        if problem:
+            raise PinsFileError(problem)
+        raw = fh.read(PINS_MAX_BYTES + 1)
+    if len(raw) > PINS_MAX_BYTES:   # grew while being read
+        raise PinsFileError(pins_file_size_problem(len(raw)))
+    if path.endswith(".toml"):
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib  # type: ignore
+            except ImportError:
+                raise PinsFileError("TOML pins need Python 3.11+ or the tomli package; or write the file as JSON") \
+                    from None
+        try:
+            return tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise PinsFileError(f"not valid TOML: {exc}") from None
+    import json
+
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PinsFileError(f"not valid JSON: {exc}") from None
+
+
 def _read(path: str, base: dict) -> dict:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read().decode("utf-8")
-        if path.endswith(".toml"):
-            import tomllib
-
-            data = tomllib.loads(raw)
-        else:
-            import json
-
-            data = json.loads(raw)
-    except Exception:   # unreadable, not JSON/TOML, no tomllib: facts/pins.py says so
+        data = read_pins_file(path)
+    except (OSError, PinsFileError):   # facts/pins.py says what is wrong
         return base
     kernels = data.get("kernels") if isinstance(data, dict) else None
     if not isinstance(kernels, dict):

@@ -16,6 +16,11 @@ from ._registry import listed, registry
 
 
 def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):   # a path the output's encoding lacks is said escaped, never a traceback
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
@@ -256,6 +261,7 @@ def _install(args) -> int:
     FASTPATH_HOOKS_MODE=report installs nothing on purpose: a kernel it would install is fine."""
     from . import report
     from . import engine
+    from .decide import short
     from .decide.plan import BLOCK, SKIP
     from .engine.outcome import GOOD, OutcomeState
 
@@ -270,17 +276,21 @@ def _install(args) -> int:
     if not named:   # the kernels this machine needs: what the plan (for --target's machine) installs or keeps
         _, plan, _ = _snapshot(settings, pins)
         needed = {k for k in wanted if k in plan.decisions and plan.decisions[k].action not in (SKIP, BLOCK)}
-    missing = []
+    missing, states = [], []
     engine.expect(wanted)   # the compiled ones among them install together (builds side by side, one check)
     for kernel in wanted:
-        outcome = engine.ensure(kernel, target=args.target)
+        outcome = engine.ensure(kernel, target=args.target, now=True)   # a remembered failure is tried again
         print(f"{kernel}: {outcome.state} - {outcome.reason}")
         fine = outcome.state in GOOD or outcome.state == OutcomeState.REPORTED   # MODE=report asked for no install
         if outcome.state == OutcomeState.BLOCKED or (kernel in needed and not fine):
-            missing.append(f"{kernel} ({outcome.state})")
+            missing.append(kernel)
+            states.append(f"{kernel} ({outcome.state})")
     if missing:
-        what = "named" if named else "needed here"
-        _error(f"not installed: {', '.join(missing)} - {what} but not usable (the reasons are above); exit 1")
+        from .events.lines import first_fitting
+
+        tail = f" - {'named' if named else 'needed here'} but not usable (the reasons are above); exit 1"
+        _error(first_fitting(f"not installed: {', '.join(states)}{tail}", f"not installed: {', '.join(missing)}{tail}",
+                             f"not installed: {short.few(missing, 40)}{tail}"))
         return 1
     return 0
 

@@ -53,16 +53,19 @@ def _invocation(step, installer, settings, env, local_files=()) -> dict:
 
 
 def _batch_commands(members, installer, settings, env) -> list:
-    """What act/batch.py runs for these decisions: their dependencies in one call, each one's builds
-    (side by side), then every wheel in one call (a build's or an index's by what it will be)."""
+    """What act/batch.py runs for these decisions: their dependencies in one call where a member builds,
+    each one's builds (side by side), then every wheel in one call (a build's or an index's by what it
+    will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
     from dataclasses import replace
 
+    from .decide.batches import deps_with_wheels
     from .decide.plan import Step, StepKind
 
     reqs, out, wheels = [], [], []
     for d in members:
         reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]
-    if reqs:
+    with_wheels = deps_with_wheels(members)
+    if reqs and not with_wheels:
         out.append(_invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False), installer, settings,
                                env))
     for d in members:
@@ -79,7 +82,8 @@ def _batch_commands(members, installer, settings, env) -> list:
                           (", else the one built above>" if StepKind.BUILD in kinds else ">"))
         else:
             wheels.append(f"<the {d.kernel} wheel built above>")
-    step = replace(Step(kind=StepKind.WHEEL, requirements=tuple(wheels)), no_deps=True)
+    named = tuple(reqs) if with_wheels else ()
+    step = replace(Step(kind=StepKind.WHEEL, requirements=named + tuple(wheels)), no_deps=True)
     out.append(_invocation(step, installer, settings, env, local_files=tuple(wheels)))
     return out
 

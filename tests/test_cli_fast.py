@@ -66,6 +66,27 @@ def test_install_of_several_kernels_reads_the_world_once_while_nothing_changes(t
     assert table.calls["read"] == 1 and table.calls["install"] == 2
 
 
+def test_install_tries_now_what_a_start_remembers_as_failed_and_says_when_it_was_seen(table, capsys):
+    """Issue 34, defect 1: with the wheel source down `install causal-conv1d` fails; back up, the same command
+    printed the same stale cause for up to FASTPATH_HOOKS_RETRY_AFTER without trying. A remembered failure
+    spares interpreter starts (they say when it was seen), never a command the user types."""
+    refused = "fetching causal_conv1d-1.6.2.post1 failed: <urlopen error [Errno 111] Connection refused>"
+    table.install_error = refused
+    assert cli.main(["install", "causal-conv1d"]) == 1
+    assert table.calls["install"] == 1
+    table.install_error = None                  # the source is back
+    engine.forget()                             # a new process: a start replays the failure, tries nothing
+    outcome = engine.ensure("causal-conv1d")
+    assert outcome.state == "failed" and table.calls["install"] == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "causal-conv1d: failed" in line]
+    assert said and all(" s ago" in line and "fastpath-hooks install causal-conv1d" in line for line in said), said
+    engine.forget()                             # a new process: the command tries now
+    assert cli.main(["install", "causal-conv1d"]) == 0, capsys.readouterr().err
+    assert table.calls["install"] == 2
+    out = capsys.readouterr()
+    assert out.out.startswith("causal-conv1d: installed") and "Connection refused" not in out.out + out.err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["build", "fla"], "fla is not built from source (its wheels are prebuilt); `build` knows causal-conv1d, mamba-ssm"),
     (["build", "causal-conv1d"], "is not a CUDA or ROCm build"),

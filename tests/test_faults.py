@@ -140,7 +140,7 @@ def _rows(base: str, good: str, broken: str) -> list[tuple]:
                            FASTPATH_HOOKS_TIMEOUT="3"),
          ["fla: could not install", "did not finish within 3 s (FASTPATH_HOOKS_TIMEOUT)"], {}),
         ("read-only-site-packages", offline("readonly", HOME="/nonexistent"),
-         ["fla: could not install", "is not writable"], {"uid": NOBODY}),
+         ["fla: not installed - site-packages is not writable; install as the environment's owner"], {"uid": NOBODY}),
         ("corrupt-cache-json", offline("corrupt", wheelhouse=broken),
          ["fla: could not install", "verification failed", "broken on purpose"], {"cache": b"{\"schema\": 2, \"kern\xff"}),
         ("cache-unreadable", offline("unreadable", wheelhouse=broken),

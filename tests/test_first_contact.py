@@ -218,3 +218,117 @@ def test_the_valid_part_keeps_offline_when_its_wheelhouse_is_the_bad_one():
         Settings.from_env(environ)
     settings = _valid_part(environ, exc.value.problems)
     assert (settings.mode, settings.offline, settings.skip, settings.target) == ("report", True, {"fla"}, A100)
+
+
+# -- issue 34's smaller defects ------------------------------------------------------------------
+
+HOPPER = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"   # fla#640: fla with tilelang; causal-conv1d's wheel
+
+
+@pytest.fixture
+def read_only_site(tmp_path):
+    """(python, PYTHONPATH) of a venv whose site-packages cannot be written - a read-only bind mount where this
+    machine lets the tests mount (as root a chmod stops nothing), else a chmod - seeing this checkout and the
+    dev environment's packages (transformers, pip) through PYTHONPATH."""
+    import glob
+    import sysconfig
+
+    venv = tmp_path / "ro-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = glob.glob(str(venv / "lib" / "python3*" / "site-packages"))
+    mounted = subprocess.run(["mount", "--bind", site, site], capture_output=True).returncode == 0
+    if mounted and subprocess.run(["mount", "-o", "remount,bind,ro", site], capture_output=True).returncode != 0:
+        subprocess.run(["umount", site], capture_output=True)
+        mounted = False
+    if not mounted:
+        if os.geteuid() == 0:
+            pytest.skip("cannot mount here, and a chmod does not stop root from writing")
+        os.chmod(site, 0o555)
+    try:
+        yield str(venv / "bin" / "python"), os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]])
+    finally:
+        if mounted:
+            subprocess.run(["umount", site], capture_output=True)
+        else:
+            os.chmod(site, 0o755)
+
+
+def test_a_read_only_site_packages_is_one_cause_said_alike_and_doctor_says_it_cannot(read_only_site, tmp_path):
+    """With site-packages read-only, doctor's Summary said "would install" with no "but cannot" (and its packed-
+    sequence fix promised `fastpath-hooks install fla`), and the same cause was "could not install" for
+    causal-conv1d but "blocked" for tilelang."""
+    python, path = read_only_site
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=HOPPER, LOCAL_RANK="0")
+    doctor = subprocess.run([python, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True, env=env,
+                            cwd=str(tmp_path))
+    assert doctor.returncode == 0, doctor.stderr
+    (summary,) = [line for line in doctor.stdout.splitlines() if line.startswith("Summary: ")]
+    assert "would install" in summary and "but cannot: " in summary and "is not writable" in summary, summary
+    assert "does it now" not in doctor.stdout, doctor.stdout
+    proc = subprocess.run([python, "-m", "fastpath_hooks", "install"], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = {k: [line for line in proc.stderr.splitlines() if line.startswith(f"fastpath-hooks: {k}: ")]
+            for k in ("tilelang", "causal-conv1d")}
+    assert all(len(lines) == 1 for lines in said.values()), said
+    why = {k: lines[0].split(": ", 2)[2] for k, lines in said.items()}
+    assert why["tilelang"] == why["causal-conv1d"], why      # one cause, one way to say it
+    assert why["tilelang"].startswith("not installed - ") and "is not writable" in why["tilelang"], why
+    last = proc.stderr.splitlines()[-1]        # which kernels, and why the exit code, whole
+    assert len(last) <= 160 and last.endswith("needed here but not usable (the reasons are above); exit 1"), last
+
+
+def test_doctor_without_an_installer_promises_no_command_that_cannot_run():
+    """doctor in a venv with no installer said "`fastpath-hooks install fla` does it now" (which exits 1 there)."""
+    from dataclasses import replace
+
+    from fastpath_hooks.decide.packing import packed_sequences
+    from fastpath_hooks.decide.policy import decide
+    from fastpath_hooks.facts import pins as pins_mod
+    from support.worlds import environment
+
+    pins = pins_mod.load()
+    for env, settings in ((environment(uv=None, pip=False), Settings()),
+                          (environment(uv=None), Settings(installer="uv"))):
+        plan = decide(env, settings, pins)
+        failures = packed_sequences(plan, settings, pins, enabled=False)["failures"]
+        fla = next(f for f in failures if f["package"] == "fla")
+        assert "fastpath-hooks install" not in fla["fix"] and "uv" in fla["fix"], fla
+        assert fla["problem"].startswith("fla is not installed") and "no installer can run here" in fla["problem"], fla
+
+
+def test_a_huge_pins_file_is_refused_in_one_line_before_it_is_parsed(tmp_path):
+    """A 208 MB FASTPATH_HOOKS_PINS file was parsed in every process (+1.1 GB). A pins file is small (the shipped
+    one is about 56 KB): a bigger one than the bound is refused, unread, in one line; the shipped pins decide."""
+    pins = tmp_path / "pins.json"
+    with open(pins, "w") as fh:   # valid JSON, 32 MB of it
+        fh.write('{"kernels": {}, "notes": "' + "x" * (32 << 20) + '"}')
+    script = ("import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla');"
+              "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])")   # kB, this image
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=str(tmp_path),
+                          env=_env(tmp_path, FASTPATH_HOOKS_PINS=str(pins), FASTPATH_HOOKS_TARGET=A100, LOCAL_RANK="0"))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "FASTPATH_HOOKS_PINS" in line]
+    assert len(lines) == 1 and "is not valid" in lines[0] and "32 MB; a pins file is at most 1 MB" in lines[0], \
+        proc.stderr
+    assert int(proc.stdout.split()[-1]) < 64_000, f"{proc.stdout.split()[-1]} kB: the file was read"   # it was not read
+
+
+def test_a_posed_target_in_a_training_process_is_said_in_one_line(tmp_path):
+    """FASTPATH_HOOKS_TARGET in a training process (install() at its start) was not announced: every decision
+    was for another machine, silently. Said in one line by the node's printing rank, once per environment
+    and target (a line that would repeat at every start; later starts: the debug log), again for another."""
+    start = [sys.executable, "-c", "import fastpath_hooks; fastpath_hooks.install(); fastpath_hooks.install()"]
+
+    def said(target, **extra):
+        env = _env(tmp_path, **{"FASTPATH_HOOKS_TARGET": target, "LOCAL_RANK": "0", **extra})
+        proc = subprocess.run(start, capture_output=True, text=True, env=env, cwd=str(tmp_path))
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr.splitlines()
+
+    line = f"fastpath-hooks: posing {A100}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this machine)"
+    assert said(A100, LOCAL_RANK="1") == []          # another rank of the node says nothing
+    assert said(A100) == [line]                      # once in the process, though install() ran twice
+    assert said(A100) == []                          # the settings known valid (a marker), the line said before
+    assert any(line[len("fastpath-hooks: "):] in debug for debug in said(A100, FASTPATH_HOOKS_LOG="debug"))
+    assert said(HOPPER) == [line.replace(A100, HOPPER)]   # another machine posed: said

@@ -159,9 +159,11 @@ def test_fla_looking_for_flash_qla_at_its_first_call_installs_nothing(world, tmp
 
     import fastpath_hooks
 
+    from support.worlds import write_dist_info
+
     site = tmp_path / "site"
-    (site / "fla").mkdir(parents=True)
-    (site / "fla" / "__init__.py").write_text("")
+    site.mkdir()
+    write_dist_info(str(site), "fla-core", "0.6.0", {"fla/__init__.py": ""})   # fla installed: its metadata says so
     monkeypatch.syspath_prepend(str(site))
     # modeling modules other tests imported into this process would make install()'s late pass decide (and
     # import fla) already: out of sight for this test, back after it

@@ -311,6 +311,25 @@ def test_install_kernels_accepts_any_spelling_of_a_distribution_name(hooks_env, 
     assert not [e for e in events if e["type"] == "error"], events
 
 
+@pytest.mark.parametrize("kernels", ["causal-conv1d,mamba-ssm", "causal_conv1d, mamba_ssm", "causal-conv1d mamba-ssm",
+                                     ["causal-conv1d,mamba-ssm"]])
+def test_install_kernels_accepts_the_comma_form_of_fastpath_hooks_skip(hooks_env, kernels):
+    """Issue 34, defect 5: `install(kernels="causal-conv1d,mamba-ssm")` managed no kernel at all."""
+    events = []
+    fastpath_hooks.install(kernels=kernels, on_event=events.append)
+    assert not [e for e in events if e["type"] == "error"], events
+    assert hooks.selected("causal-conv1d") and hooks.selected("mamba-ssm") and not hooks.selected("fla")
+
+
+def test_install_kernels_naming_no_known_kernel_says_that_none_is_managed(hooks_env):
+    events = []
+    fastpath_hooks.install(kernels="causal-convld", on_event=events.append)
+    (error,) = [e for e in events if e["type"] == "error"]
+    assert "unknown kernel 'causal-convld'; did you mean causal-conv1d?" in error["message"], error
+    assert "no kernel is managed" in error["message"], error
+    assert not hooks.selected("causal-conv1d")
+
+
 def test_install_again_after_the_wrappers_stepped_aside_does_not_wrap_again(hooks_env):
     where = {name: holders(gate) for name, gate in ORIGINALS.items()}
     fastpath_hooks.install()
@@ -382,3 +401,32 @@ def test_a_gate_refresh_that_throws_keeps_the_kernel_blocked(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"], proc.stderr
     assert "fla: blocked" in proc.stderr and "internal error" in proc.stderr and "broken finder" in proc.stderr
+
+
+# -- a kernel is here when its distribution's metadata is (issue 34, defect 4) ------------------
+
+HOPPER = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"   # fla#640: fla needs tilelang here
+
+
+def test_an_empty_fla_directory_does_not_make_tilelang_ours_to_install(tmp_path):
+    """What `pip uninstall fla-core flash-linear-attention` can leave: an empty `fla/` (a namespace package to
+    the path finder). Another package's optional `import tilelang` (mamba-ssm's) must not install the tilelang
+    pair "for fla" then - only fla's metadata says fla is here."""
+    site = tmp_path / "site"
+    (site / "fla").mkdir(parents=True)
+    env = venvs.clean_env(PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fastpath_hooks.__file__)),
+                                                       str(site)]),
+                          FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), FASTPATH_HOOKS_TARGET=HOPPER,
+                          FASTPATH_HOOKS_MODE="report", LOCAL_RANK="0")
+    script = "import importlib.util, fastpath_hooks; fastpath_hooks.install(); print(importlib.util.find_spec('tilelang'))"
+
+    def tilelang_lines():
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stdout + proc.stderr
+        return [line for line in proc.stderr.splitlines() if "tilelang" in line]
+
+    assert tilelang_lines() == []              # not ours: the import goes on as without fastpath-hooks
+    info = site / "fla_core-0.6.0.dist-info"   # fla's metadata there: tilelang is fla's, decided as such
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fla-core\nVersion: 0.6.0\n\n")
+    assert any("tilelang: would install" in line for line in tilelang_lines())

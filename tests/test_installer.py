@@ -308,7 +308,8 @@ def test_fla_whose_import_raises_is_rolled_back(venv, fresh, tmp_path, make_whee
     assert guarded.site_entries(venv) == [] and guarded.kernel_versions(venv) == {}
     again, proc2 = guarded.ask(venv, "fla", env)
     assert again["runs_first"] == 0 and again["first"] == result["first"], proc2.stderr
-    assert "broken on purpose" in proc2.stderr and "FASTPATH_HOOKS_RETRY_AFTER" in proc2.stderr
+    assert "broken on purpose" in proc2.stderr and " s ago: " in proc2.stderr      # remembered: why, and when
+    assert "(now: fastpath-hooks install fla)" in proc2.stderr                     # and the command that tries now
     assert_untouched(venv, fresh)
 
 

@@ -206,6 +206,95 @@ def test_every_rule_is_said_within_the_width_with_its_reason_and_fix():
     print(f"{len(said)} rules; the longest line ({len(PREFIX + longest[1][0])} characters): {longest[0]}: {longest[1][0]}")
 
 
+# -- a kernel's line composed with its dependency's reason (issue 34, defect 3) ------------------
+
+FLA_INSTALLED = {"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"}
+
+
+def _composing(pins) -> set:
+    """The rule ids whose line is composed with a dependency's short reason and fix (`{hazard_line}`:
+    fla's under fla#640, with tilelang's)."""
+    return {rule for rule, r in rule_ids.declared(pins).items() if r.line and "{hazard_line}" in r.line}
+
+
+def _variants(row):
+    """The row as it is, and with the kernel a hazard concerns installed and not (fla's hazard.skip and
+    hazard.block compose the same dependency's reasons): each as a row of its own decision's rule."""
+    out = [row]
+    for dists in ({**row.dists, **FLA_INSTALLED}, {**row.dists, **{d: None for d in FLA_INSTALLED}}):
+        if all(row.dists.get(d) == v for d, v in dists.items()):
+            continue   # the row as it is
+        variant = dataclasses.replace(row, dists=dists)
+        out.append(dataclasses.replace(variant, rule=decided(variant, variant.env, variant.dists, variant.settings)[3].rule))
+    return out
+
+
+def _dependency_missing(row) -> bool:
+    """A hazard applies in the row, and the kernel it needs is skipped or blocked (what a composed line says)."""
+    from fastpath_hooks.decide.common import Context
+    from fastpath_hooks.decide.plan import BLOCK, SKIP
+
+    environment, settings, pins, _, plan = decided(row, row.env, row.dists, row.settings)
+    ctx = Context(environment, settings, pins, False)
+    return any(ctx.hazards(hz.kernel) and plan[hz.needs].action in (SKIP, BLOCK) for hz in pins.hazards)
+
+
+def _kept_parts(template: str, values: dict) -> list:
+    """The parts of a rule's line a compact form must keep: its text outside `[...]`, filled."""
+    from fastpath_hooks.decide import short
+
+    return [short.fill(part, values) for part in re.split(r"\[[^\[\]]*\]", template) if part.strip(" ;,")]
+
+
+def test_every_line_composed_with_a_dependencys_reason_keeps_both_within_the_width():
+    """fla's line under fla#640 names why tilelang is missing and tilelang's fix (`fla: not installed - fla#640
+    ... needs tilelang: offline; ... lacks a known-good pair (fastpath-hooks download gets them)`). Every pair of
+    a composing rule and a dependency's rule the rows reach - each row also with fla installed and not - with the
+    longest realistic inputs: within the width, the hazard, the dependency's reason (its text outside `[...]`,
+    the rest goes first) and its fix whole."""
+    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide.common import Context
+    from fastpath_hooks.decide.plan import BLOCK, SKIP
+
+    composing = _composing(PINS)
+    assert composing == {"fla.hazard.skip", "fla.hazard.block"}, composing
+    pairs, under_hazard, problems = {}, set(), []
+    for row in (r for r in ROWS if r.via is None and _dependency_missing(r)):
+        for variant in _variants(row):
+            (environment, settings, pins, _, plan), _, _ = lengthened(variant)
+            ctx = Context(environment, settings, pins, False)
+            for hz in pins.hazards:
+                dep = plan[hz.needs]
+                if dep.action in (SKIP, BLOCK) and ctx.hazards(hz.kernel) and hz.kernel not in settings.skip:
+                    under_hazard.add(dep.rule)
+            for d in plan.decisions.values():
+                if d.rule not in composing:
+                    continue
+                hz = next(h for h in pins.hazards if h.id == d.facts["hazard"] and h.kernel == d.kernel)
+                dep = plan[hz.needs]
+                line = short.line(d)
+                where = f"{row.id}: {d.rule} + {dep.rule}: {PREFIX + line!r} ({len(PREFIX + line)} characters)"
+                values = short.slots(ctx, dep)
+                dep_rule = rule_ids.lookup(pins, dep.rule)
+                kept = _kept_parts(dep_rule.line, values) if dep_rule and dep_rule.line else [dep.reason.split("; ")[0]]
+                checks = {f"within {MAX_LINE}": len(PREFIX + line) <= MAX_LINE and fit(line) == PREFIX + line,
+                          "the kernel and outcome": line.startswith(f"{d.kernel}: {short.outcome(d)} - "),
+                          "the hazard": f"{hz.id} " in line and f"needs {hz.needs}: " in line,
+                          "the dependency's reason": all(part in line for part in kept),
+                          "its fix": line.endswith(f" ({dep.short_fix or hz.fix})"),
+                          "nothing cut": "..." not in line}
+                failed = [name for name, ok in checks.items() if not ok]
+                if failed:
+                    problems.append(f"{where}: not {', '.join(failed)} (kept: {kept})")
+                pairs.setdefault((d.rule, dep.rule), line)
+    assert not problems, "\n".join(problems)
+    composed = {dep for _, dep in pairs}
+    assert under_hazard and under_hazard <= composed, f"never composed: {sorted(under_hazard - composed)}"
+    assert {rule for rule, _ in pairs} == composing
+    longest = max(pairs.values(), key=len)
+    print(f"{len(pairs)} pairs; the longest ({len(PREFIX + longest)} characters): {longest}")
+
+
 # -- the engine says exactly these lines --------------------------------------------------------
 
 @pytest.fixture
@@ -286,8 +375,8 @@ def start(env: dict, *args) -> list:
     proc = subprocess.run([sys.executable, *(args or ("-c", START))], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    return [line for line in (proc.stderr if not args else proc.stdout).splitlines()
-            if args or line.startswith(PREFIX)]
+    return [line for line in (proc.stderr if not args else proc.stdout).splitlines()   # the posed target's own
+            if args or (line.startswith(PREFIX) and not line.startswith(f"{PREFIX}posing "))]   # line aside
 
 
 def test_a_later_start_names_the_missing_kernel_and_doctor_in_one_line(tmp_path):
@@ -382,3 +471,43 @@ def test_a_measured_error_is_said_with_the_fix_within_the_width(kernel, detail):
     assert said in (detail, detail.split(" (tolerance")[0]) or "sm_90" in said, said
     if len(detail) < 90 and kernel != "causal-conv1d":
         assert "differs from torch by" in said, said       # the measure itself whenever it fits
+
+
+# -- a handed-over error keeps the error itself (issue 34, defect 3) ---------------------------------
+
+SITE = HOME + "/.venv/lib/python3.12/site-packages"
+WHEEL = "causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+HANDED_OVER = [   # (what the installer or the download hands over, as the real parts compose it; what must stay)
+    (f"Processing /tmp/fph-work/{WHEEL}\nInstalling collected packages: causal-conv1d\nERROR: Could not install "
+     f"packages due to an OSError: [Errno 28] No space left on device: '{SITE}/causal_conv1d_cuda.cpython-312-x86_64-"
+     "linux-gnu.so'\n", "pip", "[Errno 28] No space left on device"),
+    (f"Resolved 1 package in 3ms\nerror: Failed to install: {WHEEL} (causal-conv1d==1.6.2.post1)\n  Caused by: failed "
+     f"to write to file `{SITE}/causal_conv1d_cuda.cpython-312-x86_64-linux-gnu.so`: No space left on device (os error "
+     "28)\n", "uv", "No space left on device (os error 28)"),
+    (None, None, "Connection refused"),
+]
+
+
+@pytest.mark.parametrize("output, installer, kept", HANDED_OVER, ids=["pip-disk-full", "uv-disk-full", "download-refused"])
+def test_an_install_failure_line_keeps_the_error_itself(output, installer, kept, speaking, monkeypatch, tmp_path,
+                                                        capsys):
+    """The disk-full install line ended `ERROR: Could...` before "No space left on device"; a refused download
+    ended in the middle of its URL. What failed (its start), the error itself and the pointer stay."""
+    from fastpath_hooks.act.runner import summary
+    from support.worlds import environment
+
+    if output is None:   # act/fetch.py's words, the mirror's own variable named after them
+        url = "http://127.0.0.1:40221/files/" + WHEEL.replace("+", "%2B")
+        text = (f"could not download {url}: <urlopen error [Errno 111] Connection refused> "
+                "(FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL points at a mirror)")
+    else:                # act/installer.py's: the step's label, the installer's exit, its output's summary
+        text = f"installing {WHEEL} failed ({installer} exit {1 if installer == 'pip' else 2}): {summary(output)}"
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "said"))
+    world = TableWorld(environment(), tmp_path, settings=Settings())
+    world.install_error = text
+    assert world.run("causal-conv1d").outcome.state == "failed"
+    engine.use_world(None)
+    (line,) = [ln for ln in said_lines(capsys) if "could not install" in ln]
+    assert len(line) <= MAX_LINE and line == fit(line[len(PREFIX):]), line
+    assert kept in line and line.endswith("(the whole: fastpath-hooks doctor)"), line
+    assert line.startswith(f"{PREFIX}causal-conv1d: could not install - {text.split()[0]} "), line   # what failed

@@ -259,6 +259,9 @@ def test_the_start_up_readers_and_settings_agree(tmp_path):
                 assert parsed == raw_value == _names.DEFAULT_LOG
             elif name == _names.CACHE_DIR and not raw.strip():
                 assert parsed is None and raw_value is None
+            elif name == _names.CACHE_DIR:   # the root each uses: a refused one (relative) is the default root
+                assert _environ.cache_root_from_environ({name: raw}) == (parsed or _environ.default_cache_root({}))
+                assert parsed == (raw_value if os.path.isabs(raw_value) else None), (raw, parsed, raw_value)
             else:
                 assert parsed == raw_value, (name, raw, parsed, raw_value)
 

@@ -172,13 +172,18 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
         assert re.search(rf"{kernel}: installed .* in [\d.]+ s with \w+; import check remembered\n", proc.stderr), \
             proc.stderr
     assert "verified in a child process" not in proc.stderr
-    # another environment for the import (another PYTHONPATH): one child checks both kernels
+    # one installer call in all: the wheels and the dependencies they lack (einops), no separate call for those
+    # (issue 34: a later environment ran two installer calls and a check child, three Python children with pip)
+    assert len(_installs(started)) == 1 and started == _installs(started), started
+    # another environment for the import (another PYTHONPATH), pip the installer: one child checks both kernels,
+    # after one installer call - two Python children in all
     third = make_venv()
-    other = dict(env, PYTHONPATH=str(tmp_path))
+    other = dict(env, PYTHONPATH=str(tmp_path), FASTPATH_HOOKS_INSTALLER="pip")
     proc3, started3 = _counted(third, "install", "mamba-ssm", env=other, spawns=str(tmp_path / "spawns2b.jsonl"))
     assert proc3.returncode == 0, proc3.stderr
     children = _verification_children(started3)
     assert len(children) == 1, children                       # one child checked both kernels
+    assert len(started3) == 2 and len(_installs(started3)) == 1, started3
     assert proc3.stderr.count("; verified in a child process") == 2, proc3.stderr
     payload = json.loads(children[0][-1])
     assert [spec["modules"][0] for spec in payload] == ["causal_conv1d", "mamba_ssm"]   # dependency order
@@ -194,6 +199,30 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     # and the next start in that environment: both good, nothing started at all
     proc, started = _counted(second, "install", "mamba-ssm", env=env, spawns=str(tmp_path / "spawns3.jsonl"))
     assert proc.returncode == 0 and started == [], started
+
+
+def test_a_dependency_installed_with_the_wheels_gets_what_it_needs_in_a_second_call(make_venv, make_wheelhouse,
+                                                                                    test_pins, tmp_path):
+    """The batch's dependencies go in the wheels' one call without theirs (`--no-deps`); one that needs another
+    not installed (depa needs depb) gets it from a second, resolving call - only then."""
+    from conftest import A100, CAUSAL_WHEEL
+    from fastpath_hooks.facts import pins as pins_mod
+
+    house = make_wheelhouse(causal=True)
+    mamba = f"mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
+    wheels.mamba_ssm_wheel(house, filename=mamba)
+    wheels.build_wheel(house, "depa", "1.0", {"depa/__init__.py": ""}, requires=("depb>=2",))
+    wheels.build_wheel(house, "depb", "2.1", {"depb/__init__.py": ""})
+    pins = test_pins(house, extra={"kernels": {"mamba-ssm": {"runtime_deps": ["einops", "depa"]}},
+                                   "allowed_distributions": {"names": list(pins_mod.load().allowed) + ["depa", "depb"]}})
+    venv = make_venv()
+    env = offline_env(house, A100, cache_dir=str(tmp_path / "cache"), pins=pins, FASTPATH_HOOKS_INSTALLER="uv")
+    proc, started = _counted(venv, "install", "mamba-ssm", env=env, spawns=str(tmp_path / "spawns.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    first, second = _installs(started)
+    assert "--no-deps" in first and "depa" in first and {CAUSAL_WHEEL, mamba} <= {os.path.basename(a) for a in first}
+    assert "--no-deps" not in second and "depa" in second and not [a for a in second if a.endswith(".whl")]
+    assert venv.versions()["depb"] == "2.1" and venv.versions()["depa"] == "1.0"
 
 
 # -- prebuilt wheels from a package index, before any build ----------------------------------------

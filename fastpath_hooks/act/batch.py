@@ -7,11 +7,13 @@ mamba-ssm), with the environment lock held. The steps run as the guarded install
 kernel's (act/installer.py: allow-list, constraints, a check after every step, a journal that a
 killed run is rolled back from), only fewer processes start:
 
-- the DEPS steps of every member: one call;
+- the DEPS steps of every member: one call, first - where a member builds (its build imports them);
 - each member's wheel made local: a cached or wheelhouse file, a download, an index lookup (its
   fallback the build after it), or a source build - the builds run at the same time, each with its
   share of the cores (decide.build_time.core_budget), so the wall time is the longest build's, not the sum;
-- the wheels: one installer call;
+- the wheels: one installer call - with the dependencies they lack where nothing builds
+  (decide.batches.deps_with_wheels: a later environment's cached kernels in one call), `--no-deps`,
+  then a resolving call for those dependencies only where one of them lacks what it needs;
 - one child imports every member's modules in dependency order and runs the numeric checks of
   those that have one here (act/verify.verify_many; act/numeric.py: remembered per installed files,
   GPU arch and torch build, so a later environment runs none).
@@ -32,10 +34,13 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from .. import events
+from ..decide.batches import deps_with_wheels
 from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
-from ..facts.distributions import scan, site_packages
+from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields
 from .installer import (InstallError, InstallResult, _cache_wheel, _build_step, _check_changes, _check_result,
                         _restart_advised, _run_step, _versions, allowed_steps, index_wheel)
@@ -141,7 +146,8 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                 fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
             now = None
             deps = _merged(s for k in steps for s in steps[k] if s.kind == StepKind.DEPS)
-            if deps is not None:
+            with_wheels = deps is not None and deps_with_wheels(members)
+            if deps is not None and not with_wheels:
                 counter["children"] += 1
                 installer = _run_step(deps, installer=installer, settings=settings, env=env, cfile=cfile, local=None,
                                       kernel=lead, work=tx_work, scratch=scratch, started=tx.record_group)
@@ -152,13 +158,19 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
             if dropped:
                 raise _Dropped(dropped)
             files = [path for d in members for path, _ in made[d.kernel]]
-            wheel = Step(kind=StepKind.WHEEL, requirements=tuple(os.path.basename(p) for p in files), no_deps=True,
+            named = tuple(deps.requirements) if with_wheels else ()
+            wheel = Step(kind=StepKind.WHEEL, requirements=named + tuple(os.path.basename(p) for p in files), no_deps=True,
                          force=any(s.force for k in steps for s in steps[k]))
             counter["children"] += 1
             installer = _run_step(wheel, installer=installer, settings=settings, env=env, cfile=cfile, local=None,
                                   kernel=lead, work=tx_work, scratch=scratch, started=tx.record_group,
                                   local_files=tuple(files))
             now = scan()
+            if with_wheels and _unmet(deps.names, now[0]):   # what they need in turn: resolved, only now
+                counter["children"] += 1
+                installer = _run_step(deps, installer=installer, settings=settings, env=env, cfile=cfile, local=None,
+                                      kernel=lead, work=tx_work, scratch=scratch, started=tx.record_group)
+                now = scan()
             after = _versions(now[0])
             _check_changes(after, protected_before, real_before, pins)
             for d in members:
@@ -203,6 +215,41 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                                     seconds, installer, restart, scan=now,
                                     checked="verified in a child process" if r.child else REMEMBERED)
             for d, r in zip(members, checks)}
+
+
+def _unmet(names, found: dict) -> list:
+    """The requirements of the distributions `names` - installed without theirs (`--no-deps`) - that
+    nothing installed satisfies: their METADATA's Requires-Dist, markers evaluated, extras' aside."""
+    out = []
+    for name in names:
+        dist = found.get(canonical_name(name))
+        for raw in _requires_dist(dist.path) if dist is not None else ():
+            try:
+                req = Requirement(raw)
+            except InvalidRequirement:
+                out.append(raw)
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = found.get(canonical_name(req.name))
+            if have is None or not req.specifier.contains(have.version, prereleases=True):
+                out.append(str(req))
+    return out
+
+
+def _requires_dist(info: str) -> list:
+    """The Requires-Dist lines of a dist-info's METADATA (its header, up to the first blank line)."""
+    out = []
+    try:
+        with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                if line.startswith("Requires-Dist:"):
+                    out.append(line.split(":", 1)[1].strip())
+    except OSError:
+        pass
+    return out
 
 
 def _merged(steps) -> Step | None:

@@ -3,8 +3,9 @@
 The compiled kernels of a request (mamba-ssm and the causal-conv1d it is used with; the kernels
 `fastpath-hooks install` is given; the ones a modeling module being imported names) whose
 decisions install wheels or build, and whose other needs are already usable, go in one batch: their
-builds side by side, their dependencies and wheels in one installer call each, one verification
-child (act/batch.py). The first of them in dependency order leads it - the one the engine reaches
+builds side by side, their wheels in one installer call - with the dependencies they lack where no
+member builds (`deps_with_wheels`; a build imports them, so they go first then) - and one
+verification child (act/batch.py). The first of them in dependency order leads it - the one the engine reaches
 first, as every other one needs it or is decided after it. `plan` and `doctor` show the same
 batches (report.commands_for), the engine runs them (engine/batch_install.py).
 """
@@ -19,6 +20,13 @@ BATCHED_STEPS = frozenset({StepKind.DEPS, StepKind.WHEEL, StepKind.INDEX, StepKi
 def batchable(decision, pins) -> bool:
     return (decision.action == INSTALL and pins.kernel(decision.kernel).kind == "compiled" and bool(decision.steps)
             and all(s.kind in BATCHED_STEPS for s in decision.steps))
+
+
+def deps_with_wheels(members) -> bool:
+    """Whether the batch's dependencies go into its wheels' installer call (`--no-deps`, one call: a later
+    environment's cached kernels) - where no member builds, so nothing needs them before its wheel is
+    there. What those dependencies need in turn is resolved by a second call, only where one lacks it."""
+    return not any(s.kind == StepKind.BUILD for d in members for s in d.steps)
 
 
 def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:

@@ -37,7 +37,11 @@ def installer_choice(settings, env) -> tuple:
     """(uv, pip or None, why). Auto mode prefers uv, except where pip is configured with its own index or
     find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
     the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
-    run here (`uv venv` makes no pip, and uv may not be on PATH); `why` names the fix."""
+    run here (`uv venv` makes no pip, and uv may not be on PATH; site-packages cannot be written); `why` is
+    `<what is missing>; <the fix>`."""
+    if env.unwritable_site:
+        return None, (f"site-packages is not writable ({env.unwritable_site}); install as the environment's owner, "
+                      "or set FASTPATH_HOOKS_SKIP")
     if settings.installer == "uv" and not env.uv:
         return None, ("FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run "
                       "`python -m ensurepip`")
@@ -144,8 +148,11 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind in (StepKind.WHEEL, StepKind.INDEX):
-        reqs = list(local_files) or [local_file or step.url or step.requirements[0]]
+    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/batch.py)
+        named = [r for r in step.requirements
+                 if step.kind == StepKind.WHEEL and not r.endswith(".whl") and r not in local_files]
+        files = [r for r in step.requirements if r not in named]
+        reqs = named + (list(local_files) or [local_file or step.url or files[0]])
     if installer == "uv":
         argv = [uv or "uv", "pip", "install", "--python", python]
         if step.no_deps:

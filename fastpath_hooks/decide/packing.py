@@ -8,6 +8,7 @@ reports it; nothing here acts.
 
 from __future__ import annotations
 
+from .commands import installer_choice
 from .plan import BLOCK, INSTALL, OK, REPAIR
 
 
@@ -50,6 +51,10 @@ def _failure(package, plan, settings, enabled: bool) -> dict | None:
         if settings.mode == "report":
             return {"action": decision.action, "problem": problem + " and FASTPATH_HOOKS_MODE=report installs nothing",
                     "fix": f"unset FASTPATH_HOOKS_MODE: fastpath-hooks would then {what}"}
+        installer, why = installer_choice(settings, plan.environment)
+        if installer is None:   # no command of ours can do it here: the fix is what lets one run
+            return {"action": decision.action, "problem": problem + ", and no installer can run here",
+                    "fix": f"{why}; fastpath-hooks would then {what}"}
         if enabled:
             return None  # done at the first import, before transformers needs it
         return {"action": decision.action, "problem": problem,

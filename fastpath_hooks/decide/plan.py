@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
@@ -64,13 +64,21 @@ class Want:
 
 
 def _want(kind: str, raw: str) -> Want:
-    if kind == StepKind.WHEEL or raw.endswith(".whl"):
+    if raw.endswith(".whl") or (kind == StepKind.WHEEL and not _requirement(raw)):
         parsed = parse_wheel(raw)
         if parsed is None:  # not a standard name: its distribution is what comes before the version
             return Want(wheel_distribution(raw), FrozenSpecifierSet())
         return Want(parsed.distribution, FrozenSpecifierSet(f"=={parsed.version}"))
-    req = Requirement(raw)
+    req = Requirement(raw)   # a wheel step's dependency by name, too (act/batch.py: its wheels' call)
     return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
+
+
+def _requirement(raw: str) -> bool:
+    try:
+        Requirement(raw)
+        return True
+    except InvalidRequirement:
+        return False
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,7 @@ PAIR = {
     "repair.{problem}": Rule(_S, "the installed pair is broken, half-installed or incomplete: repair it",
                              line="{problem}; replacing it with {target}", fix=""),
     "repair.{problem}.offline-missing": Rule(_W, "a broken pair, offline, the wheelhouse lacks the repair: blocked",
-                                             line="{problem}; offline, lacking {missing}",
+                                             line="{problem}; offline[, lacking {missing}]",
                                              fix=FETCH),
     "repair.{problem}.unrepairable": Rule(_W, "a broken pair the pins know no repair for: blocked",
                                           line="{problem}; no known-good pair for this GPU", fix=PINS_FILE),

@@ -21,6 +21,7 @@ import re
 import string
 from dataclasses import replace
 
+from ..events.lines import MAX_LINE, PREFIX
 from . import rule_ids
 
 _FORMATTER = string.Formatter()
@@ -132,6 +133,27 @@ def fill(template: str, values: dict) -> str:
         return part.format_map(values) if all(values.get(f) for f in fields) else ""
 
     return _GROUP.sub(group, template).format_map(values)
+
+
+def compact(ctx, decision) -> str:
+    """The decision's short reason without its optional parts (`[...]`, the least important): what a line
+    that composes it with another kernel's says where the whole does not fit (`fitting`); "" where its
+    rule has no short form or nothing would be left."""
+    rule = rule_ids.lookup(ctx.pins, decision.rule)
+    bare = _GROUP.sub("", rule.line) if rule is not None and rule.line else ""
+    if not bare.strip(" ;,"):
+        return ""
+    try:
+        return bare.format_map(slots(ctx, decision))
+    except (KeyError, ValueError, IndexError):
+        return ""
+
+
+def fitting(kernel: str, outcome_word: str, reasons, fix: str = "") -> str:
+    """The first of a composed line's reasons, most whole first, with which `<kernel>: <outcome> - <reason>
+    (<fix>)` fits the line width; else the last (events.fit cuts it: tests/test_lines.py says which)."""
+    reasons = list(reasons)
+    return next((r for r in reasons if len(PREFIX + compose(kernel, outcome_word, r, fix)) <= MAX_LINE), reasons[-1])
 
 
 def strict(ctx, decision) -> tuple:

@@ -55,10 +55,12 @@ def before_import(kernel: str) -> str | None:
     return ensure(kernel).block
 
 
-def ensure(kernel: str, *, target: str | None = None) -> Outcome:
+def ensure(kernel: str, *, target: str | None = None, now: bool = False) -> Outcome:
     """The kernel's outcome in this process: decided by the first caller, waited for by the others.
     `target`: decide it for a posed machine (`fastpath-hooks install --target`), as
-    FASTPATH_HOOKS_TARGET would - a parameter, never written into the environment."""
+    FASTPATH_HOOKS_TARGET would - a parameter, never written into the environment.
+    `now`: a command the user typed (`fastpath-hooks install`) - a failure remembered from an earlier
+    attempt is tried again now, for the kernels it needs too; it only spares interpreter starts."""
     while True:
         future, mine = _registry.claim((kernel, target))
         if not mine:
@@ -68,14 +70,14 @@ def ensure(kernel: str, *, target: str | None = None) -> Outcome:
             continue  # its runner gave up (an exception such as Ctrl-C went through it): claim it again
         finished = False
         try:
-            outcome, simulated, wants = _decide(kernel, target)
+            outcome, simulated, wants = _decide(kernel, target, now)
             _registry.finish(future, outcome, simulated)
             finished = True
         finally:
             if not finished:
                 _registry.abandon(future)
         for backend in wants:   # after this kernel is decided (they need it), before its import goes on
-            ensure(backend, target=target)
+            ensure(backend, target=target, now=now)
         return outcome
 
 
@@ -248,7 +250,7 @@ if hasattr(os, "register_at_fork"):
 
 # -- one decision: the warm verdict, else the state machine ---------------------------------
 
-def _decide(kernel: str, target: str | None):
+def _decide(kernel: str, target: str | None, now: bool = False):
     """(Outcome, simulated accelerator kind, the backends to ensure next); never raises an Exception.
     A warm hit ensures no backend: one that is installed is decided when the kernel it serves looks
     for it (the finder watches its module), and one that is not had its chance under this signature."""
@@ -262,8 +264,9 @@ def _decide(kernel: str, target: str | None):
         from . import machine
         from .outcome import GOOD
 
-        run = machine.run(kernel, needs=lambda other: ensure(other, target=target), world=current_world(),
-                          captured=captured, target=target, signature=signature, request=lambda: _request(target))
+        run = machine.run(kernel, needs=lambda other: ensure(other, target=target, now=now), world=current_world(),
+                          captured=captured, target=target, signature=signature, request=lambda: _request(target),
+                          now=now)
         wants = run.decision.wants if run.decision is not None and run.outcome.state in GOOD else ()
         return run.outcome, _simulated(run.posed), wants
     except Exception as exc:  # never into the user's import

@@ -90,8 +90,8 @@ def check_settings() -> bool:
 def unusable_cache_dir(settings) -> None:
     """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
     if settings.cache_dir_unusable:
-        fix = " (set it to a directory you can write)"
         given, problem, instead = settings.cache_dir_refused or (None, None, None)
+        fix = " (set it to an absolute path)" if problem == "is a relative path" else " (set it to a directory you can write)"
         line = settings.cache_dir_unusable + fix
         if given is not None:   # the long paths are details: said short, or left to doctor
             line = first_fitting(line, f"{CACHE_DIR}={given} {problem}; using {shown_path(instead)} instead{fix}",

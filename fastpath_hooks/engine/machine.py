@@ -14,7 +14,8 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
 - NEEDS: the kernels this one needs first (fla on Hopper: tilelang), each through `needs` (the
   engine's `ensure`), while this thread holds no lock: a dependency is decided once, by whoever asks first.
 - CACHED: the verdict cache under the fingerprint of the facts this kernel depends on: a kernel verified
-  before is not verified again; a failed attempt is not retried for FASTPATH_HOOKS_RETRY_AFTER seconds.
+  before is not verified again; a failed attempt is not retried for FASTPATH_HOOKS_RETRY_AFTER seconds -
+  by interpreter starts: a command the user typed (`now`: `fastpath-hooks install`) tries again at once.
 - LOCK, CHECK: the environment lock (one process - and one thread - installs or verifies at a time).
   Under it the stamp is taken again: only when the environment changed meanwhile (another process
   installed, repaired or built while this one waited) is the world read again. The verdicts are
@@ -36,6 +37,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
+from ..events.lines import first_fitting
 from ..act.verdicts import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
@@ -71,6 +73,7 @@ class Run:
     signature: str | None = None      # the warm signature of `captured`, computed by the engine just before
     needs: object = None              # kernel -> Outcome: how a kernel needed first is decided (ensure)
     request: object = None            # () -> world.Request: the kernels of this request (the batch at INSTALL)
+    now: bool = False                 # asked by a command the user typed: a remembered failure is tried again
     settings: object = None
     pins: object = None
     invalid: str | None = None        # why report mode although nobody asked for it (a bad variable/pins file)
@@ -110,13 +113,14 @@ class Run:
 
 
 def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None,
-        request=None) -> Run:
+        request=None, now: bool = False) -> Run:
     """Decide `kernel` (the engine makes sure this runs once per process); the final Run.
     `needs(other)` -> Outcome decides a kernel this one needs first (the engine's `ensure`);
     `signature`: the warm signature of `captured` the engine just computed (the first stamp uses it);
-    `request()` -> world.Request: the other kernels of this request, installed with it where they can be."""
+    `request()` -> world.Request: the other kernels of this request, installed with it where they can be;
+    `now`: a command the user typed - a failure remembered from an earlier attempt is not replayed."""
     state, current = State.CONTEXT, Run(kernel, world=world, captured=captured, target=target, needs=needs,
-                                        signature=signature, request=request)
+                                        signature=signature, request=request, now=now)
     try:
         while state is not State.DONE:
             before = state
@@ -331,8 +335,12 @@ def _install(run: Run):
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
-        events.warning(engine_line(f"{kernel}: {short.NOT_INSTALLED} - ", why), kernel, once=f"fail-{kernel}",
-                       persist=f"{current.rule}:no-installer:{why}", reminder=reminder_for(run.pins, kernel))
+        head = f"{kernel}: {short.NOT_INSTALLED} - "
+        reason, _, fix = why.partition("; ")     # `<what is missing>; <the fix>` (decide/commands.py)
+        bare = reason.split(" (", 1)[0]          # a path in parentheses is detail: doctor shows it
+        events.warning(first_fitting(head + why, f"{head}{bare}; {fix}", engine_line(head, bare, fix)), kernel,
+                       once=f"fail-{kernel}", persist=f"{current.rule}:no-installer:{why}",
+                       reminder=reminder_for(run.pins, kernel), detail=head + why)
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     batch = batch_of(run)
     if len(batch) > 1:
@@ -408,10 +416,11 @@ STEP = {
 
 def _known(run: Run) -> Outcome | None:
     """The cached verdict of an installed kernel: good, or a failure remembered for
-    FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers)."""
+    FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers - unless a command
+    the user typed asks: `now`)."""
     decision = run.decision
     cached = run.cache.get(run.kernel, run.fingerprint)
-    if cached is None:
+    if cached is None or (run.now and cached["state"] == FAILED):
         return None
     if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
@@ -420,6 +429,10 @@ def _known(run: Run) -> Outcome | None:
 
 
 def _remembered_failure(run: Run) -> Outcome | None:
+    """A failure remembered from an earlier attempt, said again instead of trying - at interpreter starts;
+    a command the user typed (`now`) tries."""
+    if run.now:
+        return None
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is not None and cached["state"] == FAILED:
         return failed_outcome(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)

@@ -7,9 +7,11 @@ module only says it - at the severity and once-key each line has always had.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from .. import events
+from ..events.lines import first_fitting, fitted
 from .._registry import registry
 from .outcome import Outcome, OutcomeState, apply_env
 from ..decide import short
@@ -96,8 +98,13 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
     apply_env(decision.kernel, decision.off, "it is not usable here")
     persist, reminder = None, None
     if remembered is not None:
-        retry = _retry_in(remembered, settings)
-        message = engine_line(f"{decision.kernel}: failed, retry in {retry} (FASTPATH_HOOKS_RETRY_AFTER): ", reason)
+        # when it was seen, why, and the command that tries now (a start tries again after RETRY_AFTER)
+        ago, retry = _ago(remembered), _retry_in(remembered, settings)
+        head, now = f"{decision.kernel}: failed {ago} ago: ", f"now: fastpath-hooks install {decision.kernel}"
+        message = first_fitting(f"{head}{reason} (tried again in {retry}; {now})",
+                                fitted(head, reason, now, whole_at=None))
+        reason_whole = (f"{reason} (seen {ago} ago; tried again in {retry}, FASTPATH_HOOKS_RETRY_AFTER, or now by "
+                        f"`fastpath-hooks install {decision.kernel}`)")
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
         reminder = reminder_for(pins, decision.kernel) if pins is not None else None
@@ -108,16 +115,21 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
         message = engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
         reason_whole = reason + (f"; {keeps}" if keeps else "")
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
-                 detail=f"{decision.kernel}: could not {decision.action} - "
-                        f"{reason if remembered is not None else reason_whole}")
+                 detail=f"{decision.kernel}: could not {decision.action} - {reason_whole}")
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
 def _retry_in(entry: dict, settings) -> str:
-    import time
-
     left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
-    return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+    return _span(left)
+
+
+def _ago(entry: dict) -> str:
+    return _span(max(0.0, time.time() - float(entry.get("ts", 0))))
+
+
+def _span(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def keeps_instead(pins, kernel: str) -> str:
@@ -131,8 +143,6 @@ def keeps_instead(pins, kernel: str) -> str:
 def engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text the engine was handed (a failed check's or install's output, why no installer
     can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
-    from ..events.lines import fitted
-
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
 
 

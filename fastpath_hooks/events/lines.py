@@ -56,14 +56,16 @@ def first_fitting(*candidates: str) -> str:
     return fit(candidates[-1])[len(PREFIX):]
 
 
-def fitted(head: str, detail: str, fix: str = "", *, whole_at: str = "fastpath-hooks doctor") -> str:
+def fitted(head: str, detail: str, fix: str = "", *, whole_at: str | None = "fastpath-hooks doctor") -> str:
     """`<head><detail> (<fix>)` for a text handed over whole (a failed check's or install's output, an
     exception, a path): whole when it fits; else as much of the detail as fits - a long word cut in its
-    middle first, never a build log's path - with the head and the fix kept and where it is whole."""
+    middle first, never a build log's path - with the head and the fix kept and where it is whole
+    (`whole_at`; None where the fix itself says it again)."""
     whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
     if len(PREFIX) + len(whole) <= MAX_LINE:
         return whole
-    tail = f" ({fix}; the whole: {whole_at})" if fix else f" (the whole: {whole_at})"
+    where = f"the whole: {whole_at}" if whole_at else ""
+    tail = f" ({'; '.join(p for p in (fix, where) if p)})" if fix or where else ""
     room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
     text = " ".join(str(detail).split())
     cut = fit(text, room + len(PREFIX))[len(PREFIX):]
@@ -77,15 +79,43 @@ _LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the e
 
 def _middle_out(text: str, room: int) -> str | None:
     """A handed-over error chain cut in its middle, by clauses (": "): its first says what failed
-    ("verification failed"), its last ones the error itself ("broken on purpose (tests)"), as many of
-    them as fit; None when what would be left of the error is too little to say anything."""
+    ("verification failed", "could not download <url>"), its last ones the error itself ("broken on purpose
+    (tests)", "[Errno 28] No space left on device"), as many of them as fit. What goes first: trailing
+    clauses that are only a path or URL (details: "...: ..."), then the clauses between, then the end of
+    the first clause, then a remark after the error ("(...)"). None when what would be left of the
+    error is too little to say anything."""
     parts = text.split(": ")
-    for k in range(2, len(parts)):   # drop clauses 1..k-1, the fewest that make it fit
-        tail = ": ".join(parts[k:])
-        line = f"{parts[0]}: ... {tail}"
+    if len(parts) < 2:
+        return None
+    end = len(parts)
+    while end > 2 and _is_detail(parts[end - 1]):
+        end -= 1
+    more = ": ..." if end < len(parts) else ""
+    for k in range(1, end):   # drop clauses 1..k-1, the fewest that make it fit
+        tail = ": ".join(parts[k:end]) + more
+        line = f"{parts[0]}: {'' if k == 1 else '... '}{tail}"
         if len(line) <= room:
             return line if len(tail) >= _LEAST_ERROR else None
+    clause = parts[end - 1]
+    if len(clause) < _LEAST_ERROR:
+        return None
+    remark = clause.rfind(" (")   # a remark after the error ("... refused> (X_URL points at a mirror)") goes next
+    for error in (clause, clause[:remark] + " (...)" if remark >= _LEAST_ERROR and clause.endswith(")") else None):
+        if error is None:
+            continue
+        error += more                     # the error alone, after as much of what failed as fits
+        left = room - len(error) - len("...: ")
+        if left >= 12:
+            first = parts[0][:left]
+            space = first.rfind(" ")
+            return f"{first[:space] if space > left // 2 else first}...: {error}"
     return None
+
+
+def _is_detail(clause: str) -> bool:
+    """A clause that is only a path, a URL or a quoted value: where an error happened, not what it is."""
+    word = clause.strip().strip("'\"")
+    return bool(word) and " " not in word and (word.startswith(("/", "~", ".")) or "://" in word)
 
 
 def shown_path(path: str) -> str:

@@ -44,6 +44,7 @@ class Environment:
     cached_wheels: tuple = ()         # complete entries in it (file names)
     build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
+    unwritable_site: str | None = None     # site-packages, where this process cannot write it: no install can run
     # ((model type, K, V, key heads, value heads), ...): the gated-delta-rule models whose config classes are
     # imported in this process (their defaults; None where a default is derived), or posed (head_dims=, heads=)
     model_shapes: tuple = ()

@@ -15,7 +15,6 @@ Errors name the file and the entry.
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
 
@@ -23,7 +22,7 @@ from .pins_schema import build, decision_order
 from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
                           PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels,
                           SourceBuild, Switch, Warm, WheelIndex, same_version)
-from .._registry import REGISTRY
+from .._registry import REGISTRY, PinsFileError, read_pins_file
 
 # the values (pins_values) and the order of the kernels (pins_schema) are read from here too
 __all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", "HeadDims", "KernelRelease", "KernelSpec",
@@ -75,26 +74,11 @@ def _load_cached(user_file, _stamp) -> Pins:
 
 def _read(path: str):
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        return read_pins_file(path)
     except OSError as exc:
         raise PinsError(path, "", f"cannot read: {exc.strerror}") from None
-    if path.endswith(".toml"):
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            try:
-                import tomli as tomllib  # type: ignore
-            except ImportError:
-                raise PinsError(path, "", "TOML pins need Python 3.11+ or the tomli package; or write the file as JSON") from None
-        try:
-            return tomllib.loads(raw.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise PinsError(path, "", f"not valid TOML: {exc}") from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PinsError(path, "", f"not valid JSON: {exc}") from None
+    except PinsFileError as exc:
+        raise PinsError(path, "", str(exc)) from None
 
 
 def _check_user_shape(user: dict, origin: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .distributions import scan
+from .distributions import scan, site_packages
 from .environment import Environment
 from .host import glibc, normal_arch, usable_cpus
 from .hub import hub_facts
@@ -108,6 +108,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
                   if spec.switch is not None and spec.switch.variable in os.environ},
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
         prefix=os.path.realpath(sys.prefix),
+        unwritable_site=_unwritable_site(),
         pip_index_config=pip_index_config(),
         hipcc=facts["hipcc"],
         cpus=facts["cpus"],
@@ -116,6 +117,13 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         **_jit_caches(pins, settings),
     )
     return _with_distributions(env, found, duplicates, posed, settings, pins)
+
+
+def _unwritable_site() -> str | None:
+    """This interpreter's site-packages, where installs go, when this process cannot write it (a read-only
+    mount, another user's environment): never posed - a target poses another machine, not these rights."""
+    site = site_packages()
+    return None if os.access(site, os.W_OK) else site
 
 
 def _posed_shapes(posed: dict) -> tuple:

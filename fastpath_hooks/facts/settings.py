@@ -17,8 +17,9 @@ from typing import Mapping
 from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
 from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
-from .._registry import REGISTRY, listed, registry
+from .._registry import REGISTRY, listed, pins_file_size_problem, registry
 from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
+from .distributions import canonical_name
 from .frozen import FrozenMap
 
 MODES = ("install", "report")
@@ -87,13 +88,15 @@ _VARIABLES = {
     "FASTPATH_HOOKS_WHEEL_INDEX": ("package indexes of prebuilt compiled-kernel wheels, tried before a source build: "
                                    "unset (the pins' enabled ones: none shipped), off, names from the pins (astral), or "
                                    "the base URL of an index with that layout (https://host/simple/); never offline"),
-    "FASTPATH_HOOKS_CACHE_DIR": ("directory for verdicts and the wheel cache of built and downloaded kernel wheels "
-                                 "(default: the user cache dir, e.g. ~/.cache/fastpath-hooks)"),
-    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules",
+    "FASTPATH_HOOKS_CACHE_DIR": ("absolute directory for verdicts and the wheel cache of built and downloaded kernel "
+                                 "wheels (default: the user cache dir, e.g. ~/.cache/fastpath-hooks); one that is "
+                                 "relative or cannot be created or written falls back to the default, said once"),
+    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules (at most 1 MB: a larger one is refused unread)",
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
     "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
                            "info (default) or debug"),
-    "FASTPATH_HOOKS_RETRY_AFTER": "seconds a failed attempt is remembered before it is retried (default 3600)",
+    "FASTPATH_HOOKS_RETRY_AFTER": ("seconds a failed attempt is remembered before an interpreter start retries it "
+                                   "(default 3600); `fastpath-hooks install` retries at once"),
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
 }
 VARIABLES = variables(REGISTRY)
@@ -128,7 +131,7 @@ class Settings:
     wheel_urls: FrozenMap = field(default_factory=FrozenMap)   # kernel -> its release-wheel mirror (registry `mirror`)
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created, not writable): why, in one
+    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created or written, relative): why, in one
     # sentence; cache_dir is then None - the default root - and this is said once (a warning, not an error)
     cache_dir_unusable: str | None = None
     # the same as (the value given, why it is unusable, the root used instead): what the one line says, short
@@ -301,19 +304,29 @@ def parse_wheel_index(raw: str) -> tuple:
 
 def parse_kernel_list(raw: str, reg=None) -> frozenset:
     reg = registry() if reg is None else reg
-    names = [part.strip().lower() for part in raw.replace(" ", ",").split(",") if part.strip()]
+    return frozenset(k for name in kernel_list_names(raw) for k in kernels_named(name, reg))
+
+
+def kernel_list_names(raw: str) -> list:
+    """The names of a kernel list as FASTPATH_HOOKS_SKIP and install(kernels=...) take it: comma or
+    whitespace separated."""
+    return [part for part in raw.replace(",", " ").split() if part]
+
+
+def kernels_named(name: str, reg=None) -> tuple:
+    """The kernels a name of a kernel list means: any spelling of a kernel or an alias (PEP 503:
+    `Causal.Conv1d`), or `all`; ValueError naming the closest known one."""
+    reg = registry() if reg is None else reg
     kernels, aliases = kernel_names(reg), kernel_aliases(reg)
-    out = set()
-    for name in names:
-        if name == "all":
-            out.update(kernels)
-            continue
-        if name not in aliases:
-            close = _closest(name, aliases, cutoff=0.6)
-            hint = f"did you mean {aliases[close]}? " if close else ""
-            raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)} (or all)")
-        out.add(aliases[name])
-    return frozenset(out)
+    low = name.strip().lower()
+    if low == "all":
+        return tuple(kernels)
+    for spelling in (low, canonical_name(low)):
+        if spelling in aliases:
+            return (aliases[spelling],)
+    close = _closest(low, aliases, cutoff=0.6)
+    hint = f"did you mean {aliases[close]}? " if close else ""
+    raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)} (or all)")
 
 
 def normalize_kernel(name: str, reg=None) -> str:
@@ -395,7 +408,7 @@ def _directory_or_creatable(raw: str) -> str:
     path = cache_dir_given({CACHE_DIR: raw})
     if not path:
         raise ValueError("expected a directory path")
-    if os.path.exists(path) and not os.path.isdir(path):
+    if os.path.isabs(path) and os.path.exists(path) and not os.path.isdir(path):
         raise ValueError("exists and is not a directory; expected a directory (created if missing)")
     return path
 
@@ -408,6 +421,9 @@ def _readable_file(raw: str) -> str:
         raise ValueError("no such file; expected a JSON or TOML pins file")
     if not os.access(path, os.R_OK):
         raise ValueError("the file is not readable")
+    too_big = pins_file_size_problem(os.path.getsize(path))
+    if too_big:
+        raise ValueError(too_big)
     return path
 
 

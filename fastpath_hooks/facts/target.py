@@ -12,6 +12,7 @@ accepted and pose that GPU's arch (`sm_90`, `sm_100`). The model's gated-delta-r
 
 from __future__ import annotations
 
+from .._registry import PinsFileError, read_pins_file
 from .distributions import canonical_name
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
@@ -118,7 +119,6 @@ ARCH_SUFFIXES = ("a", "f")
 def known_cuda_archs() -> tuple:
     """CUDA_ARCHS and every arch a -gencode table of the pins names (the shipped file and a
     FASTPATH_HOOKS_PINS file), sorted by number. Read only when a posed arch is not in CUDA_ARCHS."""
-    import json
     import os
 
     found = set(CUDA_ARCHS)
@@ -140,15 +140,8 @@ def known_cuda_archs() -> tuple:
         files.append(os.path.abspath(os.path.expanduser(user)))
     for path in files:
         try:
-            if path.endswith(".toml"):
-                import tomllib
-
-                with open(path, "rb") as fh:
-                    walk(tomllib.load(fh))
-            else:
-                with open(path, encoding="utf-8") as fh:
-                    walk(json.load(fh))
-        except (OSError, ValueError, ImportError):   # a bad pins file is reported where pins are loaded
+            walk(read_pins_file(path))
+        except (OSError, PinsFileError):   # a bad pins file is reported where pins are loaded
             pass
     return tuple(sorted(found, key=lambda a: int(a[3:]) if a[3:].isdigit() else 0))
 

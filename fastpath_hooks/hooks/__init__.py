@@ -101,7 +101,8 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm); None = all.
+    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm, flash-qla), a list or one string
+    as FASTPATH_HOOKS_SKIP takes it ("causal-conv1d,mamba-ssm"); None = all.
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
     A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
@@ -213,7 +214,9 @@ def _user_pins() -> bool:
 def _check_settings() -> None:
     """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
     before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
-    start with the same variables costs a digest and a stat, not settings.py's import."""
+    start with the same variables costs a digest and a stat, not settings.py's import. A valid
+    FASTPATH_HOOKS_TARGET is said too - every decision of this process is for that machine - once per
+    environment and target, like every line that would repeat at each start (later: the debug log)."""
     try:
         import hashlib
         import os
@@ -223,17 +226,22 @@ def _check_settings() -> None:
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
-        if os.path.exists(marker):
-            return
-        from ..engine import check_settings
+        if not os.path.exists(marker):
+            from ..engine import check_settings
 
-        if not check_settings():
-            return
-        try:
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            open(marker, "a").close()
-        except OSError:
-            pass  # only the shortcut is lost
+            if not check_settings():
+                return
+            try:
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                open(marker, "a").close()
+            except OSError:
+                pass  # only the shortcut is lost
+        target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
+        if target:
+            from ..events import warning
+
+            warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
+                    "machine)", once="posed", persist=f"posed:{target}")
     except Exception as exc:
         internal_error(exc)
 

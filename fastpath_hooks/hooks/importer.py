@@ -5,7 +5,7 @@ Loaded at the first watched import, never at interpreter start:
 
 - `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm`, `flash_qla`: ask the engine (`engine.ensure`) BEFORE the
   import resolves (a backend's - flash_qla's - only while the kernel it serves is not imported yet, or
-  when it is on the path: fla looks for it at its first call, inside a training step). It may install or repair (then the normal import proceeds and finds the new files), or say the
+  when it is installed: fla looks for it at its first call, inside a training step). It may install or repair (then the normal import proceeds and finds the new files), or say the
   kernel would crash here: the import then fails with an ImportError carrying the reason,
   before any of the kernel's code runs, so transformers keeps its torch path.
 - `transformers.utils.import_utils`: let the real finder and loader import it, then wrap
@@ -42,24 +42,23 @@ def find_spec(fullname, path, target, hooks):
 
 
 def normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names; unknown names are reported and ignored.
-    Any spelling of a name counts (PEP 503: `flash_linear_attention`, `Causal.Conv1d`)."""
-    from ..facts.distributions import canonical_name
-    from ..facts.settings import kernel_names, normalize_kernel
+    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes (a list, or
+    one string: `"causal-conv1d,mamba-ssm"`) and any spelling of a name (PEP 503: `flash_linear_attention`,
+    `Causal.Conv1d`); an unknown name is said and ignored - and when none is left, that none is managed."""
+    from .. import events
+    from ..facts.settings import kernel_list_names, kernels_named
 
-    if isinstance(kernels, str):
-        kernels = [kernels]
-    out = set()
-    for name in kernels:
+    names = [part for item in ([kernels] if isinstance(kernels, str) else kernels)
+             for part in (kernel_list_names(item) if isinstance(item, str) else [item])]
+    out, unknown = set(), []
+    for name in names:
         try:
-            out.add(normalize_kernel(canonical_name(name)))
-        except (ValueError, AttributeError):
-            from .. import events
-
-            from .._registry import registry
-
-            events.error(f"install(kernels=...): unknown kernel {name!r}; accepted: {', '.join(kernel_names(registry()))}; "
-                         "ignoring it")
+            out.update(kernels_named(name))
+        except (ValueError, AttributeError) as exc:
+            unknown.append(str(exc) if isinstance(exc, ValueError) else f"{name!r} is not a kernel name")
+    for i, why in enumerate(unknown):
+        events.error(f"install(kernels=...): {why}; " + ("ignoring it" if out or i < len(unknown) - 1 else
+                                                         "no kernel is managed"))
     return frozenset(out)
 
 
@@ -135,9 +134,9 @@ def _before_kernel_import(fullname, hooks):
                     hooks.internal_error(exc)
         return None
     served = serves.get(fullname)
-    if served and not any(_on_path(name) for name in (fullname, *served)):
+    if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
-    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _on_path(fullname):
+    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _installed(modules, fullname):
         # the served kernel looks for its backend (fla: find_spec at its first call): installing it now would
         # happen inside a training step; it was decided - ensured right after fla - before fla's import
         return None
@@ -162,12 +161,14 @@ def _backend(kernel: str) -> bool:
     return (registry().get(kernel) or {}).get("kind") == "backend"
 
 
-def _on_path(module: str) -> bool:
-    """Whether a top-level module is installed, asked of the path finder alone (never of
-    sys.meta_path, where this finder would decide it)."""
-    from importlib.machinery import PathFinder
+def _installed(modules: dict, module: str) -> bool:
+    """Whether a kernel's module is installed: one of its kernel's distributions has its metadata on
+    sys.path (an empty `fla/` that an uninstall left is a namespace package to the path finder, not fla)."""
+    from .._registry import registry
+    from ..facts.distributions import installed_versions
 
-    return PathFinder.find_spec(module) is not None
+    entry = registry().get(modules.get(module, ""))
+    return bool(entry and installed_versions(entry["distributions"]))
 
 
 def _after_import_spec(fullname, path, target, callback, hooks):

@@ -20,7 +20,8 @@ from urllib.parse import quote, unquote
 
 
 class IndexServer:
-    def __init__(self):
+    def __init__(self, port: int = 0):
+        """port: 0 for any free one; a given one serves again where a stopped server was (a source back up)."""
         self.pages: dict = {}      # (channel, project) -> [file entries]
         self.files: dict = {}      # served name -> local path
         self.requests: list = []
@@ -59,7 +60,7 @@ class IndexServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/simple/"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -13,6 +13,7 @@ from ...facts.pins import same_version
 from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, missing_import,
                       shared_skip, versions_here, within)
 from ..eras import era
+from .. import short
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
 from ..short import few
 from ..warmup import gdr_check, model_shapes
@@ -116,7 +117,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if not serving_ok:
         return ctx.skip(kernel, "hazard.skip", hazard_reason(env, hz, decided[hz.needs]) +
                         f"; installed alone, {kernel} would crash or compute wrongly", hazard_fix(hz, decided[hz.needs]),
-                        facts=hazard_facts(env, hz, decided[hz.needs]), **kw)
+                        facts=hazard_facts(ctx, hz, decided[hz.needs], short.NOT_INSTALLED), **kw)
     if not candidates:
         what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
         if hz is not None:
@@ -185,7 +186,7 @@ def _hazard_block(ctx: Context, kernel: str, hz, decided: dict, kw) -> Decision:
     serving = decided[hz.needs]
     return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "hazard.block"),
                     reason=hazard_reason(ctx.env, hz, serving), fix=hazard_fix(hz, serving), on_failure=OnFailure.BLOCK,
-                    facts=hazard_facts(ctx.env, hz, serving), **kw)
+                    facts=hazard_facts(ctx, hz, serving, short.BLOCKED), **kw)
 
 
 def hazard_reason(env, hz, serving: Decision) -> str:
@@ -196,13 +197,20 @@ def hazard_reason(env, hz, serving: Decision) -> str:
     return f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and {hz.needs} is unavailable: {why}"
 
 
-def hazard_facts(env, hz, serving: Decision) -> dict:
+def hazard_facts(ctx: Context, hz, serving: Decision, outcome_word: str) -> dict:
     """The short form: `fla#640 on sm_90 + triton 3.6.0 needs tilelang: no nvcc`, and one fix - the serving
-    kernel's (why it is missing), else the hazard's (the whole fix, both, is the decision's `fix`)."""
+    kernel's (why it is missing), else the hazard's (the whole fix, both, is the decision's `fix`). Composed
+    with the serving kernel's reason, the line keeps the hazard, that reason and its fix: where the whole does
+    not fit, the GPU and triton go first, then the reason's optional parts (short.compact)."""
+    env = ctx.env
     gpus = "+".join(g for g in env.gpus if g in hz.gpu)
-    why = serving.short_reason or serving.reason.split("; ")[0]
-    return {"hazard": hz.id, "hazard_line": f"{hz.id} on {gpus} + triton {env.triton} needs {hz.needs}: {why}",
-            "hazard_fix": serving.short_fix if serving.short_reason and serving.short_fix else hz.fix}
+    fix = serving.short_fix if serving.short_reason and serving.short_fix else hz.fix
+    whys = [serving.short_reason or serving.reason.split("; ")[0]]
+    whys += [w for w in (short.compact(ctx, serving),) if w and w != whys[0]]
+    heads = (f"{hz.id} on {gpus} + triton {env.triton} needs {hz.needs}", f"{hz.id} on {gpus} needs {hz.needs}",
+             f"{hz.id} needs {hz.needs}")
+    line = short.fitting(hz.kernel, outcome_word, (f"{head}: {why}" for why in whys for head in heads), fix)
+    return {"hazard": hz.id, "hazard_line": line, "hazard_fix": fix}
 
 
 def hazard_fix(hz, serving: Decision) -> str:
