@@ -265,18 +265,20 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
         HOOKS.finder = None
         HOOKS.kernels = None
-        events = sys.modules.get("fastpath_hooks.events")
-        if events is not None:
-            events.clear_listeners()
-        gates = sys.modules.get("fastpath_hooks.hooks.gates")
-        if gates is not None:
-            gates.unpatch()
-        importer, hub_module = sys.modules.get("fastpath_hooks.hooks.importer"), sys.modules.get(HUB_MODULE)
-        if importer is not None and hub_module is not None:
-            importer.unwrap_hub(hub_module)
-        engine = sys.modules.get("fastpath_hooks.engine")
-        if engine is not None:
-            engine.forget()
+        clear = getattr(sys.modules.get("fastpath_hooks.events"), "clear_listeners", None)
+        if clear is not None:
+            clear()
+        unpatch = getattr(sys.modules.get("fastpath_hooks.hooks.gates"), "unpatch", None)
+        if unpatch is not None:
+            unpatch()
+        unwrap, hub_module = getattr(sys.modules.get("fastpath_hooks.hooks.importer"), "unwrap_hub", None), \
+            sys.modules.get(HUB_MODULE)
+        if unwrap is not None and hub_module is not None:
+            unwrap(hub_module)
+        # (a module another thread is importing right now has decided nothing yet: nothing of it to undo)
+        forget = getattr(sys.modules.get("fastpath_hooks.engine"), "forget", None)
+        if forget is not None:
+            forget()
 
 
 def installed():
