@@ -140,3 +140,16 @@ def test_a_journal_left_by_a_killed_install_is_rolled_back_by_the_next_run(tmp_p
     done = recover(state)                        # the next run, under the lock
     assert "restored fla-core 0.5.2" in done and tree(site) == before
     assert not os.path.exists(os.path.join(state, JOURNAL)) and not os.listdir(state)
+
+
+def test_constraints_keep_kernels_and_huggingface_hub_as_installed():
+    """transformers 5.25 requires kernels 0.19.x and huggingface-hub 2.4+: a kernel install never changes them
+    (protected, so pinned first in every constraints file, even where a step names them) - a --no-deps 5.25
+    without them would break every from_pretrained."""
+    from fastpath_hooks.decide.commands import constraints
+
+    installed = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "kernels": "0.19.1", "huggingface-hub": "2.4.0",
+                 "einops": "0.8.2"}
+    lines = constraints(installed, PINS.protected, ["kernels", "huggingface-hub", "einops"])
+    assert {"kernels==0.19.1", "huggingface-hub==2.4.0"} <= set(lines[:4]) and "einops==0.8.2" not in lines
+    assert {"kernels", "huggingface-hub"} <= set(PINS.protected) and not {"kernels", "huggingface-hub"} & PINS.allowed

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROTECTED = ("torch", "numpy", "transformers", "triton")
+PROTECTED = ("torch", "numpy", "transformers", "triton", "kernels", "huggingface-hub")
 # "latest" in the tests means the newest transformers these tests were run against, so results do not
 # change by the day; FASTPATH_HOOKS_TEST_TRANSFORMERS=newest runs them against the real newest release
 # (the separate job in docs/development.md), or =X.Y.Z against any other.
