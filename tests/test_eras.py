@@ -49,6 +49,11 @@ PREAMBLE = r'''
 import inspect, json, queue, sys
 import torch
 torch.manual_seed(0)
+try:   # transformers 5.25+ sends only GPU inputs to a package: these CPU tensors stand for GPU ones (the posed GPU)
+    from transformers.integrations import hub_kernels as _hub
+    _hub._PACKAGE_SUPPORTED_DEVICES = {k: tuple(v) + ("cpu",) for k, v in _hub._PACKAGE_SUPPORTED_DEVICES.items()}
+except (ImportError, AttributeError):
+    pass
 EVENTS = queue.Queue()
 if sys.argv[1] == "hook":
     import fastpath_hooks
@@ -68,11 +73,18 @@ def calls():
     fla, conv = sys.modules.get("fla.ops.gated_delta_rule"), sys.modules.get("causal_conv1d")
     return {"fla": dict(fla.CALLS) if fla else None, "causal_conv1d": dict(conv.CALLS) if conv else None}
 
+def _decorated(fn):
+    """The function transformers' decorator made: the module global itself, or - under HF kernels (5.25; 5.23/5.24
+    with kernels 0.18) - the one the `Func` module it became calls (the `func` its forward closes over)."""
+    if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return fn
+
 def decorated(modeling):
-    """Era C: what each decorated kernel function resolved to (the decorator's closure)."""
+    """Eras C/D: what each decorated kernel function resolved to (the decorator's closure)."""
     out = {}
     for name in ARGS["functions"]:
-        function = getattr(modeling, name)
+        function = _decorated(getattr(modeling, name))
         impl = inspect.getclosurevars(function).nonlocals["implementation"]
         out[name] = dict(where(impl), torch=impl is function.__wrapped__)
     return out
@@ -209,11 +221,12 @@ class Step:
 class Era:
     """A venv for one transformers version, wheelhouses of fakes, and a child environment maker."""
 
-    def __init__(self, base: str, transformers: str, torch_wheel: str, fastpath_wheel: str, dep_wheels: str):
+    def __init__(self, base: str, transformers: str, torch_wheel: str, fastpath_wheel: str, dep_wheels: str,
+                 extra=()):
         self.base, self.dep_wheels = base, dep_wheels
         # uv in the venv: the hooks install with it (pip works too, 3-4 s slower per step)
         self.venv = venvs.make_venv(os.path.join(base, "venv"), torch_wheel=torch_wheel, fastpath_wheel=fastpath_wheel,
-                                    transformers=transformers, extra=("uv",))
+                                    transformers=transformers, extra=("uv",) + tuple(extra))
         self._n = 0
 
     def wheelhouse(self, *, fla: str | None = None, causal: bool = False, deps: bool = True) -> str:

@@ -64,8 +64,16 @@ release.set()
 other.join(120)
 late.join(300)
 import importlib.metadata
-impl = modeling.torch_chunk_gated_delta_rule.__closure__
-closure = dict(zip(modeling.torch_chunk_gated_delta_rule.__code__.co_freevars, (c.cell_contents for c in impl)))
+import inspect
+def _decorated(fn):
+    """The function transformers' decorator made: the module global itself, or - under HF kernels (5.25; 5.23/5.24
+    with kernels 0.18) - the one the `Func` module it became calls (the `func` its forward closes over)."""
+    if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return fn
+
+function = _decorated(modeling.torch_chunk_gated_delta_rule)
+closure = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__)))
 print(json.dumps({"took": took, "fla": importlib.metadata.version("fla-core"), "late_alive": late.is_alive(),
                   "said": [e["message"] for e in events if e["kernel"] == "fla"],
                   "resolved": closure["implementation"].__module__}))

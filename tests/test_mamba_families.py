@@ -96,10 +96,18 @@ def kernel_of(obj):
         return "mamba-ssm"
     return "torch"
 
+def _decorated(fn):
+    """The function transformers' decorator made: the module global itself, or - under HF kernels (5.25; 5.23/5.24
+    with kernels 0.18) - the one the `Func` module it became calls (the `func` its forward closes over)."""
+    if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return fn
+
 def decorated_choice(modeling):
-    """Era C: every module global made by use_kernel_func_from_hub_with_fallback -> what it resolved to."""
+    """Eras C/D: every module global made by use_kernel_func_from_hub_with_fallback -> what it resolved to."""
     out = {}
     for name, value in vars(modeling).items():
+        value = _decorated(value)
         if callable(value) and getattr(value, "__wrapped__", None) is not None and getattr(value, "__closure__", None):
             cells = inspect.getclosurevars(value).nonlocals
             if "implementation" in cells and "torch_function" in cells:

@@ -53,10 +53,18 @@ def _both(**env):
 
 CALL = r'''
 import importlib, inspect, json, sys, torch
+def _decorated(fn):
+    """The function transformers' decorator made: the module global itself, or - under HF kernels (5.25; 5.23/5.24
+    with kernels 0.18) - the one the `Func` module it became calls (the `func` its forward closes over)."""
+    if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return fn
+
 out = {}
 for model, module in json.loads(sys.argv[1]):
     mod = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
     for name, fn in vars(mod).items():
+        fn = _decorated(fn)
         if not (callable(fn) and hasattr(fn, "__wrapped__")):
             continue
         try:

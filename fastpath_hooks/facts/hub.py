@@ -142,7 +142,13 @@ def local_kernels() -> dict:
 
 
 def cached(entry: HubEntry) -> str | None:
-    """The variant directory the kernels cache holds for this entry and machine, without the network."""
+    """The variant directory the kernels cache holds for this entry and machine, without the network (kernels'
+    own notes about it - "skipping the publisher trust check ... offline" - kept out of the user's output)."""
+    import logging
+
+    quiet = logging.getLogger("kernels")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         from kernels import install_kernel
 
@@ -150,6 +156,8 @@ def cached(entry: HubEntry) -> str | None:
                                   local_files_only=True))
     except Exception:   # noqa: BLE001 - not cached, or no build for this machine in it
         return None
+    finally:
+        quiet.setLevel(level)
 
 
 def key_type(key) -> str:

@@ -237,13 +237,17 @@ def _check_settings() -> None:
             except OSError:
                 pass  # only the shortcut is lost
         target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
-        if target:
+        if target and target not in _posed:   # once per process (install() again says nothing new)
+            _posed.add(target)
             from ..events import warning
 
             warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
                     "machine)", once="posed", persist=f"posed:{target}")
     except Exception as exc:
         internal_error(exc)
+
+
+_posed: set = set()   # the posed targets this process announced
 
 
 def _late() -> None:

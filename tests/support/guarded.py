@@ -163,6 +163,8 @@ if "--model" in sys.argv:
     resolved = {}
     for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
         fn = getattr(module, name)
+        if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):   # HF kernels' Func
+            fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
         impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
         resolved[name] = impl.__module__
     with torch.no_grad():

@@ -35,8 +35,15 @@ FUNCTION_OF_LAYER = {"recurrent_gated_delta_rule": "fused_recurrent_gated_delta_
 SIGNATURES = r'''
 import importlib, inspect, json, sys
 from fastpath_hooks._names import DECORATED
-from fastpath_hooks.hooks.late import decorated_function
 out = {}
+
+
+def decorated_function(fn):   # the function transformers' decorator made (under kernels: the one its Func calls)
+    if getattr(fn, "__code__", None) is None:
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals["func"]
+    return fn
+
+
 for model in sys.argv[1:]:
     module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
     for name, (func, package) in DECORATED.items():

@@ -47,6 +47,8 @@ def build_tiny_model():
     kernels = {}
     for name in ("causal_conv1d_fn", "torch_chunk_gated_delta_rule"):
         fn = getattr(module, name)
+        if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):   # HF kernels' Func
+            fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
         impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
         kernels[name] = impl.__module__
     return {"loss": loss.item(), "kernels": kernels}

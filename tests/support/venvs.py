@@ -23,7 +23,7 @@ PROTECTED = ("torch", "numpy", "transformers", "triton", "kernels", "huggingface
 # "latest" in the tests means the newest transformers these tests were run against, so results do not
 # change by the day; FASTPATH_HOOKS_TEST_TRANSFORMERS=newest runs them against the real newest release
 # (the separate job in docs/development.md), or =X.Y.Z against any other.
-NEWEST_TESTED_TRANSFORMERS = "5.24.0"
+NEWEST_TESTED_TRANSFORMERS = "5.25.0"
 
 
 def latest_transformers() -> str | None:
