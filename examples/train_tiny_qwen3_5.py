@@ -7,7 +7,9 @@
 The first two lines are all a training script needs: the first time transformers
 asks for fla / causal-conv1d, fastpath-hooks decides whether this machine can
 use them, installs pinned known-good versions (verified in a child process), or
-leaves the run on transformers' torch path with one line saying why.
+leaves the run on transformers' torch path with one line saying why. It prints what
+serves each kernel function: a hub kernel (transformers 5.25+ on a GPU), the package,
+or torch.
 """
 
 import fastpath_hooks
@@ -45,18 +47,33 @@ def tiny_config(hidden: int, layers: int, vocab: int):
 
 
 def resolved_kernels(model) -> dict:
-    """Which implementation each kernel function of the modeling module resolved to."""
+    """What serves each kernel function of the modeling module: the hub's kernel kernelize put in (transformers
+    5.25+ on a GPU), else what the decorated function chose at import - the package, or the torch path."""
     import inspect
 
     module = sys.modules[type(model).__module__]
+    hub = {}
+    for layer in model.modules():   # 5.25: kernelize swaps the forward of each model's private wrappers
+        for name, fn in getattr(layer, "_kernel_funcs", {}).items():
+            repo = fn.__dict__.get("_kernel_repo")
+            if repo is not None:
+                hub[name] = f"hub {repo}"
     out = {}
-    for name in ("causal_conv1d_fn", "causal_conv1d_update", "torch_chunk_gated_delta_rule",
-                 "torch_recurrent_gated_delta_rule"):
+    for name, func in (("causal_conv1d_fn", "causal_conv1d_fn"), ("causal_conv1d_update", "causal_conv1d_update"),
+                       ("torch_chunk_gated_delta_rule", "chunk_gated_delta_rule"),
+                       ("torch_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule")):
         fn = getattr(module, name, None)
         if fn is None:
             continue
+        if func in hub or name in hub:
+            out[name] = hub.get(func) or hub[name]
+            continue
+        if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+            fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)   # HF kernels' Func module
         impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
-        out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__name__', '?')}"
+        where = getattr(impl, "__module__", "?")
+        kind = "torch" if where == module.__name__ else "package"
+        out[name] = f"{kind} {where}.{getattr(impl, '__name__', '?')}"
     return out
 
 
@@ -84,6 +101,11 @@ def main() -> int:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(args.hidden, args.layers, args.vocab)).to(device, dtype)
+    if device.type == "cuda" and hasattr(model, "set_use_kernels") and os.environ.get("USE_HUB_KERNELS", "1") != "0":
+        # transformers 5.25+: what from_pretrained(..., device_map="cuda") does - the hub's kernels where they may
+        # serve here (fastpath-hooks decides which), the packages or torch for the rest
+        model.set_use_kernels(True, device_map={"": str(device)})
+    model.train()
     kernels = resolved_kernels(model)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)

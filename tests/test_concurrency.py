@@ -109,10 +109,10 @@ def test_torchrun_four_ranks_install_once_and_train_with_the_kernels(make_venv, 
         result = json.loads(out.strip().splitlines()[-1])
         assert result["rank"] == rank and result["world"] == 4 and len(result["losses"]) == 2
         assert result["kernels"] == {
-            "causal_conv1d_fn": "causal_conv1d.causal_conv1d_fn",
-            "causal_conv1d_update": "causal_conv1d.causal_conv1d_update",
-            "torch_chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk_gated_delta_rule",
-            "torch_recurrent_gated_delta_rule": "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule",
+            "causal_conv1d_fn": "package causal_conv1d.causal_conv1d_fn",
+            "causal_conv1d_update": "package causal_conv1d.causal_conv1d_update",
+            "torch_chunk_gated_delta_rule": "package fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+            "torch_recurrent_gated_delta_rule": "package fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule",
         }, (rank, result["kernels"])
         human = [line for line in err.splitlines() if line.startswith("fastpath-hooks:")]
         if rank == 0:
