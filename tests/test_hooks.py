@@ -34,6 +34,7 @@ import transformers.utils.import_utils as import_utils
 ORIGINALS = {"is_flash_linear_attention_available": is_flash_linear_attention_available,
              "is_causal_conv1d_available": is_causal_conv1d_available}
 THIS = sys.modules[__name__]
+PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
 
 
 @pytest.fixture
@@ -430,3 +431,33 @@ def test_an_empty_fla_directory_does_not_make_tilelang_ours_to_install(tmp_path)
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fla-core\nVersion: 0.6.0\n\n")
     assert any("tilelang: would install" in line for line in tilelang_lines())
+
+
+def test_another_kernel_packages_optional_import_installs_nothing(tmp_path):
+    """fla 0.6.0's root loads its layers, whose Mamba layers try `from mamba_ssm ... import` (issue 33): that is
+    not a request for mamba-ssm. With its wheels at hand, nothing is decided, said or installed for it, and the
+    import fails as it would without fastpath-hooks - while transformers' own `import fla` is decided as ever."""
+    import zipfile
+
+    from support import wheels
+
+    house, site = tmp_path / "wheelhouse", tmp_path / "site"
+    for path in wheels.fake_fla(str(tmp_path / "fla-wheels"), "0.6.0"):
+        with zipfile.ZipFile(path) as zf:
+            zf.extractall(site)             # fla installed (its files and metadata) ...
+    wheels.mamba_ssm_wheel(str(house), filename=f"mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-"
+                                                "linux_x86_64.whl")
+    wheels.fake_causal_conv1d(str(house), f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-"
+                                          "linux_x86_64.whl")   # ... and mamba-ssm's wheels to be had
+    env = venvs.clean_env(PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fastpath_hooks.__file__)),
+                                                       str(site)]),
+                          FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), FASTPATH_HOOKS_MODE="report",
+                          FASTPATH_HOOKS_TARGET="gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes",
+                          FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", LOCAL_RANK="0")
+    script = ("import json, sys, fastpath_hooks\nfastpath_hooks.install()\nimport fla\n"
+              "print(json.dumps([sys.modules['fla.layers.mamba2'].selective_state_update is None, "
+              "'mamba_ssm' in sys.modules, sorted(fastpath_hooks.engine.outcomes())]))")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, False, ["fla"]], proc.stdout
+    assert [ln for ln in proc.stderr.splitlines() if "mamba" in ln or "causal" in ln] == [], proc.stderr

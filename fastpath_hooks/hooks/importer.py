@@ -133,6 +133,9 @@ def _before_kernel_import(fullname, hooks):
                 except Exception as exc:
                     hooks.internal_error(exc)
         return None
+    importer = _importer(modules)
+    if importer is not None and importer != kernel and not _decided(kernel):
+        return None   # another kernel package's optional import (fla.layers tries mamba_ssm): not a request
     served = serves.get(fullname)
     if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
@@ -153,6 +156,26 @@ def _before_kernel_import(fullname, hooks):
     from importlib.machinery import ModuleSpec
 
     return ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _importer(modules) -> str | None:
+    """The managed kernel whose package holds the code that runs this import (fla for `fla/layers/mamba2.py`'s
+    `try: from mamba_ssm ...`), None when it is other code (transformers, the user). A kernel is installed
+    because transformers or the user asks for it, never because another kernel package tries it: that import
+    gets what it would get without fastpath-hooks. One frame walk, only for the watched names."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if not name.startswith(("importlib", "_frozen_importlib", "fastpath_hooks")):
+            return modules.get(name.partition(".")[0])
+        frame = frame.f_back
+    return None
+
+
+def _decided(kernel: str) -> bool:
+    """Decided in this process already (its outcome then stands: a block still blocks)."""
+    engine = sys.modules.get("fastpath_hooks.engine")
+    return engine is not None and kernel in engine.outcomes()
 
 
 def _backend(kernel: str) -> bool:

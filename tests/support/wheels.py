@@ -169,13 +169,23 @@ class FusedRMSNormGated(torch.nn.Module):
 '''
 
 
+# fla 0.6.0's fla/layers/mamba2.py (and mamba.py, mamba3.py): an optional import of mamba_ssm
+_FLA_MAMBA2 = '''
+try:
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update
+except ImportError:
+    selective_state_update = None
+'''
+
+
 def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, padding_files: int = 0) -> list[str]:
     """fla-core + flash-linear-attention at `version`.
 
     broken="raise": `import fla` raises ImportError (a bad install).
     padding_files: extra small modules, to make an install take measurable time (crash tests).
     """
-    init = f'__version__ = "{version}"\nFAKE_FLA = True\n'
+    # as fla 0.6.0: the package root loads the layers (flash-linear-attention's), whose Mamba layers try mamba_ssm
+    init = f'__version__ = "{version}"\nFAKE_FLA = True\ntry:\n    import fla.layers  # noqa: F401\nexcept ImportError:\n    pass\n'
     if broken == "raise":
         init += 'raise ImportError("fake fla {0}: broken on purpose (tests)")\n'.format(version)
     files = {
@@ -188,7 +198,8 @@ def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, pa
         files[f"fla/_padding/m{i:05d}.py"] = f"X = {i}\n" + "# padding\n" * 200
     core = build_wheel(dest, "fla-core", version, files, requires=("einops",))
     layers = build_wheel(dest, "flash-linear-attention", version,
-                         {"fla/layers/__init__.py": "FAKE_LAYERS = True\n"},
+                         {"fla/layers/__init__.py": "FAKE_LAYERS = True\nfrom . import mamba2  # noqa: F401\n",
+                          "fla/layers/mamba2.py": _FLA_MAMBA2},
                          requires=(f"fla-core=={version}",))
     return [core, layers]
 
