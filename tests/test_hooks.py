@@ -461,3 +461,39 @@ def test_another_kernel_packages_optional_import_installs_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, False, ["fla"]], proc.stdout
     assert [ln for ln in proc.stderr.splitlines() if "mamba" in ln or "causal" in ln] == [], proc.stderr
+
+
+@pytest.mark.slow
+def test_a_qwen3_5_import_on_hopper_plans_fla_tilelang_and_causal_conv1d_only(tmp_path, test_pins):
+    """A model's kernels are the ones its modeling module asks for (issue 33): a posed sm_90 Qwen3.5 process plans
+    fla (installed here by hand, as the stand-in 0.6.0 whose layers try mamba_ssm), tilelang for it (fla#640) and
+    causal-conv1d - never mamba-ssm, whose wheels are at hand too."""
+    import zipfile
+
+    from support import wheels
+
+    house, site = tmp_path / "wheelhouse", tmp_path / "site"
+    for path in wheels.fake_fla(str(tmp_path / "fla-wheels"), "0.6.0"):
+        with zipfile.ZipFile(path) as zf:
+            zf.extractall(site)
+    wheels.mamba_ssm_wheel(str(house), filename=f"mamba_ssm-2.3.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-"
+                                                "linux_x86_64.whl")
+    wheels.fake_causal_conv1d(str(house), f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-"
+                                          "linux_x86_64.whl")
+    wheels.fake_tvm_ffi(str(house), "0.1.12")
+    wheels.fake_tilelang(str(house), "0.1.15")
+    env = venvs.clean_env(PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fastpath_hooks.__file__)),
+                                                       str(site)]),
+                          FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache"), FASTPATH_HOOKS_MODE="report",
+                          FASTPATH_HOOKS_TARGET=HOPPER, FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1",
+                          FASTPATH_HOOKS_PINS=test_pins(str(house)), LOCAL_RANK="0")
+    script = ("import json, sys, fastpath_hooks\nfastpath_hooks.install()\n"
+              "import transformers.models.qwen3_5.modeling_qwen3_5\n"
+              "out = fastpath_hooks.engine.outcomes()\n"
+              "print(json.dumps({k: o.state for k, o in out.items()}))")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    decided = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "mamba-ssm" not in decided and {"fla", "tilelang", "causal-conv1d"} <= set(decided), decided
+    planned = [ln.split(":")[1].strip() for ln in proc.stderr.splitlines() if "would install" in ln]
+    assert sorted(planned) == ["causal-conv1d", "tilelang"], proc.stderr     # fla: here already (it needs tilelang)
