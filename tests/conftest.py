@@ -30,6 +30,7 @@ SMALL_CHECK = {"check_seq": 16, "seqs": [32], "heads": [1, 2], "dims": [128, 128
 SLOW_FIXTURES = frozenset({"torch_wheel", "fastpath_wheel", "dep_wheels", "make_wheelhouse", "make_venv"})
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the groups (it appends them to the node ids)
 def pytest_collection_modifyitems(session, config, items):
     """Parallel runs (pytest-xdist, `-n N --dist loadgroup`, what .ci/run does): the tests of a module
     that shares module-scoped state (one venv for the module, scenarios run once, a last test checking

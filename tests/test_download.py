@@ -14,7 +14,7 @@ import os
 import shutil
 
 import pytest
-from conftest import H100_OLD_TRITON
+from conftest import H100_OLD_TRITON, SMALL_CHECK
 from support import guarded, venvs, wheels
 
 from fastpath_hooks.facts import pins as pins_mod
@@ -55,7 +55,10 @@ def index(tmp_path_factory, dep_wheels):
     pins_file = base / "pins.json"
     pins_file.write_text(json.dumps({"kernels": {
         "tilelang": {"runtime_deps": []},
-        "flash-qla": {"pays": {"hazard": True}},   # turned on (off by default on Hopper): downloaded with the rest
+        # turned on (off by default on Hopper): downloaded with the rest; the gated-delta-rule checks at a size
+        # the stand-ins compute in a moment on a CPU (what is downloaded is the subject here, not the check)
+        "fla": {"warm": SMALL_CHECK},
+        "flash-qla": {"pays": {"hazard": True}, "warm": SMALL_CHECK},
         "causal-conv1d": {"runtime_deps": [], "release": {"sha256": digests}}}}))
     return url, release, str(pins_file)
 

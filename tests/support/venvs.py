@@ -45,9 +45,13 @@ def base_python() -> str:
 
 
 def clean_env(**extra) -> dict:
-    """os.environ without FASTPATH_HOOKS_* and torch-distributed rank variables, pip config off."""
+    """os.environ without FASTPATH_HOOKS_* and torch-distributed rank variables, pip config off. The children
+    may write bytecode (as on most machines; PYTHONDONTWRITEBYTECODE=1 is set here and on CI): the venvs are
+    made with uv, which compiles none, so without it every child compiles torch and transformers from source
+    again (4 s more CPU per child here) - with it, the first child in a venv does, once."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_", "PIP_")) and k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "VIRTUAL_ENV")}
+           if not k.startswith(("FASTPATH_HOOKS_", "_FASTPATH_HOOKS_", "PIP_"))
+           and k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     env["PIP_CONFIG_FILE"] = os.devnull
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
