@@ -8,7 +8,8 @@
 #
 # Carried in (gitignored; made on the CPU machine from the worktree root), over two calls (64 MiB a call):
 #   .whl-qla/ - the kernels: fla-core + flash-linear-attention 0.6.0, tilelang 0.1.15 + apache-tvm-ffi 0.1.12,
-#     z3-solver, torch-c-dlpack-ext, and the causal-conv1d 1.7.0 / mamba-ssm 2.3.2.post1 sdists:
+#     torch-c-dlpack-ext, and the causal-conv1d 1.7.0 / mamba-ssm 2.3.2.post1 sdists (z3-solver, tilelang's, then
+#     moved to .whl: each call's tree must stay under 64 MiB):
 #     PYTHON=.venv/bin/python bash ../shared/tools/gpu-wheelhouse.sh .whl-qla fla-core==0.6.0 \
 #       flash-linear-attention==0.6.0 tilelang==0.1.15 apache-tvm-ffi==0.1.12 z3-solver==4.15.4.0 \
 #       torch-c-dlpack-ext==0.1.5 sdist:causal-conv1d==1.7.0 sdist:mamba-ssm==2.3.2.post1
@@ -57,7 +58,7 @@ phase_stash() {
 phase_start() {
   running && { echo "the background is running already: 'wait' for it"; return 1; }
   [ -d "$KEEP/qla" ] || { echo "no kernels' wheelhouse in $KEEP/qla: run 'stash' first (the machine went cold?)"; return 1; }
-  rm -rf "$KEEP/whl" && cp -r .whl "$KEEP/whl"
+  rm -rf "$KEEP/whl" && cp -r .whl "$KEEP/whl" && mv "$KEEP"/whl/z3_solver-*.whl "$KEEP/qla/" 2>/dev/null   # (tilelang's)
   step "started in the background (log $WORK/bg.log)"
   rm -f "$WORK"/bg.*
   date -u > "$WORK/bg.started"
