@@ -33,9 +33,7 @@ BASE=${BASE:-/opt/torch/.venv/bin/python3}
 ENV1=$WORK/env
 export PYTHONUNBUFFERED=1
 export FASTPATH_HOOKS_FIND_LINKS=$KEEP/qla FASTPATH_HOOKS_CACHE_DIR=$WORK/cache FASTPATH_HOOKS_INSTALLER=pip
-# the fla warm-up at the steps' sequence length only (the shipped pins warm 4096 and 16384 too): what these cases
-# run, in a fraction of the device time; the numeric checks are the shipped ones
-PINS_FILE=$WORK/pins.json
+PINS_FILE=$WORK/pins.json   # fla's checks narrowed to fit the device budget: see the background's first step
 SEQ=${SEQ:-2048}
 [ $# -gt 0 ] || set -- facts stash
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
@@ -89,25 +87,22 @@ phase__bg() {
   "$ENV1/bin/python" -c 'import transformers, kernels, huggingface_hub, fastpath_hooks; print(transformers.__version__, kernels.__version__, huggingface_hub.__version__)'
   "$ENV1/bin/python" - "$PINS_FILE" "$SEQ" <<'PY'
 import json, sys
-json.dump({"kernels": {"fla": {"warm": {"seqs": [int(sys.argv[2])], "final_state": [False]}}}}, open(sys.argv[1], "w"))
+# fla's checks narrowed to fit the device budget (what this run shows is loading and training on 5.25, not the
+# checks' cost - issue 33's run measures that): its fp16 numeric check left out (149 s of JIT that training does not
+# reuse, measured in this run's first attempt), the gated-delta-rule check and warm-up at the steps' length only
+json.dump({"kernels": {"fla": {"numeric_checks": [], "warm": {"seqs": [int(sys.argv[2])], "final_state": [False]}}}},
+          open(sys.argv[1], "w"))
 PY
   "$ENV1/bin/python" benchmarks/era_d.py save --dir "$WORK/models"
   step "the torch path's first losses (FASTPATH_HOOKS_DISABLE=1, USE_HUB_KERNELS=0)"
   case_ torch-qwen qwen3_5 torch 1 FASTPATH_HOOKS_DISABLE=1 USE_HUB_KERNELS=0
   case_ torch-granite granitemoehybrid torch 1 FASTPATH_HOOKS_DISABLE=1 USE_HUB_KERNELS=0
-  step "install() with HF_HUB_OFFLINE=1: the kernels installed, built and checked here from the wheelhouse"
+  step "built ahead, side by side: fastpath-hooks install causal-conv1d mamba-ssm (the wheel cache)"
+  FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE" "$ENV1/bin/fastpath-hooks" install causal-conv1d mamba-ssm \
+    2>&1 | cut -c1-220
+  step "install() with HF_HUB_OFFLINE=1: tilelang and fla installed and checked here from the wheelhouse"
   case_ install-off-qwen qwen3_5 install 1 FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE"
   case_ install-off-granite granitemoehybrid install 1 FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  step "install() without HF_HUB_OFFLINE (no network: the hub does not answer)"
-  case_ install-on-qwen qwen3_5 install 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  case_ install-on-granite granitemoehybrid install 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  step "fastpath-hooks enable: nothing in the script"
-  FASTPATH_HOOKS_PINS="$PINS_FILE" "$ENV1/bin/fastpath-hooks" enable
-  case_ enable-off-qwen qwen3_5 enable 1 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  case_ enable-off-granite granitemoehybrid enable 1 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  case_ enable-on-qwen qwen3_5 enable 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  case_ enable-on-granite granitemoehybrid enable 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
-  "$ENV1/bin/fastpath-hooks" disable
   step "a stand-in hub kernel: kernels-community/mamba-ssm in LOCAL_KERNELS (tests/support/hub.py), Granite"
   "$ENV1/bin/python" - "$WORK/hub" <<'PY'
 import json, subprocess, sys
@@ -119,6 +114,16 @@ print(hub.standin(sys.argv[1], "kernels-community/mamba-ssm", json.loads(out.str
 PY
   CASE_SEQ=256 case_ hub-granite granitemoehybrid install 1 FASTPATH_HOOKS_PINS="$PINS_FILE" \
     LOCAL_KERNELS="kernels-community/mamba-ssm=$WORK/hub"
+  step "fastpath-hooks enable: nothing in the script; no HF_HUB_OFFLINE (no network: the hub does not answer)"
+  FASTPATH_HOOKS_PINS="$PINS_FILE" "$ENV1/bin/fastpath-hooks" enable
+  case_ enable-on-qwen qwen3_5 enable 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
+  case_ enable-on-granite granitemoehybrid enable 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
+  case_ enable-off-qwen qwen3_5 enable 1 FASTPATH_HOOKS_PINS="$PINS_FILE"
+  case_ enable-off-granite granitemoehybrid enable 1 FASTPATH_HOOKS_PINS="$PINS_FILE"
+  "$ENV1/bin/fastpath-hooks" disable
+  step "install() without HF_HUB_OFFLINE"
+  case_ install-on-qwen qwen3_5 install 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
+  case_ install-on-granite granitemoehybrid install 0 FASTPATH_HOOKS_PINS="$PINS_FILE"
   "$ENV1/bin/fastpath-hooks" doctor > "$WORK/doctor.txt" 2>&1
   "$ENV1/bin/python" benchmarks/era_d.py summary "$WORK"/cases/*.json --out "$WORK/summary.json" > /dev/null
   echo "done" > "$WORK/bg.done"
@@ -136,6 +141,7 @@ phase_wait() {
     sleep 10
     echo "--- ${SECONDS}s: $(grep -v '^\s*$' "$WORK/bg.log" 2>/dev/null | tail -1 | cut -c1-200)"
   done
+  "$ENV1/bin/python" benchmarks/era_d.py summary "$WORK"/cases/*.json --out "$WORK/summary.json" > /dev/null 2>&1
   cp "$WORK/bg.log" "$WORK/doctor.txt" "$WORK/summary.json" "$OUT/" 2>/dev/null
   (cd "$WORK/cases" 2>/dev/null && tar czf "$OUT/cases.tgz" . 2>/dev/null)
   [ -f "$WORK/bg.done" ] && echo "background: $(cat "$WORK/bg.done")"
