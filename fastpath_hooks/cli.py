@@ -141,27 +141,29 @@ def _kernels(names):
         raise _UsageError(str(exc)) from None
 
 
-def _snapshot(settings, pins):
+def _snapshot(settings, pins, *, sources: bool = False):
+    """(env, plan, installed). `sources` (doctor, plan): where transformers 5.25+ on an accelerator takes kernels
+    from the hub at from_pretrained, its mapping is imported first, so that the probe reads which functions the
+    hub serves here (facts/hub.py reads it only where transformers is imported) - not for the other commands,
+    which need no torch import for it."""
     from .facts.distributions import installed_versions
     from .engine import snapshot
 
-    _with_hub_mapping()
     env, plan = snapshot(settings, pins)
+    if sources and env.accelerator and not env.hub_entries and _imports_hub_mapping(env):
+        env, plan = snapshot(settings, pins)
     return env, plan, installed_versions()
 
 
-def _with_hub_mapping() -> None:
-    """transformers 5.25+ takes kernels from the hub at from_pretrained: its mapping is imported, so that the
-    probe reads which functions the hub serves here (facts/hub.py reads it only where transformers is imported)."""
-    from .facts.distributions import installed_versions
-    from .facts.environment import parse_version
-
-    version = parse_version(installed_versions().get("transformers"))
-    if version is not None and version.release[:2] >= (5, 25):
-        try:
-            import transformers.integrations.hub_kernels  # noqa: F401
-        except Exception:   # noqa: BLE001 - a broken transformers: the rest of doctor still says what it can
-            pass
+def _imports_hub_mapping(env) -> bool:
+    version = env.dist_version("transformers")
+    if version is None or version.release[:2] < (5, 25) or "transformers.integrations.hub_kernels" in sys.modules:
+        return False
+    try:
+        import transformers.integrations.hub_kernels  # noqa: F401
+    except Exception:   # noqa: BLE001 - a broken transformers: the rest of doctor still says what it can
+        return False
+    return True
 
 
 def _doctor(args) -> int:
@@ -177,7 +179,7 @@ def _doctor(args) -> int:
 
         cache.forget()
         forget_said()   # the lines said once per environment are said again
-    env, plan, real = _snapshot(settings, pins)
+    env, plan, real = _snapshot(settings, pins, sources=True)
     act = activation.status()
     verdicts = cache.entries()
     interrupted = _interrupted(settings)
@@ -224,7 +226,7 @@ def _plan(args) -> int:
 
     settings, pins = _context(args)
     wanted = _kernels(args.kernels)
-    env, plan, real = _snapshot(settings, pins)
+    env, plan, real = _snapshot(settings, pins, sources=True)
     if wanted:
         plan = _only(plan, wanted)
     if args.json:

@@ -84,21 +84,37 @@ def read_mapping():
         return None
 
 
-def locate(refs: dict, *, offline: bool, probe_seconds: float) -> dict:
-    """ref -> Where for each `refs` entry (ref -> HubEntry): LOCAL_KERNELS, else the hub when it answers,
-    else the kernels cache, else nowhere and why."""
+def locate(refs: dict, *, offline: bool, probe_seconds: float, builds: str = "") -> dict:
+    """ref -> Where for each `refs` entry (ref -> HubEntry): LOCAL_KERNELS, else the hub when it answers, else the
+    kernels cache, else nowhere and why. `builds`: "" - an answering hub counts as serving it (kernelize then finds
+    out, and falls back by itself where it has no build); "ask" - only where kernels finds a build of it for this
+    machine's torch (has_kernel: a request to the hub); else the reason it is not asked (a posed machine)."""
     local = local_kernels()
     why = offline_reason(offline, probe_seconds) if any(e.repo_id not in local for e in refs.values()) else None
     out = {}
     for ref, entry in refs.items():
         if entry.repo_id in local:
             out[ref] = Where(LOCAL, local[entry.repo_id])
+        elif why is None and builds not in ("", "ask"):
+            out[ref] = Where("", builds)
+        elif why is None and builds == "ask" and not _has_build(entry):
+            out[ref] = Where("", "the hub has no build of it for this torch")
         elif why is None:
             out[ref] = Where(ONLINE)
         else:
             path = cached(entry)
             out[ref] = Where(CACHE, path) if path else Where("", f"{why}, and it is not in the kernels cache")
     return out
+
+
+def _has_build(entry: HubEntry) -> bool:
+    try:
+        from kernels import has_kernel
+
+        return bool(has_kernel(entry.repo_id, version=entry.version, revision=None if entry.version else entry.revision,
+                               check_arch=False))
+    except Exception:   # noqa: BLE001 - kernels outside its window, the hub failing mid-way: not known to serve
+        return False
 
 
 _reachable: dict = {}   # (endpoint, seconds) -> None (answers) or why not: asked once per process
@@ -197,6 +213,10 @@ def hub_facts(env, settings, pins) -> dict:
     refs = {}
     for entry in found:
         refs.setdefault(entry.ref, entry)
-    where = locate(refs, offline=bool(settings is not None and settings.offline), probe_seconds=pins.hub.probe_seconds)
+    # a posed machine's torch is not this one's: which builds the hub has for it is not asked (LOCAL_KERNELS and the
+    # cache still count, and kernelize decides on the real machine)
+    builds = "ask" if env.gpu_source != "target" else "the machine is posed: the hub's builds for it are not looked up"
+    where = locate(refs, offline=bool(settings is not None and settings.offline), probe_seconds=pins.hub.probe_seconds,
+                   builds=builds)
     return {"hub_entries": tuple((e.name, e.repo_id, e.layer, e.version, e.revision, e.kernel, e.modes) for e in found),
             "hub_where": {ref: (w.how, w.detail) for ref, w in where.items()}}
