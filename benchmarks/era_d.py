@@ -52,7 +52,7 @@ def save(args) -> None:
 
 
 def case(args) -> dict:
-    out = {"model": os.path.basename(args.model.rstrip("/")), "via": args.via, "offline": args.offline,
+    out = {"model": os.path.basename(args.model.rstrip("/")), "via": args.via, "offline": args.offline, "seq": args.seq,
            "hub": os.environ.get("LOCAL_KERNELS", "") and "LOCAL_KERNELS", "error": None, "loss0": None}
     t0 = time.perf_counter()
     events = []
@@ -130,10 +130,11 @@ def summary(args) -> dict:
     for path in args.files:
         with open(path) as fh:
             cases.append(json.load(fh))
-    reference = {c["model"]: c["loss0"] for c in cases if c["via"] == "torch" and c.get("loss0") is not None}
+    # the torch path's first loss of the same model at the same length (a case at another length has none)
+    reference = {(c["model"], c.get("seq")): c["loss0"] for c in cases if c["via"] == "torch" and c.get("loss0") is not None}
     rows = []
     for c in cases:
-        ref = reference.get(c["model"])
+        ref = reference.get((c["model"], c.get("seq", 2048)))
         rows.append({"case": f"{c['model']} via {c['via']}, {'offline' if c['offline'] else 'hub unreachable'}"
                              + (", stand-in hub kernel" if c.get("hub") else ""),
                      "transformers": c.get("transformers"), "offline": bool(c["offline"]), "error": c.get("error"),

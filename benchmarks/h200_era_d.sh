@@ -108,7 +108,7 @@ PY
 import json, subprocess, sys
 sys.path.insert(0, "tests")
 from support import hub
-out = subprocess.run([sys.executable, "-c", hub.SIGNATURES, "granitemoehybrid", "qwen3_5"], capture_output=True, text=True,
+out = subprocess.run([sys.executable, "-c", hub.SIGNATURES, "granitemoehybrid", "qwen3_5", "mamba"], capture_output=True, text=True,
                      check=True).stdout
 print(hub.standin(sys.argv[1], "kernels-community/mamba-ssm", json.loads(out.strip().splitlines()[-1])))
 PY

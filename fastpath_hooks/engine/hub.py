@@ -128,7 +128,9 @@ def _say(choices, env) -> None:
                       "serve them", once="hub-offline")
     for kernel in sorted({c.entry.kernel for c in choices if c.refused and c.entry.kernel}):
         refused = [c for c in choices if c.refused and c.entry.kernel == kernel]
-        events.warning(f"{kernel}: not from {refused[0].entry.repo_id} - {refused[0].reason}", kernel,
+        whole = all(not c.serve for c in choices if c.entry.kernel == kernel)
+        what = "" if whole else f"{', '.join(sorted({c.entry.name for c in refused}))} "
+        events.warning(f"{kernel}: {what}not from {refused[0].entry.repo_id} - {refused[0].reason}", kernel,
                        once=f"hub-refused-{kernel}")
     served = [c for c in choices if c.serve and c.entry.kernel]
     for kernel, refs in sorted(served_kernels(choices).items()):
