@@ -50,6 +50,8 @@ def _resolved(model) -> dict:
         fn = getattr(module, name, None)
         if fn is None:
             continue
+        if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+            fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)   # HF kernels' Func (5.25)
         impl = inspect.getclosurevars(fn).nonlocals.get("implementation", fn) if hasattr(fn, "__wrapped__") else fn
         out[name] = f"{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
     return out

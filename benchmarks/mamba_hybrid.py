@@ -70,6 +70,8 @@ def resolved(model) -> dict:
     module = sys.modules[type(model).__module__]
     out = {}
     for name, fn in sorted(vars(module).items()):
+        if getattr(fn, "__code__", None) is None and callable(getattr(type(fn), "forward", None)):
+            fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)   # HF kernels' Func (5.25)
         f, seen = fn, 0
         while callable(f) and seen < 5:
             try:

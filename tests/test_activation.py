@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import zipfile
 
@@ -201,8 +202,7 @@ def test_sitecustomize_package_is_refused_with_the_reason(clean):
         assert "sitecustomize package" in proc.stderr and "--method pth" in proc.stderr
         assert not os.path.exists(_sitecustomize(venv))
     finally:
-        os.unlink(os.path.join(package, "__init__.py"))
-        os.rmdir(package)
+        shutil.rmtree(package)   # (with the bytecode the interpreter may have written for it)
 
 
 def test_the_sitecustomize_entry_point_is_declared_and_activates(venv, fastpath_wheel):

@@ -49,10 +49,12 @@ _DECO_SSM1 = {"mamba_inner_fn": ("mamba_inner_fn", "mamba_ssm"),
 _DECO_SSM2 = {"mamba2_split_conv1d_scan_combined": ("mamba_split_conv1d_scan_combined", "mamba_ssm"),
               "mamba2_selective_state_update": ("selective_state_update", "mamba_ssm"),
               "mamba2_chunk_scan": ("mamba_chunk_scan_combined", "mamba_ssm")}
-# Era C (5.24.0): module global -> (func_name, package) of its decorator.
+# Eras C/D (the newest tested: 5.25.0): module global -> (func_name, package) of its decorator. 5.25 no longer
+# decorates jamba's and falcon_mamba's mamba_inner_fn (5.24.0 did).
+_SSM1_NO_INNER = {k: v for k, v in _DECO_SSM1.items() if k != "mamba_inner_fn"}
 DECORATED = {
-    "mamba": {**_DECO_CONV, **_DECO_SSM1}, "falcon_mamba": {**_DECO_CONV, **_DECO_SSM1},
-    "jamba": {**_DECO_CONV, **_DECO_SSM1},
+    "mamba": {**_DECO_CONV, **_DECO_SSM1}, "falcon_mamba": {**_DECO_CONV, **_SSM1_NO_INNER},
+    "jamba": {**_DECO_CONV, **_SSM1_NO_INNER},
     "zamba": {**_DECO_CONV, "mamba_selective_state_update": _DECO_SSM1["mamba_selective_state_update"],
               "mamba_selective_scan": _DECO_SSM1["mamba_selective_scan"]},
     **{f: {**_DECO_CONV, **_DECO_SSM2} for f in ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h",
@@ -101,7 +103,7 @@ def decorated_in_source(path: str) -> dict:
 
 BEGIN, END = "<!-- mamba-families:begin (made by tests/test_mamba_families.py) -->", "<!-- mamba-families:end -->"
 COLUMNS = (("A", "4.57.x: at modeling import (gates)"), ("B", "5.0 - 5.14: at model construction (`lazy_load_kernel`)"),
-           ("C", "5.15 - {latest}: at modeling import (decorated functions)"))
+           ("C", "5.15 - {latest}: at modeling import (decorated functions; 5.25+: hub kernels first at from_pretrained)"))
 KERNELS = ("causal-conv1d", "mamba-ssm")
 
 
