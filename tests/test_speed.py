@@ -301,3 +301,27 @@ def test_a_wheel_index_source_with_sha256_is_used_before_a_build_and_a_wrong_has
         assert third.versions()["causal-conv1d"] == "1.7.0+fph.torch2.13.0.cu130.abi1.sm90"
         cached = os.listdir(os.path.join(str(tmp_path / "cache-bad"), "wheels"))
         assert not [n for n in cached if "cu.13.0" in n], cached          # the refused file is kept nowhere
+
+
+def test_a_later_environment_installs_a_checked_pure_kernel_with_no_child(make_venv, make_wheelhouse, tmp_path,
+                                                                           test_pins):
+    """fla (pure wheels) checked in one environment: the next one with the same cache installs the same wheels
+    beside the same distributions with no verification child at all (issue 33: it re-verified fla in a child,
+    43 s on the H200) - and another environment for the import (another PYTHONPATH) checks it again."""
+    from conftest import A100
+
+    house = make_wheelhouse(fla="0.6.0")
+    env = offline_env(house, A100, cache_dir=str(tmp_path / "cache"), pins=test_pins(house))
+    first = make_venv()
+    proc, started = _counted(first, "install", "fla", env=env, spawns=str(tmp_path / "spawns1.jsonl"))
+    assert proc.returncode == 0 and "fla: installed" in proc.stderr, proc.stderr
+    assert len(_verification_children(started)) == 1, started        # checked once, here
+    second = make_venv()
+    proc, started = _counted(second, "install", "fla", env=env, spawns=str(tmp_path / "spawns2.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert _verification_children(started) == [], started             # remembered: no child
+    assert re.search(r"fla: installed .* with \w+; import check remembered\n", proc.stderr), proc.stderr
+    third = make_venv()
+    other = dict(env, PYTHONPATH=str(tmp_path))
+    proc, started = _counted(third, "install", "fla", env=other, spawns=str(tmp_path / "spawns3.jsonl"))
+    assert proc.returncode == 0 and len(_verification_children(started)) == 1, started

@@ -42,12 +42,11 @@ from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields
-from .installer import (InstallError, InstallResult, _cache_wheel, _build_step, _check_changes, _check_result,
+from .installer import (REMEMBERED, InstallError, InstallResult, _cache_wheel, _build_step, _check_changes, _check_result,
                         _restart_advised, _run_step, _versions, allowed_steps, index_wheel)
 from .transaction import WORK_PREFIX, Transaction
 
 # a member whose import the cache remembers for these very files and this environment: no child checked it
-REMEMBERED = "import check remembered"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ SUBDIR = "verified"
 _SCRATCH = ("TMPDIR", "TEMP", "TMP")   # the install's own scratch directory: another one every time
 
 
-def _mark(spec, env_extra, digest: str, versions: dict) -> str:
+def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "") -> str:
     world = {
         "files": digest,
         "loaded": sorted(f"{name}=={version}" for name, version in versions.items()),
@@ -37,6 +37,8 @@ def _mark(spec, env_extra, digest: str, versions: dict) -> str:
         "env": sorted(f"{k}={v}" for k, v in env_extra if k not in _SCRATCH),
         "pythonpath": os.environ.get("PYTHONPATH", ""),
     }
+    if extra:   # what else the remembered verification ran (a decision's check)
+        world["extra"] = extra
     return hashlib.sha256(json.dumps(world, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -61,7 +63,7 @@ def _read(root: str, kernel: str) -> dict:
     return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
 
 
-def recall(root: str | None, spec, env_extra=()) -> dict | None:
+def recall(root: str | None, spec, env_extra=(), extra: str = "") -> dict | None:
     """The remembered import of this kernel for exactly this environment, or None."""
     if not root:
         return None
@@ -74,13 +76,13 @@ def recall(root: str | None, spec, env_extra=()) -> dict | None:
     if digest is None:
         return None
     for names in {tuple(e.get("distributions") or ()) for e in data.values()}:
-        entry = data.get(_mark(spec, env_extra, digest, _here(names)))
+        entry = data.get(_mark(spec, env_extra, digest, _here(names), extra))
         if entry is not None:
             return entry
     return None
 
 
-def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float) -> None:
+def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "") -> None:
     """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
     the names count); a read-only cache costs a child next time."""
     if not root:
@@ -98,7 +100,7 @@ def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float) ->
         with file_lock(path + ".lock", timeout=30):
             data = _read(root, spec.name)
             # the versions as a later recall reads them (this environment's dist-info), not the child's
-            data[_mark(spec, env_extra, digest, _here(sorted(loaded)))] = {
+            data[_mark(spec, env_extra, digest, _here(sorted(loaded)), extra)] = {
                 "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seconds": round(seconds, 2)}
             atomic_write_json(path, data)

@@ -53,6 +53,9 @@ class NumericMismatch(InstallError):
     and the kernel is blocked on that arch (the message has the measured error)."""
 
 
+REMEMBERED = "import check remembered"   # an install's line where no child checked it (act/import_memory.py)
+
+
 @dataclass(frozen=True)
 class InstallResult:
     kernel: str
@@ -215,15 +218,18 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             now = now or scan()
             after = _versions(now[0])
             _check_result(decision, after, protected_before, real_before, pins, env)
+            children = []   # whether each check ran a child (False: the whole check remembered, act/import_memory.py)
             for spec in verify_specs:
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
                                 started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)),
-                                check=decision.check if spec.name == decision.kernel else None)
+                                check=decision.check if spec.name == decision.kernel else None,
+                                root=cache_root(settings))
                 if not result.ok:
                     if result.numeric:
                         raise NumericMismatch(result.detail)
                     raise InstallError(f"verification failed: {result.detail}")
                 events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
+                children.append(result.child)
             for path, name, meta in to_cache:
                 _cache_wheel(settings, path, name, meta, decision.kernel, env)
         except BaseException as exc:
@@ -241,7 +247,8 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
     importlib.invalidate_caches()
     changed = {n: v for n, v in after.items() if real_before.get(n) != v}   # commit() leaves site-packages alone
     return InstallResult(decision.kernel, changed, time.monotonic() - start, installer,
-                         _restart_advised(changed, now[0]), scan=now)
+                         _restart_advised(changed, now[0]), scan=now,
+                         **({"checked": REMEMBERED} if children and not any(children) else {}))
 
 
 def _versions(found: dict) -> dict:

@@ -30,6 +30,14 @@ try:
 except BaseException as exc:
     out["ok"] = False
     out["error"] = f"{type(exc).__name__}: {exc}"
+if out["ok"]:   # the distributions whose modules the import loaded (act/import_memory.py keys the memory on them)
+    try:
+        import importlib.metadata as md
+        owners = md.packages_distributions()
+        tops = {n.split(".")[0] for n, m in list(sys.modules.items()) if getattr(m, "__file__", None)}
+        out["loaded"] = {d: md.version(d) for top in sorted(tops) for d in owners.get(top, ())}
+    except Exception:
+        pass
 sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
 sys.stdout.flush()
 """.replace("MARK", repr(_MARK))
@@ -103,6 +111,7 @@ class Verification:
     returncode: int | None
     numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
     child: bool = True        # a child process checked it (False: its import remembered, act/import_memory.py)
+    loaded: tuple = ()        # ((distribution, version), ...) the child's import loaded (the memory's key)
 
 
 def child_env(extra=()) -> dict:
@@ -113,20 +122,33 @@ def child_env(extra=()) -> dict:
 
 
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-           numeric=None, check=None) -> Verification:
+           numeric=None, check=None, root: str | None = None) -> Verification:
     """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
     numbers against torch on the GPU (once per installed files, GPU arch and torch build); then, where
     its decision has a `check` (the gated delta rule through the served kernel with and without a
     backend, compared, and the JIT warmed: act/gdr_check.py), that check in another child. The numeric
     check speaks for the kernel's own build (a mismatch blocks it on that arch); the gated-delta-rule
-    check for a backend against the served kernel's own path (a failure switches the backend off)."""
+    check for a backend against the served kernel's own path (a failure switches the backend off).
+    `root`: the cache root whose import memory (act/import_memory.py) is read and written - the whole
+    verification (import, numbers and check, the check's payload part of the key) passed before for the same
+    files beside the same distributions, interpreter and machine: no child runs (a later environment)."""
     from dataclasses import replace
 
+    from . import import_memory
+
+    mine = root and python is None
+    what = _check_key(check)
+    if mine:
+        known = import_memory.recall(root, kernel_spec, env_extra, extra=what)
+        if known is not None and _numbers_remembered(numeric, kernel_spec):
+            return Verification(True, f"import{' and check' if check else ''} remembered (same files and environment, "
+                                      f"{known.get('when', '?')})", 0.0, None, child=False)
     payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
     result = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
                        what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
     if not result.ok:
         return result
+    loaded, seconds = dict(result.loaded), result.seconds
     numbers = None
     if numeric is not None:
         from .numeric import verify_numbers
@@ -135,18 +157,39 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
                                  python=python, started=started)
         if not numbers.ok:
             return replace(result, ok=False, detail=numbers.detail, numeric=True)
-        if not check:
-            return replace(result, detail=f"{result.detail}; {numbers.detail}")
-    if not check:
-        return result
-    from .gdr_check import run_check as run_gdr_check
+    if check:
+        from .gdr_check import run_check as run_gdr_check
 
-    checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
-                            env_extra=env_extra, python=python, started=started)
-    # the check imports and runs the kernel: its clause says more than the import's (one line stays short)
-    detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
-    return replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
-                   returncode=checked.returncode)
+        checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
+                                env_extra=env_extra, python=python, started=started)
+        # the check imports and runs the kernel: its clause says more than the import's (one line stays short)
+        detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
+        result = replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
+                         returncode=checked.returncode)
+    elif numbers is not None:
+        result = replace(result, detail=f"{result.detail}; {numbers.detail}")
+    if result.ok and mine and loaded:
+        import_memory.remember(root, kernel_spec, env_extra, loaded, seconds, extra=what)
+    return result
+
+
+def _check_key(check) -> str:
+    """A decision's check as part of the memory's key (another check - other shapes, a backend - runs again)."""
+    if not check:
+        return ""
+    from ..facts.frozen import thaw
+
+    return json.dumps(thaw(check), sort_keys=True, default=str)
+
+
+def _numbers_remembered(numeric, spec) -> bool:
+    """No numeric check due, or it passed before for these installed files (act/numeric.py's records)."""
+    if numeric is None:
+        return True
+    from .numeric import NumericResult, prepare
+
+    got = prepare(numeric, spec.distributions)
+    return isinstance(got, NumericResult) and got.ok
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
@@ -309,7 +352,8 @@ def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: 
                             ran.seconds, ran.code)
     if not result.get("ok"):
         return Verification(False, f"{what}: {result.get('error')}", ran.seconds, ran.code)
-    return Verification(True, f"{what}: ok in {ran.seconds:.1f} s", ran.seconds, ran.code)
+    return Verification(True, f"{what}: ok in {ran.seconds:.1f} s", ran.seconds, ran.code,
+                        loaded=tuple(sorted((result.get("loaded") or {}).items())))
 
 
 def _tail(text: str, lines: int = 3) -> str:

@@ -37,6 +37,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
+from .._environ import cache_root
 from ..events.lines import first_fitting
 from ..act.verdicts import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
@@ -317,7 +318,7 @@ def _check(run: Run):
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
-                              numeric=_numeric_plan(run), check=decision.check)
+                              numeric=_numeric_plan(run), check=decision.check, root=cache_root(settings))
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
