@@ -30,34 +30,17 @@ SMALL_CHECK = {"check_seq": 16, "seqs": [32], "heads": [1, 2], "dims": [128, 128
 SLOW_FIXTURES = frozenset({"torch_wheel", "fastpath_wheel", "dep_wheels", "make_wheelhouse", "make_venv"})
 
 
-@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the groups (it appends them to the node ids)
 def pytest_collection_modifyitems(session, config, items):
-    """Parallel runs (pytest-xdist, `-n N --dist loadgroup`, what .ci/run does): the tests of a module
-    that shares module-scoped state (one venv for the module, scenarios run once, a last test checking
-    what the others left) run in one worker, in their order; every other test goes wherever a worker is
-    free. The heaviest work is handed out first - the modules with the most slow tests, then the other
-    slow tests, then the fast ones - so that no long module starts last."""
-    shared, slow_count = {}, {}
+    """Parallel runs (pytest-xdist, `-n N --dist loadscope`, what .ci/run does) hand each module to one worker
+    whole (module-scoped venvs and scenarios are made once, a module's last test checks what the others left),
+    in the order the modules come: the modules with the most slow tests first, so that no long module starts
+    last; the fast ones after them."""
+    slow_count: dict = {}
     for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(d and d[-1].scope == "module" for d in defs.values()):
-            shared[module] = True
         if item.get_closest_marker("slow") is not None:
+            module = item.nodeid.split("::", 1)[0]
             slow_count[module] = slow_count.get(module, 0) + 1
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if shared.get(module):
-            item.add_marker(pytest.mark.xdist_group(os.path.basename(module)[:-3]))
-
-    def weight(item):
-        module = item.nodeid.split("::", 1)[0]
-        slow = item.get_closest_marker("slow") is not None
-        if shared.get(module) and slow_count.get(module):
-            return (0, -slow_count[module], module)
-        return (1, 0, "") if slow else (2, 0, "")
-
-    items.sort(key=weight)   # stable: a module's tests keep their order
+    items.sort(key=lambda item: -slow_count.get(item.nodeid.split("::", 1)[0], 0))   # stable: a module keeps its order
 
 
 @pytest.hookimpl(tryfirst=True)
