@@ -243,10 +243,12 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
     assert probed == {"state": "ok", "spawns": 0, "probed": True, "fake": True}
     assert os.listdir(warm_dir) == [signature]  # re-earned under the same signature
 
-    # A corrupt cache: ignored (verified again, in a child process) and rewritten.
+    # A corrupt cache: ignored (verified again - in a child process, as its import is not remembered either:
+    # act/import_memory.py, which would save the child) and rewritten.
     for corrupt in (path, os.path.join(warm_dir, signature)):
         with open(corrupt, "wb") as fh:
             fh.write(b'{"schema": 2, "kernels": {"causal-conv1d": \xff')
+    shutil.rmtree(os.path.join(cache_dir, "verified"))
     reverified, err = _run(venv, CAUSAL_SCRIPT, env)
     assert reverified["state"] == "ok" and reverified["spawns"] == 1, (reverified, err)
     with open(path) as fh:

@@ -28,7 +28,7 @@ SUBDIR = "verified"
 _SCRATCH = ("TMPDIR", "TEMP", "TMP")   # the install's own scratch directory: another one every time
 
 
-def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "") -> str:
+def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "", gpus=()) -> str:
     world = {
         "files": digest,
         "loaded": sorted(f"{name}=={version}" for name, version in versions.items()),
@@ -39,6 +39,8 @@ def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "") -> str:
     }
     if extra:   # what else the remembered verification ran (a decision's check)
         world["extra"] = extra
+    if gpus:    # the GPUs it was checked on: another GPU type sharing the cache checks again
+        world["gpus"] = sorted(gpus)
     return hashlib.sha256(json.dumps(world, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -63,7 +65,7 @@ def _read(root: str, kernel: str) -> dict:
     return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
 
 
-def recall(root: str | None, spec, env_extra=(), extra: str = "") -> dict | None:
+def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:
     """The remembered import of this kernel for exactly this environment, or None."""
     if not root:
         return None
@@ -76,13 +78,13 @@ def recall(root: str | None, spec, env_extra=(), extra: str = "") -> dict | None
     if digest is None:
         return None
     for names in {tuple(e.get("distributions") or ()) for e in data.values()}:
-        entry = data.get(_mark(spec, env_extra, digest, _here(names), extra))
+        entry = data.get(_mark(spec, env_extra, digest, _here(names), extra, gpus))
         if entry is not None:
             return entry
     return None
 
 
-def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "") -> None:
+def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "", gpus=()) -> None:
     """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
     the names count); a read-only cache costs a child next time."""
     if not root:
@@ -100,7 +102,7 @@ def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, ex
         with file_lock(path + ".lock", timeout=30):
             data = _read(root, spec.name)
             # the versions as a later recall reads them (this environment's dist-info), not the child's
-            data[_mark(spec, env_extra, digest, _here(sorted(loaded)), extra)] = {
+            data[_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus)] = {
                 "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "seconds": round(seconds, 2)}
             atomic_write_json(path, data)

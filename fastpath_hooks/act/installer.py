@@ -223,7 +223,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
                 result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
                                 started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)),
                                 check=decision.check if spec.name == decision.kernel else None,
-                                root=cache_root(settings))
+                                root=cache_root(settings), gpus=env.gpus)
                 if not result.ok:
                     if result.numeric:
                         raise NumericMismatch(result.detail)

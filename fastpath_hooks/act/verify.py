@@ -122,7 +122,7 @@ def child_env(extra=()) -> dict:
 
 
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-           numeric=None, check=None, root: str | None = None) -> Verification:
+           numeric=None, check=None, root: str | None = None, gpus=()) -> Verification:
     """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
     numbers against torch on the GPU (once per installed files, GPU arch and torch build); then, where
     its decision has a `check` (the gated delta rule through the served kernel with and without a
@@ -139,7 +139,7 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
     mine = root and python is None
     what = _check_key(check)
     if mine:
-        known = import_memory.recall(root, kernel_spec, env_extra, extra=what)
+        known = import_memory.recall(root, kernel_spec, env_extra, extra=what, gpus=gpus)
         if known is not None and _numbers_remembered(numeric, kernel_spec):
             return Verification(True, f"import{' and check' if check else ''} remembered (same files and environment, "
                                       f"{known.get('when', '?')})", 0.0, None, child=False)
@@ -169,7 +169,7 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = No
     elif numbers is not None:
         result = replace(result, detail=f"{result.detail}; {numbers.detail}")
     if result.ok and mine and loaded:
-        import_memory.remember(root, kernel_spec, env_extra, loaded, seconds, extra=what)
+        import_memory.remember(root, kernel_spec, env_extra, loaded, seconds, extra=what, gpus=gpus)
     return result
 
 
@@ -193,7 +193,7 @@ def _numbers_remembered(numeric, spec) -> bool:
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-                numeric=(), root: str | None = None) -> list:
+                numeric=(), root: str | None = None, gpus=()) -> list:
     """Every kernel of `kernel_specs` (in order: a kernel after those it imports) checked in ONE child
     process: one Verification each (its `seconds` the kernel's own import time in the child). A kernel
     the child never reached (it crashed or timed out on an earlier one) gets a failed Verification
@@ -221,7 +221,7 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                 got = prepare(plan, spec.distributions)
                 (done if isinstance(got, NumericResult) else pending)[i] = got
     mine = root and python is None   # the memory speaks for this interpreter's environment only
-    known = [import_memory.recall(root, s, env_extra) if mine else None for s in specs]
+    known = [import_memory.recall(root, s, env_extra, gpus=gpus) if mine else None for s in specs]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"import {_modules(s.verify_modules)}: remembered (same files and "
                                                  f"environment, {k.get('when', '?')})", 0.0, None, child=False),
@@ -288,7 +288,7 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     if mine and loaded:
         for spec, result in zip(specs, out):
             if result.ok:
-                import_memory.remember(root, spec, env_extra, loaded, result.seconds)
+                import_memory.remember(root, spec, env_extra, loaded, result.seconds, gpus=gpus)
     return out
 
 

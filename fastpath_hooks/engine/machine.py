@@ -318,7 +318,8 @@ def _check(run: Run):
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
-                              numeric=_numeric_plan(run), check=decision.check, root=cache_root(settings))
+                              numeric=_numeric_plan(run), check=decision.check, root=cache_root(settings),
+                              gpus=run.env.gpus)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)

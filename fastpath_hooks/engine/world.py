@@ -192,13 +192,13 @@ class World:
 
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None):
+    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=()):
         """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
         numbers against torch, then its `check` (act/gdr_check.py): a result with `ok`, `detail` and
         `numeric` (it failed on its numbers)."""
         from ..act.verify import verify
 
-        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root)
+        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""

@@ -151,7 +151,7 @@ class TableWorld(World):
     def cache(self, settings):
         return VerdictCache(root=self.root, retry_after=settings.retry_after)
 
-    def verify(self, spec, *, timeout, env_extra=(), numeric=None, check=None, root=None):
+    def verify(self, spec, *, timeout, env_extra=(), numeric=None, check=None, root=None, gpus=()):
         self.calls["verify"] += 1
         self.numeric_plans.append(numeric)
         self.checks.append(check)
