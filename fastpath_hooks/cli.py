@@ -64,7 +64,7 @@ def _parser():
     d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/1)")
     d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
     d.add_argument("--refresh", action="store_true",
-                   help="forget cached verdicts (and the lines said once) for this environment first")
+                   help="forget cached verdicts, remembered checks and the lines said once first")
     d.add_argument("--smoke", action="store_true",
                    help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch reference")
     d.set_defaults(func=_doctor)
@@ -175,9 +175,11 @@ def _doctor(args) -> int:
     settings, pins = _context(args)
     cache = VerdictCache(settings)
     if args.refresh:
+        from .act import import_memory
         from .events import forget_said
 
         cache.forget()
+        import_memory.forget(cache_root(settings))   # the remembered checks, shared by the user's environments
         forget_said()   # the lines said once per environment are said again
     env, plan, real = _snapshot(settings, pins, sources=True)
     act = activation.status()

@@ -84,6 +84,14 @@ def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> di
     return None
 
 
+def forget(root: str | None) -> None:
+    """Forget every remembered check (`doctor --refresh`): the next install of each kernel checks it again."""
+    if root:
+        import shutil
+
+        shutil.rmtree(os.path.join(root, SUBDIR), ignore_errors=True)
+
+
 def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "", gpus=()) -> None:
     """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
     the names count); a read-only cache costs a child next time."""
