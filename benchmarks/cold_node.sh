@@ -9,7 +9,7 @@
 # verification child, numbers remembered).
 #
 # The wheelhouse ($WHEELHOUSE, default .whl; carry it): causal_conv1d-1.7.0.tar.gz,
-# mamba_ssm-2.3.2.post1.tar.gz, ninja, packaging, filelock, platformdirs wheels and a fastpath-hooks wheel
+# mamba_ssm-2.3.2.post1.tar.gz, ninja, packaging, filelock wheels and a fastpath-hooks wheel
 # (`.venv/bin/python -m pip wheel -q --no-deps -w .whl .`); einops and wheel too unless the device's
 # python has them (mamba-ssm needs einops, causal-conv1d's setup.py imports wheel) - `check` says.
 #
@@ -51,7 +51,7 @@ phase_check() {
   command -v nvcc >/dev/null && nvcc --version | tail -1
   local missing=() f
   for f in causal_conv1d-1.7.0.tar.gz mamba_ssm-2.3.2.post1.tar.gz "ninja-*.whl" "packaging-*.whl" "filelock-*.whl" \
-           "platformdirs-*.whl" "fastpath_hooks-*.whl"; do
+           "fastpath_hooks-*.whl"; do
     compgen -G "$WHEELHOUSE/$f" >/dev/null || missing+=("$f")
   done
   if [ ${#missing[@]} -gt 0 ]; then

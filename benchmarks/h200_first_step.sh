@@ -6,8 +6,8 @@
 #
 # Carried in (gitignored; made on the CPU machine from the worktree root before the device call):
 #   .whl-qla/ (WHEELHOUSE) - the kernels' wheels, as benchmarks/h200_qla.sh says
-#   .whl/ - the fastpath-hooks wheel of this branch and platformdirs (HOOKS_WHEELS):
-#     .venv/bin/python -m pip wheel -q --no-deps -w .whl . && pip download -q --no-deps -d .whl platformdirs
+#   .whl/ - the fastpath-hooks wheel of this branch (HOOKS_WHEELS):
+#     .venv/bin/python -m pip wheel -q --no-deps -w .whl .
 #
 # THE RUN (two device calls on nvidia-h200, carry [".whl", ".whl-qla"], ~13 min in all: the install's
 # Hopper numeric check and JIT warm-up ~6.5 min, then 12 fresh processes):
@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 WHEELHOUSE=$(cd "${WHEELHOUSE:-.whl-qla}" 2>/dev/null && pwd || echo "${WHEELHOUSE:-.whl-qla}")
 export FASTPATH_HOOKS_FIND_LINKS=$WHEELHOUSE FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
 export FASTPATH_HOOKS_SKIP=causal-conv1d,mamba-ssm FASTPATH_HOOKS_INSTALLER=pip   # uv refuses the LZMA tilelang
-HOOKS_WHEELS=${HOOKS_WHEELS:-$(ls "$PWD"/.whl/fastpath_hooks-*.whl "$PWD"/.whl/platformdirs-*.whl 2>/dev/null)}
+HOOKS_WHEELS=${HOOKS_WHEELS:-$(ls "$PWD"/.whl/fastpath_hooks-*.whl 2>/dev/null)}
 SERIES_ARGS=${SERIES_ARGS:-}
 [ $# -gt 0 ] || set -- facts start wait
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi

@@ -114,19 +114,14 @@ def cache_root_from_environ(environ=None) -> str:
 
 
 def default_cache_root(environ=None) -> str:
-    """platformdirs' user cache dir; on Linux computed the same way without importing it (~10 ms)."""
+    """The user cache dir of the XDG base directory spec (Linux, the one supported OS):
+    $XDG_CACHE_HOME/fastpath-hooks, else ~/.cache/fastpath-hooks."""
     import os
-    import sys
 
-    env = environ_of(environ)
-    if sys.platform.startswith("linux"):
-        base = env.get("XDG_CACHE_HOME", "")
-        if not base.strip():
-            base = os.path.expanduser("~/.cache")
-        return os.path.join(base, "fastpath-hooks")
-    import platformdirs
-
-    return platformdirs.user_cache_dir("fastpath-hooks", appauthor=False)
+    base = environ_of(environ).get("XDG_CACHE_HOME", "")
+    if not base.strip():
+        base = os.path.expanduser("~/.cache")
+    return os.path.join(base, "fastpath-hooks")
 
 
 def cache_root(settings) -> str:

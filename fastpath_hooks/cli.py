@@ -46,10 +46,12 @@ class _UsageError(Exception):
 
 
 def _error(message: str) -> None:
-    """One line on stderr, at most events.MAX_LINE characters."""
-    from .events import fit
+    """One line on stderr, at most events.MAX_LINE characters - whole under FASTPATH_HOOKS_LOG=debug
+    (a pins error's accepted forms, a long path)."""
+    from ._environ import log_level
+    from .events import PREFIX, fit
 
-    print(fit(message), file=sys.stderr)
+    print(PREFIX + message if log_level() == "debug" else fit(message), file=sys.stderr)
 
 
 def _parser():
