@@ -18,7 +18,7 @@ transformers' working torch path, with one clear line (one process per node, see
   changed while waiting for the lock). `context.py` holds what a decision is made from;
   `said.py` the lines its outcome is said in; `batch_install.py` the install of a kernel with the
   others of its request; `recovery.py` the rollback of an install killed half-way; `prepare.py` the
-  ahead-of-time jobs (`fastpath-hooks build` and `download`). docs/engine.md draws the whole flow.
+  ahead-of-time jobs (`fastpath-hooks build` and `download`). docs/architecture.md draws the whole flow.
 """
 
 from __future__ import annotations
