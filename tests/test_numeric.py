@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,6 +35,15 @@ def _stand_ins(tmp_path, *, wrong: bool = False) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return str(root)
+
+
+def _numbers(plan, distributions, *, env_extra, timeout):
+    """The kernel's numeric check through the one check child (act/verify.verify_many), its import trivial."""
+    from fastpath_hooks.act.verify import verify_many
+
+    spec = SimpleNamespace(name=plan.kernel, verify_modules=(), verify_attributes=(), distributions=distributions)
+    (result,) = verify_many([spec], timeout=timeout, env_extra=env_extra, numeric=[plan])
+    return result
 
 
 def _plan(kernel, target="gpu=sm_90,cuda=13.0,torch=2.13.0,numeric=cpu", root=None):
@@ -64,8 +74,6 @@ def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_p
     """fla 0.6 dispatches its chunk entry point to an importable flash_qla by itself; fla's numeric check is
     remembered under fla's files, so it runs with its backends off (FLA_FLASH_QLA=0) - a wrong flash_qla
     beside it is the backend check's business (act/gdr_check.py), not a verdict on fla."""
-    from fastpath_hooks.act.numeric import verify_numbers
-
     root = _stand_ins(tmp_path)
     files = {"flash_qla/__init__.py": wheels._QLA.replace("MODE_VALUE", "wrong").replace("VERSION", "0.1.3"),
              "tilelang/__init__.py": ""}
@@ -74,12 +82,11 @@ def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_p
         (tmp_path / "right" / name).write_text(text)
     plan = _plan("fla", root=str(tmp_path / "cache"))
     assert plan.env == (("FLA_FLASH_QLA", "0"),)
-    own = verify_numbers(plan, distributions=("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
-    assert own.ok and own.ran, own.detail
+    own = _numbers(plan, ("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
+    assert own.ok and own.child and "numbers match torch" in own.detail, own.detail
     # the same check with flash_qla left on measures the wrong stand-in: the switch is what keeps it fla's
-    through = verify_numbers(dataclasses.replace(plan, env=()), distributions=("fla-core",), timeout=180,
-                             env_extra=(("PYTHONPATH", root),))
-    assert not through.ok and "chunk_gated_delta_rule" in through.detail, through.detail
+    through = _numbers(dataclasses.replace(plan, env=()), ("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
+    assert not through.ok and through.numeric and "chunk_gated_delta_rule" in through.detail, through.detail
 
 
 def test_the_target_takes_numeric_cpu_and_refuses_other_values():
@@ -94,19 +101,15 @@ def test_the_target_takes_numeric_cpu_and_refuses_other_values():
 def test_wrong_numbers_fail_with_the_measured_error_and_right_ones_pass(tmp_path):
     """The child process, the shipped causal-conv1d checks, a stand-in on PYTHONPATH (no dist-info: nothing
     is remembered)."""
-    from fastpath_hooks.act.numeric import verify_numbers
-
     plan = _plan("causal-conv1d", root=str(tmp_path / "cache"))
-    wrong = verify_numbers(plan, distributions=("causal-conv1d",), timeout=120,
-                           env_extra=(("PYTHONPATH", _stand_ins(tmp_path, wrong=True)),))
-    assert not wrong.ok and wrong.ran
+    wrong = _numbers(plan, ("causal-conv1d",), timeout=120, env_extra=(("PYTHONPATH", _stand_ins(tmp_path, wrong=True)),))
+    assert not wrong.ok and wrong.numeric and wrong.child
     assert re.fullmatch(r"on sm_90 \(CPU tensors\), causal_conv1d_fn forward differs from torch by 0\.5\d? "
                         r"\(tolerance 0\.05 \+ 1%\)", wrong.detail), wrong.detail
-    right = verify_numbers(plan, distributions=("causal-conv1d",), timeout=120,
-                           env_extra=(("PYTHONPATH", _stand_ins(tmp_path),),))
-    assert right.ok and right.ran, right.detail
+    right = _numbers(plan, ("causal-conv1d",), timeout=120, env_extra=(("PYTHONPATH", _stand_ins(tmp_path),),))
+    assert right.ok and right.child, right.detail
     assert re.fullmatch(r"numbers match torch on sm_90 \(CPU tensors\): 3 checks, max abs diff [\d.e-]+, in [\d.]+ s",
-                        right.detail), right.detail
+                        right.detail.split("; ", 1)[1]), right.detail
 
 
 def test_a_remembered_mismatch_blocks_that_release_on_that_arch_under_that_torch():

@@ -65,6 +65,11 @@ def _verification_children(started) -> list:
     return [argv for argv in started if any("FASTPATH_HOOKS_VERIFY" in a for a in argv)]
 
 
+def _payload(argv) -> list:
+    """A verification child's kernels: the JSON argument after the numeric check's script (act/verify.py)."""
+    return json.loads(argv[[a.endswith("numeric_check.py") for a in argv].index(True) + 1])
+
+
 def _installs(started) -> list:
     """The installer calls (uv pip install / pip install), not builds (pip wheel) or checks."""
     return [argv for argv in started if "install" in argv and ("pip" in argv or any(a.endswith("/uv") or a == "uv"
@@ -185,7 +190,7 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     assert len(children) == 1, children                       # one child checked both kernels
     assert len(started3) == 2 and len(_installs(started3)) == 1, started3
     assert proc3.stderr.count("; verified in a child process") == 2, proc3.stderr
-    payload = json.loads(children[0][-1])
+    payload = _payload(children[0])
     assert [spec["modules"][0] for spec in payload] == ["causal_conv1d", "mamba_ssm"]   # dependency order
     wheel_calls = [a for a in _installs(started) if any(x.endswith(".whl") for x in a)]
     assert len(wheel_calls) == 1 and sum(x.endswith(".whl") for x in wheel_calls[0]) == 2   # one call, both wheels
@@ -325,3 +330,32 @@ def test_a_later_environment_installs_a_checked_pure_kernel_with_no_child(make_v
     other = dict(env, PYTHONPATH=str(tmp_path))
     proc, started = _counted(third, "install", "fla", env=other, spawns=str(tmp_path / "spawns3.jsonl"))
     assert proc.returncode == 0 and len(_verification_children(started)) == 1, started
+
+
+def test_an_install_checks_its_kernels_in_one_child_import_numbers_and_the_gated_delta_rule(make_venv, make_wheelhouse,
+                                                                                              tmp_path, test_pins):
+    """One check child per install (issue 33): fla on a posed Hopper with triton 3.6 (fla#640: it runs tilelang,
+    so its decision carries the gated-delta-rule check and JIT warm-up) - its import, its numeric check
+    (numeric=cpu: the stand-ins compute on CPU tensors) and that check run in ONE child process, torch and fla
+    imported once; no numeric or gated-delta-rule child of their own. Both ran: the numbers are remembered and
+    the warm-up recorded."""
+    from conftest import H100_OLD_TRITON
+
+    house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi="0.1.12")
+    cache = tmp_path / "cache"
+    env = offline_env(house, H100_OLD_TRITON + ",numeric=cpu", cache_dir=str(cache),
+                      pins=test_pins(house, flash_qla_on=False))
+    proc, started = _counted(make_venv(), "install", "fla", env=env, spawns=str(tmp_path / "spawns.jsonl"))
+    assert proc.returncode == 0 and "fla: installed" in proc.stderr, proc.stderr
+    checks = _verification_children(started)
+    apart = [argv for argv in started if argv not in checks and any("numeric_check" in a or "gdr_check" in a
+                                                                     for a in argv)]
+    assert apart == [], apart                                            # no check child of its own
+    installed = re.findall(r"^fastpath-hooks: (\S+): installed", proc.stderr, re.M)
+    assert sorted(installed) == ["fla", "tilelang"] and len(checks) == 2, (installed, checks)
+    payloads = [_payload(argv) for argv in checks]
+    (fla,) = [p for p in payloads if any("gdr" in item for item in p)]
+    assert [sorted(k for k in item if k in ("numeric", "gdr")) for item in fla] == [["gdr", "numeric"]]
+    numbers = json.loads((cache / "numeric" / "fla.json").read_text())
+    assert numbers and {entry["state"] for entry in numbers.values()} == {"good"}, numbers
+    assert "fla" in json.loads((cache / "jit" / "warm.json").read_text())

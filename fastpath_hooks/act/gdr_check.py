@@ -1,7 +1,8 @@
 """The gated-delta-rule check and JIT warm-up of a verification child (the policy decides it:
 decide/warmup.py, a Decision's `check`).
 
-In a child process (a bad kernel must not take the caller down, and a JIT can abort it), through the
+In the verification child (act/verify.py: one child process for an install's import, numeric and this
+check; a bad kernel must not take the caller down, and a JIT can abort it), through the
 served kernel's own entry point (`fla.ops.gated_delta_rule.chunk_gated_delta_rule`, as transformers
 calls it: q, k [1, T, key heads, K], v [1, T, value heads, V] in bf16, g in float32, beta in bf16,
 the q/k l2-norm in the kernel), forward + backward:
@@ -21,9 +22,9 @@ the q/k l2-norm in the kernel), forward + backward:
 The device is CUDA when torch sees one, else the CPU (stand-in kernels in the CPU tests compute there;
 the real ones fail their import or first call on a CPU, which is a failed check); on a CPU the
 warm-up is left out (nothing is compiled there) unless the check names the device (`device: cpu`).
-It runs after the kernel's numeric checks (act/numeric.py, pins `numeric_checks`: fla's own numbers at
-a tiny shape, remembered per installed files, with its backends switched off) in the same verification
-(act/verify.py): those speak for the kernel's build, this one for a backend against the served
+It runs after the kernel's import and numeric checks (act/numeric.py, pins `numeric_checks`: fla's own
+numbers at a tiny shape, remembered per installed files, with its backends switched off) in the same
+child, on the same imported kernel: those speak for the kernel's build, this one for a backend against the served
 kernel's own path, and it warms the JIT at the model's shapes.
 The parent keeps the last warm-up per kernel in <cache>/jit/warm.json for `fastpath-hooks doctor`.
 """
@@ -32,55 +33,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from typing import NamedTuple
 
-_MARK = "FASTPATH_HOOKS_GDR "
 WARM_FILE = "warm.json"
 TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
 
 # -- the parent side ---------------------------------------------------------------------------
-
-class Checked(NamedTuple):
-    ok: bool
-    detail: str
-    seconds: float
-    returncode: int | None
-
-
-def run_check(check, *, kernel: str, timeout: float, env_extra=(), python: str | None = None, started=None) -> Checked:
-    """Run `check` (a Decision's) in a child interpreter, under the verification child's environment
-    (hooks off, no posed target). A passed check's warm-up is recorded for `doctor` (WARM_FILE under
-    the JIT cache root)."""
-    from ..facts.frozen import thaw
-    from .runner import child_environ, run
-
-    environ = child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",))
-    ran = run([python or sys.executable, "-m", "fastpath_hooks.act.gdr_check", json.dumps(thaw(check))],
-              timeout=timeout, environ=environ, started=started, kernel=kernel,
-              label=f"checking {kernel} forward + backward and warming its JIT")
-    what = f"{kernel}'s gated-delta-rule check"
-    result = None
-    for line in ran.output.splitlines():
-        if line.startswith(_MARK):
-            try:
-                result = json.loads(line[len(_MARK):])
-            except ValueError:
-                result = None
-    if ran.timed_out:
-        return Checked(False, f"{what} did not finish within {timeout:.0f} s", ran.seconds, None)
-    if result is None:
-        tail = " | ".join(r for r in ran.output.strip().splitlines()[-3:] if r.strip())[-300:]
-        return Checked(False, f"{what} exited with code {ran.code}: {tail or 'no output'}", ran.seconds, ran.code)
-    if result.get("status") != "pass":
-        return Checked(False, f"{what}: {result.get('reason')}", ran.seconds, ran.code)
-    from .._environ import cache_root_from_environ
-
-    record_warm(cache_root_from_environ(environ), kernel, result, environ)
-    return Checked(True, f"{what}: {summary(result)}", ran.seconds, ran.code)
-
 
 def summary(result: dict) -> str:
     """One clause: how far from its limit the check came, and what the warm-up cost."""
@@ -308,11 +267,11 @@ def _child(check: dict) -> dict:
     return result
 
 
-if __name__ == "__main__":
+def check_here(check: dict) -> dict:
+    """The check in this process (the verification child, act/verify.py): its failure - a JIT / nvcc error,
+    an import error - is its result."""
     try:
-        payload = json.loads(sys.argv[1])
-        outcome = _child(payload)
-    except BaseException as exc:  # the check's failure is its result: a JIT/nvcc error, an import error
-        outcome = {"status": "fail", "reason": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]}
-    sys.stdout.write("\n" + _MARK + json.dumps(outcome) + "\n")
-    sys.stdout.flush()
+        return _child(check)
+    except BaseException as exc:   # noqa: BLE001
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return {"status": "fail", "reason": f"{type(exc).__name__}: {first}"[:400]}

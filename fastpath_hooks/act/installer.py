@@ -151,7 +151,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
 
     from .._environ import cache_root
     from .numeric import plan_for
-    from .verify import verify
+    from .verify import verify_many
 
     real_before = _versions(scan()[0])
     steps = allowed_steps(decision.steps, pins, real_before)
@@ -219,11 +219,13 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             after = _versions(now[0])
             _check_result(decision, after, protected_before, real_before, pins, env)
             children = []   # whether each check ran a child (False: the whole check remembered, act/import_memory.py)
-            for spec in verify_specs:
-                result = verify(spec, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                started=tx.record_group, numeric=plan_for(spec.name, env, pins, cache_root(settings)),
-                                check=decision.check if spec.name == decision.kernel else None,
-                                root=cache_root(settings), gpus=env.gpus)
+            specs = list(verify_specs)
+            results = verify_many(specs, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
+                                  started=tx.record_group,
+                                  numeric=[plan_for(spec.name, env, pins, cache_root(settings)) for spec in specs],
+                                  checks=[decision.check if spec.name == decision.kernel else None for spec in specs],
+                                  root=cache_root(settings), gpus=env.gpus)
+            for spec, result in zip(specs, results):
                 if not result.ok:
                     if result.numeric:
                         raise NumericMismatch(result.detail)

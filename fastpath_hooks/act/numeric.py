@@ -118,20 +118,6 @@ def _remember(root: str, kernel: str, entries: dict) -> None:
 
 # -- running ----------------------------------------------------------------------------------
 
-def verify_numbers(plan: NumericPlan, *, distributions, timeout: float, env_extra=(), python: str | None = None,
-                   started=None) -> NumericResult:
-    """Run (or recall) the plan's checks for the installed kernel; a mismatch is remembered and fails."""
-    pending = prepare(plan, distributions)
-    if isinstance(pending, NumericResult):
-        return pending
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
-    start = time.monotonic()
-    report, problem = run_check_script(script, json.dumps(pending.payload), mark=_MARK, timeout=timeout,
-                                       env_extra=tuple(env_extra) + plan.env, python=python, started=started,
-                                       what=f"{plan.kernel}'s numeric check")
-    return conclude(pending, report, problem, time.monotonic() - start)
-
-
 @dataclass(frozen=True)
 class Pending:
     """A numeric check to run: the child's payload, and what its result is remembered under."""
@@ -144,8 +130,7 @@ class Pending:
 
 def prepare(plan: NumericPlan, distributions):
     """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
-    else the Pending check - for verify_numbers' own child or one child that checks several kernels
-    (act/verify.verify_many)."""
+    else the Pending check for the verification child (act/verify.py)."""
     from ..facts.distributions import installed_versions
 
     kernel, root = plan.kernel, plan.root

@@ -1,7 +1,11 @@
-"""Verification in a child process, with a timeout.
+"""The check of installed kernels: ONE child process for every kernel of an install, with a timeout.
 
-Never in-process: a bad tilelang/apache-tvm-ffi pair aborts the importing
-process (SIGABRT), and a wrong-arch causal-conv1d build can segfault.
+Per kernel, in order (a kernel after those it imports): its import; its numeric checks against torch
+where they are due (act/numeric.py, act/numeric_check.py); its decision's gated-delta-rule check and
+JIT warm-up (act/gdr_check.py). torch and each kernel are imported once for all of them. Never
+in-process: a bad tilelang/apache-tvm-ffi pair aborts the importing process (SIGABRT), and a
+wrong-arch causal-conv1d build can segfault. A passed check is remembered (act/import_memory.py): a
+later environment with the same files beside the same distributions runs no child at all.
 """
 
 from __future__ import annotations
@@ -12,43 +16,14 @@ import sys
 from dataclasses import dataclass
 
 _MARK = "FASTPATH_HOOKS_VERIFY "
-_CODE = r"""
-import importlib, json, sys
-spec = json.loads(sys.argv[1])
-out = {"ok": True, "error": None, "versions": {}}
-try:
-    for name in spec["modules"]:
-        mod = importlib.import_module(name)
-        out["versions"][name] = str(getattr(mod, "__version__", ""))
-    for item in spec["attributes"]:
-        modname, _, attr = item.partition(":")
-        obj = importlib.import_module(modname)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        if not callable(obj):
-            raise TypeError(f"{item} is not callable")
-except BaseException as exc:
-    out["ok"] = False
-    out["error"] = f"{type(exc).__name__}: {exc}"
-if out["ok"]:   # the distributions whose modules the import loaded (act/import_memory.py keys the memory on them)
-    try:
-        import importlib.metadata as md
-        owners = md.packages_distributions()
-        tops = {n.split(".")[0] for n, m in list(sys.modules.items()) if getattr(m, "__file__", None)}
-        out["loaded"] = {d: md.version(d) for top in sorted(tops) for d in owners.get(top, ())}
-    except Exception:
-        pass
-sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
-sys.stdout.flush()
-""".replace("MARK", repr(_MARK))
 
 
 # Several kernels in one child (a request's cached kernels, dependency order): one result line per
 # kernel as soon as it is checked, so a crash names the kernel it happened in and the ones before stand.
 _MANY = r"""
-import importlib, importlib.util, json, sys, time
-specs = json.loads(sys.argv[2])   # argv[1]: act/numeric_check.py, loaded only where a numeric check runs
-numeric = None
+import importlib, importlib.util, json, os, sys, time
+specs = json.loads(sys.argv[2])   # argv[1], argv[3]: act/numeric_check.py, act/gdr_check.py, loaded where they run
+numeric = gdr = None
 for i, spec in enumerate(specs):
     out = {"index": i, "ok": True, "error": None, "seconds": 0.0}
     start = time.monotonic()
@@ -82,6 +57,22 @@ for i, spec in enumerate(specs):
         except BaseException as exc:
             out["numeric"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
         out["numeric_seconds"] = round(time.monotonic() - began, 3)
+    numbers_ok = "numeric" not in out or (out["numeric"]["ok"] and not any(
+        r.get("state") in ("mismatch", "error") for r in out["numeric"]["results"]))
+    if out["ok"] and numbers_ok and spec.get("gdr"):
+        # the decision's gated-delta-rule check and warm-up (act/gdr_check.py), its backend switches its own
+        sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "gdr"}) + "\n")
+        sys.stdout.flush()
+        if gdr is None:
+            loaded = importlib.util.spec_from_file_location("fastpath_hooks_gdr_check", sys.argv[3])
+            gdr = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(gdr)
+        saved = dict(os.environ)
+        try:
+            out["gdr"] = gdr.check_here(spec["gdr"])
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
     sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
 # the distributions whose modules these imports loaded (act/import_memory.py keys the memory on them)
@@ -123,54 +114,9 @@ def child_env(extra=()) -> dict:
 
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
            numeric=None, check=None, root: str | None = None, gpus=()) -> Verification:
-    """The kernel's import in a child process; then, with `numeric` (act/numeric.py's NumericPlan), its
-    numbers against torch on the GPU (once per installed files, GPU arch and torch build); then, where
-    its decision has a `check` (the gated delta rule through the served kernel with and without a
-    backend, compared, and the JIT warmed: act/gdr_check.py), that check in another child. The numeric
-    check speaks for the kernel's own build (a mismatch blocks it on that arch); the gated-delta-rule
-    check for a backend against the served kernel's own path (a failure switches the backend off).
-    `root`: the cache root whose import memory (act/import_memory.py) is read and written - the whole
-    verification (import, numbers and check, the check's payload part of the key) passed before for the same
-    files beside the same distributions, interpreter and machine: no child runs (a later environment)."""
-    from dataclasses import replace
-
-    from . import import_memory
-
-    mine = root and python is None
-    what = _check_key(check)
-    if mine:
-        known = import_memory.recall(root, kernel_spec, env_extra, extra=what, gpus=gpus)
-        if known is not None and _numbers_remembered(numeric, kernel_spec):
-            return Verification(True, f"import{' and check' if check else ''} remembered (same files and environment, "
-                                      f"{known.get('when', '?')})", 0.0, None, child=False)
-    payload = json.dumps({"modules": list(kernel_spec.verify_modules), "attributes": list(kernel_spec.verify_attributes)})
-    result = run_check(_CODE, payload, timeout=timeout, env_extra=env_extra, python=python,
-                       what=f"import {_modules(kernel_spec.verify_modules)}", started=started)
-    if not result.ok:
-        return result
-    loaded, seconds = dict(result.loaded), result.seconds
-    numbers = None
-    if numeric is not None:
-        from .numeric import verify_numbers
-
-        numbers = verify_numbers(numeric, distributions=kernel_spec.distributions, timeout=timeout, env_extra=env_extra,
-                                 python=python, started=started)
-        if not numbers.ok:
-            return replace(result, ok=False, detail=numbers.detail, numeric=True)
-    if check:
-        from .gdr_check import run_check as run_gdr_check
-
-        checked = run_gdr_check(check, kernel=kernel_spec.name, timeout=max(1.0, timeout - result.seconds),
-                                env_extra=env_extra, python=python, started=started)
-        # the check imports and runs the kernel: its clause says more than the import's (one line stays short)
-        detail = f"{numbers.detail}; {checked.detail}" if checked.ok and numbers is not None else checked.detail
-        result = replace(result, ok=checked.ok, detail=detail, seconds=result.seconds + checked.seconds,
-                         returncode=checked.returncode)
-    elif numbers is not None:
-        result = replace(result, detail=f"{result.detail}; {numbers.detail}")
-    if result.ok and mine and loaded:
-        import_memory.remember(root, kernel_spec, env_extra, loaded, seconds, extra=what, gpus=gpus)
-    return result
+    """One kernel checked: verify_many of one."""
+    return verify_many([kernel_spec], timeout=timeout, env_extra=env_extra, python=python, started=started,
+                       numeric=[numeric], checks=[check], root=root, gpus=gpus)[0]
 
 
 def _check_key(check) -> str:
@@ -182,28 +128,20 @@ def _check_key(check) -> str:
     return json.dumps(thaw(check), sort_keys=True, default=str)
 
 
-def _numbers_remembered(numeric, spec) -> bool:
-    """No numeric check due, or it passed before for these installed files (act/numeric.py's records)."""
-    if numeric is None:
-        return True
-    from .numeric import NumericResult, prepare
-
-    got = prepare(numeric, spec.distributions)
-    return isinstance(got, NumericResult) and got.ok
-
-
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-                numeric=(), root: str | None = None, gpus=()) -> list:
+                numeric=(), checks=(), root: str | None = None, gpus=()) -> list:
     """Every kernel of `kernel_specs` (in order: a kernel after those it imports) checked in ONE child
-    process: one Verification each (its `seconds` the kernel's own import time in the child). A kernel
-    the child never reached (it crashed or timed out on an earlier one) gets a failed Verification
-    saying so, with `returncode` None, and is not to be blamed: its `detail` starts with "not checked".
+    process: one Verification each (its `seconds` the kernel's own time in the child). A kernel the
+    child never reached (it crashed or timed out on an earlier one) gets a failed Verification saying
+    so, with `returncode` None, and is not to be blamed: its `detail` starts with "not checked".
     `numeric`: per kernel, act/numeric.py's NumericPlan or None; a check not remembered for the installed
-    files runs in the same child, after the kernel's import (torch is imported once for all of them),
-    and a mismatch (or a crash in it) fails the kernel with `numeric` set, as verify() does.
+    files runs after the kernel's import, and a mismatch (or a crash in it) fails the kernel with
+    `numeric` set: it is blocked on that arch. `checks`: per kernel, its decision's gated-delta-rule check
+    (act/gdr_check.py: a backend against the served kernel's own path, the JIT warmed at the model's
+    shapes) or None; it runs after the numbers, and a failure fails the kernel (a backend is switched off).
     `root`: the cache root whose import memory (act/import_memory.py) is read and written: when every
-    kernel's import is remembered for exactly this environment and no numeric check is due, no child
-    runs at all."""
+    kernel's check (import, numbers and gated-delta-rule check; the latter's payload part of the key) passed
+    before for exactly this environment, no child runs at all."""
     import os
 
     from . import import_memory
@@ -211,6 +149,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
 
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
+    gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
+    keys = [_check_key(c) for c in gdrs]
     pending: dict = {}   # index -> numeric.Pending; done: index -> NumericResult (skipped or remembered)
     done: dict = {}
     if any(p is not None for p in plans):
@@ -221,21 +161,26 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                 got = prepare(plan, spec.distributions)
                 (done if isinstance(got, NumericResult) else pending)[i] = got
     mine = root and python is None   # the memory speaks for this interpreter's environment only
-    known = [import_memory.recall(root, s, env_extra, gpus=gpus) if mine else None for s in specs]
+    known = [import_memory.recall(root, s, env_extra, extra=k, gpus=gpus) if mine else None for s, k in zip(specs, keys)]
     if not pending and all(known):
-        return [_with_numbers(Verification(True, f"import {_modules(s.verify_modules)}: remembered (same files and "
-                                                 f"environment, {k.get('when', '?')})", 0.0, None, child=False),
+        return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
+                                                 f"{k.get('when', '?')})", 0.0, None, child=False),
                               i, {}, pending, done)
-                for i, (s, k) in enumerate(zip(specs, known))]
+                for i, (s, k, c) in enumerate(zip(specs, known, gdrs))]
+    from ..facts.frozen import thaw
+
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
-                           **({"numeric": pending[i].payload} if i in pending else {})} for i, s in enumerate(specs)])
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
+                           **({"numeric": pending[i].payload} if i in pending else {}),
+                           **({"gdr": thaw(gdrs[i])} if gdrs[i] else {})} for i, s in enumerate(specs)])
+    here = os.path.dirname(os.path.abspath(__file__))
     off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
-    ran = run([python or sys.executable, "-c", _MANY, script, payload], timeout=timeout,
-              environ=child_env(tuple(env_extra) + off),
-              started=started)
+    environ = child_env(tuple(env_extra) + off)
+    warmed = next((s.name for s, c in zip(specs, gdrs) if c), None)   # said while it runs (minutes on a cold GPU)
+    ran = run([python or sys.executable, "-c", _MANY, os.path.join(here, "numeric_check.py"), payload,
+               os.path.join(here, "gdr_check.py")], timeout=timeout, environ=environ, started=started, kernel=warmed,
+              label=f"checking {warmed} forward + backward and warming its JIT" if warmed else "")
     results: dict = {}
-    in_numbers: set = set()
+    phase: dict = {}     # index -> the last phase the child began for it ("numeric", "gdr")
     loaded = None
     for line in ran.output.splitlines():
         if line.startswith(_MARK):
@@ -243,8 +188,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                 item = json.loads(line[len(_MARK):])
                 if "loaded" in item:
                     loaded = item["loaded"]
-                elif item.get("phase") == "numeric":
-                    in_numbers.add(int(item["index"]))
+                elif item.get("phase"):
+                    phase[int(item["index"])] = item["phase"]
                 else:
                     results[int(item["index"])] = item
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -256,15 +201,21 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
         item = results.get(i)
         if item is not None:
             ok = bool(item.get("ok"))
-            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s (one check for {len(specs)} kernels)" if ok \
-                else f"{what}: {item.get('error')}"
-            out.append(_with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0), ran.code),
-                                     i, item, pending, done))
+            many = f" (one check for {len(specs)} kernels)" if len(specs) > 1 else ""
+            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else f"{what}: {item.get('error')}"
+            result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0), ran.code),
+                                   i, item, pending, done)
+            out.append(_with_gdr(result, spec, gdrs[i], item, environ))
             continue
         if blamed:
             out.append(Verification(False, "not checked: the check stopped at an earlier kernel", 0.0, None))
             continue
         blamed = True
+        step = phase.get(i)
+        if step == "gdr":
+            what = f"{spec.name}'s gated-delta-rule check"
+        elif step == "numeric" and i in pending:
+            what = f"{spec.name}'s numeric check"
         if ran.timed_out:
             detail = f"{what} did not finish within {timeout:.0f} s"
         elif ran.code is not None and ran.code < 0:
@@ -276,20 +227,45 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
             detail = f"{what} killed the process ({name})" + (f": {tail}" if tail else "")
         else:
             detail = f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}"
-        if i in in_numbers and i in pending:   # it imported; its numeric check crashed or ran out of time
+        if step == "numeric" and i in pending:   # it imported; its numeric check crashed or ran out of time
             from .numeric import conclude
 
-            numbers = conclude(pending[i], None, f"{spec.name}'s numeric check: {detail.split(': ', 1)[-1]}"
-                               if not ran.timed_out else f"{spec.name}'s numeric check did not finish within "
-                               f"{timeout:.0f} s", ran.seconds)
+            numbers = conclude(pending[i], None, detail, ran.seconds)
             out.append(Verification(False, numbers.detail, ran.seconds, ran.code, numeric=True))
             continue
         out.append(Verification(False, detail, ran.seconds, ran.code))
     if mine and loaded:
-        for spec, result in zip(specs, out):
+        for spec, result, key in zip(specs, out, keys):
             if result.ok:
-                import_memory.remember(root, spec, env_extra, loaded, result.seconds, gpus=gpus)
+                import_memory.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
     return out
+
+
+def _what(spec, check) -> str:
+    return f"import {_modules(spec.verify_modules)}" + (" and its gated-delta-rule check" if check else "")
+
+
+def _with_gdr(result, spec, check, item: dict, environ: dict):
+    """A kernel's Verification with its gated-delta-rule check's result (the check's clause says more than
+    the import's: it imports and runs the kernel); a passed check's warm-up is recorded for `doctor`."""
+    from dataclasses import replace
+
+    if not result.ok or not check:
+        return result
+    report = item.get("gdr")
+    what = f"{spec.name}'s gated-delta-rule check"
+    if not isinstance(report, dict):
+        return replace(result, ok=False, detail=f"{what} did not run")
+    seconds = result.seconds + float(report.get("seconds") or 0.0)
+    if report.get("status") != "pass":
+        return replace(result, ok=False, detail=f"{what}: {report.get('reason')}", seconds=seconds)
+    from .._environ import cache_root_from_environ
+    from .gdr_check import record_warm, summary
+
+    record_warm(cache_root_from_environ(environ), spec.name, report, environ)
+    numbers = result.detail.split("; ", 1)[1] if "; " in result.detail else ""
+    clause = f"{what}: {summary(report)}"
+    return replace(result, detail=f"{numbers}; {clause}" if numbers else clause, seconds=seconds)
 
 
 def _with_numbers(result, i: int, item: dict, pending: dict, done: dict):
@@ -318,42 +294,6 @@ def _modules(names) -> str:
     joined = ", ".join(names)
     packages = sorted({name.split(".")[0] for name in names})
     return joined if len(joined) <= 24 else ", ".join(packages)
-
-
-def run_check(code: str, payload: str, *, timeout: float, env_extra=(), python: str | None = None, what: str,
-              started=None) -> Verification:
-    """Run `code` in a child interpreter (the runner: its own process group, killed whole on a
-    timeout or Ctrl-C) and read the result line it prints last."""
-    from .runner import run
-
-    ran = run([python or sys.executable, "-c", code, payload], timeout=timeout, environ=child_env(env_extra),
-              started=started)
-    lines = ran.output.splitlines()
-    result = None
-    for line in lines:
-        if line.startswith(_MARK):
-            try:
-                result = json.loads(line[len(_MARK):])
-            except ValueError:
-                result = None
-    other = "\n".join(ln for ln in lines if not ln.startswith(_MARK))
-    if ran.timed_out:
-        return Verification(False, f"{what} did not finish within {timeout:.0f} s", ran.seconds, None)
-    if ran.code < 0:
-        try:
-            name = signal.Signals(-ran.code).name
-        except ValueError:
-            name = f"signal {-ran.code}"
-        tail = _tail(other)
-        return Verification(False, f"{what} killed the process ({name})" + (f": {tail}" if tail else ""),
-                            ran.seconds, ran.code)
-    if result is None:
-        return Verification(False, f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}",
-                            ran.seconds, ran.code)
-    if not result.get("ok"):
-        return Verification(False, f"{what}: {result.get('error')}", ran.seconds, ran.code)
-    return Verification(True, f"{what}: ok in {ran.seconds:.1f} s", ran.seconds, ran.code,
-                        loaded=tuple(sorted((result.get("loaded") or {}).items())))
 
 
 def _tail(text: str, lines: int = 3) -> str:
