@@ -1,21 +1,17 @@
 """The typed loader: the pins data (shipped pins.json merged with a user file) into a `Pins`
-(facts/pins_values.py). A record is read from its dataclass, field by field: the field's type says
-what the data holds there - str: a non-empty string, SpecifierSet: a version range, bool, int, float,
-tuple[X, ...]: a list of X, dict[str, X]: a table of X, a dataclass: a table read the same way,
-X | None: X, or nothing where absent - and its metadata (pins_values.m) the rest:
-  key        the data's key where it is not the field's name ("a.b": b of the table a; "{distributions[0]}":
-             the kernel's first distribution)
-  absent     the data's value where the key is absent (none: the key is needed, unless X | None)
-  form       what a string is - "version", "requirement", "spec" (a range, kept as text), "kernel" (one of
-             the kernels; in a kernel's entry, another one) - or a reader of this module for the value
-  ok, says   a test of each value (a list's items, a table's values) and the forms it accepts
-  choices    the values accepted; key_ok, key_says: a test of a table's keys
-  nonempty   the message for an empty list or table; unique: no two records of a list share the value
-  conv       made of each value once checked (canonical_name, str.lower)
-  kinds      only a kernel of these kinds has the key; req: an X | None its kinds need
-  hand       not read: made here from other keys; ctx: kept for the keys read after it
-Then the checks across records (hazards, yanked versions, the allow-list, the registry's names) and
-the order the kernels are decided in. Every error is one PinsError naming the file and the entry."""
+(facts/pins_values.py). Each record is read from its dataclass, field by field. The field's type says
+what the data holds: str (non-empty), SpecifierSet (a version range), bool, int, float, tuple[X, ...]
+(a list), dict[str, X] (a table), a dataclass (a table read the same way), X | None (X; absent: None).
+Its metadata (pins_values.m) says the rest: `key` (where it is not the field's name; "a.b": b of the
+table a; "{distributions[0]}": the kernel's first distribution), `absent` (the value where the key is
+left out; none: it is needed), `form` (a string's: "version", "requirement", "spec" - a range kept as
+text -, "kernel" - one of the kernels, another one in a kernel's entry -; or a reader of this module),
+`ok`/`says` (a test of each value, a list's items or a table's values, and the forms it accepts),
+`choices`, `key_ok`/`key_says` (of a table's keys), `nonempty` (the message when empty), `unique` (no
+two records of a list share it), `conv` (made of each value checked), `kinds` (only kernels of these
+kinds have it), `req` (an X | None they need), `ctx` (kept for the keys read after it), `hand` (made
+here). Then the checks across records and the order the kernels are decided in. Every error is one
+PinsError naming the file and the entry."""
 
 from __future__ import annotations
 
@@ -46,6 +42,14 @@ def _fields(cls) -> tuple:
         hints = get_type_hints(cls)
         _FIELDS[cls] = tuple((f, hints[f.name]) for f in fields(cls))
     return _FIELDS[cls]
+
+
+def _invalid(parse, error, text):
+    """The error parsing `text` raises, else None."""
+    try:
+        parse(text)
+    except error as exc:
+        return exc
 
 
 def _number(value, tp) -> bool:
@@ -167,28 +171,18 @@ class _Loader:
         elif tp is str:
             if not isinstance(raw, str) or not raw.strip():
                 self.fail(e, f"{raw!r}: {says}" if says and raw is not None else "expected a non-empty string")
-            self.form(form, raw, e, ctx)
+            if form == "version" and _invalid(Version, InvalidVersion, raw):
+                self.fail(e, f"{raw!r} is not a version")
+            if form == "requirement" and _invalid(Requirement, InvalidRequirement, raw):
+                self.fail(e, f"{raw!r} is not a requirement: {_invalid(Requirement, InvalidRequirement, raw)}")
+            own = ctx.get("name")
+            if form == "kernel" and (raw not in ctx["names"] or raw == own):
+                self.fail(e, f"{raw!r}: expected {'another kernel, ' if own else ''}one of "
+                          f"{', '.join(k for k in ctx['names'] if k != own)}")
         if "ok" in md and not md["ok"](raw):
             self.fail(e, f"{raw!r}: {says}")
         value = float(raw) if tp is float else raw
         return md["conv"](value) if "conv" in md else value
-
-    def form(self, form, value: str, e: str, ctx: dict) -> None:
-        if form == "version":
-            try:
-                Version(value)
-            except InvalidVersion:
-                self.fail(e, f"{value!r} is not a version")
-        elif form == "requirement":
-            try:
-                Requirement(value)
-            except InvalidRequirement as exc:
-                self.fail(e, f"{value!r} is not a requirement: {exc}")
-        elif form == "kernel":
-            own = ctx.get("name")
-            if value not in ctx["names"] or value == own:
-                self.fail(e, f"{value!r}: expected {'another kernel, ' if own else ''}one of "
-                          f"{', '.join(k for k in ctx['names'] if k != own)}")
 
     # -- one kernel's entry ----------------------------------------------------------------------
 

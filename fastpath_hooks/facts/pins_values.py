@@ -51,10 +51,7 @@ def _sm(text) -> bool:
     return text.startswith("sm_") and text[3:].isdigit()
 
 
-def _accelerator(says="expected cuda, rocm or xpu"):
-    return dict(choices=ACCELERATORS, says=says)
-
-
+_ACCELERATOR = dict(choices=ACCELERATORS, says="expected cuda, rocm or xpu")
 _SPEC = dict(absent="")            # a range left out: any version
 _SOME = dict(absent=())            # a list left out: none
 _POSITIVE = dict(ok=lambda x: x > 0, says="expected a positive number")
@@ -65,9 +62,9 @@ class ReleaseIssue:
     """A pinned release's known wrong results on `gpus` (fla 0.5.2 on Hopper: fla PR #1262), said in
     its install reason; the numeric check is what catches it on the user's GPU."""
     gpus: tuple[str, ...] = m(key="gpu")
-    id: str = m()
-    effect: str = m()
-    source: str = m()
+    id: str
+    effect: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ class PureRelease:
     torch: SpecifierSet = m(**_SPEC)
     triton: SpecifierSet = m(**_SPEC)
     transformers: SpecifierSet = m(**_SPEC)
-    source: str = m()
+    source: str
     backends: tuple[str, ...] = m((), form="kernel", kinds=("pure",), **_SOME)
     partners: dict = m(factory=dict, key="with", absent={}, form="partners", kinds=("backend",))   # kernel -> SpecifierSet
     # known wrong results on some GPUs, fixed in a later release
@@ -93,7 +90,7 @@ class Archs:
     served kernel sends a call that needs gradients elsewhere, so it is no training path there)."""
     train: tuple[str, ...] = m(ok=_sm, says="expected sm_XY", **_SOME)
     forward: tuple[str, ...] = m(ok=_sm, says="expected sm_XY", **_SOME)
-    source: str = m()
+    source: str
 
 
 _DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="expected a list of positive integers")
@@ -109,7 +106,7 @@ class HeadDims:
     # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
     config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v").__contains__,
                                            key_says="expected k, v, heads_k or heads_v")
-    source: str = m()
+    source: str
 
 
 @dataclass(frozen=True)
@@ -117,9 +114,9 @@ class Pays:
     """Where a backend is installed by default: `hazard` - where a hazard of the served kernel makes it
     need the backend's `with` kernel anyway (fla#640: fla runs tilelang on Hopper with triton < 3.7.1);
     `elsewhere` - everywhere else it applies. Flipped by a benchmark's figures (a pins file can too)."""
-    hazard: bool = m()
-    elsewhere: bool = m()
-    source: str = m()
+    hazard: bool
+    elsewhere: bool
+    source: str
 
 
 @dataclass(frozen=True)
@@ -136,9 +133,8 @@ class Warm:
     dims: tuple[int, ...] = m(**_DIMS)        # (K, V)
     tolerances: dict = m(absent={}, form="tensor_tolerances")   # o, dq, dk, dv, dbeta, dg -> ratio
     slack: float = m(absent=1.0, ok=lambda x: x >= 1, says="expected a number >= 1")
-    source: str = m()
-    # where q/k keep their own head count
-    gva_transformers: SpecifierSet = m(factory=SpecifierSet, **_SPEC)
+    source: str
+    gva_transformers: SpecifierSet = m(factory=SpecifierSet, **_SPEC)   # where q/k keep their own head count
     # output_final_state of the calls warmed (the first: the check's)
     final_state: tuple[bool, ...] = m((False,), absent=(False,),
                                       nonempty="expected a list of true / false (output_final_state of the calls warmed)")
@@ -150,7 +146,7 @@ class Pair:
     (its second distribution: tilelang 0.1.15 with apache-tvm-ffi 0.1.12 or 0.1.11)."""
     version: str = m(key="{distributions[0]}", form="version")
     companions: tuple[str, ...] = m(key="{distributions[1]}", form="version", nonempty="at least one known-good {distributions[1]} version is needed")
-    source: str = m()
+    source: str
 
 
 @dataclass(frozen=True)
@@ -158,18 +154,18 @@ class BrokenPair:
     version: str = m(key="{distributions[0]}", form="version")
     companions: tuple[str, ...] = m(key="{distributions[1]}", form="version")
     arch: str = m(ok=lambda a: a == "*" or a.startswith(("sm_", "gfx")), says="expected '*', sm_XY or gfxNNN")
-    effect: str = m()
-    source: str = m()
+    effect: str
+    source: str
 
 
 @dataclass(frozen=True)
 class Switch:
     """The variable a served kernel reads to stop using this one (FLA_TILELANG=0), and the
     accelerators where the policy sets it (where this kernel cannot run), unless the user set it."""
-    variable: str = m()
-    off: str = m()
-    off_on: tuple[str, ...] = m(**_accelerator(), **_SOME)
-    source: str = m()
+    variable: str
+    off: str
+    off_on: tuple[str, ...] = m(**_ACCELERATOR, **_SOME)
+    source: str
 
 
 def _subdirectory(name: str) -> bool:
@@ -183,15 +179,15 @@ class KernelSpec:
     name: str = m(hand=True)
     module: str = m(hand=True)          # the import name checked and blocked (modules[0])
     distributions: tuple[str, ...] = m(conv=canonical_name, ctx=True, nonempty="at least one distribution is needed")
-    python: SpecifierSet = m()
-    torch: SpecifierSet = m()
-    accelerators: tuple[str, ...] = m(**_accelerator())
+    python: SpecifierSet
+    torch: SpecifierSet
+    accelerators: tuple[str, ...] = m(**_ACCELERATOR)
     platforms: tuple[str, ...] = m(ok=lambda p: "-" in p, says="expected os-arch such as linux-x86_64")
     runtime_deps: tuple[str, ...] = m(form="requirement", **_SOME)
     verify_modules: tuple[str, ...] = m(key="verify.modules", **_SOME)
     verify_attributes: tuple[str, ...] = m(key="verify.attributes", ok=lambda a: ":" in a, says="expected module:attribute",
                                            **_SOME)
-    source: str = m()
+    source: str
     glibc: dict[str, str] = m(factory=dict, absent={}, form="spec")
     needs_nvcc: bool = m(False, absent=False)
     nvcc_packages: dict | None = m(None, form="nvcc")
@@ -245,9 +241,8 @@ class KernelRelease:
     transformers: SpecifierSet = m(**_SPEC)
     declares: tuple[str, ...] = m(form="requirement", **_SOME)
     cuda_archs: dict | None = m(form="gencode")   # this release's -gencode table when it differs from the source build's
-    source: str = m()
-    # its GitHub release wheels, when other than the kernel's `release`
-    release: ReleaseWheels | None = m(None)
+    source: str
+    release: ReleaseWheels | None = m(None)   # its GitHub release wheels, when other than the kernel's `release`
 
 
 def _sha256(digest: str) -> bool:
@@ -258,13 +253,13 @@ def _sha256(digest: str) -> bool:
 class ReleaseWheels:
     """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
     version: str = m(form="version")
-    tag: str = m()
-    base_url: str = m()
+    tag: str
+    base_url: str
     filename: str = m()    # a template of WHEEL_FIELDS (facts/pins_loader.py)
     builds: tuple = m(form="builds")
     torch_aliases: dict[str, str] = m(absent={})
     sha256: dict[str, str] = m(absent={}, ok=_sha256, says="expected 64 lowercase hex digits")
-    source: str = m()
+    source: str
 
 
 def _placeholders(text: str) -> bool:
@@ -291,13 +286,13 @@ class WheelIndex:
                   says="a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
     url: str = m(ok=_index_url, says=f"an http(s):// or file:// template of the project page, with {{project}}, ending in /; "
                  f"{_KNOWN}")
-    project: str = m()
+    project: str
     channel: str = m(ok=_placeholders, says=_KNOWN)
     local: str = m(ok=_placeholders, says=_KNOWN)
     cxx11_abi: str = m(choices=("TRUE", "FALSE"), says="expected TRUE or FALSE (the cxx11 ABI of its builds)")
     torch: SpecifierSet = m(**_SPEC)
     enabled: bool = m(absent=False)          # used unless FASTPATH_HOOKS_WHEEL_INDEX says otherwise
-    source: str = m()
+    source: str
 
 
 @dataclass(frozen=True)
@@ -314,7 +309,7 @@ class SourceBuild:
     archs: int = m(key="measured.archs", **_POSITIVE)
     cores: int = m(key="measured.cores", **_POSITIVE)
     cuda_archs: dict = m(form="gencode")
-    source: str = m()
+    source: str
     # files compiled (MAX_JOBS beyond this count leaves cores idle)
     translation_units: int = m(1, key="parallel.translation_units", absent=1, ok=lambda x: x >= 1,
                                says="expected a positive whole number (the files the build compiles)")
@@ -325,8 +320,7 @@ class SourceBuild:
     # files compiled in parts, one per explicit instantiation group (act/compiler_wrapper.py)
     split_units: tuple[str, ...] = m((), key="parallel.split_units", **_SOME)
     arch_rules: tuple = m((), hand=True)   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
-    # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
-    cuda_switch: CudaSwitch | None = m(None)
+    cuda_switch: CudaSwitch | None = m(None)   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -342,9 +336,9 @@ class SourceBuild:
 class CxxStandard:
     """The C++ standard a torch release's headers need: `std` is handed LAST to both compilers of
     every compiled kernel's build (host and nvcc/hipcc), replacing whatever the sdist hard-codes."""
-    torch: SpecifierSet = m()
+    torch: SpecifierSet
     std: str = m(choices=STDS)
-    source: str = m()
+    source: str
 
 
 def _compute_capability(gpu: str) -> bool:
@@ -358,13 +352,13 @@ _SM = dict(ok=_compute_capability, says="expected sm_XY (a CUDA compute capabili
 class ArchRule:
     """Code for `gpu` compiled by an nvcc in `nvcc` is known to be wrong: build `build_as` code instead
     (it runs on `gpu`), and with `wheels` == "avoid" take no release wheel built by such an nvcc there."""
-    id: str = m()
+    id: str
     gpu: str = m(**_SM)
-    nvcc: SpecifierSet = m()
+    nvcc: SpecifierSet
     build_as: str = m(**_SM)
     wheels: str = m(absent="", choices=("", "avoid"), says='expected "avoid" or nothing')
-    effect: str = m()
-    source: str = m()
+    effect: str
+    source: str
 
     def applies(self, gpu: str, nvcc_version) -> bool:
         """On `gpu`, with code from nvcc `nvcc_version` (None: unknown - the rule applies, failing closed)."""
@@ -394,7 +388,7 @@ class NumericCheck:
     backward: bool = m(absent=False)
     gpus: tuple[str, ...] = m(absent=("*",))
     requires: tuple[str, ...] = m(**_SOME)
-    source: str = m()
+    source: str
     # the reference's switches (channel_last, ...)
     options: dict[str, object] = m(factory=dict, absent={}, ok=lambda x: isinstance(x, (bool, int, float, str)),
                                    says="expected a plain value")
@@ -411,11 +405,10 @@ class CudaSwitch:
     types whose modeling code calls that extension (transformers' Mamba-1 families); the others use
     only its Triton ops, so where only they are in use the build compiles nothing."""
     env: dict[str, object] = m(conv=str, nonempty="expected the variable that turns the CUDA build on")
-    releases: SpecifierSet = m()
-    needed_by: tuple[str, ...] = m()
-    # the model types that use the package without the extension (its Triton ops)
-    triton_only: tuple[str, ...] = m(**_SOME)
-    source: str = m()
+    releases: SpecifierSet
+    needed_by: tuple[str, ...]
+    triton_only: tuple[str, ...] = m(**_SOME)   # the model types that use the package without the extension (its Triton ops)
+    source: str
 
     def applies(self, version) -> bool:
         try:
@@ -429,14 +422,14 @@ class Hazard:
     """A GPU + triton range where `kernel` is wrong unless `needs` is usable. Messages read
     `<gpu> + triton <version> <effect> (<id>)`, so `effect` is a short predicate and `fix` a
     short imperative without parentheses."""
-    id: str = m()
+    id: str
     kernel: str = m(form="kernel")
-    gpu: tuple[str, ...] = m()
+    gpu: tuple[str, ...]
     triton: SpecifierSet = m()      # matched failing closed: a pre-release of a bound counts as inside
     needs: str = m()                # a kernel that serves `kernel` (facts/pins_loader.py)
-    effect: str = m()
-    fix: str = m()
-    source: str = m()
+    effect: str
+    fix: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -444,7 +437,7 @@ class PackedPackage:
     """A package transformers' kernel functions need to keep packed sequences apart: a kernel
     fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
     (`kernel` None: only whether it is installed is checked)."""
-    module: str = m()
+    module: str
     kernel: str | None = m(form="kernel")
     distribution: str = m(hand=True)    # the kernel's name where none is given
     models: tuple[str, ...] = m(**_SOME)
@@ -454,23 +447,23 @@ class PackedPackage:
 class PackedSequences:
     """The transformers versions that raise on packed sequences (cu_seqlens / seq_idx) when a
     kernel function is on its torch path, and the packages that concerns."""
-    transformers: SpecifierSet = m()
-    packages: tuple[PackedPackage, ...] = m()
-    source: str = m()
+    transformers: SpecifierSet
+    packages: tuple[PackedPackage, ...]
+    source: str
 
 
 @dataclass(frozen=True)
 class HubBroken:
     """A hub kernel build known to fail: `repo` at `version` (None: any) with a torch and CUDA in these ranges
     (None: any) on these GPUs (empty: any)."""
-    id: str = m()
-    repo: str = m()
+    id: str
+    repo: str
     version: int | None = m(says="expected the repo's kernel version, a whole number such as 5")
-    torch: SpecifierSet | None = m()
-    cuda: SpecifierSet | None = m()
+    torch: SpecifierSet | None
+    cuda: SpecifierSet | None
     gpu: tuple[str, ...] = m(**_SOME)
-    effect: str = m()
-    source: str = m()
+    effect: str
+    source: str
 
 
 @dataclass(frozen=True)
