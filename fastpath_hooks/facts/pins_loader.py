@@ -44,14 +44,6 @@ def _fields(cls) -> tuple:
     return _FIELDS[cls]
 
 
-def _invalid(parse, error, text):
-    """The error parsing `text` raises, else None."""
-    try:
-        parse(text)
-    except error as exc:
-        return exc
-
-
 def _number(value, tp) -> bool:
     return isinstance(value, int if tp is int else (int, float)) and not isinstance(value, bool)
 
@@ -171,10 +163,11 @@ class _Loader:
         elif tp is str:
             if not isinstance(raw, str) or not raw.strip():
                 self.fail(e, f"{raw!r}: {says}" if says and raw is not None else "expected a non-empty string")
-            if form == "version" and _invalid(Version, InvalidVersion, raw):
-                self.fail(e, f"{raw!r} is not a version")
-            if form == "requirement" and _invalid(Requirement, InvalidRequirement, raw):
-                self.fail(e, f"{raw!r} is not a requirement: {_invalid(Requirement, InvalidRequirement, raw)}")
+            if form in ("version", "requirement"):
+                try:
+                    (Version if form == "version" else Requirement)(raw)
+                except (InvalidVersion, InvalidRequirement) as exc:
+                    self.fail(e, f"{raw!r} is not a {form}" + (f": {exc}" if form == "requirement" else ""))
             own = ctx.get("name")
             if form == "kernel" and (raw not in ctx["names"] or raw == own):
                 self.fail(e, f"{raw!r}: expected {'another kernel, ' if own else ''}one of "
