@@ -18,13 +18,13 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-from .pins_schema import build, decision_order
+from .pins_loader import build, decision_order
 from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
                           PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels,
                           SourceBuild, Switch, Warm, WheelIndex, same_version)
 from .._registry import REGISTRY, PinsFileError, read_pins_file
 
-# the values (pins_values) and the order of the kernels (pins_schema) are read from here too
+# the values (pins_values) and the order of the kernels (pins_loader) are read from here too
 __all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", "HeadDims", "KernelRelease", "KernelSpec",
            "PackedPackage", "PackedSequences", "Pair", "Pays", "Pins", "PinsError", "PureRelease", "ReleaseWheels",
            "SourceBuild", "Switch", "Warm", "WheelIndex", "decision_order", "load", "record_keys", "same_version"]

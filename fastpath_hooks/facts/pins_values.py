@@ -1,10 +1,12 @@
-"""The values the pins are read into (facts/pins.py loads them, facts/pins_schema.py validates):
-immutable, one class per kind of record, and the `Pins` that holds them."""
+"""The values the pins are read into (facts/pins.py loads them, facts/pins_loader.py checks them):
+immutable, one class per kind of record, and the `Pins` that holds them. Each field's type and
+metadata (`m(...)`) say what the pins data may hold there; facts/pins_loader.py documents the keys."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import MISSING, dataclass, field
 from functools import cached_property
 
 from packaging.requirements import Requirement
@@ -23,6 +25,14 @@ SOURCE_KINDS = ("measured", "reported", "upstream")
 # through the served kernel's switch, never blocked.
 KINDS = ("pure", "pair", "compiled", "backend")
 ACCELERATORS = ("cuda", "rocm", "xpu")
+STDS = ("c++17", "c++20", "c++23", "gnu++17", "gnu++20", "gnu++23")
+DTYPES = ("float32", "float16", "bfloat16")
+# the references act/numeric_check.py holds (it imports nothing of the package, so the names live here too)
+NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
+                      "gated_delta_rule")
+INDEX_FIELDS = ("{channel}", "{project}", "{cuda}", "{cuda_nodot}", "{torch_mm}")
+WHEEL_FIELDS = ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}")
+TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
 
 class PinsError(ValueError):
@@ -31,39 +41,59 @@ class PinsError(ValueError):
         where = f"pins file {origin}" if origin != SHIPPED else "the shipped pins.json"
         super().__init__(f"{where}: {entry}: {message}" if entry else f"{where}: {message}")
 
-@dataclass(frozen=True)
-class PureRelease:
-    """One pinned release of a pure kernel (every distribution at this version), where it fits;
-    `backends`: the serving kernels it can use (fla 0.5+: tilelang; 0.6+: flash-qla), which a hazard
-    may need and a backend kernel is installed for. A backend's release: `partners`, the versions of
-    the kernels it is used `with` that it needs (flash-qla 0.1.3: tilelang >= 0.1.12)."""
-    version: str
-    torch: SpecifierSet
-    triton: SpecifierSet
-    transformers: SpecifierSet
-    backends: tuple
-    source: str
-    partners: dict = field(default_factory=dict)    # kernel -> SpecifierSet
-    issues: tuple = ()      # ReleaseIssue: known wrong results on some GPUs, fixed in a later release
+
+def m(default=MISSING, factory=MISSING, **checks):
+    """A field and what the pins data may hold for it (facts/pins_loader.py reads `checks`)."""
+    return field(default=default, default_factory=factory, metadata=checks)
+
+
+def _sm(text) -> bool:
+    return text.startswith("sm_") and text[3:].isdigit()
+
+
+_ACCELERATOR = dict(choices=ACCELERATORS, says="expected cuda, rocm or xpu")
+_SPEC = dict(absent="")            # a range left out: any version
+_SOME = dict(absent=())            # a list left out: none
+_POSITIVE = dict(ok=lambda x: x > 0, says="expected a positive number")
 
 
 @dataclass(frozen=True)
 class ReleaseIssue:
     """A pinned release's known wrong results on `gpus` (fla 0.5.2 on Hopper: fla PR #1262), said in
     its install reason; the numeric check is what catches it on the user's GPU."""
-    gpus: tuple
+    gpus: tuple[str, ...] = m(key="gpu")
     id: str
     effect: str
     source: str
 
 
 @dataclass(frozen=True)
+class PureRelease:
+    """One pinned release of a pure kernel (every distribution at this version), where it fits;
+    `backends`: the serving kernels it can use (fla 0.5+: tilelang; 0.6+: flash-qla), which a hazard
+    may need and a backend kernel is installed for. A backend's release: `partners`, the versions of
+    the kernels it is used `with` that it needs (flash-qla 0.1.3: tilelang >= 0.1.12)."""
+    version: str = m(form="version", unique=True)
+    torch: SpecifierSet = m(**_SPEC)
+    triton: SpecifierSet = m(**_SPEC)
+    transformers: SpecifierSet = m(**_SPEC)
+    source: str
+    backends: tuple[str, ...] = m((), form="kernel", kinds=("pure",), **_SOME)
+    partners: dict = m(factory=dict, key="with", absent={}, form="partners", kinds=("backend",))   # kernel -> SpecifierSet
+    # known wrong results on some GPUs, fixed in a later release
+    issues: tuple[ReleaseIssue, ...] = m((), kinds=("pure",), **_SOME)
+
+
+@dataclass(frozen=True)
 class Archs:
     """A backend's GPUs: `train` runs its forward and backward, `forward` its forward only (the
     served kernel sends a call that needs gradients elsewhere, so it is no training path there)."""
-    train: tuple
-    forward: tuple
+    train: tuple[str, ...] = m(ok=_sm, says="expected sm_XY", **_SOME)
+    forward: tuple[str, ...] = m(ok=_sm, says="expected sm_XY", **_SOME)
     source: str
+
+
+_DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="expected a list of positive integers")
 
 
 @dataclass(frozen=True)
@@ -71,9 +101,11 @@ class HeadDims:
     """The head dims (K, V) a backend computes; the served kernel sends other shapes elsewhere. `config`:
     the transformers config attributes that hold them (and the head counts), read from the config
     classes of the modeling modules imported (facts/imported_models.py)."""
-    k: tuple
-    v: tuple
-    config: dict      # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
+    k: tuple[int, ...] = m(**_DIMS)
+    v: tuple[int, ...] = m(**_DIMS)
+    # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
+    config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v").__contains__,
+                                           key_says="expected k, v, heads_k or heads_v")
     source: str
 
 
@@ -95,31 +127,33 @@ class Warm:
     dims used where the model's are not known, and the tolerances (relative RMS error vs a float32
     recurrence, as fla's tests measure it; or within `slack` times the served kernel's own error; none:
     the kernel is run and warmed, its errors only reported)."""
-    check_seq: int
-    seqs: tuple
-    heads: tuple       # (key heads, value heads)
-    dims: tuple        # (K, V)
-    tolerances: dict   # o, dq, dk, dv, dbeta, dg -> ratio
-    slack: float
+    check_seq: int = m(ok=lambda x: x > 0, says="expected a positive integer (the check's sequence length)")
+    seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)", **_SOME)
+    heads: tuple[int, ...] = m(**_DIMS)       # (key heads, value heads)
+    dims: tuple[int, ...] = m(**_DIMS)        # (K, V)
+    tolerances: dict = m(absent={}, form="tensor_tolerances")   # o, dq, dk, dv, dbeta, dg -> ratio
+    slack: float = m(absent=1.0, ok=lambda x: x >= 1, says="expected a number >= 1")
     source: str
-    gva_transformers: SpecifierSet = field(default_factory=SpecifierSet)   # where q/k keep their own head count
-    final_state: tuple = (False,)   # output_final_state of the calls warmed (the first: the check's)
+    gva_transformers: SpecifierSet = m(factory=SpecifierSet, **_SPEC)   # where q/k keep their own head count
+    # output_final_state of the calls warmed (the first: the check's)
+    final_state: tuple[bool, ...] = m((False,), absent=(False,),
+                                      nonempty="expected a list of true / false (output_final_state of the calls warmed)")
 
 
 @dataclass(frozen=True)
 class Pair:
     """A known-good pair: the kernel's first distribution at `version` with one of `companions`
     (its second distribution: tilelang 0.1.15 with apache-tvm-ffi 0.1.12 or 0.1.11)."""
-    version: str
-    companions: tuple
+    version: str = m(key="{distributions[0]}", form="version")
+    companions: tuple[str, ...] = m(key="{distributions[1]}", form="version", nonempty="at least one known-good {distributions[1]} version is needed")
     source: str
 
 
 @dataclass(frozen=True)
 class BrokenPair:
-    version: str
-    companions: tuple
-    arch: str
+    version: str = m(key="{distributions[0]}", form="version")
+    companions: tuple[str, ...] = m(key="{distributions[1]}", form="version")
+    arch: str = m(ok=lambda a: a == "*" or a.startswith(("sm_", "gfx")), says="expected '*', sm_XY or gfxNNN")
     effect: str
     source: str
 
@@ -130,79 +164,113 @@ class Switch:
     accelerators where the policy sets it (where this kernel cannot run), unless the user set it."""
     variable: str
     off: str
-    off_on: tuple
+    off_on: tuple[str, ...] = m(**_ACCELERATOR, **_SOME)
     source: str
+
+
+def _subdirectory(name: str) -> bool:
+    return "/" not in name and not name.startswith(".")
 
 
 @dataclass(frozen=True)
 class KernelSpec:
-    name: str
-    module: str                     # the import name checked and blocked (modules[0])
-    distributions: tuple
+    """One kernel's entry (docs/registry.md). `hand`: made by facts/pins_loader.py from other keys;
+    `kinds`: only a kernel of these kinds has the key."""
+    name: str = m(hand=True)
+    module: str = m(hand=True)          # the import name checked and blocked (modules[0])
+    distributions: tuple[str, ...] = m(conv=canonical_name, ctx=True, nonempty="at least one distribution is needed")
     python: SpecifierSet
     torch: SpecifierSet
-    accelerators: tuple
-    platforms: tuple
-    runtime_deps: tuple
-    verify_modules: tuple
-    verify_attributes: tuple
+    accelerators: tuple[str, ...] = m(**_ACCELERATOR)
+    platforms: tuple[str, ...] = m(ok=lambda p: "-" in p, says="expected os-arch such as linux-x86_64")
+    runtime_deps: tuple[str, ...] = m(form="requirement", **_SOME)
+    verify_modules: tuple[str, ...] = m(key="verify.modules", **_SOME)
+    verify_attributes: tuple[str, ...] = m(key="verify.attributes", ok=lambda a: ":" in a, says="expected module:attribute",
+                                           **_SOME)
     source: str
-    glibc: dict = field(default_factory=dict)
-    needs_nvcc: bool = False
-    nvcc_packages: dict | None = None
-    with_kernels: tuple = ()        # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
-    imports_installed: tuple = ()   # protected distributions its import needs, never installed by us
-    imports_optional: tuple = ()    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
+    glibc: dict[str, str] = m(factory=dict, absent={}, form="spec")
+    needs_nvcc: bool = m(False, absent=False)
+    nvcc_packages: dict | None = m(None, form="nvcc")
+    # kernels it is only useful with (mamba-ssm: causal-conv1d), decided first
+    with_kernels: tuple[str, ...] = m((), key="with", form="kernel", ctx=True, **_SOME)
+    # protected distributions its import needs, never installed by us
+    imports_installed: tuple[str, ...] = m((), conv=canonical_name, **_SOME)
+    # kernels its import tries under `except ImportError` (mamba-ssm: tilelang)
+    imports_optional: tuple[str, ...] = m((), form="kernel", **_SOME)
     # the registry (docs/registry.md)
-    kind: str = "pure"
-    modules: tuple = ()
-    aliases: tuple = ()
-    gates: tuple = ()               # transformers' gates that ask for it
-    mirror: str | None = None       # the variable naming a mirror of its release wheels
-    serves: tuple = ()              # kernels that use it (tilelang: fla)
-    rule_prefix: str = ""
-    switch: Switch | None = None
-    wheel_indexes: tuple = ()       # compiled: WheelIndex, where prebuilt wheels of it may be looked up
-    jit_caches: dict = field(default_factory=dict)   # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
-    warm: Warm | None = None        # the gated-delta-rule check/warm-up its verification runs, where decided
+    kind: str = m("pure", hand=True)
+    modules: tuple[str, ...] = m((), nonempty="at least one import name is needed", ok=str.isidentifier,
+                                 says="expected a top-level module name (the finder watches those)")
+    aliases: tuple[str, ...] = m((), conv=str.lower, **_SOME)
+    gates: tuple[str, ...] = m((), **_SOME)        # transformers' gates that ask for it
+    mirror: str | None = m(None)    # the variable naming a mirror of its release wheels
+    serves: tuple[str, ...] = m((), form="kernel", **_SOME)      # kernels that use it (tilelang: fla)
+    rule_prefix: str = m("", hand=True)
+    switch: Switch | None = m(None, kinds=("pair", "backend"))
+    # compiled: WheelIndex, where prebuilt wheels of it may be looked up
+    wheel_indexes: tuple[WheelIndex, ...] = m((), kinds=("compiled",), **_SOME)
+    # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
+    jit_caches: dict[str, str] = m(factory=dict, absent={}, key_ok=lambda var: var.isidentifier() and var.upper() == var,
+                                   key_says="expected an environment variable name such as TRITON_CACHE_DIR",
+                                   ok=_subdirectory, says="expected the name of a subdirectory of fastpath-hooks' JIT cache")
+    warm: Warm | None = m(None)     # the gated-delta-rule check/warm-up its verification runs, where decided
     # its kind's data
-    releases: tuple = ()            # pure, backend: PureRelease, newest preferred first; compiled: KernelRelease
-    pairs: tuple = ()               # pair: Pair, preferred first
-    broken: tuple = ()              # pair: BrokenPair
-    archs: Archs | None = None      # backend
-    head_dims: HeadDims | None = None   # backend
-    pays: Pays | None = None        # backend
+    # pure, backend: PureRelease, newest preferred first; compiled: KernelRelease
+    releases: tuple = m((), hand=True, kinds=("pure", "compiled", "backend"))
+    pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # preferred first
+    broken: tuple[BrokenPair, ...] = m((), kinds=("pair",), **_SOME)
+    archs: Archs | None = m(None, kinds=("backend",), req=True)
+    head_dims: HeadDims | None = m(None, kinds=("backend",), req=True)
+    pays: Pays | None = m(None, kinds=("backend",), req=True)
     # rules as data (docs/builds.md)
-    numeric_checks: tuple = ()      # NumericCheck: its numbers against torch references on the GPU (any kind)
-    arch_rules: tuple = ()          # compiled: ArchRule, code an nvcc release gets wrong for a GPU
-    cuda_switch: "CudaSwitch | None" = None   # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
+    # its numbers against torch references on the GPU (any kind but a backend)
+    numeric_checks: tuple[NumericCheck, ...] = m((), kinds=("pure", "compiled", "pair"), **_SOME)
+    # compiled: code an nvcc release gets wrong for a GPU
+    arch_rules: tuple[ArchRule, ...] = m((), kinds=("compiled",), **_SOME)
+    # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
+    cuda_switch: CudaSwitch | None = m(None, hand=True)
 
 
 @dataclass(frozen=True)
 class KernelRelease:
     """One pinned release of a compiled kernel (mamba-ssm): where it fits, and the requirements its
     metadata declares that a --no-deps install leaves unmet (a later resolver may act on them)."""
-    version: str
-    torch: SpecifierSet
-    triton: SpecifierSet
-    transformers: SpecifierSet
-    declares: tuple
-    cuda_archs: dict | None        # this release's -gencode table when it differs from the source build's
+    version: str = m(form="version", unique=True)
+    torch: SpecifierSet = m(**_SPEC)
+    triton: SpecifierSet = m(**_SPEC)
+    transformers: SpecifierSet = m(**_SPEC)
+    declares: tuple[str, ...] = m(form="requirement", **_SOME)
+    cuda_archs: dict | None = m(form="gencode")   # this release's -gencode table when it differs from the source build's
     source: str
-    release: "ReleaseWheels | None" = None   # its GitHub release wheels, when other than the kernel's `release`
+    release: ReleaseWheels | None = m(None)   # its GitHub release wheels, when other than the kernel's `release`
+
+
+def _sha256(digest: str) -> bool:
+    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
 @dataclass(frozen=True)
 class ReleaseWheels:
     """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
-    version: str
+    version: str = m(form="version")
     tag: str
     base_url: str
-    filename: str
-    builds: tuple
-    torch_aliases: dict
-    sha256: dict
+    filename: str = m()    # a template of WHEEL_FIELDS (facts/pins_loader.py)
+    builds: tuple = m(form="builds")
+    torch_aliases: dict[str, str] = m(absent={})
+    sha256: dict[str, str] = m(absent={}, ok=_sha256, says="expected 64 lowercase hex digits")
     source: str
+
+
+def _placeholders(text: str) -> bool:
+    return all(p in INDEX_FIELDS for p in re.findall(r"{[^}]*}", text))
+
+
+def _index_url(url: str) -> bool:
+    return url.startswith(("https://", "http://", "file://")) and "{project}" in url and url.endswith("/") and _placeholders(url)
+
+
+_KNOWN = f"known placeholders: {', '.join(INDEX_FIELDS)}"
 
 
 @dataclass(frozen=True)
@@ -214,14 +282,16 @@ class WheelIndex:
     `url`, `channel` and `local` are templates: {channel}, {project}, {cuda} (torch.version.cuda,
     13.0), {cuda_nodot} (130), {torch_mm} (2.11). Its builds hold every arch the sdist's -gencode
     table gives that CUDA release, and use the cxx11 ABI `cxx11_abi` (where `torch` holds)."""
-    name: str
-    url: str
+    name: str = m(unique=True, ok=lambda n: n.replace("-", "").isalnum() and n.lower() == n,
+                  says="a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
+    url: str = m(ok=_index_url, says=f"an http(s):// or file:// template of the project page, with {{project}}, ending in /; "
+                 f"{_KNOWN}")
     project: str
-    channel: str
-    local: str
-    cxx11_abi: str
-    torch: SpecifierSet
-    enabled: bool          # used unless FASTPATH_HOOKS_WHEEL_INDEX says otherwise
+    channel: str = m(ok=_placeholders, says=_KNOWN)
+    local: str = m(ok=_placeholders, says=_KNOWN)
+    cxx11_abi: str = m(choices=("TRUE", "FALSE"), says="expected TRUE or FALSE (the cxx11 ABI of its builds)")
+    torch: SpecifierSet = m(**_SPEC)
+    enabled: bool = m(absent=False)          # used unless FASTPATH_HOOKS_WHEEL_INDEX says otherwise
     source: str
 
 
@@ -230,21 +300,27 @@ class SourceBuild:
     """How a kernel builds from its sdist (data, so the next kernel - mamba-ssm - is a pins entry).
     `seconds` for `archs` GPU archs on `cores` cores is the measured time the estimates scale;
     `cuda_archs`: the sdist's hard-coded -gencode pairs, code -> the nvcc versions that get it."""
-    requirement: str
-    env: dict
-    rocm_env: dict
-    build_deps: tuple      # what setup.py imports/uses, installed first (builds run without isolation)
-    seconds: float
-    archs: int
-    cores: int
-    cuda_archs: dict
+    requirement: str = m(form="requirement")
+    env: dict[str, object] = m(absent={}, conv=str)
+    rocm_env: dict[str, object] = m(absent={}, conv=str)
+    # what setup.py imports/uses, installed first (builds run without isolation)
+    build_deps: tuple[str, ...] = m(key="build_deps.requirements", form="requirement", **_SOME)
+    seconds: float = m(key="measured.seconds", **_POSITIVE)
+    archs: int = m(key="measured.archs", **_POSITIVE)
+    cores: int = m(key="measured.cores", **_POSITIVE)
+    cuda_archs: dict = m(form="gencode")
     source: str
-    translation_units: int = 1     # files compiled (MAX_JOBS beyond this count leaves cores idle)
-    split_compile: bool = False    # nvcc's --split-compile may be given to its compiles (nvcc >= 11.8)
-    unit_seconds: tuple = ()       # (file name, measured seconds of its compile): how the cores are shared out
-    split_units: tuple = ()        # files compiled in parts, one per explicit instantiation group (act/compiler_wrapper.py)
-    arch_rules: tuple = ()   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
-    cuda_switch: "CudaSwitch | None" = None   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
+    # files compiled (MAX_JOBS beyond this count leaves cores idle)
+    translation_units: int = m(1, key="parallel.translation_units", absent=1, ok=lambda x: x >= 1,
+                               says="expected a positive whole number (the files the build compiles)")
+    # nvcc's --split-compile may be given to its compiles (nvcc >= 11.8)
+    split_compile: bool = m(False, key="parallel.split_compile", absent=False)
+    # (file name, measured seconds of its compile): how the cores are shared out
+    unit_seconds: tuple = m((), key="parallel.unit_seconds", absent={}, form="unit_seconds")
+    # files compiled in parts, one per explicit instantiation group (act/compiler_wrapper.py)
+    split_units: tuple[str, ...] = m((), key="parallel.split_units", **_SOME)
+    arch_rules: tuple = m((), hand=True)   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
+    cuda_switch: CudaSwitch | None = m(None)   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -261,8 +337,15 @@ class CxxStandard:
     """The C++ standard a torch release's headers need: `std` is handed LAST to both compilers of
     every compiled kernel's build (host and nvcc/hipcc), replacing whatever the sdist hard-codes."""
     torch: SpecifierSet
-    std: str
+    std: str = m(choices=STDS)
     source: str
+
+
+def _compute_capability(gpu: str) -> bool:
+    return _sm(gpu) and len(gpu) in (5, 6)
+
+
+_SM = dict(ok=_compute_capability, says="expected sm_XY (a CUDA compute capability)")
 
 
 @dataclass(frozen=True)
@@ -270,10 +353,10 @@ class ArchRule:
     """Code for `gpu` compiled by an nvcc in `nvcc` is known to be wrong: build `build_as` code instead
     (it runs on `gpu`), and with `wheels` == "avoid" take no release wheel built by such an nvcc there."""
     id: str
-    gpu: str
+    gpu: str = m(**_SM)
     nvcc: SpecifierSet
-    build_as: str
-    wheels: str
+    build_as: str = m(**_SM)
+    wheels: str = m(absent="", choices=("", "avoid"), says='expected "avoid" or nothing')
     effect: str
     source: str
 
@@ -294,18 +377,22 @@ class NumericCheck:
     """One tiny run of a kernel function on the GPU against a torch reference (act/numeric_check.py
     holds the references, by name). `gpus`: where it runs ("*": every GPU); `requires`: modules that
     must import for it to apply (a build without the CUDA extension has no selective_scan_cuda)."""
-    name: str
-    function: str
-    reference: str
-    shapes: dict
-    dtype: str
-    tolerance: dict              # atol + rtol (elementwise, as torch.allclose) and/or ratio (rms error / rms of torch's)
-    backward: bool
-    gpus: tuple
-    requires: tuple
+    name: str = m(unique=True)
+    function: str = m(ok=lambda f: ":" in f, says="expected module:function")
+    reference: str = m(choices=NUMERIC_REFERENCES,
+                       says=f"expected one of {', '.join(NUMERIC_REFERENCES)} (act/numeric_check.py)")
+    shapes: dict[str, int] = m(ok=lambda x: x >= 1, says="expected a positive whole number")
+    dtype: str = m(choices=DTYPES)
+    # atol + rtol (elementwise, as torch.allclose) and/or ratio (rms error / rms of torch's)
+    tolerance: dict = m(form="tolerance")
+    backward: bool = m(absent=False)
+    gpus: tuple[str, ...] = m(absent=("*",))
+    requires: tuple[str, ...] = m(**_SOME)
     source: str
-    options: dict = field(default_factory=dict)         # the reference's switches (channel_last, ...)
-    backward_tolerance: dict | None = None              # for the gradients, when it differs
+    # the reference's switches (channel_last, ...)
+    options: dict[str, object] = m(factory=dict, absent={}, ok=lambda x: isinstance(x, (bool, int, float, str)),
+                                   says="expected a plain value")
+    backward_tolerance: dict | None = m(None, form="tolerance?")   # for the gradients, when it differs
 
     def runs_on(self, gpus) -> tuple:
         return tuple(g for g in gpus if g.startswith(("sm_", "gfx")) and ("*" in self.gpus or g in self.gpus))
@@ -317,10 +404,10 @@ class CudaSwitch:
     MAMBA_KEEP_CUDA_BUILD=TRUE). `releases`: the versions that have the switch; `needed_by`: the model
     types whose modeling code calls that extension (transformers' Mamba-1 families); the others use
     only its Triton ops, so where only they are in use the build compiles nothing."""
-    env: dict
+    env: dict[str, object] = m(conv=str, nonempty="expected the variable that turns the CUDA build on")
     releases: SpecifierSet
-    needed_by: tuple
-    triton_only: tuple   # the model types that use the package without the extension (its Triton ops)
+    needed_by: tuple[str, ...]
+    triton_only: tuple[str, ...] = m(**_SOME)   # the model types that use the package without the extension (its Triton ops)
     source: str
 
     def applies(self, version) -> bool:
@@ -336,10 +423,10 @@ class Hazard:
     `<gpu> + triton <version> <effect> (<id>)`, so `effect` is a short predicate and `fix` a
     short imperative without parentheses."""
     id: str
-    kernel: str
-    gpu: tuple
-    triton: SpecifierSet      # matched failing closed: a pre-release of a bound counts as inside
-    needs: str
+    kernel: str = m(form="kernel")
+    gpu: tuple[str, ...]
+    triton: SpecifierSet = m()      # matched failing closed: a pre-release of a bound counts as inside
+    needs: str = m()                # a kernel that serves `kernel` (facts/pins_loader.py)
     effect: str
     fix: str
     source: str
@@ -351,9 +438,9 @@ class PackedPackage:
     fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
     (`kernel` None: only whether it is installed is checked)."""
     module: str
-    kernel: str | None
-    distribution: str
-    models: tuple
+    kernel: str | None = m(form="kernel")
+    distribution: str = m(hand=True)    # the kernel's name where none is given
+    models: tuple[str, ...] = m(**_SOME)
 
 
 @dataclass(frozen=True)
@@ -361,7 +448,7 @@ class PackedSequences:
     """The transformers versions that raise on packed sequences (cu_seqlens / seq_idx) when a
     kernel function is on its torch path, and the packages that concerns."""
     transformers: SpecifierSet
-    packages: tuple
+    packages: tuple[PackedPackage, ...]
     source: str
 
 
@@ -371,10 +458,10 @@ class HubBroken:
     (None: any) on these GPUs (empty: any)."""
     id: str
     repo: str
-    version: int | None
+    version: int | None = m(says="expected the repo's kernel version, a whole number such as 5")
     torch: SpecifierSet | None
     cuda: SpecifierSet | None
-    gpu: tuple
+    gpu: tuple[str, ...] = m(**_SOME)
     effect: str
     source: str
 
@@ -384,10 +471,10 @@ class HubRules:
     """What fastpath-hooks knows of the hub's kernels (transformers 5.25+ asks for them by default):
     which remedies of a hazard a repo's build carries (`backends`: repo -> kernels it dispatches to,
     none by default), the builds known to be broken, and how long the hub may take to answer."""
-    backends: dict = field(default_factory=dict)
-    broken: tuple = ()
-    probe_seconds: float = 3.0
-    source: str = ""
+    backends: dict[str, tuple[str, ...]] = m(factory=dict, absent={}, form="kernel")
+    broken: tuple[HubBroken, ...] = m((), **_SOME)
+    probe_seconds: float = m(3.0, absent=3.0, ok=lambda x: 0 < x <= 60, says="expected seconds, more than 0 and at most 60")
+    source: str = m("")
 
 
 @dataclass(frozen=True)
