@@ -37,7 +37,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 export FASTPATH_HOOKS_FIND_LINKS=$WHEELHOUSE FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_CACHE_DIR=$WORK/cache
 [ "${SPLIT:-1}" = 0 ] && export FASTPATH_HOOKS_SPLIT_COMPILE=0
-unset MAX_JOBS   # the cores are shared out by the package (decide/build_time.py core_budget)
+unset MAX_JOBS   # the cores are shared out by the package (decide/builds.py core_budget)
 [ $# -gt 0 ] || set -- start wait
 if [ "$1" != _run ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
@@ -119,7 +119,7 @@ for path in glob.glob(os.path.join(work, "cache", "**", "*.nvcc.jsonl"), recursi
                    "slowest": max(({"source": os.path.basename(c["source"]), "seconds": c["seconds"],
                                     "split": c["split"]} for c in calls), key=lambda c: c["seconds"], default=None)})
 report["compiles"] = builds
-history = glob.glob(os.path.join(work, "cache", "builds", "history.jsonl"))   # facts/build_history.py
+history = glob.glob(os.path.join(work, "cache", "builds", "history.jsonl"))   # facts/memory.py
 report["builds"] = [json.loads(line) for h in history for line in open(h) if line.strip()]
 json.dump(report, open(out, "w"), indent=1)
 for name in ("env1", "env2"):

@@ -56,7 +56,7 @@ if out["late_loaded"]:
     from fastpath_hooks.hooks import late
     out["heal_us"] = min(timeit.repeat(lambda: late.heal(hooks.HOOKS), number=number, repeat=5)) / number * 1e6
     # the first pass of a process, late.py's import included: measured again in a state install() left
-    del sys.modules["fastpath_hooks.hooks.late"], sys.modules["fastpath_hooks.hooks.late_layouts"]
+    del sys.modules["fastpath_hooks.hooks.late"], sys.modules["fastpath_hooks.hooks.late"]
     t0 = time.perf_counter()
     hooks._late()
     out["late_first_ms"] = (time.perf_counter() - t0) * 1e3

@@ -23,7 +23,7 @@ MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # 
 # it nor what it serves is installed (their metadata): that import goes on as without fastpath-hooks.
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}   # module -> modules it serves
 # transformers 5.15+ (eras C, D): its decorated kernel functions, module global -> (func_name, package) passed to
-# use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late_layouts.py; the
+# use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late.py; the
 # hub's kernel mapping names them by func_name).
 # Families (5.24.0): the mamba_ssm group - mamba, falcon_mamba, jamba (mamba_inner_fn, selective_state_update,
 # selective_scan_fn; zamba the last two), mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2

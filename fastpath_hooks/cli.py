@@ -215,7 +215,7 @@ def _doctor(args) -> int:
 
 def _interrupted(settings) -> dict | None:
     """The install a journal says is running now or was killed half-way (doctor shows it, touches nothing)."""
-    from .act.state import environment_state_dir
+    from .act.files import environment_state_dir
     from .act.transaction import Transaction
 
     state_dir = environment_state_dir(settings)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .decide.commands import constraints, installed_after_needs, installer_choice, invocation, protected_constraints, step_names, uv_executable
-from .decide.packing import packed_sequences
+from .decide.transformers import packed_sequences
 from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP
-from .decide.eras import era as transformers_era
+from .decide.transformers import era as transformers_era
 
 VERBS = {
     OK: "nothing to do",

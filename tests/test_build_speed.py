@@ -19,8 +19,8 @@ from fastpath_hooks.act import nvcc_speed
 from fastpath_hooks.act.build import nvcc_wrapper
 from fastpath_hooks.act.runner import _elapsed
 from fastpath_hooks.act.verify import verify_many
-from fastpath_hooks.decide.build_time import Share, build_estimate, core_budget, minutes, split_allowed
-from fastpath_hooks.facts import build_history, pins as pins_mod
+from fastpath_hooks.decide.builds import Share, build_estimate, core_budget, minutes, split_allowed
+from fastpath_hooks.facts import memory, pins as pins_mod
 from fastpath_hooks.facts.settings import Settings
 
 PINS = pins_mod.load()
@@ -69,7 +69,7 @@ def test_side_by_side_the_balanced_cores_finish_the_request_sooner_than_a_propor
     """The request is done when its longest build is: from the files' measured compiles, the balanced
     cut (9 + 7) is expected to end with mamba-ssm's slowest file, the old proportional one (11 + 5) with
     mamba-ssm's five jobs; more cores than 7 do not shorten mamba-ssm at all."""
-    from fastpath_hooks.decide.build_time import makespan
+    from fastpath_hooks.decide.builds import makespan
 
     got = _budget(("causal-conv1d", CONV, 275, True), ("mamba-ssm", MAMBA, 117, True))
     balanced = max(makespan(CONV, got["causal-conv1d"].cores), makespan(MAMBA, got["mamba-ssm"].cores))
@@ -115,16 +115,16 @@ def test_the_estimate_is_this_machines_last_build_of_it_else_the_pins_figure():
 
 
 def test_the_build_history_keeps_this_hosts_records(tmp_path):
-    path = build_history.path(str(tmp_path))
+    path = memory.builds_path(str(tmp_path))
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as fh:
         fh.write(json.dumps({"distribution": "causal-conv1d", "seconds": 100, "host": "elsewhere"}) + "\n")
         fh.write("not json\n")
-        fh.write(json.dumps({"distribution": "causal-conv1d", "seconds": 120, "host": build_history.host(),
+        fh.write(json.dumps({"distribution": "causal-conv1d", "seconds": 120, "host": memory.host(),
                              "unknown": 1}) + "\n")
-    assert build_history.read(str(tmp_path)) == ({"distribution": "causal-conv1d", "seconds": 120,
-                                                  "host": build_history.host()},)
-    assert build_history.read(None) == () and build_history.read(str(tmp_path / "none")) == ()
+    assert memory.read_builds(str(tmp_path)) == ({"distribution": "causal-conv1d", "seconds": 120,
+                                                  "host": memory.host()},)
+    assert memory.read_builds(None) == () and memory.read_builds(str(tmp_path / "none")) == ()
 
 
 def test_the_heartbeat_says_elapsed_of_expected():
@@ -514,7 +514,7 @@ def test_while_granite_4_0_h_is_imported_its_first_kernel_import_sees_both_kerne
     both, so they build side by side (real transformers, its real modeling module)."""
     import importlib
 
-    from fastpath_hooks.hooks.request import modeling_kernels
+    from fastpath_hooks.hooks.gates import modeling_kernels
 
     seen = {}
 

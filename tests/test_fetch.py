@@ -8,7 +8,7 @@ import os
 import pytest
 
 from fastpath_hooks.act import wheelcache
-from fastpath_hooks.act.download import DownloadError, _fetch
+from fastpath_hooks.act.fetch import DownloadError, _fetch
 from fastpath_hooks.act.fetch import FetchError, fetch_wheel
 from fastpath_hooks.decide.plan import Step
 from fastpath_hooks.facts.settings import Settings

@@ -282,7 +282,7 @@ def test_doctor_without_an_installer_promises_no_command_that_cannot_run():
     """doctor in a venv with no installer said "`fastpath-hooks install fla` does it now" (which exits 1 there)."""
     from dataclasses import replace
 
-    from fastpath_hooks.decide.packing import packed_sequences
+    from fastpath_hooks.decide.transformers import packed_sequences
     from fastpath_hooks.decide.policy import decide
     from fastpath_hooks.facts import pins as pins_mod
     from support.worlds import environment

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks.act import softlock
+from fastpath_hooks.act import locks as softlock
 from support.processes import IMPORT_FLA_TOGETHER, counting_uv, installer_calls, start_together
 
 SHIM = r'''
@@ -104,7 +104,7 @@ def _first_line(proc) -> dict:
 
 
 def test_the_shim_makes_flock_fail_only_under_its_directory(noflock_library, tmp_path):
-    code = ("import json, sys; from fastpath_hooks.act import softlock\n"
+    code = ("import json, sys; from fastpath_hooks.act import locks as softlock\n"
             "print(json.dumps([softlock.flock_works(d) for d in sys.argv[1:]]))")
     other = os.path.dirname(os.path.realpath(str(tmp_path)))
     env = without_flock(dict(os.environ), noflock_library, str(tmp_path / "lustre"))

@@ -272,7 +272,8 @@ def test_the_tables_are_read_from_the_installed_transformers_source():
     (zamba's `x = use_kernel_func_from_hub_with_fallback(...)(torch_x)`)."""
     import transformers
 
-    from fastpath_hooks.hooks import late, late_layouts
+    from fastpath_hooks.hooks import late
+    late_layouts = late
 
     if transformers.__version__ != venvs.NEWEST_TESTED_TRANSFORMERS:
         pytest.skip(f"transformers {transformers.__version__} is not the newest tested, whose tables these are")

@@ -25,7 +25,7 @@ from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.decide import rule_ids
-from fastpath_hooks.decide.build_decision import decide_build
+from fastpath_hooks.decide.builds import decide_build
 from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.decide.wheel_fit import release_wheel
 from fastpath_hooks.facts.environment import Environment
@@ -66,7 +66,7 @@ B300 = dict(gpus=("sm_103",), torch="2.13.0", torch_cuda="13.0", nvcc_version="1
 
 
 def NUMERIC_FAILURE(kernel, version, *, arch="sm_90", torch="2.13.0", cuda="12.8"):
-    """One remembered numeric mismatch, as the probe hands it to the policy (facts/numeric_records.failures)."""
+    """One remembered numeric mismatch, as the probe hands it to the policy (facts/memory.failures)."""
     return (kernel, version, arch, f"torch {torch} CUDA {cuda}",
             f"on {arch}, causal_conv1d_fn forward differs from torch by 0.43 (tolerance 0.05 + 1%)",
             f"/c/numeric/{kernel}.json")

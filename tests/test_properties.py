@@ -333,7 +333,7 @@ def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
         if archs == ("all",):
             assert chosen.allow_build == "1"
         else:
-            from fastpath_hooks.facts.cached_wheels import pair_for
+            from fastpath_hooks.facts.wheels import pair_for
 
             assert all(pair_for(g, archs) for g in env.gpus), (archs, env.gpus)
         assert causal.expected_seconds is not None and causal.expected_seconds <= chosen.timeout

@@ -20,7 +20,7 @@ import pytest
 
 from fastpath_hooks import _names, _registry
 from fastpath_hooks.decide import rule_ids
-from fastpath_hooks.decide.eras import era
+from fastpath_hooks.decide.transformers import era
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, SKIP
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.settings import Settings, SettingsError
@@ -108,7 +108,7 @@ def test_the_start_up_paths_names_are_the_registrys():
 def test_every_derived_list_follows_the_index():
     """The lists that used to be written out by hand, read back from the registry."""
     from fastpath_hooks.facts.settings import KERNEL_ALIASES, KERNELS, VARIABLES
-    from fastpath_hooks.hooks import gates, late_layouts
+    from fastpath_hooks.hooks import gates, late as late_layouts
 
     assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")   # what models use, then what serves them
     assert KERNEL_ALIASES == {"fla": "fla", "flash-linear-attention": "fla", "fla-core": "fla", "tilelang": "tilelang",
@@ -203,7 +203,7 @@ ERAS = [("4.57.6", "A"), ("4.56.2", "A"), ("5.0.0", "B"), ("5.0.0rc1", "B"), ("5
 
 @pytest.mark.parametrize("version,expected", ERAS)
 def test_one_transformers_era_for_the_policy_the_report_and_the_late_pass(version, expected, monkeypatch):
-    """decide/eras.py is the one answer: the late pass (reading the imported transformers' __version__),
+    """decide/transformers.py is the one answer: the late pass (reading the imported transformers' __version__),
     the policy and the doctor report (reading the installed distribution) agree on every version -
     pre-releases are their release's era (5.15.0rc1 carries 5.15's code)."""
     from fastpath_hooks import report
@@ -264,7 +264,7 @@ def _matches(made: str, templates) -> bool:
 
 
 @pytest.mark.parametrize("module,table", [("rules/pure.py", rule_ids.PURE), ("rules/pair.py", rule_ids.PAIR),
-                                          ("rules/compiled.py", rule_ids.COMPILED), ("build_decision.py", rule_ids.COMPILED),
+                                          ("rules/compiled.py", rule_ids.COMPILED), ("builds.py", rule_ids.COMPILED),
                                           ("common.py", {**rule_ids.SHARED, **rule_ids.PURE, **rule_ids.COMPILED})])
 def test_every_rule_id_a_rules_module_makes_is_declared(module, table):
     """Read from the source, so a path no row reaches is checked too (rule_ids.rule_id also refuses an

@@ -109,7 +109,7 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     conv = [a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]
     mamba = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]
     assert len(conv) == 3 and len(mamba) == 9
-    assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 9 of 16 cores (balanced: decide/build_time.py), 4 jobs
+    assert all(a.count("--split-compile=2") == 1 for a in conv), conv      # 9 of 16 cores (balanced: decide/builds.py), 4 jobs
     assert all(sdists.gencode_codes(a) == ["sm_90"] for a in conv + mamba)
     assert re.search(r"causal-conv1d: building for sm_90 \(MAX_JOBS=4, --split-compile=2, 9 of 16 cores\)", proc.stderr), \
         proc.stderr

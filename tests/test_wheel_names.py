@@ -1,4 +1,4 @@
-"""One reading of wheel file names (facts/wheel_names.py): every caller gets the canonical
+"""One reading of wheel file names (facts/wheels.py): every caller gets the canonical
 distribution, and a built wheel's relabelled copy is one installers accept."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from fastpath_hooks.act import wheelcache
 from fastpath_hooks.act.build import relabel
 from fastpath_hooks.decide.plan import Step
-from fastpath_hooks.facts.wheel_names import parse_wheel, wheel_distribution, with_local_label
+from fastpath_hooks.facts.wheels import parse_wheel, wheel_distribution, with_local_label
 from support import wheels
 
 LABEL = "fph.torch2.13.0.cu130.abi1.sm90"

@@ -10,7 +10,7 @@ killed run is rolled back from), only fewer processes start:
 - the DEPS steps of every member: one call, first - where a member builds (its build imports them);
 - each member's wheel made local: a cached or wheelhouse file, a download, an index lookup (its
   fallback the build after it), or a source build - the builds run at the same time, each with its
-  share of the cores (decide.build_time.core_budget), so the wall time is the longest build's, not the sum;
+  share of the cores (decide.builds.core_budget), so the wall time is the longest build's, not the sum;
 - the wheels: one installer call - with the dependencies they lack where nothing builds
   (decide.batches.deps_with_wheels: a later environment's cached kernels in one call), `--no-deps`,
   then a resolving call for those dependencies only where one of them lacks what it needs;
@@ -266,7 +266,7 @@ def _merged(steps) -> Step | None:
 def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, estimates, counter) -> dict:
     """Each member's wheels made local (into `made`, kept for a later round): files and downloads at
     once, then every source build at the same time. Returns kernel -> why, for the members that failed."""
-    from ..decide.build_time import core_budget, minutes, split_allowed
+    from ..decide.builds import core_budget, minutes, split_allowed
 
     failed, builds, pending = {}, [], {}
     for d in members:

@@ -10,7 +10,7 @@ The build runs `pip wheel --no-deps --no-build-isolation --no-cache-dir --no-bin
 <dist>`: against the installed torch, never through pip's wheel cache (keyed by the sdist
 alone, it would hand an old build back under a new torch), never taking a wheel instead
 of the sdist. `MAX_JOBS` and nvcc's `--split-compile` threads come from the build's share of
-the cores and the memory (decide.build_time.core_budget: one job per translation unit, the cores
+the cores and the memory (decide.builds.core_budget: one job per translation unit, the cores
 left over as split threads; builds of one request run side by side and split the machine); the
 one nvcc wrapper (act/compiler_wrapper.py) also gives the split, runs ccache/sccache in front and
 records every compile (planned and read back by act/nvcc_speed.py). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
@@ -30,10 +30,10 @@ import zipfile
 from dataclasses import dataclass
 
 from .. import events
-from ..facts import cached_wheels
+from ..facts import wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..events.lines import shown_path
-from ..facts.wheel_names import parse_wheel, with_local_label
+from ..facts.wheels import parse_wheel, with_local_label
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
 
 
@@ -48,7 +48,7 @@ class Built:
     log: str
     seconds: float
     key: FrozenMap     # what the binary depends on (also in the file name)
-    record: FrozenMap = FrozenMap()   # how it was built (facts/build_history.py's fields)
+    record: FrozenMap = FrozenMap()   # how it was built (facts/memory.py's fields)
 
     _freezes_itself = True
 
@@ -186,14 +186,14 @@ def _tool_dirs() -> list:
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
               expected: float | None = None, together=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log.
-    `share`: its decide.build_time.Share of the machine when other builds run at the same time
+    `share`: its decide.builds.Share of the machine when other builds run at the same time
     (`together`: their kernels), else the whole machine's; `expected`: the estimate in seconds, said
-    up front and with the heartbeat. The build is recorded for later estimates (facts/build_history.py)."""
+    up front and with the heartbeat. The build is recorded for later estimates (facts/memory.py)."""
     from packaging.requirements import Requirement
 
     from ..decide.commands import build_argv
     from .runner import execute
-    from ..decide.build_codes import cuda_codes
+    from ..decide.builds import cuda_codes
     from ..decide.wheel_fit import cxx11_abi_flag
     from .._environ import cache_root
     from . import nvcc_speed
@@ -270,8 +270,8 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
 
 def machine_share(kernel: str, spec, *, settings, env, expected=None):
-    """The whole machine's Share for one build (decide.build_time.core_budget of one)."""
-    from ..decide.build_time import core_budget, split_allowed
+    """The whole machine's Share for one build (decide.builds.core_budget of one)."""
+    from ..decide.builds import core_budget, split_allowed
 
     given = os.environ.get("MAX_JOBS")
     budget = core_budget([(kernel, spec, expected, split_allowed(spec, settings, env.nvcc_version))], cpus=env.cpus,
@@ -283,22 +283,22 @@ def machine_share(kernel: str, spec, *, settings, env, expected=None):
 def _expected(seconds) -> str:
     if not seconds:
         return ""
-    from ..decide.build_time import minutes
+    from ..decide.builds import minutes
 
     return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
             "of time)")
 
 
 def remember_build(root: str, record: dict) -> None:
-    """Append the build's record to this cache's build history (facts/build_history.py), for later
+    """Append the build's record to this cache's build history (facts/memory.py), for later
     estimates; a history that cannot be written costs only those (said at debug)."""
     import json
 
-    from ..facts import build_history
+    from ..facts import memory
     from .locks import file_lock
 
-    path = build_history.path(root)
-    entry = dict(record, host=build_history.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    path = memory.builds_path(root)
+    entry = dict(record, host=memory.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with file_lock(path + ".lock", timeout=30.0):
@@ -310,13 +310,13 @@ def remember_build(root: str, record: dict) -> None:
 
 
 def _trim(path: str) -> None:
-    from ..facts import build_history
+    from ..facts import memory
     from .files import atomic_write
 
     with open(path, encoding="utf-8", errors="replace") as fh:
         lines = fh.readlines()
-    if len(lines) > build_history.KEEP * 4:
-        atomic_write(path, lambda out: out.write("".join(lines[-build_history.KEEP * 2:])))
+    if len(lines) > memory.KEEP * 4:
+        atomic_write(path, lambda out: out.write("".join(lines[-memory.KEEP * 2:])))
 
 
 def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:

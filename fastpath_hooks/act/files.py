@@ -4,11 +4,19 @@ file (the verdict cache, the journal, the wheel cache and its sidecars, a wheelh
 A temporary file in the target's directory, flushed and fsynced, then renamed over the target:
 a reader sees the old file or the new one, never half of one; a failure (or Ctrl-C) removes the
 temporary file and leaves the target as it was.
+
+Where an environment's own state lives: the install lock and the journal of a running install.
+
+They sit inside the environment they protect (next to site-packages), so every process and
+every user of a shared environment - NFS included - sees the same ones; where site-packages
+is not writable, under the cache root, keyed by the environment. (The verdicts are per user:
+act/verdicts.py; the lock itself: act/locks.py.)
 """
 
 from __future__ import annotations
 
 import os
+from .._environ import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
 
 
 def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
@@ -55,3 +63,16 @@ def sha256_of(path: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+__all__ = ("JOURNAL", "STATE_DIR_NAME", "environment_state_dir")
+
+
+def environment_state_dir(settings) -> str:
+    """`.fastpath-hooks/` beside site-packages when writable, else under the cache root."""
+    from ..facts.distributions import site_packages
+
+    site = site_packages()
+    if os.access(site, os.W_OK):
+        return os.path.join(site, STATE_DIR_NAME)
+    return os.path.join(cache_root(settings), "envs", environment_key())

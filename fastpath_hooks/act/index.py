@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
 from .. import events
-from ..facts.wheel_tags import choose, wheel_version as _version_of
+from ..facts.wheels import choose, wheel_version as _version_of
 from .files import sha256_of
 
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.latest+html;q=0.2, text/html;q=0.1"

@@ -381,7 +381,7 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
 
     root = cache_root(settings)
     meta = dict(meta)
-    from ..facts.wheel_names import wheel_distribution
+    from ..facts.wheels import wheel_distribution
 
     meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})

@@ -1,13 +1,36 @@
-"""The one way fastpath-hooks takes a cross-process lock, and the environment's install lock."""
+"""The one way fastpath-hooks takes a cross-process lock, and the environment's install lock.
+
+Cross-process locks on filesystems without flock (Lustre mounted without `-o flock`, some NFS).
+
+`flock_works(directory)` asks the filesystem once per directory and process: flock on a
+fresh probe file, where ENOSYS / EOPNOTSUPP / ENOLCK / EINVAL mean "not supported".
+filelock cannot be left to find out: at its floor (3.12) it raises NotImplementedError for
+ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to a SoftFileLock
+with a raw warning and no way to recover from a dead holder.
+
+`HolderLock` is the fallback: a lock file created atomically (O_CREAT|O_EXCL, atomic on
+NFSv3+ and Lustre) that says who holds it - host, boot id, pid namespace, pid, the
+process's start time - and that the holder keeps touching (a daemon thread, every
+REFRESH_S seconds) while it holds it. A waiter breaks it when the holder is provably
+dead (same host: that pid no longer exists, or it is another process with the same pid)
+or, for a holder on another host, when it has not been touched for STALE_AFTER_S seconds.
+Breaking is serialised by a second short-lived lock file, and the holder's file is
+re-read under it, so two waiters never both break - and never break a fresh holder's lock.
+Not thread-safe for sharing one object between threads (like the callers' use of filelock).
+"""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import time
+from ..facts.host import boot_id, process_stat
 
 
 def environment_lock(settings, directory: str | None = None):
     """One cross-process lock per environment (see file_lock), in its state directory."""
-    from .state import environment_state_dir
+    from .files import environment_state_dir
 
     directory = directory or environment_state_dir(settings)
     os.makedirs(directory, exist_ok=True)
@@ -17,15 +40,13 @@ def environment_lock(settings, directory: str | None = None):
 def file_lock(path: str, *, timeout: float):
     """flock where the filesystem supports it (filelock.FileLock: the OS releases it if the
     holder dies). Where it does not (Lustre without `-o flock`, some NFS), a lock file that
-    names its holder and is recovered from a dead one (softlock.HolderLock, at `path`.holder),
+    names its holder and is recovered from a dead one (HolderLock below, at `path`.holder),
     said once per filesystem. Either way: acquire(timeout=...)/release(), a context manager,
     `.lock_file`, filelock.Timeout on timeout.
     """
-    from . import softlock
-
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    if softlock.flock_works(directory):
+    if flock_works(directory):
         import filelock
 
         return filelock.FileLock(path, timeout=timeout)
@@ -33,4 +54,252 @@ def file_lock(path: str, *, timeout: float):
 
     events.status(f"{directory} does not support flock (Lustre without -o flock?); using a lock file "
                   f"with stale-holder recovery", once=f"no-flock:{os.stat(directory).st_dev}")  # once per filesystem
-    return softlock.HolderLock(path + ".holder", timeout=timeout)
+    return HolderLock(path + ".holder", timeout=timeout)
+
+
+REFRESH_S = 5.0          # the holder touches its lock file this often
+STALE_AFTER_S = 60.0     # untouched this long (another host's holder): it is gone
+_BREAK_STALE_S = 10.0    # breaking takes milliseconds; a breaker lock older than this was abandoned
+_MAX_POLL_S = 1.0        # a waiter looks at least this often
+_NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+_flock_works: dict = {}
+
+
+def flock_works(directory: str) -> bool:
+    """Whether flock works in `directory` (asked once per directory and process)."""
+    key = os.path.realpath(directory)
+    if key in _flock_works:
+        return _flock_works[key]
+    try:
+        import fcntl
+    except ImportError:  # Windows: filelock uses its own locking there
+        _flock_works[key] = True
+        return True
+    import tempfile
+
+    fd, probe = tempfile.mkstemp(prefix=".flock-probe-", dir=directory)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        works = True
+    except OSError as exc:
+        works = exc.errno not in _NO_FLOCK
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    _flock_works[key] = works
+    return works
+
+
+# -- who a process is -----------------------------------------------------------------------
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot: with the boot id, it tells a reused pid
+    from the holder (as text: what holder records hold)."""
+    stat = process_stat(pid)
+    return str(stat[2]) if stat else None
+
+
+def _machine() -> dict:
+    """What makes two processes' pids comparable: the same host, kernel boot and pid namespace."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = None
+    return {"host": os.uname().nodename if hasattr(os, "uname") else None,
+            "boot": boot_id(), "pidns": pidns}
+
+
+def holder_record() -> dict:
+    pid = os.getpid()
+    return dict(_machine(), pid=pid, start=_start_time(pid), time=time.time())
+
+
+def holder_is_dead(record: dict, mtime: float, now: float | None = None) -> bool:
+    """The recovery rule. Same machine (host, boot, pid namespace): dead when its pid is gone
+    or belongs to another process now. Anything else: dead when not touched for STALE_AFTER_S."""
+    now = time.time() if now is None else now
+    here = _machine()
+    pid = record.get("pid")
+    if (isinstance(pid, int) and pid > 0 and here["host"] is not None and here["boot"] is not None
+            and all(record.get(k) == here[k] for k in ("host", "boot", "pidns"))):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # another user's live process
+            pass
+        start = _start_time(pid)
+        return start is not None and record.get("start") is not None and start != record["start"]
+    return now - mtime > STALE_AFTER_S
+
+
+# -- the lock --------------------------------------------------------------------------------
+
+class _NoGuard:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+class HolderLock:
+    """A lock file with its holder's identity and a heartbeat; the same surface as
+    filelock.FileLock where the callers use it (acquire/release, `with`, `.lock_file`,
+    `is_locked`, filelock.Timeout on timeout; re-entrant in one process)."""
+
+    def __init__(self, lock_file: str, timeout: float = -1):
+        self.lock_file = lock_file
+        self.timeout = timeout
+        self._fd: int | None = None
+        self._count = 0
+        self._stop = None
+        self._guard = None
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float | None = None, poll_interval: float = 0.05):
+        import filelock
+
+        if self._fd is not None:
+            self._count += 1
+            return self
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout if timeout is not None and timeout >= 0 else None
+        pause = poll_interval
+        while not self._create():
+            if self._break_if_dead():
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise filelock.Timeout(self.lock_file)
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 1.5, _MAX_POLL_S)  # many waiters on one metadata server: back off
+        self._count = 1
+        self._start_heartbeat()
+        return self
+
+    def release(self, force: bool = False) -> None:
+        if self._fd is None:
+            return
+        self._count = 0 if force else self._count - 1
+        if self._count > 0:
+            return
+        fd, self._fd = self._fd, None
+        if self._stop is not None:
+            self._stop.set()
+        with self._guard or _NoGuard():
+            try:
+                mine = os.fstat(fd).st_ino == os.stat(self.lock_file).st_ino
+            except OSError:
+                mine = False
+            os.close(fd)
+        if mine:  # never remove a lock someone else holds now
+            try:
+                os.unlink(self.lock_file)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False
+
+    def __del__(self):
+        try:
+            self.release(force=True)
+        except Exception:
+            pass
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.lock_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, json.dumps(holder_record()).encode())
+        except OSError:
+            os.close(fd)
+            os.unlink(self.lock_file)
+            raise
+        self._fd = fd
+        return True
+
+    def _start_heartbeat(self) -> None:
+        import threading
+
+        self._stop, self._guard = threading.Event(), threading.Lock()
+        fd, stop, guard = self._fd, self._stop, self._guard
+
+        def touch():
+            while not stop.wait(REFRESH_S):
+                with guard:
+                    if stop.is_set():
+                        return
+                    try:
+                        os.utime(fd)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=touch, name="fastpath-hooks lock heartbeat", daemon=True).start()
+
+    def _break_if_dead(self) -> bool:
+        """Remove the lock file when its holder is dead (under the breaker lock, after reading
+        it again); True when removed (the caller then tries to create it at once)."""
+        if not self._holder_dead():
+            return False
+        breaker = self.lock_file + ".break"
+        try:
+            fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(breaker).st_mtime > _BREAK_STALE_S:
+                    os.unlink(breaker)  # a breaker that died half-way
+            except OSError:
+                pass
+            return False
+        try:
+            dead = self._holder_dead()
+            if dead:
+                try:
+                    if os.stat(self.lock_file).st_ino == dead:
+                        os.unlink(self.lock_file)
+                except OSError:
+                    pass
+            return bool(dead)
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(breaker)
+            except OSError:
+                pass
+
+    def _holder_dead(self):
+        """The lock file's inode when its holder is dead, else 0. An unreadable or half-written
+        record counts as a holder of unknown place: only its age can tell."""
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY)
+        except OSError:
+            return 0
+        try:
+            st = os.fstat(fd)  # after open(): fresh attributes on NFS (close-to-open)
+            raw = os.read(fd, 4096)
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
+        try:
+            record = json.loads(raw.decode())
+            if not isinstance(record, dict):
+                record = {}
+        except ValueError:
+            record = {}
+        return st.st_ino if holder_is_dead(record, st.st_mtime) else 0

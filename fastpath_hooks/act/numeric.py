@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .. import events
 
-from ..facts.numeric_records import GOOD, MISMATCH, path as cache_path, read
+from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read
 
 _MARK = "FASTPATH_HOOKS_NUMERIC "
 
@@ -50,7 +50,7 @@ class NumericResult:
 
 def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | None:
     """None when the kernel has no check for these GPUs (or there is no accelerator)."""
-    from ..facts.numeric_records import torch_build
+    from ..facts.memory import torch_build
 
     checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus))
     if not checks or env.accelerator not in ("cuda", "rocm"):

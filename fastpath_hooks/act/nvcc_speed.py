@@ -3,7 +3,7 @@ record of every compile - planned here, done by the one wrapper (act/compiler_wr
 restricts the archs and hands the C++ standard last), read back here after the build.
 
 - `--split-compile=N` (nvcc >= 11.8: the optimizer and ptxas of one file in N threads) on a
-  compile that does not name one already, N from the build's share of the cores (decide/build_time.py
+  compile that does not name one already, N from the build's share of the cores (decide/builds.py
   `core_budget`); none when the share leaves one thread per job or the switch is off
   (pins `parallel.split_compile`, FASTPATH_HOOKS_SPLIT_COMPILE=0).
 - a file the pins name in `parallel.split_units` compiled as N parts side by side (N from the same

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from .. import events
-from ..facts.procfs import boot_id, group_members, process_stat
+from ..facts.host import boot_id, group_members, process_stat
 
 HEARTBEAT_SECONDS = 30.0
 TAIL_BYTES = 64 * 1024        # the output a result keeps (a verification's marker line is its last)

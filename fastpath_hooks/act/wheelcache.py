@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from ..facts.cached_wheels import SIDECAR, defect, directory, sidecar
+from ..facts.wheels import SIDECAR, defect, directory, sidecar
 
 _LOCK_TIMEOUT = 120.0   # a store holds it for a copy of one wheel
 
@@ -95,7 +95,7 @@ def export(path: str, dest: str) -> str:
 def clear(root: str, distribution: str | None = None) -> list:
     """Remove every entry (or those of one distribution), under the lock; the removed file names."""
     from ..facts.distributions import canonical_name
-    from ..facts.wheel_names import wheel_distribution
+    from ..facts.wheels import wheel_distribution
 
     from .locks import file_lock
 

@@ -16,9 +16,9 @@ from packaging.version import InvalidVersion, Version
 
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
-from ..facts.wheel_names import parse_wheel
+from ..facts.wheels import parse_wheel
 from . import rule_ids
-from .eras import uses
+from .transformers import uses
 from .hub import hub_serves
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 from .short import public
@@ -334,7 +334,7 @@ def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
     """A kernel release whose numbers were measured wrong on a visible GPU under this torch build
     (act/numeric.py remembered it; the probe reads it) is blocked there, whatever else was decided:
     installed or about to be, transformers keeps its torch path (`<prefix>.block.numeric`)."""
-    from ..facts.numeric_records import torch_build
+    from ..facts.memory import torch_build
 
     if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
         return decision

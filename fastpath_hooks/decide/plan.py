@@ -11,7 +11,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
 from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields, thaw
-from ..facts.wheel_names import parse_wheel, wheel_distribution
+from ..facts.wheels import parse_wheel, wheel_distribution
 
 
 class Action(TextEnum):

@@ -163,7 +163,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
     import json
 
     from .._names import VERSION as __version__
-    from ..facts.wheel_names import wheel_distribution
+    from ..facts.wheels import wheel_distribution
 
     facts = {
         "fastpath_hooks": __version__,

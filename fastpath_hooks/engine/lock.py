@@ -64,7 +64,7 @@ class EnvironmentLock:
 
     def __init__(self, settings, kernel: str, directory: str | None = None):
         self.settings, self.kernel, self.lock = settings, kernel, None
-        self.directory = directory      # the environment's state directory (default: act.state's)
+        self.directory = directory      # the environment's state directory (default: act.files')
         self.waited = self.first = False
 
     def acquire(self) -> "EnvironmentLock":
@@ -74,7 +74,7 @@ class EnvironmentLock:
         import filelock
 
         from ..act.locks import environment_lock
-        from ..act.state import environment_state_dir
+        from ..act.files import environment_state_dir
 
         settings = self.settings
         directory = self.directory or environment_state_dir(settings)
@@ -111,7 +111,7 @@ class EnvironmentLock:
         import filelock
 
         from ..act.locks import environment_lock
-        from ..act.state import environment_state_dir
+        from ..act.files import environment_state_dir
 
         directory = self.directory or environment_state_dir(self.settings)
         try:

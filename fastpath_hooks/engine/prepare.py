@@ -42,7 +42,7 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
     """What `fastpath-hooks build KERNEL [--arch ARCHS] [--rebuild]` would do; Refused for bad input."""
     from .._environ import cache_root
     from ..act import wheelcache
-    from ..decide.build_decision import decide_build
+    from ..decide.builds import decide_build
     from ..decide.wheel_fit import built_fits
 
     world = world or _world()

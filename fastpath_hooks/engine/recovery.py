@@ -22,7 +22,7 @@ def pending_journal() -> str | None:
     """The journal hooks.install() looks for (the same rule, as a function), or None."""
     import sys
 
-    from ..act.state import JOURNAL, STATE_DIR_NAME
+    from ..act.files import JOURNAL, STATE_DIR_NAME
 
     prefix = sys.prefix + os.sep
     for entry in sys.path:

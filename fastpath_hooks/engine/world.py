@@ -164,12 +164,12 @@ class World:
     # -- the environment lock and its journal ------------------------------------------------
     def pending(self, settings) -> bool:
         """An install's journal is there (running in another process, or killed half-way)."""
-        from ..act.state import JOURNAL
+        from ..act.files import JOURNAL
 
         return os.path.exists(os.path.join(self.state_dir(settings), JOURNAL))
 
     def state_dir(self, settings) -> str:
-        from ..act.state import environment_state_dir
+        from ..act.files import environment_state_dir
 
         return environment_state_dir(settings)
 
@@ -234,7 +234,7 @@ class World:
     def download(self, dest: str, *, env, settings, binary, wheels) -> list:
         """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`;
         InstallFailed when they cannot be had."""
-        from ..act.download import DownloadError, fetch_into
+        from ..act.fetch import DownloadError, fetch_into
 
         try:
             return fetch_into(dest, env=env, settings=settings, binary=binary, wheels=wheels)

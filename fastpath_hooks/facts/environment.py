@@ -42,7 +42,7 @@ class Environment:
     memory_gib: float | None = None   # available memory (MAX_JOBS: nvcc jobs take GBs each)
     wheel_cache: str | None = None    # the wheel cache directory (FASTPATH_HOOKS_CACHE_DIR/wheels)
     cached_wheels: tuple = ()         # complete entries in it (file names)
-    build_history: tuple = ()         # this machine's source builds, oldest first (facts/build_history.py)
+    build_history: tuple = ()         # this machine's source builds, oldest first (facts/memory.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
     unwritable_site: str | None = None     # site-packages, where this process cannot write it: no install can run
     # ((model type, K, V, key heads, value heads), ...): the gated-delta-rule models whose config classes are
@@ -51,7 +51,7 @@ class Environment:
     jit_caches: FrozenMap = field(default_factory=FrozenMap)   # the pins' JIT cache variables -> the directory in effect
     jit_caches_given: tuple = ()           # those the user set (the rest: under fastpath-hooks' cache)
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
-    numeric_failures: tuple = ()           # remembered numeric mismatches (facts/numeric_records.failures)
+    numeric_failures: tuple = ()           # remembered numeric mismatches (facts/memory.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
     # transformers 5.25+ with an accelerator (facts/hub.py): its mapping's entries of the managed functions,
     # (name, repo, layer, version, revision, kernel, modes), and where each repo@version loads from here:

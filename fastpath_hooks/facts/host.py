@@ -1,9 +1,18 @@
 """This host's own facts besides its GPUs and tools: its CPU architecture (in the wheel tags' spelling),
-its glibc release and the CPU cores this process may use. Standard library only, no process."""
+its glibc release and the CPU cores this process may use. Standard library only, no process.
+
+The tools this machine has for kernels, found as the kernels' own builds find them (facts: no
+act/ import): nvcc (CUDA_HOME, PATH, the nvcc wheel, /usr/local/cuda) and the CUDA release it is,
+hipcc, uv.
+
+Readers of Linux's /proc: a process's state, group and start time, the boot id, available
+memory. Small reads that never raise: None (or nothing) where there is no /proc.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 
 
 def normal_arch(machine: str) -> str:
@@ -26,3 +35,145 @@ def usable_cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+_NVCC_RELEASES: dict = {}
+
+
+def nvcc_release(path: str) -> str | None:
+    """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
+    import re
+    import subprocess
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _NVCC_RELEASES:
+        try:   # subprocess here, not act/runner.py (facts may not import act): a 10 s read of a version
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        match = re.search(r"release (\d+\.\d+)", out)
+        _NVCC_RELEASES[key] = match.group(1) if match else None
+    return _NVCC_RELEASES[key]
+
+
+def toolkit_version(nvcc: str | None) -> str | None:
+    """The CUDA release a toolkit's version.json names (11.1+ ship one beside bin/): a file read,
+    no process. None when there is none (then `nvcc --version`, on demand)."""
+    if not nvcc or not os.path.isfile(nvcc):
+        return None
+    import json
+
+    path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = json.load(fh)["cuda"]["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    parts = str(value).split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
+
+
+def find_hipcc() -> str | None:
+    import shutil
+
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
+            return os.path.join(home, "bin", "hipcc")
+    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+
+
+def find_nvcc(dists: dict) -> str | None:
+    """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
+    import shutil
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    which = shutil.which("nvcc")
+    if which:
+        return which
+    nvcc_wheel = dists.get("nvidia-cuda-nvcc")
+    if nvcc_wheel and nvcc_wheel.split(".")[0].isdigit() and int(nvcc_wheel.split(".")[0]) >= 13:
+        return f"nvidia-cuda-nvcc {nvcc_wheel}"
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda/bin/nvcc"
+    return None
+
+
+def find_uv() -> str | None:
+    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
+    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
+    import shutil
+    import sysconfig
+
+    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        candidate = os.path.join(directory, "uv")
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception:  # not installed, or its binary is missing
+        return None
+
+
+def read_text(path: str, limit: int = 4096) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read(limit).strip()
+    except OSError:
+        return None
+
+
+def boot_id() -> str | None:
+    """This boot of the kernel: with a start time, it tells a reused pid from the process recorded."""
+    return read_text("/proc/sys/kernel/random/boot_id")
+
+
+def process_stat(pid: int):
+    """(state, process group, start time in clock ticks since boot) of a process, None when gone."""
+    text = read_text(f"/proc/{pid}/stat")
+    if not text:
+        return None
+    fields = text[text.rfind(")") + 2:].split()   # the command name may hold spaces and parentheses
+    try:
+        return fields[0], int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def group_members(pgid: int) -> list:
+    """Pids of the group's living members (zombies are done writing)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        if entry.isdigit():
+            stat = process_stat(int(entry))
+            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+                out.append(int(entry))
+    return out
+
+
+def mem_available_gib() -> float | None:
+    text = read_text("/proc/meminfo", limit=1 << 16)
+    for line in (text or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            try:
+                return round(int(line.split()[1]) / (1 << 20), 1)
+            except (IndexError, ValueError):
+                return None
+    return None

@@ -5,7 +5,7 @@ Cheap by design: versions come from dist-info directory names, torch's CUDA/HIP 
 CUDA/ROCm/XPU build and no target spec names the GPUs (facts/torch_gpus.py says what that costs).
 
 The readers are their own modules - torch_gpus.py (torch's build, its GPUs), host.py (arch, glibc,
-CPU cores), toolkits.py (nvcc, hipcc, uv), pip_config.py (pip's index configuration),
+CPU cores, /proc; nvcc, hipcc, uv), pip_config.py (pip's index configuration),
 imported_models.py (the transformers models in use); this one puts their answers together, applies
 the posed facts and derives what follows from the installed distributions.
 
@@ -24,8 +24,8 @@ from .host import glibc, normal_arch, usable_cpus
 from .hub import hub_facts
 from .imported_models import imported_model_types, model_shapes
 from .pip_config import pip_index_config
-from .procfs import mem_available_gib
-from .toolkits import find_hipcc, find_nvcc, find_uv, nvcc_release, toolkit_version
+from .host import mem_available_gib
+from .host import find_hipcc, find_nvcc, find_uv, nvcc_release, toolkit_version
 from .torch_gpus import torch_build_info, visible_gpus
 
 
@@ -172,7 +172,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
     from dataclasses import replace
 
-    from . import build_history, cached_wheels, numeric_records
+    from . import memory, wheels
     from .._environ import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
@@ -214,12 +214,12 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         nvcc_version=nvcc_version,
         distributions=dists,
         half_installed=tuple(sorted(set(duplicates) & watched_distributions(pins))),
-        wheel_cache=cached_wheels.directory(cache) if cache else None,
-        cached_wheels=cached_wheels.listing(cache),
-        build_history=build_history.read(cache),
+        wheel_cache=wheels.directory(cache) if cache else None,
+        cached_wheels=wheels.listing(cache),
+        build_history=memory.read_builds(cache),
         pip="pip" in dists,
         numeric_device=posed.get("numeric"),
-        numeric_failures=numeric_records.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),
+        numeric_failures=memory.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),
         model_types=imported_model_types(),
     )
     return replace(env, **hub_facts(env, settings, pins))

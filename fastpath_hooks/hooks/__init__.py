@@ -153,8 +153,8 @@ def install(*, kernels=None, on_event=None):
     # An install into this environment killed half-way (or running now) left its journal: rolled back
     # (engine/recovery.py) before any kernel is imported, whatever FASTPATH_HOOKS_SKIP or kernels= leave
     # out. One access(2) per site-packages directory of this environment on sys.path (one in a venv):
-    # installs go only to a writable site-packages, so the journal is <site-packages>/act.state.STATE_DIR_NAME/
-    # act.state.JOURNAL (tests/test_interrupted.py keeps the literal equal). Inline, without a helper
+    # installs go only to a writable site-packages, so the journal is <site-packages>/act.files.STATE_DIR_NAME/
+    # act.files.JOURNAL (tests/test_interrupted.py keeps the literal equal). Inline, without a helper
     # function: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it).
     import os
 

@@ -262,7 +262,7 @@ class AfterImportLoader:
 
 
 def _modeling_hint():
-    """The kernels the modeling module being imported names (hooks/request.py), for the engine's batch."""
-    from .request import modeling_kernels
+    """The kernels the modeling module being imported names (hooks/gates.py), for the engine's batch."""
+    from .gates import modeling_kernels
 
     return modeling_kernels()

@@ -1,7 +1,7 @@
 """Compiled kernels (causal-conv1d, mamba-ssm): one path, parameterized by the kernel's pins entry
 (release wheels, source build, releases): a fitting wheel in the local cache -> a built wheel in the
 wheelhouse -> the release wheel -> a source build for the visible GPUs (FASTPATH_HOOKS_ALLOW_BUILD,
-decide/build_decision.py); ROCm only by a build; an installed build of ours without code for a visible GPU
+decide/builds.py); ROCm only by a build; an installed build of ours without code for a visible GPU
 is blocked. The kernels it is used `with`, or whose import runs inside its own, are ensured first.
 Rule ids: `<prefix>.*` (decide/rule_ids.py COMPILED)."""
 
@@ -11,10 +11,10 @@ import os
 from dataclasses import replace
 from urllib.parse import quote
 
-from ...facts import cached_wheels
+from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
-from ..build_codes import cuda_families, needs_cuda_build
-from ..build_decision import release_order, source_build
+from ..builds import cuda_families, needs_cuda_build
+from ..builds import release_order, source_build
 from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 from ..short import few, render

@@ -12,7 +12,7 @@ from packaging.version import InvalidVersion, Version
 from ...facts.pins import same_version
 from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, missing_import,
                       shared_skip, versions_here, within)
-from ..eras import era
+from ..transformers import era
 from .. import short
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
 from ..short import few

@@ -3,16 +3,29 @@
 (`source_build`), and `decide_build` for `fastpath-hooks build`.
 
 Data, not code, says what each kernel's sdist does (pins: `source_build`, `release`, `releases`).
+
+What a compiled kernel's source build compiles for this machine: the sdist's -gencode codes for an
+nvcc release, the codes the visible GPUs take (an arch rule may give a GPU another arch's code), what
+those rules change (said in the reason and the step's note), and whether the release's opt-in CUDA
+extension is compiled at all (the model families in use).
+
+Data, not code, says what each kernel's sdist does (pins: `source_build`).
+
+How long a compiled kernel's source build takes and how it uses the machine: the estimate (this
+machine's own last build, else the pins' measured figure, scaled by archs and cores), each build's
+share of the cores (MAX_JOBS and nvcc --split-compile threads, within the memory) when several run at
+once, and a duration as the lines say it.
 """
 
 from __future__ import annotations
 
 from packaging.requirements import Requirement
-
+from packaging.specifiers import SpecifierSet
+from typing import NamedTuple
+from ..facts import wheels as cached_wheels
 from ..facts.distributions import canonical_name
-from .build_codes import arch_rule_notes, build_archs, cuda_codes, cuda_families, needs_cuda_build
-from .build_time import build_estimate, minutes
 from .common import Context, deps_step, versions_here, within
+from .common import within
 from .plan import INSTALL, SKIP, Decision, Step, StepKind
 from .short import few, render
 
@@ -188,3 +201,219 @@ def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_
                     reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
                     steps=steps, target={build.distribution: build.version},
                     facts={"users": few(cuda_families(ctx.env, build)[1])}, **kw)
+
+
+def cuda_codes(build, nvcc_version: str | None) -> tuple:
+    """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
+    codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or within(nvcc_version, spec))
+    return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+
+
+def build_archs(env, build, archs=None) -> tuple:
+    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
+    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is.
+    `build`: the kernel's SourceBuild (pins.build(kernel))."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
+        return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
+    codes = cuda_codes(build, env.nvcc_version)
+    chosen = {g: cached_wheels.pair_for(_build_as(g, build, env.nvcc_version), codes) for g in gpus}
+    return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
+        tuple(g for g, c in chosen.items() if c is None)
+
+
+def _build_as(gpu: str, build, nvcc_version) -> str:
+    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule that says this
+    nvcc's code for it is wrong (pins: kernels.<name>.arch_rules; an unknown nvcc release fails closed)."""
+    rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
+    return rule.build_as if rule is not None else gpu
+
+
+def cuda_families(env, build) -> tuple:
+    """(the model families in use that call the release's opt-in CUDA extension, those that use its Triton ops only)."""
+    switch = build.cuda_switch
+    if switch is None:
+        return [], []
+    return ([t for t in env.model_types if t in switch.needed_by], [t for t in env.model_types if t in switch.triton_only])
+
+
+def needs_cuda_build(env, build) -> tuple:
+    """(whether the build compiles the CUDA extension, why - one clause). Always, unless this release's
+    extension is opt-in (pins: source_build.cuda_switch) and the model families known to be in use -
+    the modeling modules this process imported - include one that uses the package without it and none
+    that calls it. Not known (a CLI run, an import outside a model) counts as needing it."""
+    switch = build.cuda_switch
+    if switch is None or build.version is None or not switch.applies(build.version):
+        return True, ""
+    calls, users = cuda_families(env, build)
+    if calls:
+        return True, f"{', '.join(calls)} calls its CUDA extension"
+    if not users:
+        return True, "the model families in use are not known here"
+    return False, f"only {', '.join(users)} in use, {'which uses' if len(users) == 1 else 'which use'} its Triton ops"
+
+
+def arch_rule_notes(env, build, archs=None) -> tuple:
+    """What the arch rules change for these GPUs: ((short, long), ...) - `sm_103 gets sm_100 code,
+    causal-conv1d#105` for the reason, the whole fact for the step's note and doctor."""
+    gpus = tuple(archs if archs is not None else env.gpus)
+    if env.torch_hip:
+        return ()
+    out = []
+    for g in gpus:
+        rule = next((r for r in build.arch_rules if r.applies(g, env.nvcc_version)), None)
+        if rule is not None:
+            out.append((f"{g} gets {rule.build_as} code: {rule.id}",
+                        f"{g} gets {rule.build_as} code, which runs on it: {g} code from nvcc "
+                        f"{env.nvcc_version or '(release unknown)'} {rule.effect} ({rule.id})"))
+    return tuple(out)
+
+
+def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
+    """(seconds, how): a measured build scaled by archs (each is compiled separately) and by fewer
+    cores (more cores do not help: the big files compile one per job). The measurement is this
+    machine's own last build of the distribution (`history`: the probe's `build_history`, newest
+    last; the same version preferred) where there is one, else the pins' `measured` figure."""
+    mine = [r for r in history if r.get("distribution") == build.distribution and r.get("seconds")]
+    same = [r for r in mine if r.get("version") == build.version] or mine
+    if same:
+        rec = same[-1]
+        base, archs, cores = float(rec["seconds"]), max(1, int(rec.get("n_archs") or 1)), max(1, int(rec.get("cores") or 1))
+        split = int(rec.get("split") or 1)
+        origin = (f"this machine's build of {build.distribution} {rec.get('version')} took {base:.0f} s for {archs} arch "
+                  f"on {cores} cores" + (f" (--split-compile={split})" if split > 1 else ""))
+    else:
+        base, archs, cores = build.seconds, build.archs, build.cores
+        origin = f"{build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores"
+    seconds = base * n_archs / archs
+    if cpus and cpus < cores:
+        seconds *= cores / cpus
+    how = f"an estimate: {origin}, scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores"
+    return seconds, how
+
+
+# -- how a build uses the machine: jobs, split compilation, the share of the cores -------------------
+
+# nvcc --split-compile=N (CUDA 11.8+: "Improving CUDA Compilation Time" in the CUDA Programming Guide;
+# `nvcc --help` of 13.0) runs the optimizer (cicc) and ptxas of one translation unit in N threads.
+SPLIT_COMPILE_NVCC = ">=11.8"
+# A job's memory: 4-6 GB resident measured for one causal-conv1d nvcc job with `--threads 4` (four
+# compiler threads, gpu-findings.md): about 1.5 GB per compiler thread, a job counted as its threads.
+GIB_PER_THREAD = 1.5
+
+
+class Share(NamedTuple):
+    """One build's part of the machine: `cores` of its CPUs, MAX_JOBS=`jobs`, `split` threads per nvcc job
+    (1: no --split-compile) - jobs x split <= cores, and within its part of the memory; `parts`: how many
+    parts a file of the pins' `split_units` is compiled in, side by side (1: whole)."""
+    cores: int
+    jobs: int
+    split: int
+    parts: int = 1
+
+
+def unit_parts(build, cores: int) -> int:
+    """The parts a split unit is compiled in with `cores`: the cores the build's other files leave."""
+    if not build.split_units:
+        return 1
+    units = max(int(build.translation_units or 1), len(build.unit_seconds))
+    return max(1, cores - (units - len(build.split_units)))
+
+
+def makespan(build, cores: int) -> float | None:
+    """The build's expected wall time on `cores` from its files' measured compiles (pins
+    `parallel.unit_seconds`; a split unit in `unit_parts` equal parts), longest first onto the least
+    loaded core; None without the figures."""
+    seconds = dict(build.unit_seconds)
+    if not seconds:
+        return None
+    parts = unit_parts(build, cores)
+    pieces = [s for u, s in seconds.items() if u not in build.split_units]
+    pieces += [seconds[u] / parts for u in build.split_units for _ in range(parts)]
+    loads = [0.0] * max(1, cores)
+    for piece in sorted(pieces, reverse=True):
+        loads[loads.index(min(loads))] += piece
+    return max(loads)
+
+
+def split_allowed(build, settings, nvcc_version) -> bool:
+    """--split-compile for this build: the pins allow it for the kernel, FASTPATH_HOOKS_SPLIT_COMPILE is
+    not 0, and nvcc is a release that has it (an unknown release: not given)."""
+    if getattr(settings, "split_compile", "auto") == "0" or not build.split_compile or nvcc_version is None:
+        return False
+    return within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC))
+
+
+def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=None, jobs_given: int | None = None) -> dict:
+    """kernel -> Share for builds that run at the same time: `builds` = (kernel, SourceBuild,
+    expected seconds, split allowed). The cores go where they shorten the longest build (`_balanced`,
+    from the files' measured compiles) - else in proportion to the expected times - at least one each; within its share a build runs one job per
+    translation unit (more leave cores idle) and gives nvcc the cores left over as --split-compile
+    threads; memory (`GIB_PER_THREAD` per thread, in the same proportion) takes threads away first,
+    then jobs. `jobs_given`: the user's MAX_JOBS, kept as it is. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
+    builds = list(builds)
+    if not builds:
+        return {}
+    total = max(1, cpus or 1)
+    if len(builds) > 1 and all(b.unit_seconds for _, b, _, _ in builds):
+        shares = _balanced(total, [b for _, b, _, _ in builds])
+    else:
+        weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
+        shares = _proportional(total, weights)
+    forced = getattr(settings, "split_compile", "auto")
+    out = {}
+    for (kernel, build, _, allowed), cores in zip(builds, shares):
+        units = max(1, int(getattr(build, "translation_units", 1) or 1))
+        if jobs_given:
+            jobs = jobs_given
+        elif allowed and forced not in ("auto", "0"):
+            jobs = max(1, min(units, cores // int(forced)))
+        else:
+            jobs = min(units, cores)
+        split = 1
+        if allowed:
+            split = int(forced) if forced not in ("auto", "0") else max(1, cores // jobs)
+        parts = unit_parts(build, cores) if allowed else 1
+        if jobs_given:
+            parts = min(parts, jobs_given)   # the user's MAX_JOBS caps the compiles at once, parts too
+        if memory_gib:
+            room = memory_gib * cores / total
+            while split > 1 and jobs * split * GIB_PER_THREAD > room:
+                split -= 1
+            while parts > 1 and (jobs - 1 + parts) * GIB_PER_THREAD > room:
+                parts -= 1
+            while not jobs_given and jobs > 1 and jobs * GIB_PER_THREAD > room:
+                jobs -= 1
+        out[kernel] = Share(cores, jobs, split, parts)
+    return out
+
+
+def _balanced(total: int, builds) -> list:
+    """`total` cores for builds that run side by side, one at a time to the build whose expected wall
+    time (`makespan`) is longest and drops with it - the request is done when its longest build is."""
+    shares = [1] * len(builds)
+    for _ in range(max(0, total - len(builds))):
+        spans = [makespan(b, c) for b, c in zip(builds, shares)]
+        order = sorted(range(len(builds)), key=lambda i: spans[i], reverse=True)
+        pick = next((i for i in order if makespan(builds[i], shares[i] + 1) < spans[i] - 1e-9), order[0])
+        shares[pick] += 1
+    return shares
+
+
+def _proportional(total: int, weights) -> list:
+    """`total` whole cores split in proportion to `weights`, at least one each (largest remainders)."""
+    n = len(weights)
+    if total <= n:
+        return [1] * n
+    spare = total - n
+    raw = [spare * w / sum(weights) for w in weights]
+    shares = [1 + int(r) for r in raw]
+    left = total - sum(shares)
+    for i in sorted(range(n), key=lambda i: raw[i] - int(raw[i]), reverse=True)[:left]:
+        shares[i] += 1
+    return shares
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -1,4 +1,15 @@
-"""The wheel cache's keys and listing (facts): what a cached wheel is called and which are complete.
+"""Wheel file names, read one way: the distribution (canonical), the version and the tags.
+
+Every part of the package that looks at a wheel's name (plans, the policy's wheelhouse, the cache's
+key scheme, cache clearing, the verdict signature, relabelling a built wheel) asks here, so a name
+is parsed by packaging's rules once and `causal_conv1d` / `Causal-Conv1D` are the same distribution
+everywhere. packaging is imported when a name is read, not at import time.
+
+Which wheel files fit a machine, by their tags (pure): CPython X.Y (or abi3 / py3), Linux on this
+arch (manylinux up to this glibc, or plain linux_). A package index's listing (act/index.py) and a
+cached index wheel (decide/wheel_fit.py) are matched the same way.
+
+The wheel cache's keys and listing (facts): what a cached wheel is called and which are complete.
 
 act/wheelcache.py stores, exports and clears entries; the scheme is described there. This part
 is read by the probe (the listing) and the policy (whether a built wheel fits here).
@@ -6,8 +17,119 @@ is read by the probe (the listing) and the policy (whether a built wheel fits he
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import json
 import os
+import re
+from .distributions import canonical_name
+
+
+@dataclass(frozen=True)
+class WheelName:
+    filename: str
+    distribution: str      # canonical: causal-conv1d
+    version: object        # packaging Version
+    build: tuple           # () or (number, text): the optional build tag
+    tags: frozenset        # packaging Tags
+    tag_text: str          # the name's own python-abi-platform part: cp312-cp312-linux_x86_64
+
+
+def parse_wheel(filename: str) -> WheelName | None:
+    """The parts of a standard wheel file name (a path's base name is read), else None."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import InvalidVersion
+
+    base = os.path.basename(filename)
+    try:
+        name, version, build, tags = parse_wheel_filename(base)
+    except (InvalidWheelFilename, InvalidVersion):
+        return None
+    # a valid name ends in exactly python-abi-platform (the build tag, if any, comes before them)
+    tag_text = "-".join(base[:-len(".whl")].split("-")[-3:])
+    return WheelName(base, canonical_name(name), version, tuple(build), frozenset(tags), tag_text)
+
+
+def wheel_distribution(filename: str) -> str:
+    """The canonical distribution a wheel file installs; for a name that is not standard, what comes
+    before its first dash (how installers that accept it read it)."""
+    parsed = parse_wheel(filename)
+    if parsed is not None:
+        return parsed.distribution
+    return canonical_name(os.path.basename(filename).split("-", 1)[0])
+
+
+def with_local_label(filename: str, local: str) -> str:
+    """The file name of the same wheel whose version carries the local label `local` (any old one
+    replaced): causal_conv1d-1.6.2.post1+fph.torch2.11.0...-cp312-cp312-linux_x86_64.whl."""
+    parsed = parse_wheel(filename)
+    if parsed is None:
+        raise ValueError(f"{os.path.basename(filename)!r} is not a wheel file name")
+    build = f"-{parsed.build[0]}{parsed.build[1]}" if parsed.build else ""
+    return f"{parsed.distribution.replace('-', '_')}-{parsed.version.public}+{local}{build}-{parsed.tag_text}.whl"
+
+
+def choose(files, project: str, version: str, *, python: str, arch: str, glibc: str | None):
+    """The file of exactly `version` (local label included) whose tags fit: CPython `python` (or
+    abi3 / py3), Linux `arch` (manylinux up to this glibc, or plain linux_); None if none does."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        want = Version(version)
+    except InvalidVersion:
+        return None
+    py = "cp" + "".join(python.split(".")[:2])
+    for item in files:
+        parsed = _parse(item["filename"])
+        if parsed is None:
+            continue
+        name, ver, tags = parsed
+        if canonicalize_name(name) != canonicalize_name(project) or ver != want:
+            continue
+        if any(_fits(t, py, arch, glibc) for t in tags):
+            return item
+    return None
+
+
+def _parse(filename: str):
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    if not filename.endswith(".whl"):
+        return None
+    try:
+        name, version, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return None
+    return name, version, tags
+
+
+def wheel_version(filename: str):
+    parsed = _parse(filename)
+    return None if parsed is None else parsed[1]
+
+
+def _fits(tag, py: str, arch: str, glibc: str | None) -> bool:
+    minor = int(py[3:]) if py[3:].isdigit() else 0
+    python_ok = ((tag.interpreter == py and tag.abi in (py, "abi3", "none"))
+                 or (tag.abi == "abi3" and tag.interpreter.startswith("cp3") and tag.interpreter[3:].isdigit()
+                     and int(tag.interpreter[3:]) <= minor)
+                 or (tag.interpreter == "py3" and tag.abi == "none"))
+    if not python_ok:
+        return False
+    plat = tag.platform
+    if plat == f"linux_{arch}":
+        return True
+    m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{arch}", plat)
+    legacy = {f"manylinux1_{arch}": (2, 5), f"manylinux2010_{arch}": (2, 12), f"manylinux2014_{arch}": (2, 17)}
+    need = (int(m.group(1)), int(m.group(2))) if m else legacy.get(plat)
+    if need is None:
+        return False
+    try:
+        have = tuple(int(x) for x in (glibc or "").split(".")[:2])
+    except ValueError:
+        return False
+    return len(have) == 2 and have >= need
+
 
 SUBDIR = "wheels"
 LABEL = "fph"
@@ -78,7 +200,7 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules); a
     build labelled `py` (no compiled code) fits when `python_only` says that is enough here."""
     from .distributions import canonical_name
-    from .wheel_names import parse_wheel
+    pass
 
     wheel = parse_wheel(filename)
     if wheel is None:

@@ -1,0 +1,99 @@
+"""What earlier runs on this machine left in the cache, read back (facts): the source builds and the numeric checks.
+
+The builds, for the estimates.
+
+Every finished build appends one JSON line to `<cache root>/builds/history.jsonl` (act/build.py):
+the distribution and version, the archs, the cores it had, MAX_JOBS, the --split-compile threads,
+its measured seconds, the host. The policy's estimate (decide/builds.py `build_estimate`) takes this
+machine's last build of a distribution instead of the pins' figure, so `doctor`, the line before a
+build and its heartbeat say what this machine took, not what another one did. A shared cache
+directory holds several hosts' builds; only this host's are read. `cache clear` leaves it.
+
+The numeric checks' records: what act/numeric.py remembered, read by the probe.
+
+`<cache root>/numeric/<kernel>.json`: {key: {state: good|mismatch, detail, version, arch, torch_build, ...}},
+one key per (installed files, GPU arch, torch build); shared by every environment of the user. The
+probe hands the mismatches to the policy, which blocks that release on that arch under that torch build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+BUILDS = "builds"
+FILE = "history.jsonl"
+KEEP = 64                 # records read (the newest); the file is cut back to this when it grows past 4x
+FIELDS = ("distribution", "version", "kernel", "archs", "n_archs", "cores", "cpus", "jobs", "split", "seconds",
+          "nvcc", "launcher", "concurrent", "host", "when")
+
+
+def builds_path(root: str) -> str:
+    return os.path.join(root, BUILDS, FILE)
+
+
+def host() -> str:
+    import socket
+
+    try:
+        return socket.gethostname() or "?"
+    except OSError:
+        return "?"
+
+
+def read_builds(root: str | None, this_host: str | None = None) -> tuple:
+    """This host's build records, oldest first (the newest KEEP); () when there are none or the
+    file cannot be read. A line that is not a record is skipped."""
+    if not root:
+        return ()
+    try:
+        with open(builds_path(root), encoding="utf-8", errors="replace") as fh:
+            lines = fh.readlines()
+    except OSError:
+        return ()
+    me = this_host or host()
+    out = []
+    for line in lines[-KEEP * 4:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("host") == me and isinstance(rec.get("seconds"), (int, float)):
+            out.append({k: rec[k] for k in FIELDS if k in rec})
+    return tuple(out[-KEEP:])
+
+
+NUMERIC = "numeric"
+GOOD, MISMATCH = "good", "mismatch"
+
+
+def numeric_path(root: str, kernel: str) -> str:
+    return os.path.join(root, NUMERIC, f"{kernel}.json")
+
+
+def read_numeric(root: str | None, kernel: str) -> dict:
+    if not root:
+        return {}
+    try:
+        with open(numeric_path(root, kernel), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def failures(root: str | None, kernels) -> tuple:
+    """Every remembered mismatch, as (kernel, version, arch, torch build, detail, file), sorted."""
+    out = set()
+    for kernel in kernels:
+        for entry in read_numeric(root, kernel).values():
+            if entry.get("state") == MISMATCH:
+                out.add((kernel, str(entry.get("version")), str(entry.get("arch")), str(entry.get("torch_build")),
+                         str(entry.get("detail")), numeric_path(root, kernel)))
+    return tuple(sorted(out))
+
+
+def torch_build(env) -> str:
+    """The torch part of a record's key: `torch 2.13.0 CUDA 13.0`."""
+    return f"torch {env.torch} {env.torch_build}"
