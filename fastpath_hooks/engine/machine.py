@@ -304,7 +304,8 @@ def _check(run: Run):
             known = _known(run)
         if known is None:
             return State.VERIFY, run
-        if known.state == OutcomeState.OK and run.planned != OK:  # this process was about to install it
+        # this process was about to install it, or said it was waiting: it says how that ended
+        if known.state == OutcomeState.OK and (run.planned != OK or getattr(run.lock, "waited", False)):
             events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
