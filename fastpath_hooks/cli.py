@@ -267,7 +267,7 @@ def _install(args) -> int:
     FASTPATH_HOOKS_MODE=report installs nothing on purpose: a kernel it would install is fine."""
     from . import report
     from . import engine
-    from .decide import short
+    from .decide import messages as short
     from .decide.plan import BLOCK, SKIP
     from .engine.outcome import GOOD, OutcomeState
 
@@ -346,7 +346,7 @@ def _build(args) -> int:
         return _export(plan.cached, args.dest)
     decision = plan.decision
     if decision.action == SKIP:
-        from .decide.short import line
+        from .decide.messages import line
 
         print(f"fastpath-hooks: {line(decision, outcome_word='not built')}", file=sys.stderr)   # the whole: `plan`
         return 1

@@ -18,8 +18,8 @@ VERBS = {
 
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     """kernel -> list of invocation dicts, as `install` of the plan's kernels would run them; the
-    kernels it installs together (decide/batches.py) have their batch's commands under the first."""
-    from .decide.batches import batches
+    kernels it installs together (decide/policy.py) have their batch's commands under the first."""
+    from .decide.policy import batches
 
     env = plan.environment
     installer, why = installer_choice(settings, env)
@@ -58,7 +58,7 @@ def _batch_commands(members, installer, settings, env) -> list:
     will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
     from dataclasses import replace
 
-    from .decide.batches import deps_with_wheels
+    from .decide.policy import deps_with_wheels
     from .decide.plan import Step, StepKind
 
     reqs, out, wheels = [], [], []

@@ -1,7 +1,7 @@
 """Every line the policy can make fits the width with its reason and its fix whole - short by design,
 never by cutting (issue 17, defect 2).
 
-- every rule id declared in decide/rule_ids.py has a short form (`line=`, `fix=`);
+- every rule id declared in decide/messages.py has a short form (`line=`, `fix=`);
 - the policy's real decisions for every rule (the rows of tests/test_policy.py, which cover every
   declared rule, those other branches add included) made again with the longest realistic inputs -
   long paths, long version strings, wheelhouses full of long wheel names, many missing requirements -
@@ -20,7 +20,7 @@ import string
 import pytest
 
 from fastpath_hooks import engine, events
-from fastpath_hooks.decide import rule_ids
+from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.events.lines import MAX_LINE, PREFIX, fit
 from fastpath_hooks.facts.settings import Settings
 from support.worlds import TableWorld
@@ -126,7 +126,7 @@ def _fields(template: str) -> list:
 def lines_of(d, environment, settings, pins):
     """(rule id, line, the values its templates named) of what the start-up says for this decision:
     a machine-wide skip once for every kernel, else the kernel's line; its repair's too."""
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
     from fastpath_hooks.decide.common import Context
 
     ctx = Context(environment, settings, pins, False)
@@ -142,10 +142,10 @@ def lines_of(d, environment, settings, pins):
 
 
 def assert_whole_and_short(rule: str, line: str, named: dict, d) -> None:
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
 
     where = f"{rule}: {PREFIX + line!r} ({len(PREFIX + line)} characters)"
-    assert len(PREFIX + line) <= MAX_LINE, f"over {MAX_LINE}: {where} - shorten its templates in decide/rule_ids.py"
+    assert len(PREFIX + line) <= MAX_LINE, f"over {MAX_LINE}: {where} - shorten its templates in decide/messages.py"
     assert fit(line) == PREFIX + line and "..." not in line, f"events.fit would cut it: {where}"
     assert d.short_reason and d.short_reason in line, f"no short reason: {where}"
     assert d.short_fix in line, f"its fix {d.short_fix!r} is not whole: {where}"
@@ -165,7 +165,7 @@ def without_short_form() -> list:
 def test_every_declared_rule_has_a_short_form():
     missing = without_short_form()
     assert not missing, (f"rules without a short form: {missing} - give each `line=` (the reason, short) and `fix=` "
-                         "(\"\" where the user can change nothing) in decide/rule_ids.py; docs/safety.md#messages")
+                         "(\"\" where the user can change nothing) in decide/messages.py; docs/safety.md#messages")
 
 
 def test_a_rule_without_a_short_form_is_named(monkeypatch):
@@ -174,7 +174,7 @@ def test_a_rule_without_a_short_form_is_named(monkeypatch):
     assert without_short_form() == ["<pure prefix>.numeric.block"]
     monkeypatch.setitem(rule_ids.PURE, "offline-missing", rule_ids.Rule(events.Severity.STATUS, "its line not written yet"))
     monkeypatch.setattr(rule_ids, "_declared", {})    # declared() again from the tables
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
 
     row = next(r for r in ROWS if r.rule == "fla.offline-missing")
     environment, settings, pins, d, _ = decided(row, row.env, row.dists, row.settings)
@@ -241,7 +241,7 @@ def _dependency_missing(row) -> bool:
 
 def _kept_parts(template: str, values: dict) -> list:
     """The parts of a rule's line a compact form must keep: its text outside `[...]`, filled."""
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
 
     return [short.fill(part, values) for part in re.split(r"\[[^\[\]]*\]", template) if part.strip(" ;,")]
 
@@ -252,7 +252,7 @@ def test_every_line_composed_with_a_dependencys_reason_keeps_both_within_the_wid
     a composing rule and a dependency's rule the rows reach - each row also with fla installed and not - with the
     longest realistic inputs: within the width, the hazard, the dependency's reason (its text outside `[...]`,
     the rest goes first) and its fix whole."""
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
     from fastpath_hooks.decide.common import Context
     from fastpath_hooks.decide.plan import BLOCK, SKIP
 
@@ -460,9 +460,9 @@ def test_an_unusable_cache_dir_says_the_fallback_and_the_fix_within_the_width(sp
 @pytest.mark.parametrize("kernel", ["causal-conv1d", "mamba-ssm", "fla"])
 def test_a_measured_error_is_said_with_the_fix_within_the_width(kernel, detail):
     """The engine's line when a check measures wrong numbers, and the policy's at the next start."""
-    from fastpath_hooks.decide import short
+    from fastpath_hooks.decide import messages as short
     from fastpath_hooks.decide.common import numeric_measured
-    from fastpath_hooks.decide.rule_ids import NUMERIC_SHORT_FIX
+    from fastpath_hooks.decide.messages import NUMERIC_SHORT_FIX
 
     said = numeric_measured(kernel, detail, "sm_90")
     line = PREFIX + short.compose(kernel, short.BLOCKED, said, NUMERIC_SHORT_FIX)

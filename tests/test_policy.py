@@ -24,7 +24,7 @@ from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import BrokenPair, Hazard
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
-from fastpath_hooks.decide import rule_ids
+from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.decide.builds import decide_build
 from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.decide.wheel_fit import release_wheel
@@ -1098,7 +1098,7 @@ def test_a_check_that_cannot_fail_fails_the_row(check):
 
 
 def test_every_declared_rule_has_a_row():
-    """Every rule id the shipped kernels can get (decide/rule_ids.py, expanded with their data) is what
+    """Every rule id the shipped kernels can get (decide/messages.py, expanded with their data) is what
     some row here decides, and every row's rule is declared. The ids the engine makes (the repair of a
     failed check) are the `.repair` of a declared rule whose decision offers repair steps."""
     declared = rule_ids.declared(PINS)

@@ -19,7 +19,7 @@ from fastpath_hooks.decide import commands, common
 from fastpath_hooks.facts import probe as probe_mod
 from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import PinsError, load
-from fastpath_hooks.facts.pip_config import pip_index_config
+from fastpath_hooks.facts.host import pip_index_config
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.facts.settings import Settings
 

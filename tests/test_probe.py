@@ -170,7 +170,7 @@ def test_the_models_shapes_are_read_from_the_imported_configs(monkeypatch):
     import types
 
     from fastpath_hooks.facts.pins import load
-    from fastpath_hooks.facts.imported_models import model_shapes
+    from fastpath_hooks.facts.probe import model_shapes
 
     module = types.ModuleType("transformers.models.qwen3_5.configuration_qwen3_5")
     config = type("Qwen3_5TextConfig", (), {"__module__": module.__name__, "linear_key_head_dim": 128,

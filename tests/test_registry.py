@@ -19,7 +19,7 @@ import types
 import pytest
 
 from fastpath_hooks import _names, _registry
-from fastpath_hooks.decide import rule_ids
+from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.decide.transformers import era
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, SKIP
 from fastpath_hooks.facts import pins as pins_mod
@@ -272,7 +272,7 @@ def test_every_rule_id_a_rules_module_makes_is_declared(module, table):
     made = list(_suffixes(os.path.join(DECIDE, module)))
     assert made, module
     for suffix, line in made:
-        assert _matches(suffix, table), f"decide/{module}:{line}: {suffix!r} is not declared in decide/rule_ids.py"
+        assert _matches(suffix, table), f"decide/{module}:{line}: {suffix!r} is not declared in decide/messages.py"
 
 
 def test_the_engine_reads_severity_and_needs_from_the_table_not_the_text():
@@ -285,7 +285,7 @@ def test_the_engine_reads_severity_and_needs_from_the_table_not_the_text():
     with pytest.raises(KeyError, match="not declared"):
         rule_ids.rule_id(pins, "fla", "build")       # a compiled kernel's rule, not a pure one's
     engine = os.path.join(os.path.dirname(DECIDE), "engine")
-    for name in ("machine.py", "said.py", "batch_install.py", "context.py"):
+    for name in ("machine.py", "outcome.py", "batch_install.py", "context.py"):
         source = open(os.path.join(engine, name), encoding="utf-8").read()
         assert "rule.split(" not in source and ".endswith(\".nvcc" not in source, name
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 
 from .. import events
-from ..decide.batches import deps_with_wheels
+from ..decide.policy import deps_with_wheels
 from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
 from ..facts.distributions import canonical_name, scan, site_packages

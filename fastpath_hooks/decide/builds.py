@@ -27,7 +27,7 @@ from ..facts.distributions import canonical_name
 from .common import Context, deps_step, versions_here, within
 from .common import within
 from .plan import INSTALL, SKIP, Decision, Step, StepKind
-from .short import few, render
+from .messages import few, render
 
 
 def release_order(ctx: Context, kernel: str, planned: dict):

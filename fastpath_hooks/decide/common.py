@@ -17,11 +17,11 @@ from packaging.version import InvalidVersion, Version
 from ..facts.distributions import canonical_name
 from ..facts.pins import same_version
 from ..facts.wheels import parse_wheel
-from . import rule_ids
+from . import messages as rule_ids
 from .transformers import uses
 from .hub import hub_serves
 from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
-from .short import public
+from .messages import public
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
@@ -64,7 +64,7 @@ class Context:
         return out
 
     def rule(self, kernel: str, suffix: str) -> str:
-        """The rule id `<kernel's prefix>.<suffix>`, declared for the kernel's kind (decide/rule_ids.py)."""
+        """The rule id `<kernel's prefix>.<suffix>`, declared for the kernel's kind (decide/messages.py)."""
         return rule_ids.rule_id(self.pins, kernel, suffix)
 
     def kw(self, kernel: str, installed: dict) -> dict:

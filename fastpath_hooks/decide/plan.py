@@ -156,8 +156,8 @@ class Decision:
     fix: str = ""                     # how the user can change the outcome
     transformers_uses: str = ""
     expected_seconds: float | None = None
-    # The short form the start-up line says (decide/short.py, from the rule's templates in
-    # decide/rule_ids.py): `reason` and `fix` above stay whole for doctor, plan and the debug log.
+    # The short form the start-up line says (decide/messages.py, from the rule's templates in
+    # decide/messages.py): `reason` and `fix` above stay whole for doctor, plan and the debug log.
     facts: FrozenMap = field(default_factory=FrozenMap)   # slot -> value only this decision's rule knows
     short_reason: str = ""
     short_fix: str = ""

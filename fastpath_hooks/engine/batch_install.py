@@ -1,4 +1,4 @@
-"""Installing a kernel together with the others of its request (INSTALL, when decide/batches.py finds
+"""Installing a kernel together with the others of its request (INSTALL, when decide/policy.py finds
 more than this one): their builds side by side, one installer call, one check (World.install_batch).
 The other members' verdicts are written here and remembered in the World for their own runs.
 """
@@ -9,17 +9,17 @@ from dataclasses import replace
 
 from .. import events
 from ..act.verdicts import FAILED, GOOD as VERIFIED
-from .said import describe, engine_line, installed_line, numeric_block
+from .outcome import describe, engine_line, installed_line, numeric_block
 from .world import Batched, InstallFailed
-from ..decide import short
+from ..decide import messages as short
 
 
 def batch_of(run) -> tuple:
-    """The acting decisions installed together with this one (decide/batches.py), in dependency
+    """The acting decisions installed together with this one (decide/policy.py), in dependency
     order, this one among them: the compiled kernels of the same request - being ensured in this
     process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
     this decision otherwise (or a repair)."""
-    from ..decide.batches import batch
+    from ..decide.policy import batch
 
     if run.repairing or run.request is None:
         return (run.decision,)

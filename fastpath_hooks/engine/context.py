@@ -220,7 +220,7 @@ def complete(env, plan, settings, pins, *, decide=None, kernel=None):
     is being considered and no version.json told it - not at every probe. `kernel`: only where that
     kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
     kernel's build; that kernel's own read completes it)."""
-    from ..decide.rule_ids import NVCC_RELEASE, lookup
+    from ..decide.messages import NVCC_RELEASE, lookup
     from ..facts.probe import with_nvcc_version
 
     if decide is None:

@@ -27,7 +27,7 @@ nothing itself - the policy's Decision says what to do, repairs included - and o
   after an install the facts are settled from the installer's own scan (no probe, no policy).
 The lock is released by the loop, whatever state it ends in.
 
-The steps decide the transitions; the lines an outcome is said in are said.py's, the install of a
+The steps decide the transitions; the lines an outcome is said in are outcome.py's, the install of a
 request's batch batch_install.py's.
 """
 
@@ -44,9 +44,9 @@ from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, NumericFailed, Reading
 from .batch_install import batch_of, install_together
-from .said import (blocked_outcome, describe, engine_line, failed_outcome, hazard_fix, keeps_instead, line_fits,
+from .outcome import (blocked_outcome, describe, engine_line, failed_outcome, hazard_fix, keeps_instead, line_fits,
                    numeric_block, recorded_outcome, reminder_for, skipped_outcome)
-from ..decide import short
+from ..decide import messages as short
 from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
 
 
@@ -393,9 +393,9 @@ def _record(run: Run):
 
 
 def _warm_rule(run: Run) -> bool:
-    """The decision's rule lets a good outcome be remembered for the next start (decide/rule_ids.py: a
+    """The decision's rule lets a good outcome be remembered for the next start (decide/messages.py: a
     build without mamba-ssm's CUDA extension is good only for the families in use now)."""
-    from ..decide.rule_ids import lookup
+    from ..decide.messages import lookup
 
     rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
     return rule is None or rule.warm

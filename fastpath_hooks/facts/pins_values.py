@@ -100,7 +100,7 @@ _DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="e
 class HeadDims:
     """The head dims (K, V) a backend computes; the served kernel sends other shapes elsewhere. `config`:
     the transformers config attributes that hold them (and the head counts), read from the config
-    classes of the modeling modules imported (facts/imported_models.py)."""
+    classes of the modeling modules imported (facts/probe.py)."""
     k: tuple[int, ...] = m(**_DIMS)
     v: tuple[int, ...] = m(**_DIMS)
     # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins

@@ -2,31 +2,37 @@
 
 Cheap by design: versions come from dist-info directory names, torch's CUDA/HIP build from
 `torch/version.py` read as text. torch is imported only to enumerate GPUs, and only when torch is a
-CUDA/ROCm/XPU build and no target spec names the GPUs (facts/torch_gpus.py says what that costs).
+CUDA/ROCm/XPU build and no target spec names the GPUs (facts/probe.py says what that costs).
 
-The readers are their own modules - torch_gpus.py (torch's build, its GPUs), host.py (arch, glibc,
-CPU cores, /proc; nvcc, hipcc, uv), pip_config.py (pip's index configuration),
-imported_models.py (the transformers models in use); this one puts their answers together, applies
+The readers: torch's build and its GPUs and the transformers models in use (below), host.py (arch,
+glibc, CPU cores, /proc; nvcc, hipcc, uv; pip's index configuration); this module puts their answers together, applies
 the posed facts and derives what follows from the installed distributions.
 
 Every fact can be posed with FASTPATH_HOOKS_TARGET (see `target.py`), so an image
 builder on a CPU host can plan for a GPU cluster and tests can pose as any machine.
+
+torch's build and the GPUs it sees: the CUDA/HIP/XPU build from `torch/version.py` read as text,
+then the devices torch enumerates - imported only when torch is such a build and no target spec names
+the GPUs. That import costs 1-3 s in a fresh process (nothing inside a training process, which has
+imported torch already); `torch.cuda.get_device_capability` then initialises the CUDA runtime, which
+the training run does anyway.
+
+The transformers models this process uses, read from sys.modules only (nothing is imported): the
+model types whose modeling module is imported, and the head shapes (config class defaults) of the
+gated-delta-rule models whose configuration module is.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-
 from .distributions import scan, site_packages
 from .environment import Environment
-from .host import glibc, normal_arch, usable_cpus
-from .hub import hub_facts
-from .imported_models import imported_model_types, model_shapes
-from .pip_config import pip_index_config
-from .host import mem_available_gib
 from .host import find_hipcc, find_nvcc, find_uv, nvcc_release, toolkit_version
-from .torch_gpus import torch_build_info, visible_gpus
+from .host import glibc, normal_arch, usable_cpus
+from .host import mem_available_gib
+from .host import pip_index_config
+from .hub import hub_facts
 
 
 # Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
@@ -263,3 +269,109 @@ def _wheelhouse(find_links) -> tuple:
         except OSError:
             continue
     return tuple(sorted(set(names)))
+
+
+def torch_build_info(dist) -> dict:
+    """cuda/hip/xpu of the installed torch build, from torch/version.py as text."""
+    if dist is None:
+        return {}
+    path = os.path.join(dist.site, "torch", "version.py")
+    info: dict = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                name, sep, value = line.partition("=")
+                if not sep:
+                    continue
+                key = name.split(":")[0].strip()
+                if key in ("cuda", "hip", "xpu"):
+                    value = value.strip().strip("'\"")
+                    info[key] = None if value in ("None", "") else value
+    except OSError:
+        pass
+    return info
+
+
+def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
+    """(gpus, how they were found, cxx11 abi flag if torch was imported)."""
+    if "gpus" in posed:
+        return (), "target", None
+    if not any(torch_info.get(k) for k in ("cuda", "hip", "xpu")):
+        if torch_info:
+            return (), "none: torch is a CPU build", None
+        return (), "none: torch is not installed", None
+    torch = sys.modules.get("torch")
+    if torch is None:
+        if not allow_import:
+            return (), "not probed (torch not imported)", None
+        try:
+            import torch  # noqa: F401  - the documented cost: only on accelerator builds
+        except Exception as exc:  # a broken torch: report, never crash the caller
+            return (), f"none: import torch failed ({type(exc).__name__}: {exc})", None
+    abi = None
+    try:
+        abi = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+    except Exception:
+        pass
+    try:
+        if torch_info.get("xpu") and hasattr(torch, "xpu") and torch.xpu.is_available():
+            return ("xpu",) * torch.xpu.device_count(), "torch.xpu", abi
+        if not torch.cuda.is_available():
+            return (), "none: torch.cuda.is_available() is False", abi
+        out = []
+        for i in range(torch.cuda.device_count()):
+            if torch_info.get("hip"):
+                arch = getattr(torch.cuda.get_device_properties(i), "gcnArchName", "gfx")
+                out.append(arch.split(":")[0])
+            else:
+                major, minor = torch.cuda.get_device_capability(i)
+                out.append(f"sm_{major}{minor}")
+        return tuple(out), "torch.cuda", abi
+    except Exception as exc:
+        return (), f"none: GPU query failed ({type(exc).__name__}: {exc})", abi
+
+
+def imported_model_types() -> tuple:
+    """The model types whose transformers modeling module this process has imported (or is importing: a
+    kernel's decision runs inside that import), e.g. ("mamba2",): which families are in use, when known."""
+    out = set()
+    for name in list(sys.modules):
+        if name.startswith("transformers.models."):
+            parts = name.split(".")
+            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
+                out.add(parts[2])
+    return tuple(sorted(out))
+
+
+def model_shapes(pins, modules=None) -> tuple:
+    """((model type, K, V, key heads, value heads), ...) of the models whose transformers configuration
+    module is imported (a modeling module imports its own before it chooses its kernels): the class
+    defaults of the config attributes the pins name (a backend's `head_dims.config`). Reads
+    sys.modules only; a default that is not an int (derived at run time) is None."""
+    attrs: dict = {}
+    for spec in pins.kernels.values():
+        if spec.head_dims is not None:
+            for key, names in spec.head_dims.config.items():
+                attrs.setdefault(key, [])
+                attrs[key] += [n for n in names if n not in attrs[key]]
+    if not attrs.get("k") or not attrs.get("v"):
+        return ()
+    modules = sys.modules if modules is None else modules
+    out = []
+    for name, module in list(modules.items()):
+        parts = name.split(".")
+        if len(parts) != 4 or parts[:2] != ["transformers", "models"] or not parts[3].startswith("configuration_"):
+            continue
+        for obj in list(vars(module).values()):
+            if not isinstance(obj, type) or getattr(obj, "__module__", None) != name:
+                continue
+            values = []
+            for key in ("k", "v", "heads_k", "heads_v"):
+                found = next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None)
+                values.append(found if isinstance(found, int) and not isinstance(found, bool) else None)
+            if not any(hasattr(obj, a) for a in attrs["k"]):
+                continue
+            row = (parts[2], *values)
+            if row not in out:
+                out.append(row)
+    return tuple(sorted(out, key=str))

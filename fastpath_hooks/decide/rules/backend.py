@@ -9,7 +9,7 @@ the blocked module): one that is installed and cannot work here is turned off th
 kernel's switch (`off`, FLA_FLASH_QLA=0), and its verification compares it with the served kernel's
 own path (decide/warmup.py, act/gdr_check.py). It is ensured right after the served kernel, before
 that kernel's import goes on (`wants`), after the kernels it needs (`needs`: tilelang, fla).
-Rule ids: `<prefix>.*` (decide/rule_ids.py BACKEND)."""
+Rule ids: `<prefix>.*` (decide/messages.py BACKEND)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from packaging.version import Version
 from ...facts.pins import same_version
 from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, shared_skip, within
 from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
-from ..rule_ids import PINS_FILE
-from ..short import few
+from ..messages import PINS_FILE
+from ..messages import few
 from ..warmup import gdr_check, model_shapes
 
 

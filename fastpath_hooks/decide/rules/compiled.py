@@ -3,7 +3,7 @@
 wheelhouse -> the release wheel -> a source build for the visible GPUs (FASTPATH_HOOKS_ALLOW_BUILD,
 decide/builds.py); ROCm only by a build; an installed build of ours without code for a visible GPU
 is blocked. The kernels it is used `with`, or whose import runs inside its own, are ensured first.
-Rule ids: `<prefix>.*` (decide/rule_ids.py COMPILED)."""
+Rule ids: `<prefix>.*` (decide/messages.py COMPILED)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..builds import cuda_families, needs_cuda_build
 from ..builds import release_order, source_build
 from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
 from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
-from ..short import few, render
+from ..messages import few, render
 from ..wheel_fit import arch_gaps, built_archs, fits, index_sources, index_wheel_fits, release_wheel
 
 
@@ -111,7 +111,7 @@ def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision
     them: the rebuild's own short reason and fix where they fit beside the rest, else a pointer to doctor
     (which has them whole)."""
     from ...events.lines import MAX_LINE, PREFIX
-    from ..short import compose, public
+    from ..messages import compose, public
 
     head = f"{public(installed_v)} lacks the CUDA extension a model here calls; "
     options = [(inner.short_reason, inner.short_fix)] if inner.short_reason else []

@@ -2,7 +2,7 @@
 fla's Hopper backend): installed where a hazard of a served kernel needs it, as a known-good pair
 (`pairs`), never a broken one (`broken`); a broken or half-installed pair is repaired (the companion
 replaced alone first: a broken pair can abort any process that imports it) or its import blocked.
-Rule ids: `<prefix>.*` (decide/rule_ids.py PAIR)."""
+Rule ids: `<prefix>.*` (decide/messages.py PAIR)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from packaging.version import Version
 from ...facts.pins import same_version
 from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, specifier, within
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
-from ..short import few
+from ..messages import few
 from . import backend
 
 

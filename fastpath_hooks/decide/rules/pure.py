@@ -3,7 +3,7 @@ version, --no-deps): the first release (`releases`, preference order) whose torc
 transformers ranges fit, and - where a hazard applies (fla#640 on Hopper) - one with the backend
 the hazard needs (`backends`), installed with the serving kernel ensured first; an installed
 release that is half-installed, mismatched, incompatible with this triton or unsafe here is
-replaced, or its import blocked. Rule ids: `<prefix>.*` (decide/rule_ids.py PURE)."""
+replaced, or its import blocked. Rule ids: `<prefix>.*` (decide/messages.py PURE)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from ...facts.pins import same_version
 from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, missing_import,
                       shared_skip, versions_here, within)
 from ..transformers import era
-from .. import short
+from .. import messages as short
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
-from ..short import few
+from ..messages import few
 from ..warmup import gdr_check, model_shapes
 
 
