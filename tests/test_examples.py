@@ -30,24 +30,29 @@ def test_training_example_runs_on_cpu_on_the_torch_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_reference_matches_transformers_torch_gated_delta_rule():
+def test_the_gated_delta_rule_reference_matches_transformers_torch_gated_delta_rule():
     torch = pytest.importorskip("torch")
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from fastpath_hooks.act.smoke import reference
+    from fastpath_hooks.act.numeric_check import gdr_ref
 
     gen = torch.Generator().manual_seed(0)
     B, T, H, K = 1, 96, 2, 16
     q, k, v = (torch.randn(B, T, H, K, generator=gen, dtype=torch.float64) for _ in range(3))
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64))
     beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64))
-    scale = K ** -0.5
-    ours = reference(q, k, v, g, beta, scale).double()
+    ours = gdr_ref(q, k, v, g, beta)[0].double()   # the one reference: numeric, gated-delta-rule check, smoke
     torch_fn = getattr(m.torch_chunk_gated_delta_rule, "__wrapped__", m.torch_chunk_gated_delta_rule)
     theirs, _ = torch_fn(q.float(), k.float(), v.float(), g=g.float(), beta=beta.float(), chunk_size=64,
                          use_qk_l2norm_in_kernel=True)
     rel = (torch.linalg.vector_norm(ours - theirs.double()) / torch.linalg.vector_norm(theirs.double())).item()
     assert rel < 1e-4, rel
+    # value heads grouped over key heads (GVA) read as q and k repeated to the value heads
+    v2 = torch.randn(B, T, 2 * H, K, generator=gen, dtype=torch.float64)
+    g2, beta2 = g.repeat_interleave(2, dim=2), beta.repeat_interleave(2, dim=2)
+    grouped, _ = gdr_ref(q, k, v2, g2, beta2)
+    repeated, _ = gdr_ref(q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), v2, g2, beta2)
+    assert torch.allclose(grouped, repeated)
 
 
 def test_doctor_smoke_is_skipped_without_a_gpu(tmp_path):

@@ -106,8 +106,10 @@ def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
 
 
 def gdr_ref(q, k, v, g, beta):
-    """fla's naive_recurrent_gated_delta_rule with the q/k l2-norm the kernel is asked to do, float32:
-    (o, final state)."""
+    """The gated delta rule as a float32 recurrence (fla's naive_recurrent_gated_delta_rule) with the q/k
+    l2-norm the kernel is asked to do and fla's default scale K^-0.5; value heads grouped over key heads
+    (GVA: value head i reads key head i // (value heads / key heads)): (o, final state). The one reference:
+    the numeric check, the gated-delta-rule check (act/gdr_check.py) and `doctor --smoke` use it."""
     import torch
     import torch.nn.functional as F
 
@@ -115,8 +117,11 @@ def gdr_ref(q, k, v, g, beta):
     k = F.normalize(k.float(), p=2, dim=-1)
     v, g, beta = v.float(), g.float(), beta.float()
     B, T, H, K = k.shape
+    if v.shape[2] != H:
+        q = q.repeat_interleave(v.shape[2] // H, dim=2)
+        k = k.repeat_interleave(v.shape[2] // H, dim=2)
     q = q * K ** -0.5
-    h = q.new_zeros(B, H, K, v.shape[-1])
+    h = q.new_zeros(B, v.shape[2], K, v.shape[-1])
     outs = []
     for t in range(T):
         h = h * g[:, t].exp()[..., None, None]

@@ -16,29 +16,11 @@ from __future__ import annotations
 import json
 import sys
 
+from .numeric_check import gdr_ref
+
 OUTPUT_TOL = 2e-2
 GRAD_TOL = 5e-2
 _MARK = "FASTPATH_HOOKS_SMOKE "
-
-
-def reference(q, k, v, g, beta, scale):
-    """float32 recurrence of the gated delta rule; shapes [B, T, H, K|V], g/beta [B, T, H]."""
-    import torch
-
-    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    q = torch.nn.functional.normalize(q, dim=-1) * scale
-    k = torch.nn.functional.normalize(k, dim=-1)
-    B, T, H, K = k.shape
-    V = v.shape[-1]
-    state = q.new_zeros(B, H, K, V)
-    outs = []
-    for t in range(T):
-        state = state * g[:, t].exp()[..., None, None]
-        kt, vt = k[:, t], v[:, t]
-        delta = (vt - torch.einsum("bhk,bhkv->bhv", kt, state)) * beta[:, t][..., None]
-        state = state + kt[..., None] * delta[..., None, :]
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
-    return torch.stack(outs, dim=1)
 
 
 def _child(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
@@ -76,7 +58,7 @@ def _child(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
         torch.cuda.synchronize()
     except Exception as exc:
         return {"status": "fail", "reason": f"fla forward/backward raised {type(exc).__name__}: {exc}"}
-    ref = reference(ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"], ref_in["beta"], scale)
+    ref, _ = gdr_ref(ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"], ref_in["beta"])   # scale: fla's default
     ref.backward(grad_out.float())
 
     def rel(a, b):
