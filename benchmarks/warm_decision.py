@@ -84,7 +84,7 @@ print(json.dumps({"ms": (t1 - t0) * 1e3, "spawns": len(SPAWNS), "answer": answer
 # fill the file up to its bound (this node's entries are kept: at most KEEP - 1 others).
 FILL = r'''
 import json, os, sys
-from fastpath_hooks.act.verdicts import KEEP, WARM_KEEP, VerdictCache
+from fastpath_hooks.act.store import KEEP, WARM_KEEP, VerdictCache
 cache = VerdictCache(root=os.environ["FASTPATH_HOOKS_CACHE_DIR"], retry_after=0.0)
 n = int(sys.argv[1])
 for kernel in ("fla", "causal-conv1d", "tilelang"):

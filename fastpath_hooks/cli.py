@@ -172,16 +172,16 @@ def _doctor(args) -> int:
     from .hooks import activation
     from . import report
     from ._environ import cache_root
-    from .act.verdicts import VerdictCache
+    from .act.store import VerdictCache
 
     settings, pins = _context(args)
     cache = VerdictCache(settings)
     if args.refresh:
-        from .act import import_memory
+        from .act import store
         from .events import forget_said
 
         cache.forget()
-        import_memory.forget(cache_root(settings))   # the remembered checks, shared by the user's environments
+        store.forget(cache_root(settings))   # the remembered checks, shared by the user's environments
         forget_said()   # the lines said once per environment are said again
     env, plan, real = _snapshot(settings, pins, sources=True)
     act = activation.status()

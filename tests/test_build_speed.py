@@ -387,7 +387,7 @@ def _installed(site, name, version, body):
 
 
 def test_an_import_remembered_for_exactly_this_environment_starts_no_child(tmp_path, monkeypatch):
-    """The lighter check of a later environment (act/import_memory.py): the same installed files beside
+    """The lighter check of a later environment (act/store.py): the same installed files beside
     the same versions of what their import loads are not imported again in a child; another version of
     a loaded distribution, other kernel files, or a failed import - and the child runs."""
     site, root, seen = tmp_path / "site", str(tmp_path / "cache"), tmp_path / "imports.log"

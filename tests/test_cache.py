@@ -19,8 +19,8 @@ import pytest
 
 from conftest import A100, CAUSAL_WHEEL, offline_env
 from fastpath_hooks.facts.settings import Settings
-from fastpath_hooks.act.verdicts import VerdictCache
-from fastpath_hooks.act.warm import environment_signature, signature_environ
+from fastpath_hooks.act.store import VerdictCache
+from fastpath_hooks.act.store import environment_signature, signature_environ
 from support import wheels
 from support.venvs import clean_env
 from support.processes import AUDIT_PRELUDE, counting_uv, installer_calls, link_uv
@@ -112,7 +112,7 @@ def test_several_signatures_and_fingerprints_live_side_by_side(cache):
 
 
 def test_the_cache_keeps_the_most_recently_written_entries(cache):
-    from fastpath_hooks.act.verdicts import KEEP, WARM_KEEP
+    from fastpath_hooks.act.store import KEEP, WARM_KEEP
 
     for n in range(WARM_KEEP + 3):
         cache.record("fla", warm=(f"sig{n}", {"reason": f"ok {n}", "posed": None, "env": [], "fingerprint": "fp"}))
@@ -244,7 +244,7 @@ def test_a_verified_environment_skips_probes_and_subprocesses(make_venv, make_wh
     assert os.listdir(warm_dir) == [signature]  # re-earned under the same signature
 
     # A corrupt cache: ignored (verified again - in a child process, as its import is not remembered either:
-    # act/import_memory.py, which would save the child) and rewritten.
+    # act/store.py, which would save the child) and rewritten.
     for corrupt in (path, os.path.join(warm_dir, signature)):
         with open(corrupt, "wb") as fh:
             fh.write(b'{"schema": 2, "kernels": {"causal-conv1d": \xff')

@@ -43,7 +43,7 @@ def runs(cache_dir, tmp_path_factory):
     from concurrent.futures import ThreadPoolExecutor
 
     # a remembered verdict, so the verdict table of the schema is checked against real output too
-    code = ("from fastpath_hooks.facts.settings import Settings; from fastpath_hooks.act.verdicts import VerdictCache\n"
+    code = ("from fastpath_hooks.facts.settings import Settings; from fastpath_hooks.act.store import VerdictCache\n"
             "assert VerdictCache(Settings.from_env()).record('fla', verdict=('f' * 32, 'failed', 'test verdict'))")
     subprocess.run([sys.executable, "-c", code], env=clean_env(FASTPATH_HOOKS_CACHE_DIR=cache_dir), check=True)
     a_file = str(tmp_path_factory.mktemp("cli-files") / "a-file")

@@ -170,7 +170,7 @@ def test_a_second_environment_checks_two_cached_kernels_in_one_child_and_one_ins
     assert toolkit.calls() == calls, "nothing compiled for the second environment"
     assert not [a for a in started if "wheel" in a and "-w" in a], "no build"
     # the same files beside the same versions of what their imports load (the first environment's
-    # build deps do not count): remembered, no child at all (act/import_memory.py)
+    # build deps do not count): remembered, no child at all (act/store.py)
     assert _verification_children(started) == [], started
     # and its lines say so, not "verified in a child process"
     for kernel in ("causal-conv1d", "mamba-ssm"):

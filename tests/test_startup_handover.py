@@ -248,7 +248,7 @@ def test_the_fingerprint_follows_the_pins_data(tmp_path):
 
 WRITER = r'''
 import sys
-from fastpath_hooks.act.verdicts import VerdictCache
+from fastpath_hooks.act.store import VerdictCache
 cache = VerdictCache(root=sys.argv[1], retry_after=60.0)
 for j in range(12):
     cache.record(f"k{sys.argv[2]}-{j}", verdict=("fp", "good", "verified"))
@@ -262,7 +262,7 @@ def test_concurrent_verdict_writers_lose_nothing(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, root, str(i)], env=venvs.clean_env())
              for i in range(6)]
     assert [p.wait(timeout=120) for p in procs] == [0] * 6
-    from fastpath_hooks.act.verdicts import VerdictCache
+    from fastpath_hooks.act.store import VerdictCache
 
     cache = VerdictCache(root=root, retry_after=60.0)
     assert set(cache.entries()) == {f"k{i}-{j}" for i in range(6) for j in range(12)}

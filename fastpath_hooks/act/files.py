@@ -10,7 +10,7 @@ Where an environment's own state lives: the install lock and the journal of a ru
 They sit inside the environment they protect (next to site-packages), so every process and
 every user of a shared environment - NFS included - sees the same ones; where site-packages
 is not writable, under the cache root, keyed by the environment. (The verdicts are per user:
-act/verdicts.py; the lock itself: act/locks.py.)
+act/store.py; the lock itself: act/locks.py.)
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class NumericMismatch(InstallError):
     and the kernel is blocked on that arch (the message has the measured error)."""
 
 
-REMEMBERED = "import check remembered"   # an install's line where no child checked it (act/import_memory.py)
+REMEMBERED = "import check remembered"   # an install's line where no child checked it (act/store.py)
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
             now = now or scan()
             after = _versions(now[0])
             _check_result(decision, after, protected_before, real_before, pins, env)
-            children = []   # whether each check ran a child (False: the whole check remembered, act/import_memory.py)
+            children = []   # whether each check ran a child (False: the whole check remembered, act/store.py)
             specs = list(verify_specs)
             results = verify_many(specs, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
                                   started=tx.record_group,

@@ -4,7 +4,7 @@ Per kernel, in order (a kernel after those it imports): its import; its numeric 
 where they are due (act/numeric.py, act/numeric_check.py); its decision's gated-delta-rule check and
 JIT warm-up (act/gdr_check.py). torch and each kernel are imported once for all of them. Never
 in-process: a bad tilelang/apache-tvm-ffi pair aborts the importing process (SIGABRT), and a
-wrong-arch causal-conv1d build can segfault. A passed check is remembered (act/import_memory.py): a
+wrong-arch causal-conv1d build can segfault. A passed check is remembered (act/store.py): a
 later environment with the same files beside the same distributions runs no child at all.
 """
 
@@ -75,7 +75,7 @@ for i, spec in enumerate(specs):
             os.environ.update(saved)
     sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
-# the distributions whose modules these imports loaded (act/import_memory.py keys the memory on them)
+# the distributions whose modules these imports loaded (act/store.py keys the memory on them)
 try:
     import importlib.metadata as md
     tops = {name.split(".")[0] for name, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)}
@@ -101,7 +101,7 @@ class Verification:
     seconds: float
     returncode: int | None
     numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
-    child: bool = True        # a child process checked it (False: its import remembered, act/import_memory.py)
+    child: bool = True        # a child process checked it (False: its import remembered, act/store.py)
     loaded: tuple = ()        # ((distribution, version), ...) the child's import loaded (the memory's key)
 
 
@@ -139,12 +139,12 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     `numeric` set: it is blocked on that arch. `checks`: per kernel, its decision's gated-delta-rule check
     (act/gdr_check.py: a backend against the served kernel's own path, the JIT warmed at the model's
     shapes) or None; it runs after the numbers, and a failure fails the kernel (a backend is switched off).
-    `root`: the cache root whose import memory (act/import_memory.py) is read and written: when every
+    `root`: the cache root whose import memory (act/store.py) is read and written: when every
     kernel's check (import, numbers and gated-delta-rule check; the latter's payload part of the key) passed
     before for exactly this environment, no child runs at all."""
     import os
 
-    from . import import_memory
+    from . import store
     from .runner import run
 
     specs = list(kernel_specs)
@@ -161,7 +161,7 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                 got = prepare(plan, spec.distributions)
                 (done if isinstance(got, NumericResult) else pending)[i] = got
     mine = root and python is None   # the memory speaks for this interpreter's environment only
-    known = [import_memory.recall(root, s, env_extra, extra=k, gpus=gpus) if mine else None for s, k in zip(specs, keys)]
+    known = [store.recall(root, s, env_extra, extra=k, gpus=gpus) if mine else None for s, k in zip(specs, keys)]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
                                                  f"{k.get('when', '?')})", 0.0, None, child=False),
@@ -237,7 +237,7 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     if mine and loaded:
         for spec, result, key in zip(specs, out, keys):
             if result.ok:
-                import_memory.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
+                store.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
     return out
 
 

@@ -9,7 +9,7 @@ transformers' working torch path, with one clear line (one process per node, see
   an `on_event` callback runs. A wait that would close a circle (a callback of fla's run asking
   for fla, or two runs asking for each other) is not made: that caller gets a `pending` outcome.
 - The warm path (here): a good outcome recorded under this environment's signature
-  (`act/warm.py`: interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts, read
+  (`act/store.py`: interpreter, installed distributions, FASTPATH_HOOKS_* and GPU facts, read
   without importing anything heavy) answers at once - no settings, pins, probe or policy
   modules are imported, no subprocess starts, the state machine is not even loaded.
 - Otherwise `machine.run(kernel, ...)`: the explicit state machine read -> needs -> cached? -> lock
@@ -255,7 +255,7 @@ def _decide(kernel: str, target: str | None, now: bool = False):
     A warm hit ensures no backend: one that is installed is decided when the kernel it serves looks
     for it (the finder watches its module), and one that is not had its chance under this signature."""
     try:
-        from ..act.warm import signature_environ
+        from ..act.store import signature_environ
 
         captured = signature_environ(target=target)   # before this decision sets any variable
         signature, warm = _warm(kernel, captured)
@@ -278,11 +278,11 @@ def _decide(kernel: str, target: str | None, now: bool = False):
 def _warm(kernel: str, captured: tuple):
     """(the signature, (the recorded good Outcome, simulated kind) or None: a miss, or anything odd -
     then the machine decides)."""
-    from ..act import warm
+    from ..act import store
 
     try:
-        signature = warm.environment_signature(captured)
-        entry = warm.get_warm(captured, kernel, signature) if signature else None
+        signature = store.environment_signature(captured)
+        entry = store.get_warm(captured, kernel, signature) if signature else None
     except Exception as exc:  # e.g. a deleted working directory: only the shortcut is lost
         events.debug(f"{kernel}: no cached verdict ({type(exc).__name__}: {exc})", kernel)
         return None, None

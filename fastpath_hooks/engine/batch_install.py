@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import events
-from ..act.verdicts import FAILED, GOOD as VERIFIED
+from ..act.store import FAILED, GOOD as VERIFIED
 from .outcome import describe, engine_line, installed_line, numeric_block
 from .world import Batched, InstallFailed
 from ..decide import messages as short

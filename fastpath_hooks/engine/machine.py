@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from .. import events
 from .._environ import cache_root
 from ..events.lines import first_fitting
-from ..act.verdicts import FAILED, GOOD as VERIFIED
+from ..act.store import FAILED, GOOD as VERIFIED
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .lock import LockUnavailable
 from .world import InstallFailed, NumericFailed, Reading

@@ -110,7 +110,7 @@ class World:
         """None while an install is pending here (a journal: running now, or killed half-way).
         `signature`: the warm signature just computed for `captured` (the warm path's), not computed again."""
         from .._environ import cache_root_from_environ
-        from ..act.warm import environment_signature
+        from ..act.store import environment_signature
 
         signature = signature or environment_signature(captured)
         if signature is None:
@@ -188,7 +188,7 @@ class World:
 
     # -- verdicts, verification, installs ----------------------------------------------------
     def cache(self, settings):
-        from ..act.verdicts import VerdictCache
+        from ..act.store import VerdictCache
 
         return VerdictCache(settings)
 

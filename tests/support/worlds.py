@@ -14,13 +14,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from fastpath_hooks.act.verdicts import VerdictCache
+from fastpath_hooks.act.store import VerdictCache
 from fastpath_hooks.engine import machine
 from fastpath_hooks.engine.context import fingerprint
 from fastpath_hooks.engine.lock import LockUnavailable
 from fastpath_hooks.engine.world import InstallFailed, NumericFailed, Stamp, World
 from fastpath_hooks.act.installer import InstallResult
-from fastpath_hooks.act.warm import signature_environ
+from fastpath_hooks.act.store import signature_environ
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.settings import Settings
 

@@ -1,0 +1,416 @@
+"""What earlier runs remember, kept in the cache (facts/memory.py reads the build history and the
+numeric records): the verdicts, the warm verdicts and the remembered checks.
+
+- **The warm path** (`environment_signature`, `get_warm`): the environment's cheap signature and the good
+  verdict recorded under it. This runs at every first kernel import of every process, so this module
+  imports only what a Python process has anyway (no settings, pins, probe or packaging; the tiny `links`
+  when FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories and one small file.
+- **The verdict cache** (`VerdictCache`): per user (FASTPATH_HOOKS_CACHE_DIR), keyed by environment.
+  Kernel verdicts (`<env>.json`): per kernel, verdicts under fingerprints of the probed facts that kernel
+  depends on (the interpreter, torch/triton/transformers, the GPU archs and its own distributions), so
+  installing fla does not invalidate tilelang's verdict; the KEEP most recent per kernel. Failures
+  expire after `retry_after` seconds so restarts do not hammer the index. Warm verdicts
+  (`<env>.warm/<signature>.json`): good outcomes under the whole environment's signature; a match skips
+  the probe, the policy and every subprocess; one small file per signature, the WARM_KEEP most recent
+  kept, so nodes or GPU types sharing one cache directory do not evict each other. Every write happens
+  under one short lock and replaces a file atomically; `record` writes a verdict and its warm verdict in
+  one go. A changed fingerprint/signature misses; a corrupt or unreadable file is ignored (and
+  rewritten at the next verdict), never fatal.
+- **The remembered checks** (`recall`, `remember`, `forget`): a verification child costs a torch import
+  and the kernel's own (about 13 s for causal-conv1d and mamba-ssm on the H200, 43 s for fla) in every
+  new environment, although nothing it could find out has changed when the same files are imported
+  beside the same distributions. So the child says which distributions its imports loaded (act/verify.py),
+  and a passed check is remembered (`<cache root>/verified/<kernel>.json`, shared by every environment
+  of the user) under a key of everything it read: the kernel's installed files (the digest of their
+  wheels' RECORD entries), those distributions with their versions, the interpreter, the machine, the
+  GPU types, the variables the child is given and the check it ran. A later environment whose key
+  matches is not checked again. A failed check is never remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+from .. import events
+from .._environ import (JOURNAL, STATE_DIR_NAME, cache_root, cache_root_from_environ, environment_key,
+                        find_links_given)
+
+
+# Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
+SIGNATURE_VARIABLES = ("FLA_TILELANG", "FLA_FLASH_QLA", "CUDA_HOME", "CUDA_PATH", "PATH", "CUDA_VISIBLE_DEVICES",
+                       "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "XDG_CACHE_HOME", "HOME")
+# Where the kernel driver describes the GPUs without initialising CUDA/ROCm (cheap text files).
+_GPU_INFO = (("/proc/driver/nvidia/gpus", "information"), ("/sys/class/kfd/kfd/topology/nodes", "name"))
+SCHEMA = 2       # of every verdict file (VerdictCache writes them)
+
+
+def signature_environ(environ=None, *, target: str | None = None) -> tuple:
+    """The environment variables a decision can depend on, captured before a decision sets any;
+    `target`: a FASTPATH_HOOKS_TARGET given as a parameter (`--target`) instead of the variable."""
+    env = os.environ if environ is None else environ
+    captured = {k: v for k, v in env.items() if k.startswith("FASTPATH_HOOKS_") or k in SIGNATURE_VARIABLES}
+    if target is not None:
+        captured["FASTPATH_HOOKS_TARGET"] = target
+    return tuple(sorted(captured.items()))
+
+
+def environment_signature(captured: tuple) -> str | None:
+    """Everything a kernel decision depends on, read without probing; None while an install
+    is pending (a journal: running now, or killed half-way - the slow path recovers it).
+
+    Covered: fastpath-hooks' version and pins files, the interpreter, the variables in
+    `captured`, this host and its GPUs as the driver lists them, and every distribution on
+    sys.path (dist-info names carry versions; site-packages' mtime catches a same-version
+    reinstall such as another CUDA build of torch), the local wheelhouse's file names.
+    """
+    from .._names import VERSION as __version__
+
+    env = dict(captured)
+    parts: list = [__version__, os.path.realpath(sys.prefix), sys.version, sys.implementation.name, captured]
+    uname = os.uname() if hasattr(os, "uname") else None
+    parts.append((uname.nodename, uname.machine) if uname else None)
+    for base, leaf in _GPU_INFO:
+        try:
+            nodes = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for node in nodes:
+            parts.append((node, _read_small(os.path.join(base, node, leaf))))
+    parts.append(os.path.isfile("/usr/local/cuda/bin/nvcc"))
+    pins_files = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "facts", "pins.json")]
+    if env.get("FASTPATH_HOOKS_PINS", "").strip():
+        pins_files.append(os.path.abspath(os.path.expanduser(env["FASTPATH_HOOKS_PINS"].strip())))
+    for path in pins_files:
+        parts.append(_stat_key(path))
+    stdlib = os.path.dirname(os.__file__)
+    skip = (stdlib, os.path.join(stdlib, "lib-dynload"))  # the interpreter's own: covered by sys.version
+    for entry in sys.path:
+        try:
+            directory = entry or os.getcwd()
+        except OSError:  # the working directory was deleted
+            continue
+        if directory in skip:
+            continue
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            parts.append((directory, _stat_key(directory)))
+            continue
+        if STATE_DIR_NAME in names and os.path.exists(os.path.join(directory, STATE_DIR_NAME, JOURNAL)):
+            return None
+        dists = sorted(n for n in names if n.endswith((".dist-info", ".egg-info", ".egg-link")) or n.startswith("~"))
+        if os.path.basename(directory) in ("site-packages", "dist-packages"):
+            parts.append((directory, _stat_key(directory), dists))
+        else:  # the script's directory or cwd: only distributions found there matter
+            parts.append(dists)
+    root = cache_root_from_environ(env)
+    if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
+        return None
+    for location in find_links_given(env):
+        from ..facts.links import find_links_dir  # only when FIND_LINKS is set
+
+        path = find_links_dir(location)
+        if path is None:
+            continue
+        try:
+            parts.append((location, sorted(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))))
+        except OSError:
+            parts.append((location, None))
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def warm_dir(root: str) -> str:
+    """Where the warm verdicts of this environment live under a cache root (one file per signature)."""
+    return os.path.join(root, "verdicts", environment_key()) + ".warm"
+
+
+def warm_path(root: str, signature: str) -> str | None:
+    return os.path.join(warm_dir(root), signature + ".json") if signature.isalnum() else None
+
+
+def load_verdicts(path: str | None) -> dict:
+    """{kernel: entry} of a schema-2 verdict file (whatever else is in it dropped), or {}."""
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("kernels"), dict):
+        return {}
+    return {k: v for k, v in data["kernels"].items() if isinstance(v, dict)}
+
+
+def warm_entry(entries: dict, kernel: str) -> dict | None:
+    """The kernel's warm verdict in a loaded file, when it is well formed."""
+    entry = entries.get(kernel)
+    if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str):
+        return None
+    if entry.get("posed") not in (None, "cuda", "xpu"):
+        return None
+    pairs = entry.get("env") or []
+    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                                            for p in pairs)):
+        return None
+    return entry
+
+
+def get_warm(captured: tuple, kernel: str, signature: str) -> dict | None:
+    """The good verdict recorded for `kernel` under `signature`, in the cache FASTPATH_HOOKS_CACHE_DIR
+    names in `captured` (without parsing the settings)."""
+    root = cache_root_from_environ(dict(captured))
+    return warm_entry(load_verdicts(warm_path(root, signature)), kernel)
+
+
+def _stat_key(path: str):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(4096)
+    except OSError:
+        return None
+
+
+GOOD = "good"
+FAILED = "failed"
+KEEP = 16                    # fingerprints kept per kernel (GPU types, versions): the most recently written
+WARM_KEEP = 64               # warm signatures kept (nodes sharing the cache directory): the most recently written
+_WRITE_LOCK_TIMEOUT = 30.0   # a write holds it for milliseconds
+
+
+class VerdictCache:
+    def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
+        root = root if root is not None else cache_root(settings)
+        self.path = os.path.join(root, "verdicts", environment_key()) + ".json"
+        self.warm_dir = warm_dir(root)
+        self.root = root
+        self.retry_after = retry_after if retry_after is not None else settings.retry_after
+
+    def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
+        entry = load_verdicts(self.path).get(kernel, {}).get(fingerprint)
+        if not isinstance(entry, dict) or entry.get("state") not in (GOOD, FAILED):
+            return None
+        if not isinstance(entry.get("ts"), (int, float)) or not isinstance(entry.get("reason"), str):
+            return None
+        if entry["state"] == FAILED and (time.time() if now is None else now) - entry["ts"] > self.retry_after:
+            return None
+        return dict(entry, fingerprint=fingerprint)
+
+    def get_warm(self, kernel: str, signature: str) -> dict | None:
+        return warm_entry(load_verdicts(warm_path(self.root, signature)), kernel)
+
+    def record(self, kernel: str, *, verdict: tuple | None = None, warm: tuple | None = None) -> bool:
+        """Write, under one lock: `verdict` = (fingerprint, state, reason) - the warm verdicts earned
+        under the same facts (or unknown ones) are dropped, to be re-earned - and then `warm` =
+        (signature, entry): a good outcome for the next start (`entry` may name the `fingerprint`
+        of the verdict it was earned under)."""
+        def change():
+            if verdict is not None:
+                self._put(kernel, *verdict)
+            if warm is not None:
+                self._put_warm(kernel, *warm)
+
+        return self._locked(change) if verdict is not None or warm is not None else True
+
+    def _put(self, kernel: str, fingerprint: str, state: str, reason: str) -> None:
+        kernels = load_verdicts(self.path)
+        keyed = kernels.setdefault(kernel, {})
+        keyed[fingerprint] = {"state": state, "reason": reason, "ts": time.time()}
+        kernels[kernel] = _newest(keyed, KEEP)
+        _write(self.path, kernels)
+        for name in _signature_files(self.warm_dir):
+            path = os.path.join(self.warm_dir, name)
+            warm = load_verdicts(path)
+            old = warm.get(kernel)
+            if old is not None and old.get("fingerprint") in (None, fingerprint):
+                del warm[kernel]
+                if warm:
+                    _write(path, warm)
+                else:
+                    os.unlink(path)
+
+    def _put_warm(self, kernel: str, signature: str, entry: dict) -> None:
+        path = warm_path(self.root, signature)
+        if path is None:
+            return
+        warm = load_verdicts(path)
+        warm[kernel] = dict(entry, ts=time.time())
+        _write(path, warm)
+        names = _signature_files(self.warm_dir)
+        if len(names) > WARM_KEEP:  # the least recently written signatures go
+            def written(name):
+                stamps = [e.get("ts") for e in load_verdicts(os.path.join(self.warm_dir, name)).values()]
+                return max((t for t in stamps if isinstance(t, (int, float))), default=float("-inf"))
+
+            for name in sorted(names, key=written)[:len(names) - WARM_KEEP]:
+                try:
+                    os.unlink(os.path.join(self.warm_dir, name))
+                except OSError:
+                    pass
+
+    def _locked(self, change) -> bool:
+        """Read, change, write - under the cache's own short lock, so writers in several
+        processes (ranks or nodes recording verdicts at once) never drop each other's entries."""
+        import filelock
+
+        from .locks import file_lock
+
+        try:
+            with file_lock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
+                change()
+            return True
+        except (OSError, filelock.Timeout):
+            return False  # a read-only or busy cache only costs a re-check next time
+
+    def entries(self) -> dict:
+        """kernel -> its most recently written verdict (with its fingerprint)."""
+        return {kernel: dict(entry, fingerprint=key)
+                for kernel, keyed in load_verdicts(self.path).items()
+                for key, entry in list(_newest(keyed, 1).items())}
+
+    def warm_entries(self) -> dict:
+        """kernel -> {signature: warm verdict}."""
+        out: dict = {}
+        for name in sorted(_signature_files(self.warm_dir)):
+            for kernel, entry in load_verdicts(os.path.join(self.warm_dir, name)).items():
+                out.setdefault(kernel, {})[name[:-len(".json")]] = entry
+        return out
+
+    def forget(self) -> bool:
+        import shutil
+
+        shutil.rmtree(self.warm_dir, ignore_errors=True)
+        try:
+            os.unlink(self.path)
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def _newest(keyed: dict, keep: int) -> dict:
+    """The `keep` most recently written entries, newest first (unreadable ones dropped)."""
+    def ts(item):
+        value = item[1].get("ts")
+        return value if isinstance(value, (int, float)) else float("-inf")
+
+    return dict(sorted(((k, v) for k, v in keyed.items() if isinstance(v, dict)), key=ts, reverse=True)[:keep])
+
+
+def _write(path: str, kernels: dict) -> None:
+    from .files import atomic_write_json
+
+    atomic_write_json(path, {"schema": SCHEMA, "prefix": os.path.realpath(sys.prefix), "kernels": kernels})
+
+
+def _signature_files(directory: str) -> list:
+    """The warm verdict files (not atomic_write's temporary `.tmp-*` ones)."""
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith(".")]
+    except OSError:
+        return []
+
+
+SUBDIR = "verified"
+_SCRATCH = ("TMPDIR", "TEMP", "TMP")   # the install's own scratch directory: another one every time
+
+
+def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "", gpus=()) -> str:
+    world = {
+        "files": digest,
+        "loaded": sorted(f"{name}=={version}" for name, version in versions.items()),
+        "python": [sys.version, sys.platform, os.uname().machine, os.uname().nodename],
+        "modules": [list(spec.verify_modules), list(spec.verify_attributes)],
+        "env": sorted(f"{k}={v}" for k, v in env_extra if k not in _SCRATCH),
+        "pythonpath": os.environ.get("PYTHONPATH", ""),
+    }
+    if extra:   # what else the remembered verification ran (a decision's check)
+        world["extra"] = extra
+    if gpus:    # the GPUs it was checked on: another GPU type sharing the cache checks again
+        world["gpus"] = sorted(gpus)
+    return hashlib.sha256(json.dumps(world, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _here(names) -> dict:
+    """The versions of these distributions in this environment (None: not installed)."""
+    from ..facts.distributions import canonical_name, scan
+
+    found, _ = scan()
+    return {name: (found[canonical_name(name)].version if canonical_name(name) in found else None) for name in names}
+
+
+def _path(root: str, kernel: str) -> str:
+    return os.path.join(root, SUBDIR, f"{kernel}.json")
+
+
+def _read(root: str, kernel: str) -> dict:
+    try:
+        with open(_path(root, kernel), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:
+    """The remembered import of this kernel for exactly this environment, or None."""
+    if not root:
+        return None
+    data = _read(root, spec.name)
+    if not data:
+        return None
+    from .numeric import installed_digest
+
+    digest = installed_digest(spec.distributions)
+    if digest is None:
+        return None
+    for names in {tuple(e.get("distributions") or ()) for e in data.values()}:
+        entry = data.get(_mark(spec, env_extra, digest, _here(names), extra, gpus))
+        if entry is not None:
+            return entry
+    return None
+
+
+def forget(root: str | None) -> None:
+    """Forget every remembered check (`doctor --refresh`): the next install of each kernel checks it again."""
+    if root:
+        import shutil
+
+        shutil.rmtree(os.path.join(root, SUBDIR), ignore_errors=True)
+
+
+def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "", gpus=()) -> None:
+    """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
+    the names count); a read-only cache costs a child next time."""
+    if not root:
+        return
+    from .files import atomic_write_json
+    from .locks import file_lock
+    from .numeric import installed_digest
+
+    digest = installed_digest(spec.distributions)
+    if digest is None:
+        return
+    path = _path(root, spec.name)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with file_lock(path + ".lock", timeout=30):
+            data = _read(root, spec.name)
+            # the versions as a later recall reads them (this environment's dist-info), not the child's
+            data[_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus)] = {
+                "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "seconds": round(seconds, 2)}
+            atomic_write_json(path, data)
+    except Exception as exc:   # noqa: BLE001 - never worth failing an install over
+        events.debug(f"{spec.name}: could not remember its import in {path}: {exc}", spec.name)
