@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from .decide.commands import constraints, installed_after_needs, installer_choice, invocation, protected_constraints, step_names, uv_executable
-from .decide.transformers import packed_sequences
-from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP
-from .decide.transformers import era as transformers_era
+import time
+from dataclasses import replace
+
+from ._names import VERSION as __version__
+from .act import wheelcache
+from .act.gdr_check import cache_listing, warm_records
+from .decide.commands import (constraints, installed_after_needs, installer_choice, invocation, protected_constraints,
+                              step_names, uv_executable)
+from .decide.common import Context
+from .decide.hub import sources
+from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind
+from .decide.policy import batches, deps_with_wheels
+from .decide.transformers import era as transformers_era, packed_sequences
 
 VERBS = {
     OK: "nothing to do",
@@ -19,8 +28,6 @@ VERBS = {
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     """kernel -> list of invocation dicts, as `install` of the plan's kernels would run them; the
     kernels it installs together (decide/policy.py) have their batch's commands under the first."""
-    from .decide.policy import batches
-
     env = plan.environment
     installer, why = installer_choice(settings, env)
     out, files = {}, {}
@@ -45,8 +52,6 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
 
 
 def _invocation(step, installer, settings, env, local_files=()) -> dict:
-    from .decide.plan import StepKind
-
     local = f"<{step.requirements[0]} from {step.url}>" if step.kind == StepKind.INDEX else None
     return invocation(step, installer=installer or "pip", settings=settings, uv=uv_executable(env), local_file=local,
                       local_files=local_files).to_json()
@@ -56,9 +61,6 @@ def _batch_commands(members, installer, settings, env) -> list:
     """What act/batch.py runs for these decisions: their dependencies in one call where a member builds,
     each one's builds (side by side), then every wheel in one call (a build's or an index's by what it
     will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
-    from dataclasses import replace
-
-    from .decide.policy import deps_with_wheels
     from .decide.plan import Step, StepKind
 
     reqs, out, wheels = [], [], []
@@ -90,8 +92,6 @@ def _batch_commands(members, installer, settings, env) -> list:
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
     """Schema fastpath-hooks.plan/1, documented field by field in docs/json-schema.md."""
-    from ._names import VERSION as __version__
-
     data = plan.to_json()
     data["fastpath_hooks"] = __version__
     data["settings"] = settings.public()
@@ -104,9 +104,6 @@ def plan_json(plan, settings, *, real_installed, pins) -> dict:
 
 def function_sources(plan, settings, pins) -> list:
     """What serves each function transformers decorates here (decide/hub.py: the hub, the package, torch)."""
-    from .decide.common import Context
-    from .decide.hub import sources
-
     return sources(plan, pins, Context(plan.environment, settings, pins, False).hazards)
 
 
@@ -133,8 +130,6 @@ def summary(plan, settings) -> str:
 
 def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_installed: dict) -> dict:
     """Schema fastpath-hooks.doctor/1, documented field by field in docs/json-schema.md."""
-    from ._names import VERSION as __version__
-
     env = plan.environment
     return {
         "schema": DOCTOR_SCHEMA,
@@ -164,8 +159,6 @@ def _installs_at_start(settings, plan, activation: dict) -> bool:
 
 
 def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, interrupted: dict | None = None) -> str:
-    from ._names import VERSION as __version__
-
     env = plan.environment
     lines = [f"fastpath-hooks {__version__} doctor", "", "Environment"]
 
@@ -242,8 +235,6 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
 
 def interrupted_text(interrupted: dict) -> str:
     """doctor's line for a pending install journal: what, and what happens to it."""
-    import time
-
     when = interrupted.get("started")
     since = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" if isinstance(when, (int, float)) else ""
     pid = interrupted.get("pid")
@@ -321,8 +312,6 @@ def _quote(arg: str) -> str:
 
 def wheel_cache_json(root: str) -> dict:
     """The wheel cache for `doctor --json` and `cache list --json` (docs/json-schema.md: wheel_cache)."""
-    from .act import wheelcache  # entries: complete or not
-
     return {"directory": wheelcache.directory(root), "wheels": wheelcache.entries(root)}
 
 
@@ -344,8 +333,6 @@ def wheel_cache_text(data: dict) -> str:
 def jit_json(env, root: str) -> dict:
     """The JIT caches (`doctor --json`: jit): each pins variable's directory - yours or fastpath-hooks' -
     what is in it, and the warm-ups the verification children ran into them (docs/json-schema.md)."""
-    from .act.gdr_check import cache_listing, warm_records
-
     caches = {var: {**cache_listing(path), "set_by": "you" if var in env.jit_caches_given else "fastpath-hooks"}
               for var, path in env.jit_caches.items()}
     return {"caches": caches, "warmed": warm_records(root)}

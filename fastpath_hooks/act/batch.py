@@ -26,6 +26,7 @@ stays installed.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import threading
@@ -37,14 +38,20 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 
 from .. import events
-from ..decide.policy import deps_with_wheels
+from .._environ import cache_root
+from ..decide.builds import core_budget, minutes, split_allowed
 from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
+from ..decide.policy import deps_with_wheels
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields
-from .installer import (REMEMBERED, InstallError, InstallResult, _cache_wheel, _build_step, _check_changes, _check_result,
-                        _restart_advised, _run_step, _versions, allowed_steps, index_wheel)
-from .transaction import WORK_PREFIX, Transaction
+from .fetch import FetchError, fetch_wheel
+from .installer import (InstallError, InstallResult, REMEMBERED, _build_step, _cache_wheel, _check_changes,
+                        _check_result, _restart_advised, _run_step, _versions, allowed_steps, index_wheel)
+from .numeric import plan_for
+from .runner import kill_group
+from .transaction import Transaction, WORK_PREFIX
+from .verify import verify_many
 
 # a member whose import the cache remembers for these very files and this environment: no child checked it
 
@@ -112,10 +119,6 @@ def _survivors(members, failed: dict) -> list:
 
 
 def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, work, estimates, counter) -> dict:
-    from .._environ import cache_root
-    from .numeric import plan_for
-    from .verify import verify_many
-
     real_before = _versions(scan()[0])
     steps = {d.kernel: allowed_steps(d.steps, pins, real_before) for d in members}
     site = site or site_packages()
@@ -201,7 +204,6 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
         tx.commit()
     finally:
         shutil.rmtree(tx_work, ignore_errors=True)
-    import importlib
 
     importlib.invalidate_caches()
     changed = {n: v for n, v in after.items() if real_before.get(n) != v}
@@ -266,8 +268,6 @@ def _merged(steps) -> Step | None:
 def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, estimates, counter) -> dict:
     """Each member's wheels made local (into `made`, kept for a later round): files and downloads at
     once, then every source build at the same time. Returns kernel -> why, for the members that failed."""
-    from ..decide.builds import core_budget, minutes, split_allowed
-
     failed, builds, pending = {}, [], {}
     for d in members:
         if d.kernel in made:
@@ -326,8 +326,6 @@ def _build_all(builds, budget, *, settings, env, pins, work, tx) -> dict:
     """Every build at the same time, each in a thread with its own work directory and its process
     group journalled (a killed run's recovery stops them all); kernel -> _build_step's result or
     the exception. Ctrl-C (or anything else here) kills every build's group before it propagates."""
-    from .runner import kill_group
-
     results: dict = {}
     live: dict = {}
     lock = threading.Lock()
@@ -400,8 +398,6 @@ def _import_lock_released():
 
 
 def _wheel_file(step, settings, work) -> str:
-    from .fetch import FetchError, fetch_wheel
-
     try:
         return fetch_wheel(step, settings, work)
     except FetchError as exc:

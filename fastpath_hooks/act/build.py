@@ -23,18 +23,29 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import re
+import shutil
 import sys
 import time
 import zipfile
 from dataclasses import dataclass
 
 from .. import events
-from ..facts import wheels as cached_wheels
-from ..facts.frozen import FrozenMap, freeze_fields
+from .._environ import cache_root
+from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
+from ..decide.commands import build_argv
+from ..decide.wheel_fit import cxx11_abi_flag
 from ..events.lines import shown_path
+from ..facts import memory, wheels as cached_wheels
+from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.wheels import parse_wheel, with_local_label
+from . import compiler_wrapper, nvcc_speed
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
+from .files import atomic_write
+from .locks import file_lock
+from .runner import execute
 
 
 
@@ -76,10 +87,8 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
     shebang limit): the real compiler `real` (argv list), `keep` (nvcc: the archs whose -gencode pairs
     stay), `std` (the C++ standard handed last), `speed` (nvcc: act/nvcc_speed.py's Speed - the split,
     the compiler cache, the record of each compile)."""
-    import json
     import shlex
 
-    from . import compiler_wrapper
 
     config = os.path.join(work, name + ".json")
     with open(config, "w", encoding="utf-8") as fh:
@@ -106,7 +115,6 @@ def real_nvcc(env) -> str | None:
     poses: a posed `nvcc=13.0` says which release it is, never which compiler runs or for which archs."""
     if env.nvcc and os.path.isfile(env.nvcc):
         return env.nvcc
-    import shutil
 
     for var in ("CUDA_HOME", "CUDA_PATH"):
         home = os.environ.get(var)
@@ -122,7 +130,6 @@ def real_hipcc(env) -> str | None:
     """ROCm's hipcc as torch's build finds it (ROCM_HOME/ROCM_PATH, PATH, /opt/rocm), whatever is posed."""
     if env.hipcc and os.path.isfile(env.hipcc):
         return env.hipcc
-    import shutil
 
     for var in ("ROCM_HOME", "ROCM_PATH"):
         home = os.environ.get(var)
@@ -141,7 +148,6 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
     PYTORCH_NVCC and CXX this way)."""
     import shlex
 
-    from . import nvcc_speed
 
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
@@ -191,12 +197,6 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     up front and with the heartbeat. The build is recorded for later estimates (facts/memory.py)."""
     from packaging.requirements import Requirement
 
-    from ..decide.commands import build_argv
-    from .runner import execute
-    from ..decide.builds import cuda_codes
-    from ..decide.wheel_fit import cxx11_abi_flag
-    from .._environ import cache_root
-    from . import nvcc_speed
 
     # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
     req = Requirement(step.requirements[0])
@@ -271,8 +271,6 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
 def machine_share(kernel: str, spec, *, settings, env, expected=None):
     """The whole machine's Share for one build (decide.builds.core_budget of one)."""
-    from ..decide.builds import core_budget, split_allowed
-
     given = os.environ.get("MAX_JOBS")
     budget = core_budget([(kernel, spec, expected, split_allowed(spec, settings, env.nvcc_version))], cpus=env.cpus,
                          memory_gib=env.memory_gib, settings=settings,
@@ -283,7 +281,6 @@ def machine_share(kernel: str, spec, *, settings, env, expected=None):
 def _expected(seconds) -> str:
     if not seconds:
         return ""
-    from ..decide.builds import minutes
 
     return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
             "of time)")
@@ -292,11 +289,6 @@ def _expected(seconds) -> str:
 def remember_build(root: str, record: dict) -> None:
     """Append the build's record to this cache's build history (facts/memory.py), for later
     estimates; a history that cannot be written costs only those (said at debug)."""
-    import json
-
-    from ..facts import memory
-    from .locks import file_lock
-
     path = memory.builds_path(root)
     entry = dict(record, host=memory.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
@@ -310,9 +302,6 @@ def remember_build(root: str, record: dict) -> None:
 
 
 def _trim(path: str) -> None:
-    from ..facts import memory
-    from .files import atomic_write
-
     with open(path, encoding="utf-8", errors="replace") as fh:
         lines = fh.readlines()
     if len(lines) > memory.KEEP * 4:
@@ -365,8 +354,6 @@ def first_compiler_error(log: str) -> str | None:
     """The first diagnostic a compiler wrote into the log: gcc/clang `file:12:3: error: ...` (fatal too),
     nvcc's front end `file.cu(42): error: ...`, `nvcc fatal : ...`, `c++: error: ...` - not pip's or
     setuptools' own `error:` lines. Cut to 240 characters."""
-    import re
-
     global _ERROR_LINES
     if _ERROR_LINES is None:
         _ERROR_LINES = re.compile(

@@ -18,8 +18,15 @@ import os
 import shutil
 import sys
 import urllib.request
+
 from .. import events
+from .._environ import cache_root
+from .._registry import registry
+from ..facts.links import find_links_dir
+from ..facts.wheels import wheel_distribution
+from . import wheelcache
 from .files import sha256_of
+from .runner import run
 
 
 class FetchError(Exception):
@@ -41,8 +48,6 @@ def cached_path(url: str | None, settings) -> str | None:
         return None
     from urllib.parse import unquote, urlsplit
 
-    from . import wheelcache
-    from .._environ import cache_root
 
     path = os.path.abspath(unquote(urlsplit(url).path))
     where = os.path.abspath(wheelcache.directory(cache_root(settings)))
@@ -52,9 +57,6 @@ def cached_path(url: str | None, settings) -> str | None:
 def fetch_wheel(step, settings, dest: str) -> str:
     """The local path of the step's wheel: a FASTPATH_HOOKS_FIND_LINKS file or a cache entry where
     it lies, else downloaded from the step's URL into `dest`. FetchError names what to do."""
-    from . import wheelcache
-    from ..facts.links import find_links_dir
-
     filename = step.requirements[0]
     for location in settings.find_links:
         path = find_links_dir(location)
@@ -98,9 +100,6 @@ def fetch_wheel(step, settings, dest: str) -> str:
 
 def _mirror_hint(filename: str) -> str:
     """The wheel's own mirror variable, for a compiled kernel's release wheel (the registry's `mirror`)."""
-    from .._registry import registry
-    from ..facts.wheels import wheel_distribution
-
     dist = wheel_distribution(filename)
     variable = next((e["mirror"] for e in registry().values() if dist in e["distributions"] and e["mirror"]), None)
     return f" ({variable} points at a mirror)" if variable else ""
@@ -129,8 +128,6 @@ def fetch_into(dest: str, *, env, settings, binary, wheels) -> list[str]:
 
 
 def _pip_download(dest: str, *, env, settings, binary) -> None:
-    from .runner import run
-
     py = ".".join(env.python.split(".")[:2])
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
             "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py, "--implementation", "cp"]

@@ -15,14 +15,18 @@ act/store.py; the lock itself: act/locks.py.)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import tempfile
+
 from .._environ import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
+from ..facts.distributions import site_packages
 
 
 def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
     """Replace `path` with what `write(file)` writes (its directory made if absent)."""
-    import tempfile
-
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
@@ -41,23 +45,17 @@ def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") ->
 
 
 def atomic_write_json(path: str, data) -> None:
-    import json
-
     atomic_write(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True), suffix=".json")
 
 
 def atomic_copy(src: str, dst: str) -> None:
     """Copy `src` to `dst` atomically."""
-    import shutil
-
     with open(src, "rb") as source:
         atomic_write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20), binary=True,
                      suffix=os.path.splitext(dst)[1])
 
 
 def sha256_of(path: str) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -70,8 +68,6 @@ __all__ = ("JOURNAL", "STATE_DIR_NAME", "environment_state_dir")
 
 def environment_state_dir(settings) -> str:
     """`.fastpath-hooks/` beside site-packages when writable, else under the cache root."""
-    from ..facts.distributions import site_packages
-
     site = site_packages()
     if os.access(site, os.W_OK):
         return os.path.join(site, STATE_DIR_NAME)

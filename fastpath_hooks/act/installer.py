@@ -25,22 +25,32 @@ removes it under the lock.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
 from .. import events
-from ..events.lines import fitted, shown_path
+from .._environ import cache_root
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
+from ..events.lines import fitted, shown_path
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
+from ..facts.wheels import wheel_distribution
+from . import wheelcache
+from .build import BuildError, run_build
 from .fetch import FetchError, fetch_wheel
+from .index import IndexMiss, fetch
+from .numeric import plan_for
 from .runner import execute
-from .transaction import Transaction
+from .transaction import Transaction, WORK_PREFIX
+from .verify import verify_many
 
 
 
@@ -147,12 +157,6 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
               site: str | None = None) -> InstallResult:
     """Execute `decision.steps` in one transaction; verify; roll back on any failure. `site`: the
     directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
-    import shutil
-
-    from .._environ import cache_root
-    from .numeric import plan_for
-    from .verify import verify_many
-
     real_before = _versions(scan()[0])
     steps = allowed_steps(decision.steps, pins, real_before)
     site = site or site_packages()
@@ -244,7 +248,6 @@ def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(),
         tx.commit()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    import importlib
 
     importlib.invalidate_caches()
     changed = {n: v for n, v in after.items() if real_before.get(n) != v}   # commit() leaves site-packages alone
@@ -262,13 +265,6 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     then its source builds run into the wheel cache - not installed here, and so not verified:
     every environment that installs one checks it in a child process. Returns the cached paths.
     Call with the environment lock held."""
-    import shutil
-    import uuid
-
-    from . import wheelcache
-    from .._environ import cache_root
-    from .transaction import WORK_PREFIX
-
     deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
         run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
@@ -340,8 +336,6 @@ def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
     """The index step's wheel, downloaded and checked (act/index.py); None when the index has none
     that fits (or a bad one: refused, said in one line) and a later step of the same distribution -
     the next index, the source build - takes over; InstallError when none does."""
-    from .index import IndexMiss, fetch
-
     try:
         return fetch(step, settings, env, work)
     except IndexMiss as exc:
@@ -358,8 +352,6 @@ def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
 def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None, share=None, expected=None,
                 together=()):
     """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
-    from .build import BuildError, run_build
-
     try:
         built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
                           started=started, share=share, expected=expected, together=together)
@@ -376,12 +368,8 @@ def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=Non
 def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -> None:
     """Keep a built or downloaded wheel in the wheel cache; a cache that cannot be written costs
     only the next environment's build (said at warning)."""
-    from . import wheelcache
-    from .._environ import cache_root
-
     root = cache_root(settings)
     meta = dict(meta)
-    from ..facts.wheels import wheel_distribution
 
     meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})

@@ -24,14 +24,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import tempfile
+import threading
 import time
+
+from .. import events
 from ..facts.host import boot_id, process_stat
+from .files import environment_state_dir
 
 
 def environment_lock(settings, directory: str | None = None):
     """One cross-process lock per environment (see file_lock), in its state directory."""
-    from .files import environment_state_dir
-
     directory = directory or environment_state_dir(settings)
     os.makedirs(directory, exist_ok=True)
     return file_lock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
@@ -50,7 +53,6 @@ def file_lock(path: str, *, timeout: float):
         import filelock
 
         return filelock.FileLock(path, timeout=timeout)
-    from .. import events
 
     events.status(f"{directory} does not support flock (Lustre without -o flock?); using a lock file "
                   f"with stale-holder recovery", once=f"no-flock:{os.stat(directory).st_dev}")  # once per filesystem
@@ -75,7 +77,6 @@ def flock_works(directory: str) -> bool:
     except ImportError:  # Windows: filelock uses its own locking there
         _flock_works[key] = True
         return True
-    import tempfile
 
     fd, probe = tempfile.mkstemp(prefix=".flock-probe-", dir=directory)
     try:
@@ -234,8 +235,6 @@ class HolderLock:
         return True
 
     def _start_heartbeat(self) -> None:
-        import threading
-
         self._stop, self._guard = threading.Event(), threading.Lock()
         fd, stop, guard = self._fd, self._stop, self._guard
 

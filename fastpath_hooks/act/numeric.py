@@ -18,12 +18,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import events
-
-from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read
+from ..facts.distributions import installed_versions, scan
+from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
+from .files import atomic_write_json
+from .locks import file_lock
+from .runner import child_environ, run
 
 _MARK = "FASTPATH_HOOKS_NUMERIC "
 
@@ -50,8 +55,6 @@ class NumericResult:
 
 def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | None:
     """None when the kernel has no check for these GPUs (or there is no accelerator)."""
-    from ..facts.memory import torch_build
-
     checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus))
     if not checks or env.accelerator not in ("cuda", "rocm"):
         return None
@@ -75,8 +78,6 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
 def installed_digest(distributions) -> str | None:
     """The digest of the installed files of these distributions as their wheels' RECORD lists them
     (path and sha256, dist-info and bytecode left out): the same wheel gives the same digest."""
-    from ..facts.distributions import scan
-
     found, _ = scan()
     rows = []
     for name in sorted(distributions):
@@ -103,9 +104,6 @@ def _key(plan: NumericPlan, digest: str, arch: str) -> str:
 
 
 def _remember(root: str, kernel: str, entries: dict) -> None:
-    from .files import atomic_write_json
-    from .locks import file_lock
-
     path = cache_path(root, kernel)
     try:
         with file_lock(path + ".lock", timeout=30):
@@ -131,8 +129,6 @@ class Pending:
 def prepare(plan: NumericPlan, distributions):
     """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
     else the Pending check for the verification child (act/verify.py)."""
-    from ..facts.distributions import installed_versions
-
     kernel, root = plan.kernel, plan.root
     version = installed_versions().get(distributions[0])
     names = ", ".join(_what(c) for c in plan.checks)
@@ -187,11 +183,6 @@ def run_check_script(script: str, payload: str, *, mark: str, timeout: float, en
                      what: str, started=None):
     """Run a check script (a file: the numeric check) in a child interpreter, as `run_check` does, and read
     the JSON it prints last after `mark`: (report, None), or (None, why there is none)."""
-    import signal
-    import sys
-
-    from .runner import child_environ, run
-
     ran = run([python or sys.executable, script, payload], timeout=timeout, environ=child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",)),
               started=started)
     report = None
@@ -247,8 +238,6 @@ def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     (`hub:` in the check's function: numeric_check.py loads it through kernels, as kernelize will), once per
     build (its files' digest), GPU arch and torch build, remembered like a package's. No check for this
     function on these GPUs: (True, why)."""
-    from dataclasses import replace
-
     plan = plan_for(entry.kernel, env, pins, root)
     leaf = f":{entry.name}"
     checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \

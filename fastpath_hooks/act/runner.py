@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -139,8 +140,6 @@ def _defer_ctrl_c():
     """Hold SIGINT while Popen starts the child: a KeyboardInterrupt raised inside Popen, after the
     fork, would leave a child we hold no handle of (seen under load). Python handlers run in the
     main thread only, so elsewhere there is nothing to hold. Returns (previous handler, pending)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
     pending = []

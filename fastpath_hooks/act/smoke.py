@@ -17,6 +17,7 @@ import json
 import sys
 
 from .numeric_check import gdr_ref
+from .runner import run
 
 OUTPUT_TOL = 2e-2
 GRAD_TOL = 5e-2
@@ -95,7 +96,6 @@ def _child(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
 def run_smoke(settings, env) -> dict:
     if env.accelerator != "cuda":
         return {"status": "skipped", "reason": f"needs a CUDA GPU (accelerator here: {env.accelerator or 'none'})"}
-    from .runner import run
 
     ran = run([sys.executable, "-m", "fastpath_hooks.act.smoke"], timeout=settings.timeout, label="running the smoke test")
     if ran.timed_out:

@@ -26,9 +26,10 @@ import sys
 import time
 import uuid
 
-from ..facts.distributions import canonical_name, record_files, scan
 from .._environ import JOURNAL
+from ..facts.distributions import canonical_name, record_files, scan
 from .files import atomic_write_json
+from .runner import group_record, kill_group
 
 LISTING = "listing.json"
 BACKUP_PREFIX = "backup-"
@@ -80,16 +81,12 @@ class Transaction:
         """Journal the process group of the child about to run (None: it ended), so that whoever
         recovers this transaction after our death kills what is left of it first (the runner's
         `started=` callback; the child waits until this returned)."""
-        from .runner import group_record
-
         self.group = group_record(pgid) if pgid is not None else None
         self._write_journal()
 
     def record_side_group(self, pgid, running: bool) -> None:
         """Journal (or drop) one of several children running side by side (the concurrent builds of
         a request), each a process group of its own, for the same reason as `record_group`."""
-        from .runner import group_record
-
         if running:
             self.groups[pgid] = group_record(pgid)
         else:
@@ -99,8 +96,6 @@ class Transaction:
     def stop_group(self) -> int:
         """Kill what is left of the recorded children's groups (a dead writer's installer and builds);
         the number of processes that were still running."""
-        from .runner import kill_group
-
         return sum(kill_group(g) for g in [self.group, *self.groups.values()] if g)
 
     def commit(self) -> None:

@@ -11,9 +11,16 @@ later environment with the same files beside the same distributions runs no chil
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .._environ import cache_root_from_environ
+from ..facts.frozen import thaw
+from . import store
+from .gdr_check import record_warm, summary
+from .runner import child_environ, run
 
 _MARK = "FASTPATH_HOOKS_VERIFY "
 
@@ -107,8 +114,6 @@ class Verification:
 
 def child_env(extra=()) -> dict:
     """The verification child's environment: hooks off, no posed target (it imports the real thing)."""
-    from .runner import child_environ
-
     return child_environ(extra, drop=("FASTPATH_HOOKS_TARGET",))
 
 
@@ -123,7 +128,6 @@ def _check_key(check) -> str:
     """A decision's check as part of the memory's key (another check - other shapes, a backend - runs again)."""
     if not check:
         return ""
-    from ..facts.frozen import thaw
 
     return json.dumps(thaw(check), sort_keys=True, default=str)
 
@@ -142,11 +146,6 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     `root`: the cache root whose import memory (act/store.py) is read and written: when every
     kernel's check (import, numbers and gated-delta-rule check; the latter's payload part of the key) passed
     before for exactly this environment, no child runs at all."""
-    import os
-
-    from . import store
-    from .runner import run
-
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
     gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
@@ -167,7 +166,6 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                                                  f"{k.get('when', '?')})", 0.0, None, child=False),
                               i, {}, pending, done)
                 for i, (s, k, c) in enumerate(zip(specs, known, gdrs))]
-    from ..facts.frozen import thaw
 
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
                            **({"numeric": pending[i].payload} if i in pending else {}),
@@ -248,8 +246,6 @@ def _what(spec, check) -> str:
 def _with_gdr(result, spec, check, item: dict, environ: dict):
     """A kernel's Verification with its gated-delta-rule check's result (the check's clause says more than
     the import's: it imports and runs the kernel); a passed check's warm-up is recorded for `doctor`."""
-    from dataclasses import replace
-
     if not result.ok or not check:
         return result
     report = item.get("gdr")
@@ -259,8 +255,6 @@ def _with_gdr(result, spec, check, item: dict, environ: dict):
     seconds = result.seconds + float(report.get("seconds") or 0.0)
     if report.get("status") != "pass":
         return replace(result, ok=False, detail=f"{what}: {report.get('reason')}", seconds=seconds)
-    from .._environ import cache_root_from_environ
-    from .gdr_check import record_warm, summary
 
     record_warm(cache_root_from_environ(environ), spec.name, report, environ)
     numbers = result.detail.split("; ", 1)[1] if "; " in result.detail else ""
@@ -270,8 +264,6 @@ def _with_gdr(result, spec, check, item: dict, environ: dict):
 
 def _with_numbers(result, i: int, item: dict, pending: dict, done: dict):
     """An imported kernel's Verification with its numeric result (run in the child, or known before)."""
-    from dataclasses import replace
-
     if not result.ok:
         return result
     if i in pending:

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import os
 
-from ..facts.wheels import SIDECAR, defect, directory, sidecar
+from ..facts.distributions import canonical_name
+from ..facts.wheels import SIDECAR, defect, directory, sidecar, wheel_distribution
+from .files import atomic_copy, atomic_write_json, sha256_of
+from .locks import file_lock
 
 _LOCK_TIMEOUT = 120.0   # a store holds it for a copy of one wheel
 
@@ -62,9 +65,6 @@ def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> 
     """Copy `wheel` into the cache as `filename` (default its own name), atomically, under the
     cache's lock; return the cached path. The sidecar (meta + size + sha256) is written last, and
     an old sidecar goes first: never a new wheel under an old sidecar."""
-    from .files import atomic_copy, atomic_write_json, sha256_of
-    from .locks import file_lock
-
     where = directory(root)
     os.makedirs(where, exist_ok=True)
     name = filename or os.path.basename(wheel)
@@ -94,11 +94,6 @@ def export(path: str, dest: str) -> str:
 
 def clear(root: str, distribution: str | None = None) -> list:
     """Remove every entry (or those of one distribution), under the lock; the removed file names."""
-    from ..facts.distributions import canonical_name
-    from ..facts.wheels import wheel_distribution
-
-    from .locks import file_lock
-
     where = directory(root)
     if not os.path.isdir(where):
         return []

@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from ..facts.distributions import canonical_name
 from .plan import Step, StepKind
 
 CONSTRAINTS_PLACEHOLDER = "<constraints.txt>"
@@ -80,7 +81,6 @@ def constraints(installed: dict, protected, named=()) -> list[str]:
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 
-    from ..facts.distributions import canonical_name
 
     lines = protected_constraints(installed, protected)
     free = {canonical_name(n) for n in named}
@@ -105,7 +105,6 @@ def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
     label the build adds. A dependency's version the resolver picks cannot be known in advance."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-    from ..facts.distributions import canonical_name
 
     out, seen = dict(installed), set()
 

@@ -14,14 +14,16 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
+from ..events.lines import MAX_LINE, PREFIX
 from ..facts.distributions import canonical_name
+from ..facts.memory import torch_build
 from ..facts.pins import same_version
 from ..facts.wheels import parse_wheel
 from . import messages as rule_ids
-from .transformers import uses
 from .hub import hub_serves
-from .plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
 from .messages import public
+from .plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, SKIP, Step, StepKind
+from .transformers import uses
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
@@ -334,8 +336,6 @@ def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
     """A kernel release whose numbers were measured wrong on a visible GPU under this torch build
     (act/numeric.py remembered it; the probe reads it) is blocked there, whatever else was decided:
     installed or about to be, transformers keeps its torch path (`<prefix>.block.numeric`)."""
-    from ..facts.memory import torch_build
-
     if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
         return decision
     dist = ctx.pins.kernel(kernel).distributions[0]
@@ -355,8 +355,6 @@ def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
 def numeric_measured(kernel: str, detail: str, arch: str) -> str:
     """The measured error as the line says it, beside `<kernel>: blocked - ` and the fix: whole when it fits,
     else without its tolerance, else where it was measured (doctor and the import's error have it whole)."""
-    from ..events.lines import MAX_LINE, PREFIX
-
     room = MAX_LINE - len(PREFIX) - len(f"{kernel}: blocked - ") - len(f" ({rule_ids.NUMERIC_SHORT_FIX})")
     measure = detail.split(" (tolerance")[0]
     for said in (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}"):

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from ..facts.hub import ONLINE, HubEntry, Where
+from .._names import DECORATED, KERNEL_MODULES
+from ..facts.hub import HubEntry, ONLINE, Where
+from .plan import BLOCK, INSTALL, OK, REPAIR
 
 @dataclass(frozen=True)
 class HubChoice:
@@ -106,9 +108,6 @@ def sources(plan, pins, hazards) -> list:
     """What serves each function transformers decorates for the managed kernels here: `hub <repo>@v<N>`,
     `package <dist> <version>`, or `torch`, with the reason (doctor, plan, --json). The hub where the probe
     read transformers 5.25+'s mapping (its entries and where they load from), else the kernel's decision."""
-    from .._names import DECORATED, KERNEL_MODULES
-    from .plan import BLOCK, INSTALL, OK, REPAIR
-
     env = plan.environment
     where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
     rows = [HubEntry(*row) for row in env.hub_entries]

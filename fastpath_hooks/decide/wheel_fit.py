@@ -6,7 +6,7 @@ index wheel or a built wheel of ours runs here, and the GPUs an installed build 
 from __future__ import annotations
 
 from ..facts import wheels as cached_wheels
-from ..facts.wheels import parse_wheel
+from ..facts.wheels import choose, parse_wheel
 from .builds import cuda_codes, needs_cuda_build
 from .common import Context, major_minor, within
 
@@ -129,7 +129,6 @@ def index_wheel_fits(ctx: Context, kernel: str, build, name: str) -> bool:
     sources, _ = index_sources(ctx, kernel, build, cached=True)
     if not any(str(wheel.version) == exact for _, _, exact in sources):
         return False
-    from ..facts.wheels import choose
 
     return choose([{"filename": name}], build.distribution, str(wheel.version), python=ctx.env.python,
                   arch=ctx.env.arch, glibc=ctx.env.glibc) is not None

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 from .. import events
 from ..act.store import FAILED, GOOD as VERIFIED
+from ..decide import messages as short
+from ..decide.policy import batch
 from .outcome import describe, engine_line, installed_line, numeric_block
 from .world import Batched, InstallFailed
-from ..decide import messages as short
 
 
 def batch_of(run) -> tuple:
@@ -19,8 +20,6 @@ def batch_of(run) -> tuple:
     order, this one among them: the compiled kernels of the same request - being ensured in this
     process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
     this decision otherwise (or a repair)."""
-    from ..decide.policy import batch
-
     if run.repairing or run.request is None:
         return (run.decision,)
     request = run.request()

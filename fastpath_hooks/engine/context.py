@@ -4,11 +4,20 @@ verdict depends on. Shared by the World, the CLI and the reports."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from dataclasses import replace
 
 from .. import events
-from .._names import CACHE_DIR
+from .._names import CACHE_DIR, PREFIX, VERSION as __version__
+from ..decide.messages import NVCC_RELEASE, lookup
 from ..events.lines import first_fitting, fitted, shown_path
+from ..facts.distributions import canonical_name
+from ..facts.pins import PinsError, load as load_pins
+from ..facts.probe import with_nvcc_version
+from ..facts.settings import Settings, SettingsError
+from ..facts.wheels import wheel_distribution
 
 
 def load_context(target: str | None = None, *, strict: bool = False):
@@ -21,12 +30,6 @@ def load_context(target: str | None = None, *, strict: bool = False):
 def load(target: str | None = None, *, strict: bool = False):
     """(settings, pins, invalid): `invalid` says why the run is in report mode although nobody asked for
     it (a bad variable or pins file, said above), else None."""
-    from dataclasses import replace
-
-    from ..facts.pins import PinsError
-    from ..facts.pins import load as load_pins
-    from ..facts.settings import Settings, SettingsError
-
     invalid = None
     try:
         settings = Settings.from_env()
@@ -76,8 +79,6 @@ def unknown_indexes(settings, pins) -> list:
 def check_settings() -> bool:
     """install()'s check of the FASTPATH_HOOKS_* variables: a bad one said now, once (the engine stays
     quiet about it later), and an unusable cache directory too; True when they are valid."""
-    from ..facts.settings import Settings, SettingsError
-
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
@@ -134,9 +135,6 @@ def value_once(value, why: str) -> str:
 def _valid_part(environ, problems=()):
     """Settings from every variable but the bad ones (`problems`), in report mode: what it decides - and
     says at debug - respects the other settings (a skip list, a target, offline with a bad wheelhouse)."""
-    from dataclasses import replace
-
-    from .._names import PREFIX
     from ..facts.settings import Settings, SettingsError, parse_bool
 
     bad = {var for var, _, _ in problems}
@@ -159,12 +157,6 @@ def _valid_part(environ, problems=()):
 
 def fingerprint(env, settings, pins, kernel: str) -> str:
     """The probed facts one kernel's verdict depends on (installing fla leaves tilelang's alone)."""
-    import hashlib
-    import json
-
-    from .._names import VERSION as __version__
-    from ..facts.wheels import wheel_distribution
-
     facts = {
         "fastpath_hooks": __version__,
         "pins": pins.digest,
@@ -198,7 +190,6 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     kernels it serves (its check runs through fla)."""
     from packaging.requirements import Requirement
 
-    from ..facts.distributions import canonical_name
 
     spec = pins.kernel(kernel)
     names = list(spec.distributions)
@@ -220,9 +211,6 @@ def complete(env, plan, settings, pins, *, decide=None, kernel=None):
     is being considered and no version.json told it - not at every probe. `kernel`: only where that
     kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
     kernel's build; that kernel's own read completes it)."""
-    from ..decide.messages import NVCC_RELEASE, lookup
-    from ..facts.probe import with_nvcc_version
-
     if decide is None:
         from ..decide.policy import decide
     # a kernel's own decision, and those of the kernels it is only useful with (mamba-ssm: causal-conv1d,

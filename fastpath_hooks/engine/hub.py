@@ -19,9 +19,13 @@ import sys
 import threading
 
 from .. import events
+from .._environ import cache_root
+from ..act.numeric import verify_hub
 from ..decide.common import Context
 from ..decide.hub import choose as decide_choices, served_kernels
 from ..facts.hub import CACHE, ONLINE, device_type, entries, key_type, locate
+from .context import load_context
+from .world import World
 _lock = threading.Lock()
 _chosen: dict = {}       # device type -> (HubChoice, ...), decided once per process
 _checked: dict = {}      # entry ref + name -> (ok, detail)
@@ -29,9 +33,6 @@ _checked: dict = {}      # entry ref + name -> (ok, detail)
 
 def choose(mapping: dict) -> dict:
     """transformers' kernel mapping with what may not serve here dropped (a copy; `mapping` is unchanged)."""
-    from .context import load_context
-    from .world import World
-
     settings, pins = load_context()
     env = World().probe(settings, pins)
     device = device_type(env.accelerator)
@@ -107,9 +108,6 @@ def _loads(entry) -> str:
 
 def _check(choice, env, settings, pins) -> tuple:
     """The numeric check the package of this function gets, run on the hub's kernel (act/numeric.py)."""
-    from .._environ import cache_root
-    from ..act.numeric import verify_hub
-
     entry = choice.entry
     key = f"{entry.ref}:{entry.name}"
     if key not in _checked:

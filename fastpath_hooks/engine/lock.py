@@ -13,6 +13,8 @@ import threading
 import time
 
 from .. import events
+from ..act.files import environment_state_dir
+from ..act.locks import environment_lock
 
 
 class LockUnavailable(Exception):
@@ -73,8 +75,6 @@ class EnvironmentLock:
         events wait for `release()`."""
         import filelock
 
-        from ..act.locks import environment_lock
-        from ..act.files import environment_state_dir
 
         settings = self.settings
         directory = self.directory or environment_state_dir(settings)
@@ -110,8 +110,6 @@ class EnvironmentLock:
         or another process holds it (install() does not wait for a running install: the imports do)."""
         import filelock
 
-        from ..act.locks import environment_lock
-        from ..act.files import environment_state_dir
 
         directory = self.directory or environment_state_dir(self.settings)
         try:

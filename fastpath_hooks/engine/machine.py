@@ -38,16 +38,18 @@ from dataclasses import dataclass, replace
 
 from .. import events
 from .._environ import cache_root
-from ..events.lines import first_fitting
+from ..act.numeric import plan_for
 from ..act.store import FAILED, GOOD as VERIFIED
-from .outcome import GOOD, Outcome, OutcomeState, apply_env
-from .lock import LockUnavailable
-from .world import InstallFailed, NumericFailed, Reading
-from .batch_install import batch_of, install_together
-from .outcome import (blocked_outcome, describe, engine_line, failed_outcome, hazard_fix, keeps_instead, line_fits,
-                   numeric_block, recorded_outcome, reminder_for, skipped_outcome)
 from ..decide import messages as short
-from ..decide.plan import BLOCK, OK, REPAIR, SKIP, OnFailure
+from ..decide.messages import lookup
+from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
+from ..events.lines import first_fitting
+from .batch_install import batch_of, install_together
+from .lock import LockUnavailable
+from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
+                      hazard_fix, keeps_instead, line_fits, numeric_block, recorded_outcome, reminder_for,
+                      skipped_outcome)
+from .world import InstallFailed, NumericFailed, Reading
 
 
 class State(enum.Enum):
@@ -364,9 +366,6 @@ def _install(run: Run):
 def _numeric_plan(run: Run):
     """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
     for these GPUs) - once per installed files, GPU arch and torch build."""
-    from .._environ import cache_root
-    from ..act.numeric import plan_for
-
     return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
 
 
@@ -395,8 +394,6 @@ def _record(run: Run):
 def _warm_rule(run: Run) -> bool:
     """The decision's rule lets a good outcome be remembered for the next start (decide/messages.py: a
     build without mamba-ssm's CUDA extension is good only for the families in use now)."""
-    from ..decide.messages import lookup
-
     rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
     return rule is None or rule.warm
 

@@ -13,6 +13,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from .._environ import cache_root
+from ..act import wheelcache
+from ..decide.builds import decide_build
+from ..decide.commands import requirements_for
+from ..decide.plan import SKIP
+from ..decide.wheel_fit import built_fits
+from . import current_world
 from .lock import LockUnavailable
 from .world import InstallFailed
 
@@ -33,18 +40,11 @@ class BuildPlan:
 
     @property
     def builds(self) -> bool:
-        from ..decide.plan import SKIP
-
         return self.cached is None and self.decision is not None and self.decision.action != SKIP
 
 
 def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild: bool = False, world=None) -> BuildPlan:
     """What `fastpath-hooks build KERNEL [--arch ARCHS] [--rebuild]` would do; Refused for bad input."""
-    from .._environ import cache_root
-    from ..act import wheelcache
-    from ..decide.builds import decide_build
-    from ..decide.wheel_fit import built_fits
-
     world = world or _world()
     if kernel not in pins.source_builds:
         raise Refused(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
@@ -111,7 +111,6 @@ def plan_download(*, settings, pins, kernels=None, world=None) -> DownloadPlan:
     (kernel packages treated as absent)."""
     from packaging.requirements import Requirement
 
-    from ..decide.commands import requirements_for
 
     world = world or _world()
     env = world.probe(settings, pins)
@@ -130,6 +129,4 @@ def download(plan: DownloadPlan, dest: str, *, world=None) -> list:
 
 
 def _world():
-    from . import current_world
-
     return current_world()

@@ -10,9 +10,12 @@ journal is gone (committed) or its writer is dead (rolled back here)."""
 from __future__ import annotations
 
 import os
+import sys
 
 from .. import events
+from ..act.files import JOURNAL, STATE_DIR_NAME
 from ..events.lines import fitted
+from . import current_world
 from .lock import LockUnavailable
 
 LABEL = "an interrupted install"   # who waits, in the lock's "waiting for another process" line
@@ -20,10 +23,6 @@ LABEL = "an interrupted install"   # who waits, in the lock's "waiting for anoth
 
 def pending_journal() -> str | None:
     """The journal hooks.install() looks for (the same rule, as a function), or None."""
-    import sys
-
-    from ..act.files import JOURNAL, STATE_DIR_NAME
-
     prefix = sys.prefix + os.sep
     for entry in sys.path:
         if entry.endswith("-packages") and entry.startswith(prefix):
@@ -37,8 +36,6 @@ def recover_now(wait: bool = True) -> None:
     """Roll back this environment's interrupted install, if any, with the settings a decision reads.
     wait=False (install()): only when the lock is free now - an install holding it is running, not
     interrupted (in another thread or process), and whoever imports its kernel waits for it there."""
-    from . import current_world
-
     world = current_world()
     settings, _, invalid = world.context()
     if not world.pending(settings):

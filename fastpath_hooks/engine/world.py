@@ -18,6 +18,19 @@ import os
 import threading
 from typing import NamedTuple
 
+from .._environ import cache_root_from_environ
+from ..act.batch import run_batch
+from ..act.fetch import DownloadError, fetch_into
+from ..act.files import JOURNAL, environment_state_dir
+from ..act.installer import InstallError, NumericMismatch, recover, run_steps
+from ..act.store import VerdictCache, environment_signature
+from ..act.verify import verify
+from ..decide.commands import installer_choice
+from ..decide.policy import decide
+from ..facts.probe import after_install, probe, with_nvcc_version
+from .context import complete, fingerprint, load
+from .lock import EnvironmentLock
+
 
 def snapshot(settings, pins):
     """(env, plan): the World's read, for `doctor` and `plan` (what they show is what an install
@@ -102,16 +115,11 @@ class World:
     # -- what a decision is made from ------------------------------------------------------
     def context(self, target: str | None = None):
         """(settings, pins, invalid): see context.load."""
-        from .context import load
-
         return load(target)
 
     def stamp(self, captured: tuple, signature: str | None = None) -> Stamp | None:
         """None while an install is pending here (a journal: running now, or killed half-way).
         `signature`: the warm signature just computed for `captured` (the warm path's), not computed again."""
-        from .._environ import cache_root_from_environ
-        from ..act.store import environment_signature
-
         signature = signature or environment_signature(captured)
         if signature is None:
             return None
@@ -132,85 +140,59 @@ class World:
 
     def complete(self, env, plan, settings, pins, kernel=None):
         """(env, plan) with nvcc's CUDA release where `kernel`'s decision needs it (the same objects when not)."""
-        from .context import complete
-
         return complete(env, plan, settings, pins, decide=self.decide, kernel=kernel)
 
     def probe(self, settings, pins, *, nvcc: bool = False):
         """The environment as it is now; `nvcc`: with nvcc's CUDA release (`nvcc --version` if need be)."""
-        from ..facts.probe import probe, with_nvcc_version
-
         env = probe(settings, pins=pins)
         return with_nvcc_version(env) if nvcc else env
 
     def decide(self, env, settings, pins, *, fresh: bool = False):
         """The policy's plan (pure); `fresh`: as if no kernel were installed (a wheelhouse for another machine)."""
-        from ..decide.policy import decide
-
         return decide(env, settings, pins, fresh=fresh)
 
     def settle(self, env, settings, pins, result):
         """`env` after this process's own install (`result`): the installed facts derived again
         from the installer's last scan - no probe, no policy."""
-        from ..facts.probe import after_install
-
         return after_install(env, settings, pins, result.scan) if result.scan else self.read(settings, pins)[0]
 
     def fingerprint(self, env, settings, pins, kernel: str) -> str:
-        from .context import fingerprint
-
         return fingerprint(env, settings, pins, kernel)
 
     # -- the environment lock and its journal ------------------------------------------------
     def pending(self, settings) -> bool:
         """An install's journal is there (running in another process, or killed half-way)."""
-        from ..act.files import JOURNAL
-
         return os.path.exists(os.path.join(self.state_dir(settings), JOURNAL))
 
     def state_dir(self, settings) -> str:
-        from ..act.files import environment_state_dir
-
         return environment_state_dir(settings)
 
     def lock(self, settings, kernel: str):
         """The environment lock, not yet taken: `acquire()` (LockUnavailable) / `release()`,
         `waited` and `first` (no process held it before in this environment)."""
-        from .lock import EnvironmentLock
-
         return EnvironmentLock(settings, kernel, self.state_dir(settings))
 
     def recover(self, settings) -> None:
         """Roll back an install killed half-way and remove what killed runs left (lock held)."""
-        from ..act.installer import recover
-
         recover(self.state_dir(settings))
 
     # -- verdicts, verification, installs ----------------------------------------------------
     def cache(self, settings):
-        from ..act.store import VerdictCache
-
         return VerdictCache(settings)
 
     def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=()):
         """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
         numbers against torch, then its `check` (act/gdr_check.py): a result with `ok`, `detail` and
         `numeric` (it failed on its numbers)."""
-        from ..act.verify import verify
-
         return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""
-        from ..decide.commands import installer_choice
-
         return installer_choice(settings, env)
 
     def install(self, decision, *, settings, env, pins):
         """Run the decision's steps in one transaction, the kernel verified before it commits
         (lock held); the InstallResult, or InstallFailed (everything rolled back)."""
-        from ..act.installer import InstallError, NumericMismatch, run_steps
-
         try:
             return run_steps(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings),
                              verify_specs=(pins.kernel(decision.kernel),), kernel_env=decision.env)
@@ -223,7 +205,6 @@ class World:
         """Several kernels of one request in one transaction (act/batch.py: their dependencies and
         wheels in one installer call each, their builds side by side, one verification child); the
         BatchResult, or InstallFailed when nothing could be installed for a reason of all of them."""
-        from ..act.batch import run_batch
         from ..act.installer import InstallError
 
         try:
@@ -234,8 +215,6 @@ class World:
     def download(self, dest: str, *, env, settings, binary, wheels) -> list:
         """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`;
         InstallFailed when they cannot be had."""
-        from ..act.fetch import DownloadError, fetch_into
-
         try:
             return fetch_into(dest, env=env, settings=settings, binary=binary, wheels=wheels)
         except DownloadError as exc:

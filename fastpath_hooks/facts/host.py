@@ -15,7 +15,10 @@ pip.conf files in pip's load order): uv ignores that configuration, so the insta
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import sys
 
 
@@ -46,7 +49,6 @@ _NVCC_RELEASES: dict = {}
 
 def nvcc_release(path: str) -> str | None:
     """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
-    import re
     import subprocess
 
     try:
@@ -70,7 +72,6 @@ def toolkit_version(nvcc: str | None) -> str | None:
     no process. None when there is none (then `nvcc --version`, on demand)."""
     if not nvcc or not os.path.isfile(nvcc):
         return None
-    import json
 
     path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
     try:
@@ -83,8 +84,6 @@ def toolkit_version(nvcc: str | None) -> str | None:
 
 
 def find_hipcc() -> str | None:
-    import shutil
-
     for var in ("ROCM_HOME", "ROCM_PATH"):
         home = os.environ.get(var)
         if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
@@ -94,8 +93,6 @@ def find_hipcc() -> str | None:
 
 def find_nvcc(dists: dict) -> str | None:
     """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
-    import shutil
-
     for var in ("CUDA_HOME", "CUDA_PATH"):
         home = os.environ.get(var)
         if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
@@ -114,7 +111,6 @@ def find_nvcc(dists: dict) -> str | None:
 def find_uv() -> str | None:
     """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
     Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
-    import shutil
     import sysconfig
 
     for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):

@@ -5,7 +5,9 @@ kernels cache (offline), the hub (when it answers) - or why it cannot. Read only
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 
 from .._names import DECORATED, KERNEL_MODULES
@@ -73,8 +75,6 @@ def entries(mapping: dict, device: str, gpus) -> tuple:
 def read_mapping():
     """The installed transformers' kernel mapping (its own, as fastpath-hooks' wrapper does not change it),
     or None where it has none (before 5.25, or no `kernels` in its window)."""
-    import importlib
-
     try:
         module = importlib.import_module(MAPPING_MODULE)
         getter = module.__dict__.get("get_kernel_mapping_transformers")
@@ -198,8 +198,6 @@ def hub_facts(env, settings, pins) -> dict:
     installed transformers' mapping for this machine and where each loads from - read only in a process that
     imported transformers 5.25+ (the policy then knows which kernels the hub serves: no package for them),
     on an accelerator, unless USE_HUB_KERNELS turns the hub off."""
-    import sys
-
     version = env.dist_version("transformers")
     device = device_type(env.accelerator)
     if device is None or version is None or version.release[:2] < (5, 25) or "transformers" not in sys.modules:

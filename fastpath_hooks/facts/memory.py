@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 
 BUILDS = "builds"
@@ -34,8 +35,6 @@ def builds_path(root: str) -> str:
 
 
 def host() -> str:
-    import socket
-
     try:
         return socket.gethostname() or "?"
     except OSError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import MISSING, dataclass, field
+from dataclasses import MISSING, dataclass, field, replace
 from functools import cached_property
 
 from packaging.requirements import Requirement
@@ -528,7 +528,6 @@ class Pins:
         base = self.source_builds[kernel]
         if version is None or (base.version is not None and same_version(base.version, version)):
             return base
-        from dataclasses import replace
 
         rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
         return replace(base, requirement=f"{base.distribution}=={version}",

@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
+
+from .._environ import cache_root, default_cache_root
+from . import memory, wheels
 from .distributions import scan, site_packages
 from .environment import Environment
-from .host import find_hipcc, find_nvcc, find_uv, nvcc_release, toolkit_version
-from .host import glibc, normal_arch, usable_cpus
-from .host import mem_available_gib
-from .host import pip_index_config
+from .host import (find_hipcc, find_nvcc, find_uv, glibc, mem_available_gib, normal_arch, nvcc_release,
+                   pip_index_config, toolkit_version, usable_cpus)
 from .hub import hub_facts
+from .links import find_links_dir
+from .target import parse_target
 
 
 # Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
@@ -49,8 +53,6 @@ def watched_distributions(pins) -> frozenset:
 def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=None) -> Environment:
     """`pins`: the loaded pins (which distributions provide triton); default the shipped ones.
     `found`: a `scan()` of sys.path already made (the installer's, after an install), else one is made."""
-    from .target import parse_target
-
     if pins is None:
         from .pins import load
 
@@ -141,8 +143,6 @@ def _posed_shapes(posed: dict) -> tuple:
 def _jit_caches(pins, settings) -> dict:
     """The pins' JIT cache variables (a kernel's `jit_caches`): the directory each one names here - the
     user's, or one under fastpath-hooks' cache (<cache>/jit/<name>)."""
-    from .._environ import cache_root, default_cache_root
-
     root = cache_root(settings) if settings is not None else default_cache_root()
     caches, given = {}, []
     for spec in pins.kernels.values():
@@ -168,17 +168,12 @@ def after_install(env: Environment, settings, pins, found) -> Environment:
     cache): the facts that follow from what is installed are derived again from `found` (the
     installer's own `scan()` afterwards); the machine's own facts (GPUs, torch's build, the
     compilers) stay as probed - an install never changes them (torch & co are protected)."""
-    from .target import parse_target
-
     posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     return _with_distributions(env, found[0], found[1], posed, settings, pins)
 
 
 def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: dict, settings, pins) -> Environment:
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
-    from dataclasses import replace
-
-    from . import memory, wheels
     from .._environ import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
@@ -234,8 +229,6 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
 def with_nvcc_version(env: Environment) -> Environment:
     """`env` with the CUDA release of its nvcc, asking `nvcc --version` (once per nvcc and process):
     done only when a source build is being considered (engine.context.snapshot), never at every probe."""
-    from dataclasses import replace
-
     if env.nvcc_version or not env.nvcc or not os.path.isfile(env.nvcc):
         return env
     return replace(env, nvcc_version=nvcc_release(env.nvcc))
@@ -257,8 +250,6 @@ def _triton(dists: dict, posed: dict, facts: dict, names: tuple):
 
 
 def _wheelhouse(find_links) -> tuple:
-    from .links import find_links_dir
-
     names = []
     for location in find_links:
         path = find_links_dir(location)

@@ -21,6 +21,7 @@ from .._registry import REGISTRY, listed, pins_file_size_problem, registry
 from .._environ import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
 from .distributions import canonical_name
 from .frozen import FrozenMap
+from .target import parse_target
 
 MODES = ("install", "report")
 BUILD_MODES = ("auto", "1", "0")
@@ -428,8 +429,6 @@ def _readable_file(raw: str) -> str:
 
 
 def _target_spec(raw: str, pins_file: str | None = None) -> str:
-    from .target import parse_target
-
     parse_target(raw, pins_file=pins_file)  # raises ValueError with the offending entry
     return raw
 

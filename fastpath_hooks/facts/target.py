@@ -12,8 +12,11 @@ accepted and pose that GPU's arch (`sm_90`, `sm_100`). The model's gated-delta-r
 
 from __future__ import annotations
 
+import os
+
 from .._registry import PinsFileError, read_pins_file
 from .distributions import canonical_name
+from .pins import PinsError, load
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
              "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric", "head_dims", "heads")
@@ -119,8 +122,6 @@ ARCH_SUFFIXES = ("a", "f")
 def known_cuda_archs() -> tuple:
     """CUDA_ARCHS and every arch a -gencode table of the pins names (the shipped file and a
     FASTPATH_HOOKS_PINS file), sorted by number. Read only when a posed arch is not in CUDA_ARCHS."""
-    import os
-
     found = set(CUDA_ARCHS)
 
     def walk(node):
@@ -175,8 +176,6 @@ def _posable(name: str, pins, pins_file) -> bool:
 
 
 def _pins(pins_file):
-    from .pins import PinsError, load
-
     try:
         return load(pins_file)
     except PinsError:   # said where the pins are loaded for the decision

@@ -11,13 +11,14 @@ import os
 from dataclasses import replace
 from urllib.parse import quote
 
+from ...events.lines import MAX_LINE, PREFIX
 from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
-from ..builds import cuda_families, needs_cuda_build
-from ..builds import release_order, source_build
-from ..common import HALF_INSTALLED, USABLE, Context, deps_step, fetch_fix, missing_import, shared_skip, versions_here
-from ..plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Decision, OnFailure, Step, StepKind
-from ..messages import few, render
+from ...facts.settings import release_wheel_url
+from ..builds import cuda_families, needs_cuda_build, release_order, source_build
+from ..common import Context, HALF_INSTALLED, USABLE, deps_step, fetch_fix, missing_import, shared_skip, versions_here
+from ..messages import compose, few, public, render
+from ..plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, SKIP, Step, StepKind
 from ..wheel_fit import arch_gaps, built_archs, fits, index_sources, index_wheel_fits, release_wheel
 
 
@@ -110,9 +111,6 @@ def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision
     """Why a build without its CUDA extension cannot be rebuilt here, and the fix, as the blocked line says
     them: the rebuild's own short reason and fix where they fit beside the rest, else a pointer to doctor
     (which has them whole)."""
-    from ...events.lines import MAX_LINE, PREFIX
-    from ..messages import compose, public
-
     head = f"{public(installed_v)} lacks the CUDA extension a model here calls; "
     options = [(inner.short_reason, inner.short_fix)] if inner.short_reason else []
     options.append(("it cannot be rebuilt here", "why and how to fix it: fastpath-hooks doctor"))
@@ -231,8 +229,6 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     """Preference: a fitting wheel this machine (or a shared cache) already has, a fitting built
     wheel in the wheelhouse, the release wheel, then a source build as FASTPATH_HOOKS_ALLOW_BUILD
     allows."""
-    from ...facts.settings import release_wheel_url
-
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
     spec = pins.kernel(kernel)
     dist = spec.distributions[0]
