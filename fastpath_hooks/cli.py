@@ -1,7 +1,9 @@
 """The `fastpath-hooks` command: doctor, plan, install, download, build, cache, enable, disable.
 
 All thin over the same core as the hooks. Exit codes: 0 fine, 1 something
-failed (or is blocked), 2 bad input (the message names it and the fix).
+failed (or is blocked), 2 bad input (the message names it and the fix). Each command imports what it
+uses when it runs: `enable` and `disable` work in an environment whose dependencies (packaging,
+filelock) are gone or broken - the way out of a start-up entry must never need them.
 """
 
 from __future__ import annotations

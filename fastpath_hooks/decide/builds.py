@@ -19,15 +19,16 @@ once, and a duration as the lines say it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from typing import NamedTuple
+
 from ..facts import wheels as cached_wheels
 from ..facts.distributions import canonical_name
 from .common import Context, deps_step, versions_here, within
-from .common import within
-from .plan import INSTALL, SKIP, Decision, Step, StepKind
 from .messages import few, render
+from .plan import Decision, INSTALL, SKIP, Step, StepKind
 
 
 def release_order(ctx: Context, kernel: str, planned: dict):

@@ -27,10 +27,10 @@ Pure, like the rest of decide/.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import replace
 import re
 import string
+from dataclasses import dataclass, replace
+
 from ..events import Severity
 from ..events.lines import MAX_LINE, PREFIX
 

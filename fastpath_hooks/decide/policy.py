@@ -23,10 +23,10 @@ batches (report.commands_for), the engine runs them (engine/batch_install.py).
 from __future__ import annotations
 
 from dataclasses import replace
+
 from . import messages as short
-from .common import USABLE, Context, no_accelerator_reason, numeric_block
-from .plan import INSTALL, OK, StepKind
-from .plan import SKIP, Plan
+from .common import Context, USABLE, no_accelerator_reason, numeric_block
+from .plan import INSTALL, OK, Plan, SKIP, StepKind
 from .rules import backend, compiled, pair, pure
 from .warmup import jit_env
 

@@ -9,13 +9,14 @@ module only says it - at the severity and once-key each line has always had.
 
 from __future__ import annotations
 
-from dataclasses import replace
 import os
 import time
+from dataclasses import replace
+
 from .. import events
 from .._registry import registry
 from ..decide import messages as short
-from ..decide.plan import OK, REPAIR, OnFailure
+from ..decide.plan import OK, OnFailure, REPAIR
 from ..events import TextEnum
 from ..events.lines import first_fitting, fitted
 

@@ -17,10 +17,11 @@ is read by the probe (the listing) and the policy (whether a built wheel fits he
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import json
 import os
 import re
+from dataclasses import dataclass
+
 from .distributions import canonical_name
 
 

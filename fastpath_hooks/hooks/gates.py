@@ -27,11 +27,11 @@ a warm start.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 import functools
 import importlib
 import sys
 import threading
+from contextlib import contextmanager
 
 
 def gate_table(registry) -> dict:

@@ -37,8 +37,9 @@ Loaded only with the late pass (install() with transformers imported): the stdli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import sys
+from dataclasses import dataclass
+
 from .._names import DECORATED, KERNEL_MODULES
 
 
