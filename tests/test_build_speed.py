@@ -428,7 +428,7 @@ def test_an_import_remembered_for_exactly_this_environment_starts_no_child(tmp_p
 
 from support.index_server import IndexServer   # noqa: E402
 from support import wheels   # noqa: E402
-from fastpath_hooks.act import index as index_mod   # noqa: E402
+from fastpath_hooks.act import fetch as index_mod   # noqa: E402
 from fastpath_hooks.decide.plan import Step, StepKind   # noqa: E402
 
 PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
@@ -462,7 +462,7 @@ def test_an_index_wheel_of_the_exact_version_is_downloaded_and_checked(tmp_path,
     with IndexServer() as index:
         for name in sorted(os.listdir(files)):
             index.add("cu130", "causal-conv1d", str(files / name))
-        got = index_mod.fetch(_step(index), Settings(), _Env(), str(dest))
+        got = index_mod.fetch_from_index(_step(index), Settings(), _Env(), str(dest))
     assert os.path.basename(got) == os.path.basename(good)
     assert open(got, "rb").read() == open(good, "rb").read()
     assert index.requests == ["/simple/cu130/causal-conv1d/", f"/files/{os.path.basename(good)}"]
@@ -475,7 +475,7 @@ def test_a_wheel_whose_bytes_do_not_match_the_listed_sha256_is_refused_and_delet
     with IndexServer() as index:
         index.add("cu130", "causal-conv1d", good, sha256="0" * 64)
         with pytest.raises(index_mod.IndexMiss) as info:
-            index_mod.fetch(_step(index), Settings(), _Env(), str(dest))
+            index_mod.fetch_from_index(_step(index), Settings(), _Env(), str(dest))
     message = str(info.value)
     assert "\n" not in message and f"sha256 {wheels.sha256_of(good)} does not match the index's {'0' * 64}" in message
     assert "refused, nothing installed" in message and "127.0.0.1" in message
@@ -487,7 +487,7 @@ def test_a_wheel_without_a_listed_sha256_is_not_taken(tmp_path):
     with IndexServer() as index:
         index.add("cu130", "causal-conv1d", good, sha256=None)
         with pytest.raises(index_mod.IndexMiss, match="has no sha256 on the index: not taken"):
-            index_mod.fetch(_step(index), Settings(), _Env(), str(tmp_path))
+            index_mod.fetch_from_index(_step(index), Settings(), _Env(), str(tmp_path))
         assert index.requests == ["/simple/cu130/causal-conv1d/"]      # never downloaded
 
 
@@ -495,14 +495,14 @@ def test_no_fitting_wheel_an_unknown_page_and_offline_are_each_one_line(tmp_path
     with IndexServer() as index:
         index.add("cu130", "causal-conv1d", _index_wheel(tmp_path / "files", version="1.6.2.post1+cu.13.0.torch.2.12"))
         with pytest.raises(index_mod.IndexMiss) as info:
-            index_mod.fetch(_step(index), Settings(), _Env(), str(tmp_path))
+            index_mod.fetch_from_index(_step(index), Settings(), _Env(), str(tmp_path))
         assert f"has no causal-conv1d {LOCAL} wheel for {PY} linux-x86_64" in str(info.value)
         assert "it lists causal_conv1d-1.6.2.post1+cu.13.0.torch.2.12" in str(info.value)
         with pytest.raises(index_mod.IndexMiss, match="could not read .*cu129/causal-conv1d/.*404"):
-            index_mod.fetch(_step(index, channel="cu129"), Settings(), _Env(), str(tmp_path))
+            index_mod.fetch_from_index(_step(index, channel="cu129"), Settings(), _Env(), str(tmp_path))
         before = list(index.requests)
         with pytest.raises(index_mod.IndexMiss, match="FASTPATH_HOOKS_OFFLINE=1"):
-            index_mod.fetch(_step(index), Settings(offline=True, find_links=(str(tmp_path),)), _Env(), str(tmp_path))
+            index_mod.fetch_from_index(_step(index), Settings(offline=True, find_links=(str(tmp_path),)), _Env(), str(tmp_path))
         assert index.requests == before                                   # offline: not asked at all
 
 

@@ -285,7 +285,7 @@ def test_the_engine_reads_severity_and_needs_from_the_table_not_the_text():
     with pytest.raises(KeyError, match="not declared"):
         rule_ids.rule_id(pins, "fla", "build")       # a compiled kernel's rule, not a pure one's
     engine = os.path.join(os.path.dirname(DECIDE), "engine")
-    for name in ("machine.py", "outcome.py", "batch_install.py", "context.py"):
+    for name in ("machine.py", "outcome.py", "context.py"):
         source = open(os.path.join(engine, name), encoding="utf-8").read()
         assert "rule.split(" not in source and ".endswith(\".nvcc" not in source, name
 

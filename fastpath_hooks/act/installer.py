@@ -45,8 +45,7 @@ from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
 from . import wheelcache
 from .build import BuildError, run_build
-from .fetch import FetchError, fetch_wheel
-from .index import IndexMiss, fetch
+from .fetch import FetchError, IndexMiss, fetch_from_index, fetch_wheel
 from .numeric import plan_for
 from .runner import execute
 from .transaction import Transaction, WORK_PREFIX
@@ -333,11 +332,11 @@ def same_release(have: str | None, pinned: str) -> bool:
 
 
 def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
-    """The index step's wheel, downloaded and checked (act/index.py); None when the index has none
+    """The index step's wheel, downloaded and checked (act/fetch.py); None when the index has none
     that fits (or a bad one: refused, said in one line) and a later step of the same distribution -
     the next index, the source build - takes over; InstallError when none does."""
     try:
-        return fetch(step, settings, env, work)
+        return fetch_from_index(step, settings, env, work)
     except IndexMiss as exc:
         fallback = next((s for s in later if s.kind in (StepKind.INDEX, StepKind.BUILD)
                          and set(s.names) & set(step.names)), None)

@@ -521,13 +521,6 @@ def would(decision) -> str:
                                                                                                f"would {decision.action}")
 
 
-def gist(text: str, limit: int = 60) -> str:
-    """The first clause of a text the engine was handed (a failed check's or install's output) when it is
-    short - never a cut one; "" otherwise (the line then points to doctor, which shows it whole)."""
-    first = " ".join(str(text or "").split("; ")[0].split())
-    return first if first and len(first) <= limit else ""
-
-
 def line(decision, *, outcome_word: str | None = None, reason: str | None = None, fix: str | None = None) -> str:
     """`<kernel>: <outcome> - <reason> (<fix>)`, from the short forms (the whole texts for a decision
     without one)."""

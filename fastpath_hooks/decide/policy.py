@@ -17,7 +17,7 @@ builds side by side, their wheels in one installer call - with the dependencies 
 member builds (`deps_with_wheels`; a build imports them, so they go first then) - and one
 verification child (act/batch.py). The first of them in dependency order leads it - the one the engine reaches
 first, as every other one needs it or is decided after it. `plan` and `doctor` show the same
-batches (report.commands_for), the engine runs them (engine/batch_install.py).
+batches (report.commands_for), the engine runs them (engine/machine.py).
 """
 
 from __future__ import annotations

@@ -443,8 +443,3 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 def release_wheel_url(settings, kernel: str) -> str | None:
     """The user's mirror of a compiled kernel's release wheels (its registry `mirror` variable)."""
     return settings.wheel_urls.get(kernel)
-
-
-def wheel_url_variable(kernel: str, reg=None) -> str | None:
-    """The name of the variable release_wheel_url reads; None for a kernel without one."""
-    return mirror_variables(registry() if reg is None else reg).get(kernel)

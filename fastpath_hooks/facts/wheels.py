@@ -6,7 +6,7 @@ is parsed by packaging's rules once and `causal_conv1d` / `Causal-Conv1D` are th
 everywhere. packaging is imported when a name is read, not at import time.
 
 Which wheel files fit a machine, by their tags (pure): CPython X.Y (or abi3 / py3), Linux on this
-arch (manylinux up to this glibc, or plain linux_). A package index's listing (act/index.py) and a
+arch (manylinux up to this glibc, or plain linux_). A package index's listing (act/fetch.py) and a
 cached index wheel (decide/wheel_fit.py) are matched the same way.
 
 The wheel cache's keys and listing (facts): what a cached wheel is called and which are complete.
