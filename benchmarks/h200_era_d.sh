@@ -14,7 +14,7 @@
 #       flash-linear-attention==0.6.0 tilelang==0.1.15 apache-tvm-ffi==0.1.12 z3-solver==4.15.4.0 \
 #       torch-c-dlpack-ext==0.1.5 sdist:causal-conv1d==1.7.0 sdist:mamba-ssm==2.3.2.post1
 #   .whl/ - this branch's fastpath-hooks wheel, transformers 5.25.0, kernels 0.19.1, huggingface-hub 2.4.0, httpx2,
-#     httpcore2 2.17.0, truststore, tomlkit, click, idna, anyio, h11, hf-xet, regex, typing-extensions, platformdirs
+#     httpcore2 2.17.0, truststore, tomlkit, click, idna, anyio, h11, hf-xet, regex, typing-extensions
 #     (cp312 manylinux, `pip download --no-deps`)
 #
 # THE RUN (nvidia-h200, each call at once after the last: the machine stays warm 30 s):
@@ -22,6 +22,8 @@
 #     bash benchmarks/h200_era_d.sh start wait           # call 2, carry [".whl"]: starts the cases in the background
 #     bash benchmarks/h200_era_d.sh wait                 # call 3 (and more) until "background: done"
 # Results: copy the files (files_at) to benchmarks/results/h200-<date>-era-d/.
+# ONLY=enable,install-on (case-name prefixes, comma-separated) runs just those cases (the rest were run:
+# benchmarks/results/h200-2026-12-04-era-d); the build ahead runs only where a granite case is left.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # step, fresh_env
 OUT=${OUT:-/tmp/h200-era-d-out}
@@ -66,9 +68,16 @@ phase_start() {
 }
 
 # one case: case NAME MODEL VIA OFFLINE [ENV=VALUE ...]
+selected() {   # selected NAME: in ONLY (or ONLY unset)
+  [ -z "${ONLY:-}" ] && return 0
+  local p; for p in ${ONLY//,/ }; do case $1 in "$p"*) return 0 ;; esac; done
+  return 1
+}
+
 case_() {
   local name=$1 model=$2 via=$3 offline=$4
   shift 4
+  selected "$name" || return 0
   step "case $name: $model via $via, HF_HUB_OFFLINE=$offline $*"
   local t0=$SECONDS
   # shellcheck disable=SC2046
@@ -97,9 +106,12 @@ PY
   step "the torch path's first losses (FASTPATH_HOOKS_DISABLE=1, USE_HUB_KERNELS=0)"
   case_ torch-qwen qwen3_5 torch 1 FASTPATH_HOOKS_DISABLE=1 USE_HUB_KERNELS=0
   case_ torch-granite granitemoehybrid torch 1 FASTPATH_HOOKS_DISABLE=1 USE_HUB_KERNELS=0
-  step "built ahead, side by side: fastpath-hooks install causal-conv1d mamba-ssm (the wheel cache)"
-  FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE" "$ENV1/bin/fastpath-hooks" install causal-conv1d mamba-ssm \
-    2>&1 | cut -c1-220
+  if [ -z "${ONLY:-}" ] || selected enable-on-granite || selected enable-off-granite || selected install-on-granite \
+      || selected install-off-granite || selected hub-granite; then
+    step "built ahead, side by side: fastpath-hooks install causal-conv1d mamba-ssm (the wheel cache)"
+    FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE" "$ENV1/bin/fastpath-hooks" install causal-conv1d \
+      mamba-ssm 2>&1 | cut -c1-220
+  fi
   step "install() with HF_HUB_OFFLINE=1: tilelang and fla installed and checked here from the wheelhouse"
   case_ install-off-qwen qwen3_5 install 1 FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE"
   case_ install-off-granite granitemoehybrid install 1 FASTPATH_HOOKS_OFFLINE=1 FASTPATH_HOOKS_PINS="$PINS_FILE"
