@@ -31,7 +31,6 @@ import re
 import shutil
 import sys
 import urllib.request
-from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
 from .. import events
@@ -259,10 +258,8 @@ def project_files(url: str, *, timeout: float) -> list:
                 hashes = item.get("hashes") if isinstance(item.get("hashes"), dict) else {}
                 out.append({"filename": item["filename"], "url": urljoin(base, item["url"]), "hashes": hashes})
         return out
-    parser = _Anchors()
-    parser.feed(text)
     out = []
-    for href, name in parser.links:
+    for href, name in _anchors(text):
         link, _, fragment = href.partition("#")
         algo, _, digest = fragment.partition("=")
         filename = (name or "").strip() or os.path.basename(urlsplit(link).path)
@@ -270,26 +267,34 @@ def project_files(url: str, *, timeout: float) -> list:
     return out
 
 
-class _Anchors(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.links: list = []
-        self._href = None
-        self._text = []
+def _anchors(text: str) -> list:
+    """(href, text) of every <a> of an index's HTML page (html.parser: loaded only where a page is HTML)."""
+    from html.parser import HTMLParser
 
-    def handle_starttag(self, tag, attrs):
-        if tag == "a":
-            self._href = dict(attrs).get("href")
+    class Anchors(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.links: list = []
+            self._href = None
             self._text = []
 
-    def handle_data(self, data):
-        if self._href is not None:
-            self._text.append(data)
+        def handle_starttag(self, tag, attrs):
+            if tag == "a":
+                self._href = dict(attrs).get("href")
+                self._text = []
 
-    def handle_endtag(self, tag):
-        if tag == "a" and self._href is not None:
-            self.links.append((self._href, "".join(self._text)))
-            self._href = None
+        def handle_data(self, data):
+            if self._href is not None:
+                self._text.append(data)
+
+        def handle_endtag(self, tag):
+            if tag == "a" and self._href is not None:
+                self.links.append((self._href, "".join(self._text)))
+                self._href = None
+
+    parser = Anchors()
+    parser.feed(text)
+    return parser.links
 
 
 def _remove(path: str) -> None:
