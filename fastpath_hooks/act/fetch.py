@@ -165,8 +165,6 @@ def _pip_download(dest: str, *, env, settings, binary) -> None:
 
 def _fetch(step, dest: str, settings) -> None:
     """The step's wheel into `dest` (copied from FASTPATH_HOOKS_FIND_LINKS or the wheel cache where it lies)."""
-    pass
-
     try:
         local = fetch_wheel(step, settings, dest)
     except FetchError as exc:

@@ -204,10 +204,20 @@ def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_
                     facts={"users": few(cuda_families(ctx.env, build)[1])}, **kw)
 
 
+_codes: dict = {}   # (id(build), nvcc release) -> (build, its codes): the pins' builds live as long as the process
+
+
 def cuda_codes(build, nvcc_version: str | None) -> tuple:
     """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
+    known = _codes.get((id(build), nvcc_version))
+    if known is not None and known[0] is build:
+        return known[1]
     codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or within(nvcc_version, spec))
-    return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+    out = tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
+    if len(_codes) > 256:
+        _codes.clear()
+    _codes[(id(build), nvcc_version)] = (build, out)
+    return out
 
 
 def build_archs(env, build, archs=None) -> tuple:

@@ -6,9 +6,8 @@ Pure like the rest of decide/: every input is an argument.
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cached_property, lru_cache
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
@@ -122,7 +121,7 @@ class Context:
                     if raw not in self.env.wheelhouse:
                         missing.append(raw)
                     continue
-                req = Requirement(raw)
+                req, _ = requirement(raw)
                 name = canonical_name(req.name)
                 if step.kind == StepKind.DEPS and self.installed_satisfies(req):
                     continue
@@ -173,10 +172,24 @@ def parse(version) -> Version | None:
         return version
     if not version:
         return None
+    return _version(str(version))
+
+
+@lru_cache(maxsize=None)
+def _version(text: str) -> Version | None:
+    """A version's text parsed once per process (the policy tests the same few versions many times)."""
     try:
-        return Version(version)
+        return Version(text)
     except InvalidVersion:
         return None
+
+
+@lru_cache(maxsize=None)
+def requirement(raw: str) -> tuple:
+    """(the Requirement without its marker, the marker or None), parsed once per process; never changed."""
+    req = Requirement(raw)
+    marker, req.marker = req.marker, None
+    return req, marker
 
 
 def major_minor(version) -> str | None:
@@ -302,19 +315,18 @@ def deps_step(ctx: Context, spec, extra=()) -> Step | None:
     lacks (or has too old): one already satisfied is neither named nor backed up by the installer.
     A fresh plan (`download`, for another machine) names them all."""
     reqs = []
-    named = {canonical_name(Requirement(r).name) for r in spec.runtime_deps}
-    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(Requirement(r).name) not in named)
+    named = {canonical_name(requirement(r)[0].name) for r in spec.runtime_deps}
+    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(requirement(r)[0].name) not in named)
     marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
                   "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
                   "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(ctx.env.os, ctx.env.os),
                   "platform_machine": ctx.env.arch}
     for raw in wanted:
-        req = Requirement(raw)
-        if req.marker is not None and not Marker(str(req.marker)).evaluate(marker_env):
+        req, marker = requirement(raw)
+        if marker is not None and not marker.evaluate(marker_env):
             continue
         if not ctx.fresh and ctx.installed_satisfies(req):
             continue
-        req.marker = None
         reqs.append(str(req))
     if not reqs:
         return None

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 
 
+@lru_cache(maxsize=4096)
 def canonical_name(name: str) -> str:
-    """PEP 503 normalization without `re` (runs on the import path)."""
+    """PEP 503 normalization without `re` (runs on the import path); remembered per name."""
     out = []
     prev_sep = False
     for ch in name.strip().lower():

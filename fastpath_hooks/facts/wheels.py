@@ -17,6 +17,7 @@ is read by the probe (the listing) and the policy (whether a built wheel fits he
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -35,8 +36,10 @@ class WheelName:
     tag_text: str          # the name's own python-abi-platform part: cp312-cp312-linux_x86_64
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_wheel(filename: str) -> WheelName | None:
-    """The parts of a standard wheel file name (a path's base name is read), else None."""
+    """The parts of a standard wheel file name (a path's base name is read), else None. Remembered: the
+    policy reads the same cached wheels' names for every candidate build."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
     from packaging.version import InvalidVersion
 
@@ -81,32 +84,19 @@ def choose(files, project: str, version: str, *, python: str, arch: str, glibc: 
         return None
     py = "cp" + "".join(python.split(".")[:2])
     for item in files:
-        parsed = _parse(item["filename"])
+        parsed = parse_wheel(item["filename"])
         if parsed is None:
             continue
-        name, ver, tags = parsed
-        if canonicalize_name(name) != canonicalize_name(project) or ver != want:
+        if parsed.distribution != canonicalize_name(project) or parsed.version != want:
             continue
-        if any(_fits(t, py, arch, glibc) for t in tags):
+        if any(_fits(t, py, arch, glibc) for t in parsed.tags):
             return item
     return None
 
 
-def _parse(filename: str):
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
-    if not filename.endswith(".whl"):
-        return None
-    try:
-        name, version, _, tags = parse_wheel_filename(filename)
-    except InvalidWheelFilename:
-        return None
-    return name, version, tags
-
-
 def wheel_version(filename: str):
-    parsed = _parse(filename)
-    return None if parsed is None else parsed[1]
+    parsed = parse_wheel(filename)
+    return None if parsed is None else parsed.version
 
 
 def _fits(tag, py: str, arch: str, glibc: str | None) -> bool:
@@ -201,7 +191,6 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules); a
     build labelled `py` (no compiled code) fits when `python_only` says that is enough here."""
     from .distributions import canonical_name
-    pass
 
     wheel = parse_wheel(filename)
     if wheel is None:

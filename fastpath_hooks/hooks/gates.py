@@ -264,8 +264,6 @@ def _available() -> bool:
 
 def _modeling_hint():
     """The kernels the modeling module being imported names (hooks/gates.py), for the engine's batch."""
-    pass
-
     return modeling_kernels()
 
 
