@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 import time
 import zipfile
@@ -40,6 +39,7 @@ from ..decide.wheel_fit import cxx11_abi_flag
 from ..events.lines import shown_path
 from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
+from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
 from . import compiler_wrapper, nvcc_speed
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
@@ -115,27 +115,14 @@ def real_nvcc(env) -> str | None:
     poses: a posed `nvcc=13.0` says which release it is, never which compiler runs or for which archs."""
     if env.nvcc and os.path.isfile(env.nvcc):
         return env.nvcc
-
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    return "/usr/local/cuda/bin/nvcc" if os.path.isfile("/usr/local/cuda/bin/nvcc") else None
+    return find_nvcc({})   # the facts' own search, the nvcc wheel left out (torch's build does not look there)
 
 
 def real_hipcc(env) -> str | None:
     """ROCm's hipcc as torch's build finds it (ROCM_HOME/ROCM_PATH, PATH, /opt/rocm), whatever is posed."""
     if env.hipcc and os.path.isfile(env.hipcc):
         return env.hipcc
-
-    for var in ("ROCM_HOME", "ROCM_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
-            return os.path.join(home, "bin", "hipcc")
-    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+    return find_hipcc()
 
 
 def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) -> tuple:

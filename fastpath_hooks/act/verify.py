@@ -31,6 +31,15 @@ _MANY = r"""
 import importlib, importlib.util, json, os, sys, time
 specs = json.loads(sys.argv[2])   # argv[1], argv[3]: act/numeric_check.py, act/gdr_check.py, loaded where they run
 numeric = gdr = None
+
+
+def load(name, path):   # a check's script, by its path (the child imports nothing of the package)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 for i, spec in enumerate(specs):
     out = {"index": i, "ok": True, "error": None, "seconds": 0.0}
     start = time.monotonic()
@@ -52,10 +61,7 @@ for i, spec in enumerate(specs):
         # the numeric check (act/numeric_check.py) in this child too; a crash in it is said as its own
         sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "numeric"}) + "\n")
         sys.stdout.flush()
-        if numeric is None:
-            loaded = importlib.util.spec_from_file_location("fastpath_hooks_numeric_check", sys.argv[1])
-            numeric = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(numeric)
+        numeric = numeric or load("fastpath_hooks_numeric_check", sys.argv[1])
         payload, results, began = spec["numeric"], [], time.monotonic()
         try:
             for check in payload["checks"]:
@@ -70,10 +76,7 @@ for i, spec in enumerate(specs):
         # the decision's gated-delta-rule check and warm-up (act/gdr_check.py), its backend switches its own
         sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "gdr"}) + "\n")
         sys.stdout.flush()
-        if gdr is None:
-            loaded = importlib.util.spec_from_file_location("fastpath_hooks_gdr_check", sys.argv[3])
-            gdr = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(gdr)
+        gdr = gdr or load("fastpath_hooks_gdr_check", sys.argv[3])
         saved = dict(os.environ)
         try:
             out["gdr"] = gdr.check_here(spec["gdr"])
