@@ -354,12 +354,9 @@ def _path(root: str, kernel: str) -> str:
 
 
 def _read(root: str, kernel: str) -> dict:
-    try:
-        with open(_path(root, kernel), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+    from ..facts.memory import read_records   # not on the warm path: only a check's recall and remember read it
+
+    return read_records(_path(root, kernel))
 
 
 def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:

@@ -131,7 +131,6 @@ def _check_key(check) -> str:
     """A decision's check as part of the memory's key (another check - other shapes, a backend - runs again)."""
     if not check:
         return ""
-
     return json.dumps(thaw(check), sort_keys=True, default=str)
 
 

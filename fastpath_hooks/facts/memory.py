@@ -71,15 +71,18 @@ def numeric_path(root: str, kernel: str) -> str:
     return os.path.join(root, NUMERIC, f"{kernel}.json")
 
 
-def read_numeric(root: str | None, kernel: str) -> dict:
-    if not root:
-        return {}
+def read_records(path: str) -> dict:
+    """A file of keyed records ({key: {...}}): the records, {} when it is missing, unreadable or not such a file."""
     try:
-        with open(numeric_path(root, kernel), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError, UnicodeDecodeError):
         return {}
     return {k: v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
+
+
+def read_numeric(root: str | None, kernel: str) -> dict:
+    return read_records(numeric_path(root, kernel)) if root else {}
 
 
 def failures(root: str | None, kernels) -> tuple:
