@@ -294,7 +294,7 @@ def _install(args) -> int:
             missing.append(kernel)
             states.append(f"{kernel} ({outcome.state})")
     if missing:
-        from .events.lines import first_fitting
+        from .events import first_fitting
 
         tail = f" - {'named' if named else 'needed here'} but not usable (the reasons are above); exit 1"
         _error(first_fitting(f"not installed: {', '.join(states)}{tail}", f"not installed: {', '.join(missing)}{tail}",

@@ -67,7 +67,7 @@ def test_many_short_words_are_cut_at_the_end():
 
 
 def test_a_handed_over_error_chain_keeps_what_failed_and_the_error_itself():
-    from fastpath_hooks.events.lines import fitted
+    from fastpath_hooks.events import fitted
 
     head = "fla: failed, retry in 60 min (FASTPATH_HOOKS_RETRY_AFTER): "
     chain = "verification failed: import fla: ImportError: fake fla 0.6.0: broken on purpose (tests)"
@@ -79,7 +79,7 @@ def test_a_handed_over_error_chain_keeps_what_failed_and_the_error_itself():
 
 
 def test_a_chain_whose_error_would_be_cut_to_a_few_characters_is_cut_at_its_end():
-    from fastpath_hooks.events.lines import fitted
+    from fastpath_hooks.events import fitted
 
     error = ("import flash_qla: ValueError: FlashQLA now support sm90, sm100, sm103, sm120 and sm121 only. "
              "Found compute version: 8.0")   # a middle cut would leave "... 8.0"
@@ -89,7 +89,7 @@ def test_a_chain_whose_error_would_be_cut_to_a_few_characters_is_cut_at_its_end(
 
 
 def test_a_text_that_is_no_chain_is_cut_at_its_end():
-    from fastpath_hooks.events.lines import fitted
+    from fastpath_hooks.events import fitted
 
     line = fitted("FASTPATH_HOOKS_SKIP='bogus' is not valid, so nothing is installed: ",
                   "unknown kernel; accepted: " + ", ".join(f"kernel-{i}" for i in range(20)))

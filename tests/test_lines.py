@@ -21,7 +21,7 @@ import pytest
 
 from fastpath_hooks import engine, events
 from fastpath_hooks.decide import messages as rule_ids
-from fastpath_hooks.events.lines import MAX_LINE, PREFIX, fit
+from fastpath_hooks.events import MAX_LINE, PREFIX, fit
 from fastpath_hooks.facts.settings import Settings
 from support.worlds import TableWorld
 from test_policy import BASE, PINS, ROWS, make_env, plan_for

@@ -36,7 +36,7 @@ from .._environ import cache_root
 from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
 from ..decide.commands import build_argv
 from ..decide.wheel_fit import cxx11_abi_flag
-from ..events.lines import shown_path
+from ..events import shown_path
 from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc

@@ -39,7 +39,7 @@ from .. import events
 from .._environ import cache_root
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
-from ..events.lines import fitted, shown_path
+from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution

@@ -13,7 +13,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 
-from ..events.lines import MAX_LINE, PREFIX
+from ..events import MAX_LINE, PREFIX
 from ..facts.distributions import canonical_name
 from ..facts.memory import torch_build
 from ..facts.pins import same_version

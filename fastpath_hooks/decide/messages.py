@@ -31,8 +31,7 @@ import re
 import string
 from dataclasses import dataclass, replace
 
-from ..events import Severity
-from ..events.lines import MAX_LINE, PREFIX
+from ..events import MAX_LINE, PREFIX, Severity
 
 
 NVCC_RELEASE = "nvcc-release"   # needs nvcc's CUDA release: asked for (`nvcc --version`), then decided again

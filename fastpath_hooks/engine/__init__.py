@@ -1,7 +1,7 @@
 """The engine: `ensure(kernel)` decides a kernel once per process - the one entry point of the hooks.
 
 It never raises into the caller: every failure ends as an Outcome that leaves the import on
-transformers' working torch path, with one clear line (one process per node, see events/voice.py).
+transformers' working torch path, with one clear line (one process per node, see events.py).
 
 - Run once per kernel (`_Registry`): the first caller of a kernel runs its decision in its own
   thread; concurrent callers of the same kernel wait for that result (a future); callers of

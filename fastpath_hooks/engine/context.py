@@ -12,7 +12,7 @@ from dataclasses import replace
 from .. import events
 from .._names import CACHE_DIR, PREFIX, VERSION as __version__
 from ..decide.messages import NVCC_RELEASE, lookup
-from ..events.lines import first_fitting, fitted, shown_path
+from ..events import first_fitting, fitted, shown_path
 from ..facts.distributions import canonical_name
 from ..facts.pins import PinsError, load as load_pins
 from ..facts.probe import with_nvcc_version

@@ -47,7 +47,7 @@ from ..decide import messages as short
 from ..decide.messages import lookup
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
-from ..events.lines import first_fitting
+from ..events import first_fitting
 from .lock import LockUnavailable
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       hazard_fix, installed_line, keeps_instead, line_fits, numeric_block, recorded_outcome,

@@ -17,8 +17,7 @@ from .. import events
 from .._registry import registry
 from ..decide import messages as short
 from ..decide.plan import OK, OnFailure, REPAIR
-from ..events import TextEnum
-from ..events.lines import first_fitting, fitted
+from ..events import MAX_LINE, PREFIX, TextEnum, first_fitting, fitted
 
 
 class OutcomeState(TextEnum):
@@ -192,13 +191,11 @@ def keeps_instead(pins, kernel: str) -> str:
 
 def engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text the engine was handed (a failed check's or install's output, why no installer
-    can run): events.lines.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
+    can run): events.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
 
 
 def line_fits(line: str) -> bool:
-    from ..events.lines import MAX_LINE, PREFIX
-
     return len(PREFIX) + len(line) <= MAX_LINE
 
 

@@ -14,7 +14,7 @@ import sys
 
 from .. import events
 from ..act.files import JOURNAL, STATE_DIR_NAME
-from ..events.lines import fitted
+from ..events import fitted
 from . import current_world
 from .lock import LockUnavailable
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import replace
 from urllib.parse import quote
 
-from ...events.lines import MAX_LINE, PREFIX
+from ...events import MAX_LINE, PREFIX
 from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
 from ...facts.settings import release_wheel_url

@@ -1,0 +1,427 @@
+"""Events: the `fastpath_hooks` logger, `on_event` callbacks, and the human line.
+
+Every event goes to the logger at DEBUG (all processes) and to every `on_event` callback as a
+JSON-serialisable dict. Human lines go to stderr, prefixed `fastpath-hooks:`, filtered by
+FASTPATH_HOOKS_LOG, fitted to `MAX_LINE` characters (the details are in `fastpath-hooks doctor` and the
+debug log), from one process per node (`speaks`), and a line that would repeat at every start is said
+once per environment (`persist=`) - later starts say its one-line `reminder=` instead, where it has one.
+
+Callbacks never run while the sending thread holds a lock of ours: while the engine holds the
+environment's install lock (`hold()` ... `deliver()`), that thread's events are logged and their
+human lines printed at once, and the callbacks get them, in order, right after the lock is
+released. A callback may therefore block or call fastpath-hooks itself.
+
+Which process speaks (`speaks()`), one per node:
+- never a multiprocessing worker of the process that speaks: install() in a launcher's local rank 0
+  marks it (`_FASTPATH_HOOKS_VOICE`), and its DataLoader/pool workers inherit the mark;
+- else the local rank decides where a launcher gives one (LOCAL_RANK, an MPI launcher's local rank,
+  or RANK modulo LOCAL_WORLD_SIZE): local rank 0 prints;
+- else never a multiprocessing child (a rankless script's DataLoader or pool worker);
+- else processes started by one parent (a shell loop, xargs) are one job: the first of them with
+  something to say takes the node's "voice" for that parent (an fcntl lock on one byte of one file
+  per user in /tmp, released by the OS when it exits) and the others stay quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from enum import Enum
+
+from ._environ import cache_root_from_environ, environment_key
+from ._environ import log_level as _given_log_level
+from ._names import DEFAULT_LOG, VOICE, local_rank
+
+logger = logging.getLogger("fastpath_hooks")
+
+class TextEnum(str, Enum):
+    """A str enum (enum.StrEnum is 3.11+): members equal their strings, print and format as them,
+    and JSON writes them as plain strings, so output, callbacks and comparisons with the old strings
+    keep working."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class Severity(TextEnum):
+    """An event's `type` (what on_event callbacks and the JSON see) and a human line's level."""
+    STATUS = "status"
+    WARNING = "warning"
+    ERROR = "error"
+    DEBUG = "debug"      # printed only under FASTPATH_HOOKS_LOG=debug; sent to callbacks as status
+
+
+_LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
+_held = threading.local()       # per thread: .depth (locks of ours held) and .queue (events for the callbacks)
+_listeners_list: list = []      # install(on_event=...) callbacks, in the order given
+
+
+def add_listener(callback) -> None:
+    if callback not in _listeners_list:
+        _listeners_list.append(callback)
+
+
+def clear_listeners() -> None:
+    _listeners_list.clear()
+
+
+def hold() -> None:
+    """This thread takes a lock of ours: its events wait for the callbacks until `deliver()`."""
+    _held.depth = getattr(_held, "depth", 0) + 1
+    if _held.depth == 1:
+        _held.queue = []
+
+
+def deliver() -> None:
+    """This thread released that lock: the callbacks get the events sent meanwhile, in order
+    (after the outermost lock only)."""
+    _held.depth = max(0, getattr(_held, "depth", 0) - 1)
+    if _held.depth:
+        return
+    queue, _held.queue = getattr(_held, "queue", None) or [], []
+    for event in queue:
+        _call(event)
+
+
+def held() -> bool:
+    """Whether this thread holds a lock of ours now (its callbacks wait)."""
+    return getattr(_held, "depth", 0) > 0
+
+
+def _call(event: dict) -> None:
+    for callback in list(_listeners_list):
+        try:
+            callback(dict(event))
+        except Exception as exc:  # a listener's bug must not break the import it observes
+            logger.debug("on_event callback %r raised %r", callback, exc)
+
+
+def _log_level() -> str:
+    # a bad value is said by settings (install() and the CLI); the lines follow the default meanwhile
+    return _given_log_level() or DEFAULT_LOG
+
+
+def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
+         persist: str | None = None, reminder: str | None = None, detail: str | None = None, **extra) -> dict:
+    """Send one event. `once`: a key; the human line is printed once per process for it.
+    `persist`: a key (a decision's rule and reason); the line is printed once per environment, and
+    `reminder` (one short line) at the later starts instead. `detail`: the whole text of a line that
+    is short by design (paths, wheel names, full lists): logged, in the event, and printed instead of
+    the line under FASTPATH_HOOKS_LOG=debug."""
+    type = Severity(type)
+    event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
+    if detail is not None and detail != message:
+        event["detail"] = detail
+    for key, value in extra.items():
+        event[key] = value
+    logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", event.get("detail", message))
+    if getattr(_held, "depth", 0):
+        _held.queue.append(dict(event))   # called after the lock is released (deliver)
+    else:
+        _call(event)
+    if human:
+        say(type, message, once=once, persist=persist, reminder=reminder, detail=event.get("detail"))
+    return event
+
+
+def say(type: Severity, message: str, *, once: str | None = None, persist: str | None = None,
+        reminder: str | None = None, detail: str | None = None) -> None:
+    if once is not None and not claim(once):
+        return
+    level = _log_level()
+    if _LEVELS.get(type, 1) < _LEVELS[level] or not speaks():
+        return
+    if detail and level == "debug":
+        message = detail      # the details were asked for
+    if persist is not None and not first_time(persist):
+        if level == "debug":
+            message = "(said before) " + message
+        elif reminder:
+            message = reminder    # the whole line was said at an earlier start: one short line, not nothing
+        else:
+            return
+    write(message, whole=level == "debug")
+
+
+def status(message, kernel=None, **kw):
+    return emit(Severity.STATUS, message, kernel, **kw)
+
+
+def warning(message, kernel=None, **kw):
+    return emit(Severity.WARNING, message, kernel, **kw)
+
+
+def error(message, kernel=None, **kw):
+    return emit(Severity.ERROR, message, kernel, **kw)
+
+
+def debug(message, kernel=None, **kw):
+    """Logged and sent to callbacks as a status event, never printed unless FASTPATH_HOOKS_LOG=debug."""
+    event = emit(Severity.STATUS, message, kernel, human=False, **kw)
+    if _log_level() == "debug":
+        say(Severity.DEBUG, message)
+    return event
+
+
+def internal_error(exc) -> None:
+    """A bug of ours (or a package half-upgraded under a running process) on the import path:
+    one line, once per process; the import goes on as without fastpath-hooks."""
+    error(f"internal error, leaving this import alone: {type(exc).__name__}: {exc}", once="internal")
+
+
+def forget() -> None:
+    """Forget which one-time messages were printed (uninstall() starts afresh)."""
+    _said.clear()
+
+
+# -- what was said already: once per process (`once`), once per environment (`persist`) --
+
+_said: set = set()
+_said_lock = threading.Lock()   # "once" is checked and claimed in one step (several threads decide kernels)
+
+
+def claim(key: str) -> bool:
+    """True the first time `key` is claimed in this process."""
+    with _said_lock:
+        if key in _said:
+            return False
+        _said.add(key)
+        return True
+
+
+def said_dir(environ=None) -> str:
+    """Where the lines said once per environment are remembered (beside the verdict cache)."""
+    return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
+                        environment_key())
+
+
+def first_time(key: str) -> bool:
+    """Claim `key` for this environment (atomically: concurrent processes claim it once); True
+    when no process said it before. An unwritable cache says it every time, as before."""
+    import hashlib
+
+    path = os.path.join(said_dir(), hashlib.sha256(key.encode()).hexdigest()[:24])
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def forget_said(environ=None) -> bool:
+    """Forget the lines said once in this environment (`doctor --refresh`)."""
+    import shutil
+
+    directory = said_dir(environ)
+    existed = os.path.isdir(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    return existed
+
+
+# -- which process of a node speaks --
+
+_voice: dict = {}       # parent pid -> True (this process holds the voice) / False
+
+
+def worker() -> bool:
+    """A multiprocessing child (DataLoader worker, pool worker, Process)."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return False
+    try:
+        return mp.parent_process() is not None
+    except Exception:
+        return False
+
+
+def speaks() -> bool:
+    """Whether this process prints human lines (one process per node, see the module docstring)."""
+    marker = os.environ.get(VOICE)
+    if marker and marker != str(os.getpid()) and worker():
+        return False  # a worker of the process that speaks for the node (install() marked it)
+    rank = local_rank()
+    if rank is not None:
+        return rank == 0
+    if worker():
+        return False  # a rankless script's DataLoader/pool worker: its parent speaks for it
+    return _take_voice()
+
+
+def _take_voice() -> bool:
+    """The first process of its parent's children (on this node, in this environment) to ask keeps
+    the voice until it exits; asked once per process (per parent: a fork re-asks)."""
+    parent = os.getppid()
+    if parent not in _voice:
+        _voice[parent] = _lock_voice(parent)
+    return _voice[parent]
+
+
+def _lock_voice(parent: int) -> bool:
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): every process speaks
+        return True
+    # Node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
+    # process its own of; not the cache directory, which each process may set apart, and which nodes
+    # may share - an fcntl lock there would be cluster-wide on NFS, where parent pids of different
+    # nodes collide). One file per user, whatever the number of environments: the byte locked is the
+    # parent's pid (high bits) and this environment (low bits), so nothing accumulates, and the file
+    # is never removed (a process that locked a removed file would not exclude one that made it anew).
+    directory = "/tmp" if os.path.isdir("/tmp") else os.environ.get("TMPDIR") or "."
+    path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}.voice")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return True
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, (parent << 32) | int(environment_key()[:8], 16))
+    except OSError:
+        os.close(fd)
+        return False
+    return True  # fd stays open: the lock lasts as long as this process
+
+
+# -- one human line: `fastpath-hooks: message`, fitted to MAX_LINE characters, on stderr --
+
+MAX_LINE = 160          # characters, "fastpath-hooks: " included
+PREFIX = "fastpath-hooks: "
+
+
+def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) -> str:
+    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
+    a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
+    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path
+    is never cut (every message about a build names it): the line then ends after it, even past `limit`.
+    cut_words_only: only the long words are cut, the line may stay longer than `limit`."""
+    words = message.split()
+    line = PREFIX + " ".join(words)
+
+    def value(word):  # VARIABLE='value': only the value may be cut
+        return len(word) - word.find("=") - 1
+
+    for i in sorted(range(len(words)), key=lambda i: -value(words[i])):
+        if len(line) <= limit or value(words[i]) < 48:   # shorter words read better whole
+            break
+        if _is_log(words[i]):
+            continue
+        word = words[i]
+        head = word.find("=") + 3   # VARIABLE='value': the name stays whole
+        keep = max(36, head + 16, len(word) - (len(line) - limit) - 3)
+        head = max(keep // 2, head)
+        words[i] = word[:head] + "..." + word[len(word) - (keep - head):]
+        line = PREFIX + " ".join(words)
+    if len(line) > limit and not cut_words_only:
+        logs = [i for i, w in enumerate(words) if _is_log(w)]
+        # cut at the end - but never before a build log's path ends
+        end = len(PREFIX + " ".join(words[:logs[-1] + 1])) if logs else 0
+        if end < len(line):
+            cut = line[:max(limit - 3, end)]
+            space = cut.rfind(" ")   # at a word's end where one is near
+            line = (cut[:space] if space > max(end, len(cut) - 16) else cut).rstrip() + "..."
+    return line
+
+
+def _is_log(word: str) -> bool:
+    return word.rstrip(";,)").endswith(".log")
+
+
+def first_fitting(*candidates: str) -> str:
+    """The first of a line's wordings, longest and most whole first, that fits MAX_LINE; else the last,
+    fitted (events.fit: a long word cut in its middle first)."""
+    for line in candidates:
+        if len(PREFIX) + len(" ".join(line.split())) <= MAX_LINE:
+            return line
+    return fit(candidates[-1])[len(PREFIX):]
+
+
+def fitted(head: str, detail: str, fix: str = "", *, whole_at: str | None = "fastpath-hooks doctor") -> str:
+    """`<head><detail> (<fix>)` for a text handed over whole (a failed check's or install's output, an
+    exception, a path): whole when it fits; else as much of the detail as fits - a long word cut in its
+    middle first, never a build log's path - with the head and the fix kept and where it is whole
+    (`whole_at`; None where the fix itself says it again)."""
+    whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
+    if len(PREFIX) + len(whole) <= MAX_LINE:
+        return whole
+    where = f"the whole: {whole_at}" if whole_at else ""
+    tail = f" ({'; '.join(p for p in (fix, where) if p)})" if fix or where else ""
+    room = MAX_LINE - len(PREFIX) - len(head) - len(tail)
+    text = " ".join(str(detail).split())
+    cut = fit(text, room + len(PREFIX))[len(PREFIX):]
+    if cut.endswith("...") and not any(_is_log(w) for w in text.split()):   # an error chain: its middle goes
+        cut = _middle_out(fit(text, room + len(PREFIX), cut_words_only=True)[len(PREFIX):], room) or cut
+    return head + cut + tail
+
+
+_LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the end is cut instead)
+
+
+def _middle_out(text: str, room: int) -> str | None:
+    """A handed-over error chain cut in its middle, by clauses (": "): its first says what failed
+    ("verification failed", "could not download <url>"), its last ones the error itself ("broken on purpose
+    (tests)", "[Errno 28] No space left on device"), as many of them as fit. What goes first: trailing
+    clauses that are only a path or URL (details: "...: ..."), then the clauses between, then the end of
+    the first clause, then a remark after the error ("(...)"). None when what would be left of the
+    error is too little to say anything."""
+    parts = text.split(": ")
+    if len(parts) < 2:
+        return None
+    end = len(parts)
+    while end > 2 and _is_detail(parts[end - 1]):
+        end -= 1
+    more = ": ..." if end < len(parts) else ""
+    for k in range(1, end):   # drop clauses 1..k-1, the fewest that make it fit
+        tail = ": ".join(parts[k:end]) + more
+        line = f"{parts[0]}: {'' if k == 1 else '... '}{tail}"
+        if len(line) <= room:
+            return line if len(tail) >= _LEAST_ERROR else None
+    clause = parts[end - 1]
+    if len(clause) < _LEAST_ERROR:
+        return None
+    remark = clause.rfind(" (")   # a remark after the error ("... refused> (X_URL points at a mirror)") goes next
+    for error in (clause, clause[:remark] + " (...)" if remark >= _LEAST_ERROR and clause.endswith(")") else None):
+        if error is None:
+            continue
+        error += more                     # the error alone, after as much of what failed as fits
+        left = room - len(error) - len("...: ")
+        if left >= 12:
+            first = parts[0][:left]
+            space = first.rfind(" ")
+            return f"{first[:space] if space > left // 2 else first}...: {error}"
+    return None
+
+
+def _is_detail(clause: str) -> bool:
+    """A clause that is only a path, a URL or a quoted value: where an error happened, not what it is."""
+    word = clause.strip().strip("'\"")
+    return bool(word) and " " not in word and (word.startswith(("/", "~", ".")) or "://" in word)
+
+
+def shown_path(path: str) -> str:
+    """A path as a line shows it, short and still what a shell expands back: under the cache directory
+    the user set, $XDG_CACHE_HOME or the home directory, written `$FASTPATH_HOOKS_CACHE_DIR/...`,
+    `$XDG_CACHE_HOME/...`, `~/...` (the debug log and doctor have it whole)."""
+    for var in ("FASTPATH_HOOKS_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        root = os.environ.get(var, "").strip()
+        if len(root) > 1:
+            root = os.path.abspath(os.path.expanduser(root)).rstrip("/")
+            if path.startswith(root + "/"):
+                return ("~" if var == "HOME" else "$" + var) + path[len(root):]
+    return path
+
+
+def write(message: str, *, whole: bool) -> None:
+    """Print the line (whole: FASTPATH_HOOKS_LOG=debug asks for the details); never raises."""
+    line = PREFIX + " ".join(message.split()) if whole else fit(message)
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
