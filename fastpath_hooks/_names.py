@@ -1,27 +1,28 @@
-"""The leaf every layer may import: names and the raw environment readers of the start-up path.
+"""The leaf every layer may import: names, and the raw environment readers the lower layers share.
 
-Stdlib only, and nothing imported at module level, because the start-up path loads it: the shipped
-kernels' import names (written out from the kernel registry, _registry.py), the one module whose
-import wraps gates, the truth values, and the few FASTPATH_HOOKS_* readers that must work before
-settings are parsed (facts/settings.py parses every variable, and uses these for the ones read here).
+Stdlib only, and nothing imported at module level (functions import what they need), because install()
+and the start-up hand-over load it: the shipped kernels' import names (generated from pins.json with the
+registry, _registry.py), the module whose import wraps the gates, the truth values, and the few
+FASTPATH_HOOKS_* readers that must work before settings are parsed (facts/settings.py parses every
+variable with these readers, so the two cannot disagree): the cache root, the environment's key, the
+log level and the wheelhouse as given.
 """
 
 VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 
-# The shipped kernels as the start-up path needs them: derived from the registry's index
-# (_registry.REGISTRY, pins.json's entries as literals) - written out, so that loading this leaf costs
-# no registry (tests/test_registry.py proves both equal to pins.json). A FASTPATH_HOOKS_PINS file's
-# kernels: `_registry.registry()`.
-KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")      # as listed to users (_registry.listed)
-# module -> kernel (the distribution name fastpath-hooks manages); the start-up stand-in
-# (hooks/startup.py) and the finder watch exactly these module names (and a user's kernels' from install()).
+# The shipped kernels as install() and the gates need them, without a registry: KERNELS as listed to
+# users; module -> kernel (the distribution fastpath-hooks manages; the finder watches these modules, and
+# a FASTPATH_HOOKS_PINS file's from install() on: `_registry.registry()`); SERVES: module -> the modules
+# of the kernels it serves - a kernel that only serves another (tilelang: fla's Hopper backend) is not
+# installed for another package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`)
+# while neither it nor what it serves is installed: that import goes on as without fastpath-hooks.
+# -- generated from facts/pins.json by tools/registry_index.py: do not edit --
+KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
 KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm",
                   "flash_qla": "flash-qla"}
+SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}
+# -- end of generated --
 MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
-# A kernel that only serves another (tilelang: fla's Hopper backend) is not installed for another
-# package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`) while neither
-# it nor what it serves is installed (their metadata): that import goes on as without fastpath-hooks.
-SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}   # module -> modules it serves
 # transformers 5.15+ (eras C, D): its decorated kernel functions, module global -> (func_name, package) passed to
 # use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late.py; the
 # hub's kernel mapping names them by func_name).
@@ -108,3 +109,123 @@ def local_rank(environ=None):
         return number(rank) % size_value if size_value > 0 else 0
     return None
 
+
+STATE_DIR_NAME = ".fastpath-hooks"   # an environment's own state (lock, journal), beside site-packages
+JOURNAL = "journal.json"             # in it while an install runs (act/transaction.py)
+
+
+def log_level(environ=None) -> str | None:
+    """FASTPATH_HOOKS_LOG as given (lower case), the default when unset, None when not a level
+    (settings reports the bad value; events then uses the default)."""
+    raw = environ_of(environ).get(LOG, "").strip().lower()
+    if not raw:
+        return DEFAULT_LOG
+    return raw if raw in LOG_LEVELS else None
+
+
+def find_links_given(environ=None) -> tuple:
+    """FASTPATH_HOOKS_FIND_LINKS's entries (comma or whitespace separated) as given; () when unset."""
+    return tuple(environ_of(environ).get(FIND_LINKS, "").replace(",", " ").split())
+
+
+def environment_key() -> str:
+    """This environment (sys.prefix): sys.executable differs between `python` and a console script
+    in one venv; the prefix does not."""
+    import hashlib
+    import os
+    import sys
+
+    return hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:16]
+
+
+def cache_dir_given(environ=None) -> str | None:
+    """FASTPATH_HOOKS_CACHE_DIR with `~` expanded (absolute, normalised; a relative one as given, which
+    `cache_dir_problem` refuses), None when unset."""
+    import os
+
+    raw = environ_of(environ).get(CACHE_DIR, "").strip()
+    if not raw:
+        return None
+    path = os.path.expanduser(raw)
+    return os.path.abspath(path) if os.path.isabs(path) else path
+
+
+_unusable: dict = {}   # path -> why it cannot be the cache root ("" when it can): asked once per process
+_WRITE_TEST = 4096     # bytes the cache root must take, a page (a full tmpfs still makes empty files)
+
+
+def cache_dir_problem(path: str) -> str:
+    """Why `path` cannot be the cache root ("" when it can): an absolute directory this process can write
+    a file into, made if missing. An unusable FASTPATH_HOOKS_CACHE_DIR (`/proc/nope`, a full or read-only
+    mount, a relative path each process would resolve in its own working directory) falls back to the
+    default root - said once (settings.cache_dir_unusable) - instead of every verdict being lost and every
+    start verifying again. A few system calls (a small file written and removed), once per process and path."""
+    import os
+
+    if path not in _unusable:
+        problem = ""
+        if not os.path.isabs(path):
+            problem = "is a relative path"
+        elif os.path.isdir(path):
+            problem = _write_problem(path)
+        elif os.path.lexists(path):
+            problem = "is not a directory"
+        else:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as exc:
+                problem = f"cannot be created ({exc.strerror or exc})"
+            else:
+                problem = _write_problem(path)
+        _unusable[path] = problem
+    return _unusable[path]
+
+
+def _write_problem(path: str) -> str:
+    """"" when a file of _WRITE_TEST bytes can be written into `path` (and is removed again), else why not:
+    access(2) says a full tmpfs is writable, and as root says so of every directory."""
+    import os
+
+    probe = os.path.join(path, f".fastpath-hooks-write-test-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror or exc})"
+    problem = ""
+    try:
+        os.write(fd, bytes(_WRITE_TEST))
+    except OSError as exc:
+        problem = f"cannot be written ({exc.strerror or exc})"
+    finally:
+        try:
+            os.close(fd)   # NFS may say a delayed write's error here
+        except OSError as exc:
+            problem = problem or f"cannot be written ({exc.strerror or exc})"
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    return problem
+
+
+def cache_root_from_environ(environ=None) -> str:
+    """The cache root FASTPATH_HOOKS_CACHE_DIR names (as settings parses it: the default root when
+    it cannot be used), without parsing the settings: the warm path's."""
+    given = cache_dir_given(environ)
+    return given if given and not cache_dir_problem(given) else default_cache_root(environ)
+
+
+def default_cache_root(environ=None) -> str:
+    """The user cache dir of the XDG base directory spec (Linux, the one supported OS):
+    $XDG_CACHE_HOME/fastpath-hooks, else ~/.cache/fastpath-hooks."""
+    import os
+
+    base = environ_of(environ).get("XDG_CACHE_HOME", "")
+    if not base.strip():
+        base = os.path.expanduser("~/.cache")
+    return os.path.join(base, "fastpath-hooks")
+
+
+def cache_root(settings) -> str:
+    """The cache root of parsed settings."""
+    return settings.cache_dir or default_cache_root()

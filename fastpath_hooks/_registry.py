@@ -11,8 +11,7 @@ know its kernel) or keeps the shipped keys.
 
 from ._names import GATES_MODULE, HUB_MODULE, PINS, environ_of
 
-# The index: each kernel's registry keys in facts/pins.json, as literals (tests/test_registry.py proves
-# this equal to pins.json and prints the literal to paste when a kernel is added there). A user's
+# The index: each kernel's registry keys in facts/pins.json, generated (tools/registry_index.py). A user's
 # FASTPATH_HOOKS_PINS file adds kernels the same way: `registry()` reads it (docs/registry.md).
 #   kind: pure (wheels at pinned releases) | pair (two distributions pinned together, serving another
 #   kernel) | compiled (release wheels or a source build) | backend (wheels the kernel it serves
@@ -21,13 +20,14 @@ from ._names import GATES_MODULE, HUB_MODULE, PINS, environ_of
 #   transformers' availability gates that ask for it; mirror: the variable naming a mirror of its
 #   release wheels; with: kernels it is only useful with (ensured first); serves: kernels that use it;
 #   switch: the variable by which a served kernel is told not to use it.
+# -- generated from facts/pins.json by tools/registry_index.py: do not edit --
 REGISTRY = {
     "fla": {"kind": "pure", "modules": ("fla",), "distributions": ("fla-core", "flash-linear-attention"),
             "aliases": ("flash-linear-attention", "fla-core"), "gates": ("is_flash_linear_attention_available",),
             "mirror": None, "with": (), "serves": (), "rule_prefix": "fla", "switch": None},
     "tilelang": {"kind": "pair", "modules": ("tilelang",), "distributions": ("tilelang", "apache-tvm-ffi"),
-                 "aliases": (), "gates": (), "mirror": None, "with": (), "serves": ("fla",), "rule_prefix": "tilelang",
-                 "switch": "FLA_TILELANG"},
+                 "aliases": (), "gates": (), "mirror": None, "with": (), "serves": ("fla",),
+                 "rule_prefix": "tilelang", "switch": "FLA_TILELANG"},
     "causal-conv1d": {"kind": "compiled", "modules": ("causal_conv1d",), "distributions": ("causal-conv1d",),
                       "aliases": ("causal_conv1d",), "gates": ("is_causal_conv1d_available",),
                       "mirror": "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "with": (), "serves": (),
@@ -40,6 +40,7 @@ REGISTRY = {
                   "aliases": ("flash_qla", "flashqla"), "gates": (), "mirror": None, "with": ("tilelang",),
                   "serves": ("fla",), "rule_prefix": "qla", "switch": "FLA_FLASH_QLA"},
 }
+# -- end of generated --
 
 
 def kernel_modules(registry) -> dict:

@@ -50,7 +50,7 @@ class _UsageError(Exception):
 def _error(message: str) -> None:
     """One line on stderr, at most events.MAX_LINE characters - whole under FASTPATH_HOOKS_LOG=debug
     (a pins error's accepted forms, a long path)."""
-    from ._environ import log_level
+    from ._names import log_level
     from .events import PREFIX, fit
 
     print(PREFIX + message if log_level() == "debug" else fit(message), file=sys.stderr)
@@ -173,7 +173,7 @@ def _imports_hub_mapping(env) -> bool:
 def _doctor(args) -> int:
     from .hooks import activation
     from . import report
-    from ._environ import cache_root
+    from ._names import cache_root
     from .act.store import VerdictCache
 
     settings, pins = _context(args)
@@ -304,19 +304,19 @@ def _install(args) -> int:
 
 
 def _download(args) -> int:
-    from .engine import prepare
+    from .engine import jobs
     from .engine.world import InstallFailed
 
     settings, pins = _context(args)
     if settings.offline:
         raise _UsageError("download needs the network: unset FASTPATH_HOOKS_OFFLINE")
     _writable_dir(args.dest)
-    plan = prepare.plan_download(settings=settings, pins=pins, kernels=_kernels(args.kernels) or None)
+    plan = jobs.plan_download(settings=settings, pins=pins, kernels=_kernels(args.kernels) or None)
     if plan.nothing:
         _error(f"nothing to download for this target ({plan.nothing})")
         return 1
     try:
-        files = prepare.download(plan, args.dest)
+        files = jobs.download(plan, args.dest)
     except InstallFailed as exc:
         _error(str(exc))
         return 1
@@ -333,14 +333,14 @@ def _download(args) -> int:
 
 def _build(args) -> int:
     from .decide.plan import SKIP
-    from .engine import prepare
+    from .engine import jobs
     from .engine.world import InstallFailed
 
     settings, pins = _context(args)
     kernel = _kernels([args.kernel])[0]
     try:
-        plan = prepare.plan_build(kernel, settings=settings, pins=pins, archs=args.arch, rebuild=args.rebuild)
-    except prepare.Refused as exc:
+        plan = jobs.plan_build(kernel, settings=settings, pins=pins, archs=args.arch, rebuild=args.rebuild)
+    except jobs.Refused as exc:
         raise _UsageError(str(exc)) from None
     if plan.cached:
         print(f"{kernel}: {os.path.basename(plan.cached)} is already in the wheel cache ({plan.cached}); "
@@ -356,7 +356,7 @@ def _build(args) -> int:
     if args.dest:
         _writable_dir(args.dest)  # before minutes of building, not after
     try:
-        paths = prepare.build(plan)
+        paths = jobs.build(plan)
     except InstallFailed as exc:
         print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
         return 1
@@ -385,7 +385,7 @@ def _export(path: str, dest) -> int:
 
 def _cache_list(args) -> int:
     from . import report
-    from ._environ import cache_root
+    from ._names import cache_root
 
     settings, _ = _context(args)
     data = report.wheel_cache_json(cache_root(settings))
@@ -398,7 +398,7 @@ def _cache_list(args) -> int:
 
 def _cache_clear(args) -> int:
     from .act import wheelcache
-    from ._environ import cache_root
+    from ._names import cache_root
 
     settings, pins = _context(args)
     dist = None

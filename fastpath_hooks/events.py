@@ -31,9 +31,8 @@ import threading
 import time
 from enum import Enum
 
-from ._environ import cache_root_from_environ, environment_key
-from ._environ import log_level as _given_log_level
-from ._names import DEFAULT_LOG, VOICE, local_rank
+from ._names import (DEFAULT_LOG, VOICE, cache_root_from_environ, environment_key, local_rank,
+                     log_level as _given_log_level)
 
 logger = logging.getLogger("fastpath_hooks")
 

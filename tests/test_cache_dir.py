@@ -11,7 +11,7 @@ import os
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks._environ import cache_root, cache_root_from_environ, default_cache_root
+from fastpath_hooks._names import cache_root, cache_root_from_environ, default_cache_root
 from fastpath_hooks.facts.settings import Settings
 from test_cache import CAUSAL_SCRIPT, _run
 from support.processes import link_uv

@@ -18,7 +18,7 @@ import pytest
 from conftest import A100
 from fastpath_hooks import engine, events
 from fastpath_hooks.engine.context import load
-from fastpath_hooks.engine.lock import EnvironmentLock
+from fastpath_hooks.engine.world import EnvironmentLock
 from fastpath_hooks.engine.outcome import OutcomeState
 from support.worlds import CountingWorld, write_dist_info
 

@@ -113,9 +113,9 @@ def two_environments(tmp_path_factory):
 
 SPEAK = r'''
 import sys
-from fastpath_hooks import events, _environ
+from fastpath_hooks import events, _names
 events.status("hello from " + sys.prefix)
-print(_environ.environment_key())
+print(_names.environment_key())
 '''
 
 

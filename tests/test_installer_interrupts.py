@@ -21,7 +21,7 @@ from test_transaction import tree
 
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.act.transaction import JOURNAL
-from fastpath_hooks.engine.lock import HELD_BEFORE
+from fastpath_hooks.engine.world import HELD_BEFORE
 
 PINS = pins_mod.load()
 
@@ -54,7 +54,7 @@ def _installers(venv) -> list:
 
 def _state_entries(venv) -> list:
     state = os.path.join(venv.site, STATE)
-    # the lock and the marker of its first holder stay (engine/lock.py); a journal, backups or work dirs must not
+    # the lock and the marker of its first holder stay (engine/world.py); a journal, backups or work dirs must not
     return sorted(e for e in os.listdir(state) if e not in ("install.lock", HELD_BEFORE)) if os.path.isdir(state) else []
 
 

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(fastpath_hooks.__file__)
 
 # lowest first; a module may import its own layer or lower ones
 LAYERS = (
-    ("_names", "_environ", "_registry"),
+    ("_names", "_registry"),
     ("events",),
     ("facts",),
     ("decide",),

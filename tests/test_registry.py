@@ -82,27 +82,50 @@ def user_pins(tmp_path, **kernels) -> str:
 
 # -- the index is the data ---------------------------------------------------------------------------
 
-def test_the_index_is_the_registry_of_pins_json():
-    """_registry.REGISTRY is what the hooks, the settings and the CLI read instead of parsing pins.json;
-    it must say what the data says, kernel by kernel and in the pins' order. After adding a kernel to
-    pins.json, paste the literal this failure prints."""
-    with open(pins_mod.SHIPPED) as fh:
-        data = json.load(fh)["kernels"]
-    derived = _registry.from_pins_data(data)
-    assert list(derived) == list(_registry.REGISTRY)
-    assert derived == _registry.REGISTRY, "REGISTRY = " + repr(derived)
-    assert set(_registry.KEYS) == set(next(iter(derived.values())))
+TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "registry_index.py")
 
 
-def test_the_start_up_paths_names_are_the_registrys():
-    """_names writes out what the start-up path needs (loading it costs no registry): the same as
-    derived from the index."""
+def run_index_tool(*args, root=None):
+    argv = [sys.executable, TOOL, *args] + (["--root", str(root)] if root else [])
+    return subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_the_generated_index_is_fresh():
+    """_registry.REGISTRY, _names' kernel names and hooks/startup.py's watched names are generated from
+    pins.json (read by install() and the gates without parsing it). After changing a kernel there, run
+    `python tools/registry_index.py`."""
+    result = run_index_tool("--check")
+    assert result.returncode == 0, result.stderr
     reg = _registry.REGISTRY
-    assert _names.KERNELS == _registry.listed(reg)
-    assert _names.KERNEL_MODULES == _registry.kernel_modules(reg)
+    assert set(_registry.KEYS) == set(next(iter(reg.values())))
+    assert (_names.KERNELS, _names.KERNEL_MODULES, _names.SERVES, _names.WATCHED) == (
+        _registry.listed(reg), _registry.kernel_modules(reg), _registry.served_modules(reg), _registry.watched_modules(reg))
     assert _names.MODULE_OF == {k: e["modules"][0] for k, e in reg.items()}
-    assert _names.SERVES == _registry.served_modules(reg)
-    assert _names.WATCHED == _registry.watched_modules(reg)
+
+
+def test_a_kernel_added_to_pins_json_reaches_the_index_through_the_tool(tmp_path):
+    """A copy of the package with a new shipped kernel in its pins.json: the check fails and names the
+    stale files; the tool writes them; the copy's index, names and stand-in then know the kernel."""
+    import shutil
+
+    root = tmp_path / "repo"
+    shutil.copytree(os.path.dirname(os.path.dirname(pins_mod.__file__)), root / "fastpath_hooks",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    pins_path = root / "fastpath_hooks" / "facts" / "pins.json"
+    data = json.loads(pins_path.read_text())
+    data["kernels"]["foo-attn"] = FOO_ATTN
+    pins_path.write_text(json.dumps(data))
+    stale = run_index_tool("--check", root=root)
+    assert stale.returncode == 1
+    assert "_registry.py" in stale.stderr and "_names.py" in stale.stderr and "startup.py" in stale.stderr
+    assert run_index_tool(root=root).returncode == 0
+    assert run_index_tool("--check", root=root).returncode == 0
+    code = ("from fastpath_hooks import _names, _registry; from fastpath_hooks.hooks import activation;"
+            "print(_registry.REGISTRY['foo-attn']['kind'], _names.KERNEL_MODULES['foo_attn'], 'foo-attn' in _names.KERNELS,"
+            " 'foo_attn' in open(activation.STARTUP_FILE).read())")
+    out = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=root, capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["pure", "foo-attn", "True", "True"], out.stderr
 
 
 def test_every_derived_list_follows_the_index():

@@ -233,17 +233,17 @@ def test_public_view_is_json_ready(paths):
 # -- one parser per variable: the start-up path's raw readers and settings agree -------------------
 
 def test_the_start_up_readers_and_settings_agree(tmp_path):
-    from fastpath_hooks import _environ, _names
+    from fastpath_hooks import _names
 
     wheelhouse = tmp_path / "wh"
     wheelhouse.mkdir()
     rows = {
         _names.DISABLE: (["1", "TRUE", " yes ", "on", "0", "off", "no", "maybe", "2"], _names.disabled, "disable"),
-        _names.LOG: (["debug", "INFO", " warning ", "off", "error", "status", "verbose", ""], _environ.log_level, "log"),
-        _names.CACHE_DIR: ([str(tmp_path / "c"), "~/x", "rel/dir", " ", str(wheelhouse)], _environ.cache_dir_given,
+        _names.LOG: (["debug", "INFO", " warning ", "off", "error", "status", "verbose", ""], _names.log_level, "log"),
+        _names.CACHE_DIR: ([str(tmp_path / "c"), "~/x", "rel/dir", " ", str(wheelhouse)], _names.cache_dir_given,
                            "cache_dir"),
         _names.FIND_LINKS: ([str(wheelhouse), f"{wheelhouse}, {wheelhouse}", f" {wheelhouse}\t{wheelhouse}",
-                             "https://x.example/w"], _environ.find_links_given, "find_links"),
+                             "https://x.example/w"], _names.find_links_given, "find_links"),
     }
     for name, (values, reader, field) in rows.items():
         for raw in values:
@@ -260,7 +260,7 @@ def test_the_start_up_readers_and_settings_agree(tmp_path):
             elif name == _names.CACHE_DIR and not raw.strip():
                 assert parsed is None and raw_value is None
             elif name == _names.CACHE_DIR:   # the root each uses: a refused one (relative) is the default root
-                assert _environ.cache_root_from_environ({name: raw}) == (parsed or _environ.default_cache_root({}))
+                assert _names.cache_root_from_environ({name: raw}) == (parsed or _names.default_cache_root({}))
                 assert parsed == (raw_value if os.path.isabs(raw_value) else None), (raw, parsed, raw_value)
             else:
                 assert parsed == raw_value, (name, raw, parsed, raw_value)

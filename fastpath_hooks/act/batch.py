@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from packaging.requirements import InvalidRequirement, Requirement
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from ..decide.builds import core_budget, minutes, split_allowed
 from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind

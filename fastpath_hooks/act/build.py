@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
 from ..decide.commands import build_argv
 from ..decide.wheel_fit import cxx11_abi_flag

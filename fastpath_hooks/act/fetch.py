@@ -7,7 +7,7 @@ get their wheel steps' files here.
 
 The binary requirements with `pip download --only-binary=:all: --no-deps` for the target's
 Python and architecture; the wheel steps' files (release wheels, the wheel cache) as the
-installer fetches them. What to fetch is the engine's (engine/prepare.py): it reads the world
+installer fetches them. What to fetch is the engine's (engine/jobs.py): it reads the world
 and the plan; nothing here probes or decides. Afterwards `FASTPATH_HOOKS_FIND_LINKS=DIR
 FASTPATH_HOOKS_OFFLINE=1` installs from the directory alone.
 
@@ -34,7 +34,7 @@ import urllib.request
 from urllib.parse import urljoin, urlsplit
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from .._registry import registry
 from ..facts.links import find_links_dir
 from ..facts.wheels import choose, wheel_distribution, wheel_version as _version_of

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 
-from .._environ import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
+from .._names import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
 from ..facts.distributions import site_packages
 
 

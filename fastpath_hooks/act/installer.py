@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
 from ..events import fitted, shown_path

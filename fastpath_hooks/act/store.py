@@ -36,7 +36,7 @@ import sys
 import time
 
 from .. import events
-from .._environ import JOURNAL, STATE_DIR_NAME, cache_root, cache_root_from_environ, environment_key, find_links_given
+from .._names import JOURNAL, STATE_DIR_NAME, cache_root, cache_root_from_environ, environment_key, find_links_given
 
 
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).

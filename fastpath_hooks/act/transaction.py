@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 
-from .._environ import JOURNAL
+from .._names import JOURNAL
 from ..facts.distributions import canonical_name, record_files, scan
 from .files import atomic_write_json
 from .runner import group_record, kill_group

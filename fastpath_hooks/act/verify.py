@@ -16,7 +16,7 @@ import signal
 import sys
 from dataclasses import dataclass, replace
 
-from .._environ import cache_root_from_environ
+from .._names import cache_root_from_environ
 from ..facts.frozen import thaw
 from . import store
 from .gdr_check import record_warm, summary

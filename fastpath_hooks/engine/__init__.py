@@ -17,8 +17,8 @@ transformers' working torch path, with one clear line (one process per node, see
   this process's `World` (world.py: one read of the world per request, read again only when it
   changed while waiting for the lock). `context.py` holds what a decision is made from;
   `outcome.py` the Outcome and the lines it is said in; `machine.py` the states, the install of a
-  kernel with the others of its request included; `recovery.py` the rollback of an install killed half-way; `prepare.py` the
-  ahead-of-time jobs (`fastpath-hooks build` and `download`). docs/architecture.md draws the whole flow.
+  kernel with the others of its request included; `jobs.py` the rollback of an install killed
+  half-way and the ahead-of-time jobs (`fastpath-hooks build` and `download`). docs/architecture.md draws the whole flow.
 """
 
 from __future__ import annotations

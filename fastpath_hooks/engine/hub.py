@@ -19,7 +19,7 @@ import sys
 import threading
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from ..act.numeric import verify_hub
 from ..decide.common import Context
 from ..decide.hub import choose as decide_choices, served_kernels

@@ -40,7 +40,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from .. import events
-from .._environ import cache_root
+from .._names import cache_root
 from ..act.numeric import plan_for
 from ..act.store import FAILED, GOOD as VERIFIED
 from ..decide import messages as short
@@ -48,11 +48,10 @@ from ..decide.messages import lookup
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import first_fitting
-from .lock import LockUnavailable
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       hazard_fix, installed_line, keeps_instead, line_fits, numeric_block, recorded_outcome,
                       reminder_for, skipped_outcome)
-from .world import Batched, InstallFailed, NumericFailed, Reading
+from .world import Batched, InstallFailed, LockUnavailable, NumericFailed, Reading
 
 
 class State(enum.Enum):

@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import replace
 
-from .._environ import cache_root, default_cache_root
+from .._names import cache_root, default_cache_root
 from . import memory, wheels
 from .distributions import scan, site_packages
 from .environment import Environment
@@ -174,7 +174,7 @@ def after_install(env: Environment, settings, pins, found) -> Environment:
 
 def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: dict, settings, pins) -> Environment:
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
-    from .._environ import cache_root
+    from .._names import cache_root
 
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
     nvcc = find_nvcc(dists)

@@ -20,8 +20,8 @@ module, so the hook layer has no import circle. (A separate state module would c
 install() one more module load - ~0.4 M instructions, a fifth of what install() costs.)
 """
 
-import sys
 import _thread
+import sys
 
 from .._names import GATES_MODULE, HUB_MODULE, PINS, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
 
@@ -151,7 +151,7 @@ def install(*, kernels=None, on_event=None):
     if _settings_given():
         _check_settings()
     # An install into this environment killed half-way (or running now) left its journal: rolled back
-    # (engine/recovery.py) before any kernel is imported, whatever FASTPATH_HOOKS_SKIP or kernels= leave
+    # (engine/jobs.py) before any kernel is imported, whatever FASTPATH_HOOKS_SKIP or kernels= leave
     # out. One access(2) per site-packages directory of this environment on sys.path (one in a venv):
     # installs go only to a writable site-packages, so the journal is <site-packages>/act.files.STATE_DIR_NAME/
     # act.files.JOURNAL (tests/test_interrupted.py keeps the literal equal). Inline, without a helper
@@ -163,7 +163,7 @@ def install(*, kernels=None, on_event=None):
         if entry.endswith("-packages") and entry.startswith(prefix) and \
                 os.access(entry + "/.fastpath-hooks/journal.json", 0):   # site-packages, dist-packages; F_OK
             try:
-                from ..engine.recovery import recover_now
+                from ..engine.jobs import recover_now
 
                 recover_now(wait=False)
             except Exception as exc:
@@ -221,7 +221,7 @@ def _check_settings() -> None:
         import hashlib
         import os
 
-        from .._environ import cache_root_from_environ
+        from .._names import cache_root_from_environ
         from .._names import given
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]

@@ -54,23 +54,22 @@ STARTUP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup
 WATCHED_MARK = "  # _names.WATCHED"
 
 
+def watched_line(watched) -> str:
+    """hooks/startup.py's line of watched module names (marked WATCHED_MARK)."""
+    return f"            {tuple(sorted(watched))!r})))" + WATCHED_MARK + "\n"
+
+
 def startup_source() -> str:
-    """hooks/startup.py as `enable` writes it, its watched names taken from the registry: _names.WATCHED
-    (a test keeps the shipped file's line equal to them, and checks the rest of its names against
-    _names), and the modules of the kernels a FASTPATH_HOOKS_PINS file set now adds (run `enable` again
-    after adding one: until then the finder watches it from the first watched import, or install(), on)."""
+    """hooks/startup.py as `enable` writes it, watching the registry's modules: the shipped ones
+    (_names.WATCHED, generated into the file by tools/registry_index.py) and those of the kernels a
+    FASTPATH_HOOKS_PINS file set now adds (run `enable` again after adding one: until then the finder
+    watches it from the first watched import, or install(), on)."""
     from .._registry import registry, watched_modules
 
-    watched = watched_modules(registry())
     with open(STARTUP_FILE, encoding="utf-8") as fh:
         lines = fh.read().splitlines(keepends=True)
-    out = []
-    for line in lines:
-        if line.rstrip("\n").endswith(WATCHED_MARK):
-            indent = line[:len(line) - len(line.lstrip())]
-            line = f"{indent}{tuple(sorted(watched))!r})))" + WATCHED_MARK + "\n"
-        out.append(line)
-    return "".join(out)
+    watched = watched_line(watched_modules(registry()))
+    return "".join(watched if line.rstrip("\n").endswith(WATCHED_MARK) else line for line in lines)
 
 
 class ActivationError(RuntimeError):

@@ -17,8 +17,8 @@ without fastpath-hooks.
 
 from __future__ import annotations
 
-import sys
 import _thread
+import sys
 
 from .._names import GATES_MODULE, HUB_MODULE, KERNEL_MODULES, SERVES, WATCHED
 
@@ -125,7 +125,7 @@ def _before_kernel_import(fullname, hooks):
     kernel = modules.get(fullname)
     if kernel is None or not hooks.selected(kernel):
         if kernel is not None:   # not ours to decide - but never imported from a half-written install
-            from ..engine.recovery import pending_journal, recover_now
+            from ..engine.jobs import pending_journal, recover_now
 
             if pending_journal():
                 try:

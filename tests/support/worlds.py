@@ -17,7 +17,7 @@ import dataclasses
 from fastpath_hooks.act.store import VerdictCache
 from fastpath_hooks.engine import machine
 from fastpath_hooks.engine.context import fingerprint
-from fastpath_hooks.engine.lock import LockUnavailable
+from fastpath_hooks.engine.world import LockUnavailable
 from fastpath_hooks.engine.world import InstallFailed, NumericFailed, Stamp, World
 from fastpath_hooks.act.installer import InstallResult
 from fastpath_hooks.act.store import signature_environ

@@ -1,27 +1,80 @@
-"""The engine's ahead-of-time jobs: `fastpath-hooks build` (a compiled kernel into the wheel cache,
-for GPU archs that may not be here) and `fastpath-hooks download` (a target machine's wheels into
-a wheelhouse). Like `ensure()`, they read the world through a `World` (world.py) - once - and
-change it only under the environment lock; the CLI parses, prints and exits.
+"""The engine's jobs beside `ensure()`, each through a `World` (world.py) and under the environment lock.
 
-Each is a pure planning step (`plan_build`, `plan_download`: what would be done, and why not)
-and an acting step (`build`, `download`), so the CLI can say what it is about to do before
-minutes of building, and tests can check the plan without running it.
+- Recovery: an install killed half-way leaves its journal (and a half-written kernel); it is rolled
+  back before any kernel is imported - at install() and the start-up hand-over (one access(2)), at the
+  import of a kernel install(kernels=...) leaves out, and in every decision (machine.py: CONTEXT, READ).
+  While an install runs its journal exists too: taking the lock waits for it, after which the journal
+  is gone (committed) or its writer is dead (rolled back here).
+- `fastpath-hooks build` (a compiled kernel into the wheel cache, for archs that may not be here) and
+  `download` (a target machine's wheels into a wheelhouse): a pure planning step (`plan_build`,
+  `plan_download`) and an acting step, so the CLI can say what it will do before minutes of building.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, replace
 
-from .._environ import cache_root
+from .. import events
+from .._names import cache_root
 from ..act import wheelcache
+from ..act.files import JOURNAL, STATE_DIR_NAME
 from ..decide.builds import decide_build
 from ..decide.commands import requirements_for
 from ..decide.plan import SKIP
 from ..decide.wheel_fit import built_fits
+from ..events import fitted
 from . import current_world
-from .lock import LockUnavailable
-from .world import InstallFailed
+from .world import InstallFailed, LockUnavailable
+
+
+LABEL = "an interrupted install"   # who waits, in the lock's "waiting for another process" line
+
+
+def pending_journal() -> str | None:
+    """The journal hooks.install() looks for (the same rule, as a function), or None."""
+    prefix = sys.prefix + os.sep
+    for entry in sys.path:
+        if entry.endswith("-packages") and entry.startswith(prefix):
+            journal = os.path.join(entry, STATE_DIR_NAME, JOURNAL)
+            if os.path.exists(journal):
+                return journal
+    return None
+
+
+def recover_now(wait: bool = True) -> None:
+    """Roll back this environment's interrupted install, if any, with the settings a decision reads.
+    wait=False (install()): only when the lock is free now - an install holding it is running, not
+    interrupted (in another thread or process), and whoever imports its kernel waits for it there."""
+    world = current_world()
+    settings, _, invalid = world.context()
+    if not world.pending(settings):
+        return
+    if settings.mode == "report":
+        events.warning(fitted("an interrupted install here is not rolled back: ", invalid or "FASTPATH_HOOKS_MODE=report",
+                              "a run in install mode rolls it back"), once="interrupted-report",
+                       detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); it is "
+                              f"not rolled back because {invalid or 'FASTPATH_HOOKS_MODE=report'}")
+        return
+    lock = world.lock(settings, LABEL)
+    if wait:
+        try:
+            lock.acquire()
+        except LockUnavailable as exc:
+            events.error(fitted(f"{LABEL} here could not be rolled back yet: ", exc, "the next kernel import tries again"),
+                         once="recover-now",
+                         detail=f"{LABEL} in this environment could not be rolled back yet: {exc}; the next kernel "
+                                "import tries again")
+            return
+    elif lock.try_acquire() is None:
+        events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports of "
+                     "its kernel wait for it")
+        return
+    try:
+        world.recover(settings)
+    finally:
+        lock.release()
 
 
 class Refused(ValueError):
