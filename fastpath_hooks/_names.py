@@ -8,7 +8,7 @@ variable with these readers, so the two cannot disagree): the cache root, the en
 log level and the wheelhouse as given.
 """
 
-VERSION = "0.1.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
+VERSION = "0.2.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 
 # The shipped kernels as install() and the gates need them, without a registry: KERNELS as listed to
 # users; module -> kernel (the distribution fastpath-hooks manages; the finder watches these modules, and
@@ -55,7 +55,7 @@ TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
 STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function)
 # The start-up stand-in's format (hooks/startup.py passes it to hooks.resume). Only this one is
-# known: no released fastpath-hooks wrote another (0.1.0 is the first release).
+# known: no released fastpath-hooks (0.1.0, 0.2.0) wrote another.
 STARTUP_FORMAT = 5
 
 # Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).

@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDED = ["causal_conv1d-1.7.0.tar.gz", "mamba_ssm-2.3.2.post1.tar.gz", "ninja-1.13.0-py3-none-any.whl",
           "packaging-25.0-py3-none-any.whl", "filelock-3.20.0-py3-none-any.whl",
-          "fastpath_hooks-0.1.0-py3-none-any.whl"]
+          "fastpath_hooks-0.2.0-py3-none-any.whl"]
 
 
 def _check(tmp_path, house):
