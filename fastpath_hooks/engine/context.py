@@ -9,14 +9,17 @@ import json
 import os
 from dataclasses import replace
 
+from packaging.requirements import Requirement
+
 from .. import events
 from .._names import CACHE_DIR, PREFIX, VERSION as __version__
 from ..decide.messages import NVCC_RELEASE, lookup
+from ..decide.policy import decide as policy_decide
 from ..events import first_fitting, fitted, shown_path
 from ..facts.distributions import canonical_name
 from ..facts.pins import PinsError, load as load_pins
 from ..facts.probe import with_nvcc_version
-from ..facts.settings import Settings, SettingsError
+from ..facts.settings import Settings, SettingsError, parse_bool
 from ..facts.wheels import wheel_distribution
 
 
@@ -135,8 +138,6 @@ def value_once(value, why: str) -> str:
 def _valid_part(environ, problems=()):
     """Settings from every variable but the bad ones (`problems`), in report mode: what it decides - and
     says at debug - respects the other settings (a skip list, a target, offline with a bad wheelhouse)."""
-    from ..facts.settings import Settings, SettingsError, parse_bool
-
     bad = {var for var, _, _ in problems}
     valid = {name: value for name, value in environ.items() if name.startswith(PREFIX) and name not in bad}
     settings = Settings()
@@ -188,9 +189,6 @@ def verdict_distributions(pins, kernel: str) -> tuple:
     (fla on Hopper needs tilelang), that it is used with (`with`) or whose import runs inside its own
     (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`), and - for a backend - of the
     kernels it serves (its check runs through fla)."""
-    from packaging.requirements import Requirement
-
-
     spec = pins.kernel(kernel)
     names = list(spec.distributions)
     for raw in tuple(spec.runtime_deps) + tuple((spec.nvcc_packages or {}).get("requirements", ())):
@@ -211,8 +209,7 @@ def complete(env, plan, settings, pins, *, decide=None, kernel=None):
     is being considered and no version.json told it - not at every probe. `kernel`: only where that
     kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
     kernel's build; that kernel's own read completes it)."""
-    if decide is None:
-        from ..decide.policy import decide
+    decide = decide or policy_decide
     # a kernel's own decision, and those of the kernels it is only useful with (mamba-ssm: causal-conv1d,
     # whose build its decision depends on: without nvcc's release that one is skipped, and so mamba-ssm)
     considered = plan.decisions.values() if kernel is None else \
