@@ -36,8 +36,7 @@ from urllib.parse import urljoin, urlsplit
 from .. import events
 from .._names import cache_root
 from .._registry import registry
-from ..facts.links import find_links_dir
-from ..facts.wheels import choose, wheel_distribution, wheel_version as _version_of
+from ..facts.wheels import choose, find_links_dir, wheel_distribution, wheel_version as _version_of
 from . import wheelcache
 from .files import sha256_of
 from .runner import run

@@ -3,8 +3,8 @@ numeric records): the verdicts, the warm verdicts and the remembered checks.
 
 - **The warm path** (`environment_signature`, `get_warm`): the environment's cheap signature and the good
   verdict recorded under it. This runs at every first kernel import of every process, so this module
-  imports only what a Python process has anyway (no settings, pins, probe or packaging; the tiny `links`
-  when FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories and one small file.
+  imports only what a Python process has anyway (no settings, pins, probe or packaging; facts/wheels, loaded
+  with the engine, when FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories and one small file.
 - **The verdict cache** (`VerdictCache`): per user (FASTPATH_HOOKS_CACHE_DIR), keyed by environment.
   Kernel verdicts (`<env>.json`): per kernel, verdicts under fingerprints of the probed facts that kernel
   depends on (the interpreter, torch/triton/transformers, the GPU archs and its own distributions), so
@@ -110,7 +110,7 @@ def environment_signature(captured: tuple) -> str | None:
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in find_links_given(env):
-        from ..facts.links import find_links_dir  # only when FIND_LINKS is set
+        from ..facts.wheels import find_links_dir  # only when FIND_LINKS is set
 
         path = find_links_dir(location)
         if path is None:

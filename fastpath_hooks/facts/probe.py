@@ -35,7 +35,7 @@ from .environment import Environment
 from .host import (find_hipcc, find_nvcc, find_uv, glibc, mem_available_gib, normal_arch, nvcc_release,
                    pip_index_config, toolkit_version, usable_cpus)
 from .hub import hub_facts
-from .links import find_links_dir
+from .wheels import find_links_dir
 from .target import parse_target
 
 

@@ -1,19 +1,6 @@
-"""Wheel file names, read one way: the distribution (canonical), the version and the tags.
-
-Every part of the package that looks at a wheel's name (plans, the policy's wheelhouse, the cache's
-key scheme, cache clearing, the verdict signature, relabelling a built wheel) asks here, so a name
-is parsed by packaging's rules once and `causal_conv1d` / `Causal-Conv1D` are the same distribution
-everywhere. packaging is imported when a name is read, not at import time.
-
-Which wheel files fit a machine, by their tags (pure): CPython X.Y (or abi3 / py3), Linux on this
-arch (manylinux up to this glibc, or plain linux_). A package index's listing (act/fetch.py) and a
-cached index wheel (decide/wheel_fit.py) are matched the same way.
-
-The wheel cache's keys and listing (facts): what a cached wheel is called and which are complete.
-
-act/wheelcache.py stores, exports and clears entries; the scheme is described there. This part
-is read by the probe (the listing) and the policy (whether a built wheel fits here).
-"""
+"""Wheels, read one way: file names (distribution, version, tags: `causal_conv1d` and `Causal-Conv1D`
+are one distribution everywhere), which files fit a machine by their tags, the wheel cache's keys and
+complete entries, and the local directories of find-links entries (the warm path lists them)."""
 
 from __future__ import annotations
 
@@ -23,6 +10,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from .. import events
 from .distributions import canonical_name
 
 
@@ -38,11 +29,8 @@ class WheelName:
 
 @functools.lru_cache(maxsize=4096)
 def parse_wheel(filename: str) -> WheelName | None:
-    """The parts of a standard wheel file name (a path's base name is read), else None. Remembered: the
+    """The parts of a standard wheel file name (of a path's base name), else None. Remembered: the
     policy reads the same cached wheels' names for every candidate build."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-    from packaging.version import InvalidVersion
-
     base = os.path.basename(filename)
     try:
         name, version, build, tags = parse_wheel_filename(base)
@@ -75,9 +63,6 @@ def with_local_label(filename: str, local: str) -> str:
 def choose(files, project: str, version: str, *, python: str, arch: str, glibc: str | None):
     """The file of exactly `version` (local label included) whose tags fit: CPython `python` (or
     abi3 / py3), Linux `arch` (manylinux up to this glibc, or plain linux_); None if none does."""
-    from packaging.utils import canonicalize_name
-    from packaging.version import InvalidVersion, Version
-
     try:
         want = Version(version)
     except InvalidVersion:
@@ -87,7 +72,7 @@ def choose(files, project: str, version: str, *, python: str, arch: str, glibc: 
         parsed = parse_wheel(item["filename"])
         if parsed is None:
             continue
-        if parsed.distribution != canonicalize_name(project) or parsed.version != want:
+        if parsed.distribution != canonical_name(project) or parsed.version != want:
             continue
         if any(_fits(t, py, arch, glibc) for t in parsed.tags):
             return item
@@ -146,10 +131,6 @@ def toolkit_tag(cuda: str | None, hip: str | None) -> str:
     return "cpu"
 
 
-def arch_token(arch: str) -> str:
-    return arch.replace("_", "").lower()
-
-
 def key_prefix(*, torch: str, cuda: str | None, hip: str | None, abi: str) -> str:
     """The label's fixed part: `fph.torch2.11.0.cu130.abi1` (abi: TRUE/FALSE, the cxx11 ABI flag)."""
     return ".".join((LABEL, "torch" + _public(torch).lower(), toolkit_tag(cuda, hip), "abi1" if abi == "TRUE" else "abi0"))
@@ -157,7 +138,7 @@ def key_prefix(*, torch: str, cuda: str | None, hip: str | None, abi: str) -> st
 
 def label(*, torch: str, cuda: str | None, hip: str | None, abi: str, archs) -> str:
     """The local version label of a built wheel; archs `("all",)` for an unrestricted build."""
-    return key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "." + ".".join(arch_token(a) for a in archs)
+    return key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "." + ".".join(a.replace("_", "").lower() for a in archs)
 
 
 def compute_capability(arch: str) -> tuple | None:
@@ -190,8 +171,6 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)
     that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules); a
     build labelled `py` (no compiled code) fits when `python_only` says that is enough here."""
-    from .distributions import canonical_name
-
     wheel = parse_wheel(filename)
     if wheel is None:
         return False
@@ -231,8 +210,6 @@ def listing(root: str | None) -> tuple:
             continue
         problem = defect(os.path.join(where, name))
         if problem:
-            from .. import events
-
             events.debug(f"wheel cache: ignoring {name}: {problem}")
             continue
         out.append(name)
@@ -261,3 +238,17 @@ def defect(path: str) -> str | None:
     return None
 
 
+def find_links_dir(entry: str) -> str | None:
+    """The local directory a find-links entry names (a path or a file:// URL, read as pip reads
+    it), or None for a remote URL."""
+    if "://" in entry:
+        if not entry.startswith("file://"):
+            return None
+        entry = entry[len("file://"):]
+        if entry.startswith("localhost/"):
+            entry = entry[len("localhost"):]
+        if "%" in entry:
+            from urllib.parse import unquote
+
+            entry = unquote(entry)
+    return os.path.abspath(os.path.expanduser(entry))
