@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from functools import cached_property, lru_cache
 
-from .distributions import canonical_name
-from .frozen import FrozenMap, freeze_fields, thaw
+from .distributions import FrozenMap, canonical_name, freeze_fields, thaw
 
 
 @dataclass(frozen=True)

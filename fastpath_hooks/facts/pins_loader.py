@@ -25,8 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .distributions import canonical_name
-from .frozen import FrozenSpecifierSet, freeze
+from .distributions import FrozenSpecifierSet, canonical_name, freeze
 from .pins_values import (KINDS, SOURCE_KINDS, TENSORS, WHEEL_FIELDS, ArchRule, Archs, CxxStandard, Hazard, HubRules, KernelRelease,
                           KernelSpec, PackedPackage, PackedSequences, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild,
                           Warm, same_version)
