@@ -19,7 +19,7 @@ import venv as venv_module
 import pytest
 
 from fastpath_hooks.facts.settings import Settings, SettingsError
-from fastpath_hooks.facts.target import CUDA_ARCHS, known_cuda_archs, parse_target
+from fastpath_hooks.facts.environment import CUDA_ARCHS, known_cuda_archs, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 A100 = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"

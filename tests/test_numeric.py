@@ -90,7 +90,7 @@ def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_p
 
 
 def test_the_target_takes_numeric_cpu_and_refuses_other_values():
-    from fastpath_hooks.facts.target import parse_target
+    from fastpath_hooks.facts.environment import parse_target
 
     assert parse_target("gpu=sm_90,numeric=cpu")["numeric"] == "cpu"
     with pytest.raises(ValueError, match="numeric=cpu runs the numeric checks on CPU tensors"):

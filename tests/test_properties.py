@@ -18,10 +18,9 @@ from fastpath_hooks.decide.commands import invocation
 from fastpath_hooks.facts.pins import PinsError
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Action, Plan
 from fastpath_hooks.decide.policy import decide
-from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import KERNELS, VARIABLES, Settings, SettingsError
 from fastpath_hooks.facts.pins import load as load_pins
-from fastpath_hooks.facts.target import FACT_KEYS, distribution_keys, parse_target
+from fastpath_hooks.facts.environment import FACT_KEYS, Environment, distribution_keys, parse_target
 
 # Sane for a 2-core CI machine; no example database written into the repository.
 # FASTPATH_HOOKS_TEST_EXAMPLES=20000 for a deeper search (4 tests, ~9 min on 2 cores; passed on 2026-11-30)

@@ -320,7 +320,7 @@ A100 = dict(gpus=("sm_80",), torch="2.10.0", torch_cuda="12.8", triton="3.6.0")
 
 def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     from fastpath_hooks import cli
-    from fastpath_hooks.facts.target import parse_target
+    from fastpath_hooks.facts.environment import parse_target
     from fastpath_hooks.hooks import gates
 
     path = user_pins(tmp_path, foo_attn={**FOO_ATTN, "gates": ["is_foo_attn_available"]})

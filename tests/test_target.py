@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastpath_hooks.facts.target import parse_target
+from fastpath_hooks.facts.environment import parse_target
 
 VALID = [
     ("gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",

@@ -107,7 +107,7 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
         raise Refused(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
                       "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
     if archs:
-        from ..facts.target import parse_target
+        from ..facts.environment import parse_target
 
         wanted = [a.strip() for a in archs.split(",") if a.strip()]
         if wanted == ["all"]:

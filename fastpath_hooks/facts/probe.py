@@ -36,7 +36,7 @@ from .host import (find_hipcc, find_nvcc, find_uv, glibc, mem_available_gib, nor
                    pip_index_config, toolkit_version, usable_cpus)
 from .hub import hub_facts
 from .wheels import find_links_dir
-from .target import parse_target
+from .environment import parse_target
 
 
 # Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and

@@ -20,7 +20,7 @@ from .._names import disabled
 from .._registry import REGISTRY, listed, pins_file_size_problem, registry
 from .._names import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
 from .distributions import FrozenMap, canonical_name
-from .target import parse_target
+from .environment import parse_target
 
 MODES = ("install", "report")
 BUILD_MODES = ("auto", "1", "0")
