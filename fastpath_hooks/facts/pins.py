@@ -1,33 +1,45 @@
-"""Pins and rules as data: load the shipped `pins.json`, merge a user file, validate.
+"""The pins: the shipped pins.json merged with a user file (FASTPATH_HOOKS_PINS, JSON or TOML of the same
+shape, only the parts it changes or a new kernel's entry), read into a `Pins` (facts/pins_values.py) by one
+typed loader. A user's record with an identity (`record_keys`: releases by `version`, pairs by their first
+distribution, broken pairs by (that, `arch`, `effect`), hazards by `id`) replaces the shipped one and comes
+first (a user's release is preferred); the rest is deep-merged, lists of plain values replaced.
 
-Each kernel's entry is its registry entry (docs/registry.md): its kind (`pure` wheels at pinned
-releases, a `pair` of distributions pinned together that serves another kernel, or `compiled`:
-release wheels and a source build), import modules, aliases, gates, mirror variable, the kernels it
-is used `with` or `serves`, its rule prefix - and the data its kind's rules read.
-
-A user file (FASTPATH_HOOKS_PINS, JSON or TOML) has the same shape as `pins.json`
-and only needs the parts it changes - or a whole new kernel entry. Records with an identity
-replace the shipped record with that identity and come first (so a user's release is preferred):
-releases by `version`, pairs by their first distribution, broken pairs by (that, `arch`,
-`effect`), hazards by `id`. Everything else is deep-merged; lists of plain values are replaced.
-Errors name the file and the entry.
-"""
+Each record is read from its dataclass, field by field. The field's type says what the data holds: str
+(non-empty), SpecifierSet (a version range), bool, int, float, tuple[X, ...] (a list), dict[str, X] (a
+table), a dataclass (a table read the same way), X | None (absent: None). Its metadata (pins_values.m)
+says the rest: `key` (where it is not the field's name; "a.b": b of the table a; "{distributions[0]}":
+the kernel's first distribution), `absent` (the value where the key is left out; none: it is needed),
+`form` ("version", "requirement", "spec" - a range kept as text -, "kernel" - another kernel -, or one of
+the _READERS), `ok`/`says` (a test of each value, a list's items or a table's values, and the forms it
+accepts), `choices`, `key_ok`/`key_says` (of a table's keys), `nonempty` (the message when empty),
+`unique` (no two records of a list share it), `conv` (made of each value checked), `kinds` (only kernels
+of these kinds have it), `req` (an X | None they need), `ctx` (kept for the keys read after it), `hand`
+(made here). Then the checks across records and the order the kernels are decided in. Every error is
+one PinsError naming the file and the entry."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from functools import lru_cache
+from dataclasses import fields, is_dataclass, replace
+from functools import cache, lru_cache
+from types import NoneType, UnionType
+from typing import get_args, get_origin, get_type_hints
 
-from .pins_loader import build, decision_order
-from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, Archs, BrokenPair, Hazard, HeadDims, KernelRelease, KernelSpec,
-                          PackedPackage, PackedSequences, Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels,
-                          SourceBuild, Switch, Warm, WheelIndex, same_version)
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from .._registry import REGISTRY, PinsFileError, read_pins_file
+from .distributions import FrozenSpecifierSet, canonical_name, freeze
+from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, TENSORS, WHEEL_FIELDS, ArchRule, Archs, BrokenPair,
+                          CxxStandard, Hazard, HubRules, KernelRelease, KernelSpec, PackedPackage, PackedSequences,
+                          Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Warm, same_version)
 
-# the values (pins_values) and the order of the kernels (pins_loader) are read from here too
-__all__ = ["KINDS", "SHIPPED", "SOURCE_KINDS", "Archs", "BrokenPair", "Hazard", "HeadDims", "KernelRelease", "KernelSpec",
-           "PackedPackage", "PackedSequences", "Pair", "Pays", "Pins", "PinsError", "PureRelease", "ReleaseWheels",
-           "SourceBuild", "Switch", "Warm", "WheelIndex", "decision_order", "load", "record_keys", "same_version"]
+# read from here too (the values are pins_values')
+__all__ = ["SHIPPED", "SOURCE_KINDS", "BrokenPair", "Hazard", "Pair", "Pays", "Pins", "PinsError", "decision_order",
+           "load", "record_keys", "same_version"]
 
 
 def record_keys(kernels: dict) -> dict:
@@ -46,6 +58,7 @@ def record_keys(kernels: dict) -> dict:
             out[("kernels", name, "pairs")] = (first,)
             out[("kernels", name, "broken")] = (first, "arch", "effect")
     return out
+
 
 def load(user_file: str | None = None) -> Pins:
     """The shipped pins, merged with `user_file` when given (validated, cached by mtime)."""
@@ -113,3 +126,463 @@ def _merge(base, over, path: tuple, records: dict):
         return list(over) + [r for r in base if ident(r) not in mine]
     return over
 
+
+_RELEASES = {"pure": PureRelease, "backend": PureRelease, "compiled": KernelRelease}
+
+
+@cache
+def _fields(cls) -> tuple:
+    """(field, type) of a record class."""
+    hints = get_type_hints(cls)
+    return tuple((f, hints[f.name]) for f in fields(cls))
+
+
+def _number(value, tp) -> bool:
+    return isinstance(value, int if tp is int else (int, float)) and not isinstance(value, bool)
+
+
+class _Loader:
+    def __init__(self, origin: str):
+        self.origin = origin     # the pins file read last (a user file, else the shipped one)
+
+    def fail(self, entry: str, message: str):
+        raise PinsError(self.origin, entry, message)
+
+    def table(self, value, entry) -> dict:
+        if not isinstance(value, dict):
+            self.fail(entry, "expected a table/object")
+        return value
+
+    def list(self, value, entry):
+        if not isinstance(value, (list, tuple)):
+            self.fail(entry, "expected a list")
+        return value
+
+    def strings(self, value, entry, conv=str) -> tuple:
+        return tuple(conv(self.leaf(str, v, f"{entry}[{i}]", {}, {})) for i, v in enumerate(self.list(value, entry)))
+
+    def specifier(self, value, entry) -> SpecifierSet:
+        if not isinstance(value, str):
+            self.fail(entry, "expected a version specifier string such as '>=3.4,<3.9'")
+        try:
+            return FrozenSpecifierSet(value)
+        except InvalidSpecifier:
+            self.fail(entry, f"{value!r} is not a version specifier (e.g. '>=3.4,<3.9')")
+
+    def source(self, record: dict, entry) -> str:
+        value = record.get("source")
+        if not isinstance(value, str) or value.split(":", 1)[0].strip() not in SOURCE_KINDS or ":" not in value:
+            self.fail(f"{entry}.source", "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
+        return value
+
+    # -- a record, from its class ----------------------------------------------------------------
+
+    def record(self, cls, raw, e: str, ctx: dict, values: dict | None = None):
+        t, values = self.table(raw, e), dict(values or {})
+        for f, tp in _fields(cls):
+            md = f.metadata
+            if md.get("hand") or f.name in values or ("kinds" in md and ctx.get("kind") not in md["kinds"]):
+                continue
+            if f.name == "source":
+                values["source"] = self.source(t, e)
+                continue
+            key = md.get("key", f.name).format(**ctx)
+            *parts, last = key.split(".")
+            where, entry = t, e
+            for part in parts:
+                entry = f"{entry}.{part}"
+                where = self.table(where.get(part), entry) if part in where or "absent" not in md else {}
+            if last in where:
+                value = where[last]
+            elif "absent" in md:
+                value = md["absent"]
+            elif get_origin(tp) is UnionType and not md.get("req"):
+                values[f.name] = None
+                continue
+            else:
+                value = None
+            if md.get("req"):
+                tp = next(a for a in get_args(tp) if a is not NoneType)
+            values[f.name] = self.value(tp, value, f"{e}.{key}", md, ctx, top=True)
+            if md.get("ctx"):
+                ctx[f.name] = values[f.name]
+        after = _AFTER.get(cls)
+        if after is not None:
+            after(self, values, t, e, ctx)
+        return cls(**values)
+
+    def value(self, tp, raw, e: str, md, ctx: dict, top=False):
+        origin, args = get_origin(tp), get_args(tp)
+        if origin is UnionType:
+            return None if raw is None else self.value(next(a for a in args if a is not NoneType), raw, e, md, ctx, top)
+        if md.get("form") in _READERS:
+            return _READERS[md["form"]](self, raw, e, ctx)
+        if is_dataclass(tp):
+            return self.record(tp, raw, e, ctx)
+        if origin is tuple:
+            out = tuple(self.value(args[0], x, f"{e}[{i}]", md, ctx) for i, x in enumerate(self.list(raw, e)))
+            for f in fields(args[0]) if is_dataclass(args[0]) else ():
+                seen = set()
+                for i, item in enumerate(out if f.metadata.get("unique") else ()):
+                    if getattr(item, f.name) in seen:
+                        self.fail(f"{e}[{i}].{f.metadata.get('key', f.name)}", f"{getattr(item, f.name)} is listed twice")
+                    seen.add(getattr(item, f.name))
+        elif origin is dict:
+            out = {}
+            for key, x in self.table(raw, e).items():
+                if "key_ok" in md and not md["key_ok"](key):
+                    self.fail(f"{e}.{key}", md["key_says"])
+                out[str(key)] = self.value(args[1], x, f"{e}.{key}", md, ctx)
+        else:
+            return self.leaf(tp, raw, e, md, ctx)
+        if top and "nonempty" in md and not out:
+            self.fail(e, md["nonempty"].format(**ctx))
+        return out
+
+    def leaf(self, tp, raw, e: str, md, ctx: dict):
+        says, form = md.get("says"), md.get("form")
+        if "choices" in md:
+            if raw not in md["choices"]:
+                self.fail(e, f"{raw!r}: {says or 'expected one of ' + ', '.join(md['choices'])}")
+            return raw
+        if tp is SpecifierSet:
+            return self.specifier(raw, e)
+        if tp is bool and not isinstance(raw, bool):
+            self.fail(e, "expected true or false")
+        if tp in (int, float) and not _number(raw, tp):
+            self.fail(e, says or f"expected a {'whole ' if tp is int else ''}number")
+        if form == "spec":    # a range kept as text
+            self.specifier(raw, e)
+        elif tp is str:
+            if not isinstance(raw, str) or not raw.strip():
+                self.fail(e, f"{raw!r}: {says}" if says and raw is not None else "expected a non-empty string")
+            if form in ("version", "requirement"):
+                try:
+                    (Version if form == "version" else Requirement)(raw)
+                except (InvalidVersion, InvalidRequirement) as exc:
+                    self.fail(e, f"{raw!r} is not a {form}" + (f": {exc}" if form == "requirement" else ""))
+            own = ctx.get("name")
+            if form == "kernel" and (raw not in ctx["names"] or raw == own):
+                self.fail(e, f"{raw!r}: expected {'another kernel, ' if own else ''}one of "
+                          f"{', '.join(k for k in ctx['names'] if k != own)}")
+        if "ok" in md and not md["ok"](raw):
+            self.fail(e, f"{raw!r}: {says}")
+        value = float(raw) if tp is float else raw
+        return md["conv"](value) if "conv" in md else value
+
+    # -- one kernel's entry ----------------------------------------------------------------------
+
+    def kernel(self, name: str, raw, names: tuple) -> KernelSpec:
+        e = f"kernels.{name}"
+        k = self.table(raw, e)
+        kind = k.get("kind")
+        if kind not in KINDS:
+            self.fail(f"{e}.kind", f"{kind!r}: expected one of {', '.join(KINDS)}")
+        for key, kinds in _KIND_KEYS:
+            if key in k and kind not in kinds:
+                self.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
+        if kind == "compiled" and "source_build" not in k:
+            self.fail(f"{e}.source_build", "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
+        if kind == "pair" and len(self.list(k.get("distributions"), f"{e}.distributions")) != 2:
+            self.fail(f"{e}.distributions", "a pair kernel has exactly two distributions: its own and its companion")
+        prefix = self.leaf(str, k.get("rule_prefix", name), f"{e}.rule_prefix", {}, {})
+        if "." in prefix or prefix == "skip":
+            self.fail(f"{e}.rule_prefix", f"{prefix!r}: a rule prefix has no dot and is not `skip` (the shared rules' prefix)")
+        mirror = k.get("mirror")
+        if mirror is not None and (kind != "compiled" or not isinstance(mirror, str) or not (
+                mirror.startswith("FASTPATH_HOOKS_") and mirror.endswith("_WHEEL_URL"))):
+            self.fail(f"{e}.mirror", f"{mirror!r}: a compiled kernel's FASTPATH_HOOKS_<NAME>_WHEEL_URL")
+        if kind == "backend" and not k.get("serves"):
+            self.fail(f"{e}.serves", "a backend kernel serves another kernel (the one that dispatches to it)")
+        if kind == "backend" and "switch" not in k:
+            self.fail(f"{e}.switch", "a backend kernel needs the served kernel's switch: its import is never blocked "
+                      "(the served kernel would dispatch to the blocked module), so a backend that cannot work is turned off")
+        ctx = {"name": name, "names": names, "kind": kind}
+        spec = self.record(KernelSpec, k, e, ctx, {"name": name, "module": "", "kind": kind, "rule_prefix": prefix})
+        releases = ()   # read last: a backend release's partners are kernels of its `with`
+        if kind in _RELEASES and (kind != "compiled" or "releases" in k):
+            releases = self.value(tuple[_RELEASES[kind], ...], k.get("releases"), f"{e}.releases",
+                                  {"nonempty": "at least one release is needed"}, ctx, top=True)
+        first, second = (spec.distributions + (None,))[:2]
+        for i, pair in enumerate(spec.pairs):
+            for companion in pair.companions:
+                for j, b in enumerate(spec.broken):
+                    if b.arch == "*" and same_version(b.version, pair.version) and any(same_version(x, companion)
+                                                                                       for x in b.companions):
+                        self.fail(f"{e}.pairs[{i}]", f"{first} {pair.version} + {second} {companion} is also listed "
+                                  f"as broken in {e}.broken[{j}] ({b.effect})")
+        return replace(spec, module=spec.modules[0], releases=releases)
+
+
+_KIND_KEYS = tuple((f.name, f.metadata["kinds"]) for f in fields(KernelSpec) if "kinds" in f.metadata) + (("release", ("compiled",)), ("source_build", ("compiled",)))
+
+
+# -- the values a field's type does not say all of (`form`; `after`: the checks across a record's fields) --
+
+def _partners(ld, raw, e, ctx) -> dict:
+    """A backend release's versions of the kernels it is used with (flash-qla 0.1.3: tilelang >= 0.1.12)."""
+    out = {}
+    for kernel, spec in ld.table(raw, e).items():
+        if kernel not in ctx["with_kernels"]:
+            ld.fail(f"{e}.{kernel}", f"{kernel!r}: expected a kernel of its `with` ({', '.join(ctx['with_kernels']) or 'none'})")
+        out[kernel] = ld.specifier(spec, f"{e}.{kernel}")
+    return out
+
+
+def _positive(ld, value, entry, says) -> float:
+    if not _number(value, float) or value <= 0:
+        ld.fail(entry, says)
+    return float(value)
+
+
+def _tensor_tolerances(ld, raw, e, ctx) -> dict:
+    tol = ld.table(raw, e)     # none: run and warmed, not compared
+    return {n: _positive(ld, tol.get(n), f"{e}.{n}", "expected a positive number (a relative RMS error)")
+            for n in (TENSORS if tol else ())}
+
+
+def _tolerance(ld, raw, e, ctx) -> dict:
+    out = {}
+    for key, value in ld.table(raw, e).items():
+        if key not in ("atol", "rtol", "ratio"):
+            ld.fail(f"{e}.{key}", "expected atol, rtol or ratio")
+        if not _number(value, float) or value < 0:
+            ld.fail(f"{e}.{key}", "expected a number >= 0")
+        out[key] = float(value)
+    if ("atol" in out) != ("rtol" in out) or not out:
+        ld.fail(e, "expected atol with rtol (elementwise), ratio (rms error over rms of torch's result), or both")
+    return out
+
+
+def _gencode(ld, raw, e, ctx) -> dict:
+    table = ld.table(raw, e)
+    ld.source(table, e)
+    gencode = {}
+    for code, spec in ld.table(table.get("pairs"), f"{e}.pairs").items():
+        if not (code.startswith("sm_") and code[3:].isdigit()):
+            ld.fail(f"{e}.pairs.{code}", f"{code!r}: expected sm_XY (a -gencode code)")
+        gencode[code] = ld.specifier(spec, f"{e}.pairs.{code}")
+    return gencode
+
+
+def _builds(ld, raw, e, ctx) -> tuple:
+    out = []
+    for i, b in enumerate(ld.list(raw, e)):
+        be = f"{e}[{i}]"
+        ld.table(b, be)
+        out.append({"cuda_major": ld.leaf(str, str(b.get("cuda_major", "")), f"{be}.cuda_major", {}, ctx),
+                    **{key: ld.strings(b.get(key), f"{be}.{key}") for key in ("torch_mm", "python", "arch", "abi")}})
+    return tuple(out)
+
+
+def _nvcc_packages(ld, raw, e, ctx) -> dict:
+    ld.table(raw, e)
+    ld.specifier(raw.get("cuda"), f"{e}.cuda")
+    ld.value(tuple[str, ...], raw.get("requirements"), f"{e}.requirements", {"form": "requirement"}, ctx)
+    ld.source(raw, e)
+    return dict(raw)
+
+
+def _unit_seconds(ld, raw, e, ctx) -> tuple:
+    return tuple(sorted((str(name), _positive(ld, value, f"{e}.{name}", "expected a positive number (a file's measured "
+                                                                          "compile)")) for name, value in ld.table(raw, e).items()))
+
+
+_READERS = {"partners": _partners, "tensor_tolerances": _tensor_tolerances, "tolerance": _tolerance, "gencode": _gencode,
+            "tolerance?": lambda ld, raw, e, ctx: _tolerance(ld, raw, e, ctx) if raw else None,   # falsy: none
+            "builds": _builds, "nvcc": _nvcc_packages, "unit_seconds": _unit_seconds}
+
+
+def _archs(ld, values, raw, e, ctx):
+    if not values["train"] and not values["forward"]:
+        ld.fail(e, "at least one GPU arch is needed")
+
+
+def _warm(ld, values, raw, e, ctx):
+    for key in ("heads", "dims"):
+        if len(values[key]) != 2:
+            ld.fail(f"{e}.{key}", "expected two numbers: key, value")
+
+
+def _arch_rule(ld, values, raw, e, ctx):
+    gpu, build_as = values["gpu"], values["build_as"]
+    if gpu[3:-1] != build_as[3:-1] or int(build_as[-1]) > int(gpu[-1]):
+        ld.fail(f"{e}.build_as", f"{build_as} code does not run on {gpu} (same major, a lower or equal minor)")
+
+
+def _kernel_release(ld, values, raw, e, ctx):   # a release's own release wheels are of that release
+    if values["release"] is not None and not same_version(values["release"].version, values["version"]):
+        ld.fail(f"{e}.release.version", f"{values['release'].version} is not the release's version {values['version']}")
+
+
+def _source_build(ld, values, raw, e, ctx):
+    for key in ("measured", "build_deps", "parallel"):
+        if key in raw or key == "measured":
+            ld.source(raw[key], f"{e}.{key}")
+    spec = list(Requirement(values["requirement"]).specifier)
+    if len(spec) != 1 or spec[0].operator != "==":
+        ld.fail(f"{e}.requirement", f"{values['requirement']!r}: expected one exact version (name==X): builds are cached by it")
+    if not set(values["split_units"]) <= {name for name, _ in values["unit_seconds"]}:
+        ld.fail(f"{e}.parallel.split_units", "expected a list of file names that unit_seconds has")
+
+
+def _release_wheels(ld, values, raw, e, ctx):
+    for name in WHEEL_FIELDS:
+        if name not in values["filename"]:
+            ld.fail(f"{e}.filename", f"the template must contain {name}")
+
+
+def _packed_package(ld, values, raw, e, ctx):
+    distribution = raw.get("distribution") or values["kernel"]
+    if not isinstance(distribution, str):
+        ld.fail(e, "expected a `kernel` (one of fastpath-hooks' kernels) or a `distribution`")
+    values["distribution"] = canonical_name(distribution)
+
+
+_AFTER = {Archs: _archs, Warm: _warm, ArchRule: _arch_rule, KernelRelease: _kernel_release, SourceBuild: _source_build,
+          PackedPackage: _packed_package, ReleaseWheels: _release_wheels}
+
+
+# -- the whole pins --------------------------------------------------------------------------------
+
+def build(data, origins: tuple) -> Pins:
+    ld = _Loader(origins[-1])
+    ld.table(data, "")
+    if data.get("schema") != 1:
+        ld.fail("schema", f"unsupported schema {data.get('schema')!r}; expected 1")
+    sections = {}
+    for key, names in (("protected", "distributions"), ("triton_distributions", "names"), ("allowed_distributions", "names")):
+        table = ld.table(data.get(key), key)
+        if key != "triton_distributions":
+            ld.source(table, key)
+        sections[key] = ld.strings(table.get(names), f"{key}.{names}", canonical_name)
+    protected, triton_dists = sections["protected"], sections["triton_distributions"]
+
+    kernels_raw = ld.table(data.get("kernels"), "kernels")
+    names = tuple(kernels_raw)
+    if not names:
+        ld.fail("kernels", "at least one kernel is needed")
+    kernels = {name: ld.kernel(name, kernels_raw[name], names) for name in names}
+    _check_registry(ld, kernels)
+    order = decision_order(kernels)
+    if order is None:
+        ld.fail("kernels", "their `with`, `serves` and `imports_optional` make a circle: each kernel is decided after "
+                "the ones it names")
+
+    release_wheels, source_builds = {}, {}
+    for name, spec in tuple(kernels.items()):
+        if spec.kind != "compiled":
+            continue
+        raw, ctx = kernels_raw[name], {"names": names}
+        if "release" in raw:
+            release_wheels[name] = ld.record(ReleaseWheels, raw["release"], f"kernels.{name}.release", ctx)
+        build = ld.record(SourceBuild, raw.get("source_build"), f"kernels.{name}.source_build", ctx)
+        source_builds[name] = build = replace(build, arch_rules=spec.arch_rules)
+        kernels[name] = spec = replace(spec, cuda_switch=build.cuda_switch)
+        if build.version is not None and spec.releases and not any(same_version(r.version, build.version)
+                                                                   for r in spec.releases):
+            ld.fail(f"kernels.{name}.releases", f"the source build's {build.requirement} is not one of the releases")
+
+    top = {"names": names}
+    hazards = ld.value(tuple[Hazard, ...], data.get("hazards", []), "hazards", {}, top)
+    for i, h in enumerate(hazards):
+        if h.needs not in kernels or h.kernel not in kernels[h.needs].serves:
+            serving = [k for k, s in kernels.items() if h.kernel in s.serves]
+            ld.fail(f"hazards[{i}].needs", f"{h.needs!r}: expected a kernel that serves {h.kernel} "
+                    f"({', '.join(serving) or 'none does: add `serves` to its entry'})")
+
+    yanked = {canonical_name(k): ld.value(tuple[str, ...], val, f"yanked.{k}", {"form": "version"}, top)
+              for k, val in ld.table(data.get("yanked", {}), "yanked").items() if k != "source"}
+    _check_yanked(ld, kernels, yanked)
+
+    # every distribution a kernel may install is on the allow-list (a kernel's own distributions are:
+    # naming them in its entry allows them)
+    allowed = frozenset(sections["allowed_distributions"]) | {d for spec in kernels.values() for d in spec.distributions}
+    for name, spec in kernels.items():
+        for dist in spec.distributions:
+            if dist in protected:
+                ld.fail(f"kernels.{name}.distributions", f"{dist} is protected and can never be installed")
+    for entry, reqs in [(f"kernels.{n}.runtime_deps", s.runtime_deps) for n, s in kernels.items()] + \
+            [(f"kernels.{n}.source_build.build_deps.requirements", b.build_deps) for n, b in source_builds.items()]:
+        for i, req in enumerate(reqs):
+            if canonical_name(Requirement(req).name) not in allowed:
+                ld.fail(f"{entry}[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
+    for name, build in source_builds.items():
+        if build.distribution not in kernels[name].distributions:
+            ld.fail(f"kernels.{name}.source_build.requirement", f"{build.distribution} is not one of the kernel's distributions")
+    for name in triton_dists:
+        if name not in protected:
+            ld.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
+                    "protected.distributions (fastpath-hooks never changes it)")
+    for p in protected:
+        if p in allowed and p != "numpy":
+            ld.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
+
+    cxx = data.get("cxx_standard")
+    if cxx is not None:
+        ld.source(ld.table(cxx, "cxx_standard"), "cxx_standard")
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+    # frozen all the way down: `load()` is cached and shared by every caller in the process
+    return freeze(Pins(
+        protected=protected, triton_distributions=triton_dists, allowed=allowed, kernels=kernels,
+        hazards=hazards, yanked=yanked, origins=origins, digest=digest,
+        packed_sequences=None if data.get("packed_sequences") is None else
+        ld.record(PackedSequences, data["packed_sequences"], "packed_sequences", top),
+        release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
+        cxx_standards=() if cxx is None else ld.value(tuple[CxxStandard, ...], cxx.get("rules"), "cxx_standard.rules", {}, top),
+        hub=HubRules() if data.get("hub") is None else ld.record(HubRules, data["hub"], "hub", top),
+    ))
+
+
+def _check_yanked(ld, kernels: dict, yanked: dict) -> None:
+    """A pinned version the index has yanked would not install (or would warn): never pin one."""
+    def check(dist, version, entry):
+        if any(same_version(version, y) for y in yanked.get(dist, ())):
+            ld.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
+
+    for name, spec in kernels.items():
+        first, *rest = spec.distributions
+        for i, pair in enumerate(spec.pairs):
+            check(first, pair.version, f"kernels.{name}.pairs[{i}].{first}")
+            for j, companion in enumerate(pair.companions):
+                check(rest[0], companion, f"kernels.{name}.pairs[{i}].{rest[0]}[{j}]")
+        if spec.kind in ("pure", "backend"):
+            for i, rel in enumerate(spec.releases):
+                for dist in spec.distributions:
+                    check(dist, rel.version, f"kernels.{name}.releases[{i}].version")
+
+
+def decision_order(kernels: dict) -> tuple | None:
+    """The kernels in the order they are decided: each after the ones its rules read - the kernels that
+    serve it (fla after tilelang), that it is used with (mamba-ssm after causal-conv1d) and that its
+    import tries (mamba-ssm after tilelang); a backend after the kernels it serves (flash-qla after
+    fla, whose release and use it reads); else in the pins' order. None: they make a circle."""
+    after = {name: set(spec.with_kernels) | set(spec.imports_optional)
+             | {k for k, s in kernels.items() if name in s.serves and s.kind != "backend"}
+             | (set(spec.serves) if spec.kind == "backend" else set())
+             for name, spec in kernels.items()}
+    order: list = []
+    while len(order) < len(kernels):
+        ready = next((k for k in kernels if k not in order and after[k] <= set(order)), None)
+        if ready is None:
+            return None
+        order.append(ready)
+    return tuple(order)
+
+
+def _check_registry(ld, kernels: dict) -> None:
+    """Names, modules, aliases and rule prefixes are each one kernel's; a kernel does not serve itself
+    through its partners; the shipped kernels keep the modules the start-up entry watches."""
+    owner: dict = {}
+    for name, spec in kernels.items():
+        for what, values in (("name", (name,) + spec.aliases), ("module", spec.modules), ("rule prefix", (spec.rule_prefix,)),
+                             ("gate", spec.gates)):
+            for value in values:
+                other = owner.setdefault((what, value), name)
+                if other != name:
+                    ld.fail(f"kernels.{name}", f"{what} {value!r} is also {other}'s")
+        if name in REGISTRY and spec.modules != REGISTRY[name]["modules"]:
+            ld.fail(f"kernels.{name}.modules", "a shipped kernel's modules are fixed (the start-up entry watches them)")
+        for served in spec.serves:
+            if served in spec.with_kernels:
+                ld.fail(f"kernels.{name}.serves", f"{served} is also in `with`: a kernel serves another or needs it, not both")

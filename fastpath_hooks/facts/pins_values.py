@@ -1,6 +1,6 @@
-"""The values the pins are read into (facts/pins.py loads them, facts/pins_loader.py checks them):
-immutable, one class per kind of record, and the `Pins` that holds them. Each field's type and
-metadata (`m(...)`) say what the pins data may hold there; facts/pins_loader.py documents the keys."""
+"""The values the pins are read into: immutable, one class per kind of record, and the `Pins` that holds
+them. Each field's type and metadata (`m(...)`) say what the pins data may hold there (facts/pins.py
+reads them and documents the keys)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class PinsError(ValueError):
 
 
 def m(default=MISSING, factory=MISSING, **checks):
-    """A field and what the pins data may hold for it (facts/pins_loader.py reads `checks`)."""
+    """A field and what the pins data may hold for it (facts/pins.py reads `checks`)."""
     return field(default=default, default_factory=factory, metadata=checks)
 
 
@@ -174,7 +174,7 @@ def _subdirectory(name: str) -> bool:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One kernel's entry (docs/registry.md). `hand`: made by facts/pins_loader.py from other keys;
+    """One kernel's entry (docs/registry.md). `hand`: made by facts/pins.py from other keys;
     `kinds`: only a kernel of these kinds has the key."""
     name: str = m(hand=True)
     module: str = m(hand=True)          # the import name checked and blocked (modules[0])
@@ -255,7 +255,7 @@ class ReleaseWheels:
     version: str = m(form="version")
     tag: str
     base_url: str
-    filename: str = m()    # a template of WHEEL_FIELDS (facts/pins_loader.py)
+    filename: str = m()    # a template of WHEEL_FIELDS (facts/pins.py)
     builds: tuple = m(form="builds")
     torch_aliases: dict[str, str] = m(absent={})
     sha256: dict[str, str] = m(absent={}, ok=_sha256, says="expected 64 lowercase hex digits")
@@ -426,7 +426,7 @@ class Hazard:
     kernel: str = m(form="kernel")
     gpu: tuple[str, ...]
     triton: SpecifierSet = m()      # matched failing closed: a pre-release of a bound counts as inside
-    needs: str = m()                # a kernel that serves `kernel` (facts/pins_loader.py)
+    needs: str = m()                # a kernel that serves `kernel` (facts/pins.py)
     effect: str
     fix: str
     source: str
