@@ -1,26 +1,8 @@
-"""The environment probe: this machine's facts, read into an `Environment` (facts/environment.py).
-
-Cheap by design: versions come from dist-info directory names, torch's CUDA/HIP build from
-`torch/version.py` read as text. torch is imported only to enumerate GPUs, and only when torch is a
-CUDA/ROCm/XPU build and no target spec names the GPUs (facts/probe.py says what that costs).
-
-The readers: torch's build and its GPUs and the transformers models in use (below), host.py (arch,
-glibc, CPU cores, /proc; nvcc, hipcc, uv; pip's index configuration); this module puts their answers together, applies
-the posed facts and derives what follows from the installed distributions.
-
-Every fact can be posed with FASTPATH_HOOKS_TARGET (see `target.py`), so an image
-builder on a CPU host can plan for a GPU cluster and tests can pose as any machine.
-
-torch's build and the GPUs it sees: the CUDA/HIP/XPU build from `torch/version.py` read as text,
-then the devices torch enumerates - imported only when torch is such a build and no target spec names
-the GPUs. That import costs 1-3 s in a fresh process (nothing inside a training process, which has
-imported torch already); `torch.cuda.get_device_capability` then initialises the CUDA runtime, which
-the training run does anyway.
-
-The transformers models this process uses, read from sys.modules only (nothing is imported): the
-model types whose modeling module is imported, and the head shapes (config class defaults) of the
-gated-delta-rule models whose configuration module is.
-"""
+"""The probe: this machine's facts read into an `Environment`, cheaply - versions from dist-info names,
+torch's CUDA/HIP/XPU build from `torch/version.py` as text, the transformers models in use from sys.modules.
+torch is imported only to list the GPUs, where it is such a build and no target poses them: 1-3 s in a
+fresh process, nothing in a training process (which has imported torch and initialises CUDA anyway).
+Posed facts (FASTPATH_HOOKS_TARGET) replace what is probed."""
 
 from __future__ import annotations
 
@@ -31,16 +13,13 @@ from dataclasses import replace
 from .._names import cache_root, default_cache_root
 from . import memory, wheels
 from .distributions import scan, site_packages
-from .environment import Environment
+from .environment import Environment, parse_target
 from .host import (find_hipcc, find_nvcc, find_uv, glibc, mem_available_gib, normal_arch, nvcc_release,
                    pip_index_config, toolkit_version, usable_cpus)
 from .hub import hub_facts
-from .wheels import find_links_dir
-from .environment import parse_target
+from .pins import load
 
-
-# Distributions watched besides the ones the pins name (watched_distributions): the installer uv, and
-# the hub's `kernels` (transformers' is_kernels_available).
+# watched besides the pins' distributions: the installer uv, the hub's `kernels` (is_kernels_available)
 _ALSO_WATCHED = ("uv", "kernels")
 
 
@@ -54,8 +33,6 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
     """`pins`: the loaded pins (which distributions provide triton); default the shipped ones.
     `found`: a `scan()` of sys.path already made (the installer's, after an install), else one is made."""
     if pins is None:
-        from .pins import load
-
         pins = load(None)
     posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     found, duplicates = scan() if found is None else found
@@ -63,7 +40,7 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
     gpus, gpu_source, cxx11_abi = visible_gpus(torch_info, posed, allow_torch_import)
 
     uname = os.uname() if hasattr(os, "uname") else None
-    real = {
+    facts = {
         "python": "%d.%d.%d" % sys.version_info[:3],
         "os": {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform),
         "arch": normal_arch(uname.machine if uname else os.environ.get("PROCESSOR_ARCHITECTURE", "")),
@@ -77,19 +54,14 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         "hipcc": find_hipcc(),
         "cpus": usable_cpus(),
     }
-    facts = dict(real)
-    for key in ("python", "os", "arch", "glibc", "torch", "cuda", "hip", "xpu", "cxx11_abi", "uv", "hipcc", "cpus"):
-        if key in posed:
-            facts[key] = posed[key]
-    if isinstance(facts["hipcc"], bool):
-        facts["hipcc"] = "posed" if facts["hipcc"] else None
+    facts.update((key, value) for key, value in posed.items() if key in facts)
+    for key in ("hipcc", "uv"):
+        if isinstance(facts[key], bool):
+            facts[key] = "posed" if facts[key] else None
     if "cuda" in posed and posed["cuda"] and "hip" not in posed:
         facts["hip"] = None
     if "hip" in posed and posed["hip"] and "cuda" not in posed:
         facts["cuda"] = None
-    if isinstance(facts["uv"], bool):
-        facts["uv"] = "posed" if facts["uv"] else None
-
     if "gpus" in posed:
         gpus, gpu_source = posed["gpus"], "target"
         if facts["xpu"] is False and "xpu" in gpus:
@@ -164,18 +136,15 @@ def _normal(path: str) -> str:
 
 
 def after_install(env: Environment, settings, pins, found) -> Environment:
-    """`env` as `probe` would find it after an install changed distributions (and perhaps the wheel
-    cache): the facts that follow from what is installed are derived again from `found` (the
-    installer's own `scan()` afterwards); the machine's own facts (GPUs, torch's build, the
-    compilers) stay as probed - an install never changes them (torch & co are protected)."""
+    """`env` as `probe` would find it after an install: what follows from the installed distributions is
+    derived again from `found` (the installer's `scan()`); the machine's own facts (GPUs, torch's build,
+    the compilers) stay as probed - an install never changes them (torch & co are protected)."""
     posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     return _with_distributions(env, found[0], found[1], posed, settings, pins)
 
 
 def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: dict, settings, pins) -> Environment:
     """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
-    from .._names import cache_root
-
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
     nvcc = find_nvcc(dists)
     nvcc_version = toolkit_version(nvcc)
@@ -189,18 +158,12 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         else:
             nvcc = "posed"
             nvcc_version = None if posed["nvcc"] == "posed" else posed["nvcc"]
-    for name, version in posed.get("distributions", {}).items():
+    for name, version in {**posed.get("distributions", {}), **{k: posed[k] for k in ("torch",) if k in posed}}.items():
         if version is None:
             dists.pop(name, None)
         else:
             dists[name] = version
-    if "torch" in posed:
-        if posed["torch"] is None:
-            dists.pop("torch", None)
-        else:
-            dists["torch"] = posed["torch"]
-    facts = {"hip": env.torch_hip, "xpu": env.torch_xpu}
-    triton, triton_dist = _triton(dists, posed, facts, pins.triton_distributions)
+    triton, triton_dist = _triton(dists, posed, env, pins.triton_distributions)
     if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
         for name in pins.triton_distributions:
             dists.pop(name, None)
@@ -234,13 +197,13 @@ def with_nvcc_version(env: Environment) -> Environment:
     return replace(env, nvcc_version=nvcc_release(env.nvcc))
 
 
-def _triton(dists: dict, posed: dict, facts: dict, names: tuple):
+def _triton(dists: dict, posed: dict, env: Environment, names: tuple):
     if "triton" in posed:
         if posed["triton"] is None:
             return None, None
-        if facts.get("hip"):
+        if env.torch_hip:
             return posed["triton"], "pytorch-triton-rocm"
-        if facts.get("xpu"):
+        if env.torch_xpu:
             return posed["triton"], "pytorch-triton-xpu"
         return posed["triton"], "triton"
     for name in names:
@@ -252,7 +215,7 @@ def _triton(dists: dict, posed: dict, facts: dict, names: tuple):
 def _wheelhouse(find_links) -> tuple:
     names = []
     for location in find_links:
-        path = find_links_dir(location)
+        path = wheels.find_links_dir(location)
         if path is None:
             continue
         try:
