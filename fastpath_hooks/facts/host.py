@@ -1,17 +1,7 @@
-"""This host's own facts besides its GPUs and tools: its CPU architecture (in the wheel tags' spelling),
-its glibc release and the CPU cores this process may use. Standard library only, no process.
-
-The tools this machine has for kernels, found as the kernels' own builds find them (facts: no
-act/ import): nvcc (CUDA_HOME, PATH, the nvcc wheel, /usr/local/cuda) and the CUDA release it is,
-hipcc, uv.
-
-Readers of Linux's /proc: a process's state, group and start time, the boot id, available
-memory. Small reads that never raise: None (or nothing) where there is no /proc.
-
-Whether pip is configured with an index or find-links for `pip install` (PIP_* variables, then the
-pip.conf files in pip's load order): uv ignores that configuration, so the installer choice reads it
-(decide/commands.py).
-"""
+"""This host's own facts, read with the standard library (a process only for `nvcc --version`): its CPU
+architecture in the wheel tags' spelling, glibc, usable cores, available memory; the compilers and uv,
+found as the kernels' own builds find them; Linux's /proc (a process's state, group and start time, the
+boot id), never raising; and whether pip is configured with an index or find-links, which uv ignores."""
 
 from __future__ import annotations
 
@@ -20,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+import sysconfig
 
 
 def normal_arch(machine: str) -> str:
@@ -72,7 +63,6 @@ def toolkit_version(nvcc: str | None) -> str | None:
     no process. None when there is none (then `nvcc --version`, on demand)."""
     if not nvcc or not os.path.isfile(nvcc):
         return None
-
     path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
     try:
         with open(path, encoding="utf-8") as fh:
@@ -83,23 +73,25 @@ def toolkit_version(nvcc: str | None) -> str | None:
     return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
 
 
-def find_hipcc() -> str | None:
-    for var in ("ROCM_HOME", "ROCM_PATH"):
+def _tool(variables: tuple, name: str) -> str | None:
+    """bin/<name> under the first of `variables` (toolkit homes) that has it, else on PATH."""
+    for var in variables:
         home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "hipcc")):
-            return os.path.join(home, "bin", "hipcc")
-    return shutil.which("hipcc") or ("/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
+        if home and os.path.isfile(os.path.join(home, "bin", name)):
+            return os.path.join(home, "bin", name)
+    return shutil.which(name)
+
+
+def find_hipcc() -> str | None:
+    return _tool(("ROCM_HOME", "ROCM_PATH"), "hipcc") or (
+        "/opt/rocm/bin/hipcc" if os.path.isfile("/opt/rocm/bin/hipcc") else None)
 
 
 def find_nvcc(dists: dict) -> str | None:
     """Mirror fla's has_usable_nvcc(): CUDA_HOME/CUDA_PATH, PATH, the nvcc wheel, /usr/local/cuda."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    which = shutil.which("nvcc")
-    if which:
-        return which
+    found = _tool(("CUDA_HOME", "CUDA_PATH"), "nvcc")
+    if found:
+        return found
     nvcc_wheel = dists.get("nvidia-cuda-nvcc")
     if nvcc_wheel and nvcc_wheel.split(".")[0].isdigit() and int(nvcc_wheel.split(".")[0]) >= 13:
         return f"nvidia-cuda-nvcc {nvcc_wheel}"
@@ -111,8 +103,6 @@ def find_nvcc(dists: dict) -> str | None:
 def find_uv() -> str | None:
     """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
     Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
-    import sysconfig
-
     for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
         candidate = os.path.join(directory, "uv")
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
