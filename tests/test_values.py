@@ -23,7 +23,7 @@ from fastpath_hooks.decide.plan import Action, Decision, OnFailure, Step, StepKi
 from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.engine.outcome import BAD, CHANGED, GOOD, Outcome, OutcomeState
 from fastpath_hooks.facts import pins as pins_module
-from fastpath_hooks.facts.distributions import FrozenMap, FrozenSpecifierSet, freeze, thaw
+from fastpath_hooks.facts.frozen import FrozenMap, FrozenSpecifierSet, freeze, thaw
 from fastpath_hooks.facts.probe import probe
 from fastpath_hooks.facts.settings import Settings
 
@@ -94,7 +94,7 @@ def assert_read_only(value, path: str = "value", seen: set | None = None) -> int
             _refuses(lambda: delattr(value, name), f"del {path}.{name}")
             count += assert_read_only(getattr(value, name), f"{path}.{name}", seen)
         return count
-    pytest.fail(f"{path}: a {type(value).__name__} is not known to be read-only; freeze it (facts/distributions.py) "
+    pytest.fail(f"{path}: a {type(value).__name__} is not known to be read-only; freeze it (facts/frozen.py) "
                 "or teach this walker why it is")
 
 

@@ -44,7 +44,7 @@ from ..decide.commands import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
 from ..decide.policy import deps_with_wheels
 from ..facts.distributions import canonical_name, scan, site_packages
-from ..facts.distributions import FrozenMap, freeze_fields
+from ..facts.frozen import FrozenMap, freeze_fields
 from .fetch import FetchError, fetch_wheel
 from .installer import (InstallError, InstallResult, REMEMBERED, _build_step, _cache_wheel, _check_changes,
                         _check_result, _restart_advised, _run_step, _versions, allowed_steps, index_wheel)

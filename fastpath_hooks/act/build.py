@@ -38,7 +38,7 @@ from ..decide.commands import build_argv
 from ..decide.wheel_fit import cxx11_abi_flag
 from ..events import shown_path
 from ..facts import memory, wheels as cached_wheels
-from ..facts.distributions import FrozenMap, freeze_fields
+from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
 from . import compiler_wrapper, nvcc_speed

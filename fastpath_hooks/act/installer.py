@@ -41,7 +41,7 @@ from ..decide.commands import choose_installer, constraints, invocation, step_na
 from ..decide.plan import StepKind
 from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, scan, site_packages
-from ..facts.distributions import FrozenMap, freeze_fields, thaw
+from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
 from . import wheelcache
 from .build import BuildError, run_build

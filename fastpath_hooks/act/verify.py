@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from .._names import cache_root_from_environ
-from ..facts.distributions import thaw
+from ..facts.frozen import thaw
 from . import store
 from .gdr_check import record_warm, summary
 from .runner import child_environ, run

@@ -9,7 +9,8 @@ from functools import cached_property
 from packaging.requirements import InvalidRequirement, Requirement
 
 from ..events import TextEnum
-from ..facts.distributions import FrozenMap, FrozenSpecifierSet, canonical_name, freeze_fields, thaw
+from ..facts.distributions import canonical_name
+from ..facts.frozen import FrozenMap, FrozenSpecifierSet, freeze_fields, thaw
 from ..facts.wheels import parse_wheel, wheel_distribution
 
 

@@ -18,7 +18,8 @@ from packaging.version import InvalidVersion, Version
 
 from .._names import PINS
 from .._registry import PinsFileError, read_pins_file, registry
-from .distributions import FrozenMap, canonical_name, freeze_fields, thaw
+from .distributions import canonical_name
+from .frozen import FrozenMap, freeze_fields, thaw
 from .host import normal_arch
 from .pins import SHIPPED, PinsError, load
 

@@ -32,7 +32,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .._registry import REGISTRY, PinsFileError, read_pins_file
-from .distributions import FrozenSpecifierSet, canonical_name, freeze
+from .distributions import canonical_name
+from .frozen import FrozenSpecifierSet, freeze
 from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, TENSORS, WHEEL_FIELDS, ArchRule, Archs, BrokenPair,
                           CxxStandard, Hazard, HubRules, KernelRelease, KernelSpec, PackedPackage, PackedSequences,
                           Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Warm, same_version)

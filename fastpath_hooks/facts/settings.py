@@ -1,25 +1,21 @@
-"""Every FASTPATH_HOOKS_* environment variable, parsed and validated in one place.
-
-`Settings.from_env()` never half-succeeds: it returns a complete, immutable
-`Settings` or raises `SettingsError` listing every bad variable with its value
-and what would be accepted. A variable set to an empty (or blank) value counts
-as unset (`ENV FASTPATH_HOOKS_X=` in a Dockerfile means "default").
-"""
+"""Every FASTPATH_HOOKS_* environment variable, parsed and validated in one place. `Settings.from_env()`
+returns a complete, immutable `Settings` or raises `SettingsError` listing every bad variable, its value
+and what is accepted. A blank value counts as unset (`ENV FASTPATH_HOOKS_X=` in a Dockerfile: the default)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
-# The start-up path's raw readers (_names) give the values of the variables it reads before the
-# settings are parsed; settings only adds the validation, so the two cannot disagree.
+# the start-up path's raw readers (_names, _environ) give the values; settings adds the validation only
 from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
 from .._names import TRUE_VALUES as _TRUE
 from .._names import disabled
 from .._registry import REGISTRY, listed, pins_file_size_problem, registry
 from .._names import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
-from .distributions import FrozenMap, canonical_name
+from .distributions import canonical_name
+from .frozen import FrozenMap, thaw
 from .environment import parse_target
 
 MODES = ("install", "report")
@@ -30,11 +26,6 @@ _FALSE = ("",) + FALSE_VALUES
 DEFAULT_TIMEOUT = 900.0
 DEFAULT_LOCK_TIMEOUT = 1800.0
 DEFAULT_RETRY_AFTER = 3600.0
-
-
-def kernel_names(reg) -> tuple:
-    """The kernels of a registry, in the order they are listed (_registry.listed)."""
-    return listed(reg)
 
 
 def kernel_aliases(reg) -> dict:
@@ -63,7 +54,7 @@ def variables(reg) -> dict:
     return out
 
 
-KERNELS = kernel_names(REGISTRY)
+KERNELS = listed(REGISTRY)
 KERNEL_ALIASES = kernel_aliases(REGISTRY)
 _COMPILED = tuple(k for k in KERNELS if REGISTRY[k]["kind"] == "compiled")
 
@@ -131,12 +122,11 @@ class Settings:
     wheel_urls: FrozenMap = field(default_factory=FrozenMap)   # kernel -> its release-wheel mirror (registry `mirror`)
     retry_after: float = DEFAULT_RETRY_AFTER
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    # FASTPATH_HOOKS_CACHE_DIR given but unusable (cannot be created or written, relative): why, in one
-    # sentence; cache_dir is then None - the default root - and this is said once (a warning, not an error)
+    # FASTPATH_HOOKS_CACHE_DIR given but unusable (relative, cannot be created or written): why, in one sentence;
+    # cache_dir is then None (the default root), said once as a warning
     cache_dir_unusable: str | None = None
-    # the same as (the value given, why it is unusable, the root used instead): what the one line says, short
-    cache_dir_refused: tuple = field(default=(), compare=False)
-    # Variables the user set (names only): lets reports tell defaults from choices.
+    cache_dir_refused: tuple = field(default=(), compare=False)   # (value given, why, root used): the short line
+    # the variables the user set: reports tell defaults from choices
     explicit: frozenset = field(default=frozenset(), compare=False)
 
     @classmethod
@@ -182,7 +172,7 @@ class Settings:
                 for kernel, variable in mirror_variables(reg).items()}
         if any(urls.values()):
             values["wheel_urls"] = FrozenMap((k, u) for k, u in urls.items() if u)
-        parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", _seconds_or_zero)
+        parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", lambda raw: _seconds(raw, zero=True))
         parse("FASTPATH_HOOKS_LOCK_TIMEOUT", "lock_timeout", _seconds)
 
         known = variables(reg)
@@ -223,29 +213,10 @@ class Settings:
         return replace(self, target=spec)
 
     def public(self) -> dict:
-        """A JSON-ready view (for doctor/plan reports)."""
-        return {
-            "disable": self.disable,
-            "skip": sorted(self.skip),
-            "mode": self.mode,
-            "find_links": list(self.find_links),
-            "offline": self.offline,
-            "index_url": self.index_url,
-            "installer": self.installer,
-            "timeout": self.timeout,
-            "allow_build": self.allow_build != "0",
-            "allow_build_mode": self.allow_build,
-            "split_compile": self.split_compile,
-            "wheel_index": None if self.wheel_index is None else list(self.wheel_index),
-            "cache_dir": self.cache_dir,
-            "cache_dir_unusable": self.cache_dir_unusable,
-            "pins_file": self.pins_file,
-            "target": self.target,
-            "log": self.log,
-            "wheel_urls": dict(self.wheel_urls),
-            "retry_after": self.retry_after,
-            "lock_timeout": self.lock_timeout,
-        }
+        """A JSON-ready view (for doctor/plan reports): the compared fields, allow_build as a bool and its mode."""
+        data = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.compare}
+        data.update(allow_build=self.allow_build != "0", allow_build_mode=self.allow_build)
+        return data
 
 
 def parse_bool(raw: str) -> bool:
@@ -317,7 +288,7 @@ def kernels_named(name: str, reg=None) -> tuple:
     """The kernels a name of a kernel list means: any spelling of a kernel or an alias (PEP 503:
     `Causal.Conv1d`), or `all`; ValueError naming the closest known one."""
     reg = registry() if reg is None else reg
-    kernels, aliases = kernel_names(reg), kernel_aliases(reg)
+    kernels, aliases = listed(reg), kernel_aliases(reg)
     low = name.strip().lower()
     if low == "all":
         return tuple(kernels)
@@ -334,7 +305,7 @@ def normalize_kernel(name: str, reg=None) -> str:
     try:
         return kernel_aliases(reg)[name.strip().lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(kernel_names(reg))}") from None
+        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(listed(reg))}") from None
 
 
 def _choice(options):
@@ -346,23 +317,15 @@ def _choice(options):
     return parse
 
 
-def _seconds(raw: str) -> float:
+def _seconds(raw: str, zero: bool = False) -> float:
+    says = ("expected a number of seconds >= 0 (0 retries at once), e.g. 3600" if zero else
+            "expected a number of seconds greater than 0, e.g. 600")
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError("expected a number of seconds greater than 0, e.g. 600") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError("expected a number of seconds greater than 0, e.g. 600")
-    return value
-
-
-def _seconds_or_zero(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("expected a number of seconds >= 0 (0 retries at once), e.g. 3600") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError("expected a number of seconds >= 0 (0 retries at once), e.g. 3600")
+        raise ValueError(says) from None
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        raise ValueError(says)
     return value
 
 
