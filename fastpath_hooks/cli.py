@@ -148,7 +148,7 @@ def _kernels(names):
 def _snapshot(settings, pins, *, sources: bool = False):
     """(env, plan, installed). `sources` (doctor, plan): where transformers 5.25+ on an accelerator takes kernels
     from the hub at from_pretrained, its mapping is imported first, so that the probe reads which functions the
-    hub serves here (facts/hub.py reads it only where transformers is imported) - not for the other commands,
+    hub serves here (facts/probe.py reads it only where transformers is imported) - not for the other commands,
     which need no torch import for it."""
     from .facts.distributions import installed_versions
     from .engine import snapshot

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from .._names import DECORATED, KERNEL_MODULES
-from ..facts.hub import HubEntry, ONLINE, Where
+from ..facts.probe import HubEntry, ONLINE, Where
 from .plan import BLOCK, INSTALL, OK, REPAIR
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from .._names import cache_root
 from ..act.numeric import verify_hub
 from ..decide.common import Context
 from ..decide.hub import choose as decide_choices, served_kernels
-from ..facts.hub import CACHE, ONLINE, device_type, entries, key_type, locate
+from ..facts.probe import CACHE, ONLINE, device_type, entries, key_type, locate
 from .context import load_context
 from .world import World
 _lock = threading.Lock()

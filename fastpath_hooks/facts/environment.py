@@ -66,7 +66,7 @@ class Environment:
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/memory.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
-    # transformers 5.25+ on an accelerator (facts/hub.py): its mapping's entries of the managed functions,
+    # transformers 5.25+ on an accelerator (facts/probe.py): its mapping's entries of the managed functions,
     # (name, repo, layer, version, revision, kernel, modes); ref -> (how, detail): where each loads from here
     hub_entries: tuple = ()
     hub_where: FrozenMap = field(default_factory=FrozenMap)
