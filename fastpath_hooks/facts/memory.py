@@ -1,20 +1,9 @@
-"""What earlier runs on this machine left in the cache, read back (facts): the source builds and the numeric checks.
-
-The builds, for the estimates.
-
-Every finished build appends one JSON line to `<cache root>/builds/history.jsonl` (act/build.py):
-the distribution and version, the archs, the cores it had, MAX_JOBS, the --split-compile threads,
-its measured seconds, the host. The policy's estimate (decide/builds.py `build_estimate`) takes this
-machine's last build of a distribution instead of the pins' figure, so `doctor`, the line before a
-build and its heartbeat say what this machine took, not what another one did. A shared cache
-directory holds several hosts' builds; only this host's are read. `cache clear` leaves it.
-
-The numeric checks' records: what act/numeric.py remembered, read by the probe.
-
-`<cache root>/numeric/<kernel>.json`: {key: {state: good|mismatch, detail, version, arch, torch_build, ...}},
-one key per (installed files, GPU arch, torch build); shared by every environment of the user. The
-probe hands the mismatches to the policy, which blocks that release on that arch under that torch build.
-"""
+"""What earlier runs on this machine left in the cache, read back. The source builds (act/build.py appends
+one JSON line per finished build to `<cache root>/builds/history.jsonl`): the estimates take this host's
+last build of a distribution over the pins' figure, so `doctor` and a build's lines say what this machine
+took; a shared cache holds several hosts', and `cache clear` leaves them. The numeric checks' records
+(`<cache root>/numeric/<kernel>.json`, {key: {state, detail, version, arch, torch_build, ...}}, one key per
+installed files, GPU arch and torch build): the policy blocks a mismatching release there."""
 
 from __future__ import annotations
 
@@ -22,16 +11,13 @@ import json
 import os
 import socket
 
-
-BUILDS = "builds"
-FILE = "history.jsonl"
 KEEP = 64                 # records read (the newest); the file is cut back to this when it grows past 4x
 FIELDS = ("distribution", "version", "kernel", "archs", "n_archs", "cores", "cpus", "jobs", "split", "seconds",
           "nvcc", "launcher", "concurrent", "host", "when")
 
 
 def builds_path(root: str) -> str:
-    return os.path.join(root, BUILDS, FILE)
+    return os.path.join(root, "builds", "history.jsonl")
 
 
 def host() -> str:
@@ -63,12 +49,11 @@ def read_builds(root: str | None, this_host: str | None = None) -> tuple:
     return tuple(out[-KEEP:])
 
 
-NUMERIC = "numeric"
 GOOD, MISMATCH = "good", "mismatch"
 
 
 def numeric_path(root: str, kernel: str) -> str:
-    return os.path.join(root, NUMERIC, f"{kernel}.json")
+    return os.path.join(root, "numeric", f"{kernel}.json")
 
 
 def read_records(path: str) -> dict:

@@ -17,11 +17,10 @@ from .distributions import canonical_name
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "pins.json")
 SOURCE_KINDS = ("measured", "reported", "upstream")
-# pure: wheels at pinned releases (fla); pair: two distributions pinned together, serving another
-# kernel (tilelang + apache-tvm-ffi); compiled: sdists with hard-coded -gencode pairs, release wheels
-# on GitHub for some torch builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm);
-# backend: pure-Python wheels that the kernel they serve dispatches to by itself whenever they are
-# importable (flash-qla under fla), so they are installed only where they are right and turned off
+# pure: wheels at pinned releases (fla); pair: two distributions pinned together, serving another kernel
+# (tilelang + apache-tvm-ffi); compiled: sdists with hard-coded -gencode pairs, release wheels for some torch
+# builds, arch-restricted source builds otherwise (causal-conv1d, mamba-ssm); backend: wheels the kernel they
+# serve dispatches to whenever importable (flash-qla under fla): installed only where right, turned off
 # through the served kernel's switch, never blocked.
 KINDS = ("pure", "pair", "compiled", "backend")
 ACCELERATORS = ("cuda", "rocm", "xpu")
@@ -45,6 +44,14 @@ class PinsError(ValueError):
 def m(default=MISSING, factory=MISSING, **checks):
     """A field and what the pins data may hold for it (facts/pins.py reads `checks`)."""
     return field(default=default, default_factory=factory, metadata=checks)
+
+
+def _contains(spec, version, unknown: bool) -> bool:
+    """`version` in `spec`, pre-releases included; `unknown` for a version that is not PEP 440."""
+    try:
+        return spec.contains(Version(str(version)), prereleases=True)
+    except InvalidVersion:
+        return unknown
 
 
 def _sm(text) -> bool:
@@ -121,12 +128,11 @@ class Pays:
 
 @dataclass(frozen=True)
 class Warm:
-    """The gated-delta-rule check and warm-up a kernel's verification child runs (act/gdr_check.py):
-    the check's sequence length, the sequence lengths warmed (each JIT variant the model's training
-    shapes reach: short ones without, long ones with a backend's intra-card split), the head counts and
-    dims used where the model's are not known, and the tolerances (relative RMS error vs a float32
-    recurrence, as fla's tests measure it; or within `slack` times the served kernel's own error; none:
-    the kernel is run and warmed, its errors only reported)."""
+    """The gated-delta-rule check and warm-up a kernel's verification child runs: the check's sequence
+    length, the lengths warmed (each JIT variant the model's training shapes reach: short ones without, long
+    ones with a backend's intra-card split), heads and dims where the model's are not known, and tolerances
+    (relative RMS error vs a float32 recurrence, as fla's tests measure it, or within `slack` times the
+    served kernel's own; none: run and warmed, errors only reported)."""
     check_seq: int = m(ok=lambda x: x > 0, says="expected a positive integer (the check's sequence length)")
     seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)", **_SOME)
     heads: tuple[int, ...] = m(**_DIMS)       # (key heads, value heads)
@@ -214,16 +220,14 @@ class KernelSpec:
                                    key_says="expected an environment variable name such as TRITON_CACHE_DIR",
                                    ok=_subdirectory, says="expected the name of a subdirectory of fastpath-hooks' JIT cache")
     warm: Warm | None = m(None)     # the gated-delta-rule check/warm-up its verification runs, where decided
-    # its kind's data
-    # pure, backend: PureRelease, newest preferred first; compiled: KernelRelease
+    # its kind's data; releases: PureRelease (pure, backend; newest preferred first) or KernelRelease (compiled)
     releases: tuple = m((), hand=True, kinds=("pure", "compiled", "backend"))
     pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # preferred first
     broken: tuple[BrokenPair, ...] = m((), kinds=("pair",), **_SOME)
     archs: Archs | None = m(None, kinds=("backend",), req=True)
     head_dims: HeadDims | None = m(None, kinds=("backend",), req=True)
     pays: Pays | None = m(None, kinds=("backend",), req=True)
-    # rules as data (docs/builds.md)
-    # its numbers against torch references on the GPU (any kind but a backend)
+    # rules as data (docs/builds.md): its numbers against torch references on the GPU (any kind but a backend)
     numeric_checks: tuple[NumericCheck, ...] = m((), kinds=("pure", "compiled", "pair"), **_SOME)
     # compiled: code an nvcc release gets wrong for a GPU
     arch_rules: tuple[ArchRule, ...] = m((), kinds=("compiled",), **_SOME)
@@ -275,13 +279,11 @@ _KNOWN = f"known placeholders: {', '.join(INDEX_FIELDS)}"
 
 @dataclass(frozen=True)
 class WheelIndex:
-    """A PEP 503/691 package index with one channel per CUDA release that publishes prebuilt wheels of
-    a compiled kernel (Astral's layout: `<host>/simple/<channel>/<project>/`). A wheel is taken from it
-    only when its version is a pinned release with the local label `local` spells for this torch
-    build, its tags fit this Python and platform, and its sha256 is the one the index lists.
-    `url`, `channel` and `local` are templates: {channel}, {project}, {cuda} (torch.version.cuda,
-    13.0), {cuda_nodot} (130), {torch_mm} (2.11). Its builds hold every arch the sdist's -gencode
-    table gives that CUDA release, and use the cxx11 ABI `cxx11_abi` (where `torch` holds)."""
+    """A PEP 503/691 index with one channel per CUDA release of prebuilt wheels of a compiled kernel (Astral's
+    layout: `<host>/simple/<channel>/<project>/`). A wheel is taken only at a pinned release with the local
+    label `local` spells for this torch build, tags that fit here and the sha256 the index lists. `url`,
+    `channel` and `local` are templates: {channel}, {project}, {cuda} (13.0), {cuda_nodot} (130), {torch_mm}
+    (2.11). Its builds hold every arch the sdist's -gencode table gives that CUDA release, with `cxx11_abi`."""
     name: str = m(unique=True, ok=lambda n: n.replace("-", "").isalnum() and n.lower() == n,
                   says="a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
     url: str = m(ok=_index_url, says=f"an http(s):// or file:// template of the project page, with {{project}}, ending in /; "
@@ -362,14 +364,7 @@ class ArchRule:
 
     def applies(self, gpu: str, nvcc_version) -> bool:
         """On `gpu`, with code from nvcc `nvcc_version` (None: unknown - the rule applies, failing closed)."""
-        if gpu != self.gpu:
-            return False
-        if nvcc_version is None:
-            return True
-        try:
-            return self.nvcc.contains(Version(str(nvcc_version)), prereleases=True)
-        except InvalidVersion:
-            return True
+        return gpu == self.gpu and (nvcc_version is None or _contains(self.nvcc, nvcc_version, unknown=True))
 
 
 @dataclass(frozen=True)
@@ -400,10 +395,9 @@ class NumericCheck:
 
 @dataclass(frozen=True)
 class CudaSwitch:
-    """A release whose compiled CUDA extension is built only when `env` is set (mamba-ssm main, #977:
-    MAMBA_KEEP_CUDA_BUILD=TRUE). `releases`: the versions that have the switch; `needed_by`: the model
-    types whose modeling code calls that extension (transformers' Mamba-1 families); the others use
-    only its Triton ops, so where only they are in use the build compiles nothing."""
+    """A release whose CUDA extension is built only when `env` is set (mamba-ssm main, #977:
+    MAMBA_KEEP_CUDA_BUILD=TRUE) for `releases`; `needed_by`: the model types whose modeling code calls it
+    (transformers' Mamba-1 families) - where only the others are in use, the build compiles nothing."""
     env: dict[str, object] = m(conv=str, nonempty="expected the variable that turns the CUDA build on")
     releases: SpecifierSet
     needed_by: tuple[str, ...]
@@ -411,10 +405,7 @@ class CudaSwitch:
     source: str
 
     def applies(self, version) -> bool:
-        try:
-            return self.releases.contains(Version(str(version)), prereleases=True)
-        except InvalidVersion:
-            return False
+        return _contains(self.releases, version, unknown=False)
 
 
 @dataclass(frozen=True)
@@ -528,7 +519,6 @@ class Pins:
         base = self.source_builds[kernel]
         if version is None or (base.version is not None and same_version(base.version, version)):
             return base
-
         rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
         return replace(base, requirement=f"{base.distribution}=={version}",
                        cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
@@ -550,13 +540,11 @@ class Pins:
 
     def broken_for(self, kernel: str, version: str, companion: str, archs) -> BrokenPair | None:
         for entry in self.kernels[kernel].broken:
-            if not same_version(entry.version, version):
-                continue
-            if not any(same_version(v, companion) for v in entry.companions):
-                continue
-            if entry.arch == "*" or entry.arch in archs:
+            if (same_version(entry.version, version) and any(same_version(v, companion) for v in entry.companions)
+                    and (entry.arch == "*" or entry.arch in archs)):
                 return entry
         return None
+
 
 def same_version(a: str, b: str) -> bool:
     """Version equality that never raises (a dist-info can carry any string)."""
