@@ -315,7 +315,8 @@ class _Loader:
         return replace(spec, module=spec.modules[0], releases=releases)
 
 
-_KIND_KEYS = tuple((f.name, f.metadata["kinds"]) for f in fields(KernelSpec) if "kinds" in f.metadata) + (("release", ("compiled",)), ("source_build", ("compiled",)))
+_KIND_KEYS = (tuple((f.name, f.metadata["kinds"]) for f in fields(KernelSpec) if "kinds" in f.metadata)
+              + (("release", ("compiled",)), ("source_build", ("compiled",))))
 
 
 # -- the values a field's type does not say all of (`form`; `after`: the checks across a record's fields) --

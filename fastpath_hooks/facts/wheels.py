@@ -70,11 +70,8 @@ def choose(files, project: str, version: str, *, python: str, arch: str, glibc: 
     py = "cp" + "".join(python.split(".")[:2])
     for item in files:
         parsed = parse_wheel(item["filename"])
-        if parsed is None:
-            continue
-        if parsed.distribution != canonical_name(project) or parsed.version != want:
-            continue
-        if any(_fits(t, py, arch, glibc) for t in parsed.tags):
+        if (parsed is not None and parsed.distribution == canonical_name(project) and parsed.version == want
+                and any(_fits(t, py, arch, glibc) for t in parsed.tags)):
             return item
     return None
 
