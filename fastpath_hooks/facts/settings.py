@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
+from urllib.parse import urlsplit
 
 # the start-up path's raw readers (_names, _environ) give the values; settings adds the validation only
 from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
@@ -158,7 +159,7 @@ class Settings:
         parse("FASTPATH_HOOKS_MODE", "mode", _choice(MODES))
         parse(FIND_LINKS, "find_links", _parse_find_links)
         parse("FASTPATH_HOOKS_OFFLINE", "offline", parse_bool)
-        parse("FASTPATH_HOOKS_INDEX_URL", "index_url", _url(("http", "https", "file")))
+        parse("FASTPATH_HOOKS_INDEX_URL", "index_url", _url)
         parse("FASTPATH_HOOKS_INSTALLER", "installer", _choice(INSTALLERS))
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
         parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
@@ -168,8 +169,7 @@ class Settings:
         parse(PINS, "pins_file", _readable_file)
         parse("FASTPATH_HOOKS_TARGET", "target", lambda raw: _target_spec(raw, get(PINS)))
         parse(LOG, "log", _log_level)
-        urls = {kernel: parse(variable, None, _url(("http", "https", "file")))
-                for kernel, variable in mirror_variables(reg).items()}
+        urls = {kernel: parse(variable, None, _url) for kernel, variable in mirror_variables(reg).items()}
         if any(urls.values()):
             values["wheel_urls"] = FrozenMap((k, u) for k, u in urls.items() if u)
         parse("FASTPATH_HOOKS_RETRY_AFTER", "retry_after", lambda raw: _seconds(raw, zero=True))
@@ -263,7 +263,7 @@ def parse_wheel_index(raw: str) -> tuple:
                 "index with that layout")
     if "://" in text:
         try:
-            url = _url(("http", "https", "file"))(text)
+            url = _url(text)
         except ValueError:
             raise ValueError(accepted) from None
         return ("url", url if url.endswith("/") else url + "/")
@@ -329,17 +329,15 @@ def _seconds(raw: str, zero: bool = False) -> float:
     return value
 
 
-def _url(schemes):
-    def parse(raw: str) -> str:
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(raw)
-        if parts.scheme not in schemes or not (parts.netloc or parts.scheme == "file"):
-            raise ValueError(f"expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
-        if any(c.isspace() for c in raw):
-            raise ValueError(f"a URL cannot contain spaces; expected a URL starting with {' or '.join(s + '://' for s in schemes)}")
-        return raw
-    return parse
+def _url(raw: str) -> str:
+    """An http(s):// or file:// URL."""
+    starts = " or ".join(s + "://" for s in ("http", "https", "file"))
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.scheme == "file"):
+        raise ValueError(f"expected a URL starting with {starts}")
+    if any(c.isspace() for c in raw):
+        raise ValueError(f"a URL cannot contain spaces; expected a URL starting with {starts}")
+    return raw
 
 
 def _log_level(raw: str) -> str:
