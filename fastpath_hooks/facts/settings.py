@@ -9,15 +9,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 from urllib.parse import urlsplit
 
-# the start-up path's raw readers (_names, _environ) give the values; settings adds the validation only
-from .._names import CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS
-from .._names import TRUE_VALUES as _TRUE
-from .._names import disabled
+# the start-up path's raw readers (_names) give the values; settings adds the validation only
+from .._names import (CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS,
+                      TRUE_VALUES as _TRUE, cache_dir_given, cache_dir_problem, default_cache_root, disabled,
+                      find_links_given, log_level)
 from .._registry import REGISTRY, listed, pins_file_size_problem, registry
-from .._names import cache_dir_given, cache_dir_problem, default_cache_root, find_links_given, log_level
 from .distributions import canonical_name
-from .frozen import FrozenMap, thaw
 from .environment import parse_target
+from .frozen import FrozenMap, thaw
 
 MODES = ("install", "report")
 BUILD_MODES = ("auto", "1", "0")
