@@ -99,7 +99,7 @@ out["installed"] = hooks.installed()
 ''',
     # the package breaks under a running process (an upgrade): the import proceeds, one line says why
     "broken-importer": '''
-sys.modules["fastpath_hooks.hooks.importer"] = None
+sys.modules["fastpath_hooks.engine"] = None
 out["fla"] = provided("fla")
 out["causal_conv1d"] = provided("causal_conv1d")
 ''',
@@ -201,7 +201,7 @@ def test_an_internal_error_on_the_import_path_is_one_line_and_the_import_proceed
     assert out["fla"] is True and out["causal_conv1d"] is True
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("fastpath-hooks: internal error, leaving this import alone: "
-                                                   "ModuleNotFoundError: import of fastpath_hooks.hooks.importer"), err
+                                                   "ModuleNotFoundError: import of fastpath_hooks.engine"), err
 
 
 def test_the_stand_in_reads_disable_as_the_settings_do():

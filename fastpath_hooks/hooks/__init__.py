@@ -1,36 +1,33 @@
-"""install() / uninstall(), the start-up entry and the import finder: the top of the hook layer.
+"""The import hook: install() / uninstall(), the start-up hand-over, and the finder of the watched imports.
 
-This module is what an enabled environment loads at the first watched import (or
-`sitecustomize-entrypoints` at every start), so it holds only what that needs: it
-imports nothing new (`sys` and `_thread` are loaded by then) and puts one finder
-on `sys.meta_path`. The finder returns None
-at once for every name it does not watch; for the ones it does (the registry's kernel modules and
-the gates module: `_names.WATCHED`, and the modules of the kernels a FASTPATH_HOOKS_PINS file adds,
-read at install()), `importer` (loaded then) acts:
+An enabled environment loads this module at the first watched import (or `sitecustomize-entrypoints` at
+every start), so at module level it imports only what is loaded by then (`sys`, `_thread`, _names). The
+finder answers None at once for every name it does not watch (`_names.WATCHED`, and the modules of the
+kernels a FASTPATH_HOOKS_PINS file adds); for the watched ones:
 
-- `fla`, `causal_conv1d`, `tilelang`, `mamba_ssm` (and a user's kernels): before the import resolves -
-  install, repair, or make the import fail with an explanation (era C of transformers
-  chooses kernels with exactly this import, see transformers-eras.md);
-- `transformers.utils.import_utils`: after it executed - wrap the gates;
-- `transformers.integrations.hub_kernels` (5.25+): after it executed - wrap the hub-kernel mapping's getter.
+- a kernel module (`fla`, `causal_conv1d`, ...): before the import resolves, the engine may install or
+  repair it, or block it - the import then fails with an ImportError carrying the reason before any of
+  the kernel's code runs, so transformers keeps its torch path (era C chooses kernels with exactly this
+  import, see transformers-eras.md);
+- `transformers.utils.import_utils`: after it executed, wrap the gates (gates.py);
+- `transformers.integrations.hub_kernels` (5.25+): after it executed, wrap the hub mapping's getter.
 
-What install() decided lives in one object, `HOOKS` (the lock, the finder, the selected
-kernels); the modules below (importer, gates, late) are handed it and never import this
-module, so the hook layer has no import circle. (A separate state module would cost
-install() one more module load - ~0.4 M instructions, a fifth of what install() costs.)
+A failure of ours is said in one line and leaves the import as it would be without fastpath-hooks.
+What install() decided lives in `HOOKS`; gates.py and late.py are handed it and never import this
+module, so the hook layer has no import circle.
 """
 
 import _thread
 import sys
 
-from .._names import GATES_MODULE, HUB_MODULE, PINS, STAND_IN, STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank
+from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, PINS, SERVES, STAND_IN, STARTUP_FORMAT, VOICE,
+                      WATCHED, disabled, local_rank)
 
 
 class Hooks:
-    """What install() decided, handed to the modules that act on it: one lock (held for
-    milliseconds: registering, wrapping, rebinding), the finder in place, the kernels
-    selected (None: all), and whether uninstall() ended it (a start-up stand-in must not
-    install the hooks again then)."""
+    """What install() decided: one lock (held for milliseconds: registering, wrapping, rebinding), the
+    finder in place, the kernels selected (None: all), and whether uninstall() ended it (a start-up
+    stand-in must not install the hooks again then)."""
 
     def __init__(self):
         self.lock = _thread.RLock()
@@ -43,11 +40,6 @@ class Hooks:
 
     def selected(self, kernel) -> bool:
         return self.kernels is None or kernel in self.kernels
-
-    @staticmethod
-    def ours(finder) -> bool:
-        """Whether a sys.meta_path entry is fastpath-hooks' finder."""
-        return isinstance(finder, KernelImportFinder)
 
     @staticmethod
     def internal_error(exc) -> None:
@@ -65,11 +57,8 @@ internal_error = HOOKS.internal_error
 
 
 def activate():
-    """The start-up entry (via hooks/startup.py, or the `sitecustomize` entry point).
-
-    Reads FASTPATH_HOOKS_DISABLE before anything else and never lets an
-    exception reach the interpreter's start.
-    """
+    """The start-up entry (via hooks/startup.py, or the `sitecustomize` entry point): reads
+    FASTPATH_HOOKS_DISABLE first and never lets an exception reach the interpreter's start."""
     try:
         if not disabled():
             install()
@@ -78,11 +67,9 @@ def activate():
 
 
 def resume(fullname, path=None, target=None, *, format=None, **_newer):
-    """Called by the start-up stand-in (hooks/startup.py) at the first watched import, from
-    inside that import: activate - unless install() or uninstall() already decided - then
-    answer the import as the finder would. Never raises into the import. `format`: the
-    stand-in's format; another one (a newer fastpath-hooks wrote the entry) is said in one
-    line, and the hand-over goes on."""
+    """The start-up stand-in's hand-over at the first watched import, from inside that import: activate
+    (unless install() or uninstall() already decided), then answer as the finder would; never raises.
+    A stand-in of another `format` (a newer fastpath-hooks wrote it) is said in one line, and goes on."""
     try:
         if format != STARTUP_FORMAT:
             from ..events import warning
@@ -103,11 +90,11 @@ def install(*, kernels=None, on_event=None):
 
     kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm, flash-qla), a list or one string
     as FASTPATH_HOOKS_SKIP takes it ("causal-conv1d,mamba-ssm"); None = all.
-    on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
-    Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set.
-    A bad FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call
-    already chose their kernels: hooks/late.py decides those kernels and rebinds their choice.
-    A non-callable on_event is a TypeError here, at the call (not a silence at the first event).
+    on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works); a
+    non-callable is a TypeError here, not a silence at the first event.
+    Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set. A bad
+    FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call already chose
+    their kernels: hooks/late.py decides those kernels and rebinds their choice.
     """
     if on_event is not None and not callable(on_event):
         raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
@@ -122,40 +109,29 @@ def install(*, kernels=None, on_event=None):
             from ..events import add_listener
 
             add_listener(on_event)
-        if kernels is None:
-            HOOKS.kernels = None
-        else:
-            from .importer import normalize
-
-            HOOKS.kernels = normalize(kernels)
+        HOOKS.kernels = None if kernels is None else _normalize(kernels)
         finder = HOOKS.finder
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
             _place(finder)
         if _user_pins():
-            finder.watched = _with_user_kernels()   # the modules of the kernels a pins file adds, too
+            finder.watched = _with_user_kernels()
         elif finder.watched is not WATCHED:
             finder.watched = WATCHED
         _quiet_stand_ins()
         gates_module = sys.modules.get(GATES_MODULE)
         if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
-            from .importer import after_gates_import
-
-            after_gates_import(gates_module, HOOKS)
+            _after_gates_import(gates_module)
         hub_module = sys.modules.get(HUB_MODULE)
-        if hub_module is not None:    # transformers 5.25+'s mapping: the same
-            from .importer import after_hub_import
-
-            after_hub_import(hub_module, HOOKS)
+        if hub_module is not None:
+            _after_hub_import(hub_module)
     _claim_voice()
     if _settings_given():
         _check_settings()
-    # An install into this environment killed half-way (or running now) left its journal: rolled back
-    # (engine/jobs.py) before any kernel is imported, whatever FASTPATH_HOOKS_SKIP or kernels= leave
-    # out. One access(2) per site-packages directory of this environment on sys.path (one in a venv):
-    # installs go only to a writable site-packages, so the journal is <site-packages>/act.files.STATE_DIR_NAME/
-    # act.files.JOURNAL (tests/test_interrupted.py keeps the literal equal). Inline, without a helper
-    # function: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it).
+    # An install killed half-way (or running now) left its journal: rolled back (engine/jobs.py) before
+    # any kernel is imported, whatever kernels= leaves out. Inline, one access(2) per site-packages of this
+    # environment: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it). The
+    # path is act.files' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps the literal equal).
     import os
 
     prefix = sys.prefix + os.sep
@@ -174,17 +150,36 @@ def install(*, kernels=None, on_event=None):
     return True
 
 
+def _normalize(kernels) -> frozenset:
+    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes and any spelling
+    (PEP 503); an unknown name is said and ignored - and when none is left, that none is managed."""
+    from .. import events
+    from ..facts.settings import kernel_list_names, kernels_named
+
+    names = [part for item in ([kernels] if isinstance(kernels, str) else kernels)
+             for part in (kernel_list_names(item) if isinstance(item, str) else [item])]
+    out, unknown = set(), []
+    for name in names:
+        try:
+            out.update(kernels_named(name))
+        except (ValueError, AttributeError) as exc:
+            unknown.append(str(exc) if isinstance(exc, ValueError) else f"{name!r} is not a kernel name")
+    for i, why in enumerate(unknown):
+        events.error(f"install(kernels=...): {why}; " + ("ignoring it" if out or i < len(unknown) - 1 else
+                                                         "no kernel is managed"))
+    return frozenset(out)
+
+
 def _with_user_kernels() -> frozenset:
-    """_names.WATCHED and the modules of the kernels a FASTPATH_HOOKS_PINS file adds (its kernels table is read)."""
+    """_names.WATCHED and the modules of the kernels a FASTPATH_HOOKS_PINS file adds."""
     from .._registry import registry, watched_modules
 
     return watched_modules(registry())
 
 
 def _claim_voice() -> None:
-    """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later
-    (DataLoader, pool, Process: they inherit LOCAL_RANK=0 with the environment) stay quiet, while the
-    ranks that a plain script starts with torch.multiprocessing.spawn still speak for themselves."""
+    """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later (they
+    inherit LOCAL_RANK=0) stay quiet, while ranks started by torch.multiprocessing.spawn still speak."""
     import os
 
     marker = os.environ.get(VOICE)
@@ -195,8 +190,8 @@ def _claim_voice() -> None:
 
 
 def _settings_given() -> bool:
-    """Any FASTPATH_HOOKS_* variable besides DISABLE (read above): then validate them at install().
-    The names only (reading every value costs install() a tenth of its instructions)."""
+    """Any FASTPATH_HOOKS_* variable besides DISABLE; the names only (reading every value costs install()
+    a tenth of its instructions)."""
     import os
 
     from .._names import DISABLE, PREFIX
@@ -205,24 +200,20 @@ def _settings_given() -> bool:
 
 
 def _user_pins() -> bool:
-    """A FASTPATH_HOOKS_PINS file is named: it may add kernels whose modules the finder must watch."""
     import os
 
     return bool(os.environ.get(PINS, "").strip())
 
 
 def _check_settings() -> None:
-    """Say a bad variable now, once (the engine stays quiet about it later). Values found valid
-    before are remembered by a marker named after them (<cache>/settings-ok/<digest>), so a
-    start with the same variables costs a digest and a stat, not settings.py's import. A valid
-    FASTPATH_HOOKS_TARGET is said too - every decision of this process is for that machine - once per
-    environment and target, like every line that would repeat at each start (later: the debug log)."""
+    """Say a bad variable now, once. Valid values are remembered by a marker named after them
+    (<cache>/settings-ok/<digest>), so a start with the same variables costs a digest and a stat, not
+    settings.py's import. A valid FASTPATH_HOOKS_TARGET is said too, once per environment and target."""
     try:
         import hashlib
         import os
 
-        from .._names import cache_root_from_environ
-        from .._names import given
+        from .._names import cache_root_from_environ, given
 
         digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
         marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
@@ -247,7 +238,7 @@ def _check_settings() -> None:
         internal_error(exc)
 
 
-_posed: set = set()   # the posed targets this process announced
+_posed: set = set()
 
 
 def _late() -> None:
@@ -261,8 +252,8 @@ def _late() -> None:
 
 
 def uninstall():
-    """Undo install(): finders removed, the original gates back in every module; a start-up
-    stand-in stays quiet from now on (install() turns fastpath-hooks on again)."""
+    """Undo install(): finders removed, the original gates and hub mapping back; a start-up stand-in
+    stays quiet from now on (install() turns fastpath-hooks on again)."""
     with HOOKS.lock:
         HOOKS.ended = True
         _quiet_stand_ins()
@@ -275,11 +266,9 @@ def uninstall():
         unpatch = getattr(sys.modules.get("fastpath_hooks.hooks.gates"), "unpatch", None)
         if unpatch is not None:
             unpatch()
-        unwrap, hub_module = getattr(sys.modules.get("fastpath_hooks.hooks.importer"), "unwrap_hub", None), \
-            sys.modules.get(HUB_MODULE)
-        if unwrap is not None and hub_module is not None:
-            unwrap(hub_module)
-        # (a module another thread is importing right now has decided nothing yet: nothing of it to undo)
+        hub_module = sys.modules.get(HUB_MODULE)
+        if hub_module is not None:
+            _unwrap_hub(hub_module)
         forget = getattr(sys.modules.get("fastpath_hooks.engine"), "forget", None)
         if forget is not None:
             forget()
@@ -294,9 +283,9 @@ def selected(kernel):
 
 
 def _place(finder) -> None:
-    """Put the finder in a start-up stand-in's slot, else first. Never shifts the list: this can
-    run from inside an import (the stand-in's resume), while CPython iterates sys.meta_path -
-    removing an entry there would skip the finder after it."""
+    """Put the finder in a start-up stand-in's slot, else first. Never shifts the list: this can run
+    inside an import (resume) while CPython iterates sys.meta_path, where removing an entry would skip
+    the finder after it."""
     for i, entry in enumerate(sys.meta_path):
         if is_stand_in(entry):
             sys.meta_path[i] = finder
@@ -305,31 +294,240 @@ def _place(finder) -> None:
 
 
 def _quiet_stand_ins() -> None:
-    """Stand-ins still on sys.meta_path (another entry's, or a second enable method) watch nothing:
-    install() / uninstall() decided; they stay where they are, inert."""
+    """Stand-ins still on sys.meta_path (another entry's, or a second enable method) stay, inert."""
     for entry in sys.meta_path:
         if is_stand_in(entry):
             entry.watched = frozenset()
 
 
 def is_stand_in(entry) -> bool:
-    """A start-up stand-in (hooks/startup.py writes a function of that name)."""
     return getattr(entry, "__name__", None) == STAND_IN
 
 
+# -- the finder ---------------------------------------------------------------------------
+
+_busy: set = set()   # (thread, name) while the finder resolves `name` itself: no recursion
+
+
 class KernelImportFinder:
-    """A `sys.meta_path` finder that watches the kernels' top-level module names and the gates module
-    (`watched`: _names.WATCHED and a user's kernels, set by install()), and ignores the rest."""
+    """A `sys.meta_path` finder for the `watched` names (set by install()); it ignores the rest."""
 
     watched = WATCHED
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in self.watched:
             return None
+        key = (_thread.get_ident(), fullname)
+        if key in _busy:
+            return None
+        _busy.add(key)
         try:
-            from .importer import find_spec
-
-            return find_spec(fullname, path, target, HOOKS)
+            if fullname == GATES_MODULE:
+                return _after_import_spec(fullname, path, target,
+                                          lambda module: _after_gates_import(module, just_imported=True))
+            if fullname == HUB_MODULE:
+                return _after_import_spec(fullname, path, target, _after_hub_import)
+            return _before_kernel_import(fullname)
         except Exception as exc:  # never make an import worse than without fastpath-hooks
             internal_error(exc)
             return None
+        finally:
+            _busy.discard(key)
+
+
+def _after_gates_import(module, *, just_imported=False) -> None:
+    """Wrap the gates under the lock, only while installed (an uninstall() may have run since find_spec).
+    just_imported: the module has just executed, so only it holds the gates."""
+    try:
+        with HOOKS.lock:
+            if HOOKS.installed():
+                from . import gates
+
+                gates.patch(module, HOOKS, just_imported=just_imported)
+    except Exception as exc:
+        internal_error(exc)
+
+
+MAPPING = "get_kernel_mapping_transformers"   # transformers 5.25+: the hub-kernel mapping, built on first use
+
+
+def _after_hub_import(module) -> None:
+    """transformers 5.25+: wrap its mapping getter, so that the hub kernels that may serve here are decided
+    when transformers asks for them (engine/hub.py) - on a copy of the mapping."""
+    try:
+        with HOOKS.lock:
+            original = module.__dict__.get(MAPPING)
+            if not HOOKS.installed() or original is None or hasattr(original, "_fastpath_hooks_original"):
+                return
+
+            def get_kernel_mapping_transformers():
+                mapping = original()
+                if not HOOKS.installed():
+                    return mapping
+                try:
+                    from ..engine.hub import choose
+
+                    return choose(mapping)
+                except Exception as exc:   # never make loading worse than without fastpath-hooks
+                    internal_error(exc)
+                    return mapping
+
+            get_kernel_mapping_transformers._fastpath_hooks_original = original
+            module.__dict__[MAPPING] = get_kernel_mapping_transformers
+    except Exception as exc:
+        internal_error(exc)
+
+
+def _unwrap_hub(module) -> None:
+    original = getattr(module.__dict__.get(MAPPING), "_fastpath_hooks_original", None)
+    if original is not None:
+        module.__dict__[MAPPING] = original
+
+
+def _before_kernel_import(fullname):
+    """Ask the engine before a kernel's import resolves: None (the import proceeds) or a spec that fails
+    it with the reason."""
+    modules, serves = KERNEL_MODULES, SERVES
+    if HOOKS.finder is not None and HOOKS.finder.watched is not WATCHED:   # a pins file added kernels
+        from .._registry import kernel_modules, registry, served_modules
+
+        known = registry()
+        modules, serves = kernel_modules(known), served_modules(known)
+    kernel = modules.get(fullname)
+    if kernel is None or not HOOKS.selected(kernel):
+        if kernel is not None:   # not ours to decide - but never imported from a half-written install
+            from ..engine.jobs import pending_journal, recover_now
+
+            if pending_journal():
+                try:
+                    recover_now()
+                except Exception as exc:
+                    internal_error(exc)
+        return None
+    importer = _importer(modules)
+    if importer is not None and importer != kernel and not _decided(kernel):
+        return None   # another kernel package's optional import (fla.layers tries mamba_ssm): not a request
+    served = serves.get(fullname)
+    if served and not any(_installed(modules, name) for name in (fullname, *served)):
+        return None   # someone else's optional import (see _names.SERVES): not ours to install
+    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _installed(modules, fullname):
+        # the served kernel looks for its backend at its first call (inside a training step): installing it
+        # now would happen there; it was decided right after the served kernel, before its import
+        return None
+    try:
+        from .. import engine
+
+        engine.expect_from(_modeling_hint)   # read only if this kernel is about to be installed
+        message = engine.before_import(kernel)
+    except Exception as exc:  # never make an import worse than without fastpath-hooks
+        internal_error(exc)
+        return None
+    if message is None:
+        return None
+    from importlib.machinery import ModuleSpec
+
+    return ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _importer(modules):
+    """The managed kernel whose package runs this import (fla for `fla/layers/mamba2.py`'s `try: from
+    mamba_ssm ...`), None for other code: a kernel is installed when transformers or the user asks for
+    it, never because another kernel package tries it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__") or ""
+        if not name.startswith(("importlib", "_frozen_importlib", "fastpath_hooks")):
+            return modules.get(name.partition(".")[0])
+        frame = frame.f_back
+    return None
+
+
+def _decided(kernel) -> bool:
+    """Decided in this process already (its outcome then stands: a block still blocks)."""
+    engine = sys.modules.get("fastpath_hooks.engine")
+    return engine is not None and kernel in engine.outcomes()
+
+
+def _backend(kernel) -> bool:
+    from .._registry import registry
+
+    return (registry().get(kernel) or {}).get("kind") == "backend"
+
+
+def _installed(modules, module) -> bool:
+    """One of the module's kernel's distributions has its metadata on sys.path (an empty `fla/` that an
+    uninstall left is a namespace package to the path finder, not fla)."""
+    from .._registry import registry
+    from ..facts.distributions import installed_versions
+
+    entry = registry().get(modules.get(module, ""))
+    return bool(entry and installed_versions(entry["distributions"]))
+
+
+def _modeling_hint():
+    """The kernels the modeling module being imported names (gates.modeling_kernels), for the engine's batch."""
+    from .gates import modeling_kernels
+
+    return modeling_kernels()
+
+
+def _after_import_spec(fullname, path, target, callback):
+    """The spec the rest of sys.meta_path finds, its loader wrapped to call `callback(module)` afterwards."""
+    for finder in list(sys.meta_path):
+        find = getattr(finder, "find_spec", None)
+        if find is None or isinstance(finder, KernelImportFinder):
+            continue
+        spec = find(fullname, path, target)
+        if spec is not None:
+            break
+    else:
+        return None
+    if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
+    spec.loader = AfterImportLoader(spec.loader, callback)
+    return spec
+
+
+class BlockedLoader:
+    """Makes `import <kernel>` fail with the reason, before any of its code runs."""
+
+    def __init__(self, message):
+        self.message = message
+
+    def create_module(self, spec):
+        raise ImportError(self.message, name=spec.name)
+
+    def exec_module(self, module):  # pragma: no cover - create_module always raises
+        raise ImportError(self.message, name=module.__name__)
+
+
+class AfterImportLoader:
+    """Runs the real loader, then a callback on the executed module. Before the module's code runs, its
+    `__spec__.loader` and `__loader__` are the real loader again (tracebacks, `inspect.getsource`,
+    `importlib.reload` and resource readers see what they would without us); other attributes are delegated."""
+
+    def __init__(self, loader, callback):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        try:
+            module.__loader__ = self._loader
+        except AttributeError:
+            pass
+        self._loader.exec_module(module)
+        self._callback(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, is_package, get_resource_reader ...
+        if name in ("_loader", "_callback"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def __repr__(self):
+        return f"<fastpath-hooks after-import wrapper of {self._loader!r}>"

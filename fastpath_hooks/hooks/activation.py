@@ -339,7 +339,7 @@ def _remove_pyc(path: str) -> None:
 def _compile_package() -> list[str]:
     """The modules that run at start (package __init__ and hooks) need their .pyc."""
     out = []
-    for name in ("__init__.py", "_names.py", "hooks/__init__.py", "hooks/importer.py"):
+    for name in ("__init__.py", "_names.py", "hooks/__init__.py"):
         path = os.path.join(package_dir(), name)
         if not os.path.exists(importlib.util.cache_from_source(path)):
             _compile(path)
