@@ -1,28 +1,11 @@
 """Wrappers for transformers' availability gates (eras A and B; `lazy_load_kernel`).
 
-A wrapper asks the engine once (`engine.ensure`, which may install or repair), then clears the
-import and gate caches and returns the ORIGINAL gate's fresh answer - never a
-True the real gate would not give. When the engine blocks a kernel, the wrapper
-says False without asking (the import would fail). Otherwise, its job done, the
-wrapper steps aside: the original is rebound wherever the wrapper was, so later
-calls cost exactly what the original (cached) gate costs (benchmarks/gate_cost.py).
-
-The wrapper is rebound in every module that holds the original (found by
-identity in each module's `__dict__`, which never triggers a lazy module's
-`__getattr__`), so `from ...import_utils import is_..._available` done before
-install() sees it too. `unpatch()` puts the originals back the same way.
-
-Which kernels the modeling module being imported will ask for: the engine's hint for a batch.
-
-transformers >= 5.15 imports each kernel package while its modeling module executes (the
-decorators of `use_kernel_func_from_hub_with_fallback(..., "causal_conv1d")` run one after the
-other), and eras A/B ask a gate per package: the first kernel is decided before the next is asked
-for. When the first is about to be installed, the engine asks this hint (engine.expect_from):
-every `transformers.models.*` module still executing, its source read for the kernels it names -
-a package in quotes (`"mamba_ssm"`), a kernel name (`lazy_load_kernel("mamba-ssm")`) or a gate
-(`is_mamba_2_ssm_available`) - so that granitemoehybrid's causal-conv1d and mamba-ssm build side
-by side and install in one batch. Only read on that path (an install is about to start), never at
-a warm start.
+A wrapper asks the engine once (`engine.ensure`, which may install or repair), clears the import and
+gate caches and returns the ORIGINAL gate's fresh answer - never a True the real gate would not give;
+a blocked kernel's gate says False. Its job done, the wrapper steps aside: the original is rebound
+wherever the wrapper was, so later calls cost what the original (cached) gate costs
+(benchmarks/gate_cost.py). Wrappers are (un)bound in every module holding the original, found by
+identity in each module's `__dict__`, which never triggers a lazy module's `__getattr__`.
 """
 
 from __future__ import annotations
@@ -35,41 +18,34 @@ from contextlib import contextmanager
 
 
 def gate_table(registry) -> dict:
-    """gate -> the kernels its first query ensures: the gate's own first (its answer; a block makes it
-    False), then the ones it is used `with` (registry). The mamba gates' models (mamba, mamba2, jamba,
-    bamba, zamba, ... in eras A/B) take their fast path only with causal-conv1d too
-    (`is_fast_path_available = all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))`),
-    and mamba-ssm's mamba_inner_fn calls causal_conv1d: asking for one gets both. Read from transformers
-    4.57.6 / 5.14.1 / 5.24.0 `utils/import_utils.py` (the gates) and the mamba-family modeling files (what
-    they need); era B's `lazy_load_kernel("mamba-ssm")` finds `is_mamba_ssm_available` by name here."""
+    """gate -> the kernels its first query ensures: its own first (its answer), then the ones it is used
+    `with` (registry): the mamba family's fast path needs causal-conv1d too (`is_fast_path_available =
+    all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))` in transformers 4.57.6 -
+    5.24.0), so asking for one gets both; era B's `lazy_load_kernel("mamba-ssm")` finds its gate by name."""
     return {gate: (kernel,) + tuple(entry["with"]) for kernel, entry in registry.items() for gate in entry["gates"]}
 
 
 def _gates() -> dict:
-    """The gates of the registry (and of a FASTPATH_HOOKS_PINS file's kernels), read when they are wrapped."""
+    """The gates of the registry (and of a FASTPATH_HOOKS_PINS file's kernels)."""
     from .._registry import registry
 
     return gate_table(registry())
+
+
 # Cleared after the first query so a later call re-reads the environment (with the kernels' gates).
 CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")
 
-# gate name -> (original, wrapper). Kept after the wrapper stepped aside: install() again does
-# not wrap that gate again (its job is done) - only uninstall() forgets it.
+# gate name -> (original, wrapper), kept after the wrapper stepped aside (install() again does not wrap
+# that gate again); only uninstall() forgets it.
 _patched: dict = {}
-# id(wrapper) -> [(namespace, key)]: where patch() bound it, so stepping aside needs no full scan.
-_bound: dict = {}
-# A wrapper's mode after its first query: pass through, answer False, or simulate an accelerator.
-_PASS, _BLOCKED = "pass", "blocked"
+_bound: dict = {}   # id(wrapper) -> [(namespace, key)] where patch() bound it: stepping aside needs no full scan
+_PASS, _BLOCKED = "pass", "blocked"   # a wrapper's mode after its first query (else: an accelerator to simulate)
 _simulation_lock = threading.RLock()
 
 
 def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
-    """Wrap the gates of `import_utils` and rebind them (callers hold `hooks.lock`; `hooks`: the
-    hooks' registry, hooks.HOOKS, which the wrappers ask what is selected).
-
-    just_imported: called right after that module executed - nothing else can hold the
-    originals yet, so only its namespace is rebound; otherwise every module's (one pass).
-    """
+    """Wrap the gates of `import_utils` and rebind them (callers hold `hooks.lock`; `hooks`: hooks.HOOKS).
+    just_imported: the module has just executed, so only its namespace can hold the originals."""
     swaps = {}
     for name, kernels in _gates().items():
         current = import_utils.__dict__.get(name)
@@ -82,10 +58,7 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
         swaps[id(current)] = (current, wrapper)
     if not swaps:
         return
-    if just_imported:
-        bound = _rebind_in([import_utils.__dict__], swaps)
-    else:
-        bound = _rebind(swaps)
+    bound = _rebind_in([import_utils.__dict__], swaps) if just_imported else _rebind(swaps)
     for namespace, key, new in bound:
         _bound.setdefault(id(new), []).append((namespace, key))
 
@@ -97,11 +70,8 @@ def unpatch() -> None:
 
 
 def _rebind(swaps: dict) -> list:
-    """One pass over every module's namespace: replace each `old` (by identity) with its `new`.
-
-    swaps: id(old) -> (old, new). Reads `module.__dict__`, never getattr, so a lazy
-    module's `__getattr__` is not triggered. Returns [(namespace, key, new)] rebound.
-    """
+    """Replace each `old` with its `new` (swaps: id(old) -> (old, new)) in every module's namespace;
+    [(namespace, key, new)] rebound."""
     if not swaps:
         return []
     namespaces = []
@@ -153,12 +123,9 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
 
 
 def _step_aside(wrapper, original, hooks) -> None:
-    """Put the original back wherever the wrapper is: nothing is left for the wrapper to do.
-
-    Where patch() bound it, and in transformers' modules, which may have copied it since
-    (`from ...import_utils import is_..._available` in a modeling module imported later) -
-    a key lookup each, no full scan. A copy elsewhere keeps the wrapper, which now only
-    passes through (one identity test)."""
+    """Put the original back where patch() bound the wrapper and in transformers' modules, which may have
+    copied it since (a key lookup each, no full scan); a copy elsewhere keeps the wrapper, which now only
+    passes through."""
     try:
         name = original.__name__
         with hooks.lock:
@@ -183,7 +150,7 @@ def _first_query(kernels: tuple, import_utils, hooks):
         if not hooks.selected(kernel):  # install(kernels=...) left this one alone
             return _PASS
 
-        engine.expect_from(_modeling_hint)   # read only if this kernel is about to be installed
+        engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
         outcome = engine.ensure(kernel)
         for partner in kernels[1:]:     # what the gate's models need with it; its answer stays the gate's own
             if hooks.selected(partner):
@@ -204,10 +171,8 @@ def _first_query(kernels: tuple, import_utils, hooks):
 
 def refresh(import_utils, *, distributions: bool = True) -> None:
     """Make the next gate call see what is on disk now (transformers-eras.md, 'Making a gate say True').
-
-    distributions: also rebuild transformers' package -> distribution mapping
-    (only needed after an install; ~50 ms on 5.0 - 5.22).
-    """
+    distributions: also rebuild transformers' package -> distribution mapping (after an install; ~50 ms on
+    5.0 - 5.22)."""
     importlib.invalidate_caches()
     namespace = import_utils.__dict__
     for name in tuple(_gates()) + CACHED_GATES:
@@ -227,16 +192,10 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
 
 @contextmanager
 def simulated_accelerator(import_utils, kind: str):
-    """While a wrapped gate runs, let it see the accelerator FASTPATH_HOOKS_TARGET poses.
-
-    Only used when the target poses a GPU this machine does not have (dry runs,
-    tests): the gate then answers as it would on the posed machine. The patch of
-    `torch.<cuda|xpu>.is_available` lasts for the call only (serialised by a lock,
-    transformers' cached `is_torch_cuda_available` cleared before and after), so
-    nothing else in the process - the model's own device checks - sees a GPU.
-    Without an importable torch the gate runs as it is. It patches torch, not transformers'
-    `is_torch_cuda_available`: era A's gates (4.57.6) call `torch.cuda.is_available()` themselves.
-    """
+    """While a wrapped gate runs, let it see the GPU FASTPATH_HOOKS_TARGET poses and this machine lacks
+    (dry runs, tests). `torch.<cuda|xpu>.is_available` is patched for the call only, under a lock, with
+    transformers' cached `is_torch_cuda_available` cleared before and after, so nothing else in the
+    process sees a GPU; torch, not transformers, because era A's gates call torch.cuda.is_available()."""
     try:
         import torch
 
@@ -262,13 +221,12 @@ def _available() -> bool:
     return True
 
 
-def _modeling_hint():
-    """The kernels the modeling module being imported names (hooks/gates.py), for the engine's batch."""
-    return modeling_kernels()
-
-
 def modeling_kernels() -> set:
-    """The registry's kernels the transformers modeling modules being imported right now name."""
+    """The registry's kernels the transformers modeling modules being imported right now name: the
+    engine's hint for a batch (engine.expect_from), read only when an install is about to start.
+    transformers >= 5.15 imports each kernel package while a modeling module executes, one after the
+    other, so without it granitemoehybrid's causal-conv1d and mamba-ssm would not build side by side.
+    A module names a kernel by a package in quotes, the kernel's name, or one of its gates."""
     from .._registry import registry
 
     sources = []
