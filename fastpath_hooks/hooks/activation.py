@@ -1,35 +1,18 @@
 """`fastpath-hooks enable / disable`: a start-up entry in the current environment.
 
-Both methods put the same small stand-in finder (hooks/startup.py, written as source and
-compiled to .pyc) on `sys.meta_path` at interpreter start. It reads
-FASTPATH_HOOKS_DISABLE before anything else (coverage.py's pattern), imports
-nothing of fastpath_hooks at start, and at the first import of a watched module
-(fla, causal_conv1d, tilelang, mamba_ssm, transformers.utils.import_utils) loads
-`fastpath_hooks.hooks`, activates it and hands that import over. A removed or
-broken package then costs nothing and says nothing: the stand-in steps aside.
-
-- `auto` (default): `sitecustomize` where this environment owns its sitecustomize.py,
-  else `pth`;
-- `pth`: `<site-packages>/fastpath-hooks-startup.pth` holds one line,
-  `import _fastpath_hooks_startup`, the stand-in as a module beside it;
-- `sitecustomize`: the stand-in as a marked block in the environment's
-  `sitecustomize.py` (created if absent; existing content kept byte for byte and
-  restored by `disable`: the user's own lines come back exactly, also lines they
-  added or changed since - only the block's lines are taken out).
-
-Whatever enable/disable write must compile: the new content is compiled before the
-atomic replace, and nothing is written when it would not (the user's file stays as
-it is, and the line says which line to fix).
-
-Why a stand-in and not `import fastpath_hooks.hooks` at start: site.py parses every
-.pth line at every start and each module import costs ~0.3-0.5 M instructions;
-the stand-in keeps the start-up cost to one small compiled module (pth) or a few
-compiled lines (sitecustomize) - benchmarks/startup_cost.py measures both.
-Everything written is compiled to .pyc so PYTHONDONTWRITEBYTECODE images do not
-compile it at every start.
-
-Never writes a module named `sitecustomize` that would shadow - or be shadowed
-by - another one (Debian ships its own): that is refused with the reason.
+Both methods put the stand-in finder of hooks/startup.py on `sys.meta_path` at interpreter start; it
+reads FASTPATH_HOOKS_DISABLE first, imports nothing of fastpath_hooks, and hands the first watched
+import over to `fastpath_hooks.hooks` (a removed or broken package: it steps aside, silently).
+- `auto` (default): `sitecustomize` where this environment owns its sitecustomize.py, else `pth`;
+- `pth`: `<site-packages>/fastpath-hooks-startup.pth` holding `import _fastpath_hooks_startup`, the
+  stand-in as a module beside it;
+- `sitecustomize`: the stand-in as a marked block in the environment's `sitecustomize.py` (created if
+  absent); `disable` takes out only the block's lines, so the user's own come back byte for byte.
+A stand-in, not `import fastpath_hooks.hooks`, because site.py parses every .pth line at every start and
+each module import costs ~0.3-0.5 M instructions (benchmarks/startup_cost.py). Everything written is
+compiled (nothing is written that would not: it must never stop `python` from starting) and its .pyc
+written, for PYTHONDONTWRITEBYTECODE images. Never writes a `sitecustomize` module that would shadow, or
+be shadowed by, another one (Debian ships its own).
 """
 
 from __future__ import annotations
@@ -48,8 +31,6 @@ BEGIN = "# >>> fastpath-hooks >>>"
 END = "# <<< fastpath-hooks <<<"
 FORMAT = f"v{STARTUP_FORMAT}"   # the block's header; the stand-in tells resume() the same number
 
-# The stand-in finder is the real module hooks/startup.py (linted and tested as code; see its
-# header); `startup_source()` is what `enable` writes.
 STARTUP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup.py")
 WATCHED_MARK = "  # _names.WATCHED"
 
@@ -61,9 +42,7 @@ def watched_line(watched) -> str:
 
 def startup_source() -> str:
     """hooks/startup.py as `enable` writes it, watching the registry's modules: the shipped ones
-    (_names.WATCHED, generated into the file by tools/registry_index.py) and those of the kernels a
-    FASTPATH_HOOKS_PINS file set now adds (run `enable` again after adding one: until then the finder
-    watches it from the first watched import, or install(), on)."""
+    (generated into the file by tools/registry_index.py) and those a FASTPATH_HOOKS_PINS file adds now."""
     from .._registry import registry, watched_modules
 
     with open(STARTUP_FILE, encoding="utf-8") as fh:
@@ -80,18 +59,13 @@ def package_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # fastpath_hooks/
 
 
-def pth_line() -> str:
-    # Only `import <module>`: site.py parses .pth lines at every start, the module is compiled.
-    return f"import {STARTUP_MODULE}\n"
-
-
 def block(flags: str) -> str:
     return f"{BEGIN} {flags}\n{startup_source()}{END}\n"
 
 
 def enable(method: str = "auto") -> list[str]:
-    """auto: the sitecustomize block where this environment owns its sitecustomize.py (nearly free:
-    site.py imports `sitecustomize` at every start anyway), else the .pth entry (one extra import)."""
+    """auto: the sitecustomize block where this environment owns its sitecustomize.py (site.py imports
+    it at every start anyway), else the .pth entry (one import more)."""
     if method not in ("auto", "pth", "sitecustomize"):
         raise ActivationError(f"unknown method {method!r}; use auto, pth or sitecustomize")
     done = []
@@ -106,9 +80,8 @@ def enable(method: str = "auto") -> list[str]:
     if method == "pth":
         module = os.path.join(site_packages(), STARTUP_MODULE + ".py")
         _write(module, startup_source())
-        _compile(module)
         path = os.path.join(site_packages(), PTH_NAME)
-        _write(path, pth_line())
+        _write(path, f"import {STARTUP_MODULE}\n")   # site.py parses .pth lines at every start: one import
         return done + [f"wrote {module} (compiled) and {path}"]
     path, created = _sitecustomize_target()
     write_block(path, created=created)
@@ -146,7 +119,6 @@ def write_block(path: str, *, created: bool) -> None:
         with open(path, "rb") as fh:
             original = fh.read()
     _write(path, with_block(original, created=created))
-    _compile(path)
 
 
 def remove_block(path: str) -> str | None:
@@ -166,7 +138,6 @@ def remove_block(path: str) -> str | None:
         _remove_pyc(path)
         return f"removed {path} (it was created by enable)"
     _write(path, restored, what="without fastpath-hooks' block")
-    _compile(path)
     return f"restored {path}"
 
 
@@ -183,11 +154,9 @@ def status() -> dict:
     return {"pth": pth if os.path.exists(pth) else None, "sitecustomize": blocks}
 
 
-# -- helpers -----------------------------------------------------------------------------
-
-# The block is whole lines: a BEGIN line at column 0 (`BEGIN v<format> [created] [newline]`), the
-# stand-in, an END line. Anything else that merely looks like a marker (indented, inside a string, without
-# a format tag, a BEGIN without an END after it) is the user's own line and is kept as it is.
+# The block is whole lines: a BEGIN line at column 0 (`BEGIN v<format> [created] [newline]`), the stand-in,
+# an END line. Anything that merely looks like a marker (indented, in a string, without a format tag, a
+# BEGIN without an END after it) is the user's own line.
 
 def _begin_flags(line: bytes):
     """The flags of a BEGIN line as enable writes it, else None."""
@@ -204,10 +173,9 @@ def _begin_flags(line: bytes):
 
 
 def find_block(content: bytes):
-    """(lines, first, last, flags) of the block enable wrote (first and last: the BEGIN and END
-    lines' indices in `lines`, content.splitlines(keepends=True)), or None. A BEGIN line without an
-    END line after it is the user's (a later BEGIN line opens the block instead), and so is a pair of
-    them around lines that are not the stand-in."""
+    """(lines, first, last, flags) of the block enable wrote (first, last: the BEGIN and END lines' indices
+    in content.splitlines(keepends=True)), or None. A pair of markers around lines that are not the
+    stand-in is the user's."""
     lines = content.splitlines(keepends=True)
     first = flags = None
     for i, line in enumerate(lines):
@@ -222,10 +190,9 @@ def find_block(content: bytes):
 
 
 def without_block(content: bytes):
-    """(content without the block, whether enable created the file). The user's lines come back
-    exactly; the line end enable added after a last line that had none ("newline") is taken away
-    again only where that line is still the last one - a line the user appended since stays a line
-    of its own, never glued onto it."""
+    """(content without the block, whether enable created the file). The line end enable added after a
+    last line that had none ("newline") goes only where that line is still the last one (a line the user
+    appended since is never glued onto it)."""
     found = find_block(content)
     if found is None:
         return content, False
@@ -260,14 +227,8 @@ def compile_problem(data: bytes, path: str):
 
 
 def _sitecustomize_files() -> list[str]:
-    out = []
-    for entry in sys.path:
-        if not entry:
-            continue
-        candidate = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(candidate):
-            out.append(candidate)
-    return out
+    candidates = (os.path.join(entry, "sitecustomize.py") for entry in sys.path if entry)
+    return [path for path in candidates if os.path.isfile(path)]
 
 
 def _sitecustomize_target():
@@ -297,8 +258,7 @@ def _sitecustomize_target():
 
 
 def _write(path: str, data, what: str = "with fastpath-hooks' entry") -> None:
-    """Atomically: the whole new file or the old one, never half of it. A .py file is written only
-    when it compiles (nothing written here may stop `python` from starting)."""
+    """Atomically; a .py file only when it compiles, and then its .pyc too."""
     data = data.encode() if isinstance(data, str) else data
     if path.endswith(".py"):
         problem = compile_problem(data, path)
@@ -320,6 +280,8 @@ def _write(path: str, data, what: str = "with fastpath-hooks' entry") -> None:
         except OSError:
             pass
         raise ActivationError(f"cannot write {path}: {exc.strerror}") from None
+    if path.endswith(".py"):
+        _compile(path)
 
 
 def _compile(path: str) -> None:
@@ -337,7 +299,7 @@ def _remove_pyc(path: str) -> None:
 
 
 def _compile_package() -> list[str]:
-    """The modules that run at start (package __init__ and hooks) need their .pyc."""
+    """The modules that run at the first watched import need their .pyc."""
     out = []
     for name in ("__init__.py", "_names.py", "hooks/__init__.py"):
         path = os.path.join(package_dir(), name)
