@@ -410,7 +410,8 @@ def _before_kernel_import(fullname):
     served = serves.get(fullname)
     if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
-    if served and any(name in sys.modules for name in served) and _backend(kernel) and not _installed(modules, fullname):
+    if served and any(name in sys.modules for name in served) and _backend(kernel) \
+            and not _installed(modules, fullname):
         # the served kernel looks for its backend at its first call (inside a training step): installing it
         # now would happen there; it was decided right after the served kernel, before its import
         return None

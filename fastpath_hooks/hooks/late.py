@@ -1,38 +1,20 @@
 """Late activation: install() called after transformers' modeling modules were imported.
 
-A modeling module chooses its kernels when it is imported (transformers-eras.md), so a
-`from transformers import Qwen3_5ForCausalLM` before install() would keep the torch path -
-or, on Hopper with an fla installed by hand, a kernel that crashes at the first backward.
-`heal()` runs at every install() (and so at the start-up hand-over) once transformers is
-imported: for each kernel an already-imported modeling module uses it decides as usual
-(`engine.ensure`, through the gates in eras A/B), then rebinds that module's globals to
-what a fresh import would choose now - the kernel when it is usable, the torch path when
-it is not or is blocked (the Hopper rule takes fla away again, even if fla was imported).
+A modeling module chooses its kernels when it is imported (transformers-eras.md), so one imported before
+install() keeps the torch path - or, on Hopper with an fla installed by hand, a kernel that crashes at
+the first backward. `heal()` runs at every install() with transformers imported: for each kernel such a
+module uses it decides as usual (`engine.ensure`), then rebinds the module's globals to what a fresh
+import would choose now (the kernel, or the torch path when it is unusable or blocked).
 
-Which globals exist, per era, is DATA (hooks/late.py's tables, read from the released
-sources of 4.57.6, 5.14.1 and 5.24.0):
-
-- era C (>= 5.15): functions decorated with `use_kernel_func_from_hub_with_fallback(func_name,
-  package)`; their closure holds `torch_function` and `implementation`. They are rebuilt with
-  transformers' own decorator (a fresh import, exactly), and forward looks them up at call
-  time: a model built before install() follows.
-- eras A/B (4.56 - 5.14): kernel objects bound as module globals behind the gates
-  (`if is_X_available(): from pkg import ...`, or `lazy_load_kernel` in a mixer's __init__),
-  and an `is_fast_path_available` computed from them. Families whose forward reads those
-  globals at call time (lfm2, the mamba family) follow; the gated-delta-net families
-  (qwen3_next, qwen3_5, olmo_hybrid) copy the choice into each layer when it is built, so a
-  model built before install() keeps it - said in one line, with the fix.
-
-Whatever cannot be healed (a layout not in the tables, a kernel module already imported
-under a block, layers built earlier, programs exported earlier) is said in one line with
-the fix. Graphs compiled by torch.compile earlier retrace by themselves: dynamo guards on
-the module globals they read.
-
-How transformers' modeling modules hold their kernel choice, for the late pass (hooks/late.py):
-per era, which module globals a fresh import binds and from where (DATA, read from the released
-sources of 4.57.6, 5.14.1 and 5.24.0), and which of the modeling modules already imported hold one.
-
-Loaded only with the late pass (install() with transformers imported): the stdlib and the leaf _names.
+- eras C/D (>= 5.15): functions decorated with `use_kernel_func_from_hub_with_fallback(func_name,
+  package)`; transformers' own decorator is run again and its choice written into their closure, and
+  forward looks them up at call time: a model built before install() follows.
+- eras A/B (4.56 - 5.14): kernel objects bound as module globals behind the gates, and an
+  `is_fast_path_available` computed from them (the tables below, read from the released sources of
+  4.57.6, 5.14.1 and 5.24.0). lfm2 and the mamba family read them at call time; the gated-delta-net
+  families copy them into each layer when it is built, so a model built earlier keeps its choice.
+Whatever cannot be healed (an unknown layout, a kernel imported under a block, layers or programs built
+earlier) is said in one line with the fix. torch.compile graphs retrace: dynamo guards on the globals.
 """
 
 from __future__ import annotations
@@ -44,34 +26,29 @@ from .._names import DECORATED, KERNEL_MODULES
 
 
 FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
-
-
 _healing: set = set()   # names of the modeling modules a pass (of any thread) is healing now
 
 
 def heal(hooks) -> None:
-    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: the
-    hooks' registry, hooks.HOOKS). Costs a scan of sys.modules when none is (benchmarks/late_cost.py).
-
-    As wrapt's post-import hooks: what to heal is decided under the hooks' lock (each module is
-    claimed by one pass at a time); the kernels are decided - installed, for minutes maybe - and every
-    event's callback runs with no lock held; the lock is taken again only to rebind, and only while
-    still installed (an uninstall() meanwhile wins). Another thread's install(), uninstall() or gate
-    call therefore never waits for this pass."""
+    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: hooks.HOOKS);
+    a scan of sys.modules when there is none (benchmarks/late_cost.py). As wrapt's post-import hooks,
+    the modules are claimed under the lock, the kernels decided (installed, for minutes maybe) with no
+    lock held, and the lock taken again only to rebind while still installed, so another thread's
+    install(), uninstall() or gate call never waits for this pass."""
     modules = imported_modeling_modules()
     if not modules:
         return
     with hooks.lock:
         if not hooks.installed():
             return
-        mine = [m for m in modules if m.__name__ not in _healing]   # a module another pass heals now is its
+        mine = [m for m in modules if m.__name__ not in _healing]   # a module another pass heals now is that pass's
         _healing.update(m.__name__ for m in mine)
     if not mine:
         return
     try:
         era = transformers_era()
         if era is None:
-            _warning(None, f"transformers {_version()} is not a version fastpath-hooks knows; modeling modules "
+            _say(None, f"transformers {_version()} is not a version fastpath-hooks knows; modeling modules "
                  f"imported before install() keep their kernel choice ({', '.join(_short(m) for m in mine)}): {FIX}",
                  once="late-unknown")
             return
@@ -87,8 +64,8 @@ def heal(hooks) -> None:
 
 
 def transformers_era() -> str | None:
-    """The imported transformers' era (decide/transformers.py: the one answer the policy and reports give too).
-    Versions newer than the tables are tried as era C: every function's layout is checked first."""
+    """The imported transformers' era (decide/transformers.py); newer versions are tried as era C (every
+    function's layout is checked first)."""
     from ..decide.transformers import era
 
     return era(_version())
@@ -111,8 +88,6 @@ class _Pass:
         self.gate_says: dict = {}  # gate name -> its answer now (eras A/B)
         self.fresh: dict = {}      # "module.attribute" -> the object a fresh import binds, or None (eras A/B)
 
-    # -- the kernel decision ---------------------------------------------------------------
-
     def decide(self, package: str):
         if package not in self.outcomes:
             from .. import engine
@@ -125,14 +100,10 @@ class _Pass:
         kernel = PACKAGES.get(package)
         return kernel is None or self.hooks.selected(kernel)
 
-    # -- era C -------------------------------------------------------------------------------
-
     def era_c(self, modules) -> list:
-        """Eras C and D: each decorated function is what transformers' decorator chose at the modeling
-        import; the decorator run again gives what a fresh import chooses now, and that choice is written
-        into the existing function (its closure: `implementation` and what goes with it). The function
-        object stays: under HF `kernels` (5.25; 5.23/5.24 with kernels 0.18) each module global is a
-        `Func` module that kernelize routes by identity, so the hub's kernels still reach it."""
+        """Eras C/D: the decorator run again gives what a fresh import chooses now, written into the existing
+        function's closure. The function object stays: under HF `kernels` (5.25; 5.23/5.24 with kernels
+        0.18) each module global is a `Func` module that kernelize routes by identity."""
         hub = sys.modules.get("transformers.integrations.hub_kernels")
         decorate = getattr(hub, "use_kernel_func_from_hub_with_fallback", None)
         plans = []
@@ -166,8 +137,6 @@ class _Pass:
             plans.append(plan)
         return plans
 
-    # -- eras A/B -----------------------------------------------------------------------------
-
     def era_ab(self, modules, era: str) -> list:
         import_utils = sys.modules.get("transformers.utils.import_utils")
         plans = []
@@ -181,17 +150,15 @@ class _Pass:
             layout = MODELS.get(model, {}).get(era)
             if layout is None:
                 if any(name in namespace for name in BOUND) and self.stale(namespace, import_utils):
-                    _warning(None, f"{model}: imported before install(), and its kernel globals are not in "
-                         f"fastpath-hooks' table for transformers {_version()}: it keeps the choice made then; {FIX}",
-                         once=f"late-unknown-{model}")
+                    _unknown(model, f"its kernel globals are not in fastpath-hooks' table for transformers "
+                             f"{_version()}: it keeps the choice made then")
                 continue
             present = [name in namespace for name in layout.names if name not in layout.optional]
             if not any(present):       # nothing chosen yet (era B's mixers bind them when a model is built)
                 continue
             if not all(present):
-                _warning(None, f"{model}: imported before install(), and transformers {_version()} lays out its "
-                     f"kernel globals differently than fastpath-hooks knows: it keeps the choice made then; {FIX}",
-                     once=f"late-unknown-{model}")
+                _unknown(model, f"transformers {_version()} lays out its kernel globals differently than "
+                         "fastpath-hooks knows: it keeps the choice made then")
                 continue
             plan.layers, plan.layout = layout.layers, layout
             for name in layout.names:
@@ -220,13 +187,10 @@ class _Pass:
             if PACKAGES.get(package) is not None:
                 self.decide(package)
             gate = getattr(import_utils, "__dict__", {}).get(gate_name)
-            ok = False
-            if gate is not None:
-                try:
-                    ok = bool(gate())
-                except Exception:
-                    ok = False
-            self.gate_says[gate_name] = ok
+            try:
+                self.gate_says[gate_name] = gate is not None and bool(gate())
+            except Exception:
+                self.gate_says[gate_name] = False
         if not self.gate_says[gate_name]:
             return None
         key = f"{source}.{attribute}"
@@ -245,8 +209,6 @@ class _Pass:
             if outcome is not None and outcome.block is None:
                 plan.resets.append(name)     # the next forward asks the gate again
 
-    # -- what is said -------------------------------------------------------------------------
-
     def report(self, plan, changed: dict) -> None:
         module, unknown, taken, layers, lacking = plan.module, plan.unknown, plan.taken, plan.layers, plan.lacking
         model = _short(module)
@@ -255,9 +217,8 @@ class _Pass:
             if events is not None:
                 events.debug(f"{model}: imported before install(); its causal-conv1d cache is reset", "causal-conv1d")
         if unknown:
-            _warning(None, f"{model}: imported before install(), and {', '.join(unknown)} "
-                 f"{'is' if len(unknown) == 1 else 'are'} not laid out as fastpath-hooks knows for transformers "
-                 f"{_version()}: kept as chosen then; {FIX}", once=f"late-unknown-{model}")
+            _unknown(model, f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not laid out as "
+                     f"fastpath-hooks knows for transformers {_version()}: kept as chosen then")
         if not changed:
             return
         kernels = sorted({PACKAGES.get(p) or p for p, _ in changed.values()})
@@ -269,25 +230,25 @@ class _Pass:
             what += f"; its fast path still lacks {', '.join(lacking)}"
         kernel = kernels[0] if len(kernels) == 1 else None
         if taken:
-            _warning(kernel, f"{model}: imported before install(); {what}; "
+            _say(kernel, f"{model}: imported before install(); {what}; "
                  f"{', '.join(sorted(taken))} stays imported; {FIX}", once=f"late-{model}")
         elif layers == BUILT and _built(module):
             # transformers copies the kernels into each layer it builds: a model built before keeps its own
-            _warning(kernel, f"{model}: imported before install(); {what} for models built from now on; "
+            _say(kernel, f"{model}: imported before install(); {what} for models built from now on; "
                  "older ones keep theirs: rebuild them", once=f"late-{model}")
         else:
             tail = "models already built follow" if layers == CALL else "for the models built from now on"
-            _status(kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}")
+            _say(kernel, f"{model}: imported before install(); {what} ({tail})", once=f"late-{model}", level="status")
         compiled = _compiled_graphs()
         if compiled:   # dynamo guards on the module globals a graph read (checked: a rebound global retraces)
-            _status(kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
+            _say(kernel, f"{compiled} graph(s) compiled with torch.compile before install() retrace at their "
                  "next call (they guard on the rebound functions); a program exported or AOT-compiled before "
-                 "install() keeps its kernels: export it again", once="late-compiled")
+                 "install() keeps its kernels: export it again", once="late-compiled", level="status")
 
 
 class _Rebind:
-    """What one pass would change in one modeling module, worked out with no lock held; `apply()` makes
-    the change under the hooks' lock - each global only where it still holds what the pass saw."""
+    """What one pass would change in one modeling module, worked out with no lock held; `apply()` makes the
+    change under the hooks' lock, each global only where it still holds what the pass saw."""
 
     def __init__(self, module, layers: str):
         self.module, self.layers, self.layout = module, layers, None
@@ -305,7 +266,6 @@ class _Rebind:
             self.taken.add(package)
 
     def rewrite(self, name, function, old, fresh: dict, package, kernel_on: bool, taken: bool) -> None:
-        """Eras C/D: `function`'s closure gets the fresh decoration's choice (`fresh`: its closure)."""
         self.rewrites.append((name, function, old, fresh, package, kernel_on))
         if taken:
             self.taken.add(package)
@@ -339,14 +299,13 @@ class _Rebind:
 
 
 # What transformers' decorator computes from its choice (5.17 - 5.25): the closure names a fresh decoration
-# rewrites in the existing function. Names one version lacks are left out.
+# rewrites in the existing function (those one version lacks are skipped).
 CHOICE = ("implementation", "applicable_params", "is_new_implementation", "supported_devices")
 
 
 def decorated_function(value):
-    """The function transformers' decorator made (its closure holds the choice): the module global itself,
-    or - under HF `kernels` - the function the `Func` module wrapping it calls (`type(value).forward`'s
-    free variable `func`)."""
+    """The function transformers' decorator made: the module global itself, or under HF `kernels` the
+    function its `Func` module calls (`type(value).forward`'s free variable `func`)."""
     if getattr(value, "__code__", None) is not None:
         return value
     forward = getattr(type(value), "forward", None)
@@ -382,9 +341,9 @@ def _closure(function) -> dict | None:
 
 
 def _redecorate(decorate, func_name: str, package: str, torch_function, blocked: bool):
-    """transformers' own decorator applied again: what a fresh modeling import chooses now.
-    blocked: the package may already be imported (before install()); a fresh process could not
-    import it, so it is hidden for this call (a None in sys.modules fails its import at once)."""
+    """transformers' own decorator applied again: what a fresh modeling import chooses now. blocked: a
+    fresh process could not import the package, so an imported one is hidden for this call (None in
+    sys.modules fails its import at once)."""
     hidden = sys.modules.get(package) if blocked else None
     if hidden is not None:
         sys.modules[package] = None
@@ -411,36 +370,29 @@ def _compiled_graphs() -> int:
         return 0
 
 
-def _warning(kernel, message: str, *, once: str) -> None:
+def _say(kernel, message: str, *, once: str, level: str = "warning") -> None:
     from .. import events   # not at module level: this module loads at start-up
 
-    events.warning(message, kernel, once=once)
+    getattr(events, level)(message, kernel, once=once)
 
 
-def _status(kernel, message: str, *, once: str) -> None:
-    from .. import events
-
-    events.status(message, kernel, once=once)
+def _unknown(model: str, what: str) -> None:
+    _say(None, f"{model}: imported before install(), and {what}; {FIX}", once=f"late-unknown-{model}")
 
 
 PREFIX = "transformers.models."
 
-# package -> kernel it is managed as (the import name -> the distribution fastpath-hooks manages: the registry)
-PACKAGES = KERNEL_MODULES
+PACKAGES = KERNEL_MODULES   # import name -> the kernel it is managed as
 
-# How these tables were read (2026-12-01), from the released wheels' sources (`pip download --no-deps
-# transformers==X`), with `ast`, never by eye alone:
-# - DECORATED (era C, 5.24.0): every module-level `@use_kernel_func_from_hub_with_fallback(func, package)`
-#   function AND assignment (`x = use_kernel_func_from_hub_with_fallback(func, package)(torch_x)`: zamba) in
-#   models/*/modeling_*.py; tests/test_late.py (functions) and tests/test_mamba_families.py (the mamba
-#   families, assignments too) read the installed transformers the same way and fail on a difference.
+# How these tables were read (2026-12-01): with `ast` from the released wheels' sources (`pip download
+# --no-deps transformers==X`); tests/test_late.py and tests/test_mamba_families.py read the installed
+# transformers the same way and fail on a difference.
+# - _names.DECORATED (eras C/D, 5.24.0): every module-level function and assignment (zamba) decorated with
+#   `use_kernel_func_from_hub_with_fallback(func, package)` in models/*/modeling_*.py.
 # - MODELS "A" (4.57.6): the module-level `if is_X_available(): from pkg import ... / else: ... = None`
-#   blocks of every modeling module that names a gate, and its module-level `is_fast_path_available = all(...)`.
-# - MODELS "B" (5.14.1): the names each mixer's __init__ declares `global` and binds from
-#   `lazy_load_kernel("causal-conv1d" | "mamba-ssm")` (which asks `is_{name}_available` by name), and its
-#   `is_fast_path_available` when that is global too.
-
-# Era C: DECORATED (module global -> (func_name, package)), in _names (the hub's kernels are named by func_name).
+#   blocks and `is_fast_path_available = all(...)`.
+# - MODELS "B" (5.14.1): the names each mixer's __init__ declares `global` and binds from `lazy_load_kernel`
+#   (which asks `is_{name}_available` by name), and its `is_fast_path_available` when that is global too.
 
 # Eras A/B: module global -> (package, module it comes from, attribute), bound behind the package's gate.
 _SSM_SCAN = "mamba_ssm.ops.selective_scan_interface"
@@ -462,8 +414,8 @@ BOUND = {
 
 
 def gates() -> dict:
-    """package -> the gate its modeling code asks first (the registry's first gate of the kernel); read
-    when a module is healed, so that install() in a process with transformers loads no registry."""
+    """package -> the gate its modeling code asks first (the kernel's first gate in the registry); read
+    only when a module is healed, so that install() with transformers imported loads no registry."""
     from .._registry import REGISTRY
 
     return {entry["modules"][0]: entry["gates"][0] for entry in REGISTRY.values() if entry["gates"]}
@@ -499,6 +451,11 @@ _SSM1 = ("selective_state_update", "selective_scan_fn", "mamba_inner_fn")       
 _SSM2 = ("selective_state_update", "mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")  # Mamba-2 mixers
 _MAMBA2_GATE = (("mamba_ssm", "is_mamba_2_ssm_available"),)
 _QWEN = Layout(_GDN + ("FusedRMSNormGated",), _GDN, BUILT)
+_LFM2 = Layout(_CONV, _CONV, CALL, "kernel_modules")
+_SSM1_B = Layout(_CONV + _SSM1, _SSM1 + _CONV)
+_SSM2_B = Layout(_CONV + _SSM2, _SSM2 + _CONV)
+# era A's Mamba-2 hybrids: `else: selective_state_update = None` only - the two scans exist only when the gate said yes
+_HYBRID_A = Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:], gates=_MAMBA2_GATE)
 
 # Eras A/B: model -> era -> Layout. Era B's mamba family binds its globals in a mixer's __init__
 # (lazy_load_kernel): absent until a model is built - then nothing was chosen yet, and a model built
@@ -508,36 +465,32 @@ MODELS = {
     "qwen3_5": {"B": _QWEN},
     "qwen3_5_moe": {"B": _QWEN},
     "olmo_hybrid": {"B": Layout(_OLMO, _OLMO, BUILT)},
-    "lfm2": {"A": Layout(_CONV, _CONV, CALL, "kernel_modules"), "B": Layout(_CONV, _CONV, CALL, "kernel_modules")},
-    "lfm2_moe": {"B": Layout(_CONV, _CONV, CALL, "kernel_modules")},
+    "lfm2": {"A": _LFM2, "B": _LFM2},
+    "lfm2_moe": {"B": _LFM2},
     # era A: the causal-conv1d pair is cached in `_causal_conv1d_cache` (RESET_CACHES), not a module global;
     # falcon_mamba's mamba_inner_fn is transformers' own (kernels/falcon_mamba), imported behind the mamba gate
-    "mamba": {"A": Layout(_SSM1, _SSM1), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
+    "mamba": {"A": Layout(_SSM1, _SSM1), "B": _SSM1_B},
     "falcon_mamba": {"A": Layout(_SSM1, _SSM1, sources=(
                          ("mamba_inner_fn", ("mamba_ssm", "transformers.kernels.falcon_mamba", "mamba_inner_fn")),)),
                      # era B asks lazy_load_kernel("falcon_mamba-ssm"): no `is_falcon_mamba_ssm_available`
                      # exists, so without the hub's `kernels` it never gets mamba_ssm - only causal-conv1d
-                     "B": Layout(_CONV, ("selective_state_update", "selective_scan_fn", "falcon_mamba_inner_fn") + _CONV)},
-    "jamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
-    "zamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": Layout(_CONV + _SSM1, _SSM1 + _CONV)},
-    "mamba2": {"A": Layout(_SSM2 + _CONV, _SSM2 + _CONV, gates=_MAMBA2_GATE), "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
-    "zamba2": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV), "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
-    # era A: `else: selective_state_update = None` only - the two scans exist only when the gate said yes
-    "bamba": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:], gates=_MAMBA2_GATE),
-              "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
-    "falcon_h1": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:],
-                              gates=_MAMBA2_GATE),
-                  "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
-    "granitemoehybrid": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV, optional=_SSM2[1:],
-                                     gates=_MAMBA2_GATE),
-                         "B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
-    "nemotron_h": {"B": Layout(_CONV + _SSM2, _SSM2 + _CONV)},
+                     "B": Layout(_CONV, ("selective_state_update", "selective_scan_fn", "falcon_mamba_inner_fn")
+                                 + _CONV)},
+    "jamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": _SSM1_B},
+    "zamba": {"A": Layout(_SSM1 + _CONV, _SSM1 + _CONV), "B": _SSM1_B},
+    "mamba2": {"A": Layout(_SSM2 + _CONV, _SSM2 + _CONV, gates=_MAMBA2_GATE), "B": _SSM2_B},
+    "zamba2": {"A": Layout(_SSM2 + _CONV, ("selective_state_update",) + _CONV), "B": _SSM2_B},
+    "bamba": {"A": _HYBRID_A, "B": _SSM2_B},
+    "falcon_h1": {"A": _HYBRID_A, "B": _SSM2_B},
+    "granitemoehybrid": {"A": _HYBRID_A, "B": _SSM2_B},
+    "nemotron_h": {"B": _SSM2_B},
 }
-# Era A: mamba and falcon_mamba cache (update, fn) in this global at the first layer built;
-# a cached (None, None) is reset so the next forward asks the (wrapped) gate again.
+# Era A: mamba and falcon_mamba cache (update, fn) in this global at the first layer built; a cached
+# (None, None) is reset so the next forward asks the (wrapped) gate again.
 RESET_CACHES = {"mamba": "_causal_conv1d_cache", "falcon_mamba": "_causal_conv1d_cache"}
 
-_NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values())  # a module holding none: nothing to heal
+# a module holding none of these has nothing to heal
+_NAMES = frozenset(DECORATED) | frozenset(BOUND) | frozenset(RESET_CACHES.values())
 
 
 def imported_modeling_modules() -> list:
@@ -547,6 +500,7 @@ def imported_modeling_modules() -> list:
         if name.startswith(PREFIX) and module is not None:
             parts = name.split(".")
             if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}" and not _NAMES.isdisjoint(module.__dict__):
-                if not getattr(getattr(module, "__spec__", None), "_initializing", False):  # mid-import: the hooks see the rest
+                # one still being imported: the hooks see the rest of it
+                if not getattr(getattr(module, "__spec__", None), "_initializing", False):
                     out.append(module)
     return out
