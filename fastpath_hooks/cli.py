@@ -1,9 +1,8 @@
 """The `fastpath-hooks` command: doctor, plan, install, download, build, cache, enable, disable.
 
-All thin over the same core as the hooks. Exit codes: 0 fine, 1 something
-failed (or is blocked), 2 bad input (the message names it and the fix). Each command imports what it
-uses when it runs: `enable` and `disable` work in an environment whose dependencies (packaging,
-filelock) are gone or broken - the way out of a start-up entry must never need them.
+Exit codes: 0 fine, 1 something failed (or is blocked), 2 bad input (the message names it and the fix).
+Each command imports what it uses when it runs: `enable` and `disable` must work where the dependencies
+(packaging, filelock) are gone or broken - the way out of a start-up entry must never need them.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # The reader went away (`fastpath-hooks doctor --json | head`): stop quietly, like other tools.
+    except BrokenPipeError:   # the reader went away (`doctor --json | head`): stop quietly, like other tools
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
@@ -48,8 +46,7 @@ class _UsageError(Exception):
 
 
 def _error(message: str) -> None:
-    """One line on stderr, at most events.MAX_LINE characters - whole under FASTPATH_HOOKS_LOG=debug
-    (a pins error's accepted forms, a long path)."""
+    """One line on stderr, fitted to events.MAX_LINE characters - whole under FASTPATH_HOOKS_LOG=debug."""
     from ._names import log_level
     from .events import PREFIX, fit
 
@@ -70,7 +67,8 @@ def _parser():
     d.add_argument("--refresh", action="store_true",
                    help="forget cached verdicts, remembered checks and the lines said once first")
     d.add_argument("--smoke", action="store_true",
-                   help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch reference")
+                   help="on a GPU: run a gated-delta-rule forward+backward with the installed kernels vs a torch "
+                        "reference")
     d.set_defaults(func=_doctor)
 
     pl = sub.add_parser("plan", help="the exact requirements and installer commands that would run")
@@ -93,12 +91,14 @@ def _parser():
     dl.add_argument("--target", metavar="SPEC", help="the machine the wheels are for (python, arch, gpu, torch ...)")
     dl.set_defaults(func=_download)
 
-    b = sub.add_parser("build", help="build a compiled kernel from source now, for given GPU archs, into the wheel cache")
+    b = sub.add_parser("build",
+                       help="build a compiled kernel from source now, for given GPU archs, into the wheel cache")
     b.add_argument("kernel", metavar="KERNEL", help=compiled)
     b.add_argument("--arch", metavar="ARCHS",
                    help="comma list such as sm_90,sm_80 or gfx942 (default: this machine's GPUs); all: every arch "
                         "the sdist knows (long)")
-    b.add_argument("--dest", metavar="DIR", help="also copy the wheel into this wheelhouse (for FASTPATH_HOOKS_FIND_LINKS)")
+    b.add_argument("--dest", metavar="DIR",
+                   help="also copy the wheel into this wheelhouse (for FASTPATH_HOOKS_FIND_LINKS)")
     b.add_argument("--rebuild", action="store_true", help="build even when the cache holds a fitting wheel")
     b.add_argument("--target", metavar="SPEC", help="pose facts of the machine the wheel is for (torch, cuda ...)")
     b.set_defaults(func=_build)
@@ -147,9 +147,9 @@ def _kernels(names):
 
 def _snapshot(settings, pins, *, sources: bool = False):
     """(env, plan, installed). `sources` (doctor, plan): where transformers 5.25+ on an accelerator takes kernels
-    from the hub at from_pretrained, its mapping is imported first, so that the probe reads which functions the
-    hub serves here (facts/probe.py reads it only where transformers is imported) - not for the other commands,
-    which need no torch import for it."""
+    from the hub, its mapping is imported and the world read again, so that the probe sees which functions the
+    hub serves here (facts/probe.py reads it only where transformers is imported; the other commands need no
+    torch import)."""
     from .facts.distributions import installed_versions
     from .engine import snapshot
 
@@ -171,19 +171,19 @@ def _imports_hub_mapping(env) -> bool:
 
 
 def _doctor(args) -> int:
-    from .hooks import activation
     from . import report
     from ._names import cache_root
     from .act.store import VerdictCache
+    from .hooks import activation
 
     settings, pins = _context(args)
-    cache = VerdictCache(settings)
+    cache, root = VerdictCache(settings), cache_root(settings)
     if args.refresh:
         from .act import store
         from .events import forget_said
 
         cache.forget()
-        store.forget(cache_root(settings))   # the remembered checks, shared by the user's environments
+        store.forget(root)   # the remembered checks, shared by the user's environments
         forget_said()   # the lines said once per environment are said again
     env, plan, real = _snapshot(settings, pins, sources=True)
     act = activation.status()
@@ -194,34 +194,30 @@ def _doctor(args) -> int:
         from .act.smoke import run_smoke
 
         smoke = run_smoke(settings, env)
+    wheels, jit = report.wheel_cache_json(root), report.jit_json(env, root)
     if args.json:
         data = report.doctor_json(plan, settings, pins=pins, activation=act, verdicts=verdicts, real_installed=real)
-        data["interrupted_install"] = interrupted
-        data["wheel_cache"] = report.wheel_cache_json(cache_root(settings))
-        data["jit"] = report.jit_json(env, cache_root(settings))
+        data.update(interrupted_install=interrupted, wheel_cache=wheels, jit=jit)
         if smoke is not None:
             data["smoke"] = smoke
         print(json.dumps(data, indent=2))
     else:
         print(report.doctor_text(plan, settings, pins=pins, activation=act, verdicts=verdicts, interrupted=interrupted))
-        print("\n" + report.wheel_cache_text(report.wheel_cache_json(cache_root(settings))))
-        print("\n" + report.jit_text(report.jit_json(env, cache_root(settings))))
+        print("\n" + report.wheel_cache_text(wheels))
+        print("\n" + report.jit_text(jit))
         if smoke is not None:
             from .act.smoke import smoke_text
 
             print("\n" + smoke_text(smoke))
-    if smoke is not None and smoke.get("status") == "fail":
-        return 1
-    return 0
+    return 1 if smoke is not None and smoke.get("status") == "fail" else 0
 
 
 def _interrupted(settings) -> dict | None:
-    """The install a journal says is running now or was killed half-way (doctor shows it, touches nothing)."""
+    """The install a journal says is running now or was killed half-way (doctor shows it)."""
     from .act.files import environment_state_dir
     from .act.transaction import Transaction
 
-    state_dir = environment_state_dir(settings)
-    tx = Transaction.pending(state_dir)
+    tx = Transaction.pending(environment_state_dir(settings))
     if tx is None:
         return None
     return {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
@@ -235,10 +231,8 @@ def _plan(args) -> int:
     env, plan, real = _snapshot(settings, pins, sources=True)
     if wanted:
         plan = _only(plan, wanted)
-    if args.json:
-        print(json.dumps(report.plan_json(plan, settings, real_installed=real, pins=pins), indent=2))
-    else:
-        print(report.plan_text(plan, settings, real_installed=real, pins=pins))
+    print(json.dumps(report.plan_json(plan, settings, real_installed=real, pins=pins), indent=2) if args.json
+          else report.plan_text(plan, settings, real_installed=real, pins=pins))
     return 0
 
 
@@ -261,14 +255,10 @@ def _with_needs(plan, kernels) -> set:
 
 
 def _install(args) -> int:
-    """Exit 1 when a kernel that should be had here is not: every kernel named on the command line
-    must end installed, repaired or already good (a skipped or blocked one fails the step, whatever
-    the kernel and whatever the cause); with none named, only the kernels this machine needs count -
-    those the plan installs, repairs or keeps (a kernel the plan leaves alone, e.g. on a machine
-    without a GPU, or one not needed here, does not) - plus a block, which is always a failure.
-    FASTPATH_HOOKS_MODE=report installs nothing on purpose: a kernel it would install is fine."""
-    from . import report
-    from . import engine
+    """Exit 1 when a kernel that should be had here is not: every kernel named must end installed, repaired
+    or already good; with none named, only those the plan installs, repairs or keeps (not one it skips,
+    e.g. without a GPU). A block always fails; FASTPATH_HOOKS_MODE=report installing nothing does not."""
+    from . import engine, report
     from .decide import messages as short
     from .decide.plan import BLOCK, SKIP
     from .engine.outcome import GOOD, OutcomeState
@@ -389,10 +379,7 @@ def _cache_list(args) -> int:
 
     settings, _ = _context(args)
     data = report.wheel_cache_json(cache_root(settings))
-    if args.json:
-        print(json.dumps(data, indent=2))
-    else:
-        print(report.wheel_cache_text(data))
+    print(json.dumps(data, indent=2) if args.json else report.wheel_cache_text(data))
     return 0
 
 

@@ -1,25 +1,14 @@
 """Events: the `fastpath_hooks` logger, `on_event` callbacks, and the human line.
 
-Every event goes to the logger at DEBUG (all processes) and to every `on_event` callback as a
-JSON-serialisable dict. Human lines go to stderr, prefixed `fastpath-hooks:`, filtered by
-FASTPATH_HOOKS_LOG, fitted to `MAX_LINE` characters (the details are in `fastpath-hooks doctor` and the
-debug log), from one process per node (`speaks`), and a line that would repeat at every start is said
-once per environment (`persist=`) - later starts say its one-line `reminder=` instead, where it has one.
+Every event goes to the logger at DEBUG and to every `on_event` callback as a JSON-serialisable dict.
+Human lines go to stderr as `fastpath-hooks: ...`, filtered by FASTPATH_HOOKS_LOG, fitted to `MAX_LINE`
+characters (the details are in `fastpath-hooks doctor` and the debug log), from one process per node
+(`speaks`); a line that would repeat at every start is said once per environment (`persist=`), later
+starts saying its short `reminder=` instead where it has one.
 
-Callbacks never run while the sending thread holds a lock of ours: while the engine holds the
-environment's install lock (`hold()` ... `deliver()`), that thread's events are logged and their
-human lines printed at once, and the callbacks get them, in order, right after the lock is
-released. A callback may therefore block or call fastpath-hooks itself.
-
-Which process speaks (`speaks()`), one per node:
-- never a multiprocessing worker of the process that speaks: install() in a launcher's local rank 0
-  marks it (`_FASTPATH_HOOKS_VOICE`), and its DataLoader/pool workers inherit the mark;
-- else the local rank decides where a launcher gives one (LOCAL_RANK, an MPI launcher's local rank,
-  or RANK modulo LOCAL_WORLD_SIZE): local rank 0 prints;
-- else never a multiprocessing child (a rankless script's DataLoader or pool worker);
-- else processes started by one parent (a shell loop, xargs) are one job: the first of them with
-  something to say takes the node's "voice" for that parent (an fcntl lock on one byte of one file
-  per user in /tmp, released by the OS when it exits) and the others stay quiet.
+Callbacks never run while the sending thread holds a lock of ours (`hold()` ... `deliver()`): its
+events are logged and printed at once and reach the callbacks, in order, after the lock is released,
+so a callback may block or call fastpath-hooks itself.
 """
 
 from __future__ import annotations
@@ -36,10 +25,9 @@ from ._names import (DEFAULT_LOG, VOICE, cache_root_from_environ, environment_ke
 
 logger = logging.getLogger("fastpath_hooks")
 
+
 class TextEnum(str, Enum):
-    """A str enum (enum.StrEnum is 3.11+): members equal their strings, print and format as them,
-    and JSON writes them as plain strings, so output, callbacks and comparisons with the old strings
-    keep working."""
+    """A str enum (enum.StrEnum is 3.11+): members equal, print, format and JSON-encode as their strings."""
 
     def __str__(self) -> str:
         return self.value
@@ -77,8 +65,7 @@ def hold() -> None:
 
 
 def deliver() -> None:
-    """This thread released that lock: the callbacks get the events sent meanwhile, in order
-    (after the outermost lock only)."""
+    """This thread released that lock: after the outermost one, the callbacks get the events sent meanwhile."""
     _held.depth = max(0, getattr(_held, "depth", 0) - 1)
     if _held.depth:
         return
@@ -101,25 +88,22 @@ def _call(event: dict) -> None:
 
 
 def _log_level() -> str:
-    # a bad value is said by settings (install() and the CLI); the lines follow the default meanwhile
-    return _given_log_level() or DEFAULT_LOG
+    return _given_log_level() or DEFAULT_LOG   # a bad value is said by settings; the default meanwhile
 
 
 def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
          persist: str | None = None, reminder: str | None = None, detail: str | None = None, **extra) -> dict:
-    """Send one event. `once`: a key; the human line is printed once per process for it.
-    `persist`: a key (a decision's rule and reason); the line is printed once per environment, and
-    `reminder` (one short line) at the later starts instead. `detail`: the whole text of a line that
-    is short by design (paths, wheel names, full lists): logged, in the event, and printed instead of
-    the line under FASTPATH_HOOKS_LOG=debug."""
+    """Send one event. `once`: a key; the human line is printed once per process for it. `persist`: a key;
+    the line is printed once per environment, and `reminder` at later starts instead. `detail`: the whole
+    text of a line short by design (paths, full lists): logged, in the event, and printed under
+    FASTPATH_HOOKS_LOG=debug instead of the line."""
     type = Severity(type)
     event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
     if detail is not None and detail != message:
         event["detail"] = detail
-    for key, value in extra.items():
-        event[key] = value
+    event.update(extra)
     logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", event.get("detail", message))
-    if getattr(_held, "depth", 0):
+    if held():
         _held.queue.append(dict(event))   # called after the lock is released (deliver)
     else:
         _call(event)
@@ -168,20 +152,20 @@ def debug(message, kernel=None, **kw):
 
 
 def internal_error(exc) -> None:
-    """A bug of ours (or a package half-upgraded under a running process) on the import path:
-    one line, once per process; the import goes on as without fastpath-hooks."""
+    """A bug of ours (or a package half-upgraded under a running process) on the import path: one line,
+    once per process; the import goes on as without fastpath-hooks."""
     error(f"internal error, leaving this import alone: {type(exc).__name__}: {exc}", once="internal")
-
-
-def forget() -> None:
-    """Forget which one-time messages were printed (uninstall() starts afresh)."""
-    _said.clear()
 
 
 # -- what was said already: once per process (`once`), once per environment (`persist`) --
 
 _said: set = set()
 _said_lock = threading.Lock()   # "once" is checked and claimed in one step (several threads decide kernels)
+
+
+def forget() -> None:
+    """Forget which one-time messages were printed (uninstall() starts afresh)."""
+    _said.clear()
 
 
 def claim(key: str) -> bool:
@@ -194,14 +178,14 @@ def claim(key: str) -> bool:
 
 
 def said_dir(environ=None) -> str:
-    """Where the lines said once per environment are remembered (beside the verdict cache)."""
+    """Where the lines said once per environment are remembered."""
     return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
                         environment_key())
 
 
 def first_time(key: str) -> bool:
-    """Claim `key` for this environment (atomically: concurrent processes claim it once); True
-    when no process said it before. An unwritable cache says it every time, as before."""
+    """Claim `key` for this environment, atomically; True when no process said it before (always, where the
+    cache is unwritable)."""
     import hashlib
 
     path = os.path.join(said_dir(), hashlib.sha256(key.encode()).hexdigest()[:24])
@@ -242,21 +226,24 @@ def worker() -> bool:
 
 
 def speaks() -> bool:
-    """Whether this process prints human lines (one process per node, see the module docstring)."""
+    """Whether this process prints human lines, one per node: never a multiprocessing worker of the process
+    that speaks (install() in a launcher's local rank 0 marks it in VOICE, which its workers inherit); else
+    local rank 0 where a launcher gives a local rank (_names.local_rank); else never a rankless script's
+    multiprocessing child; else the first of one parent's children (a shell loop, xargs) to ask."""
     marker = os.environ.get(VOICE)
     if marker and marker != str(os.getpid()) and worker():
-        return False  # a worker of the process that speaks for the node (install() marked it)
+        return False
     rank = local_rank()
     if rank is not None:
         return rank == 0
     if worker():
-        return False  # a rankless script's DataLoader/pool worker: its parent speaks for it
+        return False
     return _take_voice()
 
 
 def _take_voice() -> bool:
-    """The first process of its parent's children (on this node, in this environment) to ask keeps
-    the voice until it exits; asked once per process (per parent: a fork re-asks)."""
+    """The first of its parent's children (on this node, in this environment) to ask keeps the voice until
+    it exits (an fcntl lock the OS releases then); asked once per parent (a fork asks again)."""
     parent = os.getppid()
     if parent not in _voice:
         _voice[parent] = _lock_voice(parent)
@@ -268,12 +255,10 @@ def _lock_voice(parent: int) -> bool:
         import fcntl
     except ImportError:  # no fcntl (Windows): every process speaks
         return True
-    # Node-wide and node-local: /tmp (not TMPDIR, a scratch directory a job may clean or give each
-    # process its own of; not the cache directory, which each process may set apart, and which nodes
-    # may share - an fcntl lock there would be cluster-wide on NFS, where parent pids of different
-    # nodes collide). One file per user, whatever the number of environments: the byte locked is the
-    # parent's pid (high bits) and this environment (low bits), so nothing accumulates, and the file
-    # is never removed (a process that locked a removed file would not exclude one that made it anew).
+    # /tmp: node-wide and node-local (TMPDIR may be per process; the cache directory may be per process,
+    # or shared by nodes over NFS, where their parent pids collide). One file per user, never removed (a
+    # lock on a removed file excludes nobody); the byte locked is the parent's pid (high bits) and this
+    # environment (low bits).
     directory = "/tmp" if os.path.isdir("/tmp") else os.environ.get("TMPDIR") or "."
     path = os.path.join(directory, f"fastpath-hooks-{os.getuid()}.voice")
     try:
@@ -295,10 +280,9 @@ PREFIX = "fastpath-hooks: "
 
 
 def fit(message: str, limit: int = MAX_LINE, *, cut_words_only: bool = False) -> str:
-    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path,
-    a wheel name, a quoted value) are cut in the middle first, so the sentence and its fix stay;
-    the whole text is in the debug log (FASTPATH_HOOKS_LOG=debug prints lines whole). A build log's path
-    is never cut (every message about a build names it): the line then ends after it, even past `limit`.
+    """`fastpath-hooks: message` on one line of at most `limit` characters. Over-long words (a path, a
+    quoted value) are cut in the middle first, so the sentence and its fix stay. A build log's path is never
+    cut (every message about a build names it): the line then ends after it, even past `limit`.
     cut_words_only: only the long words are cut, the line may stay longer than `limit`."""
     words = message.split()
     line = PREFIX + " ".join(words)
@@ -333,8 +317,7 @@ def _is_log(word: str) -> bool:
 
 
 def first_fitting(*candidates: str) -> str:
-    """The first of a line's wordings, longest and most whole first, that fits MAX_LINE; else the last,
-    fitted (events.fit: a long word cut in its middle first)."""
+    """The first of a line's wordings (most whole first) that fits MAX_LINE; else the last, fitted."""
     for line in candidates:
         if len(PREFIX) + len(" ".join(line.split())) <= MAX_LINE:
             return line
@@ -342,10 +325,9 @@ def first_fitting(*candidates: str) -> str:
 
 
 def fitted(head: str, detail: str, fix: str = "", *, whole_at: str | None = "fastpath-hooks doctor") -> str:
-    """`<head><detail> (<fix>)` for a text handed over whole (a failed check's or install's output, an
-    exception, a path): whole when it fits; else as much of the detail as fits - a long word cut in its
-    middle first, never a build log's path - with the head and the fix kept and where it is whole
-    (`whole_at`; None where the fix itself says it again)."""
+    """`<head><detail> (<fix>)` for a text handed over whole (a failed check's output, an exception): whole
+    when it fits; else as much of the detail as fits, with the head, the fix and where it is whole
+    (`whole_at`; None where the fix says it) kept."""
     whole = head + " ".join(str(detail).split()) + (f" ({fix})" if fix else "")
     if len(PREFIX) + len(whole) <= MAX_LINE:
         return whole
@@ -363,12 +345,10 @@ _LEAST_ERROR = 20   # characters of the error a middle cut must keep (else the e
 
 
 def _middle_out(text: str, room: int) -> str | None:
-    """A handed-over error chain cut in its middle, by clauses (": "): its first says what failed
-    ("verification failed", "could not download <url>"), its last ones the error itself ("broken on purpose
-    (tests)", "[Errno 28] No space left on device"), as many of them as fit. What goes first: trailing
-    clauses that are only a path or URL (details: "...: ..."), then the clauses between, then the end of
-    the first clause, then a remark after the error ("(...)"). None when what would be left of the
-    error is too little to say anything."""
+    """An error chain cut in its middle, by clauses (": "): the first says what failed, the last ones the
+    error itself ("[Errno 28] No space left on device"), as many as fit. What goes first: trailing clauses
+    that are only a path or URL, then the clauses between, then the end of the first clause, then a remark
+    after the error ("(...)"). None when too little of the error would be left."""
     parts = text.split(": ")
     if len(parts) < 2:
         return None
@@ -384,7 +364,7 @@ def _middle_out(text: str, room: int) -> str | None:
     clause = parts[end - 1]
     if len(clause) < _LEAST_ERROR:
         return None
-    remark = clause.rfind(" (")   # a remark after the error ("... refused> (X_URL points at a mirror)") goes next
+    remark = clause.rfind(" (")   # a remark after the error ("... (X_URL points at a mirror)") goes next
     for error in (clause, clause[:remark] + " (...)" if remark >= _LEAST_ERROR and clause.endswith(")") else None):
         if error is None:
             continue
@@ -404,9 +384,8 @@ def _is_detail(clause: str) -> bool:
 
 
 def shown_path(path: str) -> str:
-    """A path as a line shows it, short and still what a shell expands back: under the cache directory
-    the user set, $XDG_CACHE_HOME or the home directory, written `$FASTPATH_HOOKS_CACHE_DIR/...`,
-    `$XDG_CACHE_HOME/...`, `~/...` (the debug log and doctor have it whole)."""
+    """A path as a line shows it, short and still what a shell expands back: `$FASTPATH_HOOKS_CACHE_DIR/...`,
+    `$XDG_CACHE_HOME/...` or `~/...`."""
     for var in ("FASTPATH_HOOKS_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
         root = os.environ.get(var, "").strip()
         if len(root) > 1:

@@ -131,7 +131,7 @@ def install(*, kernels=None, on_event=None):
     # An install killed half-way (or running now) left its journal: rolled back (engine/jobs.py) before
     # any kernel is imported, whatever kernels= leaves out. Inline, one access(2) per site-packages of this
     # environment: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it). The
-    # path is act.files' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps the literal equal).
+    # literal is _names' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps it equal).
     import os
 
     prefix = sys.prefix + os.sep
