@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import replace
 
@@ -144,7 +145,8 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
         "notes": list(plan.notes),
         "summary": summary(plan, settings),
         "sources": function_sources(plan, settings, pins),
-        "packed_sequences": packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
+        "packed_sequences": packed_sequences(plan, settings, pins,
+                                             enabled=_installs_at_start(settings, plan, activation)),
         **commands_for(plan, settings, real_installed=real_installed, pins=pins),
     }
 
@@ -165,7 +167,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
     def row(name, value):
         lines.append(f"  {name:<14}{value}")
 
-    row("python", f"{env.python} ({env.implementation}), {env.platform}" + (f", glibc {env.glibc}" if env.glibc else ""))
+    row("python", f"{env.python} ({env.implementation}), {env.platform}"
+        + (f", glibc {env.glibc}" if env.glibc else ""))
     row("torch", f"{env.torch} ({env.torch_build} build)" if env.torch else "not installed")
     row("accelerator", env.accelerator or ("none - " + plan.notes[0] if plan.notes else "none"))
     row("GPUs", (", ".join(env.gpus) if env.gpus else "none") + f" ({env.gpu_source})")
@@ -194,7 +197,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
         row("pins", f"shipped + {pins.origins[-1]}")
 
     lines += ["", "Kernels"]
-    shared = _shared_fixes((kernel, d.fix) for kernel, d in plan.decisions.items() if d.fix and d.action in (SKIP, BLOCK))
+    shared = _shared_fixes((kernel, d.fix) for kernel, d in plan.decisions.items()
+                           if d.fix and d.action in (SKIP, BLOCK))
     machine_fix = _machine_fix(plan)   # no GPU (or no torch) here: its one fix is said once, in the summary
     for kernel, d in plan.decisions.items():
         have = ", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no"
@@ -223,10 +227,9 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
     rows = function_sources(plan, settings, pins)
     if rows:
         lines += ["", "Sources (what serves each function transformers decorates)"]
-        for row in rows:
-            lines.append(f"  {row['function']:<34}{row['source']}" + ("" if row["source"].startswith("hub ") or
-                                                                       row["source"].startswith("package ") else
-                                                                       f" - {row['reason']}"))
+        for source in rows:
+            lines.append(f"  {source['function']:<34}{source['source']}"
+                         + ("" if source["source"].startswith(("hub ", "package ")) else f" - {source['reason']}"))
     lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
                          said=machine_fix)
     lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])
@@ -236,7 +239,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
 def interrupted_text(interrupted: dict) -> str:
     """doctor's line for a pending install journal: what, and what happens to it."""
     when = interrupted.get("started")
-    since = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" if isinstance(when, (int, float)) else ""
+    since = (f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
+             if isinstance(when, (int, float)) else "")
     pid = interrupted.get("pid")
     return (f"{interrupted.get('description') or 'an install'} (pid {pid if pid is not None else '?'}{since}): "
             "killed half-way, or running now - the next start, install() or `fastpath-hooks install` rolls back "
@@ -267,7 +271,8 @@ def packed_text(packed: dict, said: str | None = None) -> list:
         lines.append(f"    why          {f['problem']}")
         if f["fix"] not in shared and f["fix"] != said:
             lines.append(f"    to fix it    {f['fix']}")
-        lines.append(f"    models       {', '.join(models[:6])}" + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
+        lines.append(f"    models       {', '.join(models[:6])}"
+                     + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
     for fix, packages in shared.items():
         if fix != said:
             lines.append(f"  {', '.join(packages)}")
@@ -285,7 +290,8 @@ def _shared_fixes(pairs) -> dict:
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:
     data = commands_for(plan, settings, real_installed=real_installed, pins=pins)
-    lines = [f"installer: {data['installer'] or 'none'} - {data['installer_reason']}", "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
+    lines = [f"installer: {data['installer'] or 'none'} - {data['installer_reason']}",
+             "constraints: " + (", ".join(data["constraints"]) or "(none installed)")]
     led = {b[0]: b[1:] for b in data["batches"]}
     joined = {k: b[0] for b in data["batches"] for k in b[1:]}
     for kernel, d in plan.decisions.items():
@@ -297,17 +303,11 @@ def plan_text(plan, settings, *, real_installed, pins) -> str:
             lines.append(f"    installed in {joined[kernel]}'s batch (its commands)")
         for inv in data["commands"][kernel]:
             env = " ".join(f"{k}={v}" for k, v in inv["env"].items())
-            lines.append("    " + (env + " " if env else "") + " ".join(_quote(a) for a in inv["argv"]))
+            lines.append("    " + (env + " " if env else "") + " ".join(shlex.quote(a) for a in inv["argv"]))
         if data["kernel_constraints"][kernel]:
             lines.append("    <constraints.txt>: " + " ".join(data["kernel_constraints"][kernel]))
     lines.append("Summary: " + summary(plan, settings))
     return "\n".join(lines)
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def wheel_cache_json(root: str) -> dict:
@@ -341,8 +341,8 @@ def jit_json(env, root: str) -> dict:
 def jit_text(data: dict) -> str:
     lines = ["JIT caches (compiled by the verification children for the training process)"]
     for var, c in data["caches"].items():
-        what = (f"{c['entries']} entries, {c['bytes'] / 1e6:.1f} MB, newest {c['newest']}" if c["exists"] and c["entries"]
-                else "empty" if c["exists"] else "not made yet")
+        what = (f"{c['entries']} entries, {c['bytes'] / 1e6:.1f} MB, newest {c['newest']}"
+                if c["exists"] and c["entries"] else "empty" if c["exists"] else "not made yet")
         lines.append(f"  {var:<19}{c['directory']} ({c['set_by']}): {what}")
     for kernel, w in sorted(data["warmed"].items()):
         shapes = ", ".join("x".join(str(n) for n in s) for s in (w.get("shapes") or []))

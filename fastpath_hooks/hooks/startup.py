@@ -1,10 +1,8 @@
 # Written by `fastpath-hooks enable`; `fastpath-hooks disable` removes it. FASTPATH_HOOKS_DISABLE=1 skips it.
-# The start-up stand-in (format 5): this file's source is what `enable` writes - as the module
-# `_fastpath_hooks_startup` (pth) or as a block in sitecustomize.py; the package never imports it.
-# Plain top-level code that leaves no name behind; a function, not a class (a class costs ~65 K
-# instructions more at every start). At its first watched import it turns inert and hands over to
-# `fastpath_hooks.hooks.resume`, telling it this format; it never removes itself from sys.meta_path
-# (CPython iterates that list while it calls us).
+# The start-up stand-in (format 5), as the module `_fastpath_hooks_startup` (pth) or a block in sitecustomize.py.
+# It leaves no name behind; a function, not a class (a class costs ~65 K instructions more at every start). At
+# its first watched import it turns inert and hands over to `fastpath_hooks.hooks.resume`; it never leaves
+# sys.meta_path (CPython iterates that list while it calls us).
 try:
     import os as _fph_os
     if _fph_os.environ.get("FASTPATH_HOOKS_DISABLE", "").strip().lower() not in ('1', 'true', 'yes', 'on'):
