@@ -114,8 +114,10 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
             _place(finder)
-        if _user_pins():
-            finder.watched = _with_user_kernels()
+        if _user_pins():   # the modules of the kernels a pins file adds, too
+            from .._registry import registry, watched_modules
+
+            finder.watched = watched_modules(registry())
         elif finder.watched is not WATCHED:
             finder.watched = WATCHED
         _quiet_stand_ins()
@@ -170,13 +172,6 @@ def _normalize(kernels) -> frozenset:
     return frozenset(out)
 
 
-def _with_user_kernels() -> frozenset:
-    """_names.WATCHED and the modules of the kernels a FASTPATH_HOOKS_PINS file adds."""
-    from .._registry import registry, watched_modules
-
-    return watched_modules(registry())
-
-
 def _claim_voice() -> None:
     """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later (they
     inherit LOCAL_RANK=0) stay quiet, while ranks started by torch.multiprocessing.spawn still speak."""
@@ -206,9 +201,9 @@ def _user_pins() -> bool:
 
 
 def _check_settings() -> None:
-    """Say a bad variable now, once. Valid values are remembered by a marker named after them
-    (<cache>/settings-ok/<digest>), so a start with the same variables costs a digest and a stat, not
-    settings.py's import. A valid FASTPATH_HOOKS_TARGET is said too, once per environment and target."""
+    """Say a bad variable now, once. Valid values leave a marker named after them (<cache>/settings-ok/<digest>),
+    so a start with the same ones costs a digest and a stat, not settings.py's import. A valid
+    FASTPATH_HOOKS_TARGET is said too, once per environment and target."""
     try:
         import hashlib
         import os
@@ -283,9 +278,8 @@ def selected(kernel):
 
 
 def _place(finder) -> None:
-    """Put the finder in a start-up stand-in's slot, else first. Never shifts the list: this can run
-    inside an import (resume) while CPython iterates sys.meta_path, where removing an entry would skip
-    the finder after it."""
+    """Put the finder in a start-up stand-in's slot, else first; never shifts the list, which CPython may be
+    iterating now (resume runs inside an import)."""
     for i, entry in enumerate(sys.meta_path):
         if is_stand_in(entry):
             sys.meta_path[i] = finder
