@@ -213,9 +213,8 @@ class _Pass:
         module, unknown, taken, layers, lacking = plan.module, plan.unknown, plan.taken, plan.layers, plan.lacking
         model = _short(module)
         if plan.reset:
-            events = sys.modules.get("fastpath_hooks.events")
-            if events is not None:
-                events.debug(f"{model}: imported before install(); its causal-conv1d cache is reset", "causal-conv1d")
+            _say("causal-conv1d", f"{model}: imported before install(); its causal-conv1d cache is reset",
+                 once=f"late-reset-{model}", level="debug")
         if unknown:
             _unknown(model, f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not laid out as "
                      f"fastpath-hooks knows for transformers {_version()}: kept as chosen then")
