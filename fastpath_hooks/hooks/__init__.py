@@ -1,20 +1,15 @@
 """The import hook: install() / uninstall(), the start-up hand-over, and the finder of the watched imports.
 
-An enabled environment loads this module at the first watched import (or `sitecustomize-entrypoints` at
-every start), so at module level it imports only what is loaded by then (`sys`, `_thread`, _names). The
-finder answers None at once for every name it does not watch (`_names.WATCHED`, and the modules of the
-kernels a FASTPATH_HOOKS_PINS file adds); for the watched ones:
-
-- a kernel module (`fla`, `causal_conv1d`, ...): before the import resolves, the engine may install or
-  repair it, or block it - the import then fails with an ImportError carrying the reason before any of
-  the kernel's code runs, so transformers keeps its torch path (era C chooses kernels with exactly this
-  import, see transformers-eras.md);
+An enabled environment loads this module at the first watched import, so at module level it imports only
+what is loaded by then (`sys`, `_thread`, _names). The finder answers None at once for the names it does
+not watch (`_names.WATCHED`, and the modules of the kernels a FASTPATH_HOOKS_PINS file adds); for the others:
+- a kernel module (`fla`, ...): before its import resolves the engine may install or repair it, or block
+  it - an ImportError with the reason before any of its code runs, so transformers keeps its torch path
+  (era C chooses kernels with exactly this import, see transformers-eras.md);
 - `transformers.utils.import_utils`: after it executed, wrap the gates (gates.py);
 - `transformers.integrations.hub_kernels` (5.25+): after it executed, wrap the hub mapping's getter.
-
-A failure of ours is said in one line and leaves the import as it would be without fastpath-hooks.
-What install() decided lives in `HOOKS`; gates.py and late.py are handed it and never import this
-module, so the hook layer has no import circle.
+A failure of ours is one line and leaves the import as it would be without fastpath-hooks. gates.py and
+late.py are handed `HOOKS` (what install() decided) and never import this module: no import circle.
 """
 
 import _thread
@@ -103,6 +98,8 @@ def install(*, kernels=None, on_event=None):
 
         logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
         return False
+    import os
+
     with HOOKS.lock:
         HOOKS.ended = False
         if on_event is not None:
@@ -114,7 +111,7 @@ def install(*, kernels=None, on_event=None):
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
             _place(finder)
-        if _user_pins():   # the modules of the kernels a pins file adds, too
+        if os.environ.get(PINS, "").strip():   # the modules of the kernels a pins file adds, too
             from .._registry import registry, watched_modules
 
             finder.watched = watched_modules(registry())
@@ -134,8 +131,6 @@ def install(*, kernels=None, on_event=None):
     # any kernel is imported, whatever kernels= leaves out. Inline, one access(2) per site-packages of this
     # environment: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it). The
     # literal is _names' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps it equal).
-    import os
-
     prefix = sys.prefix + os.sep
     for entry in sys.path:
         if entry.endswith("-packages") and entry.startswith(prefix) and \
@@ -194,12 +189,6 @@ def _settings_given() -> bool:
     return any(name.startswith(PREFIX) and name != DISABLE for name in os.environ)
 
 
-def _user_pins() -> bool:
-    import os
-
-    return bool(os.environ.get(PINS, "").strip())
-
-
 def _check_settings() -> None:
     """Say a bad variable now, once. Valid values leave a marker named after them (<cache>/settings-ok/<digest>),
     so a start with the same ones costs a digest and a stat, not settings.py's import. A valid
@@ -255,18 +244,19 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
         HOOKS.finder = None
         HOOKS.kernels = None
-        clear = getattr(sys.modules.get("fastpath_hooks.events"), "clear_listeners", None)
-        if clear is not None:
-            clear()
-        unpatch = getattr(sys.modules.get("fastpath_hooks.hooks.gates"), "unpatch", None)
-        if unpatch is not None:
-            unpatch()
+        _if_loaded("fastpath_hooks.events", "clear_listeners")
+        _if_loaded("fastpath_hooks.hooks.gates", "unpatch")
         hub_module = sys.modules.get(HUB_MODULE)
         if hub_module is not None:
             _unwrap_hub(hub_module)
-        forget = getattr(sys.modules.get("fastpath_hooks.engine"), "forget", None)
-        if forget is not None:
-            forget()
+        _if_loaded("fastpath_hooks.engine", "forget")
+
+
+def _if_loaded(module, function) -> None:
+    """`module.function()` where that module is loaded (else there is nothing of it to undo)."""
+    found = getattr(sys.modules.get(module), function, None)
+    if found is not None:
+        found()
 
 
 def installed():
