@@ -220,10 +220,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
         verdict = verdicts.get(kernel)
         if verdict:
             lines.append(f"    last verdict   {verdict.get('state')}: {verdict.get('reason')}")
-    for fix, kernels in shared.items():   # one fix for several kernels is said once, after them
-        if fix != machine_fix:
-            lines.append(f"  {', '.join(kernels)}")
-            lines.append(f"    to change it   {fix}")
+    lines += _shared_lines(shared, "to change it   ", said=machine_fix)
     rows = function_sources(plan, settings, pins)
     if rows:
         lines += ["", "Sources (what serves each function transformers decorates)"]
@@ -273,11 +270,7 @@ def packed_text(packed: dict, said: str | None = None) -> list:
             lines.append(f"    to fix it    {f['fix']}")
         lines.append(f"    models       {', '.join(models[:6])}"
                      + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
-    for fix, packages in shared.items():
-        if fix != said:
-            lines.append(f"  {', '.join(packages)}")
-            lines.append(f"    to fix it    {fix}")
-    return lines
+    return lines + _shared_lines(shared, "to fix it    ", said=said)
 
 
 def _shared_fixes(pairs) -> dict:
@@ -286,6 +279,12 @@ def _shared_fixes(pairs) -> dict:
     for name, fix in pairs:
         by_fix.setdefault(fix, []).append(name)
     return {fix: names for fix, names in by_fix.items() if len(names) > 1}
+
+
+def _shared_lines(shared: dict, label: str, said: str | None) -> list:
+    """A fix of several names said once, after them (`said`: one the report gives elsewhere)."""
+    return [line for fix, names in shared.items() if fix != said
+            for line in (f"  {', '.join(names)}", f"    {label}{fix}")]
 
 
 def plan_text(plan, settings, *, real_installed, pins) -> str:
