@@ -9,10 +9,10 @@ from dataclasses import replace
 from ._names import VERSION as __version__
 from .act import wheelcache
 from .act.gdr_check import cache_listing, warm_records
-from .decide.commands import (constraints, installed_after_needs, installer_choice, invocation, protected_constraints,
+from .decide.plan import (constraints, installed_after_needs, installer_choice, invocation, protected_constraints,
                               step_names, uv_executable)
 from .decide.common import Context
-from .decide.hub import sources
+from .decide.transformers import sources
 from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind
 from .decide.policy import batches, deps_with_wheels
 from .decide.transformers import era as transformers_era, packed_sequences
@@ -104,7 +104,7 @@ def plan_json(plan, settings, *, real_installed, pins) -> dict:
 
 
 def function_sources(plan, settings, pins) -> list:
-    """What serves each function transformers decorates here (decide/hub.py: the hub, the package, torch)."""
+    """What serves each function transformers decorates here (decide/transformers.py: the hub, the package, torch)."""
     return sources(plan, pins, Context(plan.environment, settings, pins, False).hazards)
 
 

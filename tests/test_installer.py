@@ -22,7 +22,7 @@ from support import guarded, venvs, wheels
 
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.act.installer import same_release
-from fastpath_hooks.decide.commands import constraints
+from fastpath_hooks.decide.plan import constraints
 
 PINS = pins_mod.load()
 MODELING = "transformers.models.qwen3_5.modeling_qwen3_5"

@@ -146,7 +146,7 @@ def test_constraints_keep_kernels_and_huggingface_hub_as_installed():
     """transformers 5.25 requires kernels 0.19.x and huggingface-hub 2.4+: a kernel install never changes them
     (protected, so pinned first in every constraints file, even where a step names them) - a --no-deps 5.25
     without them would break every from_pretrained."""
-    from fastpath_hooks.decide.commands import constraints
+    from fastpath_hooks.decide.plan import constraints
 
     installed = {"torch": "2.13.0+cpu", "transformers": "5.25.0", "kernels": "0.19.1", "huggingface-hub": "2.4.0",
                  "einops": "0.8.2"}

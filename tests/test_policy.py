@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fastpath_hooks.decide import commands
+from fastpath_hooks.decide import plan as commands
 
 from fastpath_hooks.facts import pins as pins_mod
 from fastpath_hooks.facts.distributions import canonical_name
@@ -435,7 +435,7 @@ ROWS = [
     Row("skip.accelerator.xpu (causal-conv1d)", "causal-conv1d", SKIP, "skip.accelerator.xpu", env=XPU,
         check=_leaves_alone("causal-conv1d does not support XPU", also={"fla": "fla.install"})),
 
-    # transformers 5.25+: the hub's kernels (the probe's facts: facts/probe.py; the choice: decide/hub.py)
+    # transformers 5.25+: the hub's kernels (the probe's facts: facts/probe.py; the choice: decide/transformers.py)
     Row("skip.hub: the hub serves every causal-conv1d function here", "causal-conv1d", SKIP, "skip.hub",
         env=HUB_MAMBA_LOCAL, dists={"transformers": "5.25.0"},
         check=_leaves_alone("from the hub here (kernels-community/mamba-ssm@v5)", fix="USE_HUB_KERNELS=0",

@@ -14,7 +14,7 @@ import sys
 import pytest
 from packaging.requirements import Requirement
 
-from fastpath_hooks.decide import commands, common
+from fastpath_hooks.decide import plan as commands, common
 
 from fastpath_hooks.facts import probe as probe_mod
 from fastpath_hooks.facts.distributions import canonical_name

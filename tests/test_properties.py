@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from fastpath_hooks.facts import pins as pins_mod
-from fastpath_hooks.decide.commands import invocation
+from fastpath_hooks.decide.plan import invocation
 from fastpath_hooks.facts.pins import PinsError
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP, Action, Plan
 from fastpath_hooks.decide.policy import decide

@@ -40,7 +40,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from .. import events
 from .._names import cache_root
 from ..decide.builds import core_budget, minutes, split_allowed
-from ..decide.commands import choose_installer, constraints, step_names
+from ..decide.plan import choose_installer, constraints, step_names
 from ..decide.plan import Step, StepKind
 from ..decide.policy import deps_with_wheels
 from ..facts.distributions import canonical_name, scan, site_packages

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from .. import events
 from .._names import cache_root
 from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
-from ..decide.commands import build_argv
+from ..decide.plan import build_argv
 from ..decide.wheel_fit import cxx11_abi_flag
 from ..events import shown_path
 from ..facts import memory, wheels as cached_wheels

@@ -1,5 +1,5 @@
 """The gated-delta-rule check and JIT warm-up of a verification child (the policy decides it:
-decide/warmup.py, a Decision's `check`).
+decide/plan.py, a Decision's `check`).
 
 In the verification child (act/verify.py: one child process for an install's import, numeric and this
 check; a bad kernel must not take the caller down, and a JIT can abort it), through the

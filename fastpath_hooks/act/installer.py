@@ -37,7 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import events
 from .._names import cache_root
-from ..decide.commands import choose_installer, constraints, invocation, step_names, uv_executable
+from ..decide.plan import choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.plan import StepKind
 from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, scan, site_packages

@@ -19,7 +19,7 @@ from ..facts.memory import torch_build
 from ..facts.pins import same_version
 from ..facts.wheels import parse_wheel
 from . import messages as rule_ids
-from .hub import hub_serves
+from .transformers import hub_serves
 from .messages import public
 from .plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, SKIP, Step, StepKind
 from .transformers import uses

@@ -1,12 +1,23 @@
-"""The plan: per kernel one decision, as immutable values the policy returns."""
+"""The plan: per kernel one decision (immutable values the policy returns), and the installer command
+lines of its steps (pure: no process is started here). Both installers get the same protections: a
+constraints file pinning every protected distribution as installed now, `--no-deps` for the kernel
+distributions, binary wheels only unless a source build is allowed, and the user's FIND_LINKS /
+OFFLINE / INDEX_URL; anything else comes from pip's or uv's own configuration.
+
+The gated-delta-rule check a Decision carries (`check`) to its verification child (act/gdr_check.py):
+the shapes (the imported model's, else the pins' defaults), which kernel path is compared with which,
+the tolerances. It also warms the JIT caches for those shapes, under the training process's cache
+variables (the decision's `env`), so the first training step finds them compiled.
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from ..events import TextEnum
 from ..facts.distributions import canonical_name
@@ -241,3 +252,265 @@ class Plan:
             "notes": list(self.notes),
             "decisions": [d.to_json() for d in self.decisions.values()],
         }
+
+
+# -- the installers' command lines ----------------------------------------------------------------
+
+CONSTRAINTS_PLACEHOLDER = "<constraints.txt>"
+
+
+@dataclass(frozen=True)
+class Invocation:
+    argv: tuple
+    env: tuple          # extra environment for the installer process
+    step: Step
+
+    def to_json(self) -> dict:
+        return {"argv": list(self.argv), "env": dict(self.env), "kind": self.step.kind}
+
+
+def choose_installer(settings, env) -> str:
+    """The installer to run (pip where none is available: `installer_choice` says why it cannot work)."""
+    return installer_choice(settings, env)[0] or "pip"
+
+
+def installer_choice(settings, env) -> tuple:
+    """(uv, pip or None, why). Auto mode prefers uv, except where pip is configured with its own index or
+    find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
+    the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
+    run here (`uv venv` makes no pip, and uv may not be on PATH; site-packages cannot be written); `why` is
+    `<what is missing>; <the fix>`."""
+    if env.unwritable_site:
+        return None, (f"site-packages is not writable ({env.unwritable_site}); install as the environment's owner, "
+                      "or set FASTPATH_HOOKS_SKIP")
+    if settings.installer == "uv" and not env.uv:
+        return None, ("FASTPATH_HOOKS_INSTALLER=uv but no uv found; put uv on PATH, or unset it and run "
+                      "`python -m ensurepip`")
+    if settings.installer == "pip" and not env.pip:
+        return None, "FASTPATH_HOOKS_INSTALLER=pip but no pip here; run `python -m ensurepip`, or put uv on PATH"
+    if settings.installer != "auto":
+        return settings.installer, f"FASTPATH_HOOKS_INSTALLER={settings.installer}"
+    if not env.uv:
+        if not env.pip:
+            return None, ("no installer: no uv found, no pip here; put uv on PATH (FASTPATH_HOOKS_INSTALLER=uv) "
+                          "or run `python -m ensurepip`")
+        return "pip", "auto: uv not found"
+    own_index = settings.offline or settings.index_url
+    if env.pip_index_config and not own_index and env.pip:
+        return "pip", (f"auto: pip's configuration names an index or find-links ({env.pip_index_config}), "
+                       "which uv would ignore")
+    return "uv", "auto: uv found"
+
+
+def uv_executable(env) -> str | None:
+    """The uv to run: None when uv is absent or only posed by a target (`uv=yes`)."""
+    return None if env.uv in (None, "posed") else env.uv
+
+
+def protected_constraints(installed: dict, protected) -> list[str]:
+    """`name==version` for each protected distribution that is installed (real versions, never posed ones)."""
+    return [f"{name}=={installed[name]}" for name in protected if name in installed]
+
+
+def constraints(installed: dict, protected, named=()) -> list[str]:
+    """The constraints file's lines, as the installer writes them for steps that name `named`
+    (and as `fastpath-hooks plan` prints them): every installed distribution the steps do not name
+    pinned to its current version, the protected ones (torch, triton, numpy, transformers) first.
+    The rest keep a dependency resolve from upgrading anything the user has that the transaction
+    does not back up (only the named distributions are). Real versions only, never posed ones."""
+    lines = protected_constraints(installed, protected)
+    free = {canonical_name(n) for n in named}
+    for name in sorted(installed):
+        if name in free or name in protected or name.startswith("~"):
+            continue
+        line = f"{name}=={installed[name]}"
+        try:
+            Requirement(line)
+            Version(installed[name])
+        except (InvalidRequirement, InvalidVersion):
+            continue
+        lines.append(line)
+    return lines
+
+
+def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
+    """What the installer finds installed when `kernel`'s own steps run: `installed`, then the
+    targets of the kernels it needs, in the order the engine installs them (depth first:
+    causal-conv1d before mamba-ssm, tilelang before fla). A wheel step's version is its file's
+    (local label included); a build's is its public version, which `==` matches whatever local
+    label the build adds. A dependency's version the resolver picks cannot be known in advance."""
+    out, seen = dict(installed), set()
+
+    def add(name: str) -> None:
+        for dep in decisions[name].needs:
+            if dep in seen or dep not in decisions:
+                continue
+            seen.add(dep)
+            add(dep)
+            decision = decisions[dep]
+            if not decision.acts:
+                continue
+            out.update((canonical_name(d), v) for d, v in decision.target.items())
+            for step in decision.steps:
+                if step.kind != "wheel":
+                    continue
+                wheel = parse_wheel(step.url or step.requirements[0])
+                if wheel is not None:   # its version as spelled (`abiTRUE`), as installed
+                    out[wheel.distribution] = wheel.filename.split("-")[1]
+
+    add(kernel)
+    return out
+
+
+def step_names(steps) -> set:
+    """The canonical distribution names the steps install (a wheel step: its file's distribution)."""
+    return {name for step in steps for name in step.names}
+
+
+def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,
+               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None,
+               local_files=()) -> Invocation:
+    """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path;
+    `local_files`: several wheel files installed by one call (the cached kernels of one request)."""
+    python = python or sys.executable
+    if step.kind == StepKind.BUILD:  # builds the wheel (installed next, from the work directory, and cached)
+        return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
+                          env=tuple(step.env), step=step)
+    reqs = list(step.requirements)
+    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/batch.py)
+        named = [r for r in step.requirements
+                 if step.kind == StepKind.WHEEL and not r.endswith(".whl") and r not in local_files]
+        files = [r for r in step.requirements if r not in named]
+        reqs = named + (list(local_files) or [local_file or step.url or files[0]])
+    if installer == "uv":
+        argv = [uv or "uv", "pip", "install", "--python", python]
+        if step.no_deps:
+            argv.append("--no-deps")
+        if step.binary_only:
+            argv += ["--only-binary", ":all:"]
+        if step.force:
+            for name in step.names:
+                argv += ["--reinstall-package", name]
+        if not step.build_isolation:
+            argv.append("--no-build-isolation")
+        argv += ["--constraints", constraints_file]
+    else:
+        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+        if step.no_deps:
+            argv.append("--no-deps")
+        if step.binary_only:
+            argv.append("--only-binary=:all:")
+        if step.force:
+            argv.append("--force-reinstall")
+        if not step.build_isolation:
+            argv.append("--no-build-isolation")
+        argv += ["--constraint", constraints_file]
+    argv += index_flags(settings) + list(reqs)
+    return Invocation(argv=tuple(argv), env=tuple(step.env), step=step)
+
+
+def index_flags(settings) -> list:
+    """Where pip/uv may look: no index offline, else the one set; the wheelhouses either way."""
+    flags = ["--no-index"] if settings.offline else ["--index-url", settings.index_url] if settings.index_url else []
+    for link in settings.find_links:
+        flags += ["--find-links", link]
+    return flags
+
+
+def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> list:
+    """`pip wheel` of a build step's sdist: against the installed torch (no build isolation), never
+    through pip's wheel cache (keyed by the sdist alone, it would hand an old build back under a
+    new torch), never a wheel instead of the sdist (--no-binary)."""
+    argv = [python or sys.executable, "-m", "pip", "wheel", "-v", "--disable-pip-version-check", "--no-input",
+            "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
+    for name in step.names:
+        argv += ["--no-binary", name]
+    return argv + index_flags(settings) + ["-w", out_dir, *step.requirements]
+
+
+def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
+    """(binary requirements, wheel steps, source-build requirements) of the acting decisions of
+    `kernels` (all when None) and of the kernels they need: what `fastpath-hooks download` fetches."""
+    needed = set()
+    for kernel in kernels or ():
+        needed.update(plan.decisions[kernel].needs)
+    binary, wheels, builds = [], [], []
+    for kernel, decision in plan.decisions.items():
+        if kernels and kernel not in kernels and kernel not in needed:
+            continue
+        if not decision.acts:
+            continue
+        for step in decision.steps:
+            if step.kind == StepKind.WHEEL:
+                wheels.append(step)
+            elif step.kind == StepKind.INDEX:
+                continue   # looked up on the index at install time, for the machine installing it
+            elif step.kind == StepKind.BUILD:
+                builds.extend(step.requirements)
+            else:
+                binary.extend(r for r in step.requirements if r not in binary)
+    return binary, wheels, builds
+
+
+# -- the gated-delta-rule check ---------------------------------------------------------------------
+
+KIND = "gated-delta-rule"
+
+
+def model_shapes(rows, warm, transformers=None) -> tuple:
+    """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows`, the
+    gated-delta-rule models whose config classes are imported here (Environment.model_shapes: their
+    defaults; a missing head count taken from the pins), else the pins' defaults. The heads are the ones
+    fla is called with: a `transformers` outside the pins' `gva_transformers` repeats q and k to the
+    value heads before the call."""
+    shapes, names = [], []
+    heads = warm.heads if warm is not None else (None, None)
+    repeat = (warm is not None and transformers is not None
+              and not warm.gva_transformers.contains(transformers, prereleases=True))
+    rows = tuple(rows) or ((("pins", warm.dims[0], warm.dims[1], None, None),) if warm is not None else ())
+    for name, k, v, hk, hv in rows:
+        if k is None or v is None:
+            continue
+        hk, hv = hk or heads[0], hv or heads[1]
+        shape = (hv if repeat else hk, hv, k, v)
+        if shape not in shapes:
+            shapes.append(shape)
+        if name not in names:
+            names.append(name)
+    if not shapes:
+        return (), "no model known yet"
+    source = "the pins' defaults, no model known yet" if names == ["pins"] else f"the {' and '.join(names)} config"
+    return tuple(shapes), source + (f", q and k repeated to the value heads by transformers {transformers}" if repeat else "")
+
+
+def off_switches(pins, served: str) -> dict:
+    """The variables that keep `served` on its own path: every backend's switch, off."""
+    return {s.switch.variable: s.switch.off for s in pins.kernels.values()
+            if s.kind == "backend" and served in s.serves and s.switch is not None}
+
+
+def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:
+    """The check of `kernel`: `served`'s own path run forward + backward at `shapes` (and warmed at the
+    pins' sequence lengths); for a backend also with it switched on, compared."""
+    spec = pins.kernel(kernel)
+    warm = spec.warm
+    check = {
+        "kind": KIND, "kernel": kernel, "served": served,
+        "own": off_switches(pins, served),
+        "check_seq": warm.check_seq, "seqs": list(warm.seqs), "final_state": list(warm.final_state),
+        "shapes": [list(s) for s in shapes], "shapes_from": shapes_from,
+        "tolerances": dict(warm.tolerances), "slack": warm.slack,
+    }
+    if spec.kind == "backend":
+        module, _, function = next((a for a in spec.verify_attributes if a.startswith(spec.module + ":")),
+                                   f"{spec.module}:").partition(":")
+        # on: the variable unset (the served kernel's default is on), off: the switch's value
+        check["compare"] = {"module": module, "function": function, "switch": spec.switch.variable}
+    return check
+
+
+def jit_env(env, pins, kernel: str) -> tuple:
+    """((variable, directory), ...) of the kernel's JIT caches the user has not set (pins `jit_caches`):
+    kept under fastpath-hooks' cache, where every environment of this machine finds them."""
+    return tuple((var, env.jit_caches[var]) for var in pins.kernel(kernel).jit_caches
+                 if var in env.jit_caches and var not in env.jit_caches_given)

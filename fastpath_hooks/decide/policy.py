@@ -28,7 +28,7 @@ from . import messages as short
 from .common import Context, USABLE, no_accelerator_reason, numeric_block
 from .plan import INSTALL, OK, Plan, SKIP, StepKind
 from .rules import backend, compiled, pair, pure
-from .warmup import jit_env
+from .plan import jit_env
 
 
 RULES = {"pure": pure.decide, "pair": pair.decide, "compiled": compiled.decide, "backend": backend.decide}

@@ -5,7 +5,7 @@ ecosystem's own levers - the mapping and LOCAL_KERNELS - never transformers' cod
 For each entry of the mapping on this machine's device type: where its kernel loads from (a user's
 LOCAL_KERNELS, the kernels cache, the hub when it answers within pins `hub.probe_seconds` and neither
 HF_HUB_OFFLINE nor FASTPATH_HOOKS_OFFLINE is set - else nowhere), then the same rules as for the
-packages (decide/hub.py). What may serve stays in the mapping: a cached kernel through LOCAL_KERNELS (so
+packages (decide/transformers.py). What may serve stays in the mapping: a cached kernel through LOCAL_KERNELS (so
 kernels loads it without asking the hub), a kernel that replaces a managed function after the numeric
 check its package gets (act/numeric.py, once per build, arch and torch build, remembered). The rest is
 dropped from the mapping: kernelize then keeps the decorated function - the package where it imported,
@@ -22,7 +22,7 @@ from .. import events
 from .._names import cache_root
 from ..act.numeric import verify_hub
 from ..decide.common import Context
-from ..decide.hub import choose as decide_choices, served_kernels
+from ..decide.transformers import choose as decide_choices, served_kernels
 from ..facts.probe import CACHE, ONLINE, device_type, entries, key_type, locate
 from .context import load_context
 from .world import World

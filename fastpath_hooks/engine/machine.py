@@ -343,7 +343,7 @@ def _install(run: Run):
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
         head = f"{kernel}: {short.NOT_INSTALLED} - "
-        reason, _, fix = why.partition("; ")     # `<what is missing>; <the fix>` (decide/commands.py)
+        reason, _, fix = why.partition("; ")     # `<what is missing>; <the fix>` (decide/plan.py)
         bare = reason.split(" (", 1)[0]          # a path in parentheses is detail: doctor shows it
         events.warning(first_fitting(head + why, f"{head}{bare}; {fix}", engine_line(head, bare, fix)), kernel,
                        once=f"fail-{kernel}", persist=f"{current.rule}:no-installer:{why}",

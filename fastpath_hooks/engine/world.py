@@ -29,7 +29,7 @@ from ..act.installer import InstallError, NumericMismatch, recover, run_steps
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
 from ..act.verify import verify
-from ..decide.commands import installer_choice
+from ..decide.plan import installer_choice
 from ..decide.policy import decide
 from ..facts.probe import after_install, probe, with_nvcc_version
 from .context import complete, fingerprint, load

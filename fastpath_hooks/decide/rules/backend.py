@@ -7,7 +7,7 @@ are known, and on by default here (`pays`: where a hazard makes the served kerne
 kernel anyway, or elsewhere) - and its import is never blocked (the served kernel would dispatch to
 the blocked module): one that is installed and cannot work here is turned off through the served
 kernel's switch (`off`, FLA_FLASH_QLA=0), and its verification compares it with the served kernel's
-own path (decide/warmup.py, act/gdr_check.py). It is ensured right after the served kernel, before
+own path (decide/plan.py, act/gdr_check.py). It is ensured right after the served kernel, before
 that kernel's import goes on (`wants`), after the kernels it needs (`needs`: tilelang, fla).
 Rule ids: `<prefix>.*` (decide/messages.py BACKEND)."""
 
@@ -22,7 +22,7 @@ from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backen
 from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
 from ..messages import PINS_FILE
 from ..messages import few
-from ..warmup import gdr_check, model_shapes
+from ..plan import gdr_check, model_shapes
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:

@@ -16,7 +16,7 @@ from ..transformers import era
 from .. import messages as short
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
 from ..messages import few
-from ..warmup import gdr_check, model_shapes
+from ..plan import gdr_check, model_shapes
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
