@@ -28,7 +28,7 @@ VERBS = {
 
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     """kernel -> list of invocation dicts, as `install` of the plan's kernels would run them; the
-    kernels it installs together (decide/policy.py) have their batch's commands under the first."""
+    kernels it installs together (decide/policy/) have their batch's commands under the first."""
     env = plan.environment
     installer, why = installer_choice(settings, env)
     out, files = {}, {}

@@ -27,7 +27,7 @@ from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
 from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.decide.builds import decide_build
 from fastpath_hooks.decide.policy import decide
-from fastpath_hooks.decide.wheel_fit import release_wheel
+from fastpath_hooks.decide.policy.compiled import release_wheel
 from fastpath_hooks.facts.environment import Environment
 from fastpath_hooks.facts.settings import Settings
 

@@ -226,11 +226,10 @@ def test_one_version_equality():
 
     assert same_version("0.6", "0.6.0") and same_version("not a version", "not a version")
     assert not same_version("0.1.12", "0.1.12.post1")
-    from fastpath_hooks.decide import builds, policy, wheel_fit
-    from fastpath_hooks.decide.rules import compiled, pair, pure
+    from fastpath_hooks.decide import builds, policy
+    from fastpath_hooks.decide.policy import compiled, pair, pure
 
-    assert not any(hasattr(m, "_same") for m in (policy, common, builds, wheel_fit,
-                                                 compiled, pair, pure))
+    assert not any(hasattr(m, "_same") for m in (policy, common, builds, compiled, pair, pure))
 
 
 def test_the_probe_takes_triton_distribution_names_from_the_pins(tmp_path):

@@ -286,8 +286,8 @@ def _matches(made: str, templates) -> bool:
     return False
 
 
-@pytest.mark.parametrize("module,table", [("rules/pure.py", rule_ids.PURE), ("rules/pair.py", rule_ids.PAIR),
-                                          ("rules/compiled.py", rule_ids.COMPILED), ("builds.py", rule_ids.COMPILED),
+@pytest.mark.parametrize("module,table", [("policy/pure.py", rule_ids.PURE), ("policy/pair.py", rule_ids.PAIR),
+                                          ("policy/compiled.py", rule_ids.COMPILED), ("builds.py", rule_ids.COMPILED),
                                           ("common.py", {**rule_ids.SHARED, **rule_ids.PURE, **rule_ids.COMPILED})])
 def test_every_rule_id_a_rules_module_makes_is_declared(module, table):
     """Read from the source, so a path no row reaches is checked too (rule_ids.rule_id also refuses an

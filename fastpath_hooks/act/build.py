@@ -35,7 +35,7 @@ from .. import events
 from .._names import cache_root
 from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
 from ..decide.plan import build_argv
-from ..decide.wheel_fit import cxx11_abi_flag
+from ..decide.policy.compiled import cxx11_abi_flag
 from ..events import shown_path
 from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields

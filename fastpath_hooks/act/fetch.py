@@ -15,7 +15,7 @@ A prebuilt kernel wheel from a package index (PEP 503 / PEP 691), made local and
 
 The policy names the exact version it wants, local label included (an index step:
 `causal-conv1d==1.6.2.post1+cu.13.0.torch.2.11` at `https://<host>/simple/cu130/causal-conv1d/`,
-decide/rules/compiled.py); here the project page is read - JSON (`application/vnd.pypi.simple.v1+json`,
+decide/policy/compiled.py); here the project page is read - JSON (`application/vnd.pypi.simple.v1+json`,
 api 1.x: `files[].filename/url/hashes.sha256`) or the HTML page (`<a href="URL#sha256=...">`) -
 and the one file of that version whose tags fit this Python and platform is downloaded and checked
 against the sha256 the index lists. A file without one is not taken; one whose bytes do not match

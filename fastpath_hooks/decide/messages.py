@@ -16,7 +16,7 @@ Each rule id declares two templates in decide/messages.py: `line` (the reason, s
 rule can name) and from the decision's own `facts` (what only its rule knows: the hazard, what a
 wheelhouse lacks, ...). `[...]` in a template is kept only when every slot inside it has a value.
 
-The driver (decide/policy.py) renders every decision once (`render`): `short_reason`, `short_fix`.
+The driver (decide/policy/) renders every decision once (`render`): `short_reason`, `short_fix`.
 The engine says `<kernel>: <outcome> - <short reason> (<short fix>)` (`line`); the whole reason
 and fix (`reason`, `fix`: paths, wheel names, the full list of what is missing) stay in doctor,
 plan and the debug log. A value that could be long (a list) is shortened where it is made (`few`),

@@ -23,7 +23,7 @@ from ..act.files import JOURNAL, STATE_DIR_NAME
 from ..decide.builds import decide_build
 from ..decide.plan import requirements_for
 from ..decide.plan import SKIP
-from ..decide.wheel_fit import built_fits
+from ..decide.policy.compiled import built_fits
 from ..events import fitted
 from . import current_world
 from .world import InstallFailed, LockUnavailable

@@ -29,7 +29,7 @@ The lock is released by the loop, whatever state it ends in.
 
 The steps decide the transitions; the lines an outcome is said in are outcome.py's.
 
-Installing a kernel together with the others of its request (INSTALL, when decide/policy.py finds
+Installing a kernel together with the others of its request (INSTALL, when decide/policy/ finds
 more than this one): their builds side by side, one installer call, one check (World.install_batch).
 The other members' verdicts are written here and remembered in the World for their own runs.
 """
@@ -442,7 +442,7 @@ def _remembered_failure(run: Run) -> Outcome | None:
 
 
 def batch_of(run) -> tuple:
-    """The acting decisions installed together with this one (decide/policy.py), in dependency
+    """The acting decisions installed together with this one (decide/policy/), in dependency
     order, this one among them: the compiled kernels of the same request - being ensured in this
     process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
     this decision otherwise (or a repair)."""

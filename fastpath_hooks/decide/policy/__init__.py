@@ -1,34 +1,24 @@
-"""The decision policy: a pure function (environment, settings, pins) -> Plan.
+"""The decision policy: a pure function (environment, settings, pins) -> Plan, each rule tested by a
+table row (tests/test_policy.py). The driver orders the kernels by the registry's needs/serves graph and
+hands each to its kind's rules (one module per kind here: `decide(ctx, kernel, decided) -> Decision`),
+then blocks a release whose numbers were measured wrong here (common.numeric_block, before a backend of
+it is decided), names a usable kernel's backends in its `wants` and sets the JIT cache variables where a
+check warms them.
 
-No I/O, no imports of torch or transformers, no clock: every input is an argument, so each rule is
-tested by a table row (tests/test_policy.py). The driver only orders the kernels by the registry's
-needs/serves graph and hands each to its kind's rules (decide/rules/), then blocks a release whose
-numbers were measured wrong here (common.numeric_block: before a backend of it is decided); then a
-usable kernel's backends are named in its `wants`, and the JIT cache variables set where a check warms
-them. `Decision.rule` names the rule that decided (declared in decide/messages.py), and its short form
-for the start-up line (decide/messages.py).
-
-Which acting decisions of one request are installed together (pure): the engine's batch.
-
-The compiled kernels of a request (mamba-ssm and the causal-conv1d it is used with; the kernels
-`fastpath-hooks install` is given; the ones a modeling module being imported names) whose
-decisions install wheels or build, and whose other needs are already usable, go in one batch: their
-builds side by side, their wheels in one installer call - with the dependencies they lack where no
-member builds (`deps_with_wheels`; a build imports them, so they go first then) - and one
-verification child (act/batch.py). The first of them in dependency order leads it - the one the engine reaches
-first, as every other one needs it or is decided after it. `plan` and `doctor` show the same
-batches (report.commands_for), the engine runs them (engine/machine.py).
+Batches (the engine's): the compiled kernels of a request whose decisions install wheels or build, and
+whose other needs are already usable, install together - builds side by side, wheels in one installer
+call (with the dependencies they lack where no member builds: `deps_with_wheels`), one verification
+child (act/batch.py) - led by the first in dependency order. `plan` and `doctor` show the same batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from . import messages as short
-from .common import Context, USABLE, no_accelerator_reason, numeric_block
-from .plan import INSTALL, OK, Plan, SKIP, StepKind
-from .rules import backend, compiled, pair, pure
-from .plan import jit_env
+from .. import messages as short
+from ..common import Context, USABLE, no_accelerator_reason, numeric_block
+from ..plan import INSTALL, OK, Plan, SKIP, StepKind, jit_env
+from . import backend, compiled, pair, pure
 
 
 RULES = {"pure": pure.decide, "pair": pair.decide, "compiled": compiled.decide, "backend": backend.decide}
