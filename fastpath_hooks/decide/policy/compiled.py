@@ -332,8 +332,7 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
     py = "".join(env.python.split(".")[:2])
     py_dotted = ".".join(env.python.split(".")[:2])
     abi = cxx11_abi_flag(env)
-    bad = next(((g, r) for r in pins.kernel(kernel).arch_rules if r.wheels == "avoid"
-                for g in env.gpus if r.applies(g, f"{cuda_major}.0")), None)
+    bad = _avoided(pins.kernel(kernel), env.gpus, f"{cuda_major}.0")
     if bad is not None:  # the release wheels of this CUDA major were built by such an nvcc (pins: arch_rules)
         gpu, rule = bad
         return None, (f"{kernel}'s cu{cuda_major} release wheels carry {gpu} code from nvcc {cuda_major}, which "
@@ -386,9 +385,10 @@ def index_sources(ctx: Context, kernel: str, build, *, cached: bool = False) -> 
         if gaps or not env.gpus:
             why = f"the {ix.name} index's CUDA {env.torch_cuda} builds hold no code for {'+'.join(gaps) or 'no GPU'}"
             continue
-        refused = prebuilt_arch_refusal(ctx.pins, kernel, env.gpus, env.torch_cuda)
-        if refused:
-            why = f"the {ix.name} index's builds {refused}"
+        bad = _avoided(spec, env.gpus, env.torch_cuda)
+        if bad is not None:
+            why = (f"the {ix.name} index's builds carry {bad[0]} code from nvcc {env.torch_cuda}, which "
+                   f"{bad[1].effect} ({bad[1].id})")
             continue
         channel = ix.channel.format(**fields, project=ix.project, channel="")
         url = ix.url.format(**fields, project=ix.project, channel=channel)
@@ -396,20 +396,10 @@ def index_sources(ctx: Context, kernel: str, build, *, cached: bool = False) -> 
     return out, ("" if out else why)
 
 
-def prebuilt_arch_refusal(pins, kernel: str, gpus, cuda: str | None) -> str | None:
-    """Why a prebuilt all-arch wheel (a package index's) compiled by CUDA `cuda`'s nvcc must not run
-    on one of `gpus`, else None. The hook for the pins' arch rules (`kernels.<name>.arch_rules`, with
-    `applies(gpu, nvcc_version)` and `wheels == "avoid"`: e.g. causal-conv1d#105, sm_103 code from
-    nvcc 13 computes wrong results): none in these pins, so nothing is refused yet."""
-    rules = getattr(pins, "arch_rules", None)
-    rules = rules.get(kernel, ()) if isinstance(rules, dict) or hasattr(rules, "get") else ()
-    for rule in rules:
-        if getattr(rule, "wheels", "avoid") != "avoid":
-            continue
-        for gpu in gpus:
-            if rule.applies(gpu, cuda):
-                return f"carry {gpu} code from nvcc {cuda}, which {rule.effect} ({rule.id})"
-    return None
+def _avoided(spec, gpus, nvcc: str | None):
+    """(gpu, rule) where an arch rule says prebuilt all-arch code from this nvcc is wrong on a visible GPU
+    (pins `arch_rules` with `wheels: avoid`: causal-conv1d#105, sm_103 code from nvcc 13), else None."""
+    return next(((g, r) for r in spec.arch_rules if r.wheels == "avoid" for g in gpus if r.applies(g, nvcc)), None)
 
 
 def index_wheel_fits(ctx: Context, kernel: str, build, name: str) -> bool:
