@@ -9,13 +9,11 @@ from dataclasses import replace
 from ._names import VERSION as __version__
 from .act import wheelcache
 from .act.gdr_check import cache_listing, warm_records
-from .decide.plan import (constraints, installed_after_needs, installer_choice, invocation, protected_constraints,
-                              step_names, uv_executable)
 from .decide.common import Context
-from .decide.transformers import sources
-from .decide.plan import BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind
+from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind, constraints, installed_after_needs,
+                          installer_choice, invocation, protected_constraints, step_names, uv_executable)
 from .decide.policy import batches, deps_with_wheels
-from .decide.transformers import era as transformers_era, packed_sequences
+from .decide.transformers import era as transformers_era, packed_sequences, sources
 
 VERBS = {
     OK: "nothing to do",

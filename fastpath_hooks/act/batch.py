@@ -39,9 +39,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from .. import events
 from .._names import cache_root
-from ..decide.builds import core_budget, minutes, split_allowed
-from ..decide.plan import choose_installer, constraints, step_names
-from ..decide.plan import Step, StepKind
+from ..decide.builds import core_budget, split_allowed
+from ..decide.messages import minutes
+from ..decide.plan import Step, StepKind, choose_installer, constraints, step_names
 from ..decide.policy import deps_with_wheels
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields

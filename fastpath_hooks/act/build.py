@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from .. import events
 from .._names import cache_root
-from ..decide.builds import core_budget, cuda_codes, minutes, split_allowed
+from ..decide.builds import core_budget, cuda_codes, split_allowed
+from ..decide.messages import minutes
 from ..decide.plan import build_argv
 from ..decide.policy.compiled import cxx11_abi_flag
 from ..events import shown_path

@@ -37,8 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import events
 from .._names import cache_root
-from ..decide.plan import choose_installer, constraints, invocation, step_names, uv_executable
-from ..decide.plan import StepKind
+from ..decide.plan import StepKind, choose_installer, constraints, invocation, step_names, uv_executable
 from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw

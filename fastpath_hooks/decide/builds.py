@@ -1,20 +1,9 @@
-"""The source-build decision of a compiled kernel, for the policy: which pinned release it builds
-(`release_order`), whether a build may start here, with which compiler, for which archs and how long
-(`source_build`), and `decide_build` for `fastpath-hooks build`.
-
-Data, not code, says what each kernel's sdist does (pins: `source_build`, `release`, `releases`).
-
-What a compiled kernel's source build compiles for this machine: the sdist's -gencode codes for an
-nvcc release, the codes the visible GPUs take (an arch rule may give a GPU another arch's code), what
-those rules change (said in the reason and the step's note), and whether the release's opt-in CUDA
-extension is compiled at all (the model families in use).
-
-Data, not code, says what each kernel's sdist does (pins: `source_build`).
-
-How long a compiled kernel's source build takes and how it uses the machine: the estimate (this
-machine's own last build, else the pins' measured figure, scaled by archs and cores), each build's
-share of the cores (MAX_JOBS and nvcc --split-compile threads, within the memory) when several run at
-once, and a duration as the lines say it.
+"""A compiled kernel's source build, for the policy and `fastpath-hooks build` (`decide_build`): which
+pinned release (`release_order`); whether a build may start here, with which compiler, for which archs
+and how long (`source_build`); what it compiles for this machine (the sdist's -gencode codes per nvcc
+release, the codes the visible GPUs take under the arch rules, whether the opt-in CUDA extension is
+compiled); and how builds share the machine (cores, nvcc threads, memory). Data, not code, says what each
+sdist does (pins: `source_build`, `release`, `releases`).
 """
 
 from __future__ import annotations
@@ -27,16 +16,14 @@ from packaging.specifiers import SpecifierSet
 from ..facts import wheels as cached_wheels
 from ..facts.distributions import canonical_name
 from .common import Context, deps_step, versions_here, within
-from .messages import few, render
+from .messages import few, minutes, render
 from .plan import Decision, INSTALL, SKIP, Step, StepKind
 
 
 def release_order(ctx: Context, kernel: str, planned: dict):
-    """(the pinned versions that fit here, in the pins' order of preference; version -> the declared
-    requirement the installed distributions, or those planned by a kernel ensured first, do not meet),
-    or (None, why none fits). `planned`: distribution -> version the kernels ensured before this one
-    install (only those: another kernel's plan may never run, fla absent).
-    A --no-deps install leaves such a requirement unmet, and the next resolver run would "fix" it
+    """(the pinned versions that fit here, in the pins' order; version -> its declared requirement that
+    what is installed, or `planned` by a kernel ensured first, does not meet), or (None, why none fits).
+    A --no-deps install leaves such a requirement unmet and the next resolver run would "fix" it
     (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
     env, pins = ctx.env, ctx.pins
     releases = pins.kernel(kernel).releases
@@ -61,17 +48,15 @@ def release_order(ctx: Context, kernel: str, planned: dict):
 
 
 def decide_build(env, settings, pins, kernel: str) -> Decision:
-    """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a
-    host that may have no GPU), whatever wheels exist; the same release choice, compiler, arch and
-    time rules as an automatic build."""
+    """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a host
+    that may have no GPU), whatever wheels exist, by an automatic build's rules."""
     ctx = Context(env, settings, pins, False)
     kw = ctx.kw(kernel, {})
     versions, clashes = release_order(ctx, kernel, {})
     if versions is None:
         return render(ctx, ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
                                     facts={"fits": versions_here(env)}, **kw))
-    # the pins' order, a release without a declared clash first; the first one that can be built here (offline:
-    # whose sdist the wheelhouse has), else the first one's reason
+    # a release without a declared clash first; the first that can be built here, else the first one's reason
     order = sorted(versions, key=lambda v: v in clashes)
     options = [source_build(ctx, kernel, pins.build(kernel, v), "asked for by `fastpath-hooks build`", kw, asked=True)
                for v in order]
@@ -178,8 +163,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                         facts={"missing": few(missing)}, **kw)
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     return Decision(kernel=kernel, action=INSTALL, rule=rule,
-                    # what happens and how long first: a line cut at 160 characters keeps it (the step's note
-                    # says how the estimate was made)
+                    # what happens and how long first, where a cut line keeps it
                     reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
                            f"{compiler}, about {minutes(seconds)}, an estimate{allowed}; "
                            f"{''.join(f'{short}; ' for short, _ in notes)}{why}",
@@ -187,8 +171,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
 
 
 def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_steps, kw) -> Decision:
-    """The release's CUDA extension is opt-in and no family in use calls it: a build that compiles nothing
-    (its Python and Triton ops), labelled `py` (`<prefix>.build.triton-only`)."""
+    """The release's CUDA extension is opt-in and no family in use calls it: a build of its Python and
+    Triton ops only, labelled `py`."""
     steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True,
                               binary_only=False, build_isolation=False, env=tuple(sorted(build.env.items())),
                               archs=("py",), note=f"source build without the CUDA extension ({families}): "
@@ -221,9 +205,8 @@ def cuda_codes(build, nvcc_version: str | None) -> tuple:
 
 
 def build_archs(env, build, archs=None) -> tuple:
-    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes whose binaries run on
-    `archs` (default the visible GPUs) - sm_86 takes sm_80's - given this nvcc; ROCm: gfx as is.
-    `build`: the kernel's SourceBuild (pins.build(kernel))."""
+    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes, given this nvcc, whose
+    binaries run on `archs` (default the visible GPUs) - sm_86 takes sm_80's; ROCm: gfx as is."""
     gpus = tuple(archs if archs is not None else env.gpus)
     if env.torch_hip:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
@@ -235,8 +218,8 @@ def build_archs(env, build, archs=None) -> tuple:
 
 
 def _build_as(gpu: str, build, nvcc_version) -> str:
-    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule that says this
-    nvcc's code for it is wrong (pins: kernels.<name>.arch_rules; an unknown nvcc release fails closed)."""
+    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule saying this
+    nvcc's code for it is wrong (an unknown nvcc release fails closed)."""
     rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
     return rule.build_as if rule is not None else gpu
 
@@ -250,10 +233,9 @@ def cuda_families(env, build) -> tuple:
 
 
 def needs_cuda_build(env, build) -> tuple:
-    """(whether the build compiles the CUDA extension, why - one clause). Always, unless this release's
-    extension is opt-in (pins: source_build.cuda_switch) and the model families known to be in use -
-    the modeling modules this process imported - include one that uses the package without it and none
-    that calls it. Not known (a CLI run, an import outside a model) counts as needing it."""
+    """(whether the build compiles the CUDA extension, why - one clause). Always, unless the release's
+    extension is opt-in (pins: source_build.cuda_switch) and the model families in use (the modeling
+    modules imported) include one that does without it and none that calls it. Unknown counts as needed."""
     switch = build.cuda_switch
     if switch is None or build.version is None or not switch.applies(build.version):
         return True, ""
@@ -266,8 +248,7 @@ def needs_cuda_build(env, build) -> tuple:
 
 
 def arch_rule_notes(env, build, archs=None) -> tuple:
-    """What the arch rules change for these GPUs: ((short, long), ...) - `sm_103 gets sm_100 code,
-    causal-conv1d#105` for the reason, the whole fact for the step's note and doctor."""
+    """What the arch rules change for these GPUs: ((short for the reason, whole for the step's note), ...)."""
     gpus = tuple(archs if archs is not None else env.gpus)
     if env.torch_hip:
         return ()
@@ -282,10 +263,9 @@ def arch_rule_notes(env, build, archs=None) -> tuple:
 
 
 def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
-    """(seconds, how): a measured build scaled by archs (each is compiled separately) and by fewer
-    cores (more cores do not help: the big files compile one per job). The measurement is this
-    machine's own last build of the distribution (`history`: the probe's `build_history`, newest
-    last; the same version preferred) where there is one, else the pins' `measured` figure."""
+    """(seconds, how): this machine's last build of the distribution (`history`, the same version
+    preferred), else the pins' measured figure, scaled by archs (each compiled separately) and by fewer
+    cores (more do not help: the big files compile one per job)."""
     mine = [r for r in history if r.get("distribution") == build.distribution and r.get("seconds")]
     same = [r for r in mine if r.get("version") == build.version] or mine
     if same:
@@ -304,20 +284,17 @@ def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
     return seconds, how
 
 
-# -- how a build uses the machine: jobs, split compilation, the share of the cores -------------------
+# -- how builds share the machine: jobs, split compilation, cores, memory --------------------------------
 
-# nvcc --split-compile=N (CUDA 11.8+: "Improving CUDA Compilation Time" in the CUDA Programming Guide;
-# `nvcc --help` of 13.0) runs the optimizer (cicc) and ptxas of one translation unit in N threads.
+# nvcc --split-compile=N (CUDA 11.8+) runs the optimizer and ptxas of one translation unit in N threads.
 SPLIT_COMPILE_NVCC = ">=11.8"
-# A job's memory: 4-6 GB resident measured for one causal-conv1d nvcc job with `--threads 4` (four
-# compiler threads, gpu-findings.md): about 1.5 GB per compiler thread, a job counted as its threads.
+# 4-6 GB resident measured for one causal-conv1d nvcc job with `--threads 4` (gpu-findings.md)
 GIB_PER_THREAD = 1.5
 
 
 class Share(NamedTuple):
-    """One build's part of the machine: `cores` of its CPUs, MAX_JOBS=`jobs`, `split` threads per nvcc job
-    (1: no --split-compile) - jobs x split <= cores, and within its part of the memory; `parts`: how many
-    parts a file of the pins' `split_units` is compiled in, side by side (1: whole)."""
+    """One build's part of the machine: `cores`, MAX_JOBS=`jobs`, `split` threads per nvcc job (1: no
+    --split-compile; jobs x split <= cores, within its memory), `parts` a `split_units` file is compiled in."""
     cores: int
     jobs: int
     split: int
@@ -334,8 +311,7 @@ def unit_parts(build, cores: int) -> int:
 
 def makespan(build, cores: int) -> float | None:
     """The build's expected wall time on `cores` from its files' measured compiles (pins
-    `parallel.unit_seconds`; a split unit in `unit_parts` equal parts), longest first onto the least
-    loaded core; None without the figures."""
+    `parallel.unit_seconds`), longest first onto the least loaded core; None without the figures."""
     seconds = dict(build.unit_seconds)
     if not seconds:
         return None
@@ -349,20 +325,19 @@ def makespan(build, cores: int) -> float | None:
 
 
 def split_allowed(build, settings, nvcc_version) -> bool:
-    """--split-compile for this build: the pins allow it for the kernel, FASTPATH_HOOKS_SPLIT_COMPILE is
-    not 0, and nvcc is a release that has it (an unknown release: not given)."""
+    """--split-compile for this build: the pins allow it, FASTPATH_HOOKS_SPLIT_COMPILE is not 0, and nvcc
+    is a known release that has it."""
     if getattr(settings, "split_compile", "auto") == "0" or not build.split_compile or nvcc_version is None:
         return False
     return within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC))
 
 
 def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=None, jobs_given: int | None = None) -> dict:
-    """kernel -> Share for builds that run at the same time: `builds` = (kernel, SourceBuild,
-    expected seconds, split allowed). The cores go where they shorten the longest build (`_balanced`,
-    from the files' measured compiles) - else in proportion to the expected times - at least one each; within its share a build runs one job per
-    translation unit (more leave cores idle) and gives nvcc the cores left over as --split-compile
-    threads; memory (`GIB_PER_THREAD` per thread, in the same proportion) takes threads away first,
-    then jobs. `jobs_given`: the user's MAX_JOBS, kept as it is. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
+    """kernel -> Share for builds run at the same time: `builds` = (kernel, SourceBuild, expected seconds,
+    split allowed). The cores go where they shorten the longest build (`_balanced`), else in proportion
+    to the expected times, at least one each; within its share a build runs one job per translation unit
+    and gives nvcc the cores left as --split-compile threads; memory takes threads away first, then jobs.
+    `jobs_given`: the user's MAX_JOBS, kept. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
     builds = list(builds)
     if not builds:
         return {}
@@ -401,8 +376,8 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=
 
 
 def _balanced(total: int, builds) -> list:
-    """`total` cores for builds that run side by side, one at a time to the build whose expected wall
-    time (`makespan`) is longest and drops with it - the request is done when its longest build is."""
+    """`total` cores, one at a time to the build whose expected wall time (`makespan`) is longest and
+    drops with it: the request is done when its longest build is."""
     shares = [1] * len(builds)
     for _ in range(max(0, total - len(builds))):
         spans = [makespan(b, c) for b, c in zip(builds, shares)]
@@ -425,6 +400,3 @@ def _proportional(total: int, weights) -> list:
         shares[i] += 1
     return shares
 
-
-def minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

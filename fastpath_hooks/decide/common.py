@@ -19,10 +19,9 @@ from ..facts.memory import torch_build
 from ..facts.pins import same_version
 from ..facts.wheels import parse_wheel
 from . import messages as rule_ids
-from .transformers import hub_serves
 from .messages import public
 from .plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, SKIP, Step, StepKind
-from .transformers import uses
+from .transformers import hub_serves, uses
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"

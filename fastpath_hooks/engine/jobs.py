@@ -21,8 +21,7 @@ from .._names import cache_root
 from ..act import wheelcache
 from ..act.files import JOURNAL, STATE_DIR_NAME
 from ..decide.builds import decide_build
-from ..decide.plan import requirements_for
-from ..decide.plan import SKIP
+from ..decide.plan import SKIP, requirements_for
 from ..decide.policy.compiled import built_fits
 from ..events import fitted
 from . import current_world

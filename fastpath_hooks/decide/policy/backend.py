@@ -18,11 +18,9 @@ from dataclasses import replace
 from packaging.version import Version
 
 from ...facts.pins import same_version
-from ..common import NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, shared_skip, within
-from ..plan import INSTALL, OK, Decision, OnFailure, Step, StepKind
-from ..messages import PINS_FILE
-from ..messages import few
-from ..plan import gdr_check, model_shapes
+from ..common import Context, NOT_OURS, USABLE, deps_step, fetch_fix, has_backend, shared_skip, within
+from ..messages import PINS_FILE, few
+from ..plan import Decision, INSTALL, OK, OnFailure, Step, StepKind, gdr_check, model_shapes
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:

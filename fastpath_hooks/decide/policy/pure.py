@@ -10,13 +10,12 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from ...facts.pins import same_version
-from ..common import (HALF_INSTALLED, NOT_OURS, USABLE, Context, deps_step, fetch_fix, has_backend, missing_import,
-                      shared_skip, versions_here, within)
-from ..transformers import era
 from .. import messages as short
-from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
+from ..common import (Context, HALF_INSTALLED, NOT_OURS, USABLE, deps_step, fetch_fix, has_backend, missing_import,
+                      shared_skip, versions_here, within)
 from ..messages import few
-from ..plan import gdr_check, model_shapes
+from ..plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, Step, StepKind, gdr_check, model_shapes
+from ..transformers import era
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
