@@ -1,7 +1,5 @@
 """What every kind's rules read: the decision context (environment, settings, pins, the wheelhouse),
 version tests, the skip rules every kernel shares, and the pieces of steps they all build.
-
-Pure like the rest of decide/: every input is an argument.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..events import MAX_LINE, PREFIX
 from ..facts.distributions import canonical_name
+from ..facts.environment import parse_version
 from ..facts.memory import torch_build
 from ..facts.pins import same_version
 from ..facts.wheels import parse_wheel
@@ -25,8 +24,7 @@ from .transformers import hub_serves, uses
 
 USABLE = (OK, INSTALL, REPAIR)   # a decision after which the kernel is there to use
 HALF_INSTALLED = "half-installed: two .dist-info in one directory, an install was interrupted"
-# Skips that leave an installed kernel alone even under a hazard: the user asked for it, or nothing
-# can run it here anyway.
+# skips that leave an installed kernel alone even under a hazard: asked for, or nothing can run it here
 NOT_OURS = ("skip.user", "skip.no-torch", "skip.no-accelerator")
 
 
@@ -77,33 +75,26 @@ class Context:
     @cached_property
     def wheelhouse(self) -> dict:
         """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS (parsed once)."""
-        out: dict = {}
-        for filename in self.env.wheelhouse:
-            try:
-                if filename.endswith(".whl"):
-                    wheel = parse_wheel(filename)
-                    if wheel is None:
-                        continue
-                    name, version = wheel.distribution, wheel.version
-                else:
-                    name, version = parse_sdist_filename(filename)
-            except (InvalidSdistFilename, InvalidVersion):
-                continue
-            out.setdefault(canonical_name(name), set()).add(version)
-        return out
+        return self._files(sdists_only=False)
 
     @cached_property
     def sdists(self) -> dict:
         """name -> set of versions available as sdists in FASTPATH_HOOKS_FIND_LINKS (what a build needs)."""
+        return self._files(sdists_only=True)
+
+    def _files(self, *, sdists_only: bool) -> dict:
         out: dict = {}
         for filename in self.env.wheelhouse:
             if filename.endswith(".whl"):
-                continue
-            try:
-                name, version = parse_sdist_filename(filename)
-            except (InvalidSdistFilename, InvalidVersion):
-                continue
-            out.setdefault(canonical_name(name), set()).add(version)
+                wheel = None if sdists_only else parse_wheel(filename)
+                found = (wheel.distribution, wheel.version) if wheel is not None else None
+            else:
+                try:
+                    found = parse_sdist_filename(filename)
+                except (InvalidSdistFilename, InvalidVersion):
+                    found = None
+            if found is not None:
+                out.setdefault(canonical_name(found[0]), set()).add(found[1])
         return out
 
     def missing_offline(self, steps) -> list:
@@ -171,16 +162,7 @@ def parse(version) -> Version | None:
         return version
     if not version:
         return None
-    return _version(str(version))
-
-
-@lru_cache(maxsize=None)
-def _version(text: str) -> Version | None:
-    """A version's text parsed once per process (the policy tests the same few versions many times)."""
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
+    return parse_version(str(version))
 
 
 @lru_cache(maxsize=None)
@@ -194,10 +176,6 @@ def requirement(raw: str) -> tuple:
 def major_minor(version) -> str | None:
     v = parse(version)
     return None if v is None else f"{v.major}.{v.minor}"
-
-
-def specifier(text) -> SpecifierSet:
-    return SpecifierSet(text)
 
 
 def has_backend(spec, version: str, backend: str) -> bool:
@@ -218,16 +196,10 @@ def has_backend(spec, version: str, backend: str) -> bool:
 def no_accelerator_reason(env) -> str:
     if env.torch is None:
         return "torch is not installed, so there is no accelerator to use kernels on"
-    if env.torch_build == "CPU":
-        reason = f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build"
-        if env.gpu_source == "target" and env.gpus:
-            # A posed GPU with this host's CPU torch: say how to pose the GPU machine's torch too.
-            reason += f"; to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes"
-        return reason
-    kind = env.torch_build.split()[0]  # CUDA / ROCm / XPU: the build's own kind of device
-    if env.gpus:
-        return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}"
-    return f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device; {env.gpu_source}"
+    reason = no_accelerator_short(env)["no_gpu"]
+    if env.torch_build == "CPU" and env.gpu_source == "target" and env.gpus:   # a posed GPU, this host's CPU torch
+        return reason + f"; to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes"
+    return reason if env.torch_build == "CPU" or env.gpus else f"{reason}; {env.gpu_source}"
 
 
 def no_accelerator_short(env) -> dict:
@@ -237,7 +209,7 @@ def no_accelerator_short(env) -> dict:
         posed = env.gpu_source == "target" and env.gpus
         return {"no_gpu": f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build",
                 "no_gpu_fix": f"to pose {'+'.join(env.gpus)}, add cuda=X.Y, hip=X.Y or xpu=yes" if posed else fix}
-    kind = env.torch_build.split()[0]
+    kind = env.torch_build.split()[0]   # CUDA / ROCm / XPU: the build's own kind of device
     if env.gpus:
         return {"no_gpu": f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}",
                 "no_gpu_fix": "install a torch build for these GPUs"}
@@ -274,7 +246,7 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
     if env.platform not in spec.platforms:
         return skip("platform", f"no {kernel} builds for {env.platform} (supported: {', '.join(spec.platforms)})")
     glibc_spec = spec.glibc.get(env.arch)
-    if glibc_spec and env.glibc and not within(env.glibc_version, specifier(glibc_spec)):
+    if glibc_spec and env.glibc and not within(env.glibc_version, SpecifierSet(glibc_spec)):
         return skip("glibc", f"{kernel} wheels for {env.arch} need glibc {glibc_spec}; this system has {env.glibc}")
     if not within(env.torch_version, spec.torch):
         return skip("torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})", f"use torch {spec.torch}")
@@ -310,9 +282,8 @@ def fetch_fix(what: str, source: str = "the index") -> str:
 
 
 def deps_step(ctx: Context, spec, extra=()) -> Step | None:
-    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine
-    lacks (or has too old): one already satisfied is neither named nor backed up by the installer.
-    A fresh plan (`download`, for another machine) names them all."""
+    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine lacks
+    or has too old (one already satisfied is neither named nor backed up); a fresh plan names them all."""
     reqs = []
     named = {canonical_name(requirement(r)[0].name) for r in spec.runtime_deps}
     wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(requirement(r)[0].name) not in named)
@@ -334,6 +305,27 @@ def deps_step(ctx: Context, spec, extra=()) -> Step | None:
                       ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
 
 
+def kernel_steps(ctx: Context, spec, version: str, note: str, *, force: bool = False) -> tuple:
+    """The dependencies this machine lacks, then the kernel's distributions at `version`, --no-deps."""
+    deps = deps_step(ctx, spec)
+    return ((deps,) if deps is not None else ()) + (
+        Step(kind=StepKind.KERNEL, requirements=tuple(f"{d}=={version}" for d in spec.distributions), no_deps=True,
+             force=force, note=note),)
+
+
+def first_installable(ctx: Context, releases, steps_of) -> tuple:
+    """(release, its steps, ()) for the first of `releases` installable here (offline: from the wheelhouse),
+    else (None, (), what the first one lacks)."""
+    first_missing = ()
+    for rel in releases:
+        planned = steps_of(rel.version)
+        missing = ctx.missing_offline(planned)
+        if not missing:
+            return rel, planned, ()
+        first_missing = first_missing or tuple(missing)
+    return None, (), first_missing
+
+
 def served_hazards(ctx: Context, kernel: str) -> list:
     """The hazards on this machine of the kernels `kernel` serves that need it (fla#640 needs tilelang)."""
     spec = ctx.pins.kernel(kernel)
@@ -344,9 +336,8 @@ NUMERIC_FIX = "pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cac
 
 
 def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
-    """A kernel release whose numbers were measured wrong on a visible GPU under this torch build
-    (act/numeric.py remembered it; the probe reads it) is blocked there, whatever else was decided:
-    installed or about to be, transformers keeps its torch path (`<prefix>.block.numeric`)."""
+    """A kernel release whose numbers were measured wrong on a visible GPU under this torch build (the
+    probe reads act/numeric.py's records) is blocked there, whatever else was decided."""
     if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
         return decision
     dist = ctx.pins.kernel(kernel).distributions[0]

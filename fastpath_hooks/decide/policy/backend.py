@@ -1,15 +1,12 @@
-"""A backend: pure-Python wheels that the kernel they serve dispatches to by itself whenever they are
-importable (flash-qla under fla 0.6: `find_spec("flash_qla")` is fla's whole availability check, and
-fla does not catch flash-qla's import or JIT errors). So a backend is installed only where it is the
-fastest correct path - a GPU it trains on (`archs.train`), an nvcc for its JIT, the kernels it runs on
-(`with`: tilelang) usable at versions its release supports, head dims it computes where the model's
-are known, and on by default here (`pays`: where a hazard makes the served kernel run its `with`
-kernel anyway, or elsewhere) - and its import is never blocked (the served kernel would dispatch to
-the blocked module): one that is installed and cannot work here is turned off through the served
-kernel's switch (`off`, FLA_FLASH_QLA=0), and its verification compares it with the served kernel's
-own path (decide/plan.py, act/gdr_check.py). It is ensured right after the served kernel, before
-that kernel's import goes on (`wants`), after the kernels it needs (`needs`: tilelang, fla).
-Rule ids: `<prefix>.*` (decide/messages.py BACKEND)."""
+"""A backend: pure-Python wheels the kernel they serve dispatches to whenever they are importable
+(flash-qla under fla 0.6: `find_spec("flash_qla")` is fla's whole check, and fla does not catch its
+import or JIT errors). So it is installed only where it is the fastest correct path - a GPU it trains on
+(`archs.train`), an nvcc for its JIT, the kernels it runs on (`with`: tilelang) usable at versions its
+release supports, head dims it computes, on by default here (`pays`) - and its import is never blocked
+(the served kernel would dispatch to the blocked module): an installed one that cannot work here is
+turned off through the served kernel's switch (`off`, FLA_FLASH_QLA=0). Its check compares it with the
+served kernel's own path. It is ensured right after the served kernel, before that kernel's import goes
+on (`wants`). Rule ids: `<prefix>.*` (decide/messages.py BACKEND)."""
 
 from __future__ import annotations
 
@@ -18,9 +15,10 @@ from dataclasses import replace
 from packaging.version import Version
 
 from ...facts.pins import same_version
-from ..common import Context, NOT_OURS, USABLE, deps_step, fetch_fix, has_backend, shared_skip, within
+from ..common import (Context, NOT_OURS, USABLE, fetch_fix, first_installable, has_backend, kernel_steps, shared_skip,
+                      within)
 from ..messages import PINS_FILE, few
-from ..plan import Decision, INSTALL, OK, OnFailure, Step, StepKind, gdr_check, model_shapes
+from ..plan import Decision, INSTALL, OK, OnFailure, gdr_check, model_shapes
 
 
 def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
@@ -84,7 +82,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             facts={"partner": partner}, **kw_off)
 
     shapes, shapes_from = _shapes(ctx, kernel)
-    checked, checked_from = (shapes, shapes_from) if shapes else model_shapes((), spec.warm, _transformers(env))
+    checked, checked_from = ((shapes, shapes_from) if shapes else
+                             model_shapes((), spec.warm, env.dist_version("transformers")))
     check = gdr_check(env, pins, kernel, served=served, shapes=checked, shapes_from=checked_from) if spec.warm else {}
     needs = tuple(spec.with_kernels) + (served,)
     if have:
@@ -110,14 +109,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if not fitting:
         partner, why, fix, facts = _old_partner(ctx, kernel, candidates[0], decided)
         return ctx.skip(kernel, f"old.{pins.kernel(partner).rule_prefix}", why, fix, facts=facts, **kw)
-    first_missing = ()
-    for rel in fitting:
-        planned = _steps(ctx, kernel, rel.version)
-        missing = ctx.missing_offline(planned)
-        if not missing:
-            break
-        first_missing = first_missing or tuple(missing)
-    else:
+    note = "the pinned release, without its torch/tilelang requirements (tilelang is the known-good pair, installed first)"
+    rel, planned, first_missing = first_installable(ctx, fitting, lambda v: kernel_steps(ctx, spec, v, note))
+    if rel is None:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
                         fetch_fix(f"{kernel}'s wheel"), facts={"missing": few(first_missing)}, **kw)
     reason = f"{kernel} {rel.version} for {served}'s gated delta rule on {'+'.join(sorted(set(env.gpus)))}"
@@ -134,9 +128,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
 
 
 def wanted_here(ctx: Context, kernel: str) -> bool:
-    """Whether this backend is on by default here without a hazard of the kernel it serves (`pays.elsewhere`)
-    and nothing of this machine rules it out - the pair rule installs its `with` kernel then (tilelang,
-    which fla alone needs only under fla#640). Reads the environment and settings, never a decision."""
+    """Whether this backend is on by default here without a hazard (`pays.elsewhere`) and nothing here rules
+    it out: the pair rule then installs its `with` kernel (tilelang). Reads no decision."""
     spec = ctx.pins.kernel(kernel)
     env, switch = ctx.env, spec.switch
     if not spec.pays.elsewhere or shared_skip(ctx, kernel, installed={}) is not None:
@@ -152,31 +145,14 @@ def _known(env) -> list:
 
 
 def _shapes(ctx: Context, kernel: str):
-    """(the shapes to check and warm, where they come from): the known models' that this backend computes
-    (none: () - it would not be used), or the pins' defaults where no model is known."""
+    """(the shapes to check and warm, where they come from): the known models' it computes (none: (), it
+    would not be used), or the pins' defaults where no model is known."""
     spec, env = ctx.pins.kernel(kernel), ctx.env
     known = _known(env)
     if not known:
-        return model_shapes((), spec.warm, _transformers(env))
+        return model_shapes((), spec.warm, env.dist_version("transformers"))
     fits = [m for m in known if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
-    return model_shapes(fits, spec.warm, _transformers(env)) if fits else ((), "")
-
-
-def _transformers(env):
-    """The installed transformers (the heads it calls fla with), or None."""
-    return env.dist_version("transformers")
-
-
-def _steps(ctx: Context, kernel: str, version: str) -> tuple:
-    spec = ctx.pins.kernel(kernel)
-    out = []
-    deps = deps_step(ctx, spec)
-    if deps is not None:
-        out.append(deps)
-    out.append(Step(kind=StepKind.KERNEL, requirements=tuple(f"{d}=={version}" for d in spec.distributions),
-                    no_deps=True, note="the pinned release, without its torch/tilelang requirements (tilelang is "
-                                       "the known-good pair, installed first)"))
-    return tuple(out)
+    return model_shapes(fits, spec.warm, env.dist_version("transformers")) if fits else ((), "")
 
 
 def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:

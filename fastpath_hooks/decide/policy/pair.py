@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from ...facts.pins import same_version
-from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, specifier, within
+from ..common import HALF_INSTALLED, Context, fetch_fix, deps_step, served_hazards, shared_skip, within
 from ..plan import BLOCK, INSTALL, OK, REPAIR, Decision, OnFailure, Step, StepKind
 from ..messages import few
 from . import backend
@@ -74,7 +75,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     nvcc_reqs = ()
     if spec.needs_nvcc and not env.nvcc:
         pk = spec.nvcc_packages
-        if pk and env.torch_cuda and within(env.cuda_version, specifier(pk["cuda"])):
+        if pk and env.torch_cuda and within(env.cuda_version, SpecifierSet(pk["cuda"])):
             nvcc_reqs = tuple(pk["requirements"])
         else:
             tail = (f", and {hz.kernel} uses {kernel} only when nvcc is found in CUDA_HOME, CUDA_PATH, PATH, "

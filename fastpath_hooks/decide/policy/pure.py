@@ -1,20 +1,19 @@
-"""Pure-Python wheels at pinned releases (fla: fla-core + flash-linear-attention, both at one
-version, --no-deps): the first release (`releases`, preference order) whose torch / triton /
-transformers ranges fit, and - where a hazard applies (fla#640 on Hopper) - one with the backend
-the hazard needs (`backends`), installed with the serving kernel ensured first; an installed
-release that is half-installed, mismatched, incompatible with this triton or unsafe here is
-replaced, or its import blocked. Rule ids: `<prefix>.*` (decide/messages.py PURE)."""
+"""Pure-Python wheels at pinned releases (fla: fla-core + flash-linear-attention, both at one version,
+--no-deps): the first release (`releases`, preference order) whose torch / triton / transformers ranges
+fit and - where a hazard applies (fla#640 on Hopper) - that has the backend the hazard needs, installed
+after the serving kernel; an installed release that is half-installed, mismatched, incompatible with
+this triton or unsafe here is replaced, or its import blocked. Rule ids: `<prefix>.*` (messages PURE)."""
 
 from __future__ import annotations
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from ...facts.pins import same_version
 from .. import messages as short
-from ..common import (Context, HALF_INSTALLED, NOT_OURS, USABLE, deps_step, fetch_fix, has_backend, missing_import,
-                      shared_skip, versions_here, within)
+from ..common import (Context, HALF_INSTALLED, NOT_OURS, USABLE, fetch_fix, first_installable, has_backend,
+                      kernel_steps, missing_import, parse, shared_skip, versions_here, within)
 from ..messages import few
-from ..plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, Step, StepKind, gdr_check, model_shapes
+from ..plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, gdr_check, model_shapes
 from ..transformers import era
 
 
@@ -23,8 +22,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     spec = pins.kernel(kernel)
     installed = ctx.installed_of(kernel)
     kw = ctx.kw(kernel, installed)
-    # the kernel's version: its first installed distribution's (before fla-core split off, 0.4,
-    # flash-linear-attention shipped the `fla` package itself)
+    # its first installed distribution's version (before 0.4 flash-linear-attention shipped `fla` itself)
     current = next((installed[d] for d in spec.distributions if d in installed), None)
 
     common = shared_skip(ctx, kernel, installed=installed)
@@ -72,7 +70,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if half:
             problems.append(f"{' and '.join(half)} {HALF_INSTALLED}")
             shorts.append(f"{' and '.join(half)} half-installed")
-        if len(installed) > 1 and len({Version(v) if _valid(v) else v for v in installed.values()}) > 1:
+        if len(installed) > 1 and len({parse(v) or v for v in installed.values()}) > 1:
             problems.append(" and ".join(f"{d} {v}" for d, v in installed.items()) + " differ")
             shorts.append("its distributions' versions differ")
         incompatible = known is not None and not within(env.triton_version, known.triton)
@@ -85,7 +83,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
             shorts.append(f"{current} lacks the {hz.needs} backend {hz.id} needs")
         problem = (shorts[0] + (f" (+{len(shorts) - 1} more)" if len(shorts) > 1 else "")) if shorts else ""
         if problems:
-            chosen, planned, missing = _pick(ctx, kernel, candidates, replace=True)
+            chosen, planned, missing = _pick(ctx, kernel, candidates, force=True)
             if chosen is not None:
                 return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
                                 f"; replacing with {kernel} {chosen.version}", steps=planned, target=target(chosen.version),
@@ -124,7 +122,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for {what}",
                         "add a release to a FASTPATH_HOOKS_PINS file",
                         facts={"fits": versions_here(env) + (f" with {hz.needs}" if hz is not None else "")}, **kw)
-    chosen, planned, missing = _pick(ctx, kernel, candidates, replace=False)
+    chosen, planned, missing = _pick(ctx, kernel, candidates, force=False)
     if chosen is None:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}",
                         fetch_fix(f"{kernel}'s wheels"), facts={"missing": few(missing)}, **kw)
@@ -140,9 +138,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
 
 
 def _warm_check(ctx: Context, kernel: str, hz) -> dict:
-    """Where a hazard makes the kernel run a serving kernel's JIT path (fla on Hopper: tilelang), its
-    verification child runs it forward + backward at the model's shapes (pins `warm`): the JIT
-    happens there, not in the first training step."""
+    """Where a hazard makes the kernel run a serving kernel's JIT path (fla on Hopper: tilelang), its check
+    runs it forward + backward at the model's shapes (pins `warm`): the JIT happens there, not in training."""
     spec = ctx.pins.kernel(kernel)
     if hz is None or spec.warm is None:
         return {}
@@ -167,9 +164,8 @@ def _issues(env, spec, chosen) -> str:
 
 
 def _switched_off(ctx: Context, kernel: str) -> tuple:
-    """(variable, off) of the kernels serving this one that cannot run on this accelerator (pins:
-    `switch.off_on`): without them the kernel must not try them (fla on ROCm: FLA_TILELANG=0) - unless
-    the user set the variable."""
+    """(variable, off) of the kernels serving this one that cannot run on this accelerator (pins
+    `switch.off_on`; fla on ROCm: FLA_TILELANG=0), unless the user set the variable."""
     env = ctx.env
     out = []
     for spec in ctx.pins.kernels.values():
@@ -198,9 +194,8 @@ def hazard_reason(env, hz, serving: Decision) -> str:
 
 def hazard_facts(ctx: Context, hz, serving: Decision, outcome_word: str) -> dict:
     """The short form: `fla#640 on sm_90 + triton 3.6.0 needs tilelang: no nvcc`, and one fix - the serving
-    kernel's (why it is missing), else the hazard's (the whole fix, both, is the decision's `fix`). Composed
-    with the serving kernel's reason, the line keeps the hazard, that reason and its fix: where the whole does
-    not fit, the GPU and triton go first, then the reason's optional parts (short.compact)."""
+    kernel's, else the hazard's. Where the whole does not fit the line, the GPU and triton go first, then
+    the serving reason's optional parts (short.compact)."""
     env = ctx.env
     gpus = "+".join(g for g in env.gpus if g in hz.gpu)
     fix = serving.short_fix if serving.short_reason and serving.short_fix else hz.fix
@@ -217,34 +212,8 @@ def hazard_fix(hz, serving: Decision) -> str:
     return f"{serving.fix}; or {hz.fix}" if serving.fix else hz.fix
 
 
-def _valid(version: str) -> bool:
-    try:
-        Version(version)
-        return True
-    except InvalidVersion:
-        return False
-
-
-def _pick(ctx: Context, kernel: str, candidates, *, replace: bool):
-    """(release, steps, ()) for the first candidate installable here, else (None, (), what the first one lacks)."""
-    first_missing = ()
-    for rel in candidates:
-        planned = _steps(ctx, kernel, rel.version, replace=replace)
-        missing = ctx.missing_offline(planned)
-        if not missing:
-            return rel, planned, ()
-        first_missing = first_missing or tuple(missing)
-    return None, (), first_missing
-
-
-def _steps(ctx: Context, kernel: str, version: str, *, replace: bool) -> tuple:
+def _pick(ctx: Context, kernel: str, candidates, *, force: bool):
     spec = ctx.pins.kernel(kernel)
-    out = []
-    deps = deps_step(ctx, spec)
-    if deps is not None:
-        out.append(deps)
-    out.append(Step(kind=StepKind.KERNEL, requirements=tuple(f"{d}=={version}" for d in spec.distributions),
-                    no_deps=True, force=replace,
-                    note=("every distribution at one version" if len(spec.distributions) > 1 else "the pinned release") +
-                         ", without their torch/transformers requirements"))
-    return tuple(out)
+    note = (("every distribution at one version" if len(spec.distributions) > 1 else "the pinned release") +
+            ", without their torch/transformers requirements")
+    return first_installable(ctx, candidates, lambda v: kernel_steps(ctx, spec, v, note, force=force))
