@@ -52,16 +52,14 @@ class StepKind(TextEnum):
 
 OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
 
-# The JSON schemas, documented field by field in docs/json-schema.md (checked by tests/test_cli.py).
-# Fields are only added within a version; removing, renaming or changing one bumps the number.
+# The JSON schemas (docs/json-schema.md): fields are only added within a version; any other change bumps it.
 PLAN_SCHEMA = "fastpath-hooks.plan/1"
 DOCTOR_SCHEMA = "fastpath-hooks.doctor/1"
 
 
 @dataclass(frozen=True)
 class Want:
-    """One requirement of a step, parsed once when the step is made (the installer, the commands
-    and the engine read these, never the requirement text)."""
+    """One requirement of a step, parsed once (the installer and the engine read these, never the text)."""
     name: str                          # canonical distribution name
     specifier: FrozenSpecifierSet      # a wheel file: ==its version
 
@@ -116,8 +114,7 @@ class Step:
 
     @cached_property
     def wants(self) -> tuple:
-        """One Want per requirement, in order: parsed once, when the installer first asks (a
-        replaced step, dataclasses.replace, parses its own)."""
+        """One Want per requirement, in order, parsed at the first ask (a replaced step parses its own)."""
         return tuple(_want(self.kind, raw) for raw in self.requirements)
 
     @property
@@ -167,8 +164,7 @@ class Decision:
     fix: str = ""                     # how the user can change the outcome
     transformers_uses: str = ""
     expected_seconds: float | None = None
-    # The short form the start-up line says (decide/messages.py, from the rule's templates in
-    # decide/messages.py): `reason` and `fix` above stay whole for doctor, plan and the debug log.
+    # the start-up line's short form (decide/messages.py); `reason` and `fix` stay whole for doctor and plan
     facts: FrozenMap = field(default_factory=FrozenMap)   # slot -> value only this decision's rule knows
     short_reason: str = ""
     short_fix: str = ""
@@ -176,7 +172,6 @@ class Decision:
     _freezes_itself = True
 
     def __post_init__(self):
-        # a plain string from an older caller (or a test) becomes the member it names
         object.__setattr__(self, "action", Action(self.action))
         object.__setattr__(self, "on_failure", OnFailure(self.on_failure))
         freeze_fields(self)
@@ -187,8 +182,8 @@ class Decision:
 
     @cached_property
     def repair(self) -> "Decision | None":
-        """What runs when this decision's child-process check fails: its `repair_steps` as a REPAIR,
-        decided with it (the engine executes it, never makes it); None without repair steps."""
+        """What runs when this decision's check fails: its `repair_steps` as a REPAIR, decided with it (the
+        engine executes it, never makes it); None without repair steps."""
         if not self.repair_steps:
             return None
         target = target_of(self.repair_steps)
@@ -275,11 +270,9 @@ def choose_installer(settings, env) -> str:
 
 
 def installer_choice(settings, env) -> tuple:
-    """(uv, pip or None, why). Auto mode prefers uv, except where pip is configured with its own index or
-    find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve
-    the unpinned dependencies from public PyPI instead of the site's index. None: no installer can
-    run here (`uv venv` makes no pip, and uv may not be on PATH; site-packages cannot be written); `why` is
-    `<what is missing>; <the fix>`."""
+    """(uv, pip or None, why). Auto prefers uv, except where pip is configured with its own index or
+    find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve from
+    public PyPI. None: no installer can run here; `why` is then `<what is missing>; <the fix>`."""
     if env.unwritable_site:
         return None, (f"site-packages is not writable ({env.unwritable_site}); install as the environment's owner, "
                       "or set FASTPATH_HOOKS_SKIP")
@@ -313,11 +306,9 @@ def protected_constraints(installed: dict, protected) -> list[str]:
 
 
 def constraints(installed: dict, protected, named=()) -> list[str]:
-    """The constraints file's lines, as the installer writes them for steps that name `named`
-    (and as `fastpath-hooks plan` prints them): every installed distribution the steps do not name
-    pinned to its current version, the protected ones (torch, triton, numpy, transformers) first.
-    The rest keep a dependency resolve from upgrading anything the user has that the transaction
-    does not back up (only the named distributions are). Real versions only, never posed ones."""
+    """The constraints file's lines for steps that name `named`: every installed distribution they do not
+    name pinned as it is, the protected ones first - a dependency resolve must not change anything the
+    transaction does not back up (only the named distributions). Real versions only, never posed ones."""
     lines = protected_constraints(installed, protected)
     free = {canonical_name(n) for n in named}
     for name in sorted(installed):
@@ -334,11 +325,9 @@ def constraints(installed: dict, protected, named=()) -> list[str]:
 
 
 def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
-    """What the installer finds installed when `kernel`'s own steps run: `installed`, then the
-    targets of the kernels it needs, in the order the engine installs them (depth first:
-    causal-conv1d before mamba-ssm, tilelang before fla). A wheel step's version is its file's
-    (local label included); a build's is its public version, which `==` matches whatever local
-    label the build adds. A dependency's version the resolver picks cannot be known in advance."""
+    """What the installer finds installed when `kernel`'s own steps run: `installed`, then the targets of
+    the kernels it needs, depth first as the engine installs them. A wheel step's version is its file's
+    (local label included); a build's is its public version, which `==` matches whatever label it adds."""
     out, seen = dict(installed), set()
 
     def add(name: str) -> None:
@@ -370,8 +359,8 @@ def step_names(steps) -> set:
 def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,
                constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None,
                local_files=()) -> Invocation:
-    """The argv that runs `step`. `local_file`: for wheel steps, the downloaded/wheelhouse path;
-    `local_files`: several wheel files installed by one call (the cached kernels of one request)."""
+    """The argv that runs `step`. `local_file`: a wheel step's downloaded or wheelhouse path; `local_files`:
+    several wheel files installed by one call (the cached kernels of one request)."""
     python = python or sys.executable
     if step.kind == StepKind.BUILD:  # builds the wheel (installed next, from the work directory, and cached)
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
@@ -418,9 +407,8 @@ def index_flags(settings) -> list:
 
 
 def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> list:
-    """`pip wheel` of a build step's sdist: against the installed torch (no build isolation), never
-    through pip's wheel cache (keyed by the sdist alone, it would hand an old build back under a
-    new torch), never a wheel instead of the sdist (--no-binary)."""
+    """`pip wheel` of a build step's sdist: against the installed torch (no build isolation), never through
+    pip's wheel cache (keyed by the sdist alone, it would hand an old build back under a new torch)."""
     argv = [python or sys.executable, "-m", "pip", "wheel", "-v", "--disable-pip-version-check", "--no-input",
             "--progress-bar", "off", "--no-deps", "--no-build-isolation", "--no-cache-dir"]
     for name in step.names:
@@ -454,15 +442,11 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
 
 # -- the gated-delta-rule check ---------------------------------------------------------------------
 
-KIND = "gated-delta-rule"
-
 
 def model_shapes(rows, warm, transformers=None) -> tuple:
-    """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows`, the
-    gated-delta-rule models whose config classes are imported here (Environment.model_shapes: their
-    defaults; a missing head count taken from the pins), else the pins' defaults. The heads are the ones
-    fla is called with: a `transformers` outside the pins' `gva_transformers` repeats q and k to the
-    value heads before the call."""
+    """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows` (the
+    imported gated-delta-rule models' config defaults), else the pins' defaults. The heads are those fla
+    is called with: a `transformers` outside the pins' `gva_transformers` repeats q and k to the value heads."""
     shapes, names = [], []
     heads = warm.heads if warm is not None else (None, None)
     repeat = (warm is not None and transformers is not None
@@ -490,12 +474,12 @@ def off_switches(pins, served: str) -> dict:
 
 
 def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:
-    """The check of `kernel`: `served`'s own path run forward + backward at `shapes` (and warmed at the
-    pins' sequence lengths); for a backend also with it switched on, compared."""
+    """The check of `kernel`: `served`'s own path forward + backward at `shapes` (warmed at the pins'
+    sequence lengths); for a backend also with it switched on, compared."""
     spec = pins.kernel(kernel)
     warm = spec.warm
     check = {
-        "kind": KIND, "kernel": kernel, "served": served,
+        "kind": "gated-delta-rule", "kernel": kernel, "served": served,
         "own": off_switches(pins, served),
         "check_seq": warm.check_seq, "seqs": list(warm.seqs), "final_state": list(warm.final_state),
         "shapes": [list(s) for s in shapes], "shapes_from": shapes_from,
@@ -510,7 +494,7 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
 
 
 def jit_env(env, pins, kernel: str) -> tuple:
-    """((variable, directory), ...) of the kernel's JIT caches the user has not set (pins `jit_caches`):
-    kept under fastpath-hooks' cache, where every environment of this machine finds them."""
+    """((variable, directory), ...) of the kernel's JIT caches the user has not set (pins `jit_caches`), under
+    fastpath-hooks' cache, where every environment of this machine finds them."""
     return tuple((var, env.jit_caches[var]) for var in pins.kernel(kernel).jit_caches
                  if var in env.jit_caches and var not in env.jit_caches_given)
