@@ -1,28 +1,16 @@
-"""Every rule id the policy can emit, declared once (like pip's error codes or ruff's rule registry):
-how its outcome is said and what it needs. The engine reads severities and needs from here, never
-from the id's text; the policy makes its ids through `rule_id`, which accepts only declared ones.
+"""Every rule id the policy can emit, declared once (like pip's error codes or ruff's rule registry),
+and the one-line human form of a decision. The engine reads severities and needs from here, never from
+the id's text; the policy makes its ids through `rule_id`, which accepts only declared ones.
 
-An id is `<scope>.<suffix>`. The rules every kernel shares have the scope `skip`; the others the
-kernel's rule prefix (its registry entry's `rule_prefix`: fla, tilelang, causal, mamba, qla) and a suffix
-declared for the kernel's kind. Three families take their last part from the kernel's data:
-`{accelerator}` (cuda, rocm, xpu), `{with}` (the rule prefix of a kernel it is used with) and
-`{import}` (a distribution its import needs, `imports_installed`).
+An id is `<scope>.<suffix>`: `skip` for the rules every kernel shares, else the kernel's `rule_prefix`
+and a suffix declared for its kind. Three families take their last part from the kernel's data:
+`{accelerator}`, `{with}` (the rule prefix of a kernel it is used with), `{import}` (`imports_installed`).
 
-The short human form of a decision: what one line at start-up says.
-
-Each rule id declares two templates in decide/messages.py: `line` (the reason, short by design) and
-`fix` (how to change the outcome; "" where nothing the user does changes it). Their named slots
-(`{torch}`, `{missing}` ...) are filled from the decision's context (`slots` below: the facts every
-rule can name) and from the decision's own `facts` (what only its rule knows: the hazard, what a
-wheelhouse lacks, ...). `[...]` in a template is kept only when every slot inside it has a value.
-
-The driver (decide/policy/) renders every decision once (`render`): `short_reason`, `short_fix`.
-The engine says `<kernel>: <outcome> - <short reason> (<short fix>)` (`line`); the whole reason
-and fix (`reason`, `fix`: paths, wheel names, the full list of what is missing) stay in doctor,
-plan and the debug log. A value that could be long (a list) is shortened where it is made (`few`),
-so a line never needs cutting; events.fit stays a last-resort net.
-
-Pure, like the rest of decide/.
+Each rule declares `line` (the reason, short by design) and `fix` ("" where nothing the user does changes
+the outcome); their slots are filled from the context (`slots`) and the decision's own `facts`, and `[...]`
+is kept only when every slot inside has a value. The driver renders each decision once (`render`); the
+engine says `<kernel>: <outcome> - <short reason> (<short fix>)` (`line`), while the whole reason and fix
+stay in doctor, plan and the debug log. A value that could be long is shortened where it is made (`few`).
 """
 
 from __future__ import annotations
@@ -32,6 +20,7 @@ import string
 from dataclasses import dataclass, replace
 
 from ..events import MAX_LINE, PREFIX, Severity
+from .plan import target_of
 
 
 NVCC_RELEASE = "nvcc-release"   # needs nvcc's CUDA release: asked for (`nvcc --version`), then decided again
@@ -47,17 +36,14 @@ class Rule:
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
-    # The short human form, said as `<kernel>: <outcome> - <line> (<fix>)` (decide/messages.py): templates
-    # whose named slots are the context's (`short.slots`) or the decision's `facts`; `[...]` is kept
-    # only when its slots have values. `fix` "" says nothing the user does changes the outcome.
-    # None: not written yet - tests/test_lines.py names the rule.
+    # the short form's templates (module docstring); None: not written yet - tests/test_lines.py names the rule
     line: str | None = None
     fix: str | None = None
 
 
 _S, _W = Severity.STATUS, Severity.WARNING
 
-# Fixes several rules share (short by design: the whole fix is in the decision's `fix`)
+# fixes several rules share
 FETCH = "fastpath-hooks download gets them"
 PINS_FILE = "add one via FASTPATH_HOOKS_PINS"
 AHEAD = "ahead of time: fastpath-hooks build {kernel}"
@@ -69,8 +55,8 @@ NUMERIC = {
                           requires=("numeric_checks",),
                           line="{measured}", fix=NUMERIC_SHORT_FIX),
 }
-# a compiled kernel whose CUDA extension is opt-in (pins: source_build.cuda_switch): where only model families
-# that use its Triton ops are in use, nothing is compiled - good for those families only, so never a warm verdict
+# a compiled kernel with an opt-in CUDA extension (pins: source_build.cuda_switch): a build without it is good
+# for the families in use only, so never a warm verdict
 _SWITCH = ("cuda_switch",)
 
 SHARED = {
@@ -441,9 +427,8 @@ def fill(template: str, values: dict) -> str:
 
 
 def compact(ctx, decision) -> str:
-    """The decision's short reason without its optional parts (`[...]`, the least important): what a line
-    that composes it with another kernel's says where the whole does not fit (`fitting`); "" where its
-    rule has no short form or nothing would be left."""
+    """The decision's short reason without its optional parts (`[...]`), for a line composing it with another
+    kernel's where the whole does not fit (`fitting`); "" where nothing would be left."""
     rule = lookup(ctx.pins, decision.rule)
     bare = _GROUP.sub("", rule.line) if rule is not None and rule.line else ""
     if not bare.strip(" ;,"):
@@ -468,8 +453,6 @@ def strict(ctx, decision) -> tuple:
     try:
         out = texts(_rule(ctx, decision.rule), values)
         if decision.repair_steps:
-            from .plan import target_of
-
             repair = dict(values, target=versions(ctx.pins.kernel(decision.kernel), target_of(decision.repair_steps)))
             out += texts(_rule(ctx, decision.rule + ".repair"), repair)
     except KeyError as exc:
