@@ -226,24 +226,22 @@ def served_kernels(choices) -> dict:
 
 
 def hub_serves(ctx, kernel: str) -> tuple:
-    """The hub refs that serve every function of `kernel` in transformers' mapping here (the probe's facts:
-    Environment.hub_entries / hub_where), () when the hub does not serve it all - then its package does."""
-    env = ctx.env
-    rows = [HubEntry(*row) for row in env.hub_entries if row[5] == kernel]
-    if not rows:
-        return ()
+    """The hub refs that serve every function of `kernel` in transformers' mapping here, () when the hub does
+    not serve it all - then its package does."""
+    return served_kernels(_choices(ctx.env, ctx.pins, ctx.hazards, kernel)).get(kernel, ())
+
+
+def _choices(env, pins, hazards, kernel=None) -> tuple:
+    """The probe's hub entries (`kernel`'s, else all), chosen by where they load from (Environment.hub_where)."""
+    rows = [HubEntry(*row) for row in env.hub_entries if kernel is None or row[5] == kernel]
     where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
-    return served_kernels(choose(rows, env=env, pins=ctx.pins, where=where, hazards=ctx.hazards)).get(kernel, ())
+    return choose(rows, env=env, pins=pins, where=where, hazards=hazards)
 
 
 def sources(plan, pins, hazards) -> list:
     """What serves each function transformers decorates for the managed kernels here: `hub <repo>@v<N>`,
-    `package <dist> <version>`, or `torch`, with the reason (doctor, plan, --json). The hub where the probe
-    read transformers 5.25+'s mapping (its entries and where they load from), else the kernel's decision."""
-    env = plan.environment
-    where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
-    rows = [HubEntry(*row) for row in env.hub_entries]
-    hub = {c.entry.name: c for c in choose(rows, env=env, pins=pins, where=where, hazards=hazards)}
+    `package <dist> <version>`, or `torch`, with the reason (doctor, plan, --json)."""
+    hub = {c.entry.name: c for c in _choices(plan.environment, pins, hazards)}
     out = []
     for func, package in dict.fromkeys(DECORATED.values()):
         kernel = KERNEL_MODULES.get(package)
