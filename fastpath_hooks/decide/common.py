@@ -198,7 +198,8 @@ def no_accelerator_reason(env) -> str:
         return "torch is not installed, so there is no accelerator to use kernels on"
     reason = no_accelerator_short(env)["no_gpu"]
     if env.torch_build == "CPU" and env.gpu_source == "target" and env.gpus:   # a posed GPU, this host's CPU torch
-        return reason + f"; to pose a machine with {'+'.join(env.gpus)}, add its torch build: cuda=..., hip=... or xpu=yes"
+        gpus = "+".join(env.gpus)
+        return f"{reason}; to pose a machine with {gpus}, add its torch build: cuda=..., hip=... or xpu=yes"
     return reason if env.torch_build == "CPU" or env.gpus else f"{reason}; {env.gpu_source}"
 
 

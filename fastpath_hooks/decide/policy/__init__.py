@@ -29,10 +29,10 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
     (what a new machine of this kind needs - used by `download`)."""
     ctx = Context(env, settings, pins, fresh)
     decided: dict = {}
-    for kernel in decision_order(pins):
+    for kernel in pins.decision_order:   # each kernel after the ones its rules read (facts/pins)
         # rendered at once: a later kernel's line may name this one's short reason (fla's: tilelang's)
-        decided[kernel] = short.render(ctx, numeric_block(ctx, kernel, RULES[pins.kernel(kernel).kind](ctx, kernel,
-                                                                                                     decided)))
+        decision = RULES[pins.kernel(kernel).kind](ctx, kernel, decided)
+        decided[kernel] = short.render(ctx, numeric_block(ctx, kernel, decision))
     decided = with_jit_caches(ctx, with_backends(ctx, decided))
     notes = []
     if env.accelerator is None:
@@ -41,8 +41,8 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
 
 
 def with_backends(ctx: Context, decided: dict) -> dict:
-    """A usable kernel ensures its backends right after itself, before its import goes on (`wants`): they
-    are installed (or checked, or switched off) before its backend registry looks for them."""
+    """A usable kernel ensures its backends (`wants`) right after itself, before its import goes on and its
+    backend registry looks for them."""
     out = dict(decided)
     for kernel, decision in decided.items():
         if decision.action not in USABLE:
@@ -55,10 +55,9 @@ def with_backends(ctx: Context, decided: dict) -> dict:
 
 
 def with_jit_caches(ctx: Context, decided: dict) -> dict:
-    """Where a verification child warms JIT caches here (a decision with a `check`: the one due now, or the
-    install's earlier one for an installed kernel), every usable kernel with JIT caches (pins `jit_caches`)
-    sets them for the process that imports it - the training run then finds what the child compiled -
-    unless the user set them (to another directory than fastpath-hooks': facts/probe.py)."""
+    """Where a check warms JIT caches here (a decision with a `check`), every usable kernel with JIT caches
+    (pins `jit_caches`) sets them for the process that imports it, so the training run finds what the child
+    compiled - unless the user set them."""
     if not any(d.check and d.action in USABLE for d in decided.values()):
         return decided
     out = dict(decided)
@@ -73,12 +72,6 @@ def listed(pins) -> tuple:
     """The plan's order (what users read): the kernels models use, then the ones that serve them."""
     kernels = pins.kernels
     return tuple(k for k, s in kernels.items() if not s.serves) + tuple(k for k, s in kernels.items() if s.serves)
-
-
-def decision_order(pins) -> tuple:
-    """Each kernel after the ones its rules read (the registry's serves / with / imports_optional
-    graph: facts.pins.decision_order, which rejects a circle when the pins are loaded)."""
-    return pins.decision_order
 
 
 BATCHED_STEPS = frozenset({StepKind.DEPS, StepKind.WHEEL, StepKind.INDEX, StepKind.BUILD})

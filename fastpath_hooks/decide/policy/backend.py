@@ -109,7 +109,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if not fitting:
         partner, why, fix, facts = _old_partner(ctx, kernel, candidates[0], decided)
         return ctx.skip(kernel, f"old.{pins.kernel(partner).rule_prefix}", why, fix, facts=facts, **kw)
-    note = "the pinned release, without its torch/tilelang requirements (tilelang is the known-good pair, installed first)"
+    note = ("the pinned release, without its torch/tilelang requirements (tilelang is the known-good pair, "
+            "installed first)")
     rel, planned, first_missing = first_installable(ctx, fitting, lambda v: kernel_steps(ctx, spec, v, note))
     if rel is None:
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",

@@ -85,7 +85,7 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
     Fine while only families that use its Triton ops are in use (decided again at every start); a family
     that calls the extension needs a rebuild with it (`repair.cuda`), or the kernel is blocked (`block.no-cuda`)."""
     dist = ctx.pins.kernel(kernel).distributions[0]
-    build = ctx.pins.build(kernel, _public(installed_v))
+    build = ctx.pins.build(kernel, public(installed_v))
     needs, why = needs_cuda_build(ctx.env, build)
     calls, users = cuda_families(ctx.env, build)
     if not needs:
@@ -111,8 +111,7 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
 
 def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision) -> dict:
     """Why a build without its CUDA extension cannot be rebuilt here, and the fix, as the blocked line says
-    them: the rebuild's own short reason and fix where they fit beside the rest, else a pointer to doctor
-    (which has them whole)."""
+    them: the rebuild's own short forms where they fit, else a pointer to doctor."""
     head = f"{public(installed_v)} lacks the CUDA extension a model here calls; "
     options = [(inner.short_reason, inner.short_fix)] if inner.short_reason else []
     options.append(("it cannot be rebuilt here", "why and how to fix it: fastpath-hooks doctor"))
@@ -120,10 +119,6 @@ def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision
         if len(PREFIX + compose(kernel, "blocked", head + reason, fix)) <= MAX_LINE:
             break
     return {"cannot": reason, "cannot_fix": fix or "pip uninstall it; install it where it builds"}
-
-
-def _public(version: str) -> str:
-    return version.split("+", 1)[0]
 
 
 def _bad_code(ctx: Context, kernel: str, installed: str):
@@ -166,9 +161,8 @@ def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | N
 
 
 def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
-    """The install of one pinned release: one that needs no build before one that does, then one
-    whose declared requirements agree with what is installed or planned, then the pins' order. When
-    none can be installed, the first one's reason."""
+    """The install of one pinned release: no build before a build, then one whose declared requirements
+    agree with what is installed or planned, then the pins' order; none installable: the first one's reason."""
     planned = {}
     for k in _needed(ctx, kernel, decided):
         if decided[k].action in (INSTALL, REPAIR):
@@ -199,8 +193,7 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
 
 
 def _with_partners(ctx: Context, kernel: str, decided: dict, decision: Decision) -> Decision:
-    """The kernels it is only useful with, or whose import runs inside its own, are ensured first
-    (the engine's `needs`)."""
+    """The kernels it is only useful with, or whose import runs inside its own, are ensured first (`needs`)."""
     needs = _needed(ctx, kernel, decided)
     if not needs:
         return decision
@@ -210,17 +203,15 @@ def _with_partners(ctx: Context, kernel: str, decided: dict, decision: Decision)
 
 
 def _needed(ctx: Context, kernel: str, decided: dict) -> tuple:
-    """The kernels ensured before this one: its `with` partners that will be usable, then its
-    `imports_optional` ones (below)."""
+    """The kernels ensured before it: its `with` partners that will be usable, then `_optional_needs`."""
     partners = tuple(k for k in ctx.pins.kernel(kernel).with_kernels
                      if decided.get(k) is not None and decided[k].action in USABLE)
     return partners + _optional_needs(ctx, kernel, decided)
 
 
 def _optional_needs(ctx: Context, kernel: str, decided: dict) -> tuple:
-    """The pins' `imports_optional` kernels that are installed and not skipped: its import imports
-    them under a guard that catches only ImportError (mamba-ssm: tilelang), so a broken one would fail
-    this kernel's check; they are checked, repaired or blocked first."""
+    """The pins' `imports_optional` kernels that are installed and not skipped: its import imports them under
+    a guard that catches only ImportError (mamba-ssm: tilelang), so a broken one is dealt with first."""
     return tuple(k for k in ctx.pins.kernel(kernel).imports_optional
                  if decided.get(k) is not None and decided[k].action != SKIP
                  and ctx.installed(ctx.pins.kernel(k).distributions[0]))
@@ -228,9 +219,8 @@ def _optional_needs(ctx: Context, kernel: str, decided: dict) -> tuple:
 
 
 def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
-    """Preference: a fitting wheel this machine (or a shared cache) already has, a fitting built
-    wheel in the wheelhouse, the release wheel, then a source build as FASTPATH_HOOKS_ALLOW_BUILD
-    allows."""
+    """A fitting wheel in the local cache, a fitting built wheel in the wheelhouse, the release wheel, then
+    an index's wheel or a source build as the settings allow."""
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
     spec = pins.kernel(kernel)
     dist = spec.distributions[0]
@@ -284,9 +274,9 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
 
 
 def _from_index(ctx: Context, kernel: str, version: str, sources, built: Decision, dep_steps, kw) -> Decision:
-    """A wheel looked up on the package indexes the settings allow, before the source build (which
-    runs when none fits: the installer takes the build step after the index steps of the same
-    distribution as their fallback); or the index alone where no build is possible here."""
+    """A wheel looked up on the package indexes the settings allow, the source build its fallback (the
+    installer runs a distribution's build step when none of its index steps fits); the index alone where
+    no build is possible here."""
     dist = ctx.pins.kernel(kernel).distributions[0]
     names = ", ".join(dict.fromkeys(ix.name for ix, _, _ in sources))
     steps = tuple(Step(kind=StepKind.INDEX, requirements=(f"{dist}=={exact}",), url=url,
@@ -306,9 +296,8 @@ def _from_index(ctx: Context, kernel: str, version: str, sources, built: Decisio
 # -- which wheels fit: release wheels, index wheels, wheels built here --------------------------------
 
 def cxx11_abi_flag(env) -> str:
-    """TRUE/FALSE for every compiled kernel's wheel names (release wheels, cache labels). Unknown (torch
-    not imported, or posed without abi=): PyPI's torch wheels use the cxx11 ABI from 2.7 on, the
-    pre-cxx11 one before."""
+    """TRUE/FALSE for compiled kernels' wheel names. Unknown (torch not imported, or posed without abi=):
+    PyPI's torch wheels use the cxx11 ABI from 2.7 on."""
     if env.cxx11_abi is not None:
         return "TRUE" if env.cxx11_abi else "FALSE"
     v = env.torch_version
@@ -348,13 +337,11 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
 
 
 def index_sources(ctx: Context, kernel: str, build, *, cached: bool = False) -> tuple:
-    """([(WheelIndex, project page URL, exact version)], why none): the package indexes (pins:
-    `wheel_indexes`) that may hold a wheel of `build`'s version for this machine - the ones
-    FASTPATH_HOOKS_WHEEL_INDEX allows (unset: the pins' enabled ones; a URL: the first entry's layout
-    at that base), never offline - with the exact version their local label spells for this torch
-    build. An index's builds hold every arch the sdist's -gencode table gives torch's CUDA release:
-    taken only where that covers every visible GPU and no arch rule refuses that code.
-    `cached`: every entry, whatever the settings (a wheel from one already in the local cache)."""
+    """([(WheelIndex, project page URL, exact version)], why none): the package indexes (pins `wheel_indexes`)
+    FASTPATH_HOOKS_WHEEL_INDEX allows (unset: the enabled ones; a URL: the first one's layout there), never
+    offline, with the exact version their label spells for this torch build. An index's builds hold every
+    arch the sdist's -gencode table gives torch's CUDA: taken only where that covers every visible GPU and
+    no arch rule refuses that code. `cached`: every entry, whatever the settings (a wheel already cached)."""
     env, settings = ctx.env, ctx.settings
     spec = ctx.pins.kernel(kernel)
     indexes = list(spec.wheel_indexes)
@@ -403,8 +390,8 @@ def _avoided(spec, gpus, nvcc: str | None):
 
 
 def index_wheel_fits(ctx: Context, kernel: str, build, name: str) -> bool:
-    """A wheel file (in the local cache) of an index's build that fits here: its exact version is the
-    one an index's label spells for this torch build, and its tags fit this Python and platform."""
+    """A cached wheel of an index's build that fits here: the exact version an index's label spells for this
+    torch build, tags that fit this Python and platform."""
     wheel = parse_wheel(name)
     if wheel is None or wheel.distribution != build.distribution:
         return False
@@ -434,8 +421,8 @@ def arch_gaps(installed: str, gpus) -> tuple:
 
 
 def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
-    """A built wheel (by its file name) of a compiled kernel's pinned version (of `kernel` when given)
-    that runs here: this torch build, Python, ABI, platform and GPUs."""
+    """A built wheel (by its file name) of a compiled kernel's pinned version (`kernel`'s when given) that
+    runs here: this torch build, Python, ABI, platform and GPUs."""
     wheel = parse_wheel(name)
     if wheel is None:
         return False

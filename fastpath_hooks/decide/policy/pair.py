@@ -113,8 +113,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
 
 
 def _not_needed(ctx: Context, kernel: str) -> tuple:
-    """Why no served kernel needs it here: the hazards' GPUs, their triton range, or the user's skip
-    (the whole reason, and its short form)."""
+    """(why no served kernel needs it here, its short form): the hazards' GPUs, triton range, or a skip."""
     env, spec = ctx.env, ctx.pins.kernel(kernel)
     hazards = [h for h in ctx.pins.hazards if h.needs == kernel and h.kernel in spec.serves]
     if not hazards:
@@ -177,9 +176,8 @@ def _install(ctx, kernel, version, companion, nvcc_reqs, suffix, action, reason,
 
 
 def _repair(ctx, kernel, version, companion, reason, problem, kw, *, short: str) -> Decision:
-    """Replace a broken/half-installed pair: keep the user's version with a known-good companion
-    when the pins have one, else the first known-good pair; offline, the first option the
-    wheelhouse can satisfy. Nothing installable: block the import."""
+    """Replace a broken or half-installed pair: the user's version with a known-good companion where the pins
+    have one, else the first known-good pair (offline: the first the wheelhouse has); else block the import."""
     gpus, pins = ctx.env.gpus, ctx.pins
     first, second = pins.kernel(kernel).distributions
     options = [(version, good) for good in pins.good_companions(kernel, version)
