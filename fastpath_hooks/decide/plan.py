@@ -13,7 +13,7 @@ variables (the decision's `env`), so the first training step finds them compiled
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -73,21 +73,17 @@ class Want:
 
 
 def _want(kind: str, raw: str) -> Want:
-    if raw.endswith(".whl") or (kind == StepKind.WHEEL and not _requirement(raw)):
-        parsed = parse_wheel(raw)
-        if parsed is None:  # not a standard name: its distribution is what comes before the version
-            return Want(wheel_distribution(raw), FrozenSpecifierSet())
-        return Want(parsed.distribution, FrozenSpecifierSet(f"=={parsed.version}"))
-    req = Requirement(raw)   # a wheel step's dependency by name, too (act/batch.py: its wheels' call)
-    return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
-
-
-def _requirement(raw: str) -> bool:
-    try:
-        Requirement(raw)
-        return True
-    except InvalidRequirement:
-        return False
+    if not raw.endswith(".whl"):
+        try:
+            req = Requirement(raw)   # a wheel step's dependency by name, too (act/batch.py: its wheels' call)
+            return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
+        except InvalidRequirement:
+            if kind != StepKind.WHEEL:
+                raise
+    parsed = parse_wheel(raw)
+    if parsed is None:  # not a standard name: its distribution is what comes before the version
+        return Want(wheel_distribution(raw), FrozenSpecifierSet())
+    return Want(parsed.distribution, FrozenSpecifierSet(f"=={parsed.version}"))
 
 
 @dataclass(frozen=True)
@@ -128,20 +124,7 @@ class Step:
         return FrozenMap((w.name, w.exact) for w in self.wants if w.exact is not None)
 
     def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "requirements": list(self.requirements),
-            "no_deps": self.no_deps,
-            "force": self.force,
-            "binary_only": self.binary_only,
-            "build_isolation": self.build_isolation,
-            "env": dict(self.env),
-            "url": self.url,
-            "sha256": self.sha256,
-            "note": self.note,
-            "archs": list(self.archs),
-            "cxx_std": self.cxx_std,
-        }
+        return {**{f.name: thaw(getattr(self, f.name)) for f in fields(self)}, "env": dict(self.env)}
 
 
 @dataclass(frozen=True)
@@ -192,29 +175,11 @@ class Decision:
                        reason="its check failed; replacing it with " + ", ".join(f"{k} {v}" for k, v in target.items()),
                        short_reason=self.facts.get("repair_reason", ""), short_fix=self.facts.get("repair_fix", ""))
 
-    def to_json(self) -> dict:
-        return {
-            "kernel": self.kernel,
-            "action": self.action,
-            "reason": self.reason,
-            "rule": self.rule,
-            "installed": dict(self.installed),
-            "target": dict(self.target),
-            "needs": list(self.needs),
-            "wants": list(self.wants),
-            "env": dict(self.env),
-            "off": dict(self.off),
-            "check": thaw(self.check),
-            "verify": self.verify,
-            "on_failure": self.on_failure,
-            "fix": self.fix,
-            "transformers_uses": self.transformers_uses,
-            "expected_seconds": self.expected_seconds,
-            "short_reason": self.short_reason,
-            "short_fix": self.short_fix,
-            "steps": [s.to_json() for s in self.steps],
-            "repair_steps": [s.to_json() for s in self.repair_steps],
-        }
+    def to_json(self) -> dict:   # every field but `facts` (the short form's slots)
+        skip = ("facts", "steps", "repair_steps")
+        out = {f.name: thaw(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        return dict(out, env=dict(self.env), off=dict(self.off), steps=[s.to_json() for s in self.steps],
+                    repair_steps=[s.to_json() for s in self.repair_steps])
 
 
 def target_of(steps) -> dict:
@@ -467,12 +432,6 @@ def model_shapes(rows, warm, transformers=None) -> tuple:
     return tuple(shapes), source + (f", q and k repeated to the value heads by transformers {transformers}" if repeat else "")
 
 
-def off_switches(pins, served: str) -> dict:
-    """The variables that keep `served` on its own path: every backend's switch, off."""
-    return {s.switch.variable: s.switch.off for s in pins.kernels.values()
-            if s.kind == "backend" and served in s.serves and s.switch is not None}
-
-
 def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:
     """The check of `kernel`: `served`'s own path forward + backward at `shapes` (warmed at the pins'
     sequence lengths); for a backend also with it switched on, compared."""
@@ -480,7 +439,8 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
     warm = spec.warm
     check = {
         "kind": "gated-delta-rule", "kernel": kernel, "served": served,
-        "own": off_switches(pins, served),
+        "own": {s.switch.variable: s.switch.off for s in pins.kernels.values()   # `served` on its own path
+                if s.kind == "backend" and served in s.serves and s.switch is not None},
         "check_seq": warm.check_seq, "seqs": list(warm.seqs), "final_state": list(warm.final_state),
         "shapes": [list(s) for s in shapes], "shapes_from": shapes_from,
         "tolerances": dict(warm.tolerances), "slack": warm.slack,
