@@ -39,14 +39,15 @@ TARGET = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.7.1"
 INSTALLER_RUN = r'''
 import json, sys, time
 from fastpath_hooks.engine import load_context, snapshot
-from fastpath_hooks.act.installer import run_steps
+from fastpath_hooks.act.installer import install
 from fastpath_hooks.act.files import environment_state_dir
 settings, pins = load_context()
 env, plan = snapshot(settings, pins)
 decision = plan["fla"]
 assert decision.action == "install", decision.reason
 start = time.perf_counter()
-result = run_steps(decision, settings=settings, env=env, pins=pins, state_dir=environment_state_dir(settings))
+result = install([decision], settings=settings, env=env, pins=pins, state_dir=environment_state_dir(settings),
+                 verify=False).results["fla"]
 took = time.perf_counter() - start
 print(json.dumps({"seconds": took, "installer": result.installer, "installed": result.installed}))
 '''

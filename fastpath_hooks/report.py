@@ -57,7 +57,7 @@ def _invocation(step, installer, settings, env, local_files=()) -> dict:
 
 
 def _batch_commands(members, installer, settings, env) -> list:
-    """What act/batch.py runs for these decisions: their dependencies in one call where a member builds,
+    """What act/installer.py runs for these decisions: their dependencies in one call where a member builds,
     each one's builds (side by side), then every wheel in one call (a build's or an index's by what it
     will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
     from .decide.plan import Step, StepKind

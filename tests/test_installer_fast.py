@@ -1,4 +1,4 @@
-"""The guarded installer and its transaction in milliseconds: the real `run_steps` (allow-list,
+"""The guarded installer and its transaction in milliseconds: the real `install` (allow-list,
 constraints, a check after every step, the journal, backup and exact rollback, the verification
 child) and a stand-in installer that writes into a temporary site directory on sys.path
 (tests/support/fake_uv.py) instead of downloading and unpacking with pip or uv.
@@ -7,12 +7,13 @@ uv in real venvs (slow)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 
-from fastpath_hooks.act.installer import InstallError, recover, run_steps
+from fastpath_hooks.act.installer import InstallError, install as run_install, recover
 from fastpath_hooks.act.transaction import JOURNAL, Transaction
 from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.facts.settings import Settings
@@ -44,10 +45,15 @@ def site(tmp_path, monkeypatch):
     return str(site)
 
 
-def install(tmp_path, site, decision, **kw):
+def install(tmp_path, site, decision, spec=None):
+    """A batch of one; `spec`: the kernel's import check (none without one); InstallError when it failed."""
     env = environment(uv=install_fake_uv(str(tmp_path / "bin")))
-    return run_steps(decision, settings=Settings(installer="uv", offline=True, find_links=(str(tmp_path),)), env=env,
-                     pins=PINS, state_dir=str(tmp_path / "state"), site=site, **kw)
+    pins = PINS if spec is None else dataclasses.replace(PINS, kernels={**PINS.kernels, decision.kernel: spec})
+    done = run_install([decision], settings=Settings(installer="uv", offline=True, find_links=(str(tmp_path),)),
+                       env=env, pins=pins, state_dir=str(tmp_path / "state"), site=site, verify=spec is not None)
+    if decision.kernel in done.failed:
+        raise InstallError(done.failed[decision.kernel])
+    return done.results[decision.kernel]
 
 
 def fla_install(**dists):
@@ -106,11 +112,9 @@ def test_a_protected_distribution_the_installer_changes_is_refused_and_rolled_ba
 
 
 def test_the_kernel_is_verified_in_a_child_process_before_it_commits(tmp_path, site):
-    import dataclasses
-
     decision = fla_install()
     good = dataclasses.replace(PINS.kernel("fla"), verify_modules=("fla_core_module",), verify_attributes=())
-    result = install(tmp_path, site, decision, verify_specs=(good,))
+    result = install(tmp_path, site, decision, spec=good)
     assert dict(result.installed) == FLA
     for name in FLA:   # uninstall by hand, then a check that fails: rolled back, nothing left
         for entry in os.listdir(site):
@@ -121,7 +125,7 @@ def test_the_kernel_is_verified_in_a_child_process_before_it_commits(tmp_path, s
     before = tree(site)
     bad = dataclasses.replace(good, verify_modules=("fla_core_module", "no_such_module"))
     with pytest.raises(InstallError, match="verification failed: .*ModuleNotFoundError: No module named 'no_such_module'"):
-        install(tmp_path, site, decision, verify_specs=(bad,))
+        install(tmp_path, site, decision, spec=bad)
     assert tree(site) == before
 
 

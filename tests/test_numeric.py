@@ -232,7 +232,7 @@ def test_right_numbers_are_checked_once_per_wheel_arch_and_torch_and_remembered(
 
 @pytest.mark.slow   # one child interpreter importing torch
 def test_one_verification_child_for_several_kernels_runs_their_numeric_checks_too(tmp_path, dep_wheels):
-    """The batched path (act/verify.verify_many, as act/batch.py calls it): the import checks and the numeric
+    """The batched path (act/verify.verify_many, as act/installer.py calls it): the import checks and the numeric
     checks of causal-conv1d and mamba-ssm in ONE child; the wrong causal-conv1d fails on its numbers (marked
     numeric, so the engine blocks it), mamba-ssm's numbers match."""
     from fastpath_hooks.act.verify import verify_many

@@ -199,7 +199,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     out_dir = os.path.join(work, "built")
     os.makedirs(out_dir, exist_ok=True)
     if share is None:
-        share = machine_share(kernel, spec, settings=settings, env=env, expected=expected)
+        share = shares([(kernel, spec, expected)], settings=settings, env=env)[kernel]
     jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
     extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split,
                                  parts=[(unit, share.parts) for unit in spec.split_units])
@@ -257,13 +257,13 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     return Built(path=path, log=log, seconds=seconds, key=key, record=record)
 
 
-def machine_share(kernel: str, spec, *, settings, env, expected=None):
-    """The whole machine's Share for one build (decide.builds.core_budget of one)."""
+def shares(builds, *, settings, env) -> dict:
+    """kernel -> its decide.builds.Share of the machine, for `builds` = [(kernel, spec, expected seconds)]
+    run side by side (MAX_JOBS, where the user set it, is every build's)."""
     given = os.environ.get("MAX_JOBS")
-    budget = core_budget([(kernel, spec, expected, split_allowed(spec, settings, env.nvcc_version))], cpus=env.cpus,
-                         memory_gib=env.memory_gib, settings=settings,
-                         jobs_given=int(given) if given and given.isdigit() and int(given) > 0 else None)
-    return budget[kernel]
+    return core_budget([(k, spec, expected, split_allowed(spec, settings, env.nvcc_version)) for k, spec, expected in builds],
+                       cpus=env.cpus, memory_gib=env.memory_gib, settings=settings,
+                       jobs_given=int(given) if given and given.isdigit() and int(given) > 0 else None)
 
 
 def _expected(seconds) -> str:

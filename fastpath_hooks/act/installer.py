@@ -1,25 +1,30 @@
-"""The guarded installer: run a decision's steps, check, verify, or roll back.
+"""The guarded installer: the acting decisions of one request - a lone kernel is a batch of one - in
+ONE transaction, checked, verified in one child, committed or rolled back.
 
-Protections, in order: the environment lock is held by the caller; an
-interrupted earlier install is rolled back first; only allow-listed
-distributions are named, and a protected one (torch, triton, numpy,
-transformers) the user has is never named at all - an allow-listed one that is
-absent (numpy, for tilelang) may be installed; a constraints file pins the
-protected distributions and every other installed one the steps do not name,
-so a dependency resolve can only add; after every step, before any other
-interpreter starts (a stranger's .pth file would run in it), only allow-listed
-distributions may have changed and the protected ones that were there not at
-all; every step has a timeout and a heartbeat every 30 s; in auto mode a step
-uv rejects (e.g. an LZMA-compressed wheel) is retried with pip; resolved
-versions are checked (a range dependency can pull a broken one back); the
-kernel is imported in a child process; any failure - Ctrl-C included, after the
-installer's process group is killed - restores exactly what was there before
-(see transaction.py).
+Protections, in order: the caller holds the environment lock; an interrupted earlier install is
+rolled back first (`recover`); only allow-listed distributions are named, and a protected one
+(torch, triton, numpy, transformers) the user has never is (an allow-listed absent one - numpy for
+tilelang - may be installed); a constraints file pins the protected distributions and every other
+installed one the steps do not name, so a resolve can only add; after every installer call, before
+any other interpreter starts (a stranger's .pth file would run in it), only allow-listed
+distributions may have changed; every call has a timeout and a heartbeat; in auto mode a call uv
+rejects (an LZMA-compressed wheel) is retried with pip; resolved versions are checked (a range
+dependency can pull a broken one back); the kernels are imported in a child process; any failure -
+Ctrl-C included, after the installer's group is killed - restores exactly what was there before
+(act/transaction.py).
 
-Scratch files (the constraints file, downloads, the installer's output and
-its TMPDIR) live in a work directory inside the environment's state directory,
-so a run killed half-way leaves nothing in /tmp, and the next run's `recover()`
-removes it under the lock.
+The calls: a lone kernel's requirement steps in order, one call each (what `plan` prints); the
+DEPS of several kernels (decide/policy.py `batch`: in dependency order) in one call. Then each
+kernel's wheel is made local - a cached or wheelhouse file, a download, an index lookup (its
+fallback the build after it) or a source build, the builds side by side, each with its share of
+the cores (decide.builds.core_budget) - and every wheel goes in one `--no-deps` call; where several
+kernels build nothing, their dependencies go in that call too (decide.policy.deps_with_wheels) and a
+resolving call follows only where one lacks what it needs. A kernel whose build, lookup or check
+fails is dropped with those that need it; everything is rolled back and the rest installed again
+from the wheels already made (no second build).
+
+Scratch files (constraints, downloads, the installer's TMPDIR) live in work directories in the
+environment's state directory, so a killed run leaves nothing in /tmp; `recover()` removes them.
 """
 
 from __future__ import annotations
@@ -29,39 +34,40 @@ import importlib
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from .. import events
 from .._names import cache_root
-from ..decide.plan import StepKind, choose_installer, constraints, invocation, step_names, uv_executable
+from ..decide.messages import minutes
+from ..decide.plan import Step, StepKind, choose_installer, constraints, invocation, step_names, uv_executable
+from ..decide.policy import deps_with_wheels
 from ..events import fitted, shown_path
-from ..facts.distributions import canonical_name, scan, site_packages
+from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
 from . import wheelcache
-from .build import BuildError, run_build
+from .build import BuildError, run_build, shares
 from .fetch import FetchError, IndexMiss, fetch_from_index, fetch_wheel
 from .numeric import plan_for
-from .runner import execute
+from .runner import execute, kill_group
 from .transaction import Transaction, WORK_PREFIX
 from .verify import verify_many
 
 
-
 class InstallError(Exception):
-    """An install step, a check or the verification failed; the environment was restored."""
-
-
-class NumericMismatch(InstallError):
-    """The kernel imported but its numbers differ from torch's on this GPU (act/numeric.py): rolled back,
-    and the kernel is blocked on that arch (the message has the measured error)."""
+    """An installer call or a check of the whole transaction failed; the environment was restored."""
 
 
 REMEMBERED = "import check remembered"   # an install's line where no child checked it (act/store.py)
+CHILD = "verified in a child process"
+_REQUIREMENTS = (StepKind.DEPS, StepKind.KERNEL, StepKind.REPLACE)   # installer calls by name, no file
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,188 @@ class InstallResult:
     installer: str
     restart_advised: tuple   # modules imported before their distribution changed
     scan: tuple = ()         # sys.path's (distributions, duplicates) afterwards: the engine settles its env from it
-    checked: str = "verified in a child process"   # how, for its line (a batch's remembered import: no child)
+    checked: str = CHILD     # how, for its line
 
     _freezes_itself = True
 
     def __post_init__(self):
         freeze_fields(self)
+
+
+@dataclass(frozen=True)
+class Installed:
+    """kernel -> InstallResult of the kernels installed; kernel -> why, of those that were not."""
+    results: FrozenMap
+    failed: FrozenMap
+    seconds: float
+    children: int        # the processes it started (installer calls, builds, verification children)
+    numeric: tuple = ()  # the failed ones whose numbers differ from torch's here (blocked on this GPU)
+
+    _freezes_itself = True
+
+    def __post_init__(self):
+        freeze_fields(self)
+
+
+class _Dropped(Exception):
+    def __init__(self, failed: dict, numeric=()):
+        self.failed = failed
+        self.numeric = set(numeric)
+
+
+def install(decisions, *, settings, env, pins, state_dir: str, site: str | None = None,
+            verify: bool = True) -> Installed:
+    """Install the acting `decisions` (dependency order) in one transaction; see the module docstring.
+    `site`: where installs go (default this interpreter's site-packages; it must be on sys.path);
+    `verify`: import (and check) the kernels in a child before committing. InstallError when the
+    transaction as a whole failed (rolled back)."""
+    members = list(decisions)
+    failed: dict = {}
+    numeric: set = set()
+    made: dict = {}   # kernel -> [[local wheel, (cache file name, sidecar) or None]], kept across rounds
+    start = time.monotonic()
+    counter = {"children": 0}
+    work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])   # outlives one transaction
+    os.makedirs(work, exist_ok=True)
+    try:
+        while members:
+            try:
+                results = _transaction(members, made, settings=settings, env=env, pins=pins, state_dir=state_dir,
+                                       site=site, work=work, counter=counter, verify=verify)
+                return Installed(results, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
+            except _Dropped as exc:
+                failed.update(exc.failed)
+                numeric |= exc.numeric
+                members = _survivors(members, failed)
+        return Installed({}, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _survivors(members, failed: dict) -> list:
+    """The members not failed and not needing a failed one (said as their reason)."""
+    out = []
+    for d in members:
+        if d.kernel in failed:
+            continue
+        lost = [k for k in d.needs if k in failed]
+        if lost:
+            failed[d.kernel] = f"not installed: it needs {lost[0]}, which failed ({failed[lost[0]]})"
+            continue
+        out.append(d)
+    return out
+
+
+def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, work, counter, verify) -> dict:
+    real_before = _versions(scan()[0])
+    steps = {d.kernel: allowed_steps(d.steps, pins, real_before) for d in members}
+    site = site or site_packages()
+    if not os.access(site, os.W_OK):
+        raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
+                           f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")
+    installer = choose_installer(settings, env)
+    protected_before = {n: real_before.get(n) for n in pins.protected}
+    names = set().union(*(step_names(s) for s in steps.values()))
+    lead = members[0].kernel
+    if len(members) == 1:
+        description = f"{members[0].action} {lead}: {members[0].reason}"
+    else:
+        description = f"install {', '.join(d.kernel for d in members)} together"
+    tx = Transaction(state_dir, site, names, description=description)
+    tx_work = tx.work_dir   # exists only while the journal does: a killed run's is removed by recover()
+    scratch = (("TMPDIR", tx_work), ("TEMP", tx_work), ("TMP", tx_work))   # the installers' and checks' temp files
+    began = time.monotonic()
+    try:
+        try:
+            tx.begin()
+        except OSError as exc:
+            tx.commit()   # nothing was installed yet: drop the partial backup
+            raise InstallError(f"could not back up the current state before installing ({exc}); nothing was changed") \
+                from None
+        try:
+            os.makedirs(tx_work, exist_ok=True)
+            cfile = os.path.join(tx_work, "constraints.txt")
+            with open(cfile, "w", encoding="utf-8") as fh:   # the lines `fastpath-hooks plan` prints
+                fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
+            now = None
+
+            def call(step, files=()):
+                nonlocal installer, now
+                counter["children"] += 1
+                installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile, kernel=lead,
+                                      work=tx_work, scratch=scratch, started=tx.record_group, local_files=files)
+                now = scan()   # before the next interpreter starts: only allow-listed distributions changed
+                _check_changes(_versions(now[0]), protected_before, real_before, pins)
+
+            deps = _merged(s for k in steps for s in steps[k] if s.kind == StepKind.DEPS)
+            with_wheels = deps is not None and len(members) > 1 and deps_with_wheels(members)
+            if len(members) == 1:
+                calls = [s for s in steps[lead] if s.kind in _REQUIREMENTS]
+            else:
+                calls = [deps] if deps is not None and not with_wheels else []
+                calls += [s for d in members for s in steps[d.kernel] if s.kind in (StepKind.KERNEL, StepKind.REPLACE)]
+            for step in calls:
+                call(step)
+            dropped = _make_wheels(members, steps, made, settings=settings, env=env, pins=pins, work=work, tx=tx,
+                                   counter=counter)
+            if dropped:
+                raise _Dropped(dropped)
+            files = [path for d in members for path, _ in made[d.kernel]]
+            named = tuple(deps.requirements) if with_wheels else ()
+            if files:
+                call(Step(kind=StepKind.WHEEL, requirements=named + tuple(os.path.basename(p) for p in files),
+                          no_deps=True, force=any(s.force for k in steps for s in steps[k])), tuple(files))
+                if with_wheels and _unmet(deps.names, now[0]):   # what they need in turn: resolved, only now
+                    call(deps)
+            now = now or scan()
+            after = _versions(now[0])
+            for d in members:
+                _check_result(d, after, protected_before, real_before, pins, env)
+            checks = []
+            if verify:
+                counter["children"] += 1
+                root = cache_root(settings)
+                checks = verify_many([pins.kernel(d.kernel) for d in members], timeout=settings.timeout,
+                                     env_extra=tuple(p for d in members for p in d.env) + scratch,
+                                     started=tx.record_group, numeric=[plan_for(d.kernel, env, pins, root) for d in members],
+                                     checks=[d.check for d in members], root=root, gpus=env.gpus)
+                bad = {d.kernel: r.detail if r.numeric else f"verification failed: {r.detail}"
+                       for d, r in zip(members, checks) if not r.ok and not r.detail.startswith("not checked")}
+                if bad:
+                    raise _Dropped(bad, numeric={d.kernel for d, r in zip(members, checks) if not r.ok and r.numeric})
+                for d, r in zip(members, checks):
+                    events.status(f"verified {d.kernel}: {r.detail}", d.kernel, human=False)
+            for d in members:
+                for path, entry in made[d.kernel]:
+                    if entry is not None:
+                        _cache_wheel(settings, path, entry[0], entry[1], d.kernel, env)
+        except BaseException as exc:
+            done = tx.rollback()
+            events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), lead, human=bool(done))
+            if isinstance(exc, (_Dropped, KeyboardInterrupt, SystemExit)):
+                raise
+            detail = str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}"
+            raise InstallError(detail) from None
+        tx.commit()
+    finally:
+        shutil.rmtree(tx_work, ignore_errors=True)
+
+    importlib.invalidate_caches()
+    changed = {n: v for n, v in after.items() if real_before.get(n) != v}   # commit() leaves site-packages alone
+    restart = _restart_advised(changed, now[0])
+    seconds = time.monotonic() - began
+    owner: dict = {}   # a distribution is said with the first member (dependency order) that names it
+    for d in members:
+        for name in step_names(steps[d.kernel]):
+            owner.setdefault(name, d.kernel)
+    child = [r.child for r in checks] or [True] * len(members)
+    return {d.kernel: InstallResult(d.kernel, {n: v for n, v in changed.items() if owner.get(n, lead) == d.kernel},
+                                    seconds, installer, restart, scan=now, checked=CHILD if c else REMEMBERED)
+            for d, c in zip(members, child)}
+
+
+def _versions(found: dict) -> dict:
+    return {name: dist.version for name, dist in found.items()}
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
@@ -151,113 +333,6 @@ def _counted(done: list) -> list:
     return [d for d in done if d not in leftovers] + [f"removed {len(leftovers)} leftover files"]
 
 
-def run_steps(decision, *, settings, env, pins, state_dir: str, verify_specs=(), kernel_env=(),
-              site: str | None = None) -> InstallResult:
-    """Execute `decision.steps` in one transaction; verify; roll back on any failure. `site`: the
-    directory installs go to (default this interpreter's site-packages; it must be on sys.path)."""
-    real_before = _versions(scan()[0])
-    steps = allowed_steps(decision.steps, pins, real_before)
-    site = site or site_packages()
-    if not os.access(site, os.W_OK):
-        raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
-                           f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")
-    installer = choose_installer(settings, env)
-    protected_before = {n: real_before.get(n) for n in pins.protected}
-    names = step_names(steps)
-    tx = Transaction(state_dir, site, names, description=f"{decision.action} {decision.kernel}: {decision.reason}")
-    start = time.monotonic()
-    # The work directory exists only while the journal does: a run killed at any point leaves a
-    # journal, and the next start's recover() removes both (under the lock).
-    work = tx.work_dir
-    scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))  # the installer's and verifier's temp files
-    try:
-        try:
-            tx.begin()
-        except OSError as exc:
-            tx.commit()  # nothing was installed yet: drop the partial backup
-            raise InstallError(f"could not back up the current state before installing ({exc}); "
-                               "nothing was changed") from None
-        try:
-            os.makedirs(work, exist_ok=True)
-            cfile = os.path.join(work, "constraints.txt")
-            with open(cfile, "w", encoding="utf-8") as fh:
-                # the same lines `fastpath-hooks plan` prints for this decision
-                fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
-            to_cache = []   # (wheel path, cache file name, sidecar) kept once the kernel is verified
-            now = None      # sys.path's distributions after the last step (one scan per step, reused below)
-            brought: set = set()   # distributions an index step brought: their fallback steps are skipped
-            for i, step in enumerate(steps):
-                local = None
-                if step.kind in (StepKind.INDEX, StepKind.BUILD) and set(step.names) <= brought:
-                    continue
-                if step.kind == StepKind.INDEX:
-                    local = index_wheel(step, steps[i + 1:], settings=settings, env=env, work=work,
-                                        kernel=decision.kernel)
-                    if local is None:
-                        continue   # the next index or the build
-                    brought |= set(step.names)
-                    to_cache.append((local, os.path.basename(local), {"origin": "index", "url": step.url}))
-                    step = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(os.path.basename(local),), url=None)
-                elif step.kind == StepKind.BUILD:
-                    step, local, entry = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                                     kernel=decision.kernel, scratch=scratch, started=tx.record_group,
-                                                     expected=decision.expected_seconds)
-                    to_cache.append(entry)
-                elif step.kind == StepKind.WHEEL:
-                    try:
-                        local = fetch_wheel(step, settings, work)
-                    except FetchError as exc:
-                        raise InstallError(str(exc)) from None
-                    if step.url and not step.url.startswith("file:") and os.path.dirname(local) == work:
-                        to_cache.append((local, step.requirements[0], {"origin": "downloaded", "url": step.url}))
-                installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile,
-                                      local=local, kernel=decision.kernel, work=work, scratch=scratch,
-                                      started=tx.record_group)
-                # Before the next interpreter starts (installer or verification), which would run a
-                # stranger's .pth file: only allow-listed distributions may have changed.
-                now = scan()
-                _check_changes(_versions(now[0]), protected_before, real_before, pins)
-            now = now or scan()
-            after = _versions(now[0])
-            _check_result(decision, after, protected_before, real_before, pins, env)
-            children = []   # whether each check ran a child (False: the whole check remembered, act/store.py)
-            specs = list(verify_specs)
-            results = verify_many(specs, timeout=settings.timeout, env_extra=tuple(kernel_env) + scratch,
-                                  started=tx.record_group,
-                                  numeric=[plan_for(spec.name, env, pins, cache_root(settings)) for spec in specs],
-                                  checks=[decision.check if spec.name == decision.kernel else None for spec in specs],
-                                  root=cache_root(settings), gpus=env.gpus)
-            for spec, result in zip(specs, results):
-                if not result.ok:
-                    if result.numeric:
-                        raise NumericMismatch(result.detail)
-                    raise InstallError(f"verification failed: {result.detail}")
-                events.status(f"verified {spec.name}: {result.detail}", decision.kernel, human=False)
-                children.append(result.child)
-            for path, name, meta in to_cache:
-                _cache_wheel(settings, path, name, meta, decision.kernel, env)
-        except BaseException as exc:
-            done = tx.rollback()
-            detail = str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}"
-            events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), decision.kernel, human=bool(done))
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            raise (type(exc) if isinstance(exc, InstallError) else InstallError)(detail) from None
-        tx.commit()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-    importlib.invalidate_caches()
-    changed = {n: v for n, v in after.items() if real_before.get(n) != v}   # commit() leaves site-packages alone
-    return InstallResult(decision.kernel, changed, time.monotonic() - start, installer,
-                         _restart_advised(changed, now[0]), scan=now,
-                         **({"checked": REMEMBERED} if children and not any(children) else {}))
-
-
-def _versions(found: dict) -> dict:
-    return {name: dist.version for name, dist in found.items()}
-
-
 def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     """`fastpath-hooks build`: the decision's dependencies installed (a transaction, as always),
     then its source builds run into the wheel cache - not installed here, and so not verified:
@@ -265,8 +340,10 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     Call with the environment lock held."""
     deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
-        run_steps(dataclasses.replace(decision, steps=deps, target={}), settings=settings, env=env, pins=pins,
-                  state_dir=state_dir)
+        done = install([dataclasses.replace(decision, steps=deps, target={})], settings=settings, env=env, pins=pins,
+                       state_dir=state_dir, verify=False)
+        if done.failed:
+            raise InstallError(next(iter(done.failed.values())))
     work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])  # a killed run's is removed by recover()
     os.makedirs(work)
     scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))
@@ -275,8 +352,8 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
         for step in decision.steps:
             if step.kind != StepKind.BUILD:
                 continue
-            _, path, (_, name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                                   kernel=decision.kernel, scratch=scratch)
+            path, (name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
+                                             kernel=decision.kernel, scratch=scratch)
             try:
                 out.append(wheelcache.store(cache_root(settings), path, meta=meta, filename=name))
             except Exception as exc:
@@ -330,6 +407,108 @@ def same_release(have: str | None, pinned: str) -> bool:
     return Version(got.public) == want
 
 
+def _unmet(names, found: dict) -> list:
+    """The requirements of the distributions `names` - installed without theirs (`--no-deps`) - that
+    nothing installed satisfies: their METADATA's Requires-Dist, markers evaluated, extras' aside."""
+    out = []
+    for name in names:
+        dist = found.get(canonical_name(name))
+        for raw in _requires_dist(dist.path) if dist is not None else ():
+            try:
+                req = Requirement(raw)
+            except InvalidRequirement:
+                out.append(raw)
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = found.get(canonical_name(req.name))
+            if have is None or not req.specifier.contains(have.version, prereleases=True):
+                out.append(str(req))
+    return out
+
+
+def _requires_dist(info: str) -> list:
+    """The Requires-Dist lines of a dist-info's METADATA (its header, up to the first blank line)."""
+    out = []
+    try:
+        with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break
+                if line.startswith("Requires-Dist:"):
+                    out.append(line.split(":", 1)[1].strip())
+    except OSError:
+        pass
+    return out
+
+
+def _merged(steps) -> Step | None:
+    """One DEPS step for all of them (their requirements in order, each once)."""
+    reqs: list = []
+    for step in steps:
+        reqs += [r for r in step.requirements if r not in reqs]
+    if not reqs:
+        return None
+    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
+                note="the runtime dependencies (and build needs) of the kernels installed together")
+
+
+def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, counter) -> dict:
+    """Each member's wheels made local (into `made`, kept for a later round): files and downloads at
+    once, then every source build at the same time. Returns kernel -> why, for the members that failed."""
+    failed, builds, pending = {}, [], {}
+    for d in members:
+        if d.kernel in made:
+            continue
+        out, brought, todo = [], set(), list(steps[d.kernel])
+        try:
+            for i, step in enumerate(todo):
+                if step.kind in _REQUIREMENTS or (step.kind in (StepKind.INDEX, StepKind.BUILD)
+                                                  and set(step.names) <= brought):
+                    continue   # an index step brought it: its fallbacks are skipped
+                if step.kind == StepKind.INDEX:
+                    local = index_wheel(step, todo[i + 1:], settings=settings, env=env, work=work, kernel=d.kernel)
+                    if local is None:
+                        continue   # the next index or the build
+                    brought |= set(step.names)
+                    out.append([local, (os.path.basename(local), {"origin": "index", "url": step.url})])
+                elif step.kind == StepKind.WHEEL:
+                    try:
+                        local = fetch_wheel(step, settings, work)
+                    except FetchError as exc:
+                        raise InstallError(str(exc)) from None
+                    downloaded = step.url and not step.url.startswith("file:") and os.path.dirname(local) == work
+                    out.append([local, (step.requirements[0], {"origin": "downloaded", "url": step.url})
+                                if downloaded else None])
+                elif step.kind == StepKind.BUILD:
+                    builds.append((d, step))
+                    out.append([None, None])          # filled in once the build is done
+                    pending[d.kernel] = len(out) - 1
+        except InstallError as exc:
+            failed[d.kernel] = str(exc)
+            continue
+        made[d.kernel] = out
+    builds = [(d, step) for d, step in builds if d.kernel not in failed]
+    if builds:
+        budget = shares([(d.kernel, pins.build(d.kernel, next(iter(step.exact.values()), None)), d.expected_seconds)
+                         for d, step in builds], settings=settings, env=env)
+        if len(builds) > 1:
+            longest = max((d.expected_seconds or 0) for d, _ in builds)
+            events.status(f"{' and '.join(d.kernel for d, _ in builds)}: building from source side by side, about "
+                          f"{minutes(longest)} in all (the longest build's estimate; `fastpath-hooks build` or "
+                          "examples/Dockerfile does it ahead of time)", builds[0][0].kernel)
+        results = _build_all(builds, budget, settings=settings, env=env, pins=pins, work=work, tx=tx)
+        counter["children"] += len(builds)
+        for d, _ in builds:
+            got = results.get(d.kernel)
+            if not isinstance(got, tuple):
+                failed[d.kernel] = str(got) if got is not None else "the build did not run"
+                made.pop(d.kernel, None)
+                continue
+            made[d.kernel][pending[d.kernel]] = list(got)
+    return failed
+
+
 def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
     """The index step's wheel, downloaded and checked (act/fetch.py); None when the index has none
     that fits (or a bad one: refused, said in one line) and a later step of the same distribution -
@@ -347,20 +526,92 @@ def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
         return None
 
 
+def _build_all(builds, budget, *, settings, env, pins, work, tx) -> dict:
+    """Every build at the same time, each in a thread with its own work directory and its process
+    group journalled (a killed run's recovery stops them all); kernel -> _build_step's result or
+    the exception. Ctrl-C (or anything else here) kills every build's group before it propagates."""
+    results: dict = {}
+    live: dict = {}
+    lock = threading.Lock()
+    together = [d.kernel for d, _ in builds]
+
+    def one(d, step):
+        own = os.path.join(work, "build-" + d.kernel)
+        os.makedirs(own, exist_ok=True)
+        scratch = (("TMPDIR", own), ("TEMP", own), ("TMP", own))
+        mine: list = []
+
+        def started(pgid):
+            with lock:
+                if pgid is not None:
+                    mine.append(pgid)
+                    tx.record_side_group(pgid, True)
+                    live[pgid] = tx.groups.get(pgid)
+                else:
+                    for g in mine:
+                        tx.record_side_group(g, False)
+                        live.pop(g, None)
+
+        try:
+            results[d.kernel] = _build_step(step, settings=settings, env=env, pins=pins, work=own, kernel=d.kernel,
+                                            scratch=scratch, started=started, share=budget[d.kernel],
+                                            expected=d.expected_seconds, together=[k for k in together if k != d.kernel])
+        except Exception as exc:   # noqa: BLE001 - handed to the caller, which says it
+            results[d.kernel] = exc
+
+    threads = [threading.Thread(target=one, args=(d, step), name=f"fastpath-hooks build {d.kernel}", daemon=True)
+               for d, step in builds]
+    try:
+        with _import_lock_released():
+            for th in threads:
+                th.start()
+            for th in threads:
+                while th.is_alive():
+                    th.join(0.5)
+    except BaseException:
+        with lock:
+            groups = [g for g in live.values() if g]
+        for g in groups:
+            kill_group(g)
+        for th in threads:
+            th.join(15)
+        raise
+    return results
+
+
+@contextmanager
+def _import_lock_released():
+    """The global import lock let go while the builds run. The import hook decides inside a finder's
+    find_spec, which CPython calls holding that lock (importlib._bootstrap._find_spec): a build thread's
+    first import would wait for it while this thread waits for the builds - for ever. Taken again as
+    often as it was held."""
+    import _imp
+
+    held = 0
+    try:
+        while True:
+            _imp.release_lock()   # RuntimeError once this thread holds it no more
+            held += 1
+    except RuntimeError:
+        pass
+    try:
+        yield
+    finally:
+        for _ in range(held):
+            _imp.acquire_lock()
+
+
 def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None, share=None, expected=None,
                 together=()):
-    """Run a build step: (the step that installs the built wheel, its path, its cache entry)."""
+    """Run a build step: (the built wheel's path, (its cache file name, its sidecar))."""
     try:
         built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
                           started=started, share=share, expected=expected, together=together)
     except BuildError as exc:
         raise InstallError(str(exc)) from None
-    name = os.path.basename(built.path)
-    install = dataclasses.replace(step, kind=StepKind.WHEEL, requirements=(name,), binary_only=True, build_isolation=True,
-                                  env=(), url=None, sha256=None, archs=(), cxx_std=None)
     meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
             "distribution": built.key["distribution"], "version": built.key["version"], "build": thaw(built.record)}
-    return install, built.path, (built.path, name, meta)
+    return built.path, (os.path.basename(built.path), meta)
 
 
 def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -> None:
@@ -368,7 +619,6 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     only the next environment's build (said at warning)."""
     root = cache_root(settings)
     meta = dict(meta)
-
     meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
     try:
@@ -384,36 +634,31 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
                          "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
-def _run_step(step, *, installer, settings, env, cfile, local, kernel, work, scratch=(), started=None,
-              local_files=()) -> str:
-    """Run one step; in auto mode a failing uv step is retried with pip. Returns the installer used."""
-    inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env),
-                     constraints_file=cfile, local_file=local, local_files=local_files)
+def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=(), started=None, local_files=()) -> str:
+    """Run one installer call; in auto mode a failing uv call is retried with pip. Returns the installer used."""
+    inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env), constraints_file=cfile,
+                     local_files=local_files)
     label = _step_label(step)
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
-    code, tail, seconds = ran.code, ran.tail, ran.seconds
-    if code == 0:
-        events.status(f"{label}: done in {seconds:.1f} s ({installer})", kernel, human=False)
+    if ran.code == 0:
+        events.status(f"{label}: done in {ran.seconds:.1f} s ({installer})", kernel, human=False)
         return installer
-    if code is None:
+    if ran.code is None:
         raise InstallError(f"{label} did not finish within {settings.timeout:.0f} s (FASTPATH_HOOKS_TIMEOUT)")
     if installer == "uv" and settings.installer == "auto":
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
-        events.status(f"uv failed ({tail}); retrying with pip", kernel)
-        return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, local=local, kernel=kernel,
-                         work=work, scratch=scratch, started=started, local_files=local_files)
-    hint = ""
-    if code == 127 and installer == "uv":
-        hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)"
-    raise InstallError(f"{label} failed ({installer} exit {code}): {tail}{hint}")
+        events.status(f"uv failed ({ran.tail}); retrying with pip", kernel)
+        return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, kernel=kernel, work=work,
+                         scratch=scratch, started=started, local_files=local_files)
+    hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)" if ran.code == 127 and installer == "uv" else ""
+    raise InstallError(f"{label} failed ({installer} exit {ran.code}): {ran.tail}{hint}")
 
 
 def _step_label(step) -> str:
     """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
     if step.kind == StepKind.WHEEL:
         return f"installing {', '.join(step.requirements)}"
-    names = ", ".join(step.names)
-    return f"{'building' if step.kind == StepKind.BUILD else 'installing'} {names}"
+    return f"installing {', '.join(step.names)}"
 
 
 def _restart_advised(changed: dict, found: dict) -> tuple:
@@ -428,8 +673,6 @@ def _restart_advised(changed: dict, found: dict) -> tuple:
             with open(os.path.join(dist.path, "top_level.txt"), encoding="utf-8") as fh:
                 tops.update(line.strip() for line in fh if line.strip())
         except OSError:
-            from ..facts.distributions import record_files
-
             for path in record_files(dist):
                 rel = os.path.relpath(path, dist.site)
                 if not rel.startswith("..") and not rel.endswith((".dist-info", ".pth")):

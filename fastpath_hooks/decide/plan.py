@@ -75,7 +75,7 @@ class Want:
 def _want(kind: str, raw: str) -> Want:
     if not raw.endswith(".whl"):
         try:
-            req = Requirement(raw)   # a wheel step's dependency by name, too (act/batch.py: its wheels' call)
+            req = Requirement(raw)   # a wheel step's dependency by name, too (act/installer.py: a batch's wheels' call)
             return Want(canonical_name(req.name), FrozenSpecifierSet(str(req.specifier)))
         except InvalidRequirement:
             if kind != StepKind.WHEEL:
@@ -331,7 +331,7 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/batch.py)
+    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/installer.py)
         named = [r for r in step.requirements
                  if step.kind == StepKind.WHEEL and not r.endswith(".whl") and r not in local_files]
         files = [r for r in step.requirements if r not in named]

@@ -22,10 +22,9 @@ from typing import NamedTuple
 
 from .. import events
 from .._names import cache_root_from_environ
-from ..act.batch import run_batch
 from ..act.fetch import DownloadError, fetch_into
 from ..act.files import JOURNAL, environment_state_dir
-from ..act.installer import InstallError, NumericMismatch, recover, run_steps
+from ..act.installer import InstallError, build_to_cache, install, recover
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
 from ..act.verify import verify
@@ -194,24 +193,20 @@ class World:
         return installer_choice(settings, env)
 
     def install(self, decision, *, settings, env, pins):
-        """Run the decision's steps in one transaction, the kernel verified before it commits
-        (lock held); the InstallResult, or InstallFailed (everything rolled back)."""
-        try:
-            return run_steps(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings),
-                             verify_specs=(pins.kernel(decision.kernel),), kernel_env=decision.env)
-        except NumericMismatch as exc:
-            raise NumericFailed(str(exc)) from None
-        except InstallError as exc:
-            raise InstallFailed(str(exc)) from None
+        """A lone kernel: `install_batch` of one. Its InstallResult, or InstallFailed (NumericFailed: its
+        numbers differ from torch's here), everything rolled back."""
+        done = self.install_batch((decision,), settings=settings, env=env, pins=pins)
+        if decision.kernel in done.results:
+            return done.results[decision.kernel]
+        why = done.failed.get(decision.kernel, "not installed")
+        raise (NumericFailed if decision.kernel in done.numeric else InstallFailed)(why)
 
     def install_batch(self, decisions, *, settings, env, pins):
-        """Several kernels of one request in one transaction (act/batch.py: their dependencies and
-        wheels in one installer call each, their builds side by side, one verification child); the
-        BatchResult, or InstallFailed when nothing could be installed for a reason of all of them."""
-        from ..act.installer import InstallError
-
+        """The kernels of one request in one transaction, verified in one child before it commits (lock
+        held; act/installer.py); its Installed, or InstallFailed when nothing could be installed for a
+        reason of all of them."""
         try:
-            return run_batch(decisions, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
+            return install(decisions, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 
@@ -225,8 +220,6 @@ class World:
 
     def build(self, decision, *, settings, env, pins) -> list:
         """`fastpath-hooks build`: the decision's source builds into the wheel cache (lock held)."""
-        from ..act.installer import InstallError, build_to_cache
-
         try:
             return build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
         except InstallError as exc:

@@ -8,7 +8,7 @@ check warms them.
 Batches (the engine's): the compiled kernels of a request whose decisions install wheels or build, and
 whose other needs are already usable, install together - builds side by side, wheels in one installer
 call (with the dependencies they lack where no member builds: `deps_with_wheels`), one verification
-child (act/batch.py) - led by the first in dependency order. `plan` and `doctor` show the same batches.
+child (act/installer.py) - led by the first in dependency order. `plan` and `doctor` show the same batches.
 """
 
 from __future__ import annotations
