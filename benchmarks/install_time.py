@@ -40,7 +40,7 @@ INSTALLER_RUN = r'''
 import json, sys, time
 from fastpath_hooks.engine import load_context, snapshot
 from fastpath_hooks.act.installer import install
-from fastpath_hooks.act.files import environment_state_dir
+from fastpath_hooks.act.transaction import environment_state_dir
 settings, pins = load_context()
 env, plan = snapshot(settings, pins)
 decision = plan["fla"]

@@ -214,7 +214,7 @@ def _doctor(args) -> int:
 
 def _interrupted(settings) -> dict | None:
     """The install a journal says is running now or was killed half-way (doctor shows it)."""
-    from .act.files import environment_state_dir
+    from .act.transaction import environment_state_dir
     from .act.transaction import Transaction
 
     tx = Transaction.pending(environment_state_dir(settings))

@@ -16,7 +16,7 @@ import pytest
 from conftest import offline_env
 from support import sdists
 from support.venvs import clean_env
-from fastpath_hooks.act.files import sha256_of
+from fastpath_hooks.act.transaction import sha256_of
 
 # torch 2.13 has no causal-conv1d release wheel: only a build can bring it
 HOPPER = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"

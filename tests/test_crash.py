@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks.act import files as state
+from fastpath_hooks.act import transaction as state
 from support.processes import link_uv, processes_with, running
 
 # slow: real venvs, processes killed mid-install (docs/development.md)

@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from conftest import A100, offline_env
-from fastpath_hooks.act import files as state
+from fastpath_hooks.act import transaction as state
 from test_crash import PADDING, USER_SCRIPT, _fla_files, _popen, _wait_for
 from support.processes import link_uv
 

@@ -44,7 +44,7 @@ from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
 from . import compiler_wrapper, nvcc_speed
 from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
-from .files import atomic_write
+from .transaction import atomic_write
 from .locks import file_lock
 from .runner import execute
 

@@ -38,7 +38,7 @@ from .._names import cache_root
 from .._registry import registry
 from ..facts.wheels import choose, find_links_dir, wheel_distribution, wheel_version as _version_of
 from . import wheelcache
-from .files import sha256_of
+from .transaction import sha256_of
 from .runner import run
 
 

@@ -62,7 +62,7 @@ def warm_path(root: str) -> str:
 def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
     """Keep the warm-up of `kernel` under the cache root (what, when, how long, into which cache
     directories); best effort."""
-    from .files import atomic_write_json
+    from .transaction import atomic_write_json
 
     path = warm_path(root)
     try:

@@ -30,7 +30,7 @@ import time
 
 from .. import events
 from ..facts.host import boot_id, process_stat
-from .files import environment_state_dir
+from .transaction import environment_state_dir
 
 
 def environment_lock(settings, directory: str | None = None):

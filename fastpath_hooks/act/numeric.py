@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from .. import events
 from ..facts.distributions import installed_versions, scan
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
-from .files import atomic_write_json
+from .transaction import atomic_write_json
 from .locks import file_lock
 from .runner import child_environ, run
 

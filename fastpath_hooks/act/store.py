@@ -308,7 +308,7 @@ def _newest(keyed: dict, keep: int) -> dict:
 
 
 def _write(path: str, kernels: dict) -> None:
-    from .files import atomic_write_json
+    from .transaction import atomic_write_json
 
     atomic_write_json(path, {"schema": SCHEMA, "prefix": os.path.realpath(sys.prefix), "kernels": kernels})
 
@@ -391,7 +391,7 @@ def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, ex
     the names count); a read-only cache costs a child next time."""
     if not root:
         return
-    from .files import atomic_write_json
+    from .transaction import atomic_write_json
     from .locks import file_lock
     from .numeric import installed_digest
 

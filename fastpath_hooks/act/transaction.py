@@ -1,34 +1,32 @@
-"""Undo for installs: back up what may be replaced, journal it, restore it exactly.
+"""Undo for installs, and the files the act layer writes.
 
-`begin()` copies every file of each installed distribution the steps may
-change (its RECORD plus its whole dist-info directory, every copy when a
-killed installer left two) into a backup beside a journal, and lists every
-file in site-packages. `rollback()` removes those distributions as they are
-now and every distribution that appeared since `begin()`, puts the copies
-back, and deletes every file that was not there at `begin()` - a
-half-extracted wheel (no RECORD yet), pip's `~name` stash directories, stray
-bytecode - so site-packages is exactly as before. A journal found at the next
-start (under the environment lock, so its writer is dead) is rolled back the
-same way. Files that existed before and belong to other distributions are
-never touched, even when a new distribution's RECORD lists them too (the
-`nvidia/__init__.py` every nvidia-* wheel ships).
+`begin()` backs up every file of each installed distribution the steps may change (its RECORD plus its
+whole dist-info directory, every copy when a killed installer left two), journals it, and lists every
+file in site-packages. `rollback()` removes those distributions as they are now and every one that
+appeared since, puts the copies back, and deletes every file that was not there at `begin()` (a
+half-extracted wheel, pip's `~name` stashes, stray bytecode): site-packages is exactly as before. A
+journal found at the next start (under the environment lock, so its writer is dead) is rolled back the
+same way. Files there before that belong to other distributions are never touched, even when a new
+distribution's RECORD lists them too (the `nvidia/__init__.py` every nvidia-* wheel ships).
 
-The installer's work directory (`work-<id>`) sits beside the backup, so
-`discard_stale` removes what a killed run left of it.
+The journal and the install lock live beside site-packages, so every process and user of a shared
+environment (NFS included) sees them; where site-packages is not writable, under the cache root, keyed
+by the environment. Every file the act layer replaces is written whole or not at all (`atomic_write`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 
-from .._names import JOURNAL
-from ..facts.distributions import canonical_name, record_files, scan
-from .files import atomic_write_json
+from .._names import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
+from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from .runner import group_record, kill_group
 
 LISTING = "listing.json"
@@ -392,3 +390,49 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
         pass
+
+
+def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
+    """Replace `path` with what `write(file)` writes (its directory made if absent)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str, data) -> None:
+    atomic_write(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True), suffix=".json")
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    """Copy `src` to `dst` atomically."""
+    with open(src, "rb") as source:
+        atomic_write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20), binary=True,
+                     suffix=os.path.splitext(dst)[1])
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def environment_state_dir(settings) -> str:
+    """`.fastpath-hooks/` beside site-packages when writable, else under the cache root."""
+    site = site_packages()
+    if os.access(site, os.W_OK):
+        return os.path.join(site, STATE_DIR_NAME)
+    return os.path.join(cache_root(settings), "envs", environment_key())

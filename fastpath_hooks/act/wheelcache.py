@@ -26,7 +26,7 @@ import os
 
 from ..facts.distributions import canonical_name
 from ..facts.wheels import SIDECAR, defect, directory, sidecar, wheel_distribution
-from .files import atomic_copy, atomic_write_json, sha256_of
+from .transaction import atomic_copy, atomic_write_json, sha256_of
 from .locks import file_lock
 
 _LOCK_TIMEOUT = 120.0   # a store holds it for a copy of one wheel
@@ -82,7 +82,7 @@ def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> 
 
 def export(path: str, dest: str) -> str:
     """Copy a cache entry (wheel + sidecar) into a wheelhouse directory, atomically."""
-    from .files import atomic_copy
+    from .transaction import atomic_copy
 
     os.makedirs(dest, exist_ok=True)
     target = os.path.join(dest, os.path.basename(path))

@@ -17,9 +17,8 @@ import sys
 from dataclasses import dataclass, replace
 
 from .. import events
-from .._names import cache_root
+from .._names import JOURNAL, STATE_DIR_NAME, cache_root
 from ..act import wheelcache
-from ..act.files import JOURNAL, STATE_DIR_NAME
 from ..decide.builds import decide_build
 from ..decide.plan import SKIP, requirements_for
 from ..decide.policy.compiled import built_fits

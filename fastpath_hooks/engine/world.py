@@ -23,10 +23,10 @@ from typing import NamedTuple
 from .. import events
 from .._names import cache_root_from_environ
 from ..act.fetch import DownloadError, fetch_into
-from ..act.files import JOURNAL, environment_state_dir
 from ..act.installer import InstallError, build_to_cache, install, recover
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
+from ..act.transaction import JOURNAL, environment_state_dir
 from ..act.verify import verify
 from ..decide.plan import installer_choice
 from ..decide.policy import decide
@@ -275,7 +275,7 @@ class EnvironmentLock:
 
     def __init__(self, settings, kernel: str, directory: str | None = None):
         self.settings, self.kernel, self.lock = settings, kernel, None
-        self.directory = directory      # the environment's state directory (default: act.files')
+        self.directory = directory      # the environment's state directory (default: act.transaction's)
         self.waited = self.first = False
 
     def acquire(self) -> "EnvironmentLock":
