@@ -359,7 +359,7 @@ def _build(args) -> int:
 
 
 def _export(path: str, dest) -> int:
-    from .act import wheelcache
+    from .act import fetch as wheelcache
 
     if not dest:
         return 0
@@ -384,7 +384,7 @@ def _cache_list(args) -> int:
 
 
 def _cache_clear(args) -> int:
-    from .act import wheelcache
+    from .act import fetch as wheelcache
     from ._names import cache_root
 
     settings, pins = _context(args)

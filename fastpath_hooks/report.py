@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 
 from ._names import VERSION as __version__
-from .act import wheelcache
+from .act import fetch as wheelcache
 from .act.gdr_check import cache_listing, warm_records
 from .decide.common import Context
 from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind, constraints, installed_after_needs,

@@ -192,7 +192,7 @@ def _wheel(tmp_path, name="causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.
 
 
 def test_cache_entries_are_complete_or_ignored(tmp_path):
-    from fastpath_hooks.act import wheelcache
+    from fastpath_hooks.act import fetch as wheelcache
     from fastpath_hooks.facts.wheels import listing
 
     root = str(tmp_path / "cache")
@@ -223,7 +223,7 @@ def test_cache_entries_are_complete_or_ignored(tmp_path):
 def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
     """Same size, other bytes (a bit flip, a substituted file): the sha256 recorded at store time
     refuses it before any installer runs."""
-    from fastpath_hooks.act import wheelcache
+    from fastpath_hooks.act import fetch as wheelcache
     from fastpath_hooks.act.fetch import FetchError, fetch_wheel
     from fastpath_hooks.facts.wheels import listing
     from fastpath_hooks.decide.plan import Step

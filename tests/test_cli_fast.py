@@ -114,7 +114,7 @@ def test_build_plans_then_builds_under_the_lock_and_exports(table, capsys, tmp_p
 
 
 def test_build_says_a_fitting_cached_wheel_is_there_and_builds_nothing(table, capsys, tmp_path):
-    from fastpath_hooks.act import wheelcache
+    from fastpath_hooks.act import fetch as wheelcache
 
     name = "causal_conv1d-1.6.2.post1+fph.torch2.10.0.cu128.abi1.sm90-cp312-cp312-linux_x86_64.whl"
     wheel = tmp_path / name

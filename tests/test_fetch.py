@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fastpath_hooks.act import wheelcache
+from fastpath_hooks.act import fetch as wheelcache
 from fastpath_hooks.act.fetch import DownloadError, _fetch
 from fastpath_hooks.act.fetch import FetchError, fetch_wheel
 from fastpath_hooks.decide.plan import Step

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from fastpath_hooks.act import wheelcache
+from fastpath_hooks.act import fetch as wheelcache
 from fastpath_hooks.act.build import relabel
 from fastpath_hooks.decide.plan import Step
 from fastpath_hooks.facts.wheels import parse_wheel, wheel_distribution, with_local_label

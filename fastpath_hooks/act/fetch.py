@@ -1,26 +1,20 @@
-"""One wheel file a plan step names, made local: from FASTPATH_HOOKS_FIND_LINKS, the local wheel
-cache (a file:// URL into it) or its URL, and checked against its sha256 (the pinned one, else the
-one the cache recorded when it stored the file). The installer and `fastpath-hooks download` both
-get their wheel steps' files here.
+"""Wheels made local and checked, and the local wheel cache.
 
-`fastpath-hooks download`'s act part: a plan's wheels fetched into a wheelhouse.
-
-The binary requirements with `pip download --only-binary=:all: --no-deps` for the target's
-Python and architecture; the wheel steps' files (release wheels, the wheel cache) as the
-installer fetches them. What to fetch is the engine's (engine/jobs.py): it reads the world
-and the plan; nothing here probes or decides. Afterwards `FASTPATH_HOOKS_FIND_LINKS=DIR
-FASTPATH_HOOKS_OFFLINE=1` installs from the directory alone.
-
-A prebuilt kernel wheel from a package index (PEP 503 / PEP 691), made local and hash-checked.
-
-The policy names the exact version it wants, local label included (an index step:
-`causal-conv1d==1.6.2.post1+cu.13.0.torch.2.11` at `https://<host>/simple/cu130/causal-conv1d/`,
-decide/policy/compiled.py); here the project page is read - JSON (`application/vnd.pypi.simple.v1+json`,
-api 1.x: `files[].filename/url/hashes.sha256`) or the HTML page (`<a href="URL#sha256=...">`) -
-and the one file of that version whose tags fit this Python and platform is downloaded and checked
-against the sha256 the index lists. A file without one is not taken; one whose bytes do not match
-is deleted and refused (`IndexMiss`, one line), and the installer goes on to the step's fallback (the
-next index, or the source build). Never offline (the policy does not plan it; this refuses too).
+- A wheel step's file: from FASTPATH_HOOKS_FIND_LINKS, the wheel cache (a file:// URL into it) or its
+  URL, checked against its sha256 (the pinned one, else the one the cache recorded). The installer
+  and `fastpath-hooks download` (a plan's wheels and `pip download --only-binary=:all: --no-deps`
+  requirements for the target's Python and architecture, into a wheelhouse) both get files here;
+  what to fetch is the engine's (engine/jobs.py).
+- An index step's wheel (PEP 503 / PEP 691): the project page is read (JSON, or HTML anchors with
+  `#sha256=`) and the one file of the exact version whose tags fit is downloaded and checked against
+  the sha256 the index lists. A file without one is not taken; a mismatch is deleted and refused
+  (`IndexMiss`, one line) and the installer goes on to the step's fallback. Never offline.
+- The wheel cache (`<cache root>/wheels/<file>.whl` + a `<file>.whl.json` sidecar: size, sha256, key,
+  origin). pip's own cache keys a build by the sdist alone (another torch gets the old binary back:
+  undefined symbols); a built wheel here carries its whole key (torch and its CUDA/HIP build, C++ ABI,
+  archs) in its local version label (facts/wheels.py), so a wheelhouse for an offline cluster matches
+  it the same way. An entry counts only with both files and agreeing sizes; writes are atomic under
+  the cache's lock, the sidecar last.
 """
 
 from __future__ import annotations
@@ -31,27 +25,26 @@ import re
 import shutil
 import sys
 import urllib.request
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from .. import events
 from .._names import cache_root
 from .._registry import registry
-from ..facts.wheels import choose, find_links_dir, wheel_distribution, wheel_version as _version_of
-from . import wheelcache
-from .transaction import sha256_of
+from ..facts.distributions import canonical_name
+from ..facts.wheels import (SIDECAR, choose, defect, directory, find_links_dir, sidecar, wheel_distribution,
+                            wheel_version as _version_of)
+from .locks import file_lock
 from .runner import run
+from .transaction import atomic_copy, atomic_write_json, sha256_of
 
 
 class FetchError(Exception):
     """The file is not to be had, or is not the pinned one (nothing corrupt is left behind)."""
 
 
-def check_sha256(path: str, expected: str | None) -> None:
-    if not expected:
-        return
-    digest = sha256_of(path)
-    if digest != expected:
-        raise FetchError(f"{os.path.basename(path)}: sha256 {digest} does not match the pinned "
+def check_sha256(path: str, expected: str | None, digest: str | None = None) -> None:
+    if expected and (digest or sha256_of(path)) != expected:
+        raise FetchError(f"{os.path.basename(path)}: sha256 {digest or sha256_of(path)} does not match the pinned "
                          f"{expected} (a corrupt or substituted file); refusing it")
 
 
@@ -59,12 +52,20 @@ def cached_path(url: str | None, settings) -> str | None:
     """The local path of a file:// URL into the wheel cache, else None."""
     if not url or not url.startswith("file:"):
         return None
-    from urllib.parse import unquote, urlsplit
-
-
     path = os.path.abspath(unquote(urlsplit(url).path))
-    where = os.path.abspath(wheelcache.directory(cache_root(settings)))
-    return path if os.path.dirname(path) == where else None
+    return path if os.path.dirname(path) == os.path.abspath(directory(cache_root(settings))) else None
+
+
+def _download(url: str, target: str, timeout: float) -> str:
+    """`url` into `target`; its sha256. OSError leaves no partial file (a wheelhouse may be read there)."""
+    events.status(f"downloading {url}")
+    try:
+        with urllib.request.urlopen(url, timeout=min(timeout, 120)) as resp, open(target, "wb") as out:
+            shutil.copyfileobj(resp, out, 1 << 20)
+        return sha256_of(target)
+    except OSError:
+        _remove(target)
+        raise
 
 
 def fetch_wheel(step, settings, dest: str) -> str:
@@ -75,13 +76,13 @@ def fetch_wheel(step, settings, dest: str) -> str:
         path = find_links_dir(location)
         candidate = os.path.join(path, filename) if path is not None else None
         if candidate is not None and os.path.isfile(candidate):
-            check_sha256(candidate, step.sha256 or wheelcache.recorded_sha256(candidate))
+            check_sha256(candidate, step.sha256 or recorded_sha256(candidate))
             return candidate
     cached = cached_path(step.url, settings)
     if cached is not None:  # the local wheel cache
         if os.path.isfile(cached):
             try:
-                check_sha256(cached, step.sha256 or wheelcache.recorded_sha256(cached))
+                check_sha256(cached, step.sha256 or recorded_sha256(cached))
             except FetchError as exc:
                 raise FetchError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
             return cached
@@ -91,23 +92,15 @@ def fetch_wheel(step, settings, dest: str) -> str:
         raise FetchError(f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the network is off" if settings.offline
                          else f"{filename} is not in FASTPATH_HOOKS_FIND_LINKS and the plan has no URL for it")
     target = os.path.join(dest, filename)
-    events.status(f"downloading {step.url}")
     try:
-        with urllib.request.urlopen(step.url, timeout=min(settings.timeout, 120)) as resp, open(target, "wb") as out:
-            while True:
-                chunk = resp.read(1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-        check_sha256(target, step.sha256)
-    except (OSError, FetchError) as exc:
-        try:
-            os.unlink(target)   # never a partial or substituted file left where a wheelhouse is read
-        except OSError:
-            pass
-        if isinstance(exc, FetchError):
-            raise
+        digest = _download(step.url, target, settings.timeout)
+    except OSError as exc:
         raise FetchError(f"could not download {step.url}: {exc}{_mirror_hint(filename)}") from None
+    try:
+        check_sha256(target, step.sha256, digest)
+    except FetchError:
+        _remove(target)   # never a substituted file left where a wheelhouse is read
+        raise
     return target
 
 
@@ -209,17 +202,9 @@ def fetch_from_index(step, settings, env, dest: str) -> str:
         raise IndexMiss(f"{chosen['filename']} on {step.url} has no sha256 on the index: not taken (it cannot be checked)",
                         f"the {host} index lists no sha256 for its {want} wheel: not taken, it cannot be checked")
     target = os.path.join(dest, chosen["filename"])
-    events.status(f"downloading {chosen['url']}")
     try:
-        with urllib.request.urlopen(chosen["url"], timeout=min(settings.timeout, 120)) as resp, open(target, "wb") as out:
-            while True:
-                chunk = resp.read(1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-        digest = sha256_of(target)
+        digest = _download(chosen["url"], target, settings.timeout)
     except OSError as exc:
-        _remove(target)
         raise IndexMiss(f"could not download {chosen['url']}: {exc}", f"could not download its wheel from {host}: {exc}") \
             from None
     if digest != sha:
@@ -299,3 +284,88 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+_LOCK_TIMEOUT = 120.0   # a store holds it for a copy of one wheel
+
+
+def entries(root: str) -> list:
+    """Every wheel in the cache, complete or not, for `doctor` and `cache list`."""
+    where = directory(root)
+    try:
+        names = sorted(n for n in os.listdir(where) if n.endswith(".whl"))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(where, name)
+        meta = sidecar(path) or {}
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = None
+        out.append({"file": name, "path": path, "size": size, "sha256": meta.get("sha256"),
+                    "distribution": meta.get("distribution"), "version": meta.get("version"),
+                    "origin": meta.get("origin"), "key": meta.get("key") or {}, "log": meta.get("log"),
+                    "ok": defect(path) is None, "problem": defect(path)})
+    return out
+
+
+def recorded_sha256(path: str) -> str | None:
+    """The sha256 a sidecar next to `path` records (a cache entry, or a wheel `build --dest` wrote)."""
+    meta = sidecar(path)
+    value = meta.get("sha256") if meta else None
+    return value if isinstance(value, str) and len(value) == 64 else None
+
+
+def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> str:
+    """Copy `wheel` into the cache as `filename` (default its own name), atomically, under the
+    cache's lock; return the cached path. The sidecar (meta + size + sha256) is written last, and
+    an old sidecar goes first: never a new wheel under an old sidecar."""
+    where = directory(root)
+    os.makedirs(where, exist_ok=True)
+    name = filename or os.path.basename(wheel)
+    target = os.path.join(where, name)
+    with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
+        try:
+            os.unlink(target + SIDECAR)
+        except FileNotFoundError:
+            pass
+        atomic_copy(wheel, target)
+        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=os.path.getsize(target),
+                                                 sha256=sha256_of(target)))
+    return target
+
+
+def export(path: str, dest: str) -> str:
+    """Copy a cache entry (wheel + sidecar) into a wheelhouse directory, atomically."""
+    os.makedirs(dest, exist_ok=True)
+    target = os.path.join(dest, os.path.basename(path))
+    for src, dst in ((path, target), (path + SIDECAR, target + SIDECAR)):
+        if os.path.exists(src):
+            atomic_copy(src, dst)
+    return target
+
+
+def clear(root: str, distribution: str | None = None) -> list:
+    """Remove every entry (or those of one distribution), under the lock; the removed file names."""
+    where = directory(root)
+    if not os.path.isdir(where):
+        return []
+    want = canonical_name(distribution) if distribution else None
+    removed = []
+    with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
+        for name in sorted(os.listdir(where)):
+            if name.startswith(".lock"):  # the lock (and a no-flock holder file) stay: a store may wait on them
+                continue
+            base = name[: -len(SIDECAR)] if name.endswith(".whl" + SIDECAR) else name
+            if want is not None:
+                if not base.endswith(".whl") or wheel_distribution(base) != want:
+                    continue
+            try:
+                os.unlink(os.path.join(where, name))
+            except OSError:
+                continue
+            if name.endswith(".whl"):
+                removed.append(name)
+    return removed

@@ -52,9 +52,8 @@ from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
-from . import wheelcache
 from .build import BuildError, run_build, shares
-from .fetch import FetchError, IndexMiss, fetch_from_index, fetch_wheel
+from .fetch import FetchError, IndexMiss, directory, fetch_from_index, fetch_wheel, store
 from .numeric import plan_for
 from .runner import execute, kill_group
 from .transaction import Transaction, WORK_PREFIX
@@ -355,10 +354,10 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
             path, (name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
                                              kernel=decision.kernel, scratch=scratch)
             try:
-                out.append(wheelcache.store(cache_root(settings), path, meta=meta, filename=name))
+                out.append(store(cache_root(settings), path, meta=meta, filename=name))
             except Exception as exc:
                 raise InstallError(f"could not keep {name} in the wheel cache "
-                                   f"{wheelcache.directory(cache_root(settings))}: {exc}") from None
+                                   f"{directory(cache_root(settings))}: {exc}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
@@ -622,13 +621,13 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
     meta.setdefault("distribution", wheel_distribution(name))
     meta.setdefault("key", {"torch": env.torch, "cuda": env.torch_cuda, "python": env.python, "platform": env.platform})
     try:
-        cached = wheelcache.store(root, path, meta=meta, filename=name)
+        cached = store(root, path, meta=meta, filename=name)
     except Exception as exc:  # OSError, a lock timeout: the install stands
         events.warning(fitted(f"{kernel}: could not keep its wheel in the wheel cache: ", exc, "the install stands"),
-                       kernel, detail=f"{kernel}: could not keep {name} in the wheel cache {wheelcache.directory(root)} "
+                       kernel, detail=f"{kernel}: could not keep {name} in the wheel cache {directory(root)} "
                                       f"({exc})")
         return
-    events.status(f"{kernel}: kept the wheel in {shown_path(wheelcache.directory(root))}: environments here with this "
+    events.status(f"{kernel}: kept the wheel in {shown_path(directory(root))}: environments here with this "
                   "cache install it without building", kernel, human=meta.get("origin") == "built",
                   detail=f"{kernel}: kept {name} in the wheel cache ({cached}); environments on this machine with the "
                          "same FASTPATH_HOOKS_CACHE_DIR install it without building")

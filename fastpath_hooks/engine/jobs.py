@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from .. import events
 from .._names import JOURNAL, STATE_DIR_NAME, cache_root
-from ..act import wheelcache
+from ..act import fetch as wheelcache
 from ..decide.builds import decide_build
 from ..decide.plan import SKIP, requirements_for
 from ..decide.policy.compiled import built_fits
