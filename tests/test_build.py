@@ -77,7 +77,7 @@ def test_build_hands_nvcc_only_the_visible_arch_and_a_second_env_installs_from_t
     assert "the build never ran the arch-restricting nvcc wrapper" not in proc.stderr
     # each compile's record is kept beside the log (the work directory goes): its source and the argv
     # the real nvcc got, restricted
-    from fastpath_hooks.act import nvcc_speed
+    from fastpath_hooks.act import build as nvcc_speed
 
     with open(nvcc_speed.calls_path(log)) as fh:
         records = [json.loads(line) for line in fh]

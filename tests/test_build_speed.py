@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from support import sdists
-from fastpath_hooks.act import nvcc_speed
+from fastpath_hooks.act import build as nvcc_speed
 from fastpath_hooks.act.build import nvcc_wrapper
 from fastpath_hooks.act.runner import _elapsed
 from fastpath_hooks.act.verify import verify_many

@@ -1,22 +1,21 @@
-"""Source builds of compiled kernels: restricted to the GPU archs asked for, logged, keyed.
+"""Source builds of compiled kernels: restricted to the GPU archs asked for, fast, logged, keyed.
 
-causal-conv1d's (and mamba-ssm's) setup.py hard-codes one `-gencode` pair per arch the
-nvcc knows (nine with CUDA 13) and ignores TORCH_CUDA_ARCH_LIST: an all-arch build
-outlasts most install timeouts. torch's ninja build takes nvcc from `PYTORCH_NVCC`, so
-a generated wrapper (in the install's work directory) hands the real nvcc only the
-pairs of the archs asked for. ROCm reads `HIP_ARCHITECTURES` (set by the policy).
+causal-conv1d's (and mamba-ssm's) setup.py hard-codes one `-gencode` pair per arch the nvcc knows
+(nine with CUDA 13) and ignores TORCH_CUDA_ARCH_LIST: an all-arch build outlasts most install
+timeouts. torch's ninja build takes nvcc from `PYTORCH_NVCC`, so one generated wrapper
+(act/compiler_wrapper.py) hands the real nvcc only the pairs of the archs asked for, the C++ standard
+last, `--split-compile=N` (nvcc >= 11.8), a file the pins name in `parallel.split_units` as N parts
+side by side, ccache (else sccache) in front, and records every compile (`<log>.nvcc.jsonl`: which
+file set the wall time; benchmarks/cold_node.sh collects them). ROCm reads `HIP_ARCHITECTURES`.
 
-The build runs `pip wheel --no-deps --no-build-isolation --no-cache-dir --no-binary
-<dist>`: against the installed torch, never through pip's wheel cache (keyed by the sdist
-alone, it would hand an old build back under a new torch), never taking a wheel instead
-of the sdist. `MAX_JOBS` and nvcc's `--split-compile` threads come from the build's share of
-the cores and the memory (decide.builds.core_budget: one job per translation unit, the cores
-left over as split threads; builds of one request run side by side and split the machine); the
-one nvcc wrapper (act/compiler_wrapper.py) also gives the split, runs ccache/sccache in front and
-records every compile (planned and read back by act/nvcc_speed.py). The whole output goes to a log file that is kept (`<cache root>/logs/`) and
-named in every message about the build. The wheel is then relabelled with its key
-(`facts.cached_wheels.label`) so that it can be cached and shared, and the build's figures go
-to the cache's build history, which later estimates are made from.
+`pip wheel --no-deps --no-build-isolation --no-cache-dir --no-binary <dist>`: against the installed
+torch, never through pip's wheel cache (keyed by the sdist alone, it would hand an old build back
+under a new torch). `MAX_JOBS` and the split come from the build's share of the cores and memory
+(decide.builds.core_budget; builds of one request split the machine). `CCACHE_BASEDIR` is the build's
+scratch directory: pip unpacks the sdist somewhere new every time, and relative paths hit next time;
+sccache's counters are server-wide. The log is kept (`<cache root>/logs/`) and named in every message;
+the wheel is relabelled with its key (facts/wheels.py) to be cached and shared, and the build's
+figures go to the build history later estimates are made from (facts/memory.py).
 """
 
 from __future__ import annotations
@@ -26,10 +25,15 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 import time
 import zipfile
 from dataclasses import dataclass
+
+from packaging.requirements import Requirement
 
 from .. import events
 from .._names import cache_root
@@ -42,12 +46,11 @@ from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
-from . import compiler_wrapper, nvcc_speed
-from .compiler_wrapper import MARK as WRAPPER_MARK, STD_MARK, codes as _pair_codes
-from .transaction import atomic_write
+from . import compiler_wrapper
+from .compiler_wrapper import MARK as WRAPPER_MARK, SPEED_MARK, STD_MARK, codes as _pair_codes
 from .locks import file_lock
 from .runner import execute
-
+from .transaction import atomic_write
 
 
 class BuildError(Exception):
@@ -83,14 +86,10 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
 
 
 def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None, speed=None) -> str:
-    """A `/bin/sh` shim `<work>/<name>` that runs act/compiler_wrapper.py with this interpreter and a
-    config (a `#!python` line would break on interpreter paths with spaces or longer than the kernel's
-    shebang limit): the real compiler `real` (argv list), `keep` (nvcc: the archs whose -gencode pairs
-    stay), `std` (the C++ standard handed last), `speed` (nvcc: act/nvcc_speed.py's Speed - the split,
-    the compiler cache, the record of each compile)."""
-    import shlex
-
-
+    """A `/bin/sh` shim `<work>/<name>` running act/compiler_wrapper.py with this interpreter and a config
+    (a `#!python` line breaks on interpreter paths with spaces or past the kernel's shebang limit): the
+    real compiler `real` (argv), `keep` (nvcc: the archs whose -gencode pairs stay), `std` (handed
+    last), `speed` (nvcc: its Speed)."""
     config = os.path.join(work, name + ".json")
     with open(config, "w", encoding="utf-8") as fh:
         json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std,
@@ -107,7 +106,7 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
 
 
 def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None, speed=None) -> str:
-    """The one nvcc wrapper of a build: the archs, the C++ standard, and the speed part (act/nvcc_speed.py)."""
+    """The one nvcc wrapper of a build: the archs, the C++ standard, the speed part."""
     return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std, speed=speed)
 
 
@@ -127,16 +126,11 @@ def real_hipcc(env) -> str | None:
 
 
 def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) -> tuple:
-    """(the build's extra environment, its nvcc_speed.Speed or None): the pins' variables, CUDA_HOME of
-    the real nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc restricted to the archs asked for, given the
-    C++ standard where the step asks, `--split-compile=<split>`, a compiler cache and a record per
-    compile - one wrapper, act/compiler_wrapper.py; hipcc given the standard; CXX: the host compiler
-    given the standard - only where the step asks), MAX_JOBS (unless the user set it), the interpreter's
-    bin first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours
-    PYTORCH_NVCC and CXX this way)."""
-    import shlex
-
-
+    """(the build's extra environment, its Speed or None): the pins' variables, CUDA_HOME of the real
+    nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc, or hipcc given the standard; CXX: the host compiler
+    given the standard where the step asks), MAX_JOBS (unless the user set it), the interpreter's bin
+    first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours
+    PYTORCH_NVCC and CXX)."""
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
     extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
@@ -149,8 +143,8 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
         nvcc = real_nvcc(env)
         if nvcc is not None:
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
-            speed = nvcc_speed.plan(work, split=split, path_var=extra["PATH"], parts=parts)
-            extra.update(nvcc_speed.launcher_environ(speed, work))
+            speed = plan(work, split=split, path_var=extra["PATH"], parts=parts)
+            extra.update(launcher_environ(speed, work))
             extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std, speed=speed)
     elif env.torch_hip and std:
         hipcc = real_hipcc(env)
@@ -163,9 +157,8 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
 
 
 def _tool_dirs() -> list:
-    """Directories to put first on the build's PATH: the interpreter's bin, and wherever a `ninja`
-    of this interpreter's distributions lives (an environment layered over another one's
-    site-packages sees its ninja package, not its bin directory)."""
+    """The interpreter's bin and wherever a `ninja` of its distributions lives (an environment layered
+    over another one's site-packages sees its ninja package, not its bin directory)."""
     out = [os.path.dirname(sys.executable)]
     for entry in sys.path:
         if not entry.endswith("site-packages"):
@@ -180,13 +173,8 @@ def _tool_dirs() -> list:
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
               expected: float | None = None, together=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log.
-    `share`: its decide.builds.Share of the machine when other builds run at the same time
-    (`together`: their kernels), else the whole machine's; `expected`: the estimate in seconds, said
-    up front and with the heartbeat. The build is recorded for later estimates (facts/memory.py)."""
-    from packaging.requirements import Requirement
-
-
-    # the kernel's build data (pins: kernels.<kernel>.source_build), of the version the step builds
+    `share`: its decide.builds.Share when other builds (`together`: their kernels) run at the same
+    time, else the whole machine's; `expected`: the estimate in seconds, said with the heartbeat."""
     req = Requirement(step.requirements[0])
     pinned = [s.version for s in req.specifier if s.operator == "=="]
     if kernel not in pins.source_builds:
@@ -215,15 +203,15 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
-    sccache_before = nvcc_speed.sccache_counts(speed.launcher) if speed is not None else None
+    sccache_before = sccache_counts(speed.launcher) if speed is not None else None
     ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work,
                   extra_env=scratch, log=log, started=started, expected=expected)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
-    compiled, info = nvcc_speed.summary(speed, work, sccache_before) if speed is not None else ("", {})
+    compiled, info = summary(speed, work, sccache_before) if speed is not None else ("", {})
     if compiled:
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"# {nvcc_speed.MARK} {compiled}\n")
-        nvcc_speed.keep_calls(speed, log)
+            fh.write(f"# {MARK} {compiled}\n")
+        keep_calls(speed, log)
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
@@ -269,14 +257,13 @@ def shares(builds, *, settings, env) -> dict:
 def _expected(seconds) -> str:
     if not seconds:
         return ""
-
     return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
             "of time)")
 
 
 def remember_build(root: str, record: dict) -> None:
-    """Append the build's record to this cache's build history (facts/memory.py), for later
-    estimates; a history that cannot be written costs only those (said at debug)."""
+    """Append the build's record to the cache's build history; one that cannot be written costs only
+    later estimates (said at debug)."""
     path = memory.builds_path(root)
     entry = dict(record, host=memory.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
@@ -297,10 +284,9 @@ def _trim(path: str) -> None:
 
 
 def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:
-    """The archs the wheel really holds, read back from the wrapper's lines in the log (the label says
-    what was built, not what was asked): a CUDA build restricted by the wrapper holds the codes it kept;
-    one that never ran it holds every arch its setup.py names (`all`) - refused where an arch rule
-    says that nvcc's code for a visible GPU is wrong."""
+    """The archs the wheel really holds (the label says what was built, not what was asked): the codes
+    the wrapper kept, read back from the log; every arch its setup.py names (`all`) where the wrapper
+    never ran - refused where an arch rule says nvcc's code for a visible GPU is wrong."""
     if not env.torch_cuda or archs in (("all",), ("py",)):
         return archs
     kept = wrapper_codes(log) if wrapped else None
@@ -335,20 +321,16 @@ def wrapper_codes(log: str) -> set:
     return out
 
 
-_ERROR_LINES = None
+# gcc/clang `file:12:3: error:` (fatal too), nvcc's `file.cu(42): error:`, `nvcc fatal :`, `c++: error:` -
+# not pip's or setuptools' own `error:` lines
+_ERROR_LINES = re.compile(r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
+                          r"|\S+\(\d+\): (catastrophic )?error: .*"
+                          r"|nvcc fatal\s*:.*"
+                          r"|(\S*/)?(c\+\+|g\+\+|gcc|cc|clang\+\+|clang|cc1plus|hipcc|nvcc): (fatal )?error: .*)")
 
 
 def first_compiler_error(log: str) -> str | None:
-    """The first diagnostic a compiler wrote into the log: gcc/clang `file:12:3: error: ...` (fatal too),
-    nvcc's front end `file.cu(42): error: ...`, `nvcc fatal : ...`, `c++: error: ...` - not pip's or
-    setuptools' own `error:` lines. Cut to 240 characters."""
-    global _ERROR_LINES
-    if _ERROR_LINES is None:
-        _ERROR_LINES = re.compile(
-            r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
-            r"|\S+\(\d+\): (catastrophic )?error: .*"
-            r"|nvcc fatal\s*:.*"
-            r"|(\S*/)?(c\+\+|g\+\+|gcc|cc|clang\+\+|clang|cc1plus|hipcc|nvcc): (fatal )?error: .*)")
+    """The first diagnostic a compiler wrote into the log, cut to 240 characters."""
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -407,3 +389,131 @@ def _mentions(path: str, text: str) -> bool:
             return any(text in line for line in fh)
     except OSError:
         return False
+
+
+MARK = SPEED_MARK   # the summary line in the build's log starts with it, as each compile's line does
+
+CALLS = "nvcc-calls.jsonl"
+CCACHE_STATS = "ccache-stats.log"
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What the wrapper of one build does for speed: `split` threads per compile (1: none), `launcher`
+    the compiler cache's path (None: none found), `calls` where each compile is recorded."""
+    split: int
+    launcher: str | None
+    calls: str
+    parts: tuple = ()    # (file name, N): compiled as N parts side by side (pins `parallel.split_units`)
+
+    def config(self) -> dict:
+        """The wrapper config's keys for it (act/compiler_wrapper.py)."""
+        return {"split": self.split, "launcher": self.launcher, "calls": self.calls, "parts": dict(self.parts)}
+
+
+def launcher(path_var: str | None = None) -> str | None:
+    """ccache, else sccache, on the build's PATH."""
+    for name in ("ccache", "sccache"):
+        found = shutil.which(name, path=path_var)
+        if found:
+            return found
+    return None
+
+
+def plan(work: str, *, split: int, path_var: str | None = None, parts=()) -> Speed:
+    """The speed part of one build's nvcc wrapper: its records in `work`, the cache on `path_var`,
+    `parts`: (file name, N)."""
+    return Speed(split=max(1, int(split)), launcher=launcher(path_var), calls=os.path.join(work, CALLS),
+                 parts=tuple((name, int(n)) for name, n in parts if int(n) > 1))
+
+
+def launcher_environ(speed: Speed, work: str) -> dict:
+    """The compiler cache's variables for this build (ccache: its stats log, paths made relative)."""
+    if speed.launcher is None or os.path.basename(speed.launcher) != "ccache":
+        return {}
+    return {"CCACHE_STATSLOG": os.path.join(work, CCACHE_STATS), "CCACHE_BASEDIR": work}
+
+
+def sccache_counts(path: str | None) -> dict | None:
+    """sccache's hit/miss counters now (`sccache --show-stats --stats-format=json`), or None."""
+    if path is None or os.path.basename(path) != "sccache":
+        return None
+    try:
+        out = subprocess.run([path, "--show-stats", "--stats-format=json"], capture_output=True, text=True, timeout=30)
+        stats = json.loads(out.stdout).get("stats", {})
+    except (OSError, ValueError, subprocess.SubprocessError, AttributeError):
+        return None
+
+    def total(key):
+        value = stats.get(key)
+        if isinstance(value, dict):
+            value = value.get("counts", value)
+            return sum(v for v in value.values() if isinstance(v, int)) if isinstance(value, dict) else 0
+        return value if isinstance(value, int) else 0
+
+    return {"hits": total("cache_hits"), "misses": total("cache_misses")}
+
+
+def calls(speed: Speed) -> list:
+    """The compiles the wrapper recorded, in order."""
+    try:
+        with open(speed.calls, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def calls_path(log: str) -> str:
+    """Where a build's compile records are kept, beside its log (`<log without .log>.nvcc.jsonl`)."""
+    return (log[:-len(".log")] if log.endswith(".log") else log) + ".nvcc.jsonl"
+
+
+def keep_calls(speed: Speed, log: str) -> None:
+    """Keep the compile records beside the build's log (the work directory goes)."""
+    try:
+        shutil.copyfile(speed.calls, calls_path(log))
+    except OSError:
+        pass
+
+
+def ccache_result(work: str) -> dict | None:
+    """{"hits": n, "misses": m, "uncacheable": k} from this build's ccache stats log (per compile a
+    `# <file>` line, then the counters it moved: `*_hit`, `cache_miss` or why not), or None."""
+    try:
+        with open(os.path.join(work, CCACHE_STATS), encoding="utf-8", errors="replace") as fh:
+            lines = [ln.strip() for ln in fh if ln.strip() and not ln.startswith("#")]
+    except OSError:
+        return None
+    hits = sum(1 for ln in lines if ln.endswith("_hit"))
+    misses = sum(1 for ln in lines if ln == "cache_miss")
+    return {"hits": hits, "misses": misses, "uncacheable": len(lines) - hits - misses}
+
+
+def summary(speed: Speed, work: str, sccache_before: dict | None = None) -> tuple:
+    """(one line for the log and the build's message, a dict for the build record)."""
+    done = calls(speed)
+    slowest = max(done, key=lambda c: c.get("seconds", 0), default=None)
+    info = {"compiles": len(done), "split": speed.split,
+            "launcher": os.path.basename(speed.launcher) if speed.launcher else None,
+            "slowest": {"source": slowest.get("source"), "seconds": slowest.get("seconds")} if slowest else None}
+    cache = None
+    if info["launcher"] == "ccache":
+        cache = ccache_result(work)
+    elif info["launcher"] == "sccache" and sccache_before is not None:
+        after = sccache_counts(speed.launcher)
+        if after is not None:
+            cache = {k: after[k] - sccache_before.get(k, 0) for k in ("hits", "misses")}
+    info["cache"] = cache
+    parts = [f"{len(done)} nvcc compile{'s' if len(done) != 1 else ''}",
+             f"--split-compile={speed.split}" if speed.split > 1 else "no --split-compile"]
+    if slowest:
+        parts.append(f"slowest {os.path.basename(str(slowest.get('source')))} {slowest.get('seconds', 0):.0f} s")
+    if info["launcher"] is None:
+        parts.append("no compiler cache")   # ccache or sccache on the build's PATH would keep the compiles
+    elif cache is None:
+        parts.append(f"{info['launcher']}: hits unknown")
+    else:
+        scope = " (server-wide)" if info["launcher"] == "sccache" else ""
+        parts.append(f"{info['launcher']}: {cache['hits']} hit{'s' if cache['hits'] != 1 else ''}, "
+                     f"{cache['misses']} miss{'es' if cache['misses'] != 1 else ''}{scope}")
+    return ", ".join(parts), info

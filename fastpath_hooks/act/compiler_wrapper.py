@@ -15,7 +15,7 @@ act/build.py points them at a two-line `/bin/sh` shim that runs this file with a
 Each change is said on stderr (the build's log), one line per call, starting with MARK: the build
 labels its wheel from what these lines say was kept (not from what was asked).
 
-The same wrapper makes nvcc's compiles faster (act/nvcc_speed.py plans it; the config's optional keys):
+The same wrapper makes nvcc's compiles faster (act/build.py plans it; the config's optional keys):
 
 - `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none already, so
   nvcc (>= 11.8) runs the optimizer and ptxas of one file in that many threads; 1 or absent: none.
