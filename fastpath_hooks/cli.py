@@ -191,7 +191,7 @@ def _doctor(args) -> int:
     interrupted = _interrupted(settings)
     smoke = None
     if args.smoke:
-        from .act.smoke import run_smoke
+        from .act.verify import run_smoke
 
         smoke = run_smoke(settings, env)
     wheels, jit = report.wheel_cache_json(root), report.jit_json(env, root)
@@ -206,7 +206,7 @@ def _doctor(args) -> int:
         print("\n" + report.wheel_cache_text(wheels))
         print("\n" + report.jit_text(jit))
         if smoke is not None:
-            from .act.smoke import smoke_text
+            from .act.verify import smoke_text
 
             print("\n" + smoke_text(smoke))
     return 1 if smoke is not None and smoke.get("status") == "fail" else 0

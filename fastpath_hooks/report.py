@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from ._names import VERSION as __version__
 from .act import fetch as wheelcache
-from .act.gdr_check import cache_listing, warm_records
+from .act.verify import cache_listing, warm_records
 from .decide.common import Context
 from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, StepKind, constraints, installed_after_needs,
                           installer_choice, invocation, protected_constraints, step_names, uv_executable)

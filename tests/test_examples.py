@@ -34,7 +34,7 @@ def test_the_gated_delta_rule_reference_matches_transformers_torch_gated_delta_r
     torch = pytest.importorskip("torch")
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    from fastpath_hooks.act.numeric_check import gdr_ref
+    from fastpath_hooks.act.check_child import gdr_ref
 
     gen = torch.Generator().manual_seed(0)
     B, T, H, K = 1, 96, 2, 16

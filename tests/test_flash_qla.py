@@ -2,7 +2,7 @@
 real venvs, real pip installing offline from a wheelhouse of stand-in wheels (tests/support/wheels.py: an fla
 whose chunk entry point dispatches like fla 0.6.0's registry - find_spec("flash_qla") + FLA_FLASH_QLA, no
 try/except - and a flash-qla computing in torch, with a JIT failure or a wrong result baked in where asked),
-the real verification children (the gated-delta-rule check: act/gdr_check.py), a Hopper posed through
+the real verification children (the gated-delta-rule check: act/check_child.py), a Hopper posed through
 FASTPATH_HOOKS_TARGET.
 
 - planned only where its rules allow: sm_90 + nvcc + tilelang yes; not without nvcc, not on sm_80, not on

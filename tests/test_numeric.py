@@ -73,7 +73,7 @@ def test_a_posed_gpu_has_no_device_here_so_the_check_is_skipped_and_says_why():
 def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_path):
     """fla 0.6 dispatches its chunk entry point to an importable flash_qla by itself; fla's numeric check is
     remembered under fla's files, so it runs with its backends off (FLA_FLASH_QLA=0) - a wrong flash_qla
-    beside it is the backend check's business (act/gdr_check.py), not a verdict on fla."""
+    beside it is the backend check's business (act/check_child.py), not a verdict on fla."""
     root = _stand_ins(tmp_path)
     files = {"flash_qla/__init__.py": wheels._QLA.replace("MODE_VALUE", "wrong").replace("VERSION", "0.1.3"),
              "tilelang/__init__.py": ""}
@@ -133,7 +133,7 @@ def test_a_remembered_mismatch_blocks_that_release_on_that_arch_under_that_torch
 
 @pytest.mark.slow
 def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wrong_ones(tmp_path, dep_wheels):
-    """The references of act/numeric_check.py agree with independent torch implementations (the stand-ins)
+    """The references of act/check_child.py agree with independent torch implementations (the stand-ins)
     with the shipped shapes, dtypes and tolerances: the checks can pass. The wrong conv stand-in fails."""
     import glob
     import subprocess
@@ -142,7 +142,7 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
     from fastpath_hooks.facts.pins import load
 
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath_hooks", "act",
-                          "numeric_check.py")
+                          "check_child.py")
     checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm", "fla") for c in load().kernel(kernel).numeric_checks]
     for wrong in (False, True):
         proc = subprocess.run([sys.executable, script, json.dumps({"device": "cpu", "checks": checks})], text=True,
@@ -259,7 +259,7 @@ def test_one_verification_child_for_several_kernels_runs_their_numeric_checks_to
 def test_the_warm_up_clause_names_each_length_once():
     """The H200 install line said 'JIT warmed for 4096, 4096, 16384, 16384 tokens': one row per variant (a final
     state or not) of each length; each length is said once."""
-    from fastpath_hooks.act.gdr_check import summary
+    from fastpath_hooks.act.verify import summary
 
     warm = [{"seq": s, "shape": [32, 32, 128, 128], "final_state": f} for s in (4096, 16384) for f in (True, False)]
     assert summary({"warm": warm, "seconds": 205.6}) == "JIT warmed for 4096, 16384 tokens, 205.6 s"

@@ -67,7 +67,7 @@ def _verification_children(started) -> list:
 
 def _payload(argv) -> list:
     """A verification child's kernels: the JSON argument after the numeric check's script (act/verify.py)."""
-    return json.loads(argv[[a.endswith("numeric_check.py") for a in argv].index(True) + 1])
+    return json.loads(argv[[a.endswith("check_child.py") for a in argv].index(True) + 1])
 
 
 def _installs(started) -> list:
@@ -348,7 +348,7 @@ def test_an_install_checks_its_kernels_in_one_child_import_numbers_and_the_gated
     proc, started = _counted(make_venv(), "install", "fla", env=env, spawns=str(tmp_path / "spawns.jsonl"))
     assert proc.returncode == 0 and "fla: installed" in proc.stderr, proc.stderr
     checks = _verification_children(started)
-    apart = [argv for argv in started if argv not in checks and any("numeric_check" in a or "gdr_check" in a
+    apart = [argv for argv in started if argv not in checks and any("check_child" in a
                                                                      for a in argv)]
     assert apart == [], apart                                            # no check child of its own
     installed = re.findall(r"^fastpath-hooks: (\S+): installed", proc.stderr, re.M)

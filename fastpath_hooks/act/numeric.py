@@ -1,24 +1,21 @@
 """Numbers, not just imports: a kernel's tiny forward (and backward) checked against torch on the GPU.
 
-The pins name the checks per kernel (kernels.<name>.numeric_checks: function, shapes, dtype,
-tolerance, reference, on which GPUs); act/numeric_check.py runs them in a child process (a bad
-build can crash the process) against its own plain-torch references. A check runs once per
-(installed files, GPU arch, torch build) and is remembered in the cache (`<cache>/numeric/<kernel>.json`,
-shared by every environment of the user, like the wheel cache): the installed files are named by
-the digest of the wheel's RECORD entries (the same wheel gives the same key however it was
-installed). A mismatch is remembered too, with the measured error: the policy then blocks that
-kernel release on that arch under that torch build (`<p>.block.numeric`) until the entry is removed.
-
-On a posed GPU (FASTPATH_HOOKS_TARGET) there is no such device here: the check is skipped and said
-so; `numeric=cpu` in the target runs it on CPU tensors instead (CPU stand-ins in the tests).
+The pins name the checks per kernel (kernels.<name>.numeric_checks); act/check_child.py runs them in
+a child process against its own plain-torch references. A check runs once per (installed files, GPU
+arch, torch build) and is remembered in `<cache>/numeric/<kernel>.json`, shared by every environment
+of the user: the files are named by the digest of the wheel's RECORD entries (the same wheel gives the
+same key however it was installed). A mismatch is remembered with the measured error, and the policy
+blocks that release on that arch under that torch build (`<p>.block.numeric`) until it is removed.
+On a posed GPU (FASTPATH_HOOKS_TARGET) the check is skipped and said so; `numeric=cpu` in the target
+runs it on CPU tensors instead (CPU stand-ins in the tests).
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -28,9 +25,10 @@ from ..facts.distributions import installed_versions, scan
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
 from .transaction import atomic_write_json
 from .locks import file_lock
-from .runner import child_environ, run
+from .runner import child_environ, ended, run
 
-_MARK = "FASTPATH_HOOKS_NUMERIC "
+_MARK = "FASTPATH_HOOKS_NUMERIC "   # check_child.py's MARK
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_child.py")
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,8 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
         return None
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
     build = torch_build(env)
-    # the result is remembered under the kernel's own files: a backend it would dispatch to (fla to
-    # flash-qla) is checked against its own path by the backend's check (act/gdr_check.py), not here
+    # remembered under the kernel's own files: a backend it would dispatch to (fla to flash-qla) is
+    # checked against the kernel's own path by the backend's gated-delta-rule check, not here
     off = tuple((s.switch.variable, s.switch.off) for s in pins.kernels.values()
                 if s.kind == "backend" and kernel in s.serves and s.switch is not None)
     if env.gpu_source == "target":
@@ -86,8 +84,6 @@ def installed_digest(distributions) -> str | None:
             continue
         try:
             with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
-                import csv
-
                 for row in csv.reader(fh):
                     if len(row) < 2 or not row[1] or ".dist-info/" in row[0] or row[0].endswith(".pyc"):
                         continue
@@ -120,7 +116,7 @@ def _remember(root: str, kernel: str, entries: dict) -> None:
 class Pending:
     """A numeric check to run: the child's payload, and what its result is remembered under."""
     plan: NumericPlan
-    payload: dict            # {"device": ..., "checks": [...]}: numeric_check.py's argument
+    payload: dict            # {"device": ..., "checks": [...]}: check_child.py's argument
     keys: dict               # arch -> cache key (empty: the installed files could not be named)
     digest: str | None
     version: str | None
@@ -128,7 +124,7 @@ class Pending:
 
 def prepare(plan: NumericPlan, distributions):
     """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
-    else the Pending check for the verification child (act/verify.py)."""
+    else the Pending check for the verification child."""
     kernel, root = plan.kernel, plan.root
     version = installed_versions().get(distributions[0])
     names = ", ".join(_what(c) for c in plan.checks)
@@ -179,37 +175,20 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     return NumericResult(True, detail, True)
 
 
-def run_check_script(script: str, payload: str, *, mark: str, timeout: float, env_extra=(), python: str | None = None,
-                     what: str, started=None):
-    """Run a check script (a file: the numeric check) in a child interpreter, as `run_check` does, and read
-    the JSON it prints last after `mark`: (report, None), or (None, why there is none)."""
-    ran = run([python or sys.executable, script, payload], timeout=timeout, environ=child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",)),
-              started=started)
+def run_check_script(payload: str, *, timeout: float, env_extra=(), what: str):
+    """Run the numeric checks alone in a child interpreter: (report, None), or (None, why there is none)."""
+    ran = run([sys.executable, CHILD, payload], timeout=timeout,
+              environ=child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",)))
     report = None
-    lines = ran.output.splitlines()
-    for line in lines:
-        if line.startswith(mark):
+    for line in ran.output.splitlines():
+        if line.startswith(_MARK):
             try:
-                report = json.loads(line[len(mark):])
+                report = json.loads(line[len(_MARK):])
             except ValueError:
                 report = None
-    other = "\n".join(ln for ln in lines if not ln.startswith(mark))
-    if ran.timed_out:
-        return None, f"{what} did not finish within {timeout:.0f} s"
-    if ran.code is not None and ran.code < 0:
-        try:
-            name = signal.Signals(-ran.code).name
-        except ValueError:
-            name = f"signal {-ran.code}"
-        return None, f"{what} killed the process ({name})" + (f": {_tail(other)}" if _tail(other) else "")
-    if not isinstance(report, dict):
-        return None, f"{what} exited with code {ran.code}: {_tail(other) or 'no output'}"
+    if ran.timed_out or (ran.code is not None and ran.code < 0) or not isinstance(report, dict):
+        return None, ended(ran, what, timeout, "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK)))
     return report, None
-
-
-def _tail(text: str, lines: int = 3) -> str:
-    rows = [r for r in (text or "").strip().splitlines() if r.strip()]
-    return " | ".join(rows[-lines:])[-400:]
 
 
 def known_detail(known: dict, keys: dict) -> str:
@@ -235,7 +214,7 @@ def _what(check) -> str:
 
 def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
-    (`hub:` in the check's function: numeric_check.py loads it through kernels, as kernelize will), once per
+    (`hub:` in the check's function: check_child.py loads it through kernels, as kernelize will), once per
     build (its files' digest), GPU arch and torch build, remembered like a package's. No check for this
     function on these GPUs: (True, why)."""
     plan = plan_for(entry.kernel, env, pins, root)
@@ -262,9 +241,8 @@ def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     payload = {"device": plan.device, "checks": [dict(_payload(c), hub=hub, check_arch=plan.device == "cuda")
                                                   for c in checks]}
     pending = Pending(plan, payload, keys, digest, entry.ref)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "numeric_check.py")
     start = time.monotonic()
-    report, problem = run_check_script(script, json.dumps(payload), mark=_MARK, timeout=timeout, env_extra=plan.env,
+    report, problem = run_check_script(json.dumps(payload), timeout=timeout, env_extra=plan.env,
                                        what=f"{entry.ref}'s numeric check")
     result = conclude(pending, report, problem, time.monotonic() - start, label=f"{entry.kernel} from {entry.ref}")
     return result.ok, result.detail

@@ -189,6 +189,22 @@ def summary(text: str) -> str:
     return " | ".join(chosen)[-600:]
 
 
+def ended(ran: Ran, what: str, timeout: float, output: str | None = None) -> str:
+    """Why a check child gave no answer: `<what> did not finish within N s`, `... killed the process
+    (SIGSEGV): <tail>` or `... exited with code N: <tail>` (`output`: the child's, its result lines left out)."""
+    rows = [r for r in (ran.output if output is None else output).strip().splitlines() if r.strip()]
+    tail = " | ".join(rows[-3:])[-400:]
+    if ran.timed_out:
+        return f"{what} did not finish within {timeout:.0f} s"
+    if ran.code is not None and ran.code < 0:
+        try:
+            name = signal.Signals(-ran.code).name
+        except ValueError:
+            name = f"signal {-ran.code}"
+        return f"{what} killed the process ({name})" + (f": {tail}" if tail else "")
+    return f"{what} exited with code {ran.code}: {tail or 'no output'}"
+
+
 def _kill(proc) -> None:
     """SIGKILL the child's whole group (grandchildren too), reap the child, and wait (a few seconds
     at most) until no member of the group runs any more."""

@@ -184,7 +184,7 @@ class World:
 
     def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=()):
         """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
-        numbers against torch, then its `check` (act/gdr_check.py): a result with `ok`, `detail` and
+        numbers against torch, then its `check` (act/check_child.py): a result with `ok`, `detail` and
         `numeric` (it failed on its numbers)."""
         return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus)
 

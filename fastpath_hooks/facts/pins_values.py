@@ -26,7 +26,7 @@ KINDS = ("pure", "pair", "compiled", "backend")
 ACCELERATORS = ("cuda", "rocm", "xpu")
 STDS = ("c++17", "c++20", "c++23", "gnu++17", "gnu++20", "gnu++23")
 DTYPES = ("float32", "float16", "bfloat16")
-# the references act/numeric_check.py holds (it imports nothing of the package, so the names live here too)
+# the references act/check_child.py holds (it imports nothing of the package, so the names live here too)
 NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
                       "gated_delta_rule")
 INDEX_FIELDS = ("{channel}", "{project}", "{cuda}", "{cuda_nodot}", "{torch_mm}")
@@ -369,13 +369,13 @@ class ArchRule:
 
 @dataclass(frozen=True)
 class NumericCheck:
-    """One tiny run of a kernel function on the GPU against a torch reference (act/numeric_check.py
+    """One tiny run of a kernel function on the GPU against a torch reference (act/check_child.py
     holds the references, by name). `gpus`: where it runs ("*": every GPU); `requires`: modules that
     must import for it to apply (a build without the CUDA extension has no selective_scan_cuda)."""
     name: str = m(unique=True)
     function: str = m(ok=lambda f: ":" in f, says="expected module:function")
     reference: str = m(choices=NUMERIC_REFERENCES,
-                       says=f"expected one of {', '.join(NUMERIC_REFERENCES)} (act/numeric_check.py)")
+                       says=f"expected one of {', '.join(NUMERIC_REFERENCES)} (act/check_child.py)")
     shapes: dict[str, int] = m(ok=lambda x: x >= 1, says="expected a positive whole number")
     dtype: str = m(choices=DTYPES)
     # atol + rtol (elementwise, as torch.allclose) and/or ratio (rms error / rms of torch's)

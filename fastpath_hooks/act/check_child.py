@@ -1,23 +1,39 @@
-"""The numeric check's child (run as a script; torch and the kernel only, nothing of the package).
+"""The check child's script, run by path in a child process (a bad build can crash it): torch and the
+kernels only, nothing of the package (no relative import). One gated-delta-rule reference (`gdr_ref`)
+for all three of its checks:
 
-    python numeric_check.py '<json payload>'
-
-The payload (act/numeric.py): {"device": "cuda" | "cpu", "checks": [<the pins' numeric_checks entries>]}.
-Each check builds seeded inputs of the pins' shapes and dtype on the device, runs the kernel's
-function - forward, and backward where training uses it - and the same computation in plain torch
-(float32, written here from the packages' own references and tests, never calling the package), and
-compares every output and gradient: max abs diff, elementwise `atol + rtol * |ref|`, and the error
-ratio rms(out - ref) / rms(ref) (fla's tests' measure), as the check's tolerance names them. The last
-line printed is MARK + JSON: per check ok / skipped / error, the worst tensor and its figures.
+- the numeric checks (`run_check`; alone: `python check_child.py '<payload>'`, the payload
+  {"device": "cuda" | "cpu", "checks": [the pins' numeric_checks]}, the report printed last after
+  MARK): seeded inputs of the pins' shapes and dtype, the kernel's function forward (and backward
+  where training uses it) and the same computation in plain float32 torch (written from the packages'
+  own references, never calling them), every output and gradient compared: max abs diff,
+  `atol + rtol * |ref|` elementwise, rms(out - ref) / rms(ref) (fla's tests' measure).
+- the gated-delta-rule check and JIT warm-up (`check_here`; a Decision's `check`, decide/warmup.py):
+  through the served kernel's entry point (fla's `chunk_gated_delta_rule` as transformers calls it:
+  q, k [1, T, key heads, K], v [1, T, value heads, V] in bf16, g float32, beta bf16, the l2-norm in the
+  kernel), forward + backward at `check_seq` tokens against the reference, on the served kernel's own
+  path (backends off) and, for a backend, with it on - counted, so it must really have run. A backend
+  passes within the tolerance of the reference (relative RMS) or within `slack` times the own path's
+  error; the own path must be finite. Then the warm-up: the same call at each of `seqs`, own path and
+  backend, timed, into the JIT caches the child's environment names (a CPU warms nothing unless the
+  check names the device).
+- `doctor --smoke` (`python check_child.py smoke`): fla's chunk_gated_delta_rule in bf16 on the GPU
+  against the reference on the same inputs; tolerances output 2e-2, gradients 5e-2 (bf16 rounds ~4e-3
+  per element; the chunked kernel re-associates sums, so gradients drift further).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 MARK = "FASTPATH_HOOKS_NUMERIC "
+SMOKE_MARK = "FASTPATH_HOOKS_SMOKE "
+OUTPUT_TOL = 2e-2
+GRAD_TOL = 5e-2
+TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
 
 # -- references: plain torch, float32 --------------------------------------------------------
@@ -108,8 +124,7 @@ def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
 def gdr_ref(q, k, v, g, beta):
     """The gated delta rule as a float32 recurrence (fla's naive_recurrent_gated_delta_rule) with the q/k
     l2-norm the kernel is asked to do and fla's default scale K^-0.5; value heads grouped over key heads
-    (GVA: value head i reads key head i // (value heads / key heads)): (o, final state). The one reference:
-    the numeric check, the gated-delta-rule check (act/gdr_check.py) and `doctor --smoke` use it."""
+    (GVA: value head i reads key head i // (value heads / key heads)): (o, final state)."""
     import torch
     import torch.nn.functional as F
 
@@ -358,7 +373,204 @@ def run_check(check: dict, device: str) -> dict:
     return out
 
 
+# -- the gated-delta-rule check and JIT warm-up --------------------------------------------------
+
+def _inputs(torch, shape, seq: int, device: str, seed: int) -> dict:
+    hk, hv, dk, dv = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*size):
+        return torch.randn(*size, generator=gen, device=device)
+
+    return {"q": rnd(1, seq, hk, dk).bfloat16(), "k": rnd(1, seq, hk, dk).bfloat16(), "v": rnd(1, seq, hv, dv).bfloat16(),
+            # as transformers' Qwen3.5 / Qwen3-Next compute them: g = -exp(A_log) * softplus(...) in float32, beta bf16
+            "g": -torch.nn.functional.softplus(rnd(1, seq, hv)).float() * 0.5,
+            "beta": torch.sigmoid(rnd(1, seq, hv)).bfloat16(), "do": rnd(1, seq, hv, dv).bfloat16()}
+
+
+def _rel(torch, a, b) -> float:
+    a, b = a.float(), b.float()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    base = b.square().mean().sqrt().item()
+    return (a - b).square().mean().sqrt().item() / (base if base > 0 else 1.0)
+
+
+def _gdr_check(check: dict) -> dict:
+    """The check, then the warm-up; a result dict (`status`: pass / fail, `reason`, the errors, the times)."""
+    import torch
+
+    served = check["served"]
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # the served kernel's entry point
+
+    device = check.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    compare = check.get("compare")
+    calls = [0]
+    if compare:
+        import importlib
+
+        module = importlib.import_module(compare["module"])
+        original = getattr(module, compare["function"])
+
+        def counted(*args, **kwargs):   # the served kernel looks the function up at each call: this one runs
+            calls[0] += 1
+            return original(*args, **kwargs)
+
+        setattr(module, compare["function"], counted)
+
+    def path(on: bool) -> None:
+        """The served kernel's own path (every backend switched off), or with the backend switched on."""
+        for var, off in check["own"].items():
+            os.environ[var] = off
+        if on:
+            os.environ.pop(compare["switch"], None)
+
+    finals = check.get("final_state") or [False]
+
+    def step(x: dict, final: bool = finals[0]) -> tuple:
+        leaves = {n: x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+        sync()
+        start = time.perf_counter()
+        out = chunk_gated_delta_rule(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
+                                     use_qk_l2norm_in_kernel=True, output_final_state=final)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(x["do"])
+        sync()
+        return out.detach(), {f"d{n}": t.grad for n, t in leaves.items()}, time.perf_counter() - start
+
+    started = time.perf_counter()
+    result = {"device": device, "served": served, "check_seq": check["check_seq"], "shapes": check["shapes"],
+              "errors": {}, "first_call_s": {}}
+    worst, failed = None, []
+    for i, shape in enumerate(check["shapes"]):
+        x = _inputs(torch, shape, check["check_seq"], device, 1234 + i)
+        leaves = {n: x[n].float().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+        ref, _ = gdr_ref(**leaves)
+        ref.backward(x["do"].float())
+        ref_t = {"o": ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
+        path(False)
+        out, grads, seconds = step(x)
+        result["first_call_s"][f"own {shape}"] = seconds
+        own = {"o": _rel(torch, out, ref_t["o"]), **{n: _rel(torch, grads[n], ref_t[n]) for n in grads}}
+        result["errors"][f"{served} {shape}"] = own
+        if not all(e < float("inf") for e in own.values()):
+            failed.append(f"{served}'s own path gave non-finite {[n for n, e in own.items() if e == float('inf')]}")
+        if not compare:
+            continue
+        before = calls[0]
+        path(True)
+        try:
+            out_b, grads_b, seconds = step(x)
+        except Exception as exc:   # its JIT (nvcc), its import: fla does not catch them - here they are the verdict
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return {**result, "status": "fail", "reason": f"{check['kernel']} raised {type(exc).__name__}: {first}"[:400]}
+        result["first_call_s"][f"{check['kernel']} {shape}"] = seconds
+        if calls[0] == before:
+            return {**result, "status": "fail", "reason": f"{served} did not dispatch to {check['kernel']} at "
+                    f"K x V = {shape[2]} x {shape[3]} on {device} (its verifier sent the call to its own path)"}
+        mine = {"o": _rel(torch, out_b, ref_t["o"]), **{n: _rel(torch, grads_b[n], ref_t[n]) for n in grads_b}}
+        result["errors"][f"{check['kernel']} {shape}"] = mine
+        for name in TENSORS:
+            limit = max(check["tolerances"][name], check["slack"] * own[name])
+            if not mine[name] <= limit:
+                failed.append(f"{name} {mine[name]:.2e} > {limit:.2e} (fla's own path: {own[name]:.2e})")
+            room = mine[name] / limit if limit else float("inf")
+            if worst is None or room > worst["room"]:
+                worst = {"tensor": name, "error": mine[name], "limit": limit, "room": room}
+    if failed:
+        return {**result, "status": "fail", "reason": f"at T={check['check_seq']}: " + "; ".join(failed[:3])}
+    result["worst"] = worst
+    warm = []
+    # nothing is compiled for a CPU (stand-in kernels): the warm-up runs on the GPU, or where asked for
+    seqs = check["seqs"] if device != "cpu" or check.get("device") == "cpu" else []
+    if not seqs and check["seqs"]:
+        result["warm_skipped"] = "no JIT on a CPU"
+    for seq in seqs:
+        for shape in check["shapes"]:
+            x = _inputs(torch, shape, seq, device, 99)
+            for final in finals:   # transformers' output_final_state: a cache made (use_cache) or not
+                row = {"seq": seq, "shape": shape, "final_state": final}
+                path(False)
+                row["own_s"] = step(x, final)[2]
+                if compare:
+                    path(True)
+                    row["backend_s"] = step(x, final)[2]
+                warm.append(row)
+            del x
+    result["warm"] = warm
+    result["seconds"] = time.perf_counter() - started
+    result["status"] = "pass"
+    return result
+
+
+def check_here(check: dict) -> dict:
+    """The check in this process (the verification child): its failure - a JIT / nvcc error, an import
+    error - is its result."""
+    try:
+        return _gdr_check(check)
+    except BaseException as exc:   # noqa: BLE001
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return {"status": "fail", "reason": f"{type(exc).__name__}: {first}"[:400]}
+
+
+# -- doctor --smoke ---------------------------------------------------------------------------
+
+def smoke(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
+    import importlib
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"status": "skipped", "reason": "no CUDA device visible to torch"}
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:
+        return {"status": "fail", "reason": f"cannot import fla's chunk_gated_delta_rule: {type(exc).__name__}: {exc}"}
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda")
+
+    B, T, H, K = 1, seq, heads, dim
+    inputs = {"q": rnd(B, T, H, K).bfloat16(), "k": rnd(B, T, H, K).bfloat16(), "v": rnd(B, T, H, K).bfloat16(),
+              "g": torch.nn.functional.logsigmoid(rnd(B, T, H)).bfloat16(), "beta": torch.sigmoid(rnd(B, T, H)).bfloat16()}
+    grad_out = rnd(B, T, H, K).bfloat16()
+    fast_in = {n: t.clone().requires_grad_(True) for n, t in inputs.items()}
+    ref_in = {n: t.float().clone().requires_grad_(True) for n, t in inputs.items()}
+    try:
+        out = chunk_gated_delta_rule(fast_in["q"], fast_in["k"], fast_in["v"], g=fast_in["g"], beta=fast_in["beta"],
+                                     scale=K ** -0.5, use_qk_l2norm_in_kernel=True)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(grad_out)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        return {"status": "fail", "reason": f"fla forward/backward raised {type(exc).__name__}: {exc}"}
+    ref, _ = gdr_ref(ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"], ref_in["beta"])   # scale: fla's default
+    ref.backward(grad_out.float())
+    errors = {"output": _rel(torch, out, ref), **{f"d{n}": _rel(torch, fast_in[n].grad, ref_in[n].grad) for n in inputs}}
+    failed = [n for n, e in errors.items() if not e <= (OUTPUT_TOL if n == "output" else GRAD_TOL)]
+
+    def version(name):
+        try:
+            return getattr(importlib.import_module(name), "__version__", "?")
+        except Exception:
+            return None
+
+    return {"status": "fail" if failed else "pass", "errors": errors, "failed": failed,
+            "tolerances": {"output": OUTPUT_TOL, "gradients": GRAD_TOL}, "shape": {"B": B, "T": T, "H": H, "K": K},
+            "fla": version("fla"), "triton": version("triton"), "tilelang": version("tilelang"),
+            "gpu": torch.cuda.get_device_name(), "capability": "sm_%d%d" % torch.cuda.get_device_capability()}
+
+
 def main(argv) -> None:
+    if argv[1:] == ["smoke"]:
+        try:
+            result = smoke()
+        except Exception as exc:  # report, do not traceback
+            result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write("\n" + SMOKE_MARK + json.dumps(result) + "\n")
+        return
     payload = json.loads(argv[1])
     results = []
     try:
