@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from fastpath_hooks.act.installer import InstallError, install as run_install, recover
-from fastpath_hooks.act.transaction import JOURNAL, Transaction
+from fastpath_hooks.act.installer import InstallError, install as run_install
+from fastpath_hooks.act.transaction import JOURNAL, Transaction, recover
 from fastpath_hooks.decide.policy import decide
 from fastpath_hooks.facts.settings import Settings
 from support.fake_uv import install_fake_uv

@@ -20,8 +20,7 @@ from conftest import A100
 from support import guarded, venvs, wheels
 from support.processes import processes_with
 
-from fastpath_hooks.act import installer
-from fastpath_hooks.act.transaction import JOURNAL, Transaction
+from fastpath_hooks.act.transaction import JOURNAL, Transaction, recover
 
 STATE = ".fastpath-hooks"
 FLA = ("fla-core", "flash-linear-attention")
@@ -238,11 +237,11 @@ def test_recover_drops_an_unreadable_journal_and_stale_backups(site):
     os.makedirs(os.path.join(state, "backup-0123456789ab"))
     os.makedirs(os.path.join(state, "work-0123456789ab", "pip-unpack-x"))  # a killed run's scratch
     before = tree(site)
-    assert installer.recover(state) == []  # no journal: the stale backup (a crash inside begin()) and work dir go
+    assert recover(state) == []  # no journal: the stale backup (a crash inside begin()) and work dir go
     assert os.listdir(state) == []
     with open(os.path.join(state, JOURNAL), "w") as fh:
         fh.write("{ not json")
-    installer.recover(state)
+    recover(state)
     assert tree(site) == before and os.listdir(state) == []
 
 
@@ -296,7 +295,7 @@ def test_a_journal_left_by_a_killed_install_is_rolled_back_by_recover(tmp_path, 
     pending = Transaction.pending(state)
     assert pending is not None and pending.group["pgid"] != proc.pid
     assert {k: pending.before[k] for k in FLA} == {"fla-core": "0.5.2", "flash-linear-attention": "0.5.2"}
-    done = installer.recover(state)
+    done = recover(state)
     assert _processes_under(venv.path) == []
     assert any("stash" in d for d in done), done
     assert tree(venv.site) == before

@@ -29,8 +29,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
@@ -49,7 +51,7 @@ from ..facts.wheels import parse_wheel, with_local_label
 from . import compiler_wrapper
 from .compiler_wrapper import MARK as WRAPPER_MARK, SPEED_MARK, STD_MARK, codes as _pair_codes
 from .locks import file_lock
-from .runner import execute
+from .runner import child_environ, kill_group, run
 from .transaction import atomic_write
 
 
@@ -199,13 +201,13 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     events.status(f"{kernel}: building {_for(archs)} ({how}); log: {shown}", kernel,
                   detail=f"{kernel}: building {what} from source ({how}{parted}){_expected(expected)}; log: {log}")
     argv = build_argv(step, settings=settings, out_dir=out_dir)
-    inv = _Invocation(tuple(argv), tuple(sorted(extra.items())))
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
     sccache_before = sccache_counts(speed.launcher) if speed is not None else None
-    ran = execute(inv, settings.timeout, kernel, f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work,
-                  extra_env=scratch, log=log, started=started, expected=expected)
+    ran = run(argv, timeout=settings.timeout, environ=child_environ(tuple(sorted(extra.items())) + tuple(scratch)),
+              kernel=kernel, label=f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work, log=log,
+              started=started, expected=expected)
     code, tail, seconds = ran.code, ran.tail, ran.seconds
     compiled, info = summary(speed, work, sccache_before) if speed is not None else ("", {})
     if compiled:
@@ -243,6 +245,88 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
                   detail=f"{kernel}: built {os.path.basename(path)} in {seconds:.0f} s" +
                          (f" ({compiled})" if compiled else "") + f"; log: {log}")
     return Built(path=path, log=log, seconds=seconds, key=key, record=record)
+
+
+def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
+    """`jobs` = [(kernel, build step, expected seconds)] built at the same time, each in a thread with its
+    own work directory and its share of the machine, its process group journalled in `tx` (a killed
+    run's recovery stops them all); kernel -> its Built or the exception. Ctrl-C (or anything else
+    here) kills every build's group before it propagates."""
+    budget = shares([(k, pins.build(k, next(iter(step.exact.values()), None)), expected) for k, step, expected in jobs],
+                    settings=settings, env=env)
+    if len(jobs) > 1:
+        longest = max((expected or 0) for _, _, expected in jobs)
+        events.status(f"{' and '.join(k for k, _, _ in jobs)}: building from source side by side, about "
+                      f"{minutes(longest)} in all (the longest build's estimate; `fastpath-hooks build` or "
+                      "examples/Dockerfile does it ahead of time)", jobs[0][0])
+    results: dict = {}
+    live: dict = {}
+    lock = threading.Lock()
+
+    def one(kernel, step, expected):
+        own = os.path.join(work, "build-" + kernel)
+        os.makedirs(own, exist_ok=True)
+        mine: list = []
+
+        def started(pgid):
+            with lock:
+                if pgid is not None:
+                    mine.append(pgid)
+                    tx.record_side_group(pgid, True)
+                    live[pgid] = tx.groups.get(pgid)
+                else:
+                    for g in mine:
+                        tx.record_side_group(g, False)
+                        live.pop(g, None)
+
+        try:
+            results[kernel] = run_build(step, settings=settings, env=env, pins=pins, work=own, kernel=kernel,
+                                        scratch=(("TMPDIR", own), ("TEMP", own), ("TMP", own)), started=started,
+                                        share=budget[kernel], expected=expected,
+                                        together=[k for k, _, _ in jobs if k != kernel])
+        except Exception as exc:   # noqa: BLE001 - handed to the caller, which says it
+            results[kernel] = exc
+
+    threads = [threading.Thread(target=one, args=job, name=f"fastpath-hooks build {job[0]}", daemon=True)
+               for job in jobs]
+    try:
+        with _import_lock_released():
+            for th in threads:
+                th.start()
+            for th in threads:
+                while th.is_alive():
+                    th.join(0.5)
+    except BaseException:
+        with lock:
+            groups = [g for g in live.values() if g]
+        for g in groups:
+            kill_group(g)
+        for th in threads:
+            th.join(15)
+        raise
+    return results
+
+
+@contextmanager
+def _import_lock_released():
+    """The global import lock let go while the builds run. The import hook decides inside a finder's
+    find_spec, which CPython calls holding that lock (importlib._bootstrap._find_spec): a build thread's
+    first import would wait for it while this thread waits for the builds - for ever. Taken again as
+    often as it was held."""
+    import _imp
+
+    held = 0
+    try:
+        while True:
+            _imp.release_lock()   # RuntimeError once this thread holds it no more
+            held += 1
+    except RuntimeError:
+        pass
+    try:
+        yield
+    finally:
+        for _ in range(held):
+            _imp.acquire_lock()
 
 
 def shares(builds, *, settings, env) -> dict:
@@ -341,12 +425,6 @@ def first_compiler_error(log: str) -> str | None:
     except OSError:
         pass
     return None
-
-
-@dataclass(frozen=True)
-class _Invocation:
-    argv: tuple
-    env: tuple
 
 
 def relabel(wheel: str, local: str, dest: str) -> str:

@@ -1,30 +1,25 @@
 """The guarded installer: the acting decisions of one request - a lone kernel is a batch of one - in
 ONE transaction, checked, verified in one child, committed or rolled back.
 
-Protections, in order: the caller holds the environment lock; an interrupted earlier install is
-rolled back first (`recover`); only allow-listed distributions are named, and a protected one
-(torch, triton, numpy, transformers) the user has never is (an allow-listed absent one - numpy for
-tilelang - may be installed); a constraints file pins the protected distributions and every other
-installed one the steps do not name, so a resolve can only add; after every installer call, before
-any other interpreter starts (a stranger's .pth file would run in it), only allow-listed
-distributions may have changed; every call has a timeout and a heartbeat; in auto mode a call uv
-rejects (an LZMA-compressed wheel) is retried with pip; resolved versions are checked (a range
-dependency can pull a broken one back); the kernels are imported in a child process; any failure -
-Ctrl-C included, after the installer's group is killed - restores exactly what was there before
-(act/transaction.py).
+Protections: the caller holds the environment lock and has rolled back an interrupted install
+(transaction.recover); only allow-listed distributions are named, and never a protected one (torch,
+triton, numpy, transformers) the user has - an allow-listed absent one (numpy for tilelang) may be
+installed; a constraints file pins the protected distributions and every other installed one the
+steps do not name, so a resolve can only add; after every installer call, before any other
+interpreter starts (a stranger's .pth file would run in it), only allow-listed distributions may have
+changed; every call has a timeout and a heartbeat; in auto mode a call uv rejects (an LZMA-compressed
+wheel) is retried with pip; resolved versions are checked (a range dependency can pull a broken one
+back); any failure, Ctrl-C included, restores exactly what was there before.
 
-The calls: a lone kernel's requirement steps in order, one call each (what `plan` prints); the
-DEPS of several kernels (decide/policy.py `batch`: in dependency order) in one call. Then each
-kernel's wheel is made local - a cached or wheelhouse file, a download, an index lookup (its
-fallback the build after it) or a source build, the builds side by side, each with its share of
-the cores (decide.builds.core_budget) - and every wheel goes in one `--no-deps` call; where several
-kernels build nothing, their dependencies go in that call too (decide.policy.deps_with_wheels) and a
-resolving call follows only where one lacks what it needs. A kernel whose build, lookup or check
-fails is dropped with those that need it; everything is rolled back and the rest installed again
-from the wheels already made (no second build).
-
-Scratch files (constraints, downloads, the installer's TMPDIR) live in work directories in the
-environment's state directory, so a killed run leaves nothing in /tmp; `recover()` removes them.
+The calls: a lone kernel's requirement steps in order, one each (what `plan` prints); several
+kernels' DEPS in one. Then each kernel's wheel is made local (a wheelhouse or cached file, a download,
+an index lookup falling back to the build after it, or a source build - the builds side by side) and
+every wheel goes in one `--no-deps` call; where several kernels build nothing, their dependencies go
+in it too (decide.policy.deps_with_wheels) and a resolving call follows only where one lacks what it
+needs. A kernel whose build, lookup or check fails is dropped with those that need it; everything is
+rolled back and the rest installed again from the wheels already made (no second build). Scratch
+files live in work directories in the environment's state directory: a killed run leaves nothing in
+/tmp.
 """
 
 from __future__ import annotations
@@ -34,10 +29,8 @@ import importlib
 import os
 import shutil
 import sys
-import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -45,17 +38,16 @@ from packaging.version import InvalidVersion, Version
 
 from .. import events
 from .._names import cache_root
-from ..decide.messages import minutes
 from ..decide.plan import Step, StepKind, choose_installer, constraints, invocation, step_names, uv_executable
 from ..decide.policy import deps_with_wheels
 from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
-from .build import BuildError, run_build, shares
+from .build import BuildError, Built, build_all, run_build
 from .fetch import FetchError, IndexMiss, directory, fetch_from_index, fetch_wheel, store
 from .numeric import plan_for
-from .runner import execute, kill_group
+from .runner import execute
 from .transaction import Transaction, WORK_PREFIX
 from .verify import verify_many
 
@@ -304,34 +296,6 @@ def _satisfies(version: str, specifier) -> bool:
     return specifier.contains(have.public, prereleases=True)
 
 
-def recover(state_dir: str) -> list:
-    """Roll back an interrupted install found in `state_dir` and remove what killed runs left
-    there (backups, work directories). Call with the lock held."""
-    tx = Transaction.pending(state_dir)
-    done = []
-    if tx is not None:
-        # Its writer died; its installer may not have (it runs in its own session): stop it first.
-        stopped = tx.stop_group()
-        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
-        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
-        events.warning(fitted(f"an earlier install was interrupted{still}: ", tx.description or tx.id,
-                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
-        done = tx.rollback()
-        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
-        events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
-                             whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
-    Transaction.discard_stale(state_dir)
-    return done
-
-
-def _counted(done: list) -> list:
-    """A rollback's steps for its line: many leftovers removed are one count (the debug log names them)."""
-    leftovers = [d for d in done if d.startswith("removed leftover ")]
-    if len(leftovers) <= 2:
-        return done
-    return [d for d in done if d not in leftovers] + [f"removed {len(leftovers)} leftover files"]
-
-
 def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     """`fastpath-hooks build`: the decision's dependencies installed (a transaction, as always),
     then its source builds run into the wheel cache - not installed here, and so not verified:
@@ -351,10 +315,14 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
         for step in decision.steps:
             if step.kind != StepKind.BUILD:
                 continue
-            path, (name, meta) = _build_step(step, settings=settings, env=env, pins=pins, work=work,
-                                             kernel=decision.kernel, scratch=scratch)
             try:
-                out.append(store(cache_root(settings), path, meta=meta, filename=name))
+                built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=decision.kernel,
+                                  scratch=scratch)
+            except BuildError as exc:
+                raise InstallError(str(exc)) from None
+            name, meta = _cache_entry(built)
+            try:
+                out.append(store(cache_root(settings), built.path, meta=meta, filename=name))
             except Exception as exc:
                 raise InstallError(f"could not keep {name} in the wheel cache "
                                    f"{directory(cache_root(settings))}: {exc}") from None
@@ -489,22 +457,16 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
         made[d.kernel] = out
     builds = [(d, step) for d, step in builds if d.kernel not in failed]
     if builds:
-        budget = shares([(d.kernel, pins.build(d.kernel, next(iter(step.exact.values()), None)), d.expected_seconds)
-                         for d, step in builds], settings=settings, env=env)
-        if len(builds) > 1:
-            longest = max((d.expected_seconds or 0) for d, _ in builds)
-            events.status(f"{' and '.join(d.kernel for d, _ in builds)}: building from source side by side, about "
-                          f"{minutes(longest)} in all (the longest build's estimate; `fastpath-hooks build` or "
-                          "examples/Dockerfile does it ahead of time)", builds[0][0].kernel)
-        results = _build_all(builds, budget, settings=settings, env=env, pins=pins, work=work, tx=tx)
+        results = build_all([(d.kernel, step, d.expected_seconds) for d, step in builds], settings=settings, env=env,
+                            pins=pins, work=work, tx=tx)
         counter["children"] += len(builds)
         for d, _ in builds:
             got = results.get(d.kernel)
-            if not isinstance(got, tuple):
+            if not isinstance(got, Built):
                 failed[d.kernel] = str(got) if got is not None else "the build did not run"
                 made.pop(d.kernel, None)
                 continue
-            made[d.kernel][pending[d.kernel]] = list(got)
+            made[d.kernel][pending[d.kernel]] = [got.path, _cache_entry(got)]
     return failed
 
 
@@ -525,92 +487,11 @@ def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
         return None
 
 
-def _build_all(builds, budget, *, settings, env, pins, work, tx) -> dict:
-    """Every build at the same time, each in a thread with its own work directory and its process
-    group journalled (a killed run's recovery stops them all); kernel -> _build_step's result or
-    the exception. Ctrl-C (or anything else here) kills every build's group before it propagates."""
-    results: dict = {}
-    live: dict = {}
-    lock = threading.Lock()
-    together = [d.kernel for d, _ in builds]
-
-    def one(d, step):
-        own = os.path.join(work, "build-" + d.kernel)
-        os.makedirs(own, exist_ok=True)
-        scratch = (("TMPDIR", own), ("TEMP", own), ("TMP", own))
-        mine: list = []
-
-        def started(pgid):
-            with lock:
-                if pgid is not None:
-                    mine.append(pgid)
-                    tx.record_side_group(pgid, True)
-                    live[pgid] = tx.groups.get(pgid)
-                else:
-                    for g in mine:
-                        tx.record_side_group(g, False)
-                        live.pop(g, None)
-
-        try:
-            results[d.kernel] = _build_step(step, settings=settings, env=env, pins=pins, work=own, kernel=d.kernel,
-                                            scratch=scratch, started=started, share=budget[d.kernel],
-                                            expected=d.expected_seconds, together=[k for k in together if k != d.kernel])
-        except Exception as exc:   # noqa: BLE001 - handed to the caller, which says it
-            results[d.kernel] = exc
-
-    threads = [threading.Thread(target=one, args=(d, step), name=f"fastpath-hooks build {d.kernel}", daemon=True)
-               for d, step in builds]
-    try:
-        with _import_lock_released():
-            for th in threads:
-                th.start()
-            for th in threads:
-                while th.is_alive():
-                    th.join(0.5)
-    except BaseException:
-        with lock:
-            groups = [g for g in live.values() if g]
-        for g in groups:
-            kill_group(g)
-        for th in threads:
-            th.join(15)
-        raise
-    return results
-
-
-@contextmanager
-def _import_lock_released():
-    """The global import lock let go while the builds run. The import hook decides inside a finder's
-    find_spec, which CPython calls holding that lock (importlib._bootstrap._find_spec): a build thread's
-    first import would wait for it while this thread waits for the builds - for ever. Taken again as
-    often as it was held."""
-    import _imp
-
-    held = 0
-    try:
-        while True:
-            _imp.release_lock()   # RuntimeError once this thread holds it no more
-            held += 1
-    except RuntimeError:
-        pass
-    try:
-        yield
-    finally:
-        for _ in range(held):
-            _imp.acquire_lock()
-
-
-def _build_step(step, *, settings, env, pins, work, kernel, scratch, started=None, share=None, expected=None,
-                together=()):
-    """Run a build step: (the built wheel's path, (its cache file name, its sidecar))."""
-    try:
-        built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=kernel, scratch=scratch,
-                          started=started, share=share, expected=expected, together=together)
-    except BuildError as exc:
-        raise InstallError(str(exc)) from None
-    meta = {"origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
-            "distribution": built.key["distribution"], "version": built.key["version"], "build": thaw(built.record)}
-    return built.path, (os.path.basename(built.path), meta)
+def _cache_entry(built) -> tuple:
+    """A built wheel's (cache file name, sidecar)."""
+    return os.path.basename(built.path), {
+        "origin": "built", "key": thaw(built.key), "log": built.log, "build_seconds": round(built.seconds, 1),
+        "distribution": built.key["distribution"], "version": built.key["version"], "build": thaw(built.record)}
 
 
 def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -> None:

@@ -1,26 +1,22 @@
-"""The one way fastpath-hooks takes a cross-process lock, and the environment's install lock.
+"""The one way fastpath-hooks takes a cross-process lock (file_lock), and the environment's install lock.
 
-Cross-process locks on filesystems without flock (Lustre mounted without `-o flock`, some NFS).
+flock where the filesystem supports it (`flock_works` asks once per directory: ENOSYS / EOPNOTSUPP /
+ENOLCK / EINVAL mean not). filelock cannot be left to find out: at its floor (3.12) it raises
+NotImplementedError for ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to
+a SoftFileLock with a raw warning and no recovery from a dead holder.
 
-`flock_works(directory)` asks the filesystem once per directory and process: flock on a
-fresh probe file, where ENOSYS / EOPNOTSUPP / ENOLCK / EINVAL mean "not supported".
-filelock cannot be left to find out: at its floor (3.12) it raises NotImplementedError for
-ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to a SoftFileLock
-with a raw warning and no way to recover from a dead holder.
-
-`HolderLock` is the fallback: a lock file created atomically (O_CREAT|O_EXCL, atomic on
-NFSv3+ and Lustre) that says who holds it - host, boot id, pid namespace, pid, the
-process's start time - and that the holder keeps touching (a daemon thread, every
-REFRESH_S seconds) while it holds it. A waiter breaks it when the holder is provably
-dead (same host: that pid no longer exists, or it is another process with the same pid)
-or, for a holder on another host, when it has not been touched for STALE_AFTER_S seconds.
-Breaking is serialised by a second short-lived lock file, and the holder's file is
-re-read under it, so two waiters never both break - and never break a fresh holder's lock.
-Not thread-safe for sharing one object between threads (like the callers' use of filelock).
+The fallback (Lustre without `-o flock`, some NFS) is `HolderLock`: a lock file created atomically
+(O_CREAT|O_EXCL, atomic on NFSv3+ and Lustre) that names its holder - host, boot id, pid namespace,
+pid, start time - and that the holder touches every REFRESH_S seconds. A waiter breaks it when the
+holder is provably dead (same host: the pid is gone or another process's), or on another host when it
+was not touched for STALE_AFTER_S. Breaking is serialised by a second short-lived lock file and the
+holder's file is re-read under it: two waiters never both break, nor break a fresh holder's lock.
+One object is not to be shared between threads (as the callers use filelock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -41,12 +37,8 @@ def environment_lock(settings, directory: str | None = None):
 
 
 def file_lock(path: str, *, timeout: float):
-    """flock where the filesystem supports it (filelock.FileLock: the OS releases it if the
-    holder dies). Where it does not (Lustre without `-o flock`, some NFS), a lock file that
-    names its holder and is recovered from a dead one (HolderLock below, at `path`.holder),
-    said once per filesystem. Either way: acquire(timeout=...)/release(), a context manager,
-    `.lock_file`, filelock.Timeout on timeout.
-    """
+    """filelock.FileLock (the OS releases it if the holder dies), else a HolderLock at `path`.holder, said
+    once per filesystem. Either way: acquire(timeout=...)/release(), `with`, `.lock_file`, filelock.Timeout."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     if flock_works(directory):
@@ -140,14 +132,6 @@ def holder_is_dead(record: dict, mtime: float, now: float | None = None) -> bool
 
 # -- the lock --------------------------------------------------------------------------------
 
-class _NoGuard:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
-
-
 class HolderLock:
     """A lock file with its holder's identity and a heartbeat; the same surface as
     filelock.FileLock where the callers use it (acquire/release, `with`, `.lock_file`,
@@ -195,7 +179,7 @@ class HolderLock:
         fd, self._fd = self._fd, None
         if self._stop is not None:
             self._stop.set()
-        with self._guard or _NoGuard():
+        with self._guard or contextlib.nullcontext():
             try:
                 mine = os.fstat(fd).st_ino == os.stat(self.lock_file).st_ino
             except OSError:

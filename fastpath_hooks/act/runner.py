@@ -1,15 +1,13 @@
-"""The one way fastpath-hooks runs a child process (pip, uv, a build, a verification, a download, the
-smoke test): its own session and process group, the whole group killed on a timeout or on any
-exception (Ctrl-C), output captured (a temporary file, or a kept log) with a heartbeat, and a small
-result value.
+"""The one way fastpath-hooks runs a child process (installer, build, check, download): its own session
+and process group, the whole group killed on a timeout or on any exception (Ctrl-C), output captured
+(a temporary file, or a kept log) with a heartbeat, and a small result value.
 
-No `preexec_fn` (unsafe in a threaded parent: a training process has many threads). What stands in
-for "the child dies with its parent" (PR_SET_PDEATHSIG, which needs one): the caller may record the
-child's process group before the child runs anything (`started=`; the installer writes it into its
-journal), and whoever recovers the interrupted install kills a still-living group first
-(`kill_group`), under the environment lock, before it rolls back. The child waits at a gate (a
-`sh` that reads one line from a pipe) until `started` returned: a parent killed before recording
-closes the pipe, and the gate exits without running the command.
+No `preexec_fn` (unsafe in a threaded parent: a training process has many threads). Instead of "the
+child dies with its parent" (PR_SET_PDEATHSIG, which needs one): the caller may record the child's
+process group before the child runs anything (`started=`: the installer's journal), and whoever
+recovers the interrupted install kills a still-living group first (`kill_group`), under the lock. The
+child waits at a gate (a `sh` reading one line from a pipe) until `started` returned: a parent killed
+before recording closes the pipe, and the gate exits without running the command.
 """
 
 from __future__ import annotations
@@ -67,18 +65,16 @@ def child_environ(extra=(), drop=()) -> dict:
 
 def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,
         log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS, expected: float | None = None) -> Ran:
-    """Run `argv` in its own session; the whole process group is killed when `timeout` passes or
-    when anything (Ctrl-C's KeyboardInterrupt included: the child's session gets no terminal
-    signal) interrupts the wait, before the exception propagates - a rollback that follows has
-    no writer left.
+    """Run `argv` in its own session; the whole process group is killed when `timeout` passes or when
+    anything (Ctrl-C included: the child's session gets no terminal signal) interrupts the wait, before
+    the exception propagates - a rollback that follows has no writer left. Members the command left
+    running when it exited are killed too.
 
-    `environ`: the child's whole environment (default `child_environ()`). `label`: said with the
-    heartbeat (`still <label> (N s)`; `N s of about M s expected` given `expected`) every `heartbeat`
-    seconds; none without one. `work`: the
-    directory of the temporary output file. `log`: append the whole output there (kept) instead.
-    `started(pgid)`: called once the group exists, before the command runs (see the module
-    docstring), and `started(None)` once the group is gone; an exception from the first kills the
-    group and propagates. Members the command left running when it exited are killed too."""
+    `environ`: the child's whole environment (default `child_environ()`). `label`: said every
+    `heartbeat` seconds (`still <label> (N s of about M s expected)`); none without one. `work`: the
+    directory of the temporary output file; `log`: the whole output appended there (kept) instead.
+    `started(pgid)`: called once the group exists, before the command runs, and `started(None)` once it
+    is gone; an exception from the first kills the group and propagates."""
     argv = [str(a) for a in argv]
     environ = child_environ() if environ is None else environ
     gated = started is not None

@@ -1,30 +1,22 @@
 """What earlier runs remember, kept in the cache (facts/memory.py reads the build history and the
 numeric records): the verdicts, the warm verdicts and the remembered checks.
 
-- **The warm path** (`environment_signature`, `get_warm`): the environment's cheap signature and the good
-  verdict recorded under it. This runs at every first kernel import of every process, so this module
-  imports only what a Python process has anyway (no settings, pins, probe or packaging; facts/wheels, loaded
-  with the engine, when FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of directories and one small file.
-- **The verdict cache** (`VerdictCache`): per user (FASTPATH_HOOKS_CACHE_DIR), keyed by environment.
-  Kernel verdicts (`<env>.json`): per kernel, verdicts under fingerprints of the probed facts that kernel
-  depends on (the interpreter, torch/triton/transformers, the GPU archs and its own distributions), so
-  installing fla does not invalidate tilelang's verdict; the KEEP most recent per kernel. Failures
-  expire after `retry_after` seconds so restarts do not hammer the index. Warm verdicts
-  (`<env>.warm/<signature>.json`): good outcomes under the whole environment's signature; a match skips
-  the probe, the policy and every subprocess; one small file per signature, the WARM_KEEP most recent
-  kept, so nodes or GPU types sharing one cache directory do not evict each other. Every write happens
-  under one short lock and replaces a file atomically; `record` writes a verdict and its warm verdict in
-  one go. A changed fingerprint/signature misses; a corrupt or unreadable file is ignored (and
-  rewritten at the next verdict), never fatal.
+- **The warm path** (`environment_signature`, `get_warm`) runs at every first kernel import of every
+  process: it imports only what a Python process has anyway (no settings, pins, probe or packaging;
+  facts/wheels, loaded with the engine, where FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of
+  directories and one small file.
+- **The verdict cache** (`VerdictCache`), per user and environment: per kernel, verdicts under
+  fingerprints of the facts that kernel depends on (installing fla keeps tilelang's), the KEEP newest;
+  failures expire after `retry_after` so restarts do not hammer the index. Warm verdicts: good outcomes
+  under the whole environment's signature, one file per signature, the WARM_KEEP newest (nodes sharing
+  the cache directory do not evict each other); a hit skips the probe, the policy and every subprocess.
+  Writes are atomic under one short lock; a corrupt file is ignored, never fatal.
 - **The remembered checks** (`recall`, `remember`, `forget`): a verification child costs a torch import
-  and the kernel's own (about 13 s for causal-conv1d and mamba-ssm on the H200, 43 s for fla) in every
-  new environment, although nothing it could find out has changed when the same files are imported
-  beside the same distributions. So the child says which distributions its imports loaded (act/verify.py),
-  and a passed check is remembered (`<cache root>/verified/<kernel>.json`, shared by every environment
-  of the user) under a key of everything it read: the kernel's installed files (the digest of their
-  wheels' RECORD entries), those distributions with their versions, the interpreter, the machine, the
-  GPU types, the variables the child is given and the check it ran. A later environment whose key
-  matches is not checked again. A failed check is never remembered.
+  and the kernel's (13 s for causal-conv1d and mamba-ssm on the H200, 43 s for fla) in every new
+  environment. A passed check is remembered (`<cache root>/verified/<kernel>.json`) under a key of all
+  it read - the kernel's files (their RECORD digest), the distributions its imports loaded with their
+  versions, the interpreter, the machine, the GPUs, the child's variables and the check - so a later
+  environment whose key matches runs no child. A failed check is never remembered.
 """
 
 from __future__ import annotations
@@ -58,14 +50,10 @@ def signature_environ(environ=None, *, target: str | None = None) -> tuple:
 
 
 def environment_signature(captured: tuple) -> str | None:
-    """Everything a kernel decision depends on, read without probing; None while an install
-    is pending (a journal: running now, or killed half-way - the slow path recovers it).
-
-    Covered: fastpath-hooks' version and pins files, the interpreter, the variables in
-    `captured`, this host and its GPUs as the driver lists them, and every distribution on
-    sys.path (dist-info names carry versions; site-packages' mtime catches a same-version
-    reinstall such as another CUDA build of torch), the local wheelhouse's file names.
-    """
+    """Everything a kernel decision depends on, read without probing: fastpath-hooks' version and pins
+    files, the interpreter, the variables in `captured`, this host and its GPUs as the driver lists them,
+    every distribution on sys.path (site-packages' mtime catches a same-version reinstall such as another
+    CUDA build of torch), the wheelhouse's file names. None while an install is pending (a journal)."""
     from .._names import VERSION as __version__
 
     env = dict(captured)

@@ -25,7 +25,9 @@ import tempfile
 import time
 import uuid
 
+from .. import events
 from .._names import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
+from ..events import fitted
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from .runner import group_record, kill_group
 
@@ -304,6 +306,34 @@ class Transaction:
         if stray:
             done.append(f"removed {stray} leftover files inside existing directories")
         return done
+
+
+def recover(state_dir: str) -> list:
+    """Roll back an interrupted install found in `state_dir` and remove what killed runs left
+    there (backups, work directories). Call with the lock held."""
+    tx = Transaction.pending(state_dir)
+    done = []
+    if tx is not None:
+        # Its writer died; its installer may not have (it runs in its own session): stop it first.
+        stopped = tx.stop_group()
+        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
+        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
+        events.warning(fitted(f"an earlier install was interrupted{still}: ", tx.description or tx.id,
+                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
+        done = tx.rollback()
+        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
+        events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
+                             whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
+    Transaction.discard_stale(state_dir)
+    return done
+
+
+def _counted(done: list) -> list:
+    """A rollback's steps for its line: many leftovers removed are one count (the debug log names them)."""
+    leftovers = [d for d in done if d.startswith("removed leftover ")]
+    if len(leftovers) <= 2:
+        return done
+    return [d for d in done if d not in leftovers] + [f"removed {len(leftovers)} leftover files"]
 
 
 def _instances(name: str, found: dict, dups: dict) -> list:

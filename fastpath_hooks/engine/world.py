@@ -23,10 +23,10 @@ from typing import NamedTuple
 from .. import events
 from .._names import cache_root_from_environ
 from ..act.fetch import DownloadError, fetch_into
-from ..act.installer import InstallError, build_to_cache, install, recover
+from ..act.installer import InstallError, build_to_cache, install
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
-from ..act.transaction import JOURNAL, environment_state_dir
+from ..act.transaction import JOURNAL, environment_state_dir, recover
 from ..act.verify import verify
 from ..decide.plan import installer_choice
 from ..decide.policy import decide
