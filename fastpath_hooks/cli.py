@@ -214,8 +214,7 @@ def _doctor(args) -> int:
 
 def _interrupted(settings) -> dict | None:
     """The install a journal says is running now or was killed half-way (doctor shows it)."""
-    from .act.transaction import environment_state_dir
-    from .act.transaction import Transaction
+    from .act.transaction import Transaction, environment_state_dir
 
     tx = Transaction.pending(environment_state_dir(settings))
     if tx is None:

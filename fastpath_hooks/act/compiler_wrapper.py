@@ -1,36 +1,26 @@
-"""The compiler wrapper of a source build (run as a script; stdlib only, imports nothing of the package).
+"""The compiler wrapper of a source build (run as a script; stdlib only, nothing of the package).
 
 torch's ninja build takes the host compiler from `CXX` and nvcc (hipcc on ROCm) from `PYTORCH_NVCC`;
-act/build.py points them at a two-line `/bin/sh` shim that runs this file with a JSON config:
+act/build.py points them at a `/bin/sh` shim running this file with a JSON config:
 
-    {"real": ["/usr/local/cuda/bin/nvcc"], "kind": "nvcc" | "hipcc" | "cxx",
-     "keep": ["sm_90"] or null, "std": "c++20" or null}
+    {"real": ["/usr/local/cuda/bin/nvcc"], "kind": "nvcc" | "hipcc" | "cxx", "keep": ["sm_90"] or null,
+     "std": "c++20" or null, "split": 4, "launcher": "/usr/bin/ccache", "calls": "<work>/nvcc-calls.jsonl",
+     "parts": {"file.cu": 3}}
 
-- `keep` (nvcc): only the `-gencode`/`--generate-code` pairs whose code is one of these archs are
-  handed on (the sdists hard-code one pair per arch the nvcc knows and ignore TORCH_CUDA_ARCH_LIST).
-- `std`: every `-std`/`--std` the sdist passes is dropped (nvcc refuses two) - for nvcc also those
-  it would forward with `-Xcompiler`/`--compiler-options` - and `-std=<std>` is appended LAST to
-  every compile (`-c`, `-E`, ...; a link or `-v` is left alone), whatever the sdist hard-codes.
+- `keep` (nvcc): only the `-gencode`/`--generate-code` pairs for these archs are handed on (the sdists
+  hard-code one pair per arch the nvcc knows). Said on stderr (the build's log) after MARK: the build
+  labels its wheel from what was kept, not from what was asked.
+- `std`: every `-std` the sdist passes is dropped (nvcc refuses two; for nvcc also those forwarded
+  with `-Xcompiler`) and `-std=<std>` appended LAST to every compile (a link or `-v` is left alone).
+- `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none (nvcc >= 11.8).
+- `launcher`: ccache or sccache in front of the real compiler; `calls`: a JSON line per compile (the
+  source, seconds, split, launcher, exit status, real compiler, argv, cwd), and a SPEED_MARK line.
+- `parts` (nvcc): a file one compile cannot spread over the cores (causal-conv1d's backward: 18
+  explicit instantiations, most of the build's wall time) compiled as N copies side by side, each
+  keeping a share of its one-line explicit instantiations, the objects linked back into the one asked
+  for (`ld -r`; the first part's dependency file, renamed). Anything unexpected: compiled whole.
 
-Each change is said on stderr (the build's log), one line per call, starting with MARK: the build
-labels its wheel from what these lines say was kept (not from what was asked).
-
-The same wrapper makes nvcc's compiles faster (act/build.py plans it; the config's optional keys):
-
-- `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none already, so
-  nvcc (>= 11.8) runs the optimizer and ptxas of one file in that many threads; 1 or absent: none.
-- `launcher`: ccache or sccache run in front of the real compiler for a compile.
-- `calls`: a JSON line per compile appended there (the source, seconds, the split, the launcher, the
-  exit status, the real compiler, argv and cwd), and one SPEED_MARK line on stderr.
-- `parts` (nvcc): {file name: N} - a file that one compile cannot spread over the cores (causal-conv1d's
-  backward: 18 explicit instantiations, one file, most of the build's wall time) is compiled as N parts
-  side by side, each a copy of it beside it that keeps every line but a share of its one-line explicit
-  instantiations (`template void f<float>(...);`), and the parts' objects are linked back into the one
-  object asked for (`ld -r`; the dependency file is the first part's, renamed). Anything unexpected -
-  fewer than two such lines, a part that fails, the link - and the file is compiled whole, as asked.
-
-A compile with a launcher or records runs as a child (its exit status handed back); anything else
-replaces this process, as before.
+A compile with a launcher or records runs as a child; anything else replaces this process.
 """
 
 from __future__ import annotations
@@ -257,16 +247,9 @@ def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> 
     seconds = time.time() - start
     said = "" if code == 0 else "; compiling it whole instead"
     sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ({len(texts)} parts side by side), exit {code}{said}\n")
-    if config.get("calls"):
-        record = {"source": source, "seconds": round(seconds, 2), "split": 1, "parts": len(texts), "real": real[0],
-                  "launcher": os.path.basename(front[0]) if front else None, "code": code, "argv": args,
-                  "cwd": os.getcwd(), "start": round(start, 2)}
-        try:
-            with open(config["calls"], "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
-        except OSError:
-            pass
-    sys.stderr.flush()
+    _record(config, {"source": source, "seconds": round(seconds, 2), "split": 1, "parts": len(texts), "real": real[0],
+                     "launcher": os.path.basename(front[0]) if front else None, "code": code, "argv": args,
+                     "cwd": os.getcwd(), "start": round(start, 2)})
     return code
 
 
@@ -287,19 +270,23 @@ def _timed(front: list, real: list, args: list, config: dict) -> int:
     split = next((int(a.partition("=")[2]) for a in args if a.startswith("--split-compile=")
                   and a.partition("=")[2].isdigit()), 1)
     launcher = os.path.basename(front[0]) if front else None
+    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ("
+                     f"{'--split-compile=%d' % split if split > 1 else 'no split'}"
+                     f"{', ' + launcher if launcher else ''}), exit {code}\n")
+    _record(config, {"source": source, "seconds": round(seconds, 2), "split": split, "real": real[0],
+                     "launcher": launcher, "code": code, "argv": args, "cwd": os.getcwd(), "start": round(start, 2)})
+    return code
+
+
+def _record(config: dict, record: dict) -> None:
+    """One compile's JSON line in the build's records (act/build.py reads them back)."""
+    sys.stderr.flush()
     if config.get("calls"):
-        record = {"source": source, "seconds": round(seconds, 2), "split": split, "real": real[0], "launcher": launcher,
-                  "code": code, "argv": args, "cwd": os.getcwd(), "start": round(start, 2)}
         try:
             with open(config["calls"], "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
         except OSError:
             pass
-    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ("
-                     f"{'--split-compile=%d' % split if split > 1 else 'no split'}"
-                     f"{', ' + launcher if launcher else ''}), exit {code}\n")
-    sys.stderr.flush()
-    return code
 
 
 if __name__ == "__main__":

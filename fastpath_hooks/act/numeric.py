@@ -48,7 +48,6 @@ class NumericPlan:
 class NumericResult:
     ok: bool
     detail: str
-    ran: bool                # a child ran the checks (False: skipped or remembered)
 
 
 def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | None:
@@ -130,16 +129,14 @@ def prepare(plan: NumericPlan, distributions):
     names = ", ".join(_what(c) for c in plan.checks)
     if plan.device is None:
         events.status(f"{kernel}: numbers not checked ({names}): {plan.skip}", kernel, human=False)
-        return NumericResult(True, f"numbers not checked: {plan.skip}", False)
+        return NumericResult(True, f"numbers not checked: {plan.skip}")
     digest = installed_digest(distributions)
     keys = {arch: _key(plan, digest, arch) for arch in plan.archs} if digest else {}
-    known = read(root, kernel)
-    if keys and all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
-        return NumericResult(True, f"numbers checked before on {'+'.join(plan.archs)} ({names}), {known_detail(known, keys)}",
-                             False)
-    bad = next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
-    if bad is not None:
-        return NumericResult(False, bad["detail"], False)
+    known = _known(root, kernel, keys)
+    if known is not None:
+        return NumericResult(True, f"numbers checked before on {'+'.join(plan.archs)} ({names}), "
+                                   f"{known.get('detail', '')}") if known["state"] == GOOD else \
+            NumericResult(False, known["detail"])
     return Pending(plan, {"device": plan.device, "checks": [_payload(c) for c in plan.checks]}, keys, digest, version)
 
 
@@ -151,28 +148,28 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     if problem is None and not report.get("ok"):
         problem = f"{kernel}'s numeric check failed: {report.get('error')}"
     if problem is not None:   # the child could not run the checks (a crash is a verdict on the build too)
-        return NumericResult(False, problem, True)
+        return NumericResult(False, problem)
+
+    def remember(state, detail, **more):
+        if root and digest:
+            _remember(root, kernel, {k: {"state": state, "detail": detail, "version": version, "arch": arch,
+                                         "torch_build": plan.torch_build, "device": plan.device, "ts": time.time(),
+                                         **more} for arch, k in keys.items()})
+
     results = report.get("results", [])
     failed = [r for r in results if r.get("state") in ("mismatch", "error")]
-    if failed:
-        first = failed[0]   # short: the engine's line says `<kernel>: blocked - <this>` within one line
-        detail = f"on {where}, {_short(first['function'])} {first.get('why')}"
-        if root and digest:
-            _remember(root, kernel, {k: {"state": MISMATCH, "detail": detail, "version": version, "arch": arch,
-                                         "torch_build": plan.torch_build, "device": plan.device, "ts": time.time(),
-                                         "results": results} for arch, k in keys.items()})
-        return NumericResult(False, detail, True)
+    if failed:   # short: the engine's line says `<kernel>: blocked - <this>` within one line
+        detail = f"on {where}, {_short(failed[0]['function'])} {failed[0].get('why')}"
+        remember(MISMATCH, detail, results=results)
+        return NumericResult(False, detail)
     worst = max((r.get("max_abs", 0.0) for r in results), default=0.0)
     skipped = [f"{r['name']} ({r.get('why')})" for r in results if r.get("state") == "skipped"]
     ran = [r for r in results if r.get("state") == "ok"]
     detail = (f"numbers match torch on {where}: {len(ran)} check{'s' if len(ran) != 1 else ''}, max abs diff "
               f"{worst:.2g}, in {seconds:.1f} s" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
-    if root and digest:
-        _remember(root, kernel, {k: {"state": GOOD, "detail": detail, "version": version, "arch": arch,
-                                     "torch_build": plan.torch_build, "device": plan.device, "ts": time.time()}
-                                 for arch, k in keys.items()})
+    remember(GOOD, detail)
     events.status(f"{label or kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
-    return NumericResult(True, detail, True)
+    return NumericResult(True, detail)
 
 
 def run_check_script(payload: str, *, timeout: float, env_extra=(), what: str):
@@ -191,8 +188,13 @@ def run_check_script(payload: str, *, timeout: float, env_extra=(), what: str):
     return report, None
 
 
-def known_detail(known: dict, keys: dict) -> str:
-    return str(next(iter(known[k] for k in keys.values())).get("detail", ""))
+def _known(root: str | None, kernel: str, keys: dict) -> dict | None:
+    """The remembered entry for these keys: a GOOD one where every arch passed, a MISMATCH one where one
+    failed, else None."""
+    known = read(root, kernel)
+    if keys and all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
+        return known[next(iter(keys.values()))]
+    return next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
 
 
 def _payload(check) -> dict:
@@ -232,12 +234,10 @@ def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     if digest is None:
         return False, f"{entry.ref} does not load here"
     keys = {arch: _key(plan, digest, arch) for arch in plan.archs}
-    known = read(root, entry.kernel)
-    if all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
-        return True, f"numbers checked before on {'+'.join(plan.archs)}"
-    bad = next((known[k] for k in keys.values() if known.get(k, {}).get("state") == MISMATCH), None)
-    if bad is not None:
-        return False, bad["detail"]
+    known = _known(root, entry.kernel, keys)
+    if known is not None:
+        return (True, f"numbers checked before on {'+'.join(plan.archs)}") if known["state"] == GOOD else \
+            (False, known["detail"])
     payload = {"device": plan.device, "checks": [dict(_payload(c), hub=hub, check_arch=plan.device == "cuda")
                                                   for c in checks]}
     pending = Pending(plan, payload, keys, digest, entry.ref)

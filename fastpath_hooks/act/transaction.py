@@ -34,6 +34,8 @@ from .runner import group_record, kill_group
 LISTING = "listing.json"
 BACKUP_PREFIX = "backup-"
 WORK_PREFIX = "work-"   # the installer's scratch (constraints, downloads, TMPDIR) for one transaction
+_JOURNALLED = ("id", "description", "site_dir", "prefix", "names", "before", "manifest", "listing", "dist_dirs",
+               "before_dirs", "backup_dir", "group")
 
 
 class Transaction:
@@ -195,33 +197,19 @@ class Transaction:
             return None
         except (OSError, ValueError, UnicodeDecodeError):
             data = None
+        readable = isinstance(data, dict)   # an unreadable journal: nothing reliable to restore, dropped
+        data = data if readable else {"id": "unreadable", "description": "unreadable journal"}
+        defaults = {"id": "?", "site_dir": "", "names": [], "before": {}, "manifest": [], "listing": [],
+                    "before_dirs": {}, "backup_dir": "", "description": ""}
         tx = cls.__new__(cls)
-        tx.state_dir = state_dir
-        tx.journal_path = path
-        tx.pid = tx.started = tx.group = None
-        tx.groups = {}
-        if not isinstance(data, dict):
-            # unreadable journal: nothing reliable to restore; drop it
-            tx.site_dir, tx.names, tx.before, tx.manifest, tx.listing, tx.dist_dirs = "", [], {}, [], [], []
-            tx.before_dirs = {}
-            tx.prefix = os.path.realpath(sys.prefix)
-            tx.backup_dir, tx.work_dir, tx.id, tx.description = "", "", "unreadable", "unreadable journal"
-            return tx
-        tx.id = data.get("id", "?")
-        tx.site_dir = data.get("site_dir", "")
-        tx.prefix = data.get("prefix") or os.path.realpath(sys.prefix)
-        tx.names = list(data.get("names", []))
-        tx.before = dict(data.get("before", {}))
-        tx.manifest = [list(x) for x in data.get("manifest", [])]
-        tx.listing = list(data.get("listing", []))
-        tx.dist_dirs = list(data.get("dist_dirs", [e for e in tx.listing if e.endswith((".dist-info", ".egg-info"))]))
-        tx.before_dirs = dict(data.get("before_dirs", {}))
-        tx.backup_dir = data.get("backup_dir", "")
-        tx.work_dir = os.path.join(state_dir, WORK_PREFIX + tx.id) if isinstance(tx.id, str) and tx.id.isalnum() else ""
-        tx.description = data.get("description", "")
-        tx.pid = data.get("pid")
-        tx.started = data.get("started")
-        tx.group = data.get("group")
+        tx.state_dir, tx.journal_path = state_dir, path
+        for field in _JOURNALLED + ("pid", "started"):
+            setattr(tx, field, data.get(field, defaults.get(field)))
+        tx.prefix = tx.prefix or os.path.realpath(sys.prefix)
+        tx.manifest = [list(x) for x in tx.manifest]
+        if tx.dist_dirs is None:
+            tx.dist_dirs = [e for e in tx.listing if e.endswith((".dist-info", ".egg-info"))]
+        tx.work_dir = os.path.join(state_dir, WORK_PREFIX + tx.id) if readable and str(tx.id).isalnum() else ""
         tx.groups = {i: g for i, g in enumerate(data.get("groups") or []) if isinstance(g, dict)}
         return tx
 
@@ -249,13 +237,8 @@ class Transaction:
         return os.path.basename(state) if os.path.dirname(state) == self.site_dir else ""
 
     def _write_journal(self) -> None:
-        atomic_write_json(self.journal_path, {
-            "id": self.id, "pid": os.getpid(), "started": time.time(), "description": self.description,
-            "site_dir": self.site_dir, "prefix": self.prefix, "names": self.names, "before": self.before,
-            "manifest": self.manifest, "listing": self.listing, "dist_dirs": self.dist_dirs,
-            "before_dirs": self.before_dirs,
-            "backup_dir": self.backup_dir, "group": self.group, "groups": list(self.groups.values()),
-        })
+        atomic_write_json(self.journal_path, dict({field: getattr(self, field) for field in _JOURNALLED}, pid=os.getpid(),
+                                                  started=time.time(), groups=list(self.groups.values())))
 
     def _known_listing(self) -> dict | None:
         """begin()'s {relative directory: [file names]} of site-packages, None when unreadable."""
@@ -352,10 +335,7 @@ def _paths(site_dir: str, listing: dict) -> set:
 
 
 def _tree(path: str) -> list:
-    out = []
-    for root, _dirs, files in os.walk(path):
-        out.extend(os.path.join(root, f) for f in files)
-    return out
+    return [os.path.join(root, f) for root, _dirs, files in os.walk(path) for f in files]
 
 
 def _file_listing(site_dir: str, skip: str) -> dict:
@@ -400,10 +380,7 @@ def _prune_empty_dirs(site_dir: str, files) -> None:
 
 
 def _has_files(path: str) -> bool:
-    for _root, _dirs, files in os.walk(path):
-        if files:
-            return True
-    return False
+    return any(files for _root, _dirs, files in os.walk(path))
 
 
 def _inside(path: str, root: str) -> bool:
