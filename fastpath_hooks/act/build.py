@@ -333,8 +333,8 @@ def shares(builds, *, settings, env) -> dict:
     """kernel -> its decide.builds.Share of the machine, for `builds` = [(kernel, spec, expected seconds)]
     run side by side (MAX_JOBS, where the user set it, is every build's)."""
     given = os.environ.get("MAX_JOBS")
-    return core_budget([(k, spec, expected, split_allowed(spec, settings, env.nvcc_version)) for k, spec, expected in builds],
-                       cpus=env.cpus, memory_gib=env.memory_gib, settings=settings,
+    return core_budget([(k, spec, expected, split_allowed(spec, settings, env.nvcc_version))
+                        for k, spec, expected in builds], cpus=env.cpus, memory_gib=env.memory_gib, settings=settings,
                        jobs_given=int(given) if given and given.isdigit() and int(given) > 0 else None)
 
 

@@ -1,25 +1,21 @@
 """The check child's script, run by path in a child process (a bad build can crash it): torch and the
-kernels only, nothing of the package (no relative import). One gated-delta-rule reference (`gdr_ref`)
-for all three of its checks:
+kernels only, nothing of the package. One gated-delta-rule reference (`gdr_ref`) for its three checks:
 
-- the numeric checks (`run_check`; alone: `python check_child.py '<payload>'`, the payload
-  {"device": "cuda" | "cpu", "checks": [the pins' numeric_checks]}, the report printed last after
-  MARK): seeded inputs of the pins' shapes and dtype, the kernel's function forward (and backward
-  where training uses it) and the same computation in plain float32 torch (written from the packages'
-  own references, never calling them), every output and gradient compared: max abs diff,
-  `atol + rtol * |ref|` elementwise, rms(out - ref) / rms(ref) (fla's tests' measure).
-- the gated-delta-rule check and JIT warm-up (`check_here`; a Decision's `check`, decide/warmup.py):
-  through the served kernel's entry point (fla's `chunk_gated_delta_rule` as transformers calls it:
-  q, k [1, T, key heads, K], v [1, T, value heads, V] in bf16, g float32, beta bf16, the l2-norm in the
-  kernel), forward + backward at `check_seq` tokens against the reference, on the served kernel's own
-  path (backends off) and, for a backend, with it on - counted, so it must really have run. A backend
-  passes within the tolerance of the reference (relative RMS) or within `slack` times the own path's
-  error; the own path must be finite. Then the warm-up: the same call at each of `seqs`, own path and
-  backend, timed, into the JIT caches the child's environment names (a CPU warms nothing unless the
-  check names the device).
-- `doctor --smoke` (`python check_child.py smoke`): fla's chunk_gated_delta_rule in bf16 on the GPU
-  against the reference on the same inputs; tolerances output 2e-2, gradients 5e-2 (bf16 rounds ~4e-3
-  per element; the chunked kernel re-associates sums, so gradients drift further).
+- the numeric checks (`run_check`; alone: `python check_child.py '<payload>'`, {"device": ..., "checks":
+  [the pins' numeric_checks]}, the report printed last after MARK): seeded inputs of the pins' shapes
+  and dtype, the kernel's function forward (and backward where training uses it) and the same
+  computation in plain float32 torch (written from the packages' own references, never calling them);
+  every output and gradient compared by max abs diff, `atol + rtol * |ref|` and rms(out - ref) /
+  rms(ref) (fla's tests' measure).
+- the gated-delta-rule check and JIT warm-up (`check_here`, a Decision's `check`): fla's
+  `chunk_gated_delta_rule` as transformers calls it (q, k [1, T, key heads, K], v [1, T, value heads,
+  V] bf16, g float32, beta bf16, the l2-norm in the kernel), forward + backward at `check_seq` tokens
+  on the served kernel's own path (backends off) and, for a backend, with it on - counted: it must
+  really have run. A backend passes within the tolerance of the reference (relative RMS) or `slack`
+  times the own path's error; the own path must be finite. Then the same call at each of `seqs`,
+  timed, warms the JIT caches the child's environment names (a CPU only where the check names it).
+- `doctor --smoke` (`python check_child.py smoke`): fla's kernel in bf16 on the GPU; tolerances output
+  2e-2, gradients 5e-2 (bf16 rounds ~4e-3 per element; the chunked kernel re-associates sums).
 """
 
 from __future__ import annotations
@@ -152,6 +148,14 @@ def _leaf(t):
     return t.detach().clone().requires_grad_(True)
 
 
+def _backward(torch, pairs, out, ref, names, leaves, refs) -> list:
+    """`pairs` and, after one backward of both with the same random gradient, each leaf's gradient."""
+    grad = torch.randn_like(ref)
+    out.backward(grad.to(out.dtype))
+    ref.backward(grad)
+    return pairs + [(name, a.grad, r.grad) for name, a, r in zip(names, leaves, refs)]
+
+
 def _conv(fn, s, opt, dtype, device, backward):
     import torch
 
@@ -167,12 +171,8 @@ def _conv(fn, s, opt, dtype, device, backward):
     xr, wr, br = (_leaf(t) for t in (x, weight, bias))
     ref = conv_ref(xr, wr, br, True)
     pairs = [("forward", out, ref)]
-    if backward:
-        grad = torch.randn_like(ref)
-        out.backward(grad.to(out.dtype))
-        ref.backward(grad)
-        pairs += [("dx", x.grad, xr.grad), ("dweight", weight.grad, wr.grad), ("dbias", bias.grad, br.grad)]
-    return pairs
+    return _backward(torch, pairs, out, ref, ("dx", "dweight", "dbias"), (x, weight, bias), (xr, wr, br)) \
+        if backward else pairs
 
 
 def _conv_update(fn, s, opt, dtype, device, backward):
@@ -204,13 +204,8 @@ def _ssd(fn, s, opt, dtype, device, backward):
     refs = [_leaf(t) for t in leaves]
     ry, rstate = ssd_ref(*refs)
     pairs = [("forward", y, ry), ("final_states", state, rstate)]
-    if backward:
-        grad = torch.randn_like(ry)
-        y.backward(grad.to(y.dtype))
-        ry.backward(grad)
-        for name, a, r in zip(("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), leaves, refs):
-            pairs.append((name, a.grad, r.grad))
-    return pairs
+    return _backward(torch, pairs, y, ry, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), leaves, refs) \
+        if backward else pairs
 
 
 def _state_update(fn, s, opt, dtype, device, backward):
@@ -248,13 +243,8 @@ def _selective_scan(fn, s, opt, dtype, device, backward):
     refs = [_leaf(t) for t in leaves]
     ref, ref_last = selective_scan_ref(*refs)
     pairs = [("forward", out, ref), ("last_state", last, ref_last)]
-    if backward:
-        grad = torch.randn_like(ref)
-        out.backward(grad.to(out.dtype))
-        ref.backward(grad)
-        for name, a, r in zip(("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), leaves, refs):
-            pairs.append((name, a.grad, r.grad))
-    return pairs
+    return _backward(torch, pairs, out, ref, ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), leaves,
+                     refs) if backward else pairs
 
 
 def _gdr(fn, s, opt, dtype, device, backward):

@@ -212,8 +212,8 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                 root = cache_root(settings)
                 checks = verify_many([pins.kernel(d.kernel) for d in members], timeout=settings.timeout,
                                      env_extra=tuple(p for d in members for p in d.env) + scratch,
-                                     started=tx.record_group, numeric=[plan_for(d.kernel, env, pins, root) for d in members],
-                                     checks=[d.check for d in members], root=root, gpus=env.gpus)
+                                     started=tx.record_group, checks=[d.check for d in members], root=root,
+                                     numeric=[plan_for(d.kernel, env, pins, root) for d in members], gpus=env.gpus)
                 bad = {d.kernel: r.detail if r.numeric else f"verification failed: {r.detail}"
                        for d, r in zip(members, checks) if not r.ok and not r.detail.startswith("not checked")}
                 if bad:

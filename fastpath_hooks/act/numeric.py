@@ -12,7 +12,6 @@ runs it on CPU tensors instead (CPU stand-ins in the tests).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -21,10 +20,9 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import events
-from ..facts.distributions import installed_versions, scan
+from ..facts.distributions import installed_versions
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
-from .transaction import atomic_write_json
-from .locks import file_lock
+from .store import installed_digest, update_records
 from .runner import child_environ, ended, run
 
 _MARK = "FASTPATH_HOOKS_NUMERIC "   # check_child.py's MARK
@@ -72,41 +70,8 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
 
 # -- the key and the cache ------------------------------------------------------------------
 
-def installed_digest(distributions) -> str | None:
-    """The digest of the installed files of these distributions as their wheels' RECORD lists them
-    (path and sha256, dist-info and bytecode left out): the same wheel gives the same digest."""
-    found, _ = scan()
-    rows = []
-    for name in sorted(distributions):
-        dist = found.get(name)
-        if dist is None:
-            continue
-        try:
-            with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
-                for row in csv.reader(fh):
-                    if len(row) < 2 or not row[1] or ".dist-info/" in row[0] or row[0].endswith(".pyc"):
-                        continue
-                    rows.append(f"{name}:{row[0]},{row[1]}")
-        except OSError:
-            continue
-    if not rows:
-        return None
-    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
-
-
 def _key(plan: NumericPlan, digest: str, arch: str) -> str:
     return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}".encode()).hexdigest()[:32]
-
-
-def _remember(root: str, kernel: str, entries: dict) -> None:
-    path = cache_path(root, kernel)
-    try:
-        with file_lock(path + ".lock", timeout=30):
-            data = read(root, kernel)
-            data.update(entries)
-            atomic_write_json(path, data)
-    except Exception as exc:   # noqa: BLE001 - a read-only cache costs a re-check next time
-        events.debug(f"{kernel}: could not remember the numeric check in {path}: {exc}", kernel)
 
 
 # -- running ----------------------------------------------------------------------------------
@@ -152,9 +117,9 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
 
     def remember(state, detail, **more):
         if root and digest:
-            _remember(root, kernel, {k: {"state": state, "detail": detail, "version": version, "arch": arch,
-                                         "torch_build": plan.torch_build, "device": plan.device, "ts": time.time(),
-                                         **more} for arch, k in keys.items()})
+            update_records(cache_path(root, kernel), {k: {
+                "state": state, "detail": detail, "version": version, "arch": arch, "torch_build": plan.torch_build,
+                "device": plan.device, "ts": time.time(), **more} for arch, k in keys.items()}, kernel, "the numeric check")
 
     results = report.get("results", [])
     failed = [r for r in results if r.get("state") in ("mismatch", "error")]
@@ -184,7 +149,8 @@ def run_check_script(payload: str, *, timeout: float, env_extra=(), what: str):
             except ValueError:
                 report = None
     if ran.timed_out or (ran.code is not None and ran.code < 0) or not isinstance(report, dict):
-        return None, ended(ran, what, timeout, "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK)))
+        other = "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK))
+        return None, ended(ran, what, timeout, other)
     return report, None
 
 

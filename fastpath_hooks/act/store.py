@@ -347,6 +347,32 @@ def _read(root: str, kernel: str) -> dict:
     return read_records(_path(root, kernel))
 
 
+def installed_digest(distributions) -> str | None:
+    """The digest of the installed files of these distributions as their wheels' RECORD lists them
+    (path and sha256, dist-info and bytecode left out): the same wheel gives the same digest."""
+    import csv
+
+    from ..facts.distributions import scan   # not on the warm path: a check's key only
+
+    found, _ = scan()
+    rows = []
+    for name in sorted(distributions):
+        dist = found.get(name)
+        if dist is None:
+            continue
+        try:
+            with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+                for row in csv.reader(fh):
+                    if len(row) < 2 or not row[1] or ".dist-info/" in row[0] or row[0].endswith(".pyc"):
+                        continue
+                    rows.append(f"{name}:{row[0]},{row[1]}")
+        except OSError:
+            continue
+    if not rows:
+        return None
+    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+
+
 def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:
     """The remembered import of this kernel for exactly this environment, or None."""
     if not root:
@@ -354,8 +380,6 @@ def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> di
     data = _read(root, spec.name)
     if not data:
         return None
-    from .numeric import installed_digest
-
     digest = installed_digest(spec.distributions)
     if digest is None:
         return None
@@ -376,25 +400,26 @@ def forget(root: str | None) -> None:
 
 def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "", gpus=()) -> None:
     """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
-    the names count); a read-only cache costs a child next time."""
-    if not root:
-        return
-    from .transaction import atomic_write_json
-    from .locks import file_lock
-    from .numeric import installed_digest
+    the names count: the versions are read here, as a later recall reads them)."""
+    digest = installed_digest(spec.distributions) if root else None
+    if digest is not None:
+        update_records(_path(root, spec.name), {_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus): {
+            "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "seconds": round(seconds, 2)}}, spec.name, "its import")
 
-    digest = installed_digest(spec.distributions)
-    if digest is None:
-        return
-    path = _path(root, spec.name)
+
+def update_records(path: str, entries: dict, kernel: str, what: str) -> None:
+    """Merge `entries` into the keyed-record file `path` (facts/memory.read_records) under its lock; a
+    read-only cache costs only a check next time (said at debug)."""
+    from ..facts.memory import read_records
+    from .locks import file_lock
+    from .transaction import atomic_write_json
+
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with file_lock(path + ".lock", timeout=30):
-            data = _read(root, spec.name)
-            # the versions as a later recall reads them (this environment's dist-info), not the child's
-            data[_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus)] = {
-                "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "seconds": round(seconds, 2)}
+            data = read_records(path)
+            data.update(entries)
             atomic_write_json(path, data)
     except Exception as exc:   # noqa: BLE001 - never worth failing an install over
-        events.debug(f"{spec.name}: could not remember its import in {path}: {exc}", spec.name)
+        events.debug(f"{kernel}: could not remember {what} in {path}: {exc}", kernel)

@@ -237,8 +237,9 @@ class Transaction:
         return os.path.basename(state) if os.path.dirname(state) == self.site_dir else ""
 
     def _write_journal(self) -> None:
-        atomic_write_json(self.journal_path, dict({field: getattr(self, field) for field in _JOURNALLED}, pid=os.getpid(),
-                                                  started=time.time(), groups=list(self.groups.values())))
+        journal = {field: getattr(self, field) for field in _JOURNALLED}
+        atomic_write_json(self.journal_path, dict(journal, pid=os.getpid(), started=time.time(),
+                                                  groups=list(self.groups.values())))
 
     def _known_listing(self) -> dict | None:
         """begin()'s {relative directory: [file names]} of site-packages, None when unreadable."""

@@ -119,11 +119,6 @@ class Verification:
     loaded: tuple = ()        # ((distribution, version), ...) the child's import loaded (the memory's key)
 
 
-def child_env(extra=()) -> dict:
-    """The verification child's environment: hooks off, no posed target (it imports the real thing)."""
-    return child_environ(extra, drop=("FASTPATH_HOOKS_TARGET",))
-
-
 def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
            numeric=None, check=None, root: str | None = None, gpus=()) -> Verification:
     """One kernel checked: verify_many of one."""
@@ -171,10 +166,11 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
                            **({"numeric": pending[i].payload} if i in pending else {}),
                            **({"gdr": thaw(gdrs[i])} if gdrs[i] else {})} for i, s in enumerate(specs)])
     off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
-    environ = child_env(tuple(env_extra) + off)
+    environ = child_environ(tuple(env_extra) + off, drop=("FASTPATH_HOOKS_TARGET",))   # the real GPU, not a posed one
     warmed = next((s.name for s, c in zip(specs, gdrs) if c), None)   # said while it runs (minutes on a cold GPU)
     ran = run([python or sys.executable, "-c", _MANY, CHILD, payload], timeout=timeout, environ=environ,
-              started=started, kernel=warmed, label=f"checking {warmed} forward + backward and warming its JIT" if warmed else "")
+              started=started, kernel=warmed,
+              label=f"checking {warmed} forward + backward and warming its JIT" if warmed else "")
     results: dict = {}
     phase: dict = {}     # index -> the last phase the child began for it ("numeric", "gdr")
     loaded = None
