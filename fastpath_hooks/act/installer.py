@@ -518,7 +518,8 @@ def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=()
     """Run one installer call; in auto mode a failing uv call is retried with pip. Returns the installer used."""
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env), constraints_file=cfile,
                      local_files=local_files)
-    label = _step_label(step)
+    # `installing einops, packaging` (versions and flags are in the debug `running:` line)
+    label = f"installing {', '.join(step.requirements if step.kind == StepKind.WHEEL else step.names)}"
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
     if ran.code == 0:
         events.status(f"{label}: done in {ran.seconds:.1f} s ({installer})", kernel, human=False)
@@ -532,13 +533,6 @@ def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=()
                          scratch=scratch, started=started, local_files=local_files)
     hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)" if ran.code == 127 and installer == "uv" else ""
     raise InstallError(f"{label} failed ({installer} exit {ran.code}): {ran.tail}{hint}")
-
-
-def _step_label(step) -> str:
-    """`installing einops, packaging` (versions and flags are in the debug `running:` line)."""
-    if step.kind == StepKind.WHEEL:
-        return f"installing {', '.join(step.requirements)}"
-    return f"installing {', '.join(step.names)}"
 
 
 def _restart_advised(changed: dict, found: dict) -> tuple:
