@@ -4,7 +4,7 @@ constraints file pinning every protected distribution as installed now, `--no-de
 distributions, binary wheels only unless a source build is allowed, and the user's FIND_LINKS /
 OFFLINE / INDEX_URL; anything else comes from pip's or uv's own configuration.
 
-The gated-delta-rule check a Decision carries (`check`) to its verification child (act/gdr_check.py):
+The gated-delta-rule check a Decision carries (`check`) to its verification child (act/check_child.py):
 the shapes (the imported model's, else the pins' defaults), which kernel path is compared with which,
 the tolerances. It also warms the JIT caches for those shapes, under the training process's cache
 variables (the decision's `env`), so the first training step finds them compiled.
