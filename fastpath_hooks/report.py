@@ -60,8 +60,6 @@ def _batch_commands(members, installer, settings, env) -> list:
     """What act/installer.py runs for these decisions: their dependencies in one call where a member builds,
     each one's builds (side by side), then every wheel in one call (a build's or an index's by what it
     will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
-    from .decide.plan import Step, StepKind
-
     reqs, out, wheels = [], [], []
     for d in members:
         reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]

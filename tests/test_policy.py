@@ -835,6 +835,9 @@ ROWS = [
         check=lambda d, p: (_causal_build(("sm_100",))(d, p), "cu13 release wheels carry sm_103 code" in d.reason,
                             "sm_103 gets sm_100 code: causal-conv1d#105" in d.reason,
                             "computes wrong forward/update results" in d.steps[-1].note)),
+    Row("causal.build: sm_103 with CUDA 13, the index allowed: its cu130 wheel carries sm_103 code from nvcc 13 "
+        "(causal-conv1d#105), so sm_100 code is built instead", "causal-conv1d", INSTALL, "causal.build", env=B300,
+        settings=ASTRAL, check=lambda d, p: (_causal_build(("sm_100",))(d, p), _no_index(d))),
     Row("causal.build: a cached sm_103 build from nvcc 13 does not fit sm_103", "causal-conv1d", INSTALL, "causal.build",
         env={**B300, "cached_wheels": ("causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103-cp312-cp312-"
                                        "linux_x86_64.whl",)},
