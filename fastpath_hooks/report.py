@@ -10,8 +10,9 @@ from ._names import VERSION as __version__
 from .act import fetch as wheelcache
 from .act.verify import cache_listing, warm_records
 from .decide.common import Context
-from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, Step, StepKind, constraints, installed_after_needs,
-                          installer_choice, invocation, protected_constraints, step_names, uv_executable)
+from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, Step, StepKind, constraints,
+                          installed_after_needs, installer_choice, invocation, protected_constraints, step_names,
+                          uv_executable)
 from .decide.policy import batches, deps_with_wheels
 from .decide.transformers import era as transformers_era, packed_sequences, sources
 
