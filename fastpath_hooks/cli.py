@@ -62,7 +62,7 @@ def _parser():
     sub = p.add_subparsers(dest="command")
 
     d = sub.add_parser("doctor", help="the facts, and per kernel what install() would do and why")
-    d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/1)")
+    d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/2)")
     d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
     d.add_argument("--refresh", action="store_true",
                    help="forget cached verdicts, remembered checks and the lines said once first")
@@ -73,7 +73,7 @@ def _parser():
 
     pl = sub.add_parser("plan", help="the exact requirements and installer commands that would run")
     pl.add_argument("kernels", nargs="*", metavar="KERNEL")
-    pl.add_argument("--json", action="store_true", help="machine-readable plan (schema fastpath-hooks.plan/1)")
+    pl.add_argument("--json", action="store_true", help="machine-readable plan (schema fastpath-hooks.plan/2)")
     pl.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
     pl.set_defaults(func=_plan)
 

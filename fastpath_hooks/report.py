@@ -89,7 +89,7 @@ def _batch_commands(members, installer, settings, env) -> list:
 
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
-    """Schema fastpath-hooks.plan/1, documented field by field in docs/json-schema.md."""
+    """Schema fastpath-hooks.plan/2, documented field by field in docs/json-schema.md."""
     data = plan.to_json()
     data["fastpath_hooks"] = __version__
     data["settings"] = settings.public()
@@ -127,7 +127,7 @@ def summary(plan, settings) -> str:
 
 
 def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_installed: dict) -> dict:
-    """Schema fastpath-hooks.doctor/1, documented field by field in docs/json-schema.md."""
+    """Schema fastpath-hooks.doctor/2, documented field by field in docs/json-schema.md."""
     env = plan.environment
     return {
         "schema": DOCTOR_SCHEMA,

@@ -222,7 +222,7 @@ def test_public_view_is_json_ready(paths):
     s = Settings.from_env({"FASTPATH_HOOKS_SKIP": "tilelang,fla", "FASTPATH_HOOKS_FIND_LINKS": paths["{wheelhouse}"]})
     data = json.loads(json.dumps(s.public()))
     assert data["skip"] == ["fla", "tilelang"] and data["find_links"] == [paths["{wheelhouse}"]]
-    # every setting, plus allow_build_mode: allow_build stays the boolean doctor/1 documents
+    # every setting, plus allow_build_mode: allow_build stays the boolean doctor/2 documents
     # cache_dir_refused: cache_dir_unusable's parts, for the short line
     assert set(data) == set(Settings.__dataclass_fields__) - {"explicit", "cache_dir_refused"} | {"allow_build_mode"}
     assert (data["allow_build"], data["allow_build_mode"]) == (True, "auto")

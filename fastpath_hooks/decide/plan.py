@@ -53,8 +53,8 @@ class StepKind(TextEnum):
 OK, INSTALL, REPAIR, SKIP, BLOCK = Action.OK, Action.INSTALL, Action.REPAIR, Action.SKIP, Action.BLOCK
 
 # The JSON schemas (docs/json-schema.md): fields are only added within a version; any other change bumps it.
-PLAN_SCHEMA = "fastpath-hooks.plan/1"
-DOCTOR_SCHEMA = "fastpath-hooks.doctor/1"
+PLAN_SCHEMA = "fastpath-hooks.plan/2"
+DOCTOR_SCHEMA = "fastpath-hooks.doctor/2"
 
 
 @dataclass(frozen=True)
