@@ -163,7 +163,7 @@ def check_table(value, table: str, path: str):
 
 def check_document(data: dict, table: str):
     check_table(data, table, table)
-    assert data["schema"] == f"fastpath-hooks.{table}/1"
+    assert data["schema"] == f"fastpath-hooks.{table}/2"
     for kernel, commands in data["commands"].items():
         assert kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
         check(commands, "list of command", f"{table}.commands.{kernel}")
