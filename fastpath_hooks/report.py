@@ -52,15 +52,14 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
 
 
 def _invocation(step, installer, settings, env, local_files=()) -> dict:
-    local = f"<{step.requirements[0]} from {step.url}>" if step.kind == StepKind.INDEX else None
-    return invocation(step, installer=installer or "pip", settings=settings, uv=uv_executable(env), local_file=local,
+    return invocation(step, installer=installer or "pip", settings=settings, uv=uv_executable(env),
                       local_files=local_files).to_json()
 
 
 def _batch_commands(members, installer, settings, env) -> list:
     """What act/installer.py runs for these decisions: their dependencies in one call where a member builds,
-    each one's builds (side by side), then every wheel in one call (a build's or an index's by what it
-    will be) - with the dependencies where none builds (decide.batches.deps_with_wheels)."""
+    each one's builds (side by side), then every wheel in one call (a build's by what it will be) - with the
+    dependencies where none builds (decide.batches.deps_with_wheels)."""
     reqs, out, wheels = [], [], []
     for d in members:
         reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]
@@ -69,17 +68,12 @@ def _batch_commands(members, installer, settings, env) -> list:
         out.append(_invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False), installer, settings,
                                env))
     for d in members:
-        kinds = {s.kind for s in d.steps}
         for s in d.steps:
             if s.kind == StepKind.BUILD:
                 out.append(_invocation(s, installer, settings, env))
         wheel = next((s for s in d.steps if s.kind == StepKind.WHEEL), None)
         if wheel is not None:
             wheels.append(wheel.url or wheel.requirements[0])
-        elif StepKind.INDEX in kinds:
-            index = next(s for s in d.steps if s.kind == StepKind.INDEX)
-            wheels.append(f"<{index.requirements[0]} from {index.url}" +
-                          (", else the one built above>" if StepKind.BUILD in kinds else ">"))
         else:
             wheels.append(f"<the {d.kernel} wheel built above>")
     named = tuple(reqs) if with_wheels else ()

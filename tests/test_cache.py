@@ -342,11 +342,11 @@ def test_the_install_command_tries_now_what_starts_remember_as_failed(make_venv,
     server down, `install causal-conv1d` fails (Connection refused); with it back up, a start replays the
     remembered failure (saying when it was seen and the command) and asks the server nothing; the command
     the user types tries now - it reaches the server and installs."""
-    from support.index_server import IndexServer
+    from support.file_server import FileServer
 
     release = str(tmp_path / "release")
     wheels.fake_causal_conv1d(release, CAUSAL_WHEEL)
-    with IndexServer() as down:
+    with FileServer() as down:
         port = down.httpd.server_address[1]
     venv = make_venv(transformers=None)
     link_uv(venv)
@@ -356,7 +356,7 @@ def test_the_install_command_tries_now_what_starts_remember_as_failed(make_venv,
     first = venv.cli("install", "causal-conv1d", env=env)
     assert first.returncode == 1 and "Connection refused" in first.stdout, first.stdout + first.stderr
 
-    with IndexServer(port=port) as up:           # the source is back, at the same address
+    with FileServer(port=port) as up:           # the source is back, at the same address
         up.files[CAUSAL_WHEEL] = os.path.join(release, CAUSAL_WHEEL)
         start, err = _run(venv, CAUSAL_START, env)
         assert start["state"] == "failed" and start["spawns"] == 0 and up.requests == [], (start, err, up.requests)

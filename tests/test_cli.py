@@ -323,7 +323,6 @@ BAD_ENV = {
     "FASTPATH_HOOKS_TIMEOUT": "ten",
     "FASTPATH_HOOKS_ALLOW_BUILD": "please",
     "FASTPATH_HOOKS_SPLIT_COMPILE": "yes",
-    "FASTPATH_HOOKS_WHEEL_INDEX": "ftp://index.example/simple",
     "FASTPATH_HOOKS_CACHE_DIR": "{a-file}",
     "FASTPATH_HOOKS_PINS": "/nonexistent/pins.json",
     "FASTPATH_HOOKS_TARGET": "gpu=hopper",

@@ -105,7 +105,6 @@ GARBAGE = {
     "FASTPATH_HOOKS_TIMEOUT": "-5",
     "FASTPATH_HOOKS_ALLOW_BUILD": "2",
     "FASTPATH_HOOKS_SPLIT_COMPILE": "lots",
-    "FASTPATH_HOOKS_WHEEL_INDEX": "gopher://index",
     "FASTPATH_HOOKS_CACHE_DIR": "<a file>",
     "FASTPATH_HOOKS_PINS": "/nonexistent/pins.json",
     "FASTPATH_HOOKS_TARGET": "gpu=sm_XX,torch=banana",

@@ -328,29 +328,6 @@ def _no_build(fragment, fix=None):
     return _leaves_alone(fragment, fix)
 
 
-ASTRAL = {"wheel_index": ("astral",)}
-
-
-def _no_index(d):
-    assert "index" not in [s.kind for s in d.steps] and "index" not in d.reason, d.reason
-    return True
-INDEX_WHEEL = "causal_conv1d-1.6.2.post1+cu.12.8.torch.2.13-cp312-cp312-manylinux_2_28_x86_64.whl"
-
-
-def _from_index(dist, exact, url, then_build: bool):
-    """A wheel of exactly `exact` looked up on the index page `url`, before the build (its fallback),
-    or alone where no build is possible."""
-    def check(d, plan):
-        kinds = [s.kind for s in d.steps]
-        index = [s for s in d.steps if s.kind == "index"]
-        assert len(index) == 1 and index[0].requirements == (f"{dist}=={exact}",) and index[0].url == url
-        assert kinds[-2:] == (["index", "build"] if then_build else kinds[-2:]) and kinds[-1] == ("build" if then_build else "index")
-        assert d.target == {dist: exact.split("+")[0]}
-        assert f"{exact} from the" in d.reason and ("else building from source" in d.reason) == then_build, d.reason
-        return True
-    return check
-
-
 # flash-qla: a backend fla 0.6 dispatches to by itself when `flash_qla` is importable
 QLA = {"flash-qla": "0.1.3"}
 WHEEL_QLA = ("flash_qla-0.1.3-py3-none-any.whl",)
@@ -767,35 +744,6 @@ ROWS = [
         dists={"ninja": "1.13.0"}, check=lambda d, p: "a source build needs wheel too" in d.reason),
     Row("causal.build: a cached build for other GPUs does not fit", "causal-conv1d", INSTALL, "causal.build",
         env={**NO_RELEASE, "cached_wheels": (BUILT_213.replace("sm90", "sm80"),)}, check=_causal_build(("sm_90",))),
-    Row("causal.index: torch 2.13, the astral index allowed: its cu128/torch 2.13 wheel first, the sm_90 build after",
-        "causal-conv1d", INSTALL, "causal.index", env=NO_RELEASE, settings=ASTRAL,
-        check=_from_index("causal-conv1d", "1.7.0+cu.12.8.torch.2.13",
-                          "https://wheels.astral.sh/simple/cu128/causal-conv1d/", then_build=True)),
-    Row("causal.index: FASTPATH_HOOKS_WHEEL_INDEX=<url> puts the index's layout at that base", "causal-conv1d", INSTALL,
-        "causal.index", env=NO_RELEASE, settings={"wheel_index": ("url", "http://127.0.0.1:9/simple/")},
-        check=_from_index("causal-conv1d", "1.7.0+cu.12.8.torch.2.13", "http://127.0.0.1:9/simple/cu128/causal-conv1d/",
-                          then_build=True)),
-    Row("causal.index.only: no nvcc here, so the index alone", "causal-conv1d", INSTALL, "causal.index.only",
-        env={**NO_RELEASE, "nvcc": None}, settings=ASTRAL,
-        check=lambda d, p: (_from_index("causal-conv1d", "1.7.0+cu.12.8.torch.2.13",
-                                        "https://wheels.astral.sh/simple/cu128/causal-conv1d/", then_build=False)(d, p),
-                            "no source build here" in d.reason and "CUDA" in d.fix)),
-    Row("causal.build: the index is not asked offline", "causal-conv1d", INSTALL, "causal.build",
-        env={**NO_RELEASE, "wheelhouse": ("causal_conv1d-1.6.2.post1.tar.gz", "ninja-1.13.0-py3-none-manylinux1_x86_64.whl",
-                                          "wheel-0.45.1-py3-none-any.whl")},
-        settings={**ASTRAL, **OFFLINE}, check=lambda d, p: (_causal_build(("sm_90",), "1.6.2.post1")(d, p), _no_index(d))),
-    Row("causal.build: no index unless the settings or the pins enable one (none shipped enabled)", "causal-conv1d",
-        INSTALL, "causal.build", env=NO_RELEASE, check=lambda d, p: (_causal_build(("sm_90",))(d, p), _no_index(d))),
-    Row("causal.build: the index's CUDA 12.8 builds hold no sm_70 code, so it is not asked", "causal-conv1d", SKIP,
-        "causal.build.no-arch", env={**NO_RELEASE, "gpus": ("sm_70",)}, settings=ASTRAL, check=_no_build("sm_70")),
-    Row("causal.build: a pre-cxx11-ABI torch gets no index wheel (the index's builds use PyPI torch's cxx11 ABI)",
-        "causal-conv1d", INSTALL, "causal.build", env={**NO_RELEASE, "cxx11_abi": False}, settings=ASTRAL,
-        check=lambda d, p: (_causal_build(("sm_90",))(d, p), _no_index(d))),
-    Row("causal.cache: an index wheel kept in the local cache fits by its label and tags", "causal-conv1d", INSTALL,
-        "causal.cache", env={**NO_RELEASE, "cached_wheels": (INDEX_WHEEL,)}, check=_from_cache(INDEX_WHEEL)),
-    Row("causal.build: a cached index wheel for another torch does not fit", "causal-conv1d", INSTALL, "causal.build",
-        env={**NO_RELEASE, "cached_wheels": (INDEX_WHEEL.replace("torch.2.13", "torch.2.12"),)},
-        check=_causal_build(("sm_90",))),
     Row("causal.build.no-arch: the sdist compiles nothing that runs on sm_70", "causal-conv1d", SKIP,
         "causal.build.no-arch", env={**NO_RELEASE, "gpus": ("sm_70",)}, check=_no_build("sm_70")),
     Row("causal.build.timeout: the estimate on 1 core outlasts FASTPATH_HOOKS_TIMEOUT", "causal-conv1d", SKIP,
@@ -835,9 +783,6 @@ ROWS = [
         check=lambda d, p: (_causal_build(("sm_100",))(d, p), "cu13 release wheels carry sm_103 code" in d.reason,
                             "sm_103 gets sm_100 code: causal-conv1d#105" in d.reason,
                             "computes wrong forward/update results" in d.steps[-1].note)),
-    Row("causal.build: sm_103 with CUDA 13, the index allowed: its cu130 wheel carries sm_103 code from nvcc 13 "
-        "(causal-conv1d#105), so sm_100 code is built instead", "causal-conv1d", INSTALL, "causal.build", env=B300,
-        settings=ASTRAL, check=lambda d, p: (_causal_build(("sm_100",))(d, p), _no_index(d))),
     Row("causal.build: a cached sm_103 build from nvcc 13 does not fit sm_103", "causal-conv1d", INSTALL, "causal.build",
         env={**B300, "cached_wheels": ("causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm103-cp312-cp312-"
                                        "linux_x86_64.whl",)},
@@ -873,15 +818,6 @@ ROWS = [
     Row("mamba.wheel from a mirror (FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL)", "mamba-ssm", INSTALL, "mamba.wheel",
         settings={"wheel_urls": {"mamba-ssm": "https://mirror.example/mamba/"}},
         check=lambda d, p: d.steps[-1].url == "https://mirror.example/mamba/" + MAMBA_WHEEL.replace("+", "%2B")),
-    Row("mamba.index: the H200 (torch 2.11, CUDA 13.0) with the astral index: its cu130 wheel, else the sm_90 build",
-        "mamba-ssm", INSTALL, "mamba.index", env=H200, settings=ASTRAL,
-        check=lambda d, p: (_from_index("mamba-ssm", "2.3.2.post1+cu.13.0.torch.2.11",
-                                        "https://wheels.astral.sh/simple/cu130/mamba-ssm/", then_build=True)(d, p),
-                            d.needs == ("causal-conv1d",), d.expected_seconds == 117)),
-    Row("mamba.index.only: ALLOW_BUILD=0, so the index alone", "mamba-ssm", INSTALL, "mamba.index.only", env=H200,
-        settings={**ASTRAL, "allow_build": "0"},
-        check=_from_index("mamba-ssm", "2.3.2.post1+cu.13.0.torch.2.11", "https://wheels.astral.sh/simple/cu130/mamba-ssm/",
-                          then_build=False)),
     Row("mamba.build: torch 2.13 has no release wheel; 2.3.2.post1 for sm_90 with MAMBA_FORCE_BUILD", "mamba-ssm",
         INSTALL, "mamba.build", env=MAMBA_NO_RELEASE, check=_mamba_build("2.3.2.post1", ("sm_90",))),
     Row("mamba.build: the H200 (torch 2.11, CUDA 13): fla's planned tilelang pair is no clash: 2.3.2.post1",

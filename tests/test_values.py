@@ -208,7 +208,7 @@ def test_actions_and_failure_modes_are_their_strings():
 
 
 def test_step_kinds_are_their_strings():
-    assert [str(k) for k in StepKind] == ["deps", "kernel", "replace", "wheel", "index", "build"]
+    assert [str(k) for k in StepKind] == ["deps", "kernel", "replace", "wheel", "build"]
     step = Step(kind="build", requirements=("causal-conv1d==1.6.2.post1",))   # an old string
     assert step.kind is StepKind.BUILD and f"{step.kind}" == "build"
     assert json.loads(json.dumps(step.to_json()))["kind"] == "build"

@@ -5,10 +5,6 @@
   and `fastpath-hooks download` (a plan's wheels and `pip download --only-binary=:all: --no-deps`
   requirements for the target's Python and architecture, into a wheelhouse) both get files here;
   what to fetch is the engine's (engine/jobs.py).
-- An index step's wheel (PEP 503 / PEP 691): the project page is read (JSON, or HTML anchors with
-  `#sha256=`) and the one file of the exact version whose tags fit is downloaded and checked against
-  the sha256 the index lists. A file without one is not taken; a mismatch is deleted and refused
-  (`IndexMiss`, one line) and the installer goes on to the step's fallback. Never offline.
 - The wheel cache (`<cache root>/wheels/<file>.whl` + a `<file>.whl.json` sidecar: size, sha256, key,
   origin). pip's own cache keys a build by the sdist alone (another torch gets the old binary back:
   undefined symbols); a built wheel here carries its whole key (torch and its CUDA/HIP build, C++ ABI,
@@ -19,20 +15,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import sys
 import urllib.request
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .. import events
 from .._names import cache_root
 from .._registry import registry
 from ..facts.distributions import canonical_name
-from ..facts.wheels import (SIDECAR, choose, defect, directory, find_links_dir, sidecar, wheel_distribution,
-                            wheel_version as _version_of)
+from ..facts.wheels import SIDECAR, defect, directory, find_links_dir, sidecar, wheel_distribution
 from .locks import file_lock
 from .runner import run
 from .transaction import atomic_copy, atomic_write_json, sha256_of
@@ -164,119 +157,6 @@ def _fetch(step, dest: str, settings) -> None:
     target = os.path.join(dest, os.path.basename(local))
     if os.path.abspath(local) != os.path.abspath(target):
         shutil.copy2(local, target)
-
-
-ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.latest+html;q=0.2, text/html;q=0.1"
-
-
-class IndexMiss(Exception):
-    """No usable file on the index (none of that version fits, the index is unreachable, a hash is
-    missing or wrong); the message is one line that says which and where, `short` the same in
-    words that fit a human line (the message is logged whole)."""
-
-    def __init__(self, message: str, short: str | None = None):
-        super().__init__(message)
-        self.short = short or message
-
-
-def fetch_from_index(step, settings, env, dest: str) -> str:
-    """The local path of the index step's wheel, downloaded into `dest` and checked; IndexMiss otherwise."""
-    from packaging.requirements import Requirement
-
-    if settings.offline:
-        raise IndexMiss(f"{step.url}: not asked, FASTPATH_HOOKS_OFFLINE=1")
-    req = Requirement(step.requirements[0])
-    want = next(iter(req.specifier)).version
-    files = project_files(step.url, timeout=min(settings.timeout, 60))
-    chosen = choose(files, req.name, want, python=env.python, arch=env.arch, glibc=env.glibc)
-    host = urlsplit(step.url).netloc or step.url
-    py = "cp" + "".join(env.python.split(".")[:2])
-    if chosen is None:
-        have = sorted({f["filename"] for f in files if _version_of(f["filename"]) is not None})[:4]
-        raise IndexMiss(f"{step.url} has no {req.name} {want} wheel for {py} {env.platform}" +
-                        (f" (it lists {', '.join(have)}{' ...' if len(files) > 4 else ''})" if have
-                         else " (it lists no wheel)"),
-                        f"the {host} index has no {want} wheel for {py} {env.platform}")
-    sha = (chosen.get("hashes") or {}).get("sha256")
-    if not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
-        raise IndexMiss(f"{chosen['filename']} on {step.url} has no sha256 on the index: not taken (it cannot be checked)",
-                        f"the {host} index lists no sha256 for its {want} wheel: not taken, it cannot be checked")
-    target = os.path.join(dest, chosen["filename"])
-    try:
-        digest = _download(chosen["url"], target, settings.timeout)
-    except OSError as exc:
-        raise IndexMiss(f"could not download {chosen['url']}: {exc}", f"could not download its wheel from {host}: {exc}") \
-            from None
-    if digest != sha:
-        _remove(target)
-        raise IndexMiss(f"{chosen['filename']} from {host}: sha256 {digest} does not match the index's {sha} "
-                        "(a corrupt or substituted file); refused, nothing installed",
-                        "the index's wheel fails its listed sha256 (corrupt or substituted): refused, nothing installed")
-    return target
-
-
-def project_files(url: str, *, timeout: float) -> list:
-    """The files a project page lists: dicts with filename, url (absolute) and hashes."""
-    request = urllib.request.Request(url, headers={"Accept": ACCEPT})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            body = resp.read(16 << 20)
-            kind = resp.headers.get("Content-Type", "")
-            base = resp.geturl()
-    except OSError as exc:
-        raise IndexMiss(f"could not read {url}: {exc}", f"could not read the {urlsplit(url).netloc or url} index: {exc}") \
-            from None
-    text = body.decode("utf-8", errors="replace")
-    if "json" in kind or text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-            raw = data["files"]
-        except (ValueError, KeyError, TypeError):
-            raise IndexMiss(f"{url} is not a PEP 691 project page (no `files` list)",
-                            f"the {urlsplit(url).netloc} index's page is not a PEP 691 one") from None
-        out = []
-        for item in raw if isinstance(raw, list) else ():
-            if isinstance(item, dict) and isinstance(item.get("filename"), str) and isinstance(item.get("url"), str):
-                hashes = item.get("hashes") if isinstance(item.get("hashes"), dict) else {}
-                out.append({"filename": item["filename"], "url": urljoin(base, item["url"]), "hashes": hashes})
-        return out
-    out = []
-    for href, name in _anchors(text):
-        link, _, fragment = href.partition("#")
-        algo, _, digest = fragment.partition("=")
-        filename = (name or "").strip() or os.path.basename(urlsplit(link).path)
-        out.append({"filename": filename, "url": urljoin(base, link), "hashes": {algo: digest} if digest else {}})
-    return out
-
-
-def _anchors(text: str) -> list:
-    """(href, text) of every <a> of an index's HTML page (html.parser: loaded only where a page is HTML)."""
-    from html.parser import HTMLParser
-
-    class Anchors(HTMLParser):
-        def __init__(self):
-            super().__init__()
-            self.links: list = []
-            self._href = None
-            self._text = []
-
-        def handle_starttag(self, tag, attrs):
-            if tag == "a":
-                self._href = dict(attrs).get("href")
-                self._text = []
-
-        def handle_data(self, data):
-            if self._href is not None:
-                self._text.append(data)
-
-        def handle_endtag(self, tag):
-            if tag == "a" and self._href is not None:
-                self.links.append((self._href, "".join(self._text)))
-                self._href = None
-
-    parser = Anchors()
-    parser.feed(text)
-    return parser.links
 
 
 def _remove(path: str) -> None:

@@ -45,7 +45,7 @@ from ..facts.distributions import canonical_name, record_files, scan, site_packa
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
 from .build import BuildError, Built, build_all, run_build
-from .fetch import FetchError, IndexMiss, directory, fetch_from_index, fetch_wheel, store
+from .fetch import FetchError, directory, fetch_wheel, store
 from .numeric import plan_for
 from .runner import execute
 from .transaction import Transaction, WORK_PREFIX
@@ -427,23 +427,11 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
     for d in members:
         if d.kernel in made:
             continue
-        out, brought, todo = [], set(), list(steps[d.kernel])
+        out = []
         try:
-            for i, step in enumerate(todo):
-                if step.kind in _REQUIREMENTS or (step.kind in (StepKind.INDEX, StepKind.BUILD)
-                                                  and set(step.names) <= brought):
-                    continue   # an index step brought it: its fallbacks are skipped
-                if step.kind == StepKind.INDEX:
-                    local = index_wheel(step, todo[i + 1:], settings=settings, env=env, work=work, kernel=d.kernel)
-                    if local is None:
-                        continue   # the next index or the build
-                    brought |= set(step.names)
-                    out.append([local, (os.path.basename(local), {"origin": "index", "url": step.url})])
-                elif step.kind == StepKind.WHEEL:
-                    try:
-                        local = fetch_wheel(step, settings, work)
-                    except FetchError as exc:
-                        raise InstallError(str(exc)) from None
+            for step in steps[d.kernel]:
+                if step.kind == StepKind.WHEEL:
+                    local = fetch_wheel(step, settings, work)
                     downloaded = step.url and not step.url.startswith("file:") and os.path.dirname(local) == work
                     out.append([local, (step.requirements[0], {"origin": "downloaded", "url": step.url})
                                 if downloaded else None])
@@ -451,7 +439,7 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
                     builds.append((d, step))
                     out.append([None, None])          # filled in once the build is done
                     pending[d.kernel] = len(out) - 1
-        except InstallError as exc:
+        except FetchError as exc:
             failed[d.kernel] = str(exc)
             continue
         made[d.kernel] = out
@@ -468,23 +456,6 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
                 continue
             made[d.kernel][pending[d.kernel]] = [got.path, _cache_entry(got)]
     return failed
-
-
-def index_wheel(step, later, *, settings, env, work, kernel) -> str | None:
-    """The index step's wheel, downloaded and checked (act/fetch.py); None when the index has none
-    that fits (or a bad one: refused, said in one line) and a later step of the same distribution -
-    the next index, the source build - takes over; InstallError when none does."""
-    try:
-        return fetch_from_index(step, settings, env, work)
-    except IndexMiss as exc:
-        fallback = next((s for s in later if s.kind in (StepKind.INDEX, StepKind.BUILD)
-                         and set(s.names) & set(step.names)), None)
-        if fallback is None:
-            raise InstallError(str(exc)) from None
-        then = "building from source instead" if fallback.kind == StepKind.BUILD else "trying the next index"
-        events.debug(f"{kernel}: {exc}", kernel)
-        events.warning(f"{kernel}: {exc.short}; {then}", kernel)
-        return None
 
 
 def _cache_entry(built) -> tuple:

@@ -104,8 +104,6 @@ class Context:
         have = self.wheelhouse
         missing = []
         for step in steps:
-            if step.kind == StepKind.INDEX:
-                continue   # never planned offline
             for raw in step.requirements:
                 if step.kind == StepKind.WHEEL:
                     if raw not in self.env.wheelhouse:

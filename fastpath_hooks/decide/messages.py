@@ -163,12 +163,6 @@ COMPILED = {
                        line="{target}, built for this machine, from FASTPATH_HOOKS_FIND_LINKS", fix=""),
     "wheel": Rule(_S, "the release wheel for this torch, CUDA, ABI and Python: installed",
                   line="{target}, the release wheel for torch {torch}", fix=""),
-    "index": Rule(_S, "a wheel from a package index the settings allow, else a source build for the visible GPUs",
-                  requires=("wheel_indexes",), line="{target} from a wheel index[, else from source for {archs}]",
-                  fix=""),
-    "index.only": Rule(_S, "a wheel from a package index the settings allow; no source build is possible here",
-                       requires=("wheel_indexes",), needs=frozenset({NVCC_RELEASE}),   # a build may be once nvcc's release is known
-                       line="{target} from a wheel index; no source build is possible here", fix=""),
     "build": Rule(_S, "a source build for the visible GPUs", line="from source for {archs}, an estimated {minutes}",
                   fix=AHEAD),
     "build.all-archs": Rule(_S, "a source build for every arch the sdist knows (asked for)",

@@ -45,8 +45,6 @@ class StepKind(TextEnum):
     KERNEL = "kernel"      # the kernel's pinned distributions, without their dependencies
     REPLACE = "replace"    # a broken companion replaced in place (tilelang's apache-tvm-ffi)
     WHEEL = "wheel"        # one wheel file (a release wheel, or one from the cache)
-    INDEX = "index"        # one wheel of an exact version looked up on a package index (`url`: its project page);
-                           # when none fits, the next index step or the build step of that distribution runs instead
     BUILD = "build"        # a source build into a wheel, then that wheel installed
 
 
@@ -331,9 +329,8 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
                           env=tuple(step.env), step=step)
     reqs = list(step.requirements)
-    if step.kind in (StepKind.WHEEL, StepKind.INDEX):   # a wheel step may carry dependencies by name (act/installer.py)
-        named = [r for r in step.requirements
-                 if step.kind == StepKind.WHEEL and not r.endswith(".whl") and r not in local_files]
+    if step.kind == StepKind.WHEEL:   # a wheel step may carry dependencies by name (act/installer.py)
+        named = [r for r in step.requirements if not r.endswith(".whl") and r not in local_files]
         files = [r for r in step.requirements if r not in named]
         reqs = named + (list(local_files) or [local_file or step.url or files[0]])
     if installer == "uv":
@@ -396,8 +393,6 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
         for step in decision.steps:
             if step.kind == StepKind.WHEEL:
                 wheels.append(step)
-            elif step.kind == StepKind.INDEX:
-                continue   # looked up on the index at install time, for the machine installing it
             elif step.kind == StepKind.BUILD:
                 builds.extend(step.requirements)
             else:

@@ -54,29 +54,7 @@ def load(target: str | None = None, *, strict: bool = False):
         pins = load_pins(None)
         settings = replace(settings, mode="report", pins_file=None)
         invalid = "the pins file is invalid (see above)"
-    unknown = unknown_indexes(settings, pins)
-    if unknown:
-        if strict:
-            raise SettingsError([("FASTPATH_HOOKS_WHEEL_INDEX", os.environ.get("FASTPATH_HOOKS_WHEEL_INDEX", ""),
-                                  f"no kernel's pins name the index {unknown}; "
-                                  f"known: {', '.join(known_indexes(pins)) or 'none'}")])
-        events.error(f"FASTPATH_HOOKS_WHEEL_INDEX names {', '.join(unknown)}, which no kernel's pins know (known: "
-                     f"{', '.join(known_indexes(pins)) or 'none'}), so nothing is installed", once="settings")
-        settings = replace(settings, mode="report", wheel_index=())
-        invalid = "FASTPATH_HOOKS_WHEEL_INDEX is invalid (see above)"
     return settings, pins, invalid
-
-
-def known_indexes(pins) -> tuple:
-    """The wheel index names the compiled kernels' pins name (FASTPATH_HOOKS_WHEEL_INDEX accepts them)."""
-    return tuple(sorted({ix.name for spec in pins.kernels.values() for ix in spec.wheel_indexes}))
-
-
-def unknown_indexes(settings, pins) -> list:
-    chosen = settings.wheel_index or ()
-    if chosen[:1] == ("url",):
-        return []
-    return [name for name in chosen if name not in known_indexes(pins)]
 
 
 def check_settings() -> bool:
@@ -176,8 +154,7 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),
         "settings": [sorted(settings.skip), settings.allow_build, settings.offline, list(settings.find_links),
-                     settings.index_url, settings.target, sorted(settings.wheel_urls.items()),
-                     None if settings.wheel_index is None else list(settings.wheel_index)],
+                     settings.index_url, settings.target, sorted(settings.wheel_urls.items())],
         "wheelhouse": hashlib.sha256("\n".join(env.wheelhouse).encode()).hexdigest()[:16],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]

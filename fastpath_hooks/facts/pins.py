@@ -52,9 +52,7 @@ def record_keys(kernels: dict) -> dict:
         kind = entry.get("kind")
         if kind in ("pure", "compiled", "backend"):
             out[("kernels", name, "releases")] = ("version",)
-        if kind == "compiled":
-            out[("kernels", name, "wheel_indexes")] = ("name",)
-        elif kind == "pair":
+        if kind == "pair":
             first = (entry.get("distributions") or [None])[0]
             out[("kernels", name, "pairs")] = (first,)
             out[("kernels", name, "broken")] = (first, "arch", "effect")

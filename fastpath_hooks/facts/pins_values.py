@@ -5,7 +5,6 @@ reads them and documents the keys)."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import MISSING, dataclass, field, replace
 from functools import cached_property
 
@@ -29,7 +28,6 @@ DTYPES = ("float32", "float16", "bfloat16")
 # the references act/check_child.py holds (it imports nothing of the package, so the names live here too)
 NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
                       "gated_delta_rule")
-INDEX_FIELDS = ("{channel}", "{project}", "{cuda}", "{cuda_nodot}", "{torch_mm}")
 WHEEL_FIELDS = ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}")
 TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
@@ -213,8 +211,6 @@ class KernelSpec:
     serves: tuple[str, ...] = m((), form="kernel", **_SOME)      # kernels that use it (tilelang: fla)
     rule_prefix: str = m("", hand=True)
     switch: Switch | None = m(None, kinds=("pair", "backend"))
-    # compiled: WheelIndex, where prebuilt wheels of it may be looked up
-    wheel_indexes: tuple[WheelIndex, ...] = m((), kinds=("compiled",), **_SOME)
     # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
     jit_caches: dict[str, str] = m(factory=dict, absent={}, key_ok=lambda var: var.isidentifier() and var.upper() == var,
                                    key_says="expected an environment variable name such as TRITON_CACHE_DIR",
@@ -263,37 +259,6 @@ class ReleaseWheels:
     builds: tuple = m(form="builds")
     torch_aliases: dict[str, str] = m(absent={})
     sha256: dict[str, str] = m(absent={}, ok=_sha256, says="expected 64 lowercase hex digits")
-    source: str
-
-
-def _placeholders(text: str) -> bool:
-    return all(p in INDEX_FIELDS for p in re.findall(r"{[^}]*}", text))
-
-
-def _index_url(url: str) -> bool:
-    return url.startswith(("https://", "http://", "file://")) and "{project}" in url and url.endswith("/") and _placeholders(url)
-
-
-_KNOWN = f"known placeholders: {', '.join(INDEX_FIELDS)}"
-
-
-@dataclass(frozen=True)
-class WheelIndex:
-    """A PEP 503/691 index with one channel per CUDA release of prebuilt wheels of a compiled kernel (Astral's
-    layout: `<host>/simple/<channel>/<project>/`). A wheel is taken only at a pinned release with the local
-    label `local` spells for this torch build, tags that fit here and the sha256 the index lists. `url`,
-    `channel` and `local` are templates: {channel}, {project}, {cuda} (13.0), {cuda_nodot} (130), {torch_mm}
-    (2.11). Its builds hold every arch the sdist's -gencode table gives that CUDA release, with `cxx11_abi`."""
-    name: str = m(unique=True, ok=lambda n: n.replace("-", "").isalnum() and n.lower() == n,
-                  says="a lowercase name, once per kernel (FASTPATH_HOOKS_WHEEL_INDEX names it)")
-    url: str = m(ok=_index_url, says=f"an http(s):// or file:// template of the project page, with {{project}}, ending in /; "
-                 f"{_KNOWN}")
-    project: str
-    channel: str = m(ok=_placeholders, says=_KNOWN)
-    local: str = m(ok=_placeholders, says=_KNOWN)
-    cxx11_abi: str = m(choices=("TRUE", "FALSE"), says="expected TRUE or FALSE (the cxx11 ABI of its builds)")
-    torch: SpecifierSet = m(**_SPEC)
-    enabled: bool = m(absent=False)          # used unless FASTPATH_HOOKS_WHEEL_INDEX says otherwise
     source: str
 
 

@@ -76,9 +76,6 @@ _VARIABLES = {
     "FASTPATH_HOOKS_SPLIT_COMPILE": ("source builds: auto (default: nvcc's --split-compile where nvcc >= 11.8 and the "
                                      "kernel's pins allow it, its threads from the build's share of the cores), 0 (off) "
                                      "or the threads per nvcc job"),
-    "FASTPATH_HOOKS_WHEEL_INDEX": ("package indexes of prebuilt compiled-kernel wheels, tried before a source build: "
-                                   "unset (the pins' enabled ones: none shipped), off, names from the pins (astral), or "
-                                   "the base URL of an index with that layout (https://host/simple/); never offline"),
     "FASTPATH_HOOKS_CACHE_DIR": ("absolute directory for verdicts and the wheel cache of built and downloaded kernel "
                                  "wheels (default: the user cache dir, e.g. ~/.cache/fastpath-hooks); one that is "
                                  "relative or cannot be created or written falls back to the default, said once"),
@@ -114,7 +111,6 @@ class Settings:
     timeout: float = DEFAULT_TIMEOUT
     allow_build: str = "auto"          # "auto", "1" or "0" (see BUILD_MODES)
     split_compile: str = "auto"        # "auto", "0" or a number of threads per nvcc job
-    wheel_index: tuple | None = None   # None: the pins' enabled indexes; (): none; names, or ("url", URL)
     cache_dir: str | None = None
     pins_file: str | None = None
     target: str | None = None
@@ -163,7 +159,6 @@ class Settings:
         parse("FASTPATH_HOOKS_TIMEOUT", "timeout", _seconds)
         parse("FASTPATH_HOOKS_ALLOW_BUILD", "allow_build", parse_build_mode)
         parse("FASTPATH_HOOKS_SPLIT_COMPILE", "split_compile", parse_split_compile)
-        parse("FASTPATH_HOOKS_WHEEL_INDEX", "wheel_index", parse_wheel_index)
         parse(CACHE_DIR, "cache_dir", _directory_or_creatable)
         parse(PINS, "pins_file", _readable_file)
         parse("FASTPATH_HOOKS_TARGET", "target", lambda raw: _target_spec(raw, get(PINS)))
@@ -250,26 +245,6 @@ def parse_split_compile(raw: str) -> str:
         return str(int(low))
     raise ValueError("expected auto (nvcc's --split-compile where it is known to work, threads from the core budget), "
                      "0 (never) or the threads per nvcc job, e.g. 4")
-
-
-def parse_wheel_index(raw: str) -> tuple:
-    """off -> (); a base URL -> ("url", URL); else the index names of the pins (checked against them
-    when the pins are loaded)."""
-    text = raw.strip()
-    if text.lower() in _FALSE:
-        return ()
-    accepted = ("expected off, index names from the pins (e.g. astral) or an http(s):// or file:// base URL of an "
-                "index with that layout")
-    if "://" in text:
-        try:
-            url = _url(text)
-        except ValueError:
-            raise ValueError(accepted) from None
-        return ("url", url if url.endswith("/") else url + "/")
-    names = tuple(part.strip().lower() for part in text.replace(" ", ",").split(",") if part.strip())
-    if not names or any(not n.replace("-", "").isalnum() for n in names):
-        raise ValueError(accepted)
-    return names
 
 
 def parse_kernel_list(raw: str, reg=None) -> frozenset:

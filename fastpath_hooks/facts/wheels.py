@@ -7,11 +7,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from dataclasses import dataclass
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion
 
 from .. import events
 from .distributions import canonical_name
@@ -58,50 +57,6 @@ def with_local_label(filename: str, local: str) -> str:
         raise ValueError(f"{os.path.basename(filename)!r} is not a wheel file name")
     build = f"-{parsed.build[0]}{parsed.build[1]}" if parsed.build else ""
     return f"{parsed.distribution.replace('-', '_')}-{parsed.version.public}+{local}{build}-{parsed.tag_text}.whl"
-
-
-def choose(files, project: str, version: str, *, python: str, arch: str, glibc: str | None):
-    """The file of exactly `version` (local label included) whose tags fit: CPython `python` (or
-    abi3 / py3), Linux `arch` (manylinux up to this glibc, or plain linux_); None if none does."""
-    try:
-        want = Version(version)
-    except InvalidVersion:
-        return None
-    py = "cp" + "".join(python.split(".")[:2])
-    for item in files:
-        parsed = parse_wheel(item["filename"])
-        if (parsed is not None and parsed.distribution == canonical_name(project) and parsed.version == want
-                and any(_fits(t, py, arch, glibc) for t in parsed.tags)):
-            return item
-    return None
-
-
-def wheel_version(filename: str):
-    parsed = parse_wheel(filename)
-    return None if parsed is None else parsed.version
-
-
-def _fits(tag, py: str, arch: str, glibc: str | None) -> bool:
-    minor = int(py[3:]) if py[3:].isdigit() else 0
-    python_ok = ((tag.interpreter == py and tag.abi in (py, "abi3", "none"))
-                 or (tag.abi == "abi3" and tag.interpreter.startswith("cp3") and tag.interpreter[3:].isdigit()
-                     and int(tag.interpreter[3:]) <= minor)
-                 or (tag.interpreter == "py3" and tag.abi == "none"))
-    if not python_ok:
-        return False
-    plat = tag.platform
-    if plat == f"linux_{arch}":
-        return True
-    m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{arch}", plat)
-    legacy = {f"manylinux1_{arch}": (2, 5), f"manylinux2010_{arch}": (2, 12), f"manylinux2014_{arch}": (2, 17)}
-    need = (int(m.group(1)), int(m.group(2))) if m else legacy.get(plat)
-    if need is None:
-        return False
-    try:
-        have = tuple(int(x) for x in (glibc or "").split(".")[:2])
-    except ValueError:
-        return False
-    return len(have) == 2 and have >= need
 
 
 SUBDIR = "wheels"

@@ -74,7 +74,7 @@ def listed(pins) -> tuple:
     return tuple(k for k, s in kernels.items() if not s.serves) + tuple(k for k, s in kernels.items() if s.serves)
 
 
-BATCHED_STEPS = frozenset({StepKind.DEPS, StepKind.WHEEL, StepKind.INDEX, StepKind.BUILD})
+BATCHED_STEPS = frozenset({StepKind.DEPS, StepKind.WHEEL, StepKind.BUILD})
 
 
 def batchable(decision, pins) -> bool:

@@ -16,10 +16,10 @@ from ...events import MAX_LINE, PREFIX
 from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
 from ...facts.settings import release_wheel_url
-from ...facts.wheels import choose, parse_wheel
+from ...facts.wheels import parse_wheel
 from ..builds import cuda_codes, cuda_families, needs_cuda_build, release_order, source_build
 from ..common import (Context, HALF_INSTALLED, USABLE, deps_step, fetch_fix, major_minor, missing_import, shared_skip,
-                      versions_here, within)
+                      versions_here)
 from ..messages import compose, few, public, render
 from ..plan import BLOCK, Decision, INSTALL, OK, OnFailure, REPAIR, SKIP, Step, StepKind
 
@@ -71,7 +71,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return decision
     what = f"{dist} {installed_v} is {HALF_INSTALLED}"
     if decision.action == INSTALL:
-        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.INDEX, StepKind.BUILD) else s
+        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s
                       for s in decision.steps)
         return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.half-installed"), steps=steps,
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
@@ -236,8 +236,7 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                         target={dist: version}, **kw)
 
     deps_missing = ctx.missing_offline(dep_steps)
-    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)
-                   or (spec.wheel_indexes and index_wheel_fits(ctx, kernel, build, n))), None)
+    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)), None)
     housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
     if deps_missing and (cached or housed):
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
@@ -266,34 +265,10 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
         if settings.allow_build == "0":
             return ctx.skip(kernel, "offline-missing", why, fetch_fix("the wheel", "the network"),
                             facts={"missing": few(missing)}, **kw)
-    built = source_build(ctx, kernel, build, why, kw)
-    sources, _ = index_sources(ctx, kernel, build) if spec.wheel_indexes else ([], "")
-    if not sources:
-        return built
-    return _from_index(ctx, kernel, version, sources, built, dep_steps, kw)
+    return source_build(ctx, kernel, build, why, kw)
 
 
-def _from_index(ctx: Context, kernel: str, version: str, sources, built: Decision, dep_steps, kw) -> Decision:
-    """A wheel looked up on the package indexes the settings allow, the source build its fallback (the
-    installer runs a distribution's build step when none of its index steps fits); the index alone where
-    no build is possible here."""
-    dist = ctx.pins.kernel(kernel).distributions[0]
-    names = ", ".join(dict.fromkeys(ix.name for ix, _, _ in sources))
-    steps = tuple(Step(kind=StepKind.INDEX, requirements=(f"{dist}=={exact}",), url=url,
-                       note=f"a prebuilt wheel from the {ix.name} index, taken only with the sha256 it lists")
-                  for ix, url, exact in sources)
-    wanted = ", ".join(exact for _, _, exact in sources)
-    if built.action == INSTALL:
-        build_steps = tuple(s for s in built.steps if s.kind == StepKind.BUILD)
-        first = tuple(s for s in built.steps if s.kind != StepKind.BUILD)
-        return replace(built, rule=ctx.rule(kernel, "index"), steps=first + steps + build_steps,
-                       reason=f"{dist} {wanted} from the {names} index if it has one, else {built.reason}")
-    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "index.only"), steps=tuple(dep_steps) + steps,
-                    target={dist: version}, fix=built.fix,
-                    reason=f"{dist} {wanted} from the {names} index; no source build here: {built.reason}", **kw)
-
-
-# -- which wheels fit: release wheels, index wheels, wheels built here --------------------------------
+# -- which wheels fit: release wheels, wheels built here --------------------------------
 
 def cxx11_abi_flag(env) -> str:
     """TRUE/FALSE for compiled kernels' wheel names. Unknown (torch not imported, or posed without abi=):
@@ -336,71 +311,10 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
                   f"cp{py} + {env.arch} + cxx11abi {abi}")
 
 
-def index_sources(ctx: Context, kernel: str, build, *, cached: bool = False) -> tuple:
-    """([(WheelIndex, project page URL, exact version)], why none): the package indexes (pins `wheel_indexes`)
-    FASTPATH_HOOKS_WHEEL_INDEX allows (unset: the enabled ones; a URL: the first one's layout there), never
-    offline, with the exact version their label spells for this torch build. An index's builds hold every
-    arch the sdist's -gencode table gives torch's CUDA: taken only where that covers every visible GPU and
-    no arch rule refuses that code. `cached`: every entry, whatever the settings (a wheel already cached)."""
-    env, settings = ctx.env, ctx.settings
-    spec = ctx.pins.kernel(kernel)
-    indexes = list(spec.wheel_indexes)
-    chosen = None if cached else settings.wheel_index
-    if not cached:
-        if settings.offline:
-            return [], "offline (FASTPATH_HOOKS_OFFLINE=1)"
-        if chosen is None:
-            indexes = [ix for ix in indexes if ix.enabled]
-        elif chosen[:1] == ("url",):
-            indexes = [replace(ix, url=chosen[1] + "{channel}/{project}/", name=chosen[1]) for ix in indexes[:1]]
-        else:
-            indexes = [ix for name in chosen for ix in indexes if ix.name == name]
-    if not indexes:
-        return [], "no package index of prebuilt wheels is enabled (FASTPATH_HOOKS_WHEEL_INDEX)"
-    if env.os != "linux" or not env.torch_cuda or build.version is None:
-        return [], "index wheels are Linux CUDA builds"
-    abi = cxx11_abi_flag(env)
-    codes = cuda_codes(build, env.torch_cuda)
-    fields = {"cuda": env.torch_cuda, "cuda_nodot": "".join(env.torch_cuda.split(".")[:2]),
-              "torch_mm": major_minor(env.torch_version)}
-    out, why = [], ""
-    for ix in indexes:
-        if not within(env.torch_version, ix.torch) or abi != ix.cxx11_abi:
-            why = f"the {ix.name} index builds for torch {ix.torch} with cxx11 ABI {ix.cxx11_abi}"
-            continue
-        gaps = [g for g in env.gpus if cached_wheels.pair_for(g, codes) is None]
-        if gaps or not env.gpus:
-            why = f"the {ix.name} index's CUDA {env.torch_cuda} builds hold no code for {'+'.join(gaps) or 'no GPU'}"
-            continue
-        bad = _avoided(spec, env.gpus, env.torch_cuda)
-        if bad is not None:
-            why = (f"the {ix.name} index's builds carry {bad[0]} code from nvcc {env.torch_cuda}, which "
-                   f"{bad[1].effect} ({bad[1].id})")
-            continue
-        channel = ix.channel.format(**fields, project=ix.project, channel="")
-        url = ix.url.format(**fields, project=ix.project, channel=channel)
-        out.append((ix, url, f"{build.version}+{ix.local.format(**fields, project=ix.project, channel=channel)}"))
-    return out, ("" if out else why)
-
-
 def _avoided(spec, gpus, nvcc: str | None):
     """(gpu, rule) where an arch rule says prebuilt all-arch code from this nvcc is wrong on a visible GPU
     (pins `arch_rules` with `wheels: avoid`: causal-conv1d#105, sm_103 code from nvcc 13), else None."""
     return next(((g, r) for r in spec.arch_rules if r.wheels == "avoid" for g in gpus if r.applies(g, nvcc)), None)
-
-
-def index_wheel_fits(ctx: Context, kernel: str, build, name: str) -> bool:
-    """A cached wheel of an index's build that fits here: the exact version an index's label spells for this
-    torch build, tags that fit this Python and platform."""
-    wheel = parse_wheel(name)
-    if wheel is None or wheel.distribution != build.distribution:
-        return False
-    sources, _ = index_sources(ctx, kernel, build, cached=True)
-    if not any(str(wheel.version) == exact for _, _, exact in sources):
-        return False
-
-    return choose([{"filename": name}], build.distribution, str(wheel.version), python=ctx.env.python,
-                  arch=ctx.env.arch, glibc=ctx.env.glibc) is not None
 
 
 def built_archs(installed: str) -> tuple:
