@@ -8,7 +8,7 @@ import os
 import pytest
 
 from fastpath_hooks.act import fetch as wheelcache
-from fastpath_hooks.act.fetch import DownloadError, _fetch
+from fastpath_hooks.act.fetch import _fetch
 from fastpath_hooks.act.fetch import FetchError, fetch_wheel
 from fastpath_hooks.decide.plan import Step
 from fastpath_hooks.facts.settings import Settings
@@ -58,7 +58,7 @@ def test_download_copies_from_find_links_and_the_cache_and_checks_them(tmp_path)
     settings = Settings(find_links=(house,), cache_dir=str(tmp_path / "c"))
     _fetch(_step(CAUSAL, "https://unreachable.invalid/" + CAUSAL, wheels.sha256_of(src)), dest, settings)
     assert os.listdir(dest) == [CAUSAL] and os.path.isfile(src), "copied; the wheelhouse keeps its file"
-    with pytest.raises(DownloadError, match="does not match the pinned"):
+    with pytest.raises(FetchError, match="does not match the pinned"):
         _fetch(_step(CAUSAL, None, "0" * 64), str(tmp_path / "other"), settings)
     # a cache entry (a file:// URL into the cache) is copied without the network, its recorded sha256 checked
     root = str(tmp_path / "cache")
@@ -72,5 +72,5 @@ def test_download_copies_from_find_links_and_the_cache_and_checks_them(tmp_path)
         data[-30] ^= 0xFF
         fh.seek(0)
         fh.write(bytes(data))
-    with pytest.raises(DownloadError, match="does not match .*cache clear"):
+    with pytest.raises(FetchError, match="does not match .*cache clear"):
         _fetch(_step(CAUSAL, "file://" + cached), str(tmp_path / "dest3"), Settings(cache_dir=root, offline=True))

@@ -1,16 +1,12 @@
 """Wheels made local and checked, and the local wheel cache.
 
-- A wheel step's file: from FASTPATH_HOOKS_FIND_LINKS, the wheel cache (a file:// URL into it) or its
-  URL, checked against its sha256 (the pinned one, else the one the cache recorded). The installer
-  and `fastpath-hooks download` (a plan's wheels and `pip download --only-binary=:all: --no-deps`
-  requirements for the target's Python and architecture, into a wheelhouse) both get files here;
-  what to fetch is the engine's (engine/jobs.py).
-- The wheel cache (`<cache root>/wheels/<file>.whl` + a `<file>.whl.json` sidecar: size, sha256, key,
-  origin). pip's own cache keys a build by the sdist alone (another torch gets the old binary back:
-  undefined symbols); a built wheel here carries its whole key (torch and its CUDA/HIP build, C++ ABI,
-  archs) in its local version label (facts/wheels.py), so a wheelhouse for an offline cluster matches
-  it the same way. An entry counts only with both files and agreeing sizes; writes are atomic under
-  the cache's lock, the sidecar last.
+A wheel step's file comes from FASTPATH_HOOKS_FIND_LINKS, the wheel cache (a file:// URL into it) or its URL,
+checked against its pinned sha256, else the one the cache recorded; `fastpath-hooks download` adds `pip download`
+of the binary requirements for the target's Python and architecture. The wheel cache
+(`<root>/wheels/<file>.whl` + a `.json` sidecar) exists because pip's keys a build by the sdist alone (another
+torch gets the old binary back: undefined symbols); a built wheel carries its whole key in its local version
+label (facts/wheels.py). An entry counts only with both files and agreeing sizes; writes are atomic under the
+cache's lock, the sidecar last.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ import os
 import shutil
 import sys
 import urllib.request
+from contextlib import suppress
 from urllib.parse import unquote, urlsplit
 
 from .. import events
@@ -65,10 +62,9 @@ def fetch_wheel(step, settings, dest: str) -> str:
     """The local path of the step's wheel: a FASTPATH_HOOKS_FIND_LINKS file or a cache entry where
     it lies, else downloaded from the step's URL into `dest`. FetchError names what to do."""
     filename = step.requirements[0]
-    for location in settings.find_links:
-        path = find_links_dir(location)
-        candidate = os.path.join(path, filename) if path is not None else None
-        if candidate is not None and os.path.isfile(candidate):
+    for path in filter(None, map(find_links_dir, settings.find_links)):
+        candidate = os.path.join(path, filename)
+        if os.path.isfile(candidate):
             check_sha256(candidate, step.sha256 or recorded_sha256(candidate))
             return candidate
     cached = cached_path(step.url, settings)
@@ -104,10 +100,6 @@ def _mirror_hint(filename: str) -> str:
     return f" ({variable} points at a mirror)" if variable else ""
 
 
-class DownloadError(Exception):
-    pass
-
-
 def platform_tags(arch: str) -> list[str]:
     tags = [f"manylinux_2_{minor}_{arch}" for minor in range(39, 16, -1)]
     return tags + [f"manylinux2014_{arch}", f"linux_{arch}"]
@@ -130,40 +122,31 @@ def _pip_download(dest: str, *, env, settings, binary) -> None:
     py = ".".join(env.python.split(".")[:2])
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
             "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py, "--implementation", "cp"]
-    for tag in platform_tags(env.arch):
-        argv += ["--platform", tag]
-    if settings.index_url:
-        argv += ["--index-url", settings.index_url]
-    for link in settings.find_links:
-        argv += ["--find-links", link]
-    argv += list(binary)
+    argv += [arg for tag in platform_tags(env.arch) for arg in ("--platform", tag)]
+    argv += ["--index-url", settings.index_url] if settings.index_url else []
+    argv += [arg for link in settings.find_links for arg in ("--find-links", link)] + list(binary)
     ran = run(argv, timeout=settings.timeout, label=f"downloading {', '.join(binary)}")
     if ran.timed_out:
-        raise DownloadError(f"pip download of {' '.join(binary)} did not finish within {settings.timeout:.0f} s "
-                            "(FASTPATH_HOOKS_TIMEOUT)")
+        raise FetchError(f"pip download of {' '.join(binary)} did not finish within {settings.timeout:.0f} s "
+                         "(FASTPATH_HOOKS_TIMEOUT)")
     if ran.code != 0:
         tail = " | ".join(ran.output.strip().splitlines()[-3:])
         if "No module named pip" in ran.output:
             tail += f" (download runs `pip download` with {sys.executable}: `{sys.executable} -m ensurepip` adds pip)"
-        raise DownloadError(f"pip download failed for {' '.join(binary)}: {tail}")
+        raise FetchError(f"pip download failed for {' '.join(binary)}: {tail}")
 
 
 def _fetch(step, dest: str, settings) -> None:
     """The step's wheel into `dest` (copied from FASTPATH_HOOKS_FIND_LINKS or the wheel cache where it lies)."""
-    try:
-        local = fetch_wheel(step, settings, dest)
-    except FetchError as exc:
-        raise DownloadError(str(exc)) from None
+    local = fetch_wheel(step, settings, dest)
     target = os.path.join(dest, os.path.basename(local))
     if os.path.abspath(local) != os.path.abspath(target):
         shutil.copy2(local, target)
 
 
 def _remove(path: str) -> None:
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 _LOCK_TIMEOUT = 120.0   # a store holds it for a copy of one wheel
@@ -207,10 +190,8 @@ def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> 
     name = filename or os.path.basename(wheel)
     target = os.path.join(where, name)
     with file_lock(os.path.join(where, ".lock"), timeout=_LOCK_TIMEOUT):
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(target + SIDECAR)
-        except FileNotFoundError:
-            pass
         atomic_copy(wheel, target)
         atomic_write_json(target + SIDECAR, dict(meta, file=name, size=os.path.getsize(target),
                                                  sha256=sha256_of(target)))
@@ -239,9 +220,8 @@ def clear(root: str, distribution: str | None = None) -> list:
             if name.startswith(".lock"):  # the lock (and a no-flock holder file) stay: a store may wait on them
                 continue
             base = name[: -len(SIDECAR)] if name.endswith(".whl" + SIDECAR) else name
-            if want is not None:
-                if not base.endswith(".whl") or wheel_distribution(base) != want:
-                    continue
+            if want is not None and (not base.endswith(".whl") or wheel_distribution(base) != want):
+                continue
             try:
                 os.unlink(os.path.join(where, name))
             except OSError:

@@ -1,25 +1,13 @@
-"""The guarded installer: the acting decisions of one request - a lone kernel is a batch of one - in
-ONE transaction, checked, verified in one child, committed or rolled back.
+"""The guarded installer: the acting decisions of one request (a lone kernel is a batch of one) in ONE
+transaction, checked, verified in one child, committed or rolled back.
 
-Protections: the caller holds the environment lock and has rolled back an interrupted install
-(transaction.recover); only allow-listed distributions are named, and never a protected one (torch,
-triton, numpy, transformers) the user has - an allow-listed absent one (numpy for tilelang) may be
-installed; a constraints file pins the protected distributions and every other installed one the
-steps do not name, so a resolve can only add; after every installer call, before any other
-interpreter starts (a stranger's .pth file would run in it), only allow-listed distributions may have
-changed; every call has a timeout and a heartbeat; in auto mode a call uv rejects (an LZMA-compressed
-wheel) is retried with pip; resolved versions are checked (a range dependency can pull a broken one
-back); any failure, Ctrl-C included, restores exactly what was there before.
-
-The calls: a lone kernel's requirement steps in order, one each (what `plan` prints); several
-kernels' DEPS in one. Then each kernel's wheel is made local (a wheelhouse or cached file, a download,
-an index lookup falling back to the build after it, or a source build - the builds side by side) and
-every wheel goes in one `--no-deps` call; where several kernels build nothing, their dependencies go
-in it too (decide.policy.deps_with_wheels) and a resolving call follows only where one lacks what it
-needs. A kernel whose build, lookup or check fails is dropped with those that need it; everything is
-rolled back and the rest installed again from the wheels already made (no second build). Scratch
-files live in work directories in the environment's state directory: a killed run leaves nothing in
-/tmp.
+Only allow-listed distributions are named, never a protected one the user has; a constraints file pins every
+installed distribution the steps do not name, so a resolve can only add; after every installer call, before
+another interpreter starts (a stranger's .pth file would run in it), only allow-listed distributions may have
+changed; in auto mode a call uv rejects (an LZMA-compressed wheel) is retried with pip; any failure, Ctrl-C
+included, restores what was there. A kernel whose wheel, build or check fails is dropped with those that need
+it, and the rest installed again from the wheels already made (no second build). Scratch files live in the
+environment's state directory: a killed run leaves nothing in /tmp.
 """
 
 from __future__ import annotations
@@ -100,10 +88,8 @@ class _Dropped(Exception):
 
 def install(decisions, *, settings, env, pins, state_dir: str, site: str | None = None,
             verify: bool = True) -> Installed:
-    """Install the acting `decisions` (dependency order) in one transaction; see the module docstring.
-    `site`: where installs go (default this interpreter's site-packages; it must be on sys.path);
-    `verify`: import (and check) the kernels in a child before committing. InstallError when the
-    transaction as a whole failed (rolled back)."""
+    """The acting `decisions` (dependency order) in one transaction; `site` must be on sys.path. InstallError
+    when the transaction as a whole failed (rolled back)."""
     members = list(decisions)
     failed: dict = {}
     numeric: set = set()
@@ -152,10 +138,8 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
     protected_before = {n: real_before.get(n) for n in pins.protected}
     names = set().union(*(step_names(s) for s in steps.values()))
     lead = members[0].kernel
-    if len(members) == 1:
-        description = f"{members[0].action} {lead}: {members[0].reason}"
-    else:
-        description = f"install {', '.join(d.kernel for d in members)} together"
+    description = (f"{members[0].action} {lead}: {members[0].reason}" if len(members) == 1
+                   else f"install {', '.join(d.kernel for d in members)} together")
     tx = Transaction(state_dir, site, names, description=description)
     tx_work = tx.work_dir   # exists only while the journal does: a killed run's is removed by recover()
     scratch = (("TMPDIR", tx_work), ("TEMP", tx_work), ("TMP", tx_work))   # the installers' and checks' temp files
@@ -226,7 +210,7 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                         _cache_wheel(settings, path, entry[0], entry[1], d.kernel, env)
         except BaseException as exc:
             done = tx.rollback()
-            events.status("rolled back: " + ("; ".join(done) if done else "nothing had changed"), lead, human=bool(done))
+            events.status("rolled back: " + ("; ".join(done) or "nothing had changed"), lead, human=bool(done))
             if isinstance(exc, (_Dropped, KeyboardInterrupt, SystemExit)):
                 raise
             detail = str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}"
@@ -254,13 +238,9 @@ def _versions(found: dict) -> dict:
 
 
 def allowed_steps(steps, pins, installed: dict) -> tuple:
-    """The steps as they will run, or InstallError.
-
-    Only allow-listed distributions; a protected one never unless it is also allowed (numpy, a
-    tilelang dependency) and absent. A protected one the user has is left out of the steps when
-    it satisfies the requirement (the constraints file pins it anyway; naming it would back it
-    up, or with --force rewrite it) and refused when it does not.
-    """
+    """The steps as they will run, or InstallError: a protected distribution the user has is left out when it
+    satisfies the requirement (the constraints file pins it; naming it would back it up, or with --force
+    rewrite it) and refused when it does not; an allowed absent one (numpy for tilelang) may be installed."""
     names = step_names(steps)
     bad = sorted(n for n in names if n not in pins.allowed)
     if bad:
@@ -290,17 +270,14 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
 
 def _satisfies(version: str, specifier) -> bool:
     try:
-        have = Version(version)
+        return specifier.contains(Version(version).public, prereleases=True)
     except InvalidVersion:
         return False
-    return specifier.contains(have.public, prereleases=True)
 
 
 def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
-    """`fastpath-hooks build`: the decision's dependencies installed (a transaction, as always),
-    then its source builds run into the wheel cache - not installed here, and so not verified:
-    every environment that installs one checks it in a child process. Returns the cached paths.
-    Call with the environment lock held."""
+    """`fastpath-hooks build` (lock held): the dependencies installed, then the source builds into the wheel
+    cache, not installed (every environment that installs one checks it in a child); the cached paths."""
     deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
         done = install([dataclasses.replace(decision, steps=deps, target={})], settings=settings, env=env, pins=pins,
@@ -312,9 +289,7 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))
     out = []
     try:
-        for step in decision.steps:
-            if step.kind != StepKind.BUILD:
-                continue
+        for step in (s for s in decision.steps if s.kind == StepKind.BUILD):
             try:
                 built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=decision.kernel,
                                   scratch=scratch)
@@ -356,7 +331,8 @@ def _check_result(decision, after: dict, protected_before: dict, before: dict, p
         if have and companion and first in decision.target:
             broken = pins.broken_for(kernel, have, companion, env.gpus)
             if broken is not None:
-                raise InstallError(f"resolved to {first} {have} + {second} {companion}, a broken pair ({broken.effect})")
+                raise InstallError(f"resolved to {first} {have} + {second} {companion}, a broken pair "
+                                   f"({broken.effect})")
 
 
 def same_release(have: str | None, pinned: str) -> bool:
@@ -411,13 +387,9 @@ def _requires_dist(info: str) -> list:
 
 def _merged(steps) -> Step | None:
     """One DEPS step for all of them (their requirements in order, each once)."""
-    reqs: list = []
-    for step in steps:
-        reqs += [r for r in step.requirements if r not in reqs]
-    if not reqs:
-        return None
-    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
-                note="the runtime dependencies (and build needs) of the kernels installed together")
+    reqs = tuple(dict.fromkeys(r for step in steps for r in step.requirements))
+    return Step(kind=StepKind.DEPS, requirements=reqs, no_deps=False,
+                note="the runtime dependencies (and build needs) of the kernels installed together") if reqs else None
 
 
 def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, counter) -> dict:
@@ -466,8 +438,8 @@ def _cache_entry(built) -> tuple:
 
 
 def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -> None:
-    """Keep a built or downloaded wheel in the wheel cache; a cache that cannot be written costs
-    only the next environment's build (said at warning)."""
+    """Keep a built or downloaded wheel in the wheel cache; one that cannot be written costs only the next
+    environment's build."""
     root = cache_root(settings)
     meta = dict(meta)
     meta.setdefault("distribution", wheel_distribution(name))
@@ -489,7 +461,6 @@ def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=()
     """Run one installer call; in auto mode a failing uv call is retried with pip. Returns the installer used."""
     inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env), constraints_file=cfile,
                      local_files=local_files)
-    # `installing einops, packaging` (versions and flags are in the debug `running:` line)
     label = f"installing {', '.join(step.requirements if step.kind == StepKind.WHEEL else step.names)}"
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
     if ran.code == 0:

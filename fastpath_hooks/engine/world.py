@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from .. import events
 from .._names import cache_root_from_environ
-from ..act.fetch import DownloadError, fetch_into
+from ..act.fetch import FetchError, fetch_into
 from ..act.installer import InstallError, build_to_cache, install
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
@@ -215,7 +215,7 @@ class World:
         InstallFailed when they cannot be had."""
         try:
             return fetch_into(dest, env=env, settings=settings, binary=binary, wheels=wheels)
-        except DownloadError as exc:
+        except FetchError as exc:
             raise InstallFailed(str(exc)) from None
 
     def build(self, decision, *, settings, env, pins) -> list:

@@ -84,7 +84,8 @@ class PureRelease:
     transformers: SpecifierSet = m(**_SPEC)
     source: str
     backends: tuple[str, ...] = m((), form="kernel", kinds=("pure",), **_SOME)
-    partners: dict = m(factory=dict, key="with", absent={}, form="partners", kinds=("backend",))   # kernel -> SpecifierSet
+    # kernel -> SpecifierSet
+    partners: dict = m(factory=dict, key="with", absent={}, form="partners", kinds=("backend",))
     # known wrong results on some GPUs, fixed in a later release
     issues: tuple[ReleaseIssue, ...] = m((), kinds=("pure",), **_SOME)
 
@@ -132,7 +133,8 @@ class Warm:
     (relative RMS error vs a float32 recurrence, as fla's tests measure it, or within `slack` times the
     served kernel's own; none: run and warmed, errors only reported)."""
     check_seq: int = m(ok=lambda x: x > 0, says="expected a positive integer (the check's sequence length)")
-    seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)", **_SOME)
+    seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)",
+                              **_SOME)
     heads: tuple[int, ...] = m(**_DIMS)       # (key heads, value heads)
     dims: tuple[int, ...] = m(**_DIMS)        # (K, V)
     tolerances: dict = m(absent={}, form="tensor_tolerances")   # o, dq, dk, dv, dbeta, dg -> ratio
@@ -140,8 +142,8 @@ class Warm:
     source: str
     gva_transformers: SpecifierSet = m(factory=SpecifierSet, **_SPEC)   # where q/k keep their own head count
     # output_final_state of the calls warmed (the first: the check's)
-    final_state: tuple[bool, ...] = m((False,), absent=(False,),
-                                      nonempty="expected a list of true / false (output_final_state of the calls warmed)")
+    final_state: tuple[bool, ...] = m((False,), absent=(False,), nonempty="expected a list of true / false "
+                                      "(output_final_state of the calls warmed)")
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ class Pair:
     """A known-good pair: the kernel's first distribution at `version` with one of `companions`
     (its second distribution: tilelang 0.1.15 with apache-tvm-ffi 0.1.12 or 0.1.11)."""
     version: str = m(key="{distributions[0]}", form="version")
-    companions: tuple[str, ...] = m(key="{distributions[1]}", form="version", nonempty="at least one known-good {distributions[1]} version is needed")
+    companions: tuple[str, ...] = m(key="{distributions[1]}", form="version",
+                                    nonempty="at least one known-good {distributions[1]} version is needed")
     source: str
 
 
@@ -172,10 +175,6 @@ class Switch:
     source: str
 
 
-def _subdirectory(name: str) -> bool:
-    return "/" not in name and not name.startswith(".")
-
-
 @dataclass(frozen=True)
 class KernelSpec:
     """One kernel's entry (docs/registry.md). `hand`: made by facts/pins.py from other keys;
@@ -189,8 +188,8 @@ class KernelSpec:
     platforms: tuple[str, ...] = m(ok=lambda p: "-" in p, says="expected os-arch such as linux-x86_64")
     runtime_deps: tuple[str, ...] = m(form="requirement", **_SOME)
     verify_modules: tuple[str, ...] = m(key="verify.modules", **_SOME)
-    verify_attributes: tuple[str, ...] = m(key="verify.attributes", ok=lambda a: ":" in a, says="expected module:attribute",
-                                           **_SOME)
+    verify_attributes: tuple[str, ...] = m(key="verify.attributes", ok=lambda a: ":" in a,
+                                           says="expected module:attribute", **_SOME)
     source: str
     glibc: dict[str, str] = m(factory=dict, absent={}, form="spec")
     needs_nvcc: bool = m(False, absent=False)
@@ -212,13 +211,15 @@ class KernelSpec:
     rule_prefix: str = m("", hand=True)
     switch: Switch | None = m(None, kinds=("pair", "backend"))
     # variable -> subdirectory of the cache root (TRITON_CACHE_DIR)
-    jit_caches: dict[str, str] = m(factory=dict, absent={}, key_ok=lambda var: var.isidentifier() and var.upper() == var,
+    jit_caches: dict[str, str] = m(factory=dict, absent={},
+                                   key_ok=lambda var: var.isidentifier() and var.upper() == var,
                                    key_says="expected an environment variable name such as TRITON_CACHE_DIR",
-                                   ok=_subdirectory, says="expected the name of a subdirectory of fastpath-hooks' JIT cache")
+                                   ok=lambda name: "/" not in name and not name.startswith("."),
+                                   says="expected the name of a subdirectory of fastpath-hooks' JIT cache")
     warm: Warm | None = m(None)     # the gated-delta-rule check/warm-up its verification runs, where decided
     # its kind's data; releases: PureRelease (pure, backend; newest preferred first) or KernelRelease (compiled)
     releases: tuple = m((), hand=True, kinds=("pure", "compiled", "backend"))
-    pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # preferred first
+    pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # best first
     broken: tuple[BrokenPair, ...] = m((), kinds=("pair",), **_SOME)
     archs: Archs | None = m(None, kinds=("backend",), req=True)
     head_dims: HeadDims | None = m(None, kinds=("backend",), req=True)
@@ -240,7 +241,7 @@ class KernelRelease:
     triton: SpecifierSet = m(**_SPEC)
     transformers: SpecifierSet = m(**_SPEC)
     declares: tuple[str, ...] = m(form="requirement", **_SOME)
-    cuda_archs: dict | None = m(form="gencode")   # this release's -gencode table when it differs from the source build's
+    cuda_archs: dict | None = m(form="gencode")   # its -gencode table, where it differs from the source build's
     source: str
     release: ReleaseWheels | None = m(None)   # its GitHub release wheels, when other than the kernel's `release`
 
@@ -366,7 +367,7 @@ class CudaSwitch:
     env: dict[str, object] = m(conv=str, nonempty="expected the variable that turns the CUDA build on")
     releases: SpecifierSet
     needed_by: tuple[str, ...]
-    triton_only: tuple[str, ...] = m(**_SOME)   # the model types that use the package without the extension (its Triton ops)
+    triton_only: tuple[str, ...] = m(**_SOME)   # the model types that use only its Triton ops
     source: str
 
     def applies(self, version) -> bool:
@@ -429,7 +430,8 @@ class HubRules:
     none by default), the builds known to be broken, and how long the hub may take to answer."""
     backends: dict[str, tuple[str, ...]] = m(factory=dict, absent={}, form="kernel")
     broken: tuple[HubBroken, ...] = m((), **_SOME)
-    probe_seconds: float = m(3.0, absent=3.0, ok=lambda x: 0 < x <= 60, says="expected seconds, more than 0 and at most 60")
+    probe_seconds: float = m(3.0, absent=3.0, ok=lambda x: 0 < x <= 60,
+                             says="expected seconds, more than 0 and at most 60")
     source: str = m("")
 
 
@@ -455,17 +457,17 @@ class Pins:
 
     def cxx_standard(self, torch_version) -> CxxStandard | None:
         """The rule for this torch (a Version or text; pre-releases and local builds included), or None."""
-        if torch_version is None:
-            return None
         try:
-            v = torch_version if isinstance(torch_version, Version) else Version(str(torch_version))
-        except InvalidVersion:
+            v = Version(Version(str(torch_version)).public)
+        except InvalidVersion:   # None too
             return None
-        v = Version(v.public)
         return next((r for r in self.cxx_standards if r.torch.contains(v, prereleases=True)), None)
 
     def of_kind(self, kind: str) -> tuple:
         return tuple(name for name, spec in self.kernels.items() if spec.kind == kind)
+
+    def _pinned(self, kernel: str, version: str):
+        return next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
 
     def release(self, kernel: str, version: str | None = None) -> ReleaseWheels | None:
         """The kernel's release wheels (of `version` when given: a pinned release's own, else the kernel's
@@ -473,7 +475,7 @@ class Pins:
         base = self.release_wheels.get(kernel)
         if version is None:
             return base
-        rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
+        rel = self._pinned(kernel, version)
         if rel is not None and getattr(rel, "release", None) is not None:
             return rel.release
         return base if base is not None and same_version(base.version, version) else None
@@ -484,31 +486,23 @@ class Pins:
         base = self.source_builds[kernel]
         if version is None or (base.version is not None and same_version(base.version, version)):
             return base
-        rel = next((r for r in self.kernels[kernel].releases if same_version(r.version, version)), None)
+        rel = self._pinned(kernel, version)
         return replace(base, requirement=f"{base.distribution}=={version}",
                        cuda_archs=rel.cuda_archs if rel is not None and rel.cuda_archs else base.cuda_archs)
 
     def build_for_distribution(self, distribution: str):
         """(kernel, SourceBuild) of the compiled kernel that ships `distribution`, else (None, None)."""
         name = canonical_name(distribution)
-        for kernel, build in self.source_builds.items():
-            if build.distribution == name:
-                return kernel, build
-        return None, None
+        return next(((k, b) for k, b in self.source_builds.items() if b.distribution == name), (None, None))
 
     def good_companions(self, kernel: str, version: str) -> tuple:
         """A pair kernel's known-good companions of its first distribution at `version`."""
-        for pair in self.kernels[kernel].pairs:
-            if same_version(pair.version, version):
-                return pair.companions
-        return ()
+        return next((p.companions for p in self.kernels[kernel].pairs if same_version(p.version, version)), ())
 
     def broken_for(self, kernel: str, version: str, companion: str, archs) -> BrokenPair | None:
-        for entry in self.kernels[kernel].broken:
-            if (same_version(entry.version, version) and any(same_version(v, companion) for v in entry.companions)
-                    and (entry.arch == "*" or entry.arch in archs)):
-                return entry
-        return None
+        return next((e for e in self.kernels[kernel].broken if same_version(e.version, version)
+                     and any(same_version(v, companion) for v in e.companions) and (e.arch == "*" or e.arch in archs)),
+                    None)
 
 
 def same_version(a: str, b: str) -> bool:

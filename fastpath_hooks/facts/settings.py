@@ -61,28 +61,30 @@ _COMPILED = tuple(k for k in KERNELS if REGISTRY[k]["kind"] == "compiled")
 # name -> what it means, its accepted values and default: docs/settings.md's table says the same
 # (tests/test_settings.py compares them).
 _VARIABLES = {
-    "FASTPATH_HOOKS_DISABLE": "1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry do nothing)",
+    "FASTPATH_HOOKS_DISABLE": ("1/true/yes/on turns fastpath-hooks off entirely (install() and the start-up entry "
+                               "do nothing)"),
     "FASTPATH_HOOKS_SKIP": f"comma list of kernels to leave alone: {', '.join(KERNELS)}",
     "FASTPATH_HOOKS_MODE": "install (default): act on the plan; report: decide and report, never install",
     "FASTPATH_HOOKS_FIND_LINKS": "comma or whitespace separated wheel directories or URLs, searched by the installer",
     "FASTPATH_HOOKS_OFFLINE": "1: never reach an index; install only from FASTPATH_HOOKS_FIND_LINKS",
     "FASTPATH_HOOKS_INDEX_URL": "an http(s):// or file:// package index to use instead of the installer's default",
-    "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or find-links, "
-                                 "which uv ignores; else pip), uv or pip"),
+    "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or "
+                                 "find-links, which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
-    "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {' and '.join(_COMPILED)} when no prebuilt wheel fits: auto (default: "
-                                   "only with nvcc of torch's CUDA major, or hipcc, and only for the visible GPU archs), 1 "
-                                   "(also for all archs: long), 0 (never)"),
-    "FASTPATH_HOOKS_SPLIT_COMPILE": ("source builds: auto (default: nvcc's --split-compile where nvcc >= 11.8 and the "
-                                     "kernel's pins allow it, its threads from the build's share of the cores), 0 (off) "
-                                     "or the threads per nvcc job"),
+    "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {' and '.join(_COMPILED)} when no prebuilt wheel fits: auto "
+                                   "(default: only with nvcc of torch's CUDA major, or hipcc, and only for the visible "
+                                   "GPU archs), 1 (also for all archs: long), 0 (never)"),
+    "FASTPATH_HOOKS_SPLIT_COMPILE": ("source builds: auto (default: nvcc's --split-compile where nvcc >= 11.8 and "
+                                     "the kernel's pins allow it, its threads from the build's share of the cores), "
+                                     "0 (off) or the threads per nvcc job"),
     "FASTPATH_HOOKS_CACHE_DIR": ("absolute directory for verdicts and the wheel cache of built and downloaded kernel "
                                  "wheels (default: the user cache dir, e.g. ~/.cache/fastpath-hooks); one that is "
                                  "relative or cannot be created or written falls back to the default, said once"),
-    PINS: "a JSON (or TOML) file that overrides or extends the shipped pins and rules (at most 1 MB: a larger one is refused unread)",
+    PINS: ("a JSON (or TOML) file that overrides or extends the shipped pins and rules (at most 1 MB: a larger one is "
+           "refused unread)"),
     "FASTPATH_HOOKS_TARGET": "pose as another machine, e.g. gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12",
-    "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, warning, "
-                           "info (default) or debug"),
+    "FASTPATH_HOOKS_LOG": ("what the printing process (one per node, see Safety) writes to stderr: off, error, "
+                           "warning, info (default) or debug"),
     "FASTPATH_HOOKS_RETRY_AFTER": ("seconds a failed attempt is remembered before an interpreter start retries it "
                                    "(default 3600); `fastpath-hooks install` retries at once"),
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "seconds a process waits for another one's install to finish (default 1800)",
@@ -132,8 +134,7 @@ class Settings:
         values: dict = {}
 
         def get(name: str) -> str | None:
-            raw = env.get(name)
-            return None if raw is None or not raw.strip() else raw.strip()
+            return (env.get(name) or "").strip() or None
 
         def parse(name: str, key: str | None, parser):
             raw = get(name)
@@ -179,21 +180,18 @@ class Settings:
             hint = f"did you mean {close}?" if close else "see `fastpath-hooks doctor` for the list"
             problems.append((name, env[name], f"unknown variable; {hint}"))
 
-        if values.get("offline") and get("FASTPATH_HOOKS_FIND_LINKS") is None:
-            problems.append(
-                ("FASTPATH_HOOKS_OFFLINE", env.get("FASTPATH_HOOKS_OFFLINE", ""),
-                 "offline installs need a wheelhouse: set FASTPATH_HOOKS_FIND_LINKS to a directory of wheels "
-                 "(`fastpath-hooks download --dest DIR` makes one)")
-            )
+        if values.get("offline") and get(FIND_LINKS) is None:
+            problems.append(("FASTPATH_HOOKS_OFFLINE", env.get("FASTPATH_HOOKS_OFFLINE", ""), "offline installs need "
+                             "a wheelhouse: set FASTPATH_HOOKS_FIND_LINKS to a directory of wheels (`fastpath-hooks "
+                             "download --dest DIR` makes one)"))
         if problems:
             raise SettingsError(problems)
-        if values.get("cache_dir"):
-            unusable = cache_dir_problem(values["cache_dir"])
-            if unusable:
-                values["cache_dir_unusable"] = (f"{CACHE_DIR}={values['cache_dir']} {unusable}; using "
-                                                f"{default_cache_root(env)} instead")
-                values["cache_dir_refused"] = (values["cache_dir"], unusable, default_cache_root(env))
-                values["cache_dir"] = None
+        unusable = values.get("cache_dir") and cache_dir_problem(values["cache_dir"])
+        if unusable:
+            values["cache_dir_unusable"] = (f"{CACHE_DIR}={values['cache_dir']} {unusable}; using "
+                                            f"{default_cache_root(env)} instead")
+            values["cache_dir_refused"] = (values["cache_dir"], unusable, default_cache_root(env))
+            values["cache_dir"] = None
         explicit = frozenset(k for k in known if get(k) is not None)
         return cls(explicit=explicit, **values)
 
@@ -327,13 +325,11 @@ def _parse_find_links(raw: str) -> tuple:
         raise ValueError("expected one or more wheel directories or URLs")
     out = []
     for item in items:
-        if "://" in item:
-            if not item.startswith(("http://", "https://", "file://")):
-                raise ValueError(f"{item!r}: only http(s):// and file:// URLs or local directories are accepted")
-            out.append(item)
-            continue
-        path = os.path.abspath(os.path.expanduser(item))
-        if not os.path.isdir(path):
+        url = "://" in item
+        if url and not item.startswith(("http://", "https://", "file://")):
+            raise ValueError(f"{item!r}: only http(s):// and file:// URLs or local directories are accepted")
+        path = item if url else os.path.abspath(os.path.expanduser(item))
+        if not (url or os.path.isdir(path)):
             raise ValueError(f"{item!r} is not a directory (`fastpath-hooks download --dest` makes one)")
         out.append(path)
     return tuple(out)
@@ -372,8 +368,3 @@ def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
 
     match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
     return match[0] if match else None
-
-
-def release_wheel_url(settings, kernel: str) -> str | None:
-    """The user's mirror of a compiled kernel's release wheels (its registry `mirror` variable)."""
-    return settings.wheel_urls.get(kernel)

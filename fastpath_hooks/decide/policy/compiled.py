@@ -1,10 +1,7 @@
-"""Compiled kernels (causal-conv1d, mamba-ssm): one path, parameterized by the kernel's pins entry
-(release wheels, source build, releases): a fitting wheel in the local cache -> a built wheel in the
-wheelhouse -> the release wheel -> a package index's wheel -> a source build for the visible GPUs
-(FASTPATH_HOOKS_ALLOW_BUILD, decide/builds.py); ROCm only by a build; an installed build of ours without
-code for a visible GPU is blocked. The kernels it is used `with`, or whose import runs inside its own,
-are ensured first. Which wheels fit this machine (their cxx11 ABI flag, the release wheel's name, an
-index's builds, a build of ours) is decided here too. Rule ids: `<prefix>.*` (decide/messages.py COMPILED)."""
+"""Compiled kernels (causal-conv1d, mamba-ssm), one path parameterized by the pins entry: a fitting wheel in
+the local cache -> a built wheel in the wheelhouse -> the release wheel -> a source build for the visible GPUs
+(decide/builds.py); ROCm only by a build; an installed build without code for a visible GPU is blocked. Which
+wheels fit this machine is decided here too. Rule ids: `<prefix>.*` (decide/messages.py COMPILED)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,6 @@ from urllib.parse import quote
 from ...events import MAX_LINE, PREFIX
 from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
-from ...facts.settings import release_wheel_url
 from ...facts.wheels import parse_wheel
 from ..builds import cuda_codes, cuda_families, needs_cuda_build, release_order, source_build
 from ..common import (Context, HALF_INSTALLED, USABLE, deps_step, fetch_fix, major_minor, missing_import, shared_skip,
@@ -39,29 +35,28 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
             return _without_cuda(ctx, kernel, installed_v, decided, kw)
         missing = arch_gaps(installed_v, ctx.env.gpus)
         bad = _bad_code(ctx, kernel, installed_v)
+        block = dict(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.arch"), on_failure=OnFailure.BLOCK, **kw)
         if bad and not missing:
             gpu, rule = bad
-            return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.arch"), on_failure=OnFailure.BLOCK,
-                            reason=f"{dist} {installed_v} runs {gpu} code from nvcc {ctx.env.torch_cuda}, which "
+            return Decision(reason=f"{dist} {installed_v} runs {gpu} code from nvcc {ctx.env.torch_cuda}, which "
                                    f"{rule.effect} ({rule.id})",
                             fix=f"`pip uninstall {dist}`, then `fastpath-hooks install {kernel}` (it builds "
                                 f"{rule.build_as} code for {gpu})",
                             facts={"bad_gpu": gpu, "arch_rule": rule.id, "bad_nvcc": ctx.env.torch_cuda or "?",
-                                   "uninstall": "pip uninstall it"}, **kw)
+                                   "uninstall": "pip uninstall it"}, **block)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = built_archs(installed_v)
             union = ",".join(sorted({*missing, *ctx.env.gpus, *have}))
-            return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.arch"), on_failure=OnFailure.BLOCK,
-                            reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
+            return Decision(reason=f"{dist} {installed_v} was built for {'+'.join(have)} only and has no code for "
                                    f"{'+'.join(missing)}",
                             fix=f"`pip uninstall {dist}`, then `fastpath-hooks build {kernel} --arch "
                                 f"{union}` for every GPU type sharing this environment",
-                            facts={"have": "+".join(have), "gaps": "+".join(missing), "union": union}, **kw)
-        # A wrong-arch/ABI build can crash at import: checked once in a child process, blocked if it fails.
+                            facts={"have": "+".join(have), "gaps": "+".join(missing), "union": union}, **block)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True, on_failure=OnFailure.BLOCK,
                         reason=f"{dist} {installed_v} installed; checked once in a child process, as a "
-                               "wrong-arch build can crash at import", needs=_optional_needs(ctx, kernel, decided), **kw)
+                               "wrong-arch build can crash at import",
+                        needs=_optional_needs(ctx, kernel, decided), **kw)
     if not installed_v:
         blocked = _prerequisites(ctx, kernel, decided, kw)
         if blocked is not None:
@@ -71,13 +66,11 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return decision
     what = f"{dist} {installed_v} is {HALF_INSTALLED}"
     if decision.action == INSTALL:
-        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s
-                      for s in decision.steps)
-        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.half-installed"), steps=steps,
+        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.half-installed"), steps=_forced(decision),
                         reason=f"{what}; reinstalling: {decision.reason}", on_failure=OnFailure.BLOCK)
-    return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.half-installed"), verify=True, on_failure=OnFailure.BLOCK,
-                    reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}",
-                    fix=decision.fix, **kw)
+    return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.half-installed"), verify=True,
+                    on_failure=OnFailure.BLOCK, fix=decision.fix, **kw,
+                    reason=f"{what}; checked in a child process, as it cannot be reinstalled here: {decision.reason}")
 
 
 def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw) -> Decision:
@@ -96,8 +89,7 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
                                "at every start, as a model that calls the extension needs a rebuild", **kw)
     decision = _choice(ctx, kernel, decided, kw)
     if decision.action == INSTALL:
-        steps = tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
-        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.cuda"), steps=steps,
+        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.cuda"), steps=_forced(decision),
                        on_failure=OnFailure.BLOCK, reason=f"installed without its CUDA extension, and "
                        f"{why}: rebuilding; {decision.reason}", facts={**decision.facts, "calls": few(calls)})
     # nvcc's release unknown: engine.context.complete asks it (the rule needs it), then decides again
@@ -107,6 +99,10 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
                     reason=f"{dist} {installed_v} was built without its CUDA extension and {why}: its "
                            f"Mamba-1 calls would raise; it cannot be rebuilt here: {decision.reason}",
                     fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built", **kw)
+
+
+def _forced(decision: Decision) -> tuple:
+    return tuple(replace(s, force=True) if s.kind in (StepKind.WHEEL, StepKind.BUILD) else s for s in decision.steps)
 
 
 def _cannot_rebuild(ctx: Context, kernel: str, installed_v: str, inner: Decision) -> dict:
@@ -125,17 +121,14 @@ def _bad_code(ctx: Context, kernel: str, installed: str):
     """(gpu, rule) when the installed build runs code on a visible GPU that an arch rule says is wrong:
     a build of ours with that GPU's own code, or a release wheel (cuXY label) of such a CUDA major; else None."""
     local = installed.split("+", 1)[1] if "+" in installed else ""
-    ours = built_archs(installed)
-    release = local.startswith("cu") and "torch" in local
-    if not (ours or release) or not ctx.env.torch_cuda:
+    env, spec = ctx.env, ctx.pins.kernel(kernel)
+    if not env.torch_cuda:
         return None
-    for rule in ctx.pins.kernel(kernel).arch_rules:
-        for gpu in ctx.env.gpus:
-            if ours and rule.applies(gpu, ctx.env.torch_cuda) and cached_wheels.pair_for(gpu, set(ours)) == gpu:
-                return gpu, rule
-            if release and rule.wheels == "avoid" and rule.applies(gpu, local[2:local.index("torch")] + ".0"):
-                return gpu, rule
-    return None
+    if local.startswith("cu") and "torch" in local:   # a release wheel, built by that CUDA major's nvcc
+        return _avoided(spec, env.gpus, local[2:local.index("torch")] + ".0")
+    ours = set(built_archs(installed))
+    return next(((g, r) for r in spec.arch_rules for g in env.gpus
+                 if r.applies(g, env.torch_cuda) and cached_wheels.pair_for(g, ours) == g), None)
 
 
 def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | None:
@@ -149,15 +142,13 @@ def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | N
         d = decided.get(partner)
         if d is None or d.action in USABLE:
             continue
-        partner_dist = ctx.pins.kernel(partner).distributions[0]
-        if ctx.installed(partner_dist):
+        if ctx.installed(ctx.pins.kernel(partner).distributions[0]):
             continue  # the user's own (skipped or blocked) install: not ours to judge here
         verb = "blocked" if d.action == BLOCK else "not installed"
         return ctx.skip(kernel, f"without.{ctx.pins.kernel(partner).rule_prefix}",
                         f"transformers uses {kernel} only with {partner}, which is {verb} here: {d.reason}", d.fix,
                         facts={"partner": partner, "verb": verb}, **kw)
     return None
-
 
 
 def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
@@ -179,10 +170,10 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
     # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
     # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
     wheel = ctx.rule(kernel, "wheel")
-    _, version, decision = min(acting, key=lambda o: (any(s.kind == StepKind.BUILD for s in o[2].steps),
-                                                      o[2].rule == wheel and any(
-                                                          s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
-                                                      o[1] in clashes, o[0]))
+    _, version, decision = min(acting, key=lambda o: (
+        any(s.kind == StepKind.BUILD for s in o[2].steps),
+        o[2].rule == wheel and any(s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
+        o[1] in clashes, o[0]))
     if version in clashes:
         decision = replace(decision, reason=f"{decision.reason}; {version} declares {clashes[version]}: the --no-deps "
                                              "install leaves it unmet, a later resolver run could change it")
@@ -217,15 +208,12 @@ def _optional_needs(ctx: Context, kernel: str, decided: dict) -> tuple:
                  and ctx.installed(ctx.pins.kernel(k).distributions[0]))
 
 
-
 def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
-    """A fitting wheel in the local cache, a fitting built wheel in the wheelhouse, the release wheel, then
-    an index's wheel or a source build as the settings allow."""
     pins, env, settings = ctx.pins, ctx.env, ctx.settings
     spec = pins.kernel(kernel)
     dist = spec.distributions[0]
     rel, build = pins.release(kernel, version) or pins.release(kernel), pins.build(kernel, version)
-    deps = deps_step(ctx, pins.kernel(kernel))
+    deps = deps_step(ctx, spec)
     dep_steps = (deps,) if deps is not None else ()
     filename, why = release_wheel(env, pins, kernel, version)
 
@@ -251,14 +239,15 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                         note="a wheel built for this torch and these GPUs, from the wheelhouse")
 
     if filename is not None:
-        base = release_wheel_url(settings, kernel) or rel.base_url.format(tag=rel.tag)
+        base = settings.wheel_urls.get(kernel) or rel.base_url.format(tag=rel.tag)
         url = base.rstrip("/") + "/" + quote(filename)
         in_house = filename in env.wheelhouse
         missing = list(deps_missing)
         if settings.offline and not in_house:
             missing = [filename] + missing
         if not missing:
-            return prebuilt(filename, ctx.rule(kernel, "wheel"), f"prebuilt wheel {filename}", url=None if in_house else url,
+            return prebuilt(filename, ctx.rule(kernel, "wheel"), f"prebuilt wheel {filename}",
+                            url=None if in_house else url,
                             note="prebuilt release wheel" + (" from the wheelhouse" if in_house else "") +
                                  ("" if rel.sha256.get(filename) else "; no pinned sha256 (the pins do not know it)"))
         why = f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}"
@@ -268,7 +257,7 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
     return source_build(ctx, kernel, build, why, kw)
 
 
-# -- which wheels fit: release wheels, wheels built here --------------------------------
+# -- which wheels fit: release wheels, wheels built here ---------------------------------------------
 
 def cxx11_abi_flag(env) -> str:
     """TRUE/FALSE for compiled kernels' wheel names. Unknown (torch not imported, or posed without abi=):
@@ -307,8 +296,8 @@ def release_wheel(env, pins, kernel: str, version: str | None = None) -> tuple[s
             name = rel.filename.format(version=rel.version, cuda_major=cuda_major, torch_mm=torch_mm, abi=abi,
                                        py=py, arch=env.arch)
             return name, ""
-    return None, (f"no prebuilt {kernel} {rel.version} wheel for torch {major_minor(env.torch_version)} + CUDA {cuda_major} + "
-                  f"cp{py} + {env.arch} + cxx11abi {abi}")
+    return None, (f"no prebuilt {kernel} {rel.version} wheel for torch {major_minor(env.torch_version)} + "
+                  f"CUDA {cuda_major} + cp{py} + {env.arch} + cxx11abi {abi}")
 
 
 def _avoided(spec, gpus, nvcc: str | None):
@@ -338,15 +327,11 @@ def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
     """A built wheel (by its file name) of a compiled kernel's pinned version (`kernel`'s when given) that
     runs here: this torch build, Python, ABI, platform and GPUs."""
     wheel = parse_wheel(name)
-    if wheel is None:
+    owner, build = pins.build_for_distribution(wheel.distribution) if wheel is not None else (None, None)
+    if owner is None or kernel not in (None, owner):
         return False
-    owner, build = pins.build_for_distribution(wheel.distribution)
-    if owner is None or (kernel is not None and owner != kernel):
-        return False
-    kernel = owner
-    ctx = Context(env, None, pins, False)
-    versions = [r.version for r in pins.kernel(kernel).releases] or [build.version]
-    return any(fits(ctx, name, pins.build(kernel, v)) for v in versions)
+    versions = [r.version for r in pins.kernel(owner).releases] or [build.version]
+    return any(fits(Context(env, None, pins, False), name, pins.build(owner, v)) for v in versions)
 
 
 def fits(ctx: Context, name: str, build) -> bool:
