@@ -38,14 +38,6 @@ def check_sha256(path: str, expected: str | None, digest: str | None = None) -> 
                          f"{expected} (a corrupt or substituted file); refusing it")
 
 
-def cached_path(url: str | None, settings) -> str | None:
-    """The local path of a file:// URL into the wheel cache, else None."""
-    if not url or not url.startswith("file:"):
-        return None
-    path = os.path.abspath(unquote(urlsplit(url).path))
-    return path if os.path.dirname(path) == os.path.abspath(directory(cache_root(settings))) else None
-
-
 def _download(url: str, target: str, timeout: float) -> str:
     """`url` into `target`; its sha256. OSError leaves no partial file (a wheelhouse may be read there)."""
     events.status(f"downloading {url}")
@@ -67,8 +59,8 @@ def fetch_wheel(step, settings, dest: str) -> str:
         if os.path.isfile(candidate):
             check_sha256(candidate, step.sha256 or recorded_sha256(candidate))
             return candidate
-    cached = cached_path(step.url, settings)
-    if cached is not None:  # the local wheel cache
+    cached = os.path.abspath(unquote(urlsplit(step.url).path)) if (step.url or "").startswith("file:") else None
+    if cached is not None and os.path.dirname(cached) == os.path.abspath(directory(cache_root(settings))):
         if os.path.isfile(cached):
             try:
                 check_sha256(cached, step.sha256 or recorded_sha256(cached))
@@ -84,25 +76,16 @@ def fetch_wheel(step, settings, dest: str) -> str:
     try:
         digest = _download(step.url, target, settings.timeout)
     except OSError as exc:
-        raise FetchError(f"could not download {step.url}: {exc}{_mirror_hint(filename)}") from None
+        dist = wheel_distribution(filename)   # a compiled kernel's release wheel: its registry `mirror` variable
+        mirror = next((e["mirror"] for e in registry().values() if dist in e["distributions"] and e["mirror"]), None)
+        hint = f" ({mirror} points at a mirror)" if mirror else ""
+        raise FetchError(f"could not download {step.url}: {exc}{hint}") from None
     try:
         check_sha256(target, step.sha256, digest)
     except FetchError:
         _remove(target)   # never a substituted file left where a wheelhouse is read
         raise
     return target
-
-
-def _mirror_hint(filename: str) -> str:
-    """The wheel's own mirror variable, for a compiled kernel's release wheel (the registry's `mirror`)."""
-    dist = wheel_distribution(filename)
-    variable = next((e["mirror"] for e in registry().values() if dist in e["distributions"] and e["mirror"]), None)
-    return f" ({variable} points at a mirror)" if variable else ""
-
-
-def platform_tags(arch: str) -> list[str]:
-    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(39, 16, -1)]
-    return tags + [f"manylinux2014_{arch}", f"linux_{arch}"]
 
 
 def fetch_into(dest: str, *, env, settings, binary, wheels) -> list[str]:
@@ -122,7 +105,8 @@ def _pip_download(dest: str, *, env, settings, binary) -> None:
     py = ".".join(env.python.split(".")[:2])
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
             "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py, "--implementation", "cp"]
-    argv += [arg for tag in platform_tags(env.arch) for arg in ("--platform", tag)]
+    tags = [f"manylinux_2_{minor}" for minor in range(39, 16, -1)] + ["manylinux2014", "linux"]
+    argv += [arg for tag in tags for arg in ("--platform", f"{tag}_{env.arch}")]
     argv += ["--index-url", settings.index_url] if settings.index_url else []
     argv += [arg for link in settings.find_links for arg in ("--find-links", link)] + list(binary)
     ran = run(argv, timeout=settings.timeout, label=f"downloading {', '.join(binary)}")
@@ -163,10 +147,7 @@ def entries(root: str) -> list:
     for name in names:
         path = os.path.join(where, name)
         meta = sidecar(path) or {}
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            size = None
+        size = os.path.getsize(path) if os.path.isfile(path) else None
         out.append({"file": name, "path": path, "size": size, "sha256": meta.get("sha256"),
                     "distribution": meta.get("distribution"), "version": meta.get("version"),
                     "origin": meta.get("origin"), "key": meta.get("key") or {}, "log": meta.get("log"),
@@ -176,8 +157,7 @@ def entries(root: str) -> list:
 
 def recorded_sha256(path: str) -> str | None:
     """The sha256 a sidecar next to `path` records (a cache entry, or a wheel `build --dest` wrote)."""
-    meta = sidecar(path)
-    value = meta.get("sha256") if meta else None
+    value = (sidecar(path) or {}).get("sha256")
     return value if isinstance(value, str) and len(value) == 64 else None
 
 

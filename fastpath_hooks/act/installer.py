@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from email.parser import HeaderParser
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
@@ -371,18 +372,12 @@ def _unmet(names, found: dict) -> list:
 
 
 def _requires_dist(info: str) -> list:
-    """The Requires-Dist lines of a dist-info's METADATA (its header, up to the first blank line)."""
-    out = []
+    """The Requires-Dist values of a dist-info's METADATA."""
     try:
         with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if not line.strip():
-                    break
-                if line.startswith("Requires-Dist:"):
-                    out.append(line.split(":", 1)[1].strip())
+            return HeaderParser().parse(fh).get_all("Requires-Dist") or []
     except OSError:
-        pass
-    return out
+        return []
 
 
 def _merged(steps) -> Step | None:
@@ -422,11 +417,11 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
         counter["children"] += len(builds)
         for d, _ in builds:
             got = results.get(d.kernel)
-            if not isinstance(got, Built):
+            if isinstance(got, Built):
+                made[d.kernel][pending[d.kernel]] = [got.path, _cache_entry(got)]
+            else:
                 failed[d.kernel] = str(got) if got is not None else "the build did not run"
                 made.pop(d.kernel, None)
-                continue
-            made[d.kernel][pending[d.kernel]] = [got.path, _cache_entry(got)]
     return failed
 
 
@@ -491,9 +486,8 @@ def _restart_advised(changed: dict, found: dict) -> tuple:
         except OSError:
             for path in record_files(dist):
                 rel = os.path.relpath(path, dist.site)
-                if not rel.startswith("..") and not rel.endswith((".dist-info", ".pth")):
-                    top = rel.split(os.sep, 1)[0]
-                    if not top.endswith(".dist-info"):
-                        tops.add(top[:-3] if top.endswith(".py") else top)
+                top = rel.split(os.sep, 1)[0]
+                if not rel.startswith("..") and not rel.endswith(".pth") and not top.endswith(".dist-info"):
+                    tops.add(top.removesuffix(".py"))
         out.extend(t for t in sorted(tops) if t in sys.modules and t not in out)
     return tuple(out)

@@ -35,9 +35,7 @@ def load(target: str | None = None, *, strict: bool = False):
     it (a bad variable or pins file, said above), else None."""
     invalid = None
     try:
-        settings = Settings.from_env()
-        if target is not None:
-            settings = settings.with_target(target)
+        settings = Settings.from_env().with_target(target)
         unusable_cache_dir(settings)
     except SettingsError as exc:
         if strict:
@@ -61,11 +59,10 @@ def check_settings() -> bool:
     """install()'s check of the FASTPATH_HOOKS_* variables: a bad one said now, once (the engine stays
     quiet about it later), and an unusable cache directory too; True when they are valid."""
     try:
-        settings = Settings.from_env()
+        unusable_cache_dir(Settings.from_env())
     except SettingsError as exc:
         bad_settings(exc)
         return False
-    unusable_cache_dir(settings)
     return True
 
 
@@ -73,7 +70,8 @@ def unusable_cache_dir(settings) -> None:
     """An unusable FASTPATH_HOOKS_CACHE_DIR falls back to the default root: said once per environment."""
     if settings.cache_dir_unusable:
         given, problem, instead = settings.cache_dir_refused or (None, None, None)
-        fix = " (set it to an absolute path)" if problem == "is a relative path" else " (set it to a directory you can write)"
+        fix = (" (set it to an absolute path)" if problem == "is a relative path"
+               else " (set it to a directory you can write)")
         line = settings.cache_dir_unusable + fix
         if given is not None:   # the long paths are details: said short, or left to doctor
             line = first_fitting(line, f"{CACHE_DIR}={given} {problem}; using {shown_path(instead)} instead{fix}",
@@ -127,11 +125,10 @@ def _valid_part(environ, problems=()):
             for var, _, _ in exc.problems:
                 valid.pop(var, None)
     try:   # FASTPATH_HOOKS_OFFLINE=1 without a (valid) wheelhouse still means: never reach an index
-        offline = parse_bool(environ.get("FASTPATH_HOOKS_OFFLINE") or "0")
+        offline = settings.offline or parse_bool(environ.get("FASTPATH_HOOKS_OFFLINE") or "0")
     except ValueError:
         offline = False
-    settings = replace(settings, offline=settings.offline or offline)
-    return replace(settings, mode="report")
+    return replace(settings, offline=offline, mode="report")
 
 
 def fingerprint(env, settings, pins, kernel: str) -> str:
@@ -161,34 +158,22 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
 
 
 def verdict_distributions(pins, kernel: str) -> tuple:
-    """The distributions a kernel's verdict depends on, from the pins data: its own, its runtime
-    dependencies and nvcc wheels, and the distributions of every kernel a hazard makes it need
-    (fla on Hopper needs tilelang), that it is used with (`with`) or whose import runs inside its own
-    (`imports_optional`: a broken tilelang pair aborts `import mamba_ssm`), and - for a backend - of the
-    kernels it serves (its check runs through fla)."""
+    """The distributions a kernel's verdict depends on: its own, its runtime dependencies and nvcc wheels, and
+    those of the kernels a hazard makes it need (fla on Hopper: tilelang), it is used `with`, whose import runs
+    inside its own (a broken tilelang pair aborts `import mamba_ssm`) and - a backend - that it serves."""
     spec = pins.kernel(kernel)
-    names = list(spec.distributions)
-    for raw in tuple(spec.runtime_deps) + tuple((spec.nvcc_packages or {}).get("requirements", ())):
-        names.append(canonical_name(Requirement(raw).name))
-    for hazard in pins.hazards:
-        if hazard.kernel == kernel and hazard.needs:
-            names += pins.kernel(hazard.needs).distributions
-    for partner in spec.with_kernels + spec.imports_optional:   # mamba-ssm: causal-conv1d; tilelang, imported inside
-        names += pins.kernel(partner).distributions
-    if spec.kind == "backend":   # checked through the kernel it serves (flash-qla against fla's own path)
-        for served in spec.serves:
-            names += pins.kernel(served).distributions
-    return tuple(sorted(set(names)))
+    reqs = tuple(spec.runtime_deps) + tuple((spec.nvcc_packages or {}).get("requirements", ()))
+    kernels = [h.needs for h in pins.hazards if h.kernel == kernel and h.needs]
+    kernels += [*spec.with_kernels, *spec.imports_optional, *(spec.serves if spec.kind == "backend" else ())]
+    names = [*spec.distributions, *(canonical_name(Requirement(r).name) for r in reqs)]
+    return tuple(sorted({*names, *(d for k in kernels for d in pins.kernel(k).distributions)}))
 
 
 def complete(env, plan, settings, pins, *, decide=None, kernel=None):
-    """(env, plan), with nvcc's CUDA release asked for (`nvcc --version`) only where a source build
-    is being considered and no version.json told it - not at every probe. `kernel`: only where that
-    kernel's decision is the one being considered (a start that ensures fla spawns nothing for another
-    kernel's build; that kernel's own read completes it)."""
+    """(env, plan), with nvcc's release asked (`nvcc --version`) only where a source build is considered - for
+    `kernel`, its decision and its `with` kernels' (mamba-ssm depends on causal-conv1d's build), so a start that
+    ensures fla spawns nothing for another kernel's build."""
     decide = decide or policy_decide
-    # a kernel's own decision, and those of the kernels it is only useful with (mamba-ssm: causal-conv1d,
-    # whose build its decision depends on: without nvcc's release that one is skipped, and so mamba-ssm)
     considered = plan.decisions.values() if kernel is None else \
         [plan[k] for k in (kernel, *pins.kernel(kernel).with_kernels) if k in plan.decisions]
     if any(NVCC_RELEASE in getattr(lookup(pins, d.rule), "needs", ()) for d in considered):

@@ -74,10 +74,9 @@ class ReleaseIssue:
 
 @dataclass(frozen=True)
 class PureRelease:
-    """One pinned release of a pure kernel (every distribution at this version), where it fits;
-    `backends`: the serving kernels it can use (fla 0.5+: tilelang; 0.6+: flash-qla), which a hazard
-    may need and a backend kernel is installed for. A backend's release: `partners`, the versions of
-    the kernels it is used `with` that it needs (flash-qla 0.1.3: tilelang >= 0.1.12)."""
+    """One pinned release of a pure kernel, where it fits; `backends`: the serving kernels it can use (fla 0.5+:
+    tilelang; 0.6+: flash-qla); a backend's `partners`: the `with` versions it needs (flash-qla 0.1.3: tilelang
+    >= 0.1.12)."""
     version: str = m(form="version", unique=True)
     torch: SpecifierSet = m(**_SPEC)
     triton: SpecifierSet = m(**_SPEC)
@@ -104,9 +103,8 @@ _DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="e
 
 @dataclass(frozen=True)
 class HeadDims:
-    """The head dims (K, V) a backend computes; the served kernel sends other shapes elsewhere. `config`:
-    the transformers config attributes that hold them (and the head counts), read from the config
-    classes of the modeling modules imported (facts/probe.py)."""
+    """The head dims (K, V) a backend computes (the served kernel sends others elsewhere); `config`: the
+    transformers config attributes that hold them and the head counts (facts/probe.py)."""
     k: tuple[int, ...] = m(**_DIMS)
     v: tuple[int, ...] = m(**_DIMS)
     # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
@@ -127,11 +125,9 @@ class Pays:
 
 @dataclass(frozen=True)
 class Warm:
-    """The gated-delta-rule check and warm-up a kernel's verification child runs: the check's sequence
-    length, the lengths warmed (each JIT variant the model's training shapes reach: short ones without, long
-    ones with a backend's intra-card split), heads and dims where the model's are not known, and tolerances
-    (relative RMS error vs a float32 recurrence, as fla's tests measure it, or within `slack` times the
-    served kernel's own; none: run and warmed, errors only reported)."""
+    """The gated-delta-rule check and warm-up of a kernel's verification child: `seqs` reach each JIT variant of
+    the model's training shapes; heads and dims where the model's are unknown; tolerances: relative RMS error vs
+    a float32 recurrence (as fla's tests), or within `slack` times the served kernel's; none: errors reported."""
     check_seq: int = m(ok=lambda x: x > 0, says="expected a positive integer (the check's sequence length)")
     seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)",
                               **_SOME)
@@ -246,10 +242,6 @@ class KernelRelease:
     release: ReleaseWheels | None = m(None)   # its GitHub release wheels, when other than the kernel's `release`
 
 
-def _sha256(digest: str) -> bool:
-    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-
-
 @dataclass(frozen=True)
 class ReleaseWheels:
     """A compiled kernel's GitHub release wheels: the file-name scheme and the builds published."""
@@ -259,7 +251,8 @@ class ReleaseWheels:
     filename: str = m()    # a template of WHEEL_FIELDS (facts/pins.py)
     builds: tuple = m(form="builds")
     torch_aliases: dict[str, str] = m(absent={})
-    sha256: dict[str, str] = m(absent={}, ok=_sha256, says="expected 64 lowercase hex digits")
+    sha256: dict[str, str] = m(absent={}, ok=lambda d: len(d) == 64 and all(c in "0123456789abcdef" for c in d),
+                               says="expected 64 lowercase hex digits")
     source: str
 
 
@@ -309,11 +302,7 @@ class CxxStandard:
     source: str
 
 
-def _compute_capability(gpu: str) -> bool:
-    return _sm(gpu) and len(gpu) in (5, 6)
-
-
-_SM = dict(ok=_compute_capability, says="expected sm_XY (a CUDA compute capability)")
+_SM = dict(ok=lambda gpu: _sm(gpu) and len(gpu) in (5, 6), says="expected sm_XY (a CUDA compute capability)")
 
 
 @dataclass(frozen=True)
@@ -361,9 +350,8 @@ class NumericCheck:
 
 @dataclass(frozen=True)
 class CudaSwitch:
-    """A release whose CUDA extension is built only when `env` is set (mamba-ssm main, #977:
-    MAMBA_KEEP_CUDA_BUILD=TRUE) for `releases`; `needed_by`: the model types whose modeling code calls it
-    (transformers' Mamba-1 families) - where only the others are in use, the build compiles nothing."""
+    """Releases whose CUDA extension is built only with `env` (mamba-ssm #977: MAMBA_KEEP_CUDA_BUILD=TRUE);
+    `needed_by`: the model types that call it (Mamba-1) - with only others in use, the build compiles nothing."""
     env: dict[str, object] = m(conv=str, nonempty="expected the variable that turns the CUDA build on")
     releases: SpecifierSet
     needed_by: tuple[str, ...]
@@ -391,9 +379,8 @@ class Hazard:
 
 @dataclass(frozen=True)
 class PackedPackage:
-    """A package transformers' kernel functions need to keep packed sequences apart: a kernel
-    fastpath-hooks manages (`kernel`: fla, causal-conv1d, mamba-ssm), or a distribution it does not
-    (`kernel` None: only whether it is installed is checked)."""
+    """A package transformers' kernel functions need to keep packed sequences apart: a managed `kernel`, or
+    (None) a distribution only checked for being installed."""
     module: str
     kernel: str | None = m(form="kernel")
     distribution: str = m(hand=True)    # the kernel's name where none is given
@@ -425,9 +412,8 @@ class HubBroken:
 
 @dataclass(frozen=True)
 class HubRules:
-    """What fastpath-hooks knows of the hub's kernels (transformers 5.25+ asks for them by default):
-    which remedies of a hazard a repo's build carries (`backends`: repo -> kernels it dispatches to,
-    none by default), the builds known to be broken, and how long the hub may take to answer."""
+    """The hub's kernels (transformers 5.25+ asks for them by default): `backends`, repo -> the kernels its
+    build dispatches to (a hazard's remedies); builds known broken; how long the hub may take to answer."""
     backends: dict[str, tuple[str, ...]] = m(factory=dict, absent={}, form="kernel")
     broken: tuple[HubBroken, ...] = m((), **_SOME)
     probe_seconds: float = m(3.0, absent=3.0, ok=lambda x: 0 < x <= 60,

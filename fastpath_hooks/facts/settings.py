@@ -221,7 +221,6 @@ def parse_bool(raw: str) -> bool:
 
 
 def parse_build_mode(raw: str) -> str:
-    """auto, 1 (also 1/true/yes/on) or 0 (also 0/false/no/off)."""
     low = raw.strip().lower()
     if low == "auto":
         return "auto"
@@ -233,7 +232,6 @@ def parse_build_mode(raw: str) -> str:
 
 
 def parse_split_compile(raw: str) -> str:
-    """auto, 0 (also off/false/no) or a positive number of threads per nvcc job."""
     low = raw.strip().lower()
     if low == "auto":
         return "auto"
@@ -251,8 +249,7 @@ def parse_kernel_list(raw: str, reg=None) -> frozenset:
 
 
 def kernel_list_names(raw: str) -> list:
-    """The names of a kernel list as FASTPATH_HOOKS_SKIP and install(kernels=...) take it: comma or
-    whitespace separated."""
+    """A kernel list's names as FASTPATH_HOOKS_SKIP and install(kernels=...) take it: comma or space separated."""
     return [part for part in raw.replace(",", " ").split() if part]
 
 
@@ -302,7 +299,6 @@ def _seconds(raw: str, zero: bool = False) -> float:
 
 
 def _url(raw: str) -> str:
-    """An http(s):// or file:// URL."""
     starts = " or ".join(s + "://" for s in ("http", "https", "file"))
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.scheme == "file"):
@@ -365,6 +361,5 @@ def _target_spec(raw: str, pins_file: str | None = None) -> str:
 
 def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
     import difflib
-
     match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
     return match[0] if match else None

@@ -154,10 +154,8 @@ def _prerequisites(ctx: Context, kernel: str, decided: dict, kw) -> Decision | N
 def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
     """The install of one pinned release: no build before a build, then one whose declared requirements
     agree with what is installed or planned, then the pins' order; none installable: the first one's reason."""
-    planned = {}
-    for k in _needed(ctx, kernel, decided):
-        if decided[k].action in (INSTALL, REPAIR):
-            planned.update({canonical_name(n): v for n, v in decided[k].target.items()})
+    planned = {canonical_name(n): v for k in _needed(ctx, kernel, decided) if decided[k].action in (INSTALL, REPAIR)
+               for n, v in decided[k].target.items()}
     versions, clashes = release_order(ctx, kernel, planned)
     if versions is None:
         return ctx.skip(kernel, "no-release", clashes, "add a release to a FASTPATH_HOOKS_PINS file",
