@@ -1,35 +1,19 @@
-"""The leaf every layer may import: names, and the raw environment readers the lower layers share.
-
-Stdlib only, and nothing imported at module level (functions import what they need), because install()
-and the start-up hand-over load it: the shipped kernels' import names (generated from pins.json with the
-registry, _registry.py), the module whose import wraps the gates, the truth values, and the few
-FASTPATH_HOOKS_* readers that must work before settings are parsed (facts/settings.py parses every
-variable with these readers, so the two cannot disagree): the cache root, the environment's key, the
-log level and the wheelhouse as given.
-"""
+"""The leaf every layer may import: names, and the raw FASTPATH_HOOKS_* readers needed before settings are
+parsed (facts/settings.py validates with these same readers, so the two cannot disagree). Stdlib only, imported
+inside functions: install() and the start-up hand-over load it."""
 
 VERSION = "0.2.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 
-# The shipped kernels as install() and the gates need them, without a registry: KERNELS as listed to
-# users; module -> kernel (the distribution fastpath-hooks manages; the finder watches these modules, and
-# a FASTPATH_HOOKS_PINS file's from install() on: `_registry.registry()`); SERVES: module -> the modules
-# of the kernels it serves - a kernel that only serves another (tilelang: fla's Hopper backend) is not
-# installed for another package's optional import of it (mamba-ssm's Mamba-3 kernels try `import tilelang`)
-# while neither it nor what it serves is installed: that import goes on as without fastpath-hooks.
+# The shipped kernels without a registry: KERNELS as users see them; module -> kernel; SERVES: module -> the
+# modules of the kernels it serves (_registry.served_modules says why).
 # -- generated from facts/pins.json by tools/registry_index.py: do not edit --
 KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
 KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm",
                   "flash_qla": "flash-qla"}
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}
 # -- end of generated --
-MODULE_OF = {kernel: module for module, kernel in KERNEL_MODULES.items()}     # kernel -> module
-# transformers 5.15+ (eras C, D): its decorated kernel functions, module global -> (func_name, package) passed to
-# use_kernel_func_from_hub_with_fallback (read with `ast` from the released sources: hooks/late.py; the
-# hub's kernel mapping names them by func_name).
-# Families (5.24.0): the mamba_ssm group - mamba, falcon_mamba, jamba (mamba_inner_fn, selective_state_update,
-# selective_scan_fn; zamba the last two), mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2
-# (mamba_split_conv1d_scan_combined, selective_state_update, mamba_chunk_scan_combined) - each with the
-# causal_conv1d pair; and the fla group (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid, kimi_linear, ...).
+# transformers 5.15+: its decorated kernel functions, module global -> (func_name, package) passed to
+# use_kernel_func_from_hub_with_fallback (read from the 5.24.0 sources; the hub's mapping names them by func_name).
 DECORATED = {
     "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d"),
     "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d"),
@@ -46,17 +30,13 @@ DECORATED = {
 }
 
 GATES_MODULE = "transformers.utils.import_utils"
-# transformers 5.25+: where its hub-kernel mapping lives; fastpath-hooks decides which entries may serve
-# here when transformers asks for the mapping (engine/hub.py)
 HUB_MODULE = "transformers.integrations.hub_kernels"
 WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE, HUB_MODULE}
 PINS = "FASTPATH_HOOKS_PINS"
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")
 STAND_IN = "_FastpathHooksStartup"   # the name of the start-up stand-in finder (a function)
-# The start-up stand-in's format (hooks/startup.py passes it to hooks.resume). Only this one is
-# known: no released fastpath-hooks (0.1.0, 0.2.0) wrote another.
-STARTUP_FORMAT = 5
+STARTUP_FORMAT = 5   # what hooks/startup.py passes to hooks.resume; no release wrote another
 
 # Local rank variables of launchers (torchrun/accelerate/deepspeed, Open MPI, Intel MPI, MVAPICH).
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
@@ -80,12 +60,10 @@ def environ_of(environ):
 
 
 def disabled(environ=None) -> bool:
-    """FASTPATH_HOOKS_DISABLE: read first at start, before anything of ours is imported."""
     return environ_of(environ).get(DISABLE, "").strip().lower() in TRUE_VALUES
 
 
 def given(environ=None) -> tuple:
-    """Every FASTPATH_HOOKS_* variable set, as sorted (name, value) pairs."""
     return tuple(sorted((k, v) for k, v in environ_of(environ).items() if k.startswith(PREFIX)))
 
 
@@ -115,8 +93,7 @@ JOURNAL = "journal.json"             # in it while an install runs (act/transact
 
 
 def log_level(environ=None) -> str | None:
-    """FASTPATH_HOOKS_LOG as given (lower case), the default when unset, None when not a level
-    (settings reports the bad value; events then uses the default)."""
+    """None when not a level: settings reports the bad value, events uses the default."""
     raw = environ_of(environ).get(LOG, "").strip().lower()
     if not raw:
         return DEFAULT_LOG
@@ -124,13 +101,11 @@ def log_level(environ=None) -> str | None:
 
 
 def find_links_given(environ=None) -> tuple:
-    """FASTPATH_HOOKS_FIND_LINKS's entries (comma or whitespace separated) as given; () when unset."""
     return tuple(environ_of(environ).get(FIND_LINKS, "").replace(",", " ").split())
 
 
 def environment_key() -> str:
-    """This environment (sys.prefix): sys.executable differs between `python` and a console script
-    in one venv; the prefix does not."""
+    """Of sys.prefix: sys.executable differs between `python` and a console script in one venv."""
     import hashlib
     import os
     import sys
@@ -139,8 +114,7 @@ def environment_key() -> str:
 
 
 def cache_dir_given(environ=None) -> str | None:
-    """FASTPATH_HOOKS_CACHE_DIR with `~` expanded (absolute, normalised; a relative one as given, which
-    `cache_dir_problem` refuses), None when unset."""
+    """`~` expanded, absolute normalised (a relative one as given: `cache_dir_problem` refuses it)."""
     import os
 
     raw = environ_of(environ).get(CACHE_DIR, "").strip()
@@ -155,11 +129,9 @@ _WRITE_TEST = 4096     # bytes the cache root must take, a page (a full tmpfs st
 
 
 def cache_dir_problem(path: str) -> str:
-    """Why `path` cannot be the cache root ("" when it can): an absolute directory this process can write
-    a file into, made if missing. An unusable FASTPATH_HOOKS_CACHE_DIR (`/proc/nope`, a full or read-only
-    mount, a relative path each process would resolve in its own working directory) falls back to the
-    default root - said once (settings.cache_dir_unusable) - instead of every verdict being lost and every
-    start verifying again. A few system calls (a small file written and removed), once per process and path."""
+    """Why `path` cannot be the cache root ("" when it can: an absolute directory we can write, made if missing).
+    An unusable one (a full or read-only mount, a relative path) falls back to the default root, said once,
+    instead of every verdict being lost. Asked once per process and path."""
     import os
 
     if path not in _unusable:
@@ -182,8 +154,7 @@ def cache_dir_problem(path: str) -> str:
 
 
 def _write_problem(path: str) -> str:
-    """"" when a file of _WRITE_TEST bytes can be written into `path` (and is removed again), else why not:
-    access(2) says a full tmpfs is writable, and as root says so of every directory."""
+    """Written, not access(2): that says a full tmpfs is writable, and as root says so of every directory."""
     import os
 
     probe = os.path.join(path, f".fastpath-hooks-write-test-{os.getpid()}")
@@ -209,15 +180,13 @@ def _write_problem(path: str) -> str:
 
 
 def cache_root_from_environ(environ=None) -> str:
-    """The cache root FASTPATH_HOOKS_CACHE_DIR names (as settings parses it: the default root when
-    it cannot be used), without parsing the settings: the warm path's."""
+    """The cache root as settings would say it, without parsing them (the warm path's)."""
     given = cache_dir_given(environ)
     return given if given and not cache_dir_problem(given) else default_cache_root(environ)
 
 
 def default_cache_root(environ=None) -> str:
-    """The user cache dir of the XDG base directory spec (Linux, the one supported OS):
-    $XDG_CACHE_HOME/fastpath-hooks, else ~/.cache/fastpath-hooks."""
+    """$XDG_CACHE_HOME/fastpath-hooks, else ~/.cache/fastpath-hooks."""
     import os
 
     base = environ_of(environ).get("XDG_CACHE_HOME", "")
@@ -227,5 +196,4 @@ def default_cache_root(environ=None) -> str:
 
 
 def cache_root(settings) -> str:
-    """The cache root of parsed settings."""
     return settings.cache_dir or default_cache_root()

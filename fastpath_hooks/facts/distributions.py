@@ -13,17 +13,13 @@ from functools import lru_cache
 
 @lru_cache(maxsize=4096)
 def canonical_name(name: str) -> str:
-    """PEP 503 normalization without `re` (runs on the import path); remembered per name."""
+    """PEP 503 normalization without `re` (runs on the import path)."""
     out = []
-    prev_sep = False
     for ch in name.strip().lower():
-        if ch in "-_.":
-            if not prev_sep:
-                out.append("-")
-            prev_sep = True
-        else:
+        if ch not in "-_.":
             out.append(ch)
-            prev_sep = False
+        elif not out or out[-1] != "-":   # a run of separators is one dash
+            out.append("-")
     return "".join(out)
 
 
@@ -36,18 +32,11 @@ class Installed:
 
 
 def _parse_entry(entry: str):
-    if entry.endswith(".dist-info"):
-        stem = entry[: -len(".dist-info")]
-    elif entry.endswith(".egg-info"):
-        stem = entry[: -len(".egg-info")]
-    else:
-        return None
-    name, sep, version = stem.partition("-")
-    if not sep:
-        return canonical_name(name), None
-    # egg-info may carry "-py3.11" after the version
-    version = version.split("-py", 1)[0]
-    return canonical_name(name), version
+    for suffix in (".dist-info", ".egg-info"):
+        if entry.endswith(suffix):
+            name, sep, version = entry[:-len(suffix)].partition("-")
+            return canonical_name(name), version.split("-py", 1)[0] if sep else None   # egg-info: 1.0-py3.11
+    return None
 
 
 def _version_from_metadata(path: str) -> str | None:
@@ -95,31 +84,22 @@ def scan(paths=None) -> tuple[dict, dict]:
     return found, duplicates
 
 
-def installed_versions(names=None, paths=None) -> dict:
-    found, _ = scan(paths)
-    if names is None:
-        return {k: v.version for k, v in found.items()}
-    wanted = {canonical_name(n) for n in names}
-    return {k: v.version for k, v in found.items() if k in wanted}
+def installed_versions(names=None) -> dict:
+    wanted = None if names is None else {canonical_name(n) for n in names}
+    return {k: v.version for k, v in scan()[0].items() if wanted is None or k in wanted}
 
 
 def site_packages() -> str:
-    """The directory installs go to: the running interpreter's purelib."""
+    """The directory installs go to."""
     return sysconfig.get_paths()["purelib"]
 
 
 def record_files(dist: Installed) -> list[str]:
     """Absolute paths a distribution owns, from its RECORD (empty if none)."""
-    record = os.path.join(dist.path, "RECORD")
-    files: list[str] = []
-    try:
-        with open(record, encoding="utf-8", errors="replace") as fh:
-            import csv
+    import csv
 
-            for row in csv.reader(fh):
-                if not row or not row[0]:
-                    continue
-                files.append(os.path.normpath(os.path.join(dist.site, row[0])))
+    try:
+        with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
+            return [os.path.normpath(os.path.join(dist.site, row[0])) for row in csv.reader(fh) if row and row[0]]
     except OSError:
         return []
-    return files

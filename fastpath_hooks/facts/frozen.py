@@ -1,6 +1,5 @@
-"""Values that cannot change: `freeze` makes what JSON or a probe produced (dicts, lists, sets, specifier
-sets) read-only all the way down, so the cached, shared pins and an Environment stay as they were checked;
-`thaw` gives plain dicts and lists back for JSON output."""
+"""Values that cannot change: `freeze` makes what JSON or a probe produced read-only all the way down, so the
+cached, shared pins and an Environment stay as they were checked; `thaw` gives plain dicts and lists back."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from packaging.specifiers import Specifier, SpecifierSet
 
 
 class FrozenMap(Mapping):
-    """A read-only, hashable mapping (a `types.MappingProxyType` cannot be hashed or pickled); it equals
-    a dict with the same items."""
+    """A read-only, hashable mapping (a `types.MappingProxyType` cannot be hashed or pickled)."""
 
     __slots__ = ("_data", "_hash")
 
@@ -65,8 +63,7 @@ class FrozenSpecifier(Specifier):
 
 
 class FrozenSpecifierSet(SpecifierSet):
-    """A SpecifierSet whose prerelease handling is fixed when it is parsed (packaging's, and its
-    specifiers', can be switched by assigning `prereleases`, which would change every later decision)."""
+    """A SpecifierSet whose `prereleases` cannot be assigned (that would change every later decision)."""
     __slots__ = ()
     prereleases = property(SpecifierSet.prereleases.fget)
 
@@ -82,10 +79,8 @@ _LEAVES = (str, int, float, bool, bytes, type(None), FrozenSpecifierSet)
 
 
 def freeze(value):
-    """`value` with every dict made a FrozenMap, every list a tuple, every set a frozenset and every
-    SpecifierSet a FrozenSpecifierSet, recursively. Frozen dataclasses are frozen field by field in
-    place (they are our own fresh values) unless their class says `_freezes_itself` (its
-    __post_init__ calls freeze_fields); other objects are returned as they are."""
+    """Dicts, lists, sets and SpecifierSets made read-only, recursively; a frozen dataclass frozen field by field
+    in place (our own fresh values) unless its class says `_freezes_itself` (its __post_init__ does it)."""
     if isinstance(value, _LEAVES):
         return value
     if isinstance(value, Mapping):
@@ -101,7 +96,7 @@ def freeze(value):
         return frozenset(freeze(v) for v in value)
     if isinstance(value, SpecifierSet):
         return FrozenSpecifierSet(str(value), prereleases=getattr(value, "_prereleases", None))
-    if getattr(type(value), "_freezes_itself", False):   # froze its fields when it was made
+    if getattr(type(value), "_freezes_itself", False):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if not type(value).__dataclass_params__.frozen:
@@ -111,7 +106,6 @@ def freeze(value):
 
 
 def freeze_fields(obj) -> None:
-    """Freeze a frozen dataclass's fields in place (from its __post_init__, or at a conversion edge)."""
     for f in dataclasses.fields(obj):
         current = getattr(obj, f.name)
         frozen = freeze(current)
@@ -120,7 +114,6 @@ def freeze_fields(obj) -> None:
 
 
 def thaw(value):
-    """Plain dicts and lists again (JSON output, or a copy to build on)."""
     if isinstance(value, Mapping):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

@@ -1,7 +1,6 @@
-"""This host's own facts, read with the standard library (a process only for `nvcc --version`): its CPU
-architecture in the wheel tags' spelling, glibc, usable cores, available memory; the compilers and uv,
-found as the kernels' own builds find them; Linux's /proc (a process's state, group and start time, the
-boot id), never raising; and whether pip is configured with an index or find-links, which uv ignores."""
+"""This host's own facts, read with the standard library (a process only for `nvcc --version`), never
+raising: CPU arch, glibc, cores, memory, the compilers and uv as the kernels' builds find them, /proc, and
+whether pip is configured with an index or find-links (which uv ignores)."""
 
 from __future__ import annotations
 
@@ -20,12 +19,10 @@ def normal_arch(machine: str) -> str:
 
 def glibc() -> str | None:
     try:
-        value = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
+        value = os.confstr("CS_GNU_LIBC_VERSION") or ""  # "glibc 2.36"
     except (AttributeError, ValueError, OSError):
         return None
-    if not value or not value.startswith("glibc "):
-        return None
-    return value.split()[1]
+    return value.split()[1] if value.startswith("glibc ") else None
 
 
 def usable_cpus() -> int | None:
@@ -39,7 +36,7 @@ _NVCC_RELEASES: dict = {}
 
 
 def nvcc_release(path: str) -> str | None:
-    """`release 13.0` from `nvcc --version` (10 s at most), e.g. '13.0'; None when it cannot tell."""
+    """'13.0' from `nvcc --version` (10 s at most); None when it cannot tell."""
     import subprocess
 
     try:
@@ -48,7 +45,7 @@ def nvcc_release(path: str) -> str | None:
         return None
     key = (path, st.st_mtime_ns, st.st_size)
     if key not in _NVCC_RELEASES:
-        try:   # subprocess here, not act/runner.py (facts may not import act): a 10 s read of a version
+        try:   # not act/runner.py: facts may not import act
             out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
                                  stdin=subprocess.DEVNULL).stdout
         except (OSError, subprocess.SubprocessError):
@@ -59,8 +56,7 @@ def nvcc_release(path: str) -> str | None:
 
 
 def toolkit_version(nvcc: str | None) -> str | None:
-    """The CUDA release a toolkit's version.json names (11.1+ ship one beside bin/): a file read,
-    no process. None when there is none (then `nvcc --version`, on demand)."""
+    """The CUDA release of a toolkit's version.json (11.1+ ship one beside bin/): a file read, no process."""
     if not nvcc or not os.path.isfile(nvcc):
         return None
     path = os.path.join(os.path.dirname(os.path.dirname(nvcc)), "version.json")
@@ -74,7 +70,6 @@ def toolkit_version(nvcc: str | None) -> str | None:
 
 
 def _tool(variables: tuple, name: str) -> str | None:
-    """bin/<name> under the first of `variables` (toolkit homes) that has it, else on PATH."""
     for var in variables:
         home = os.environ.get(var)
         if home and os.path.isfile(os.path.join(home, "bin", name)):
@@ -101,8 +96,7 @@ def find_nvcc(dists: dict) -> str | None:
 
 
 def find_uv() -> str | None:
-    """uv in this environment's scripts, next to the interpreter, on PATH, or where the `uv`
-    Python package (installed elsewhere, e.g. `pip install --user uv`) says its binary is."""
+    """Also where the `uv` Python package installed elsewhere (`pip install --user uv`) has its binary."""
     for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
         candidate = os.path.join(directory, "uv")
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
@@ -132,7 +126,7 @@ def boot_id() -> str | None:
 
 
 def process_stat(pid: int):
-    """(state, process group, start time in clock ticks since boot) of a process, None when gone."""
+    """(state, process group, start time in clock ticks since boot), None when gone."""
     text = read_text(f"/proc/{pid}/stat")
     if not text:
         return None
@@ -169,43 +163,24 @@ def mem_available_gib() -> float | None:
     return None
 
 
-_PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
-_PIP_INDEX_KEYS = ("index-url", "extra-index-url", "find-links")
-
-
 def pip_index_config(environ=None) -> str | None:
-    """Where pip is configured with an index or find-links for `pip install`, as pip reads it:
-    PIP_* variables, then the files pip loads (PIP_CONFIG_FILE=os.devnull: none), or None."""
+    """Where pip is configured with an index or find-links for `pip install`, as pip reads it (Linux: its files
+    in load order; a PIP_CONFIG_FILE that exists hides the user's, os.devnull all), or None."""
     env = os.environ if environ is None else environ
-    found = [name for name in _PIP_INDEX_VARIABLES if env.get(name, "").strip()]
-    for path in _pip_config_files(env):
+    found = [name for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS") if env.get(name, "").strip()]
+    explicit = env.get("PIP_CONFIG_FILE")
+    home = env.get("HOME") or os.path.expanduser("~")
+    dirs = [d for d in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+    files = [os.path.join(d, "pip", "pip.conf") for d in dirs] + ["/etc/pip.conf"]
+    if not (explicit and os.path.exists(explicit)):
+        files += [os.path.join(home, ".pip", "pip.conf"),
+                  os.path.join(env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "pip", "pip.conf")]
+    files += [os.path.join(sys.prefix, "pip.conf")] + ([explicit] if explicit else [])
+    for path in files if explicit != os.devnull else ():
         keys = _pip_index_keys(path)
         if keys:
             found.append(f"{path} sets {', '.join(keys)}")
     return "; ".join(found) or None
-
-
-def _pip_config_files(env) -> list:
-    """pip's configuration files in its load order: global, user (unless PIP_CONFIG_FILE names an
-    existing file), the environment's own, PIP_CONFIG_FILE."""
-    explicit = env.get("PIP_CONFIG_FILE")
-    if explicit == os.devnull:
-        return []
-    home = env.get("HOME") or os.path.expanduser("~")
-    if sys.platform == "darwin":
-        global_dirs = ["/Library/Application Support/pip"]
-        user_dirs = [os.path.join(home, "Library", "Application Support", "pip"), os.path.join(home, ".config", "pip")]
-    else:
-        global_dirs = [os.path.join(d, "pip") for d in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
-        global_dirs.append("/etc")
-        user_dirs = [os.path.join(env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "pip")]
-    files = [os.path.join(d, "pip.conf") for d in global_dirs]
-    if not (explicit and os.path.exists(explicit)):
-        files += [os.path.join(home, ".pip", "pip.conf")] + [os.path.join(d, "pip.conf") for d in user_dirs]
-    files.append(os.path.join(sys.prefix, "pip.conf"))
-    if explicit:
-        files.append(explicit)
-    return files
 
 
 def _pip_index_keys(path: str) -> list:
@@ -219,12 +194,6 @@ def _pip_index_keys(path: str) -> list:
         parser.read(path, encoding="utf-8")
     except (configparser.Error, OSError, UnicodeDecodeError):
         return []
-    keys = []
-    for section in ("global", "install"):
-        if not parser.has_section(section):
-            continue
-        for key, value in parser.items(section):
-            name = key.lower().replace("_", "-").lstrip("-")
-            if name in _PIP_INDEX_KEYS and value.strip() and name not in keys:
-                keys.append(name)
-    return keys
+    names = (key.lower().replace("_", "-").lstrip("-") for section in ("global", "install")
+             if parser.has_section(section) for key, value in parser.items(section) if value.strip())
+    return list(dict.fromkeys(n for n in names if n in ("index-url", "extra-index-url", "find-links")))

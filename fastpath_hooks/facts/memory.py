@@ -1,9 +1,6 @@
-"""What earlier runs on this machine left in the cache, read back. The source builds (act/build.py appends
-one JSON line per finished build to `<cache root>/builds/history.jsonl`): the estimates take this host's
-last build of a distribution over the pins' figure, so `doctor` and a build's lines say what this machine
-took; a shared cache holds several hosts', and `cache clear` leaves them. The numeric checks' records
-(`<cache root>/numeric/<kernel>.json`, {key: {state, detail, version, arch, torch_build, ...}}, one key per
-installed files, GPU arch and torch build): the policy blocks a mismatching release there."""
+"""What earlier runs on this machine left in the cache, read back: this host's source builds (act/build.py
+appends one JSON line per build; estimates prefer this host's last build over the pins' figure) and the numeric
+checks' records (one key per installed files, GPU arch and torch build: the policy blocks a mismatch there)."""
 
 from __future__ import annotations
 
@@ -27,9 +24,8 @@ def host() -> str:
         return "?"
 
 
-def read_builds(root: str | None, this_host: str | None = None) -> tuple:
-    """This host's build records, oldest first (the newest KEEP); () when there are none or the
-    file cannot be read. A line that is not a record is skipped."""
+def read_builds(root: str | None) -> tuple:
+    """This host's build records (a shared cache holds several hosts'), the newest KEEP, oldest first."""
     if not root:
         return ()
     try:
@@ -37,7 +33,7 @@ def read_builds(root: str | None, this_host: str | None = None) -> tuple:
             lines = fh.readlines()
     except OSError:
         return ()
-    me = this_host or host()
+    me = host()
     out = []
     for line in lines[-KEEP * 4:]:
         try:
@@ -57,7 +53,7 @@ def numeric_path(root: str, kernel: str) -> str:
 
 
 def read_records(path: str) -> dict:
-    """A file of keyed records ({key: {...}}): the records, {} when it is missing, unreadable or not such a file."""
+    """A file of keyed records ({key: {...}}); {} when it is missing, unreadable or not such a file."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -76,8 +72,8 @@ def failures(root: str | None, kernels) -> tuple:
     for kernel in kernels:
         for entry in read_numeric(root, kernel).values():
             if entry.get("state") == MISMATCH:
-                out.add((kernel, str(entry.get("version")), str(entry.get("arch")), str(entry.get("torch_build")),
-                         str(entry.get("detail")), numeric_path(root, kernel)))
+                out.add((kernel, *(str(entry.get(k)) for k in ("version", "arch", "torch_build", "detail")),
+                         numeric_path(root, kernel)))
     return tuple(sorted(out))
 
 

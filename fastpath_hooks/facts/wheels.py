@@ -28,30 +28,25 @@ class WheelName:
 
 @functools.lru_cache(maxsize=4096)
 def parse_wheel(filename: str) -> WheelName | None:
-    """The parts of a standard wheel file name (of a path's base name), else None. Remembered: the
-    policy reads the same cached wheels' names for every candidate build."""
+    """The parts of a standard wheel file name (of a path's base name), else None. Cached: the policy reads
+    the same names for every candidate build."""
     base = os.path.basename(filename)
     try:
         name, version, build, tags = parse_wheel_filename(base)
     except (InvalidWheelFilename, InvalidVersion):
         return None
-    # a valid name ends in exactly python-abi-platform (the build tag, if any, comes before them)
     tag_text = "-".join(base[:-len(".whl")].split("-")[-3:])
     return WheelName(base, canonical_name(name), version, tuple(build), frozenset(tags), tag_text)
 
 
 def wheel_distribution(filename: str) -> str:
-    """The canonical distribution a wheel file installs; for a name that is not standard, what comes
-    before its first dash (how installers that accept it read it)."""
+    """For a name that is not standard: what comes before its first dash (as installers that accept it read it)."""
     parsed = parse_wheel(filename)
-    if parsed is not None:
-        return parsed.distribution
-    return canonical_name(os.path.basename(filename).split("-", 1)[0])
+    return parsed.distribution if parsed else canonical_name(os.path.basename(filename).split("-", 1)[0])
 
 
 def with_local_label(filename: str, local: str) -> str:
-    """The file name of the same wheel whose version carries the local label `local` (any old one
-    replaced): causal_conv1d-1.6.2.post1+fph.torch2.11.0...-cp312-cp312-linux_x86_64.whl."""
+    """The same wheel's name with the local version label `local` (any old one replaced)."""
     parsed = parse_wheel(filename)
     if parsed is None:
         raise ValueError(f"{os.path.basename(filename)!r} is not a wheel file name")
@@ -68,29 +63,21 @@ def directory(root: str) -> str:
     return os.path.join(root, SUBDIR)
 
 
-# -- keys (pure) -----------------------------------------------------------------------------
-
 def _public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
-def toolkit_tag(cuda: str | None, hip: str | None) -> str:
-    """cu130 for CUDA 13.0, rocm64 for HIP 6.4 (major and minor, as torch's own wheel labels)."""
-    if cuda:
-        return "cu" + "".join(cuda.split(".")[:2])
-    if hip:
-        return "rocm" + "".join(hip.split(".")[:2])
-    return "cpu"
-
-
 def key_prefix(*, torch: str, cuda: str | None, hip: str | None, abi: str) -> str:
-    """The label's fixed part: `fph.torch2.11.0.cu130.abi1` (abi: TRUE/FALSE, the cxx11 ABI flag)."""
-    return ".".join((LABEL, "torch" + _public(torch).lower(), toolkit_tag(cuda, hip), "abi1" if abi == "TRUE" else "abi0"))
+    """The label's fixed part: `fph.torch2.11.0.cu130.abi1` (rocm64 for HIP 6.4; abi: the cxx11 ABI flag)."""
+    toolkit, release = ("cu", cuda) if cuda else ("rocm", hip) if hip else ("cpu", "")
+    toolkit += "".join(release.split(".")[:2])
+    return ".".join((LABEL, "torch" + _public(torch).lower(), toolkit, "abi1" if abi == "TRUE" else "abi0"))
 
 
 def label(*, torch: str, cuda: str | None, hip: str | None, abi: str, archs) -> str:
-    """The local version label of a built wheel; archs `("all",)` for an unrestricted build."""
-    return key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "." + ".".join(a.replace("_", "").lower() for a in archs)
+    """A built wheel's local version label; archs `("all",)` for an unrestricted build."""
+    codes = ".".join(a.replace("_", "").lower() for a in archs)
+    return f"{key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi)}.{codes}"
 
 
 def compute_capability(arch: str) -> tuple | None:
@@ -102,8 +89,8 @@ def compute_capability(arch: str) -> tuple | None:
 
 
 def pair_for(gpu: str, codes) -> str | None:
-    """The code in `codes` whose binary runs on `gpu`: ROCm gfx archs exactly; CUDA cubins run on
-    their own major with an equal or higher minor (sm_80 code runs on sm_86 and sm_89)."""
+    """The code in `codes` that runs on `gpu`: ROCm gfx archs exactly; CUDA cubins on their own major with an
+    equal or higher minor (sm_80 code runs on sm_86 and sm_89)."""
     if gpu.startswith("gfx"):
         return gpu if gpu in codes else None
     want = compute_capability(gpu)
@@ -119,10 +106,9 @@ def pair_for(gpu: str, codes) -> str | None:
 
 def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
          abi: str, python: str, arch: str, gpus, all_codes=(), bad=None, python_only: bool = False) -> bool:
-    """A built wheel (fph label) that runs here: same distribution and version, same key, this
-    Python and platform, and code for every visible GPU (`all_codes`: what an `all` build holds)
-    that is not known to be wrong (`bad`: gpu -> the code it must not run, from the arch rules); a
-    build labelled `py` (no compiled code) fits when `python_only` says that is enough here."""
+    """A built wheel (fph label) that runs here: same distribution, version and key, this Python and platform,
+    code for every visible GPU (`all_codes`: what an `all` build holds) but not the code `bad` says it must not
+    run (gpu -> code); one labelled `py` (no compiled code) where `python_only`."""
     wheel = parse_wheel(filename)
     if wheel is None:
         return False
@@ -134,21 +120,18 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
         return False
     have = ver.local[len(prefix):].split(".")
     py = "cp" + "".join(python.split(".")[:2])
-    if not any(t.interpreter == py and t.platform.endswith("_" + arch) and t.platform.startswith(("linux_", "manylinux"))
-               for t in tags):
+    if not any(t.interpreter == py and t.platform.endswith("_" + arch)
+               and t.platform.startswith(("linux_", "manylinux")) for t in tags):
         return False
-    if have == ["py"]:   # built without compiled code (an opt-in CUDA extension left out): fits where that is enough
+    if have == ["py"]:
         return python_only
     codes = set(all_codes) if "all" in have else {(f"sm_{a[2:]}" if a.startswith("sm") else a) for a in have}
     bad = bad or {}
     return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
 
 
-# -- the directory ----------------------------------------------------------------------------
-
 def listing(root: str | None) -> tuple:
-    """File names of the complete entries (wheel + sidecar of the right size). Others are left
-    out (an interrupted store, a truncated file, a sidecar that is not ours), reported at debug."""
+    """File names of the complete entries (wheel + sidecar of the right size); the others said at debug."""
     if not root:
         return ()
     where = directory(root)
@@ -191,8 +174,7 @@ def defect(path: str) -> str | None:
 
 
 def find_links_dir(entry: str) -> str | None:
-    """The local directory a find-links entry names (a path or a file:// URL, read as pip reads
-    it), or None for a remote URL."""
+    """The local directory a find-links entry names (a path or a file:// URL, as pip reads it); None: remote."""
     if "://" in entry:
         if not entry.startswith("file://"):
             return None
