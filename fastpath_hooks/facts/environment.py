@@ -1,12 +1,7 @@
-"""The facts a decision reads: `Environment`, an immutable snapshot (facts/probe.py reads it from this
-machine; a test or a posed target makes one directly) with its derived facts and versions parsed once;
-and `parse_target`, which reads FASTPATH_HOOKS_TARGET / `--target` to pose as another machine.
-
-A target is a comma list of `key=value` facts (`gpu=sm_90,torch=2.11.0,cuda=13.0,triton=3.6.0,python=3.12`,
-`gpu=none`, `hip=6.4,gpu=gfx942`); the facts not named are probed. Several GPUs: `gpu=sm_90+sm_80`. A CUDA
-GPU is an arch of a released GPU (`CUDA_ARCHS`, or one the pins' -gencode tables know); `sm_90a` / `sm_100f`
-pose that GPU's arch. The model's gated-delta-rule shapes: `head_dims=128x128` (K x V), `heads=16x32`
-(key heads x value heads)."""
+"""The facts a decision reads: `Environment`, an immutable snapshot (probed, or made by a test), its versions
+parsed once; and `parse_target`, which reads FASTPATH_HOOKS_TARGET / `--target` (a comma list of key=value facts:
+`gpu=sm_90+sm_80,torch=2.11.0,cuda=13.0`, `hip=6.4,gpu=gfx942`, `head_dims=128x128,heads=16x32`) to pose as
+another machine; the facts not named are probed."""
 
 from __future__ import annotations
 
@@ -17,11 +12,11 @@ from functools import cached_property, lru_cache
 from packaging.version import InvalidVersion, Version
 
 from .._names import PINS
-from .._registry import PinsFileError, read_pins_file, registry
+from .._registry import registry
 from .distributions import canonical_name
 from .frozen import FrozenMap, freeze_fields, thaw
 from .host import normal_arch
-from .pins import SHIPPED, PinsError, load
+from .pins import PinsError, load
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,7 @@ class Environment:
     triton: str | None
     triton_dist: str | None
     nvcc: str | None
-    distributions: FrozenMap = field(default_factory=FrozenMap)   # canonical name -> version (read-only)
+    distributions: FrozenMap = field(default_factory=FrozenMap)   # canonical name -> version
     half_installed: tuple = ()
     uv: str | None = None
     wheelhouse: tuple = ()
@@ -58,25 +53,23 @@ class Environment:
     build_history: tuple = ()         # this machine's source builds, oldest first (facts/memory.py)
     pip: bool = True                       # pip is installed in this environment (`uv venv` makes none)
     unwritable_site: str | None = None     # site-packages, where this process cannot write it: no install can run
-    # ((model type, K, V, key heads, value heads), ...): the gated-delta-rule models whose config classes are
-    # imported in this process (their defaults; None where a default is derived), or posed (head_dims=, heads=)
+    # ((model type, K, V, key heads, value heads), ...): of the imported config classes, or posed
     model_shapes: tuple = ()
-    jit_caches: FrozenMap = field(default_factory=FrozenMap)   # the pins' JIT cache variables -> the directory in effect
+    jit_caches: FrozenMap = field(default_factory=FrozenMap)   # the pins' JIT cache variables -> their directory
     jit_caches_given: tuple = ()           # those the user set (the rest: under fastpath-hooks' cache)
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/memory.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
-    # transformers 5.25+ on an accelerator (facts/probe.py): its mapping's entries of the managed functions,
-    # (name, repo, layer, version, revision, kernel, modes); ref -> (how, detail): where each loads from here
+    # transformers 5.25+: the hub mapping's (name, repo, layer, version, revision, kernel, modes) of the managed
+    # functions; ref -> (how, detail): where each loads from here
     hub_entries: tuple = ()
     hub_where: FrozenMap = field(default_factory=FrozenMap)
 
     _freezes_itself = True
 
-    def __post_init__(self):   # read-only all the way down, however it was made (probe, replace, a test)
+    def __post_init__(self):   # read-only all the way down, however it was made
         freeze_fields(self)
 
-    # -- derived facts -------------------------------------------------------
     @property
     def platform(self) -> str:
         return f"{self.os}-{self.arch}"
@@ -109,8 +102,7 @@ class Environment:
     def version(self, dist: str) -> str | None:
         return self.distributions.get(canonical_name(dist))
 
-    # -- versions, parsed once (packaging Versions; None when absent or not PEP 440) ---------------
-    @cached_property
+    @cached_property   # packaging Versions, None when absent or not PEP 440
     def python_version(self):
         return parse_version(self.python)
 
@@ -127,8 +119,7 @@ class Environment:
         return parse_version(self.glibc)
 
     @cached_property
-    def cuda_version(self):
-        """torch's CUDA release (torch_cuda)."""
+    def cuda_version(self):   # torch's CUDA release
         return parse_version(self.torch_cuda)
 
     def dist_version(self, dist: str):
@@ -136,9 +127,7 @@ class Environment:
 
     def to_json(self) -> dict:
         data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
-        data["platform"] = self.platform
-        data["accelerator"] = self.accelerator
-        data["torch_build"] = self.torch_build
+        data.update(platform=self.platform, accelerator=self.accelerator, torch_build=self.torch_build)
         data["model_shapes"] = [dict(zip(("model", "k", "v", "heads_k", "heads_v"), row)) for row in self.model_shapes]
         data["hub_entries"] = [dict(zip(("function", "repo", "layer", "version", "revision", "kernel", "modes"), row),
                                     modes=list(row[6])) for row in self.hub_entries]
@@ -148,8 +137,7 @@ class Environment:
 
 @lru_cache(maxsize=1024)
 def parse_version(text: str | None):
-    """A packaging Version, or None for no version or one that is not PEP 440 (a dist-info can carry any
-    string). Cached: the policy asks for the same few versions many times (Versions are immutable)."""
+    """None for no version or one that is not PEP 440 (a dist-info can carry any string)."""
     if not text:
         return None
     try:
@@ -168,16 +156,14 @@ _NO = ("no", "0", "false", "off", "none")
 
 
 def distribution_keys(pins) -> tuple:
-    """The distributions a target may pose (value: a version or `none`): every one the pins name
-    that fastpath-hooks may install or read - the kernels', their dependencies, transformers, numpy
-    (torch and its triton are facts of their own)."""
+    """The distributions a target may pose: every one the pins name (torch and its triton are facts of their own)."""
     named = (set(pins.allowed) | set(pins.protected)) - set(pins.triton_distributions) - {"torch"}
     return tuple(sorted(named))
 
 
 def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
-    """A target spec's normalized facts; ValueError names the bad entry. A posed distribution must be a
-    kernel's (the registry) or one `pins` name (loaded from `pins_file` and the shipped pins if not given)."""
+    """A target spec's facts; ValueError names the bad entry. A posed distribution is a kernel's (the registry)
+    or one the pins name (`pins`, else loaded with `pins_file`)."""
     facts: dict = {}
     seen: set = set()
     entries = [e.strip() for e in spec.split(",") if e.strip()]
@@ -187,8 +173,7 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
         if "=" not in entry:
             raise ValueError(f"{entry!r}: expected key=value (e.g. gpu=sm_90)")
         key, _, value = entry.partition("=")
-        key = key.strip().lower()
-        value = value.strip()
+        key, value = key.strip().lower(), value.strip()
         same = {"os": "platform", "arch": "platform", "platform": "os"}.get(key)
         if canonical_name(key) in seen or same in seen or (key == "platform" and "arch" in seen):
             raise ValueError(f"{entry!r}: {key} is given twice")
@@ -207,14 +192,9 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{entry!r}: cpus is a number of CPU cores, e.g. cpus=16")
             facts["cpus"] = int(value)
-        elif key == "nvcc":
+        elif key == "nvcc":   # a release, or yes (one of unknown release)
             low = value.lower()
-            if low in _NO:
-                facts["nvcc"] = None
-            elif low in _YES:
-                facts["nvcc"] = "posed"
-            else:
-                facts["nvcc"] = _version(entry, value)
+            facts["nvcc"] = None if low in _NO else "posed" if low in _YES else _version(entry, value)
         elif key == "numeric":   # where the numeric checks of a posed GPU run: cpu (CPU stand-ins), none: skipped
             if value.lower() not in ("cpu", "none", "no"):
                 raise ValueError(f"{entry!r}: numeric=cpu runs the numeric checks on CPU tensors (a posed GPU has none "
@@ -243,59 +223,31 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
     return facts
 
 
-# The CUDA GPU archs (compute capabilities) of released GPUs: `nvcc --list-gpu-code` of CUDA 11.8
-# (sm_35 ... sm_90), 12.8 / 12.9 (sm_50 ... sm_121, sm_101) and 13.0 (sm_75 ... sm_121, sm_88, sm_110 -
-# sm_101 renamed). A posed GPU must be one of these or an arch the pins' -gencode tables know.
+# The archs of released GPUs: `nvcc --list-gpu-code` of CUDA 11.8, 12.8 / 12.9 and 13.0 (sm_101 renamed sm_110).
 CUDA_ARCHS = ("sm_35", "sm_37", "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75",
               "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120",
               "sm_121")
-# Arch-specific (sm_90a, sm_100a) and family-specific (sm_100f) compile targets name the GPU's own arch:
-# a posed sm_90a is an sm_90 GPU (what the probe reports for an H100), so every rule about sm_90 applies.
-ARCH_SUFFIXES = ("a", "f")
 
 
 def known_cuda_archs() -> tuple:
-    """CUDA_ARCHS and every arch a -gencode table of the pins names (the shipped file and a
-    FASTPATH_HOOKS_PINS file), sorted by number. Read only when a posed arch is not in CUDA_ARCHS."""
-    found = set(CUDA_ARCHS)
-
-    def walk(node):
-        if isinstance(node, dict):
-            table = node.get("cuda_archs")
-            if isinstance(table, dict) and isinstance(table.get("pairs"), dict):
-                found.update(k for k in table["pairs"] if isinstance(k, str) and k.startswith("sm_"))
-            for child in node.values():
-                walk(child)
-        elif isinstance(node, list):
-            for child in node:
-                walk(child)
-
-    files = [SHIPPED]
-    user = os.environ.get(PINS, "").strip()
-    if user:
-        files.append(os.path.abspath(os.path.expanduser(user)))
-    for path in files:
-        try:
-            walk(read_pins_file(path))
-        except (OSError, PinsFileError):   # a bad pins file is reported where pins are loaded
-            pass
-    return tuple(sorted(found, key=lambda a: int(a[3:]) if a[3:].isdigit() else 0))
+    """CUDA_ARCHS and every arch the pins' -gencode tables name (FASTPATH_HOOKS_PINS's too), by number."""
+    pins = _pins(os.environ.get(PINS, "").strip() or None)
+    found = set(CUDA_ARCHS).union(*(build.cuda_archs for build in pins.source_builds.values()))
+    return tuple(sorted(found, key=lambda a: int(a[3:])))
 
 
 def _cuda_arch(entry: str, part: str) -> str:
-    """sm_XY / smXY / sm_XYa / sm_XYf -> the GPU's arch sm_XY; an arch no CUDA release knows is refused."""
+    """sm_XY / smXY / sm_XYa / sm_XYf -> sm_XY: arch- and family-specific targets (sm_90a) name the GPU's arch."""
     digits = part[3:] if part.startswith("sm_") else part[2:]
-    if digits[-1:] in ARCH_SUFFIXES:
+    if digits[-1:] in ("a", "f"):
         digits = digits[:-1]
     if not (digits.isdigit() and len(digits) in (2, 3)):
         raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90 or sm_90a), gfxNNN (ROCm) "
                          "or none")
     arch = "sm_" + digits
-    if arch not in CUDA_ARCHS:
-        known = known_cuda_archs()
-        if arch not in known:
-            raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
-                             + " (each also with an a or f suffix, e.g. sm_90a)")
+    if arch not in CUDA_ARCHS and arch not in (known := known_cuda_archs()):
+        raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
+                         + " (each also with an a or f suffix, e.g. sm_90a)")
     return arch
 
 
@@ -322,10 +274,8 @@ def _gpus(entry: str, value: str) -> tuple:
         part = part.strip().lower()
         if part.startswith("sm") and len(part) > 2:
             out.append(_cuda_arch(entry, part))
-        elif part.startswith("gfx") and len(part) > 3 and part[3:].isalnum():
+        elif part == "xpu" or (part.startswith("gfx") and len(part) > 3 and part[3:].isalnum()):
             out.append(part)
-        elif part == "xpu":
-            out.append("xpu")
         else:
             raise ValueError(f"{entry!r}: a GPU is sm_XY (CUDA compute capability, e.g. sm_90), gfxNNN (ROCm) or none")
     return tuple(out)

@@ -1,12 +1,7 @@
-"""The probe: this machine's facts read into an `Environment`, cheaply - versions from dist-info names,
-torch's CUDA/HIP/XPU build from `torch/version.py` as text, the transformers models in use from sys.modules.
-torch is imported only to list the GPUs, where it is such a build and no target poses them: 1-3 s in a
-fresh process, nothing in a training process (which has imported torch and initialises CUDA anyway).
-Posed facts (FASTPATH_HOOKS_TARGET) replace what is probed.
-
-The hub's kernels (transformers 5.25+ with HF `kernels` 0.19): the entries of transformers' kernel mapping
-that apply here, and where each loads from - a user's LOCAL_KERNELS, the kernels cache (offline), the hub
-(when it answers) - or why it cannot; read only with transformers 5.25+ imported and an accelerator."""
+"""The probe: this machine's facts read into an `Environment`, cheaply (versions from dist-info names, torch's
+build from `torch/version.py` as text); torch is imported only to list the GPUs of an accelerator build that no
+target poses (1-3 s in a fresh process, nothing in a training process). Posed facts replace probed ones.
+The hub's kernels (transformers 5.25+): the mapping's entries that apply here and where each loads from."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 
-from .._names import DECORATED, KERNEL_MODULES, cache_root, default_cache_root
+from .._names import DECORATED, HUB_MODULE, KERNEL_MODULES, cache_root, default_cache_root
 from . import memory, wheels
 from .distributions import scan, site_packages
 from .environment import Environment, parse_target
@@ -24,91 +19,43 @@ from .host import (find_hipcc, find_nvcc, find_uv, glibc, mem_available_gib, nor
                    pip_index_config, toolkit_version, usable_cpus)
 from .pins import load
 
-# watched besides the pins' distributions: the installer uv, the hub's `kernels` (is_kernels_available)
-_ALSO_WATCHED = ("uv", "kernels")
-
-
-def watched_distributions(pins) -> frozenset:
-    """The distributions whose half-installed state the policy reads: every one the pins name
-    (the kernels', their dependencies, the protected ones) and _ALSO_WATCHED."""
-    return frozenset(pins.allowed) | frozenset(pins.protected) | frozenset(_ALSO_WATCHED)
-
 
 def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=None) -> Environment:
-    """`pins`: the loaded pins (which distributions provide triton); default the shipped ones.
-    `found`: a `scan()` of sys.path already made (the installer's, after an install), else one is made."""
-    if pins is None:
-        pins = load(None)
+    """`found`: a `scan()` of sys.path already made (the installer's, after an install)."""
+    pins = load(None) if pins is None else pins
     posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     found, duplicates = scan() if found is None else found
     torch_info = torch_build_info(found.get("torch"))
     gpus, gpu_source, cxx11_abi = visible_gpus(torch_info, posed, allow_torch_import)
-
-    uname = os.uname() if hasattr(os, "uname") else None
-    facts = {
-        "python": "%d.%d.%d" % sys.version_info[:3],
-        "os": {"linux": "linux", "darwin": "darwin", "win32": "windows"}.get(sys.platform, sys.platform),
-        "arch": normal_arch(uname.machine if uname else os.environ.get("PROCESSOR_ARCHITECTURE", "")),
-        "glibc": glibc(),
-        "torch": found["torch"].version if "torch" in found else None,
-        "cuda": torch_info.get("cuda"),
-        "hip": torch_info.get("hip"),
-        "xpu": bool(torch_info.get("xpu")),
-        "cxx11_abi": cxx11_abi,
-        "uv": find_uv(),
-        "hipcc": find_hipcc(),
-        "cpus": usable_cpus(),
-    }
-    facts.update((key, value) for key, value in posed.items() if key in facts)
+    facts = {"python": "%d.%d.%d" % sys.version_info[:3], "glibc": glibc(), "cxx11_abi": cxx11_abi,
+             "os": sys.platform, "arch": normal_arch(os.uname().machine),
+             "torch": found["torch"].version if "torch" in found else None, "torch_cuda": torch_info.get("cuda"),
+             "torch_hip": torch_info.get("hip"), "torch_xpu": bool(torch_info.get("xpu")), "uv": find_uv(),
+             "hipcc": find_hipcc(), "cpus": usable_cpus()}
+    named = {"cuda": "torch_cuda", "hip": "torch_hip", "xpu": "torch_xpu"}
+    facts.update((named.get(key, key), value) for key, value in posed.items() if named.get(key, key) in facts)
     for key in ("hipcc", "uv"):
         if isinstance(facts[key], bool):
             facts[key] = "posed" if facts[key] else None
-    if "cuda" in posed and posed["cuda"] and "hip" not in posed:
-        facts["hip"] = None
-    if "hip" in posed and posed["hip"] and "cuda" not in posed:
-        facts["cuda"] = None
+    if posed.get("cuda") and "hip" not in posed:
+        facts["torch_hip"] = None
+    if posed.get("hip") and "cuda" not in posed:
+        facts["torch_cuda"] = None
     if "gpus" in posed:
         gpus, gpu_source = posed["gpus"], "target"
-        if facts["xpu"] is False and "xpu" in gpus:
-            facts["xpu"] = True
+        facts["torch_xpu"] = facts["torch_xpu"] or "xpu" in gpus
     env = Environment(
-        python=facts["python"],
-        implementation=sys.implementation.name,
-        os=facts["os"],
-        arch=facts["arch"],
-        glibc=facts["glibc"],
-        torch=facts["torch"],
-        torch_cuda=facts["cuda"],
-        torch_hip=facts["hip"],
-        torch_xpu=bool(facts["xpu"]),
-        cxx11_abi=facts["cxx11_abi"],
-        gpus=tuple(gpus),
-        gpu_source=gpu_source,
-        triton=None,
-        triton_dist=None,
-        nvcc=None,
-        uv=facts["uv"],
-        wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
+        **facts, implementation=sys.implementation.name, gpus=tuple(gpus), gpu_source=gpu_source, triton=None,
+        triton_dist=None, nvcc=None, wheelhouse=_wheelhouse(settings.find_links if settings is not None else ()),
         switches={spec.switch.variable: os.environ[spec.switch.variable] for spec in pins.kernels.values()
                   if spec.switch is not None and spec.switch.variable in os.environ},
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
-        prefix=os.path.realpath(sys.prefix),
-        unwritable_site=_unwritable_site(),
-        pip_index_config=pip_index_config(),
-        hipcc=facts["hipcc"],
-        cpus=facts["cpus"],
-        memory_gib=mem_available_gib(),
+        prefix=os.path.realpath(sys.prefix), pip_index_config=pip_index_config(), memory_gib=mem_available_gib(),
+        unwritable_site=None if os.access(site_packages(), os.W_OK) else site_packages(),   # never posed
         model_shapes=_posed_shapes(posed) if ("head_dims" in posed or "heads" in posed) else model_shapes(pins),
         **_jit_caches(pins, settings),
     )
     return _with_distributions(env, found, duplicates, posed, settings, pins)
-
-
-def _unwritable_site() -> str | None:
-    """This interpreter's site-packages, where installs go, when this process cannot write it (a read-only
-    mount, another user's environment): never posed - a target poses another machine, not these rights."""
-    site = site_packages()
-    return None if os.access(site, os.W_OK) else site
 
 
 def _posed_shapes(posed: dict) -> tuple:
@@ -118,8 +65,7 @@ def _posed_shapes(posed: dict) -> tuple:
 
 
 def _jit_caches(pins, settings) -> dict:
-    """The pins' JIT cache variables (a kernel's `jit_caches`): the directory each one names here - the
-    user's, or one under fastpath-hooks' cache (<cache>/jit/<name>)."""
+    """The pins' JIT cache variables: the user's directory, or one under fastpath-hooks' cache."""
     root = cache_root(settings) if settings is not None else default_cache_root()
     caches, given = {}, []
     for spec in pins.kernels.values():
@@ -128,8 +74,7 @@ def _jit_caches(pins, settings) -> dict:
                 continue
             ours = os.path.join(root, "jit", sub)
             value = os.environ.get(var, "").strip()
-            # our own directory is not the user's choice: an earlier decision of this process set it (apply_env),
-            # and the decisions read again after an install must still carry it (the warm verdict remembers them)
+            # our own directory is not the user's: an earlier decision of this process set it (apply_env)
             if value and _normal(value) != _normal(ours):
                 given.append(var)
             caches[var] = value or ours
@@ -141,80 +86,57 @@ def _normal(path: str) -> str:
 
 
 def after_install(env: Environment, settings, pins, found) -> Environment:
-    """`env` as `probe` would find it after an install: what follows from the installed distributions is
-    derived again from `found` (the installer's `scan()`); the machine's own facts (GPUs, torch's build,
-    the compilers) stay as probed - an install never changes them (torch & co are protected)."""
+    """`env` as `probe` would find it after an install (`found`: the installer's `scan()`); the machine's own
+    facts stay as probed: an install never changes them (torch & co are protected)."""
     posed = parse_target(settings.target, pins=pins) if settings is not None and settings.target else {}
     return _with_distributions(env, found[0], found[1], posed, settings, pins)
 
 
 def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: dict, settings, pins) -> Environment:
-    """The facts that follow from the installed distributions (and the wheel cache), posed ones applied."""
     dists = {name: item.version for name, item in found.items()}  # all: deps are checked offline too
     nvcc = find_nvcc(dists)
     nvcc_version = toolkit_version(nvcc)
     if "nvcc" in posed:  # nvcc=13.0 poses a toolkit of that release; nvcc=yes one of unknown release
         if posed["nvcc"] is None:
             nvcc, nvcc_version = None, None
-        elif nvcc and os.path.isfile(nvcc):
-            # a real toolkit stays the compiler that runs (and gets the arch restriction): a posed release only
-            # says which release it is (an image builder's `--target ...,nvcc=13.0` with CUDA_HOME set)
+        elif nvcc and os.path.isfile(nvcc):   # a real toolkit still runs: a posed release says which it is
             nvcc_version = nvcc_version if posed["nvcc"] == "posed" else posed["nvcc"]
         else:
             nvcc = "posed"
             nvcc_version = None if posed["nvcc"] == "posed" else posed["nvcc"]
-    for name, version in {**posed.get("distributions", {}), **{k: posed[k] for k in ("torch",) if k in posed}}.items():
-        if version is None:
-            dists.pop(name, None)
-        else:
-            dists[name] = version
+    dists.update(posed.get("distributions", {}))
+    if "torch" in posed:
+        dists["torch"] = posed["torch"]
     triton, triton_dist = _triton(dists, posed, env, pins.triton_distributions)
     if "triton" in posed:  # a posed triton replaces whichever triton distribution is installed
-        for name in pins.triton_distributions:
-            dists.pop(name, None)
+        dists.update(dict.fromkeys(pins.triton_distributions))
         if triton_dist is not None:
             dists[triton_dist] = triton
+    dists = {name: version for name, version in dists.items() if version is not None}
     cache = cache_root(settings) if settings is not None else None
+    # watched: the pins' distributions, the installer uv and the hub's `kernels` (is_kernels_available)
+    watched = set(pins.allowed) | set(pins.protected) | {"uv", "kernels"}
     env = replace(
-        env,
-        triton=triton,
-        triton_dist=triton_dist,
-        nvcc=nvcc,
-        nvcc_version=nvcc_version,
-        distributions=dists,
-        half_installed=tuple(sorted(set(duplicates) & watched_distributions(pins))),
-        wheel_cache=wheels.directory(cache) if cache else None,
-        cached_wheels=wheels.listing(cache),
-        build_history=memory.read_builds(cache),
-        pip="pip" in dists,
-        numeric_device=posed.get("numeric"),
-        numeric_failures=memory.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]),
-        model_types=imported_model_types(),
-    )
+        env, triton=triton, triton_dist=triton_dist, nvcc=nvcc, nvcc_version=nvcc_version, distributions=dists,
+        half_installed=tuple(sorted(set(duplicates) & watched)), wheel_cache=wheels.directory(cache) if cache else None,
+        cached_wheels=wheels.listing(cache), build_history=memory.read_builds(cache), pip="pip" in dists,
+        numeric_device=posed.get("numeric"), model_types=imported_model_types(),
+        numeric_failures=memory.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]))
     return replace(env, **hub_facts(env, settings, pins))
 
 
 def with_nvcc_version(env: Environment) -> Environment:
-    """`env` with the CUDA release of its nvcc, asking `nvcc --version` (once per nvcc and process):
-    done only when a source build is being considered (engine.context.snapshot), never at every probe."""
+    """`env` with its nvcc's CUDA release from `nvcc --version`: only where a source build is considered."""
     if env.nvcc_version or not env.nvcc or not os.path.isfile(env.nvcc):
         return env
     return replace(env, nvcc_version=nvcc_release(env.nvcc))
 
 
 def _triton(dists: dict, posed: dict, env: Environment, names: tuple):
-    if "triton" in posed:
-        if posed["triton"] is None:
-            return None, None
-        if env.torch_hip:
-            return posed["triton"], "pytorch-triton-rocm"
-        if env.torch_xpu:
-            return posed["triton"], "pytorch-triton-xpu"
-        return posed["triton"], "triton"
-    for name in names:
-        if name in dists:
-            return dists[name], name
-    return None, None
+    if "triton" not in posed:
+        return next(((dists[name], name) for name in names if name in dists), (None, None))
+    dist = "pytorch-triton-rocm" if env.torch_hip else "pytorch-triton-xpu" if env.torch_xpu else "triton"
+    return (posed["triton"], dist) if posed["triton"] else (None, None)
 
 
 def _wheelhouse(find_links) -> tuple:
@@ -231,7 +153,6 @@ def _wheelhouse(find_links) -> tuple:
 
 
 def torch_build_info(dist) -> dict:
-    """cuda/hip/xpu of the installed torch build, from torch/version.py as text."""
     if dist is None:
         return {}
     path = os.path.join(dist.site, "torch", "version.py")
@@ -256,9 +177,7 @@ def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
     if "gpus" in posed:
         return (), "target", None
     if not any(torch_info.get(k) for k in ("cuda", "hip", "xpu")):
-        if torch_info:
-            return (), "none: torch is a CPU build", None
-        return (), "none: torch is not installed", None
+        return (), "none: torch is a CPU build" if torch_info else "none: torch is not installed", None
     torch = sys.modules.get("torch")
     if torch is None:
         if not allow_import:
@@ -291,28 +210,18 @@ def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
 
 
 def imported_model_types() -> tuple:
-    """The model types whose transformers modeling module this process has imported (or is importing: a
-    kernel's decision runs inside that import), e.g. ("mamba2",): which families are in use, when known."""
-    out = set()
-    for name in list(sys.modules):
-        if name.startswith("transformers.models."):
-            parts = name.split(".")
-            if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}":
-                out.add(parts[2])
-    return tuple(sorted(out))
+    """The model types whose transformers modeling module this process imports (a decision may run inside it)."""
+    names = (name.split(".") for name in list(sys.modules) if name.startswith("transformers.models."))
+    return tuple(sorted({parts[2] for parts in names if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}"}))
 
 
 def model_shapes(pins, modules=None) -> tuple:
-    """((model type, K, V, key heads, value heads), ...) of the models whose transformers configuration
-    module is imported (a modeling module imports its own before it chooses its kernels): the class
-    defaults of the config attributes the pins name (a backend's `head_dims.config`). Reads
-    sys.modules only; a default that is not an int (derived at run time) is None."""
+    """((model type, K, V, key heads, value heads), ...) of the imported transformers configuration modules: the
+    class defaults of the attributes the pins name (`head_dims.config`); None where not an int (derived)."""
     attrs: dict = {}
     for spec in pins.kernels.values():
-        if spec.head_dims is not None:
-            for key, names in spec.head_dims.config.items():
-                attrs.setdefault(key, [])
-                attrs[key] += [n for n in names if n not in attrs[key]]
+        for key, names in spec.head_dims.config.items() if spec.head_dims else ():
+            attrs[key] = list(dict.fromkeys(attrs.get(key, []) + list(names)))
     if not attrs.get("k") or not attrs.get("v"):
         return ()
     modules = sys.modules if modules is None else modules
@@ -322,15 +231,12 @@ def model_shapes(pins, modules=None) -> tuple:
         if len(parts) != 4 or parts[:2] != ["transformers", "models"] or not parts[3].startswith("configuration_"):
             continue
         for obj in list(vars(module).values()):
-            if not isinstance(obj, type) or getattr(obj, "__module__", None) != name:
+            if (not isinstance(obj, type) or getattr(obj, "__module__", None) != name
+                    or not any(hasattr(obj, a) for a in attrs["k"])):
                 continue
-            values = []
-            for key in ("k", "v", "heads_k", "heads_v"):
-                found = next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None)
-                values.append(found if isinstance(found, int) and not isinstance(found, bool) else None)
-            if not any(hasattr(obj, a) for a in attrs["k"]):
-                continue
-            row = (parts[2], *values)
+            values = [next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None)
+                      for key in ("k", "v", "heads_k", "heads_v")]
+            row = (parts[2], *(v if isinstance(v, int) and not isinstance(v, bool) else None for v in values))
             if row not in out:
                 out.append(row)
     return tuple(sorted(out, key=str))
@@ -339,14 +245,12 @@ def model_shapes(pins, modules=None) -> tuple:
 # -- the hub's kernels ----------------------------------------------------------------------------
 
 LOCAL, CACHE, ONLINE = "LOCAL_KERNELS", "cache", "hub"
-MAPPING_MODULE = "transformers.integrations.hub_kernels"
 # func_name -> the kernel fastpath-hooks manages it as (causal_conv1d_fn -> causal-conv1d)
 FUNCTION_KERNELS = {func: KERNEL_MODULES[package] for func, package in DECORATED.values() if package in KERNEL_MODULES}
 
 
 @dataclass(frozen=True)
-class HubEntry:
-    """One entry of transformers' kernel mapping for this machine's device type."""
+class HubEntry:   # one entry of transformers' kernel mapping for this machine's device type
     name: str                 # the mapping's key: a decorated function (chunk_gated_delta_rule) or a layer (SiLU)
     repo_id: str
     layer: str                # the layer's name in the repo
@@ -354,7 +258,7 @@ class HubEntry:
     revision: str | None = None
     kernel: str | None = None  # the managed kernel whose function it replaces (None: SiLU, RMSNorm ...)
     modes: tuple = ()         # "training", "inference"
-    repository: object = field(default=None, compare=False, repr=False)   # kernels' LayerRepository: what kernelize loads
+    repository: object = field(default=None, compare=False, repr=False)   # kernels' LayerRepository
 
     @property
     def ref(self) -> str:
@@ -365,20 +269,18 @@ class HubEntry:
 
 @dataclass(frozen=True)
 class Where:
-    """Where an entry's kernel loads from here: `how` LOCAL / CACHE / ONLINE, or "" (nowhere), and why."""
-    how: str
+    how: str                  # LOCAL / CACHE / ONLINE, or "" (nowhere)
     detail: str = ""          # the path (LOCAL_KERNELS, cache) or why it cannot be loaded
 
 
 def device_type(accelerator) -> str | None:
-    """The device type kernelize looks kernels up for on this machine (None: none, e.g. a CPU)."""
     return {"cuda": "cuda", "rocm": "rocm", "xpu": "xpu"}.get(accelerator or "")
 
 
 def entries(mapping: dict, device: str, gpus) -> tuple:
-    """HubEntry per mapping entry for `device` that applies to these GPUs (a Device with a capability range
-    of other GPUs only - Qwen3_5GatedDeltaNet for sm_121 - does not)."""
-    caps = [_capability(g) for g in gpus]
+    """The mapping's entries for `device` that apply to these GPUs (not a capability range of other GPUs only:
+    Qwen3_5GatedDeltaNet for sm_121)."""
+    caps = [wheels.compute_capability(g) for g in gpus]
     out = []
     for name, per_device in mapping.items():
         for key, repos in per_device.items():
@@ -386,7 +288,8 @@ def entries(mapping: dict, device: str, gpus) -> tuple:
                 continue
             modes = ()
             if isinstance(repos, dict):
-                modes = tuple(sorted({m for mode in repos for m in ("training", "inference") if m in str(mode).lower()}))
+                modes = tuple(sorted({m for mode in repos for m in ("training", "inference")
+                                      if m in str(mode).lower()}))
                 repos = next(iter(repos.values()), None)
             repo_id = getattr(repos, "_repo_id", None)
             if repo_id is None:
@@ -398,10 +301,9 @@ def entries(mapping: dict, device: str, gpus) -> tuple:
 
 
 def read_mapping():
-    """The installed transformers' kernel mapping (its own, as fastpath-hooks' wrapper does not change it),
-    or None where it has none (before 5.25, or no `kernels` in its window)."""
+    """The installed transformers' own kernel mapping (not our wrapper's), None before 5.25 or without `kernels`."""
     try:
-        module = importlib.import_module(MAPPING_MODULE)
+        module = importlib.import_module(HUB_MODULE)
         getter = module.__dict__.get("get_kernel_mapping_transformers")
         getter = getattr(getter, "_fastpath_hooks_original", getter)
         return getter() if getter is not None else None
@@ -411,9 +313,8 @@ def read_mapping():
 
 def locate(refs: dict, *, offline: bool, probe_seconds: float, builds: str = "") -> dict:
     """ref -> Where for each `refs` entry (ref -> HubEntry): LOCAL_KERNELS, else the hub when it answers, else the
-    kernels cache, else nowhere and why. `builds`: "" - an answering hub counts as serving it (kernelize then finds
-    out, and falls back by itself where it has no build); "ask" - only where kernels finds a build of it for this
-    machine's torch (has_kernel: a request to the hub); else the reason it is not asked (a posed machine)."""
+    kernels cache, else nowhere and why. `builds`: "" - an answering hub serves it (kernelize falls back by itself);
+    "ask" - only where the hub has a build for this torch (has_kernel); else why that is not asked."""
     local = local_kernels()
     why = offline_reason(offline, probe_seconds) if any(e.repo_id not in local for e in refs.values()) else None
     out = {}
@@ -442,11 +343,11 @@ def _has_build(entry: HubEntry) -> bool:
         return False
 
 
-_reachable: dict = {}   # (endpoint, seconds) -> None (answers) or why not: asked once per process
+_reachable: dict = {}   # (endpoint, seconds) -> None (answers) or why not
 
 
 def offline_reason(offline: bool, seconds: float) -> str | None:
-    """Why the hub is not asked here (None: it answers)."""
+    """Why the hub is not asked here (None: it answers); asked once per process."""
     if offline:
         return "FASTPATH_HOOKS_OFFLINE is set"
     try:
@@ -483,16 +384,16 @@ def local_kernels() -> dict:
 
 
 def cached(entry: HubEntry) -> str | None:
-    """The variant directory the kernels cache holds for this entry and machine, without the network (kernels'
-    own notes about it - "skipping the publisher trust check ... offline" - kept out of the user's output)."""
+    """The kernels cache's variant directory for this entry here, without the network (kernels' own notes,
+    "skipping the publisher trust check ... offline", kept out of the user's output)."""
     quiet = logging.getLogger("kernels")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
         from kernels import install_kernel
 
-        return str(install_kernel(entry.repo_id, version=entry.version, revision=None if entry.version else entry.revision,
-                                  local_files_only=True))
+        return str(install_kernel(entry.repo_id, version=entry.version, local_files_only=True,
+                                  revision=None if entry.version else entry.revision))
     except Exception:   # noqa: BLE001 - not cached, or no build for this machine in it
         return None
     finally:
@@ -503,23 +404,17 @@ def key_type(key) -> str:
     return key if isinstance(key, str) else str(getattr(key, "type", ""))
 
 
-def _capability(gpu: str) -> int | None:
-    digits = "".join(ch for ch in gpu if ch.isdigit())
-    return int(digits) if digits and gpu.startswith("sm_") else None
-
-
 def _fits(key, caps) -> bool:
     props = getattr(key, "properties", None)
     low, high = getattr(props, "min_capability", None), getattr(props, "max_capability", None)
     if low is None or high is None:
         return True
-    return any(c is not None and low <= c <= high for c in caps)
+    return any(c is not None and low <= c[0] * 10 + c[1] <= high for c in caps)
 
 
 def hub_facts(env, settings, pins) -> dict:
-    """Environment.hub_entries / hub_where: the managed functions' entries of the mapping here and where each
-    loads from (the policy installs no package for what the hub serves); only where transformers 5.25+ is
-    imported, on an accelerator, unless USE_HUB_KERNELS turns the hub off."""
+    """Environment.hub_entries / hub_where (the policy installs no package for what the hub serves): only where
+    transformers 5.25+ is imported, on an accelerator, unless USE_HUB_KERNELS turns the hub off."""
     version = env.dist_version("transformers")
     device = device_type(env.accelerator)
     if device is None or version is None or version.release[:2] < (5, 25) or "transformers" not in sys.modules:
@@ -533,8 +428,6 @@ def hub_facts(env, settings, pins) -> dict:
     refs = {}
     for entry in found:
         refs.setdefault(entry.ref, entry)
-    # a posed machine's torch is not this one's: which builds the hub has for it is not asked (LOCAL_KERNELS and the
-    # cache still count, and kernelize decides on the real machine)
     builds = "ask" if env.gpu_source != "target" else "the machine is posed: the hub's builds for it are not looked up"
     where = locate(refs, offline=bool(settings is not None and settings.offline), probe_seconds=pins.hub.probe_seconds,
                    builds=builds)
