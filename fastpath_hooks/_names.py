@@ -52,11 +52,9 @@ DEFAULT_LOG = "info"
 
 
 def environ_of(environ):
-    if environ is None:
-        import os
+    import os
 
-        return os.environ
-    return environ
+    return os.environ if environ is None else environ
 
 
 def disabled(environ=None) -> bool:
@@ -77,10 +75,9 @@ def local_rank(environ=None):
         except ValueError:
             return 0
 
-    for var in LOCAL_RANK_VARIABLES:
-        raw = env.get(var)
-        if raw is not None:
-            return number(raw)
+    raw = next((env[var] for var in LOCAL_RANK_VARIABLES if var in env), None)
+    if raw is not None:
+        return number(raw)
     rank, size = env.get("RANK"), env.get("LOCAL_WORLD_SIZE")
     if rank is not None and size is not None:
         size_value = number(size)
@@ -94,9 +91,7 @@ JOURNAL = "journal.json"             # in it while an install runs (act/transact
 
 def log_level(environ=None) -> str | None:
     """None when not a level: settings reports the bad value, events uses the default."""
-    raw = environ_of(environ).get(LOG, "").strip().lower()
-    if not raw:
-        return DEFAULT_LOG
+    raw = environ_of(environ).get(LOG, "").strip().lower() or DEFAULT_LOG
     return raw if raw in LOG_LEVELS else None
 
 
@@ -138,9 +133,7 @@ def cache_dir_problem(path: str) -> str:
         problem = ""
         if not os.path.isabs(path):
             problem = "is a relative path"
-        elif os.path.isdir(path):
-            problem = _write_problem(path)
-        elif os.path.lexists(path):
+        elif os.path.lexists(path) and not os.path.isdir(path):
             problem = "is not a directory"
         else:
             try:
@@ -159,24 +152,16 @@ def _write_problem(path: str) -> str:
 
     probe = os.path.join(path, f".fastpath-hooks-write-test-{os.getpid()}")
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(probe, "wb", buffering=0) as fh:   # NFS may say a delayed write's error at close
+            fh.write(bytes(_WRITE_TEST))
     except OSError as exc:
         return f"cannot be written ({exc.strerror or exc})"
-    problem = ""
-    try:
-        os.write(fd, bytes(_WRITE_TEST))
-    except OSError as exc:
-        problem = f"cannot be written ({exc.strerror or exc})"
     finally:
-        try:
-            os.close(fd)   # NFS may say a delayed write's error here
-        except OSError as exc:
-            problem = problem or f"cannot be written ({exc.strerror or exc})"
         try:
             os.unlink(probe)
         except OSError:
             pass
-    return problem
+    return ""
 
 
 def cache_root_from_environ(environ=None) -> str:
@@ -190,9 +175,7 @@ def default_cache_root(environ=None) -> str:
     import os
 
     base = environ_of(environ).get("XDG_CACHE_HOME", "")
-    if not base.strip():
-        base = os.path.expanduser("~/.cache")
-    return os.path.join(base, "fastpath-hooks")
+    return os.path.join(base if base.strip() else os.path.expanduser("~/.cache"), "fastpath-hooks")
 
 
 def cache_root(settings) -> str:

@@ -115,16 +115,15 @@ def read_pins_file(path: str):
             except ImportError:
                 raise PinsFileError("TOML pins need Python 3.11+ or the tomli package; or write the file as JSON") \
                     from None
-        try:
-            return tomllib.loads(raw.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise PinsFileError(f"not valid TOML: {exc}") from None
-    import json
+        kind, parse = "TOML", tomllib.loads
+    else:
+        import json
 
+        kind, parse = "JSON", json.loads
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PinsFileError(f"not valid JSON: {exc}") from None
+        return parse(raw.decode("utf-8"))
+    except ValueError as exc:   # UnicodeDecodeError and TOMLDecodeError are ValueErrors
+        raise PinsFileError(f"not valid {kind}: {exc}") from None
 
 
 def registry(environ=None) -> dict:

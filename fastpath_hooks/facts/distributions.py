@@ -71,10 +71,9 @@ def scan(paths=None) -> tuple[dict, dict]:
                 continue
             name, version = parsed
             path = os.path.join(site, entry)
-            if version is None:
-                version = _version_from_metadata(path)
-                if version is None:
-                    continue
+            version = version or _version_from_metadata(path)   # a name without one: its metadata's
+            if not version:
+                continue
             item = Installed(name, version, path, site)
             if name in here:
                 duplicates.setdefault(name, [here[name]]).append(item)

@@ -60,8 +60,7 @@ class Environment:
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
     numeric_failures: tuple = ()           # remembered numeric mismatches (facts/memory.failures)
     model_types: tuple = ()                # transformers.models.<type>.modeling_<type> imported in this process
-    # transformers 5.25+: the hub mapping's (name, repo, layer, version, revision, kernel, modes) of the managed
-    # functions; ref -> (how, detail): where each loads from here
+    # the hub mapping's (name, repo, layer, version, revision, kernel, modes); ref -> (how, detail): where it loads
     hub_entries: tuple = ()
     hub_where: FrozenMap = field(default_factory=FrozenMap)
 
@@ -102,25 +101,12 @@ class Environment:
     def version(self, dist: str) -> str | None:
         return self.distributions.get(canonical_name(dist))
 
-    @cached_property   # packaging Versions, None when absent or not PEP 440
-    def python_version(self):
-        return parse_version(self.python)
-
-    @cached_property
-    def torch_version(self):
-        return parse_version(self.torch)
-
-    @cached_property
-    def triton_version(self):
-        return parse_version(self.triton)
-
-    @cached_property
-    def glibc_version(self):
-        return parse_version(self.glibc)
-
-    @cached_property
-    def cuda_version(self):   # torch's CUDA release
-        return parse_version(self.torch_cuda)
+    # packaging Versions, parsed once; None when absent or not PEP 440
+    python_version = cached_property(lambda self: parse_version(self.python))
+    torch_version = cached_property(lambda self: parse_version(self.torch))
+    triton_version = cached_property(lambda self: parse_version(self.triton))
+    glibc_version = cached_property(lambda self: parse_version(self.glibc))
+    cuda_version = cached_property(lambda self: parse_version(self.torch_cuda))   # torch's CUDA release
 
     def dist_version(self, dist: str):
         return parse_version(self.version(dist))
@@ -302,12 +288,9 @@ def _python(entry: str, value: str) -> str:
 
 
 def _flag(entry: str, value: str) -> bool:
-    low = value.lower()
-    if low in _YES:
-        return True
-    if low in _NO:
-        return False
-    raise ValueError(f"{entry!r}: expected yes or no")
+    if value.lower() not in _YES + _NO:
+        raise ValueError(f"{entry!r}: expected yes or no")
+    return value.lower() in _YES
 
 
 def _arch(entry: str, value: str) -> str:

@@ -10,7 +10,8 @@ from packaging.specifiers import Specifier, SpecifierSet
 
 
 class FrozenMap(Mapping):
-    """A read-only, hashable mapping (a `types.MappingProxyType` cannot be hashed or pickled)."""
+    """A read-only, hashable mapping (a `types.MappingProxyType` cannot be hashed or pickled); equal to a dict
+    with the same items (Mapping's __eq__)."""
 
     __slots__ = ("_data", "_hash")
 
@@ -35,11 +36,6 @@ class FrozenMap(Mapping):
             object.__setattr__(self, "_hash", hash(frozenset(self._data.items())))
         return self._hash
 
-    def __eq__(self, other):
-        if isinstance(other, Mapping):
-            return self._data == dict(other.items())
-        return NotImplemented
-
     def __repr__(self):
         return f"FrozenMap({self._data!r})"
 
@@ -50,11 +46,6 @@ class FrozenMap(Mapping):
 
     def __reduce__(self):
         return (FrozenMap, (self._data,))
-
-    def __or__(self, other):  # `frozen | {...}` makes a new map, as dict's does
-        if not isinstance(other, Mapping):
-            return NotImplemented
-        return FrozenMap({**self._data, **other})
 
 
 class FrozenSpecifier(Specifier):

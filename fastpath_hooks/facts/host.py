@@ -96,12 +96,9 @@ def find_nvcc(dists: dict) -> str | None:
 
 
 def find_uv() -> str | None:
-    """Also where the `uv` Python package installed elsewhere (`pip install --user uv`) has its binary."""
-    for directory in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
-        candidate = os.path.join(directory, "uv")
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    found = shutil.which("uv")
+    """This environment's, else on PATH, else where the `uv` package installed elsewhere has its binary."""
+    dirs = (sysconfig.get_path("scripts"), os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath))
+    found = shutil.which("uv", path=os.pathsep.join(dirs))
     if found:
         return found
     try:
@@ -140,21 +137,15 @@ def process_stat(pid: int):
 def group_members(pgid: int) -> list:
     """Pids of the group's living members (zombies are done writing)."""
     try:
-        entries = os.listdir("/proc")
+        pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
     except OSError:
         return []
-    out = []
-    for entry in entries:
-        if entry.isdigit():
-            stat = process_stat(int(entry))
-            if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
-                out.append(int(entry))
-    return out
+    stats = ((pid, process_stat(pid)) for pid in pids)
+    return [pid for pid, stat in stats if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X")]
 
 
 def mem_available_gib() -> float | None:
-    text = read_text("/proc/meminfo", limit=1 << 16)
-    for line in (text or "").splitlines():
+    for line in (read_text("/proc/meminfo", limit=1 << 16) or "").splitlines():
         if line.startswith("MemAvailable:"):
             try:
                 return round(int(line.split()[1]) / (1 << 20), 1)

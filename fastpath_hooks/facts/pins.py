@@ -1,21 +1,15 @@
-"""The pins: the shipped pins.json merged with a user file (FASTPATH_HOOKS_PINS, JSON or TOML of the same
-shape, only the parts it changes or a new kernel's entry), read into a `Pins` (facts/pins_values.py) by one
-typed loader. A user's record with an identity (`record_keys`: releases by `version`, pairs by their first
-distribution, broken pairs by (that, `arch`, `effect`), hazards by `id`) replaces the shipped one and comes
-first (a user's release is preferred); the rest is deep-merged, lists of plain values replaced.
+"""The pins: the shipped pins.json merged with a user file (FASTPATH_HOOKS_PINS, JSON or TOML, only what it
+changes or a new kernel's entry), read into a `Pins` (pins_values.py) by one typed loader. A user's record with
+an identity (`record_keys`) replaces the shipped one and comes first; the rest is deep-merged.
 
-Each record is read from its dataclass, field by field. The field's type says what the data holds: str
-(non-empty), SpecifierSet (a version range), bool, int, float, tuple[X, ...] (a list), dict[str, X] (a
-table), a dataclass (a table read the same way), X | None (absent: None). Its metadata (pins_values.m)
-says the rest: `key` (where it is not the field's name; "a.b": b of the table a; "{distributions[0]}":
-the kernel's first distribution), `absent` (the value where the key is left out; none: it is needed),
-`form` ("version", "requirement", "spec" - a range kept as text -, "kernel" - another kernel -, or one of
-the _READERS), `ok`/`says` (a test of each value, a list's items or a table's values, and the forms it
-accepts), `choices`, `key_ok`/`key_says` (of a table's keys), `nonempty` (the message when empty),
-`unique` (no two records of a list share it), `conv` (made of each value checked), `kinds` (only kernels
-of these kinds have it), `req` (an X | None they need), `ctx` (kept for the keys read after it), `hand`
-(made here). Then the checks across records and the order the kernels are decided in. Every error is
-one PinsError naming the file and the entry."""
+Each record is read from its dataclass, field by field. The field's type says what the data holds (str: non-empty,
+SpecifierSet, bool, int, float, tuple[X, ...], dict[str, X], a dataclass, X | None: None where absent); its
+metadata (`pins_values.m`) the rest: `key` (else the field's name; "a.b": b of table a; "{distributions[0]}"),
+`absent` (the value where left out; none: needed), `form` ("version", "requirement", "spec": a range kept as
+text, "kernel": another kernel, or one of the _READERS), `ok`/`says` (a test of each value, and what it accepts),
+`choices`, `key_ok`/`key_says` (of a table's keys), `nonempty`, `unique` (in a list), `conv`, `kinds` (only
+kernels of these kinds have it), `req` (an X | None they need), `ctx` (kept for later keys), `hand` (made here).
+Every error is one PinsError naming the file and the entry."""
 
 from __future__ import annotations
 
@@ -38,13 +32,12 @@ from .pins_values import (KINDS, SHIPPED, SOURCE_KINDS, TENSORS, WHEEL_FIELDS, A
                           CxxStandard, Hazard, HubRules, KernelRelease, KernelSpec, PackedPackage, PackedSequences,
                           Pair, Pays, Pins, PinsError, PureRelease, ReleaseWheels, SourceBuild, Warm, same_version)
 
-# read from here too (the values are pins_values')
 __all__ = ["SHIPPED", "SOURCE_KINDS", "BrokenPair", "Hazard", "Pair", "Pays", "Pins", "PinsError", "decision_order",
            "load", "record_keys", "same_version"]
 
 
 def record_keys(kernels: dict) -> dict:
-    """The identity of each kind's records, per kernel (what a user's record replaces)."""
+    """The identity of each kind's records (what a user's record replaces)."""
     out = {("hazards",): ("id",), ("hub", "broken"): ("id",)}
     for name, entry in kernels.items():
         if not isinstance(entry, dict):
@@ -60,7 +53,7 @@ def record_keys(kernels: dict) -> dict:
 
 
 def load(user_file: str | None = None) -> Pins:
-    """The shipped pins, merged with `user_file` when given (validated, cached by mtime)."""
+    """The shipped pins, merged with `user_file` when given (cached by mtime)."""
     stamp = None
     if user_file:
         try:
@@ -94,13 +87,11 @@ def _read(path: str):
 
 
 def _check_user_shape(user: dict, origin: str) -> None:
-    allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards", "yanked",
-               "packed_sequences", "cxx_standard", "hub"}
+    allowed = {"schema", "about", "protected", "triton_distributions", "allowed_distributions", "kernels", "hazards",
+               "yanked", "packed_sequences", "cxx_standard", "hub"}
     for key in user:
         if key not in allowed:
             raise PinsError(origin, key, f"unknown section; expected one of {', '.join(sorted(allowed))}")
-    if "schema" in user and user["schema"] != 1:
-        raise PinsError(origin, "schema", f"unsupported schema {user['schema']!r}; this fastpath-hooks reads schema 1")
     for name, entry in (user.get("kernels") or {}).items():
         if name in REGISTRY:
             continue
@@ -131,7 +122,6 @@ _RELEASES = {"pure": PureRelease, "backend": PureRelease, "compiled": KernelRele
 
 @cache
 def _fields(cls) -> tuple:
-    """(field, type) of a record class."""
     hints = get_type_hints(cls)
     return tuple((f, hints[f.name]) for f in fields(cls))
 
@@ -142,7 +132,7 @@ def _number(value, tp) -> bool:
 
 class _Loader:
     def __init__(self, origin: str):
-        self.origin = origin     # the pins file read last (a user file, else the shipped one)
+        self.origin = origin     # the pins file read last
 
     def fail(self, entry: str, message: str):
         raise PinsError(self.origin, entry, message)
@@ -171,10 +161,9 @@ class _Loader:
     def source(self, record: dict, entry) -> str:
         value = record.get("source")
         if not isinstance(value, str) or value.split(":", 1)[0].strip() not in SOURCE_KINDS or ":" not in value:
-            self.fail(f"{entry}.source", "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
+            self.fail(f"{entry}.source",
+                      "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
         return value
-
-    # -- a record, from its class ----------------------------------------------------------------
 
     def record(self, cls, raw, e: str, ctx: dict, values: dict | None = None):
         t, values = self.table(raw, e), dict(values or {})
@@ -222,10 +211,10 @@ class _Loader:
             out = tuple(self.value(args[0], x, f"{e}[{i}]", md, ctx) for i, x in enumerate(self.list(raw, e)))
             for f in fields(args[0]) if is_dataclass(args[0]) else ():
                 seen = set()
-                for i, item in enumerate(out if f.metadata.get("unique") else ()):
-                    if getattr(item, f.name) in seen:
-                        self.fail(f"{e}[{i}].{f.metadata.get('key', f.name)}", f"{getattr(item, f.name)} is listed twice")
-                    seen.add(getattr(item, f.name))
+                for i, value in enumerate(getattr(item, f.name) for item in out if f.metadata.get("unique")):
+                    if value in seen:
+                        self.fail(f"{e}[{i}].{f.metadata.get('key', f.name)}", f"{value} is listed twice")
+                    seen.add(value)
         elif origin is dict:
             out = {}
             for key, x in self.table(raw, e).items():
@@ -269,8 +258,6 @@ class _Loader:
         value = float(raw) if tp is float else raw
         return md["conv"](value) if "conv" in md else value
 
-    # -- one kernel's entry ----------------------------------------------------------------------
-
     def kernel(self, name: str, raw, names: tuple) -> KernelSpec:
         e = f"kernels.{name}"
         k = self.table(raw, e)
@@ -281,12 +268,14 @@ class _Loader:
             if key in k and kind not in kinds:
                 self.fail(f"{e}.{key}", f"only a {' or '.join(kinds)} kernel has {key} (this one is {kind})")
         if kind == "compiled" and "source_build" not in k:
-            self.fail(f"{e}.source_build", "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
+            self.fail(f"{e}.source_build",
+                      "a compiled kernel needs its source build (requirement, cuda_archs, measured)")
         if kind == "pair" and len(self.list(k.get("distributions"), f"{e}.distributions")) != 2:
             self.fail(f"{e}.distributions", "a pair kernel has exactly two distributions: its own and its companion")
         prefix = self.leaf(str, k.get("rule_prefix", name), f"{e}.rule_prefix", {}, {})
         if "." in prefix or prefix == "skip":
-            self.fail(f"{e}.rule_prefix", f"{prefix!r}: a rule prefix has no dot and is not `skip` (the shared rules' prefix)")
+            self.fail(f"{e}.rule_prefix",
+                      f"{prefix!r}: a rule prefix has no dot and is not `skip` (the shared rules' prefix)")
         mirror = k.get("mirror")
         if mirror is not None and (kind != "compiled" or not isinstance(mirror, str) or not (
                 mirror.startswith("FASTPATH_HOOKS_") and mirror.endswith("_WHEEL_URL"))):
@@ -294,8 +283,9 @@ class _Loader:
         if kind == "backend" and not k.get("serves"):
             self.fail(f"{e}.serves", "a backend kernel serves another kernel (the one that dispatches to it)")
         if kind == "backend" and "switch" not in k:
-            self.fail(f"{e}.switch", "a backend kernel needs the served kernel's switch: its import is never blocked "
-                      "(the served kernel would dispatch to the blocked module), so a backend that cannot work is turned off")
+            self.fail(f"{e}.switch", "a backend kernel needs the served kernel's switch: its import is never "
+                      "blocked (the served kernel would dispatch to the blocked module), so a backend that cannot work "
+                      "is turned off")
         ctx = {"name": name, "names": names, "kind": kind}
         spec = self.record(KernelSpec, k, e, ctx, {"name": name, "module": "", "kind": kind, "rule_prefix": prefix})
         releases = ()   # read last: a backend release's partners are kernels of its `with`
@@ -317,14 +307,15 @@ _KIND_KEYS = (tuple((f.name, f.metadata["kinds"]) for f in fields(KernelSpec) if
               + (("release", ("compiled",)), ("source_build", ("compiled",))))
 
 
-# -- the values a field's type does not say all of (`form`; `after`: the checks across a record's fields) --
+# -- the values a field's type does not say all of (`form`), and the checks across a record's fields (_AFTER)
 
 def _partners(ld, raw, e, ctx) -> dict:
     """A backend release's versions of the kernels it is used with (flash-qla 0.1.3: tilelang >= 0.1.12)."""
     out = {}
     for kernel, spec in ld.table(raw, e).items():
         if kernel not in ctx["with_kernels"]:
-            ld.fail(f"{e}.{kernel}", f"{kernel!r}: expected a kernel of its `with` ({', '.join(ctx['with_kernels']) or 'none'})")
+            ld.fail(f"{e}.{kernel}",
+                    f"{kernel!r}: expected a kernel of its `with` ({', '.join(ctx['with_kernels']) or 'none'})")
         out[kernel] = ld.specifier(spec, f"{e}.{kernel}")
     return out
 
@@ -384,13 +375,13 @@ def _nvcc_packages(ld, raw, e, ctx) -> dict:
 
 
 def _unit_seconds(ld, raw, e, ctx) -> tuple:
-    return tuple(sorted((str(name), _positive(ld, value, f"{e}.{name}", "expected a positive number (a file's measured "
-                                                                          "compile)")) for name, value in ld.table(raw, e).items()))
+    says = "expected a positive number (a file's measured compile)"
+    return tuple(sorted((str(k), _positive(ld, value, f"{e}.{k}", says)) for k, value in ld.table(raw, e).items()))
 
 
-_READERS = {"partners": _partners, "tensor_tolerances": _tensor_tolerances, "tolerance": _tolerance, "gencode": _gencode,
+_READERS = {"partners": _partners, "tensor_tolerances": _tensor_tolerances, "tolerance": _tolerance,
             "tolerance?": lambda ld, raw, e, ctx: _tolerance(ld, raw, e, ctx) if raw else None,   # falsy: none
-            "builds": _builds, "nvcc": _nvcc_packages, "unit_seconds": _unit_seconds}
+            "gencode": _gencode, "builds": _builds, "nvcc": _nvcc_packages, "unit_seconds": _unit_seconds}
 
 
 def _archs(ld, values, raw, e, ctx):
@@ -421,7 +412,8 @@ def _source_build(ld, values, raw, e, ctx):
             ld.source(raw[key], f"{e}.{key}")
     spec = list(Requirement(values["requirement"]).specifier)
     if len(spec) != 1 or spec[0].operator != "==":
-        ld.fail(f"{e}.requirement", f"{values['requirement']!r}: expected one exact version (name==X): builds are cached by it")
+        ld.fail(f"{e}.requirement",
+                f"{values['requirement']!r}: expected one exact version (name==X): builds are cached by it")
     if not set(values["split_units"]) <= {name for name, _ in values["unit_seconds"]}:
         ld.fail(f"{e}.parallel.split_units", "expected a list of file names that unit_seconds has")
 
@@ -439,8 +431,8 @@ def _packed_package(ld, values, raw, e, ctx):
     values["distribution"] = canonical_name(distribution)
 
 
-_AFTER = {Archs: _archs, Warm: _warm, ArchRule: _arch_rule, KernelRelease: _kernel_release, SourceBuild: _source_build,
-          PackedPackage: _packed_package, ReleaseWheels: _release_wheels}
+_AFTER = {Archs: _archs, Warm: _warm, ArchRule: _arch_rule, KernelRelease: _kernel_release,
+          SourceBuild: _source_build, PackedPackage: _packed_package, ReleaseWheels: _release_wheels}
 
 
 # -- the whole pins --------------------------------------------------------------------------------
@@ -451,7 +443,8 @@ def build(data, origins: tuple) -> Pins:
     if data.get("schema") != 1:
         ld.fail("schema", f"unsupported schema {data.get('schema')!r}; expected 1")
     sections = {}
-    for key, names in (("protected", "distributions"), ("triton_distributions", "names"), ("allowed_distributions", "names")):
+    for key, names in (("protected", "distributions"), ("triton_distributions", "names"),
+                       ("allowed_distributions", "names")):
         table = ld.table(data.get(key), key)
         if key != "triton_distributions":
             ld.source(table, key)
@@ -495,9 +488,8 @@ def build(data, origins: tuple) -> Pins:
               for k, val in ld.table(data.get("yanked", {}), "yanked").items() if k != "source"}
     _check_yanked(ld, kernels, yanked)
 
-    # every distribution a kernel may install is on the allow-list (a kernel's own distributions are:
-    # naming them in its entry allows them)
-    allowed = frozenset(sections["allowed_distributions"]) | {d for spec in kernels.values() for d in spec.distributions}
+    # every distribution a kernel may install is allowed (naming a kernel's own in its entry allows them)
+    allowed = frozenset(sections["allowed_distributions"]).union(*(spec.distributions for spec in kernels.values()))
     for name, spec in kernels.items():
         for dist in spec.distributions:
             if dist in protected:
@@ -509,7 +501,8 @@ def build(data, origins: tuple) -> Pins:
                 ld.fail(f"{entry}[{i}]", f"{Requirement(req).name} is not in allowed_distributions.names")
     for name, build in source_builds.items():
         if build.distribution not in kernels[name].distributions:
-            ld.fail(f"kernels.{name}.source_build.requirement", f"{build.distribution} is not one of the kernel's distributions")
+            ld.fail(f"kernels.{name}.source_build.requirement",
+                    f"{build.distribution} is not one of the kernel's distributions")
     for name in triton_dists:
         if name not in protected:
             ld.fail("triton_distributions.names", f"{name} provides triton for a torch build, so it must also be in "
@@ -518,9 +511,10 @@ def build(data, origins: tuple) -> Pins:
         if p in allowed and p != "numpy":
             ld.fail("allowed_distributions.names", f"{p} is protected and can never be installed")
 
-    cxx = data.get("cxx_standard")
+    cxx, cxx_standards = data.get("cxx_standard"), ()
     if cxx is not None:
         ld.source(ld.table(cxx, "cxx_standard"), "cxx_standard")
+        cxx_standards = ld.value(tuple[CxxStandard, ...], cxx.get("rules"), "cxx_standard.rules", {}, top)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     # frozen all the way down: `load()` is cached and shared by every caller in the process
     return freeze(Pins(
@@ -528,14 +522,13 @@ def build(data, origins: tuple) -> Pins:
         hazards=hazards, yanked=yanked, origins=origins, digest=digest,
         packed_sequences=None if data.get("packed_sequences") is None else
         ld.record(PackedSequences, data["packed_sequences"], "packed_sequences", top),
-        release_wheels=release_wheels, source_builds=source_builds, decision_order=order,
-        cxx_standards=() if cxx is None else ld.value(tuple[CxxStandard, ...], cxx.get("rules"), "cxx_standard.rules", {}, top),
+        release_wheels=release_wheels, source_builds=source_builds, decision_order=order, cxx_standards=cxx_standards,
         hub=HubRules() if data.get("hub") is None else ld.record(HubRules, data["hub"], "hub", top),
     ))
 
 
 def _check_yanked(ld, kernels: dict, yanked: dict) -> None:
-    """A pinned version the index has yanked would not install (or would warn): never pin one."""
+    """A yanked version would not install (or would warn): never pin one."""
     def check(dist, version, entry):
         if any(same_version(version, y) for y in yanked.get(dist, ())):
             ld.fail(entry, f"{dist} {version} is yanked on the index (see yanked.{dist}); pin another version")
@@ -553,10 +546,8 @@ def _check_yanked(ld, kernels: dict, yanked: dict) -> None:
 
 
 def decision_order(kernels: dict) -> tuple | None:
-    """The kernels in the order they are decided: each after the ones its rules read - the kernels that
-    serve it (fla after tilelang), that it is used with (mamba-ssm after causal-conv1d) and that its
-    import tries (mamba-ssm after tilelang); a backend after the kernels it serves (flash-qla after
-    fla, whose release and use it reads); else in the pins' order. None: they make a circle."""
+    """Each kernel after the ones its rules read: those that serve it, it is used with or its import tries; a
+    backend after the kernels it serves (it reads their release); else in the pins' order. None: a circle."""
     after = {name: set(spec.with_kernels) | set(spec.imports_optional)
              | {k for k, s in kernels.items() if name in s.serves and s.kind != "backend"}
              | (set(spec.serves) if spec.kind == "backend" else set())
@@ -571,12 +562,12 @@ def decision_order(kernels: dict) -> tuple | None:
 
 
 def _check_registry(ld, kernels: dict) -> None:
-    """Names, modules, aliases and rule prefixes are each one kernel's; a kernel does not serve itself
-    through its partners; the shipped kernels keep the modules the start-up entry watches."""
+    """Names, modules, aliases, gates and rule prefixes are each one kernel's; the shipped kernels keep the
+    modules the start-up entry watches."""
     owner: dict = {}
     for name, spec in kernels.items():
-        for what, values in (("name", (name,) + spec.aliases), ("module", spec.modules), ("rule prefix", (spec.rule_prefix,)),
-                             ("gate", spec.gates)):
+        for what, values in (("name", (name,) + spec.aliases), ("module", spec.modules), ("gate", spec.gates),
+                             ("rule prefix", (spec.rule_prefix,))):
             for value in values:
                 other = owner.setdefault((what, value), name)
                 if other != name:
@@ -585,4 +576,5 @@ def _check_registry(ld, kernels: dict) -> None:
             ld.fail(f"kernels.{name}.modules", "a shipped kernel's modules are fixed (the start-up entry watches them)")
         for served in spec.serves:
             if served in spec.with_kernels:
-                ld.fail(f"kernels.{name}.serves", f"{served} is also in `with`: a kernel serves another or needs it, not both")
+                ld.fail(f"kernels.{name}.serves",
+                        f"{served} is also in `with`: a kernel serves another or needs it, not both")

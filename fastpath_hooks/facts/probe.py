@@ -75,14 +75,10 @@ def _jit_caches(pins, settings) -> dict:
             ours = os.path.join(root, "jit", sub)
             value = os.environ.get(var, "").strip()
             # our own directory is not the user's: an earlier decision of this process set it (apply_env)
-            if value and _normal(value) != _normal(ours):
+            if value and os.path.abspath(os.path.expanduser(value)) != os.path.abspath(ours):
                 given.append(var)
             caches[var] = value or ours
     return {"jit_caches": caches, "jit_caches_given": tuple(sorted(given))}
-
-
-def _normal(path: str) -> str:
-    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
 
 def after_install(env: Environment, settings, pins, found) -> Environment:
@@ -114,8 +110,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
             dists[triton_dist] = triton
     dists = {name: version for name, version in dists.items() if version is not None}
     cache = cache_root(settings) if settings is not None else None
-    # watched: the pins' distributions, the installer uv and the hub's `kernels` (is_kernels_available)
-    watched = set(pins.allowed) | set(pins.protected) | {"uv", "kernels"}
+    watched = set(pins.allowed) | set(pins.protected) | {"uv", "kernels"}   # the hub's: is_kernels_available
     env = replace(
         env, triton=triton, triton_dist=triton_dist, nvcc=nvcc, nvcc_version=nvcc_version, distributions=dists,
         half_installed=tuple(sorted(set(duplicates) & watched)), wheel_cache=wheels.directory(cache) if cache else None,
@@ -140,35 +135,26 @@ def _triton(dists: dict, posed: dict, env: Environment, names: tuple):
 
 
 def _wheelhouse(find_links) -> tuple:
-    names = []
-    for location in find_links:
-        path = wheels.find_links_dir(location)
-        if path is None:
-            continue
+    names = set()
+    for path in filter(None, map(wheels.find_links_dir, find_links)):   # remote ones: None
         try:
-            names.extend(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
+            names.update(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
         except OSError:
-            continue
-    return tuple(sorted(set(names)))
+            pass
+    return tuple(sorted(names))
 
 
 def torch_build_info(dist) -> dict:
-    if dist is None:
-        return {}
-    path = os.path.join(dist.site, "torch", "version.py")
-    info: dict = {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                name, sep, value = line.partition("=")
-                if not sep:
-                    continue
-                key = name.split(":")[0].strip()
-                if key in ("cuda", "hip", "xpu"):
-                    value = value.strip().strip("'\"")
-                    info[key] = None if value in ("None", "") else value
-    except OSError:
-        pass
+        with open(os.path.join(dist.site, "torch", "version.py"), encoding="utf-8") as fh:
+            lines = [line.partition("=") for line in fh]
+    except (AttributeError, OSError):   # no torch (dist None), or no version.py
+        return {}
+    info = {}
+    for name, sep, value in lines:
+        key, value = name.split(":")[0].strip(), value.strip().strip("'\"")
+        if sep and key in ("cuda", "hip", "xpu"):
+            info[key] = None if value in ("None", "") else value
     return info
 
 
@@ -186,11 +172,8 @@ def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
             import torch  # noqa: F401  - the documented cost: only on accelerator builds
         except Exception as exc:  # a broken torch: report, never crash the caller
             return (), f"none: import torch failed ({type(exc).__name__}: {exc})", None
-    abi = None
-    try:
-        abi = bool(torch._C._GLIBCXX_USE_CXX11_ABI)
-    except Exception:
-        pass
+    abi = getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", None)
+    abi = None if abi is None else bool(abi)
     try:
         if torch_info.get("xpu") and hasattr(torch, "xpu") and torch.xpu.is_available():
             return ("xpu",) * torch.xpu.device_count(), "torch.xpu", abi

@@ -96,12 +96,8 @@ def pair_for(gpu: str, codes) -> str | None:
     want = compute_capability(gpu)
     if want is None:
         return None
-    best = None
-    for code in codes:
-        cc = compute_capability(code)
-        if cc is not None and cc[0] == want[0] and cc[1] <= want[1] and (best is None or cc[1] > best[1]):
-            best = cc
-    return None if best is None else f"sm_{best[0]}{best[1]}"
+    runs = [cc for cc in map(compute_capability, codes) if cc and cc[0] == want[0] and cc[1] <= want[1]]
+    return "sm_%d%d" % max(runs) if runs else None
 
 
 def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
