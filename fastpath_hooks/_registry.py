@@ -64,7 +64,8 @@ def from_pins_data(kernels: dict, base=None) -> dict:
     for name, entry in kernels.items():
         if not isinstance(entry, dict):
             continue
-        keys = dict(out.get(name) or {k: name if k == "rule_prefix" else () if k in _LISTS else None for k in KEYS})
+        new = dict.fromkeys(KEYS) | dict.fromkeys(_LISTS, ()) | {"rule_prefix": name}
+        keys = dict(out.get(name) or new)
         for key in _LISTS:
             value = entry.get(key)
             if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
