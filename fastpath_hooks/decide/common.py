@@ -230,7 +230,7 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
     kw = ctx.kw(kernel, installed)
 
     def skip(suffix, reason, fix="", facts=None):
-        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.shared(suffix), fix=fix,
+        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.rule_id(ctx.pins, None, suffix), fix=fix,
                         facts=facts or {}, **kw)
 
     if kernel in settings.skip:

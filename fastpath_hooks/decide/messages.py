@@ -1,16 +1,10 @@
-"""Every rule id the policy can emit, declared once (like pip's error codes or ruff's rule registry),
-and the one-line human form of a decision. The engine reads severities and needs from here, never from
-the id's text; the policy makes its ids through `rule_id`, which accepts only declared ones.
+"""Every rule id the policy can emit, declared once with its severity and its short form, and the one-line
+human form of a decision. The engine reads severities and needs from here, never from the id's text.
 
-An id is `<scope>.<suffix>`: `skip` for the rules every kernel shares, else the kernel's `rule_prefix`
-and a suffix declared for its kind. Three families take their last part from the kernel's data:
-`{accelerator}`, `{with}` (the rule prefix of a kernel it is used with), `{import}` (`imports_installed`).
-
-Each rule declares `line` (the reason, short by design) and `fix` ("" where nothing the user does changes
-the outcome); their slots are filled from the context (`slots`) and the decision's own `facts`, and `[...]`
-is kept only when every slot inside has a value. The driver renders each decision once (`render`); the
-engine says `<kernel>: <outcome> - <short reason> (<short fix>)` (`line`), while the whole reason and fix
-stay in doctor, plan and the debug log. A value that could be long is shortened where it is made (`few`).
+An id is `<scope>.<suffix>`: `skip` for the rules every kernel shares, else the kernel's `rule_prefix` and a
+suffix declared for its kind; `{accelerator}`, `{with}` and `{import}` expand from the kernel's data. `line` and
+`fix` templates take their slots from `slots` and the decision's `facts`; `[...]` is kept only when every slot in
+it has a value. The line says `<kernel>: <outcome> - <short reason> (<short fix>)`; doctor and plan keep the whole.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ import string
 from dataclasses import dataclass, replace
 
 from ..events import MAX_LINE, PREFIX, Severity
+from ..facts.pins_values import ACCELERATORS
 from .plan import target_of
 
 
@@ -36,27 +31,27 @@ class Rule:
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
-    # the short form's templates (module docstring); None: not written yet - tests/test_lines.py names the rule
-    line: str | None = None
+    line: str | None = None       # the short form (None: not written yet - tests/test_lines.py names the rule)
     fix: str | None = None
 
 
 _S, _W = Severity.STATUS, Severity.WARNING
 
-# fixes several rules share
 FETCH = "fastpath-hooks download gets them"
 PINS_FILE = "add one via FASTPATH_HOOKS_PINS"
 AHEAD = "ahead of time: fastpath-hooks build {kernel}"
 
 NUMERIC_SHORT_FIX = "pin a good release: fastpath-hooks doctor"
-# every kind: a kernel with numeric checks (pins: numeric_checks) whose numbers were measured wrong here
-NUMERIC = {
+OFFLINE = "offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}"
+# rules of several kinds
+COMMON = {
     "block.numeric": Rule(_W, "its numbers were measured wrong on a visible GPU under this torch build: blocked",
-                          requires=("numeric_checks",),
-                          line="{measured}", fix=NUMERIC_SHORT_FIX),
+                          requires=("numeric_checks",), line="{measured}", fix=NUMERIC_SHORT_FIX),
+    "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing",
+                        line="no {import}, which `import {module}` imports", fix="{import_fix}"),
 }
-# a compiled kernel with an opt-in CUDA extension (pins: source_build.cuda_switch): a build without it is good
-# for the families in use only, so never a warm verdict
+# an opt-in CUDA extension (pins: source_build.cuda_switch): a build without it is good for the families in use
+# only, so never a warm verdict
 _SWITCH = ("cuda_switch",)
 
 SHARED = {
@@ -99,14 +94,11 @@ PURE = {
     "incompatible.block": Rule(_W, "installed and does not import with this triton, nothing to replace it: blocked",
                                line="{problem}; {nothing}", fix=FETCH),
     "no-release": Rule(_S, "no pinned release fits here", line="no pinned release for {fits}", fix=PINS_FILE),
-    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks the release's wheels",
-                            line="offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}", fix=FETCH),
+    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks the release's wheels", line=OFFLINE, fix=FETCH),
     "xpu.old-transformers": Rule(_S, "this transformers uses the kernel on CUDA only", requires=("gates",),
                                  line="transformers {transformers} uses it on CUDA only",
                                  fix="upgrade transformers to >= 5.15"),
-    "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing",
-                        line="no {import}, which `import {module}` imports", fix="{import_fix}"),
-    **NUMERIC,
+    **COMMON,
 }
 
 PAIR = {
@@ -126,13 +118,11 @@ PAIR = {
                           fix="unset {variable}: {served} needs it for {hazard}"),
     "no-nvcc": Rule(_W, "it compiles at run time and there is no nvcc", requires=("needs_nvcc",),
                     line="no nvcc to compile with", fix="set CUDA_HOME to a CUDA toolkit"),
-    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks a known-good pair",
-                            line="offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}", fix=FETCH),
+    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks a known-good pair", line=OFFLINE, fix=FETCH),
     "repair.{problem}": Rule(_S, "the installed pair is broken, half-installed or incomplete: repair it",
                              line="{problem}; replacing it with {target}", fix=""),
     "repair.{problem}.offline-missing": Rule(_W, "a broken pair, offline, the wheelhouse lacks the repair: blocked",
-                                             line="{problem}; offline[, lacking {missing}]",
-                                             fix=FETCH),
+                                             line="{problem}; offline[, lacking {missing}]", fix=FETCH),
     "repair.{problem}.unrepairable": Rule(_W, "a broken pair the pins know no repair for: blocked",
                                           line="{problem}; no known-good pair for this GPU", fix=PINS_FILE),
     "install.for-backend": Rule(_S, "a backend kernel that runs on it is on by default here: install a known-good pair",
@@ -141,7 +131,7 @@ PAIR = {
                       line="its check failed; replacing it with {target}", fix=""),
     "ok.unverified.repair": Rule(_S, "the check of an unknown pair failed: repaired to a known-good one", engine=True,
                                  line="its check failed; replacing it with {target}", fix=""),
-    **NUMERIC,
+    "block.numeric": COMMON["block.numeric"],
 }
 PAIR_PROBLEMS = ("half-installed", "broken-pair", "missing-companion")
 
@@ -171,8 +161,7 @@ COMPILED = {
                        line="from source for {archs} with hipcc, an estimated {minutes}", fix=AHEAD),
     "no-release": Rule(_S, "no pinned release fits here", requires=("releases",),
                        line="no pinned release for {fits}", fix=PINS_FILE),
-    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks what the install needs",
-                            line="offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}", fix=FETCH),
+    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks what the install needs", line=OFFLINE, fix=FETCH),
     "no-wheel": Rule(_W, "no prebuilt wheel fits and source builds are off",
                      line="no wheel fits; FASTPATH_HOOKS_ALLOW_BUILD=0 forbids a build",
                      fix="set it to auto, or `fastpath-hooks build` it"),
@@ -204,8 +193,6 @@ COMPILED = {
                           fix="{timeout_fix}"),
     "without.{with}": Rule(_S, "a kernel it is only useful with is not installed here",
                            line="useful only with {partner}, which is {verb} here", fix="fix {partner} first"),
-    "no-{import}": Rule(_S, "a distribution its import needs (never installed by fastpath-hooks) is missing",
-                        line="no {import}, which `import {module}` imports", fix="{import_fix}"),
     "build.triton-only": Rule(_S, "only families that use its Triton ops are in use: built without its CUDA extension",
                               requires=_SWITCH, warm=False,
                               line="{target} without its CUDA extension: only {users} in use, Triton ops", fix=""),
@@ -219,7 +206,7 @@ COMPILED = {
     "block.no-cuda": Rule(_W, "installed without its CUDA extension, a family in use calls it, no rebuild here: blocked",
                           requires=_SWITCH,
                           line="{installed} lacks the CUDA extension a model here calls; {cannot}", fix="{cannot_fix}"),
-    **NUMERIC,
+    **COMMON,
 }
 
 BACKEND = {
@@ -248,12 +235,10 @@ BACKEND = {
                       line="it computes K = V = {dims} only; {served} keeps its own path", fix=""),
     "no-release": Rule(_S, "no pinned release fits torch here", line="no known-good release for torch {torch}",
                        fix=PINS_FILE),
-    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks its wheel",
-                            line="offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}", fix=FETCH),
+    "offline-missing": Rule(_S, "offline, and the wheelhouse lacks its wheel", line=OFFLINE, fix=FETCH),
 }
 
 KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED, "backend": BACKEND}
-ACCELERATORS = ("cuda", "rocm", "xpu")
 
 
 def _expand(template: str, spec, pins) -> list:
@@ -289,18 +274,11 @@ def declared(pins) -> dict:
     return found
 
 
-def rule_id(pins, kernel: str, suffix: str) -> str:
-    """`<kernel's rule prefix>.<suffix>`; a suffix not declared for the kernel's kind is a bug (KeyError)."""
-    rule = f"{pins.kernel(kernel).rule_prefix}.{suffix}"
+def rule_id(pins, kernel: str | None, suffix: str) -> str:
+    """`<kernel's rule prefix, or skip for none>.<suffix>`; one not declared for it is a bug (KeyError)."""
+    rule = f"{pins.kernel(kernel).rule_prefix if kernel else SHARED_SCOPE}.{suffix}"
     if rule not in declared(pins):
-        raise KeyError(f"rule {rule!r} is not declared for {kernel} ({pins.kernel(kernel).kind}) in decide/messages.py")
-    return rule
-
-
-def shared(suffix: str) -> str:
-    rule = f"{SHARED_SCOPE}.{suffix}"
-    if not any(rule == f"{SHARED_SCOPE}.{s}" for t in SHARED for s in _expand(t, None, None)):
-        raise KeyError(f"rule {rule!r} is not declared in decide/messages.py")
+        raise KeyError(f"rule {rule!r} is not declared for {kernel or 'every kernel'} in decide/messages.py")
     return rule
 
 
@@ -317,17 +295,13 @@ NOT_INSTALLED, LEFT_ALONE, BLOCKED = "not installed", "left as it is", "blocked"
 INSTALLING, BUILDING, REPAIRING, OK_WORD = "installing", "building", "repairing", "ok"
 MACHINE_WIDE = "torch path for every kernel"
 DOCTOR = "fastpath-hooks doctor"
+ACCELERATOR_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU"}
 
 
 def few(items, limit: int = 24) -> str:
-    """`a, b and 3 more`: the first items that fit in `limit` characters, then how many are left (the
-    whole list is in the decision's reason: doctor, plan, the debug log). Wheel file names and
-    requirements are named by their distribution."""
-    names = []
-    for item in items:
-        name = _name(str(item))
-        if name not in names:
-            names.append(name)
+    """`a, b and 3 more`: the distributions of the first items that fit in `limit` characters (the whole list
+    is in the reason: doctor, plan, the debug log)."""
+    names = list(dict.fromkeys(_name(str(item)) for item in items))
     shown: list = []
     for name in names:
         if shown and len(", ".join(shown + [name])) > limit:
@@ -338,14 +312,14 @@ def few(items, limit: int = 24) -> str:
 
 
 def _name(item: str) -> str:
-    """A distribution's name for a requirement (`z3-solver<4.15.5,>=4.13.0`) or a file name (`..-1.0-py3-none-any.whl`)."""
+    """The distribution of a requirement (`z3-solver<4.15.5,>=4.13.0`) or a file (`..-1.0-py3-none-any.whl`)."""
     if item.endswith((".whl", ".tar.gz", ".zip")):
         return item.split("-", 1)[0].replace("_", "-") + (" wheel" if item.endswith(".whl") else " sdist")
     return re.split(r"[<>=!~;\[ @]", item, maxsplit=1)[0]
 
 
 def public(version) -> str:
-    """A version without its local label (`1.6.2.post1+fph.torch2.11.0...` -> `1.6.2.post1`): the label is detail."""
+    """A version without its local label (`1.6.2.post1+fph.torch2.11.0...` -> `1.6.2.post1`)."""
     return str(version).split("+", 1)[0] if version else ""
 
 
@@ -364,9 +338,6 @@ def minutes(seconds) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
-ACCELERATOR_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "xpu": "XPU"}
-
-
 def slots(ctx, decision) -> dict:
     """The slots every template may name, from the decision's context, then the decision's own facts."""
     env, settings, pins = ctx.env, ctx.settings, ctx.pins
@@ -374,41 +345,21 @@ def slots(ctx, decision) -> dict:
     build = next((s for s in decision.steps if s.kind == "build"), None)
     archs = tuple(build.archs) if build is not None else ()
     values = {
-        "kernel": decision.kernel,
-        "dist": spec.distributions[0],
-        "module": spec.module,
-        "target": versions(spec, decision.target),
-        "installed": versions(spec, decision.installed),
-        "needs": ", ".join(decision.needs),
-        "torch": env.torch or "",
-        "triton": env.triton or "",
-        "transformers": env.version("transformers") or "",
-        "python": env.python,
-        "platform": env.platform,
-        "arch": env.arch,
-        "glibc": env.glibc or "",
-        "cuda": env.torch_cuda or "",
-        "cuda_major": (env.torch_cuda or "").split(".")[0],
-        "nvcc": env.nvcc_version or "",
+        "kernel": decision.kernel, "dist": spec.distributions[0], "module": spec.module,
+        "target": versions(spec, decision.target), "installed": versions(spec, decision.installed),
+        "needs": ", ".join(decision.needs), "torch": env.torch or "", "triton": env.triton or "",
+        "transformers": env.version("transformers") or "", "python": env.python, "platform": env.platform,
+        "arch": env.arch, "glibc": env.glibc or "", "cuda": env.torch_cuda or "",
+        "cuda_major": (env.torch_cuda or "").split(".")[0], "nvcc": env.nvcc_version or "",
         "gpus": "+".join(dict.fromkeys(env.gpus)),
         "accelerator": ACCELERATOR_NAMES.get(env.accelerator or "", env.accelerator or ""),
-        "spec_python": str(spec.python),
-        "spec_torch": str(spec.torch),
-        "spec_platforms": " or ".join(spec.platforms),
+        "spec_python": str(spec.python), "spec_torch": str(spec.torch), "spec_platforms": " or ".join(spec.platforms),
         "spec_glibc": str(spec.glibc.get(env.arch, "")),
         "archs": "every arch" if archs == ("all",) else ", ".join(archs),
         "minutes": minutes(decision.expected_seconds),
         "timeout": f"{settings.timeout:.0f}" if settings is not None else "",
     }
-    values.update(decision.facts)
-    return values
-
-
-def texts(rule, values: dict) -> tuple:
-    """(short reason, short fix) of a declared Rule; KeyError naming the slot a template lacks."""
-    if rule.line is None or rule.fix is None:
-        raise KeyError("no short form (line= and fix=)")
-    return fill(rule.line, values), fill(rule.fix, values)
+    return {**values, **decision.facts}
 
 
 def fill(template: str, values: dict) -> str:
@@ -421,8 +372,8 @@ def fill(template: str, values: dict) -> str:
 
 
 def compact(ctx, decision) -> str:
-    """The decision's short reason without its optional parts (`[...]`), for a line composing it with another
-    kernel's where the whole does not fit (`fitting`); "" where nothing would be left."""
+    """The short reason without its optional parts (`[...]`), for a line composing it with another kernel's
+    where the whole does not fit (`fitting`); "" where nothing would be left."""
     rule = lookup(ctx.pins, decision.rule)
     bare = _GROUP.sub("", rule.line) if rule is not None and rule.line else ""
     if not bare.strip(" ;,"):
@@ -434,45 +385,39 @@ def compact(ctx, decision) -> str:
 
 
 def fitting(kernel: str, outcome_word: str, reasons, fix: str = "") -> str:
-    """The first of a composed line's reasons, most whole first, with which `<kernel>: <outcome> - <reason>
-    (<fix>)` fits the line width; else the last (events.fit cuts it: tests/test_lines.py says which)."""
+    """The first of `reasons` (most whole first) whose line fits the width; else the last (events.fit cuts it)."""
     reasons = list(reasons)
     return next((r for r in reasons if len(PREFIX + compose(kernel, outcome_word, r, fix)) <= MAX_LINE), reasons[-1])
 
 
 def strict(ctx, decision) -> tuple:
-    """(short reason, short fix, and the repair's) as `render` makes them; KeyError saying which rule and why
-    (the test of every rule id calls this)."""
+    """(short reason, short fix[, the repair's two]) as `render` makes them; KeyError naming the rule and why."""
     values = slots(ctx, decision)
+    said = [(decision.rule, values)]
+    if decision.repair_steps:
+        target = versions(ctx.pins.kernel(decision.kernel), target_of(decision.repair_steps))
+        said.append((decision.rule + ".repair", dict(values, target=target)))
+    out: tuple = ()
     try:
-        out = texts(_rule(ctx, decision.rule), values)
-        if decision.repair_steps:
-            repair = dict(values, target=versions(ctx.pins.kernel(decision.kernel), target_of(decision.repair_steps)))
-            out += texts(_rule(ctx, decision.rule + ".repair"), repair)
+        for rule_id_, vals in said:
+            rule = lookup(ctx.pins, rule_id_)
+            if rule is None or rule.line is None or rule.fix is None:
+                raise KeyError(f"{rule_id_!r} is not declared" if rule is None else "no short form (line= and fix=)")
+            out += (fill(rule.line, vals), fill(rule.fix, vals))
     except KeyError as exc:
         raise KeyError(f"rule {decision.rule!r}: {exc.args[0]} - give it line= and fix= templates in "
-                       "decide/messages.py, whose slots are the context's (decide/messages.py `slots`) or the "
-                       "decision's facts") from None
+                       "decide/messages.py, whose slots are `slots`' or the decision's facts") from None
     return out
 
 
-def _rule(ctx, rule_id: str):
-    rule = lookup(ctx.pins, rule_id)
-    if rule is None:
-        raise KeyError(f"{rule_id!r} is not declared")
-    return rule
-
-
 def render(ctx, decision):
-    """The decision with its short reason and fix (and its repair's, in `facts`). A rule without a short
-    form - a bug the test of every rule id catches - falls back to the whole texts (fitted when said)."""
+    """The decision with its short reason and fix (its repair's in `facts`). A rule without a short form - a
+    bug the test of every rule id catches - leaves them "": the line then says the whole texts."""
     try:
         found = strict(ctx, decision)
     except (KeyError, ValueError, IndexError):
         return replace(decision, short_reason="", short_fix="")
-    facts = dict(decision.facts)
-    if len(found) == 4:
-        facts["repair_reason"], facts["repair_fix"] = found[2], found[3]
+    facts = dict(decision.facts, **dict(zip(("repair_reason", "repair_fix"), found[2:])))
     return replace(decision, short_reason=found[0], short_fix=found[1], facts=facts)
 
 
@@ -482,27 +427,22 @@ def outcome(decision) -> str:
     action = str(decision.action)
     if action == "skip":
         return LEFT_ALONE if decision.installed else NOT_INSTALLED
-    if action == "block":
-        return BLOCKED
-    if action == "repair":
-        return REPAIRING
     if action == "install":
         return BUILDING if any(s.kind == "build" for s in decision.steps) else INSTALLING
-    return OK_WORD
+    return {"block": BLOCKED, "repair": REPAIRING}.get(action, OK_WORD)
 
 
-def would(decision) -> str:
-    """Report mode's outcome: `would install`, `would build`, `would repair`."""
-    return {INSTALLING: "would install", BUILDING: "would build", REPAIRING: "would repair"}.get(outcome(decision),
-                                                                                               f"would {decision.action}")
+def _said(decision) -> tuple:
+    """(reason, fix) as a line says them: the short forms, else the whole texts."""
+    if decision.short_reason:
+        return decision.short_reason, decision.short_fix
+    return decision.reason, decision.fix
 
 
 def line(decision, *, outcome_word: str | None = None, reason: str | None = None, fix: str | None = None) -> str:
-    """`<kernel>: <outcome> - <reason> (<fix>)`, from the short forms (the whole texts for a decision
-    without one)."""
-    why = reason if reason is not None else (decision.short_reason or decision.reason)
-    how = fix if fix is not None else (decision.short_fix if decision.short_reason else decision.fix)
-    return compose(decision.kernel, outcome_word or outcome(decision), why, how)
+    why, how = _said(decision)
+    return compose(decision.kernel, outcome_word or outcome(decision), why if reason is None else reason,
+                   how if fix is None else fix)
 
 
 def compose(kernel: str, outcome_word: str, reason: str, fix: str = "") -> str:
@@ -511,8 +451,7 @@ def compose(kernel: str, outcome_word: str, reason: str, fix: str = "") -> str:
 
 def machine_line(decision) -> str:
     """A machine-wide skip (no torch, no accelerator), said once for every kernel."""
-    why = decision.short_reason or decision.reason
-    how = decision.short_fix if decision.short_reason else decision.fix
+    why, how = _said(decision)
     return f"{MACHINE_WIDE} - {why}" + (f" ({how})" if how else "")
 
 
