@@ -1,13 +1,6 @@
-"""The plan: per kernel one decision (immutable values the policy returns), and the installer command
-lines of its steps (pure: no process is started here). Both installers get the same protections: a
-constraints file pinning every protected distribution as installed now, `--no-deps` for the kernel
-distributions, binary wheels only unless a source build is allowed, and the user's FIND_LINKS /
-OFFLINE / INDEX_URL; anything else comes from pip's or uv's own configuration.
-
-The gated-delta-rule check a Decision carries (`check`) to its verification child (act/check_child.py):
-the shapes (the imported model's, else the pins' defaults), which kernel path is compared with which,
-the tolerances. It also warms the JIT caches for those shapes, under the training process's cache
-variables (the decision's `env`), so the first training step finds them compiled.
+"""The plan: per kernel one immutable decision, the installer command lines of its steps (pip and uv get the
+same protections: a constraints file, `--no-deps` for kernels, binary only unless a build is allowed), and the
+gated-delta-rule check a decision hands its verification child (act/check_child.py), which also warms the JIT.
 """
 
 from __future__ import annotations
@@ -63,7 +56,6 @@ class Want:
 
     @property
     def exact(self) -> str | None:
-        """The version an `==X` requirement pins, else None."""
         specs = list(self.specifier)
         if len(specs) == 1 and specs[0].operator == "==" and not specs[0].version.endswith(".*"):
             return specs[0].version
@@ -108,12 +100,11 @@ class Step:
 
     @cached_property
     def wants(self) -> tuple:
-        """One Want per requirement, in order, parsed at the first ask (a replaced step parses its own)."""
+        """Parsed at the first ask (a replaced step parses its own)."""
         return tuple(_want(self.kind, raw) for raw in self.requirements)
 
     @property
     def names(self) -> tuple:
-        """The canonical distribution names this step installs, in order."""
         return tuple(w.name for w in self.wants)
 
     @property
@@ -163,8 +154,7 @@ class Decision:
 
     @cached_property
     def repair(self) -> "Decision | None":
-        """What runs when this decision's check fails: its `repair_steps` as a REPAIR, decided with it (the
-        engine executes it, never makes it); None without repair steps."""
+        """Its `repair_steps` as a REPAIR, run when its check fails (the engine runs it, never makes it)."""
         if not self.repair_steps:
             return None
         target = target_of(self.repair_steps)
@@ -181,12 +171,8 @@ class Decision:
 
 
 def target_of(steps) -> dict:
-    """dist -> version the kernel/replace steps pin (read from the steps' parsed requirements)."""
-    out = {}
-    for step in steps:
-        if step.kind in (StepKind.KERNEL, StepKind.REPLACE):
-            out.update(step.exact)
-    return out
+    """dist -> version the kernel/replace steps pin."""
+    return {k: v for step in steps if step.kind in (StepKind.KERNEL, StepKind.REPLACE) for k, v in step.exact.items()}
 
 
 @dataclass(frozen=True)
@@ -233,9 +219,8 @@ def choose_installer(settings, env) -> str:
 
 
 def installer_choice(settings, env) -> tuple:
-    """(uv, pip or None, why). Auto prefers uv, except where pip is configured with its own index or
-    find-links and fastpath-hooks is given none: uv ignores pip's configuration and would resolve from
-    public PyPI. None: no installer can run here; `why` is then `<what is missing>; <the fix>`."""
+    """(uv, pip or None, why). Auto prefers uv, except where pip's configuration names an index or find-links and
+    ours names none: uv ignores it and would resolve from PyPI. None: `why` is `<what is missing>; <the fix>`."""
     if env.unwritable_site:
         return None, (f"site-packages is not writable ({env.unwritable_site}); install as the environment's owner, "
                       "or set FASTPATH_HOOKS_SKIP")
@@ -269,9 +254,8 @@ def protected_constraints(installed: dict, protected) -> list[str]:
 
 
 def constraints(installed: dict, protected, named=()) -> list[str]:
-    """The constraints file's lines for steps that name `named`: every installed distribution they do not
-    name pinned as it is, the protected ones first - a dependency resolve must not change anything the
-    transaction does not back up (only the named distributions). Real versions only, never posed ones."""
+    """The constraints for steps naming `named`: every other installed distribution pinned as it is, the protected
+    first - a resolve must not change what the transaction does not back up. Real versions only, never posed."""
     lines = protected_constraints(installed, protected)
     free = {canonical_name(n) for n in named}
     for name in sorted(installed):
@@ -288,9 +272,8 @@ def constraints(installed: dict, protected, named=()) -> list[str]:
 
 
 def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
-    """What the installer finds installed when `kernel`'s own steps run: `installed`, then the targets of
-    the kernels it needs, depth first as the engine installs them. A wheel step's version is its file's
-    (local label included); a build's is its public version, which `==` matches whatever label it adds."""
+    """What is installed when `kernel`'s own steps run: `installed`, then the targets of the kernels it needs, depth
+    first as the engine installs them; a wheel's version is its file's (local label included)."""
     out, seen = dict(installed), set()
 
     def add(name: str) -> None:
@@ -315,7 +298,6 @@ def installed_after_needs(decisions, kernel: str, installed: dict) -> dict:
 
 
 def step_names(steps) -> set:
-    """The canonical distribution names the steps install (a wheel step: its file's distribution)."""
     return {name for step in steps for name in step.names}
 
 
@@ -333,30 +315,18 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
         named = [r for r in step.requirements if not r.endswith(".whl") and r not in local_files]
         files = [r for r in step.requirements if r not in named]
         reqs = named + (list(local_files) or [local_file or step.url or files[0]])
-    if installer == "uv":
-        argv = [uv or "uv", "pip", "install", "--python", python]
-        if step.no_deps:
-            argv.append("--no-deps")
-        if step.binary_only:
-            argv += ["--only-binary", ":all:"]
-        if step.force:
-            for name in step.names:
-                argv += ["--reinstall-package", name]
-        if not step.build_isolation:
-            argv.append("--no-build-isolation")
-        argv += ["--constraints", constraints_file]
-    else:
-        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
-        if step.no_deps:
-            argv.append("--no-deps")
-        if step.binary_only:
-            argv.append("--only-binary=:all:")
-        if step.force:
-            argv.append("--force-reinstall")
-        if not step.build_isolation:
-            argv.append("--no-build-isolation")
-        argv += ["--constraint", constraints_file]
-    argv += index_flags(settings) + list(reqs)
+    is_uv = installer == "uv"
+    argv = ([uv or "uv", "pip", "install", "--python", python] if is_uv else
+            [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"])
+    if step.no_deps:
+        argv.append("--no-deps")
+    if step.binary_only:
+        argv += ["--only-binary", ":all:"] if is_uv else ["--only-binary=:all:"]
+    if step.force:
+        argv += [a for name in step.names for a in ("--reinstall-package", name)] if is_uv else ["--force-reinstall"]
+    if not step.build_isolation:
+        argv.append("--no-build-isolation")
+    argv += ["--constraints" if is_uv else "--constraint", constraints_file, *index_flags(settings), *reqs]
     return Invocation(argv=tuple(argv), env=tuple(step.env), step=step)
 
 
@@ -404,9 +374,8 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
 
 
 def model_shapes(rows, warm, transformers=None) -> tuple:
-    """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows` (the
-    imported gated-delta-rule models' config defaults), else the pins' defaults. The heads are those fla
-    is called with: a `transformers` outside the pins' `gva_transformers` repeats q and k to the value heads."""
+    """((key heads, value heads, K, V), ...) to check and warm, and where they come from: `rows` (the imported
+    models' configs), else the pins' defaults; a transformers outside `gva_transformers` repeats q and k."""
     shapes, names = [], []
     heads = warm.heads if warm is not None else (None, None)
     repeat = (warm is not None and transformers is not None
@@ -428,8 +397,7 @@ def model_shapes(rows, warm, transformers=None) -> tuple:
 
 
 def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:
-    """The check of `kernel`: `served`'s own path forward + backward at `shapes` (warmed at the pins'
-    sequence lengths); for a backend also with it switched on, compared."""
+    """`served`'s own path forward + backward at `shapes`; for a backend also with it on, compared."""
     spec = pins.kernel(kernel)
     warm = spec.warm
     check = {
@@ -449,7 +417,6 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
 
 
 def jit_env(env, pins, kernel: str) -> tuple:
-    """((variable, directory), ...) of the kernel's JIT caches the user has not set (pins `jit_caches`), under
-    fastpath-hooks' cache, where every environment of this machine finds them."""
+    """((variable, directory), ...) of the kernel's JIT caches (pins `jit_caches`) the user has not set."""
     return tuple((var, env.jit_caches[var]) for var in pins.kernel(kernel).jit_caches
                  if var in env.jit_caches and var not in env.jit_caches_given)
