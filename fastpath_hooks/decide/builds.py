@@ -1,9 +1,6 @@
-"""A compiled kernel's source build, for the policy and `fastpath-hooks build` (`decide_build`): which
-pinned release (`release_order`); whether a build may start here, with which compiler, for which archs
-and how long (`source_build`); what it compiles for this machine (the sdist's -gencode codes per nvcc
-release, the codes the visible GPUs take under the arch rules, whether the opt-in CUDA extension is
-compiled); and how builds share the machine (cores, nvcc threads, memory). Data, not code, says what each
-sdist does (pins: `source_build`, `release`, `releases`).
+"""A compiled kernel's source build, for the policy and `fastpath-hooks build`: which pinned release, whether a
+build may start here (compiler, archs, time), what it compiles for this machine, and how builds share its cores
+and memory. The pins (`source_build`, `releases`) say what each sdist does.
 """
 
 from __future__ import annotations
@@ -21,10 +18,9 @@ from .plan import Decision, INSTALL, SKIP, Step, StepKind
 
 
 def release_order(ctx: Context, kernel: str, planned: dict):
-    """(the pinned versions that fit here, in the pins' order; version -> its declared requirement that
-    what is installed, or `planned` by a kernel ensured first, does not meet), or (None, why none fits).
-    A --no-deps install leaves such a requirement unmet and the next resolver run would "fix" it
-    (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade the tilelang fla uses on Hopper)."""
+    """(the pinned versions that fit here, in order; version -> its declared requirement that what is installed
+    or `planned` does not meet), or (None, why none fits). A --no-deps install leaves such a requirement unmet
+    for the next resolve to "fix" (mamba-ssm 2.3.2's tilelang==0.1.8 would downgrade fla's on Hopper)."""
     env, pins = ctx.env, ctx.pins
     releases = pins.kernel(kernel).releases
     if not releases:
@@ -48,8 +44,7 @@ def release_order(ctx: Context, kernel: str, planned: dict):
 
 
 def decide_build(env, settings, pins, kernel: str) -> Decision:
-    """`fastpath-hooks build`: the kernel's source build for `env.gpus` (the archs asked for, on a host
-    that may have no GPU), whatever wheels exist, by an automatic build's rules."""
+    """`fastpath-hooks build`: the source build for `env.gpus` (the archs asked for), whatever wheels exist."""
     ctx = Context(env, settings, pins, False)
     kw = ctx.kw(kernel, {})
     versions, clashes = release_order(ctx, kernel, {})
@@ -81,12 +76,15 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         return ctx.skip(kernel, "build.no-pip", f"{why}, and a source build runs pip, which this "
                      "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
                      "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
-    needs_cuda, families = needs_cuda_build(env, build)
-    switch = build.cuda_switch if build.cuda_switch is not None and build.version is not None \
-        and build.cuda_switch.applies(build.version) else None
-    switch_env = dict(switch.env) if switch is not None and needs_cuda else {}
-    if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in, and nothing in use calls it
-        return _triton_only(ctx, kernel, build, why, families, dep_steps, kw)
+    needs_cuda, families = needs_cuda_build(env, build)   # families: "" where the release has no opt-in extension
+    switch_env = dict(build.cuda_switch.env) if needs_cuda and families else {}
+    if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in and nothing in use calls it
+        step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
+                    env=tuple(sorted(build.env.items())), archs=("py",),
+                    note=f"source build without the CUDA extension ({families}): Python and Triton only, no compiler")
+        return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=ctx.rule(kernel, "build.triton-only"),
+                        reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
+                        facts={"users": few(cuda_families(env, build)[1])})
     if rocm:
         why = "no prebuilt ROCm wheels"
         if not env.hipcc:
@@ -112,7 +110,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if unsupported and not rocm:
         codes = cuda_codes(build, env.nvcc_version)
         return ctx.skip(kernel, "build.no-arch", f"{why}, and {build.requirement} compiles no code that "
-                     f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "",
+                        f"runs on {'+'.join(unsupported)}; with {compiler} it targets {', '.join(codes)}", "",
                         facts={"unsupported": "+".join(unsupported)}, **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
@@ -121,9 +119,9 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         if mode == "auto":
             seconds, _ = build_estimate(build, len(cuda_codes(build, env.nvcc_version)), env.cpus, env.build_history)
             return ctx.skip(kernel, "build.unrestricted", f"{why}; a source build cannot be restricted to "
-                         f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
-                         f"- about {minutes(seconds)}, an estimate",
-                         "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway",
+                            f"this machine's GPUs, {what}: unknown archs; and one for every arch takes long "
+                            f"- about {minutes(seconds)}, an estimate",
+                            "set FASTPATH_HOOKS_ALLOW_BUILD=1 to build for every arch anyway",
                             facts={"unsupported": what, "minutes": minutes(seconds)}, **kw)
         archs, rule = ("all",), ctx.rule(kernel, "rocm.build" if rocm else "build.all-archs")
         n_archs = len(cuda_codes(build, env.nvcc_version)) if not rocm else 1
@@ -132,6 +130,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         n_archs = len(archs)
         if rocm:
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
+    where = "every arch" if archs == ("all",) else ", ".join(archs)
     seconds, how = build_estimate(build, n_archs, env.cpus, env.build_history)
     if rocm:
         how += " of a CUDA build"
@@ -140,52 +139,35 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if std is not None:
         compiler += f" and -std={std.std}"
     if seconds > settings.timeout:
-        return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {'every arch' if archs == ('all',) else ', '.join(archs)} takes about "
-                     f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
-                     f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more" +
-                     ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
+        return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {where} takes about "
+                        f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
+                        f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more" +
+                        ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
                         facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={int(seconds * 1.5)}"
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
-    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True, binary_only=False,
-                              build_isolation=False, env=tuple(sorted(env_pairs.items())), archs=archs,
-                              cxx_std=std.std if std is not None else None,
-                              note=f"source build against the installed torch with {compiler}, for "
-                                   f"{', '.join(archs)}; about {minutes(seconds)}, {how}" +
-                                   "".join(f"; {long}" for _, long in notes) +
-                                   (f"; -std={std.std} handed last to the host compiler and "
-                                    f"{'hipcc' if rocm else 'nvcc'}: torch {env.torch} needs it" if std else "") +
-                                   (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}"
-                                    if switch_env else "")),)
-    missing = ctx.missing_offline(steps)
-    if missing:
-        return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
-                     "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index",
-                        facts={"missing": few(missing)}, **kw)
+    step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
+                env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
+                note=f"source build against the installed torch with {compiler}, for {', '.join(archs)}; about "
+                     f"{minutes(seconds)}, {how}" + "".join(f"; {long}" for _, long in notes) +
+                     (f"; -std={std.std} handed last to the host compiler and {'hipcc' if rocm else 'nvcc'}: "
+                      f"torch {env.torch} needs it" if std else "") +
+                     (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}" if switch_env else ""))
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
-    return Decision(kernel=kernel, action=INSTALL, rule=rule,
-                    # what happens and how long first, where a cut line keeps it
-                    reason=f"building from source for {'every arch' if archs == ('all',) else ', '.join(archs)} with "
-                           f"{compiler}, about {minutes(seconds)}, an estimate{allowed}; "
-                           f"{''.join(f'{short}; ' for short, _ in notes)}{why}",
-                    steps=steps, target={build.distribution: build.version}, expected_seconds=round(seconds), **kw)
+    # what happens and how long first, where a cut line keeps it
+    return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=rule, expected_seconds=round(seconds),
+                    reason=f"building from source for {where} with {compiler}, about {minutes(seconds)}, an "
+                           f"estimate{allowed}; {''.join(f'{short}; ' for short, _ in notes)}{why}")
 
 
-def _triton_only(ctx: Context, kernel: str, build, why: str, families: str, dep_steps, kw) -> Decision:
-    """The release's CUDA extension is opt-in and no family in use calls it: a build of its Python and
-    Triton ops only, labelled `py`."""
-    steps = dep_steps + (Step(kind=StepKind.BUILD, requirements=(build.requirement,), no_deps=True,
-                              binary_only=False, build_isolation=False, env=tuple(sorted(build.env.items())),
-                              archs=("py",), note=f"source build without the CUDA extension ({families}): "
-                                                  "Python and Triton only, no compiler"),)
+def _install(ctx: Context, kernel: str, build, why: str, steps, kw, **decision) -> Decision:
+    """The build's INSTALL, or offline-missing where the wheelhouse lacks what it needs."""
     missing = ctx.missing_offline(steps)
     if missing:
         return ctx.skip(kernel, "offline-missing", f"{why}; a source build needs {', '.join(missing)} too, "
                         "which FASTPATH_HOOKS_FIND_LINKS lacks", "add the sdist and wheels or allow the index",
                         facts={"missing": few(missing)}, **kw)
-    return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "build.triton-only"),
-                    reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
-                    steps=steps, target={build.distribution: build.version},
-                    facts={"users": few(cuda_families(ctx.env, build)[1])}, **kw)
+    return Decision(kernel=kernel, action=INSTALL, steps=steps, target={build.distribution: build.version},
+                    **decision, **kw)
 
 
 _codes: dict = {}   # (id(build), nvcc release) -> (build, its codes): the pins' builds live as long as the process
@@ -204,28 +186,29 @@ def cuda_codes(build, nvcc_version: str | None) -> tuple:
     return out
 
 
-def build_archs(env, build, archs=None) -> tuple:
-    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes, given this nvcc, whose
-    binaries run on `archs` (default the visible GPUs) - sm_86 takes sm_80's; ROCm: gfx as is."""
-    gpus = tuple(archs if archs is not None else env.gpus)
+def build_archs(env, build) -> tuple:
+    """(codes to compile, GPUs nothing compiled runs on): the sdist's codes, given this nvcc, whose binaries run
+    on the visible GPUs - sm_86 takes sm_80's; ROCm: gfx as is."""
+    gpus = tuple(env.gpus)
     if env.torch_hip:
         known = tuple(g for g in gpus if g.startswith("gfx") and len(g) > 3)
         return tuple(sorted(set(known))), tuple(g for g in gpus if g not in known)
     codes = cuda_codes(build, env.nvcc_version)
-    chosen = {g: cached_wheels.pair_for(_build_as(g, build, env.nvcc_version), codes) for g in gpus}
+    chosen = {}
+    for g in gpus:
+        rule = _arch_rule(g, build, env.nvcc_version)
+        chosen[g] = cached_wheels.pair_for(rule.build_as if rule is not None else g, codes)
     return tuple(sorted({c for c in chosen.values() if c}, key=cached_wheels.compute_capability)), \
         tuple(g for g, c in chosen.items() if c is None)
 
 
-def _build_as(gpu: str, build, nvcc_version) -> str:
-    """The arch whose code is compiled for `gpu`: itself, or the `build_as` of an arch rule saying this
-    nvcc's code for it is wrong (an unknown nvcc release fails closed)."""
-    rule = next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
-    return rule.build_as if rule is not None else gpu
+def _arch_rule(gpu: str, build, nvcc_version):
+    """The arch rule saying this nvcc's code for `gpu` is wrong (an unknown nvcc release fails closed), or None."""
+    return next((r for r in build.arch_rules if r.applies(gpu, nvcc_version)), None)
 
 
 def cuda_families(env, build) -> tuple:
-    """(the model families in use that call the release's opt-in CUDA extension, those that use its Triton ops only)."""
+    """(the model families in use that call the opt-in CUDA extension, those that use its Triton ops only)."""
     switch = build.cuda_switch
     if switch is None:
         return [], []
@@ -233,9 +216,8 @@ def cuda_families(env, build) -> tuple:
 
 
 def needs_cuda_build(env, build) -> tuple:
-    """(whether the build compiles the CUDA extension, why - one clause). Always, unless the release's
-    extension is opt-in (pins: source_build.cuda_switch) and the model families in use (the modeling
-    modules imported) include one that does without it and none that calls it. Unknown counts as needed."""
+    """(whether the build compiles the CUDA extension, why): always, unless it is opt-in (pins cuda_switch) and the
+    model families in use include one that does without it and none that calls it; unknown counts as needed."""
     switch = build.cuda_switch
     if switch is None or build.version is None or not switch.applies(build.version):
         return True, ""
@@ -247,14 +229,13 @@ def needs_cuda_build(env, build) -> tuple:
     return False, f"only {', '.join(users)} in use, {'which uses' if len(users) == 1 else 'which use'} its Triton ops"
 
 
-def arch_rule_notes(env, build, archs=None) -> tuple:
-    """What the arch rules change for these GPUs: ((short for the reason, whole for the step's note), ...)."""
-    gpus = tuple(archs if archs is not None else env.gpus)
+def arch_rule_notes(env, build) -> tuple:
+    """What the arch rules change for the visible GPUs: ((short for the reason, whole for the step's note), ...)."""
     if env.torch_hip:
         return ()
     out = []
-    for g in gpus:
-        rule = next((r for r in build.arch_rules if r.applies(g, env.nvcc_version)), None)
+    for g in env.gpus:
+        rule = _arch_rule(g, build, env.nvcc_version)
         if rule is not None:
             out.append((f"{g} gets {rule.build_as} code: {rule.id}",
                         f"{g} gets {rule.build_as} code, which runs on it: {g} code from nvcc "
@@ -263,9 +244,8 @@ def arch_rule_notes(env, build, archs=None) -> tuple:
 
 
 def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
-    """(seconds, how): this machine's last build of the distribution (`history`, the same version
-    preferred), else the pins' measured figure, scaled by archs (each compiled separately) and by fewer
-    cores (more do not help: the big files compile one per job)."""
+    """(seconds, how): this machine's last build of it (`history`, the same version preferred), else the pins'
+    figure, scaled by archs (each compiled separately) and by fewer cores (more do not help)."""
     mine = [r for r in history if r.get("distribution") == build.distribution and r.get("seconds")]
     same = [r for r in mine if r.get("version") == build.version] or mine
     if same:
@@ -286,7 +266,7 @@ def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
 
 # -- how builds share the machine: jobs, split compilation, cores, memory --------------------------------
 
-# nvcc --split-compile=N (CUDA 11.8+) runs the optimizer and ptxas of one translation unit in N threads.
+# nvcc --split-compile=N (CUDA 11.8+) runs the optimizer and ptxas of one translation unit in N threads
 SPLIT_COMPILE_NVCC = ">=11.8"
 # 4-6 GB resident measured for one causal-conv1d nvcc job with `--threads 4` (gpu-findings.md)
 GIB_PER_THREAD = 1.5
@@ -310,8 +290,8 @@ def unit_parts(build, cores: int) -> int:
 
 
 def makespan(build, cores: int) -> float | None:
-    """The build's expected wall time on `cores` from its files' measured compiles (pins
-    `parallel.unit_seconds`), longest first onto the least loaded core; None without the figures."""
+    """The expected wall time on `cores` from the files' measured compiles (pins `parallel.unit_seconds`),
+    longest first onto the least loaded core; None without the figures."""
     seconds = dict(build.unit_seconds)
     if not seconds:
         return None
@@ -325,19 +305,16 @@ def makespan(build, cores: int) -> float | None:
 
 
 def split_allowed(build, settings, nvcc_version) -> bool:
-    """--split-compile for this build: the pins allow it, FASTPATH_HOOKS_SPLIT_COMPILE is not 0, and nvcc
-    is a known release that has it."""
-    if getattr(settings, "split_compile", "auto") == "0" or not build.split_compile or nvcc_version is None:
+    """The pins allow --split-compile, FASTPATH_HOOKS_SPLIT_COMPILE is not 0, and nvcc is a release that has it."""
+    if settings.split_compile == "0" or not build.split_compile or nvcc_version is None:
         return False
     return within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC))
 
 
-def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=None, jobs_given: int | None = None) -> dict:
-    """kernel -> Share for builds run at the same time: `builds` = (kernel, SourceBuild, expected seconds,
-    split allowed). The cores go where they shorten the longest build (`_balanced`), else in proportion
-    to the expected times, at least one each; within its share a build runs one job per translation unit
-    and gives nvcc the cores left as --split-compile threads; memory takes threads away first, then jobs.
-    `jobs_given`: the user's MAX_JOBS, kept. FASTPATH_HOOKS_SPLIT_COMPILE=N sets N."""
+def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings, jobs_given: int | None = None) -> dict:
+    """kernel -> Share for builds run at once: `builds` = (kernel, SourceBuild, expected seconds, split allowed).
+    The cores go where they shorten the longest build, else in proportion to the expected times; a build runs a
+    job per file and gives nvcc the cores left as split threads; memory takes threads first, then jobs."""
     builds = list(builds)
     if not builds:
         return {}
@@ -347,10 +324,10 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=
     else:
         weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
         shares = _proportional(total, weights)
-    forced = getattr(settings, "split_compile", "auto")
+    forced = settings.split_compile
     out = {}
     for (kernel, build, _, allowed), cores in zip(builds, shares):
-        units = max(1, int(getattr(build, "translation_units", 1) or 1))
+        units = max(1, int(build.translation_units or 1))
         if jobs_given:
             jobs = jobs_given
         elif allowed and forced not in ("auto", "0"):
@@ -376,8 +353,7 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings=
 
 
 def _balanced(total: int, builds) -> list:
-    """`total` cores, one at a time to the build whose expected wall time (`makespan`) is longest and
-    drops with it: the request is done when its longest build is."""
+    """`total` cores, one at a time to the build whose `makespan` is longest and drops with it."""
     shares = [1] * len(builds)
     for _ in range(max(0, total - len(builds))):
         spans = [makespan(b, c) for b, c in zip(builds, shares)]
