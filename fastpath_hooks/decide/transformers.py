@@ -1,28 +1,15 @@
-"""What the installed transformers does with the kernels: its era, the packed-sequence failures, and the
-hub kernels of era D (pure).
+"""What the installed transformers does with the kernels (pure): its era, the packed-sequence failures, and
+which hub kernels serve in era D.
 
-Eras (shared notes: transformers-eras.md), the one answer the policy, the reports and hooks/late.py share:
-- A: 4.x (read from 4.56 - 4.57.6): plain gates, kernels bound at modeling import behind them;
-- B: 5.0 - 5.14: cached gates; some families bind their kernels when a model is built;
-- C: 5.15 - 5.24: no gate - a kernel function is chosen once, at the modeling import, by whether
-  `import <module>` succeeds;
-- D: 5.25 and later: as C for the packages, and from_pretrained on a GPU replaces the decorated functions
-  with hub kernels (HF `kernels`) where the hub has a build for this torch. Newer versions are taken as D.
-A pre-release is its release's era (5.15.0rc1 is C); no version, or older than 4: None.
-
-Packed sequences: transformers 5.20+ raises `ValueError: <function> can't keep packed sequences apart
-without <package>` when cu_seqlens or seq_idx reaches a kernel function on its torch path (pins
-`packed_sequences`); `doctor` reports it.
-
-Hub kernels: per entry of transformers' kernel mapping, whether the hub's kernel serves it here or (its
-entry dropped) the package or the torch path does, by the packages' rules: a hazard (fla#640 on Hopper)
-refuses it unless the hub's build carries the remedy (pins `hub.backends`), a build known to be broken
-(`hub.broken`) is refused, and a kernel that cannot be loaded here is never asked for (transformers
-would raise ValueError offline).
+Eras (transformers-eras.md): A 4.x, plain gates; B 5.0 - 5.14, cached gates; C 5.15 - 5.24, no gate: a kernel
+function is chosen once, at the modeling import, by whether `import <module>` succeeds; D 5.25+, as C, and
+from_pretrained on a GPU replaces the decorated functions with hub kernels (HF `kernels`). A pre-release is its
+release's era. A hub kernel is refused where a hazard applies that its build has no remedy for (pins `hub`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from packaging.version import Version
@@ -33,8 +20,7 @@ from .plan import BLOCK, INSTALL, OK, REPAIR, installer_choice
 
 
 def era(version) -> str | None:
-    """A / B / C for a transformers version: text (`transformers.__version__`), a packaging Version,
-    or None."""
+    """A / B / C / D for a transformers version (text or a packaging Version); None for none or one before 4."""
     major_minor = _release(version)
     if major_minor is None or major_minor[0] < 4:
         return None
@@ -46,27 +32,11 @@ def era(version) -> str | None:
 
 
 def _release(version) -> tuple | None:
-    if version is None:
-        return None
-    release = getattr(version, "release", None)   # a packaging Version
-    if release is not None:
-        return tuple(release[:2]) + (0,) * (2 - len(release[:2]))
-    parts = str(version).strip().split(".")
-    numbers = []
-    for part in parts[:2]:
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        numbers.append(int(digits))
-        if len(digits) < len(part):   # 5rc1: the rest of the text is the pre-release
-            break
-    if not numbers:
-        return None
-    return tuple(numbers) + (0,) * (2 - len(numbers))
+    """(major, minor) of a packaging Version or a version's text (`5.15.0rc1`, `5rc1`); None when unreadable."""
+    if hasattr(version, "release"):
+        return (tuple(version.release) + (0,))[:2]
+    match = re.match(r"(\d+)(?:\.(\d+))?", str(version or "").strip())
+    return (int(match[1]), int(match[2] or 0)) if match else None
 
 
 def uses(env, pins, kernel: str) -> str:
@@ -98,8 +68,8 @@ def uses(env, pins, kernel: str) -> str:
 
 
 def packed_sequences(plan, settings, pins, *, enabled: bool) -> dict:
-    """{"transformers", "raises", "failures": [...]}; `enabled`: fastpath-hooks runs at interpreter
-    start here (then a planned install happens before transformers needs the kernel)."""
+    """{"transformers", "raises", "failures": [...]}: transformers 5.20+ raises ValueError when cu_seqlens reaches a
+    kernel function on its torch path (pins `packed_sequences`). `enabled`: we run at interpreter start here."""
     facts = pins.packed_sequences
     env = plan.environment
     version = env.version("transformers")
@@ -161,16 +131,14 @@ class HubChoice:
     refused: bool = False     # not served because a rule (a hazard, a broken build, a failed check) forbids it
 
     @property
-    def source(self) -> str:
-        """`hub kernels-community/fla@v3` (where it is served from), or what serves instead."""
+    def source(self) -> str:   # `hub kernels-community/fla@v3 (cache)`, or what serves instead
         if self.serve:
             return f"hub {self.entry.ref}" + (f" ({self.where})" if self.where != ONLINE else "")
         return "package or torch"
 
 
 def choose(entries, *, env, pins, where: dict, hazards) -> tuple:
-    """One HubChoice per entry. `where`: repo ref -> Where; `hazards`: kernel -> the pins' hazards that apply
-    here (decide/common.Context.hazards)."""
+    """One HubChoice per entry. `where`: repo ref -> Where; `hazards`: Context.hazards."""
     out = []
     for entry in entries:
         place = where.get(entry.ref) or Where("", "not looked up")
@@ -209,15 +177,12 @@ def _refusal(env, entry: HubEntry, pins, hazards) -> str:
 
 
 def _within(version, spec) -> bool:
-    """A release's version in a range, its local label and pre-release ignored (torch 2.10.0+cu130 is 2.10)."""
-    if version is None:
-        return False
-    return spec.contains(Version(version.base_version), prereleases=True)
+    """Its local label and pre-release ignored (torch 2.10.0+cu130 is 2.10)."""
+    return version is not None and spec.contains(Version(version.base_version), prereleases=True)
 
 
 def served_kernels(choices) -> dict:
-    """kernel -> the hub refs that serve ALL of its functions in the mapping (a package install is not
-    needed for it where transformers kernelizes the model)."""
+    """kernel -> the hub refs that serve ALL of its functions in the mapping (then no package install is needed)."""
     by_kernel: dict = {}
     for c in choices:
         if c.entry.kernel is not None:
@@ -226,21 +191,20 @@ def served_kernels(choices) -> dict:
 
 
 def hub_serves(ctx, kernel: str) -> tuple:
-    """The hub refs that serve every function of `kernel` in transformers' mapping here, () when the hub does
-    not serve it all - then its package does."""
+    """The hub refs that serve every function of `kernel` here; () when its package does."""
     return served_kernels(_choices(ctx.env, ctx.pins, ctx.hazards, kernel)).get(kernel, ())
 
 
 def _choices(env, pins, hazards, kernel=None) -> tuple:
-    """The probe's hub entries (`kernel`'s, else all), chosen by where they load from (Environment.hub_where)."""
+    """The probe's hub entries (`kernel`'s, else all), chosen by where they load from."""
     rows = [HubEntry(*row) for row in env.hub_entries if kernel is None or row[5] == kernel]
     where = {ref: Where(*pair) for ref, pair in env.hub_where.items()}
     return choose(rows, env=env, pins=pins, where=where, hazards=hazards)
 
 
 def sources(plan, pins, hazards) -> list:
-    """What serves each function transformers decorates for the managed kernels here: `hub <repo>@v<N>`,
-    `package <dist> <version>`, or `torch`, with the reason (doctor, plan, --json)."""
+    """What serves each decorated function of the managed kernels here: `hub <repo>@v<N>`, `package <dist>
+    <version>` or `torch`, with the reason (doctor, plan, --json)."""
     hub = {c.entry.name: c for c in _choices(plan.environment, pins, hazards)}
     out = []
     for func, package in dict.fromkeys(DECORATED.values()):
