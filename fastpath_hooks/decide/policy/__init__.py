@@ -1,14 +1,8 @@
-"""The decision policy: a pure function (environment, settings, pins) -> Plan, each rule tested by a
-table row (tests/test_policy.py). The driver orders the kernels by the registry's needs/serves graph and
-hands each to its kind's rules (one module per kind here: `decide(ctx, kernel, decided) -> Decision`),
-then blocks a release whose numbers were measured wrong here (common.numeric_block, before a backend of
-it is decided), names a usable kernel's backends in its `wants` and sets the JIT cache variables where a
-check warms them.
+"""The decision policy: a pure function (environment, settings, pins) -> Plan, each rule tested by a row of
+tests/test_policy.py. Kernels are decided in the registry's needs/serves order, each by its kind's module.
 
-Batches (the engine's): the compiled kernels of a request whose decisions install wheels or build, and
-whose other needs are already usable, install together - builds side by side, wheels in one installer
-call (with the dependencies they lack where no member builds: `deps_with_wheels`), one verification
-child (act/installer.py) - led by the first in dependency order. `plan` and `doctor` show the same batches.
+Batches (the engine's): a request's compiled kernels that install wheels or build, whose other needs are usable,
+install together - builds side by side, wheels in one installer call, one verification child (act/installer.py).
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ RULES = {"pure": pure.decide, "pair": pair.decide, "compiled": compiled.decide, 
 
 
 def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
-    """Decide every kernel. `fresh`: plan as if no kernel package were installed
-    (what a new machine of this kind needs - used by `download`)."""
+    """`fresh`: plan as if no kernel package were installed (what a new machine needs: `download`)."""
     ctx = Context(env, settings, pins, fresh)
     decided: dict = {}
     for kernel in pins.decision_order:   # each kernel after the ones its rules read (facts/pins)
@@ -34,15 +27,12 @@ def decide(env, settings, pins, *, fresh: bool = False) -> Plan:
         decision = RULES[pins.kernel(kernel).kind](ctx, kernel, decided)
         decided[kernel] = short.render(ctx, numeric_block(ctx, kernel, decision))
     decided = with_jit_caches(ctx, with_backends(ctx, decided))
-    notes = []
-    if env.accelerator is None:
-        notes.append(no_accelerator_reason(env))
-    return Plan(environment=env, decisions={k: decided[k] for k in listed(pins)}, notes=tuple(notes))
+    notes = (no_accelerator_reason(env),) if env.accelerator is None else ()
+    return Plan(environment=env, decisions={k: decided[k] for k in listed(pins)}, notes=notes)
 
 
 def with_backends(ctx: Context, decided: dict) -> dict:
-    """A usable kernel ensures its backends (`wants`) right after itself, before its import goes on and its
-    backend registry looks for them."""
+    """A usable kernel ensures its backends (`wants`) right after itself, before its registry looks for them."""
     out = dict(decided)
     for kernel, decision in decided.items():
         if decision.action not in USABLE:
@@ -55,9 +45,8 @@ def with_backends(ctx: Context, decided: dict) -> dict:
 
 
 def with_jit_caches(ctx: Context, decided: dict) -> dict:
-    """Where a check warms JIT caches here (a decision with a `check`), every usable kernel with JIT caches
-    (pins `jit_caches`) sets them for the process that imports it, so the training run finds what the child
-    compiled - unless the user set them."""
+    """Where a check warms JIT caches, every usable kernel sets its caches (pins `jit_caches`) the user has not
+    set for the process that imports it, which then finds what the check compiled."""
     if not any(d.check and d.action in USABLE for d in decided.values()):
         return decided
     out = dict(decided)
@@ -83,16 +72,14 @@ def batchable(decision, pins) -> bool:
 
 
 def deps_with_wheels(members) -> bool:
-    """Whether the batch's dependencies go into its wheels' installer call (`--no-deps`, one call: a later
-    environment's cached kernels) - where no member builds, so nothing needs them before its wheel is
-    there. What those dependencies need in turn is resolved by a second call, only where one lacks it."""
+    """Whether the batch's dependencies go into its wheels' one installer call: where no member builds, nothing
+    needs them before its wheel is there."""
     return not any(s.kind == StepKind.BUILD for d in members for s in d.steps)
 
 
 def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:
-    """The decisions installed with `kernel`'s (`decision`, default the plan's), dependency order, it
-    among them; just its own when nothing joins it. `request`: the kernels of the request; `good`:
-    those already usable (a need outside the batch must be one of them)."""
+    """The decisions installed with `kernel`'s (`decision`, default the plan's), in dependency order; just its own
+    when nothing joins it. `good`: the kernels already usable (a need outside the batch must be one)."""
     current = decision if decision is not None else plan.decisions[kernel]
     if not batchable(current, pins):
         return (current,)
@@ -109,8 +96,7 @@ def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:
 
 
 def batches(plan, pins, request=None) -> list:
-    """Every batch of more than one kernel `fastpath-hooks install` of `request` (default: every
-    kernel of the plan) would run, each a tuple of decisions led by its first."""
+    """Every batch of several kernels `fastpath-hooks install` of `request` (default all) would run."""
     request = frozenset(plan.decisions if request is None else request)
     good = frozenset(k for k, d in plan.decisions.items() if d.action == OK)
     out, placed = [], set()
