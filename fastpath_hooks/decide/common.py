@@ -1,6 +1,4 @@
-"""What every kind's rules read: the decision context (environment, settings, pins, the wheelhouse),
-version tests, the skip rules every kernel shares, and the pieces of steps they all build.
-"""
+"""What every kind's rules share: the decision context, version tests, the shared skip rules, the common steps."""
 
 from __future__ import annotations
 
@@ -42,27 +40,16 @@ class Context:
 
     def installed_of(self, kernel: str) -> dict:
         """distribution -> version, for the kernel's distributions that are installed."""
-        out = {}
-        for dist in self.pins.kernel(kernel).distributions:
-            version = self.installed(dist)
-            if version:
-                out[dist] = version
-        return out
+        return {d: v for d in self.pins.kernel(kernel).distributions if (v := self.installed(d))}
 
     def hazards(self, kernel: str) -> list:
         env = self.env
-        out = []
-        for hz in self.pins.hazards:
-            if hz.kernel != kernel or env.triton is None or env.accelerator is None:
-                continue
-            if not any(g in hz.gpu for g in env.gpus):
-                continue
-            if in_closed(env.triton_version, hz.triton):
-                out.append(hz)
-        return out
+        if env.triton is None or env.accelerator is None:
+            return []
+        return [hz for hz in self.pins.hazards if hz.kernel == kernel and any(g in hz.gpu for g in env.gpus)
+                and in_closed(env.triton_version, hz.triton)]
 
     def rule(self, kernel: str, suffix: str) -> str:
-        """The rule id `<kernel's prefix>.<suffix>`, declared for the kernel's kind (decide/messages.py)."""
         return rule_ids.rule_id(self.pins, kernel, suffix)
 
     def kw(self, kernel: str, installed: dict) -> dict:
@@ -74,12 +61,11 @@ class Context:
 
     @cached_property
     def wheelhouse(self) -> dict:
-        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS (parsed once)."""
+        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS."""
         return self._files(sdists_only=False)
 
     @cached_property
-    def sdists(self) -> dict:
-        """name -> set of versions available as sdists in FASTPATH_HOOKS_FIND_LINKS (what a build needs)."""
+    def sdists(self) -> dict:   # what a build needs
         return self._files(sdists_only=True)
 
     def _files(self, *, sdists_only: bool) -> dict:
@@ -125,16 +111,15 @@ class Context:
 # -- versions ---------------------------------------------------------------------------------
 
 def within(version, spec) -> bool:
-    """`version` (a Version parsed once, e.g. `env.torch_version`, or text) in `spec`, pre-releases
-    included; a local label (+cu130) is ignored against a specifier without one, as PEP 440 says."""
+    """`version` (a Version or text) in `spec`, pre-releases included; a local label (+cu130) is ignored against
+    a specifier without one, as PEP 440 says."""
     v = parse(version)
     return v is not None and spec.contains(v, prereleases=True)
 
 
 def in_closed(version, spec) -> bool:
-    """`version` in `spec`, failing closed for a safety range: a pre/dev release also counts when its
-    release is inside the bounds taken as closed (PEP 440 puts 3.7.1rc1 outside `<3.7.1` and
-    3.4.0rc1 outside `>=3.4.0`, yet each is that release's code, or close to it)."""
+    """`version` in `spec`, failing closed for a safety range: a pre/dev release also counts when its release is
+    inside the bounds taken as closed (PEP 440 puts 3.7.1rc1 outside `<3.7.1`, yet it is close to 3.7.1's code)."""
     if within(version, spec):
         return True
     v = parse(version)
@@ -165,7 +150,7 @@ def parse(version) -> Version | None:
 
 @lru_cache(maxsize=None)
 def requirement(raw: str) -> tuple:
-    """(the Requirement without its marker, the marker or None), parsed once per process; never changed."""
+    """(the Requirement without its marker, the marker or None), parsed once per process."""
     req = Requirement(raw)
     marker, req.marker = req.marker, None
     return req, marker
@@ -177,8 +162,7 @@ def major_minor(version) -> str | None:
 
 
 def has_backend(spec, version: str, backend: str) -> bool:
-    """The kernel's release `version` has this backend (pins `backends`): a pinned release says so; an
-    unpinned one is trusted only from the oldest pinned release that has it."""
+    """Release `version` has this backend (pins `backends`); an unpinned one from the oldest pinned that has it."""
     known = next((r for r in spec.releases if same_version(r.version, version)), None)
     if known is not None:
         return backend in known.backends
@@ -216,8 +200,7 @@ def no_accelerator_short(env) -> dict:
 
 
 def versions_here(env) -> str:
-    """`torch 2.10.0, triton 3.6.0, transformers 5.24.0`: what a pinned release is chosen by (local labels,
-    which no release range looks at, left out)."""
+    """`torch 2.10.0, triton 3.6.0, transformers 5.24.0`: what a pinned release is chosen by."""
     transformers = env.version("transformers")
     return (f"torch {public(env.torch)}, triton {public(env.triton)}" +
             (f", transformers {public(transformers)}" if transformers else ""))
@@ -262,8 +245,8 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
 
 
 def missing_import(ctx: Context, kernel: str, kw) -> Decision | None:
-    """A protected distribution the kernel's import imports (pins: `imports_installed`), which
-    fastpath-hooks never installs, is missing: `<prefix>.no-<name>`."""
+    """A protected distribution the kernel's import imports (pins `imports_installed`), never ours to install,
+    is missing."""
     env, spec = ctx.env, ctx.pins.kernel(kernel)
     for name in spec.imports_installed:
         have = env.triton if name == "triton" else env.version(name)
@@ -281,8 +264,8 @@ def fetch_fix(what: str, source: str = "the index") -> str:
 
 
 def deps_step(ctx: Context, spec, extra=()) -> Step | None:
-    """The kernel's runtime dependencies (and `extra`: what a source build needs) that this machine lacks
-    or has too old (one already satisfied is neither named nor backed up); a fresh plan names them all."""
+    """The runtime dependencies (and `extra`: a source build's) this machine lacks or has too old (one satisfied
+    is neither named nor backed up); a fresh plan names them all."""
     reqs = []
     named = {canonical_name(requirement(r)[0].name) for r in spec.runtime_deps}
     wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(requirement(r)[0].name) not in named)
@@ -313,8 +296,7 @@ def kernel_steps(ctx: Context, spec, version: str, note: str, *, force: bool = F
 
 
 def first_installable(ctx: Context, releases, steps_of) -> tuple:
-    """(release, its steps, ()) for the first of `releases` installable here (offline: from the wheelhouse),
-    else (None, (), what the first one lacks)."""
+    """(release, its steps, ()) for the first of `releases` installable here, else (None, (), the first's lack)."""
     first_missing = ()
     for rel in releases:
         planned = steps_of(rel.version)
@@ -335,8 +317,8 @@ NUMERIC_FIX = "pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cac
 
 
 def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
-    """A kernel release whose numbers were measured wrong on a visible GPU under this torch build (the
-    probe reads act/numeric.py's records) is blocked there, whatever else was decided."""
+    """A release whose numbers were measured wrong on a visible GPU under this torch build (act/numeric.py's
+    records) is blocked there, whatever else was decided."""
     if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
         return decision
     dist = ctx.pins.kernel(kernel).distributions[0]
@@ -354,8 +336,7 @@ def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
 
 
 def numeric_measured(kernel: str, detail: str, arch: str) -> str:
-    """The measured error as the line says it, beside `<kernel>: blocked - ` and the fix: whole when it fits,
-    else without its tolerance, else where it was measured (doctor and the import's error have it whole)."""
+    """The measured error as the line says it: whole when it fits, else without its tolerance, else where."""
     room = MAX_LINE - len(PREFIX) - len(f"{kernel}: blocked - ") - len(f" ({rule_ids.NUMERIC_SHORT_FIX})")
     measure = detail.split(" (tolerance")[0]
     for said in (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}"):

@@ -1,8 +1,6 @@
-"""Pure-Python wheels at pinned releases (fla: fla-core + flash-linear-attention, both at one version,
---no-deps): the first release (`releases`, preference order) whose torch / triton / transformers ranges
-fit and - where a hazard applies (fla#640 on Hopper) - that has the backend the hazard needs, installed
-after the serving kernel; an installed release that is half-installed, mismatched, incompatible with
-this triton or unsafe here is replaced, or its import blocked. Rule ids: `<prefix>.*` (messages PURE)."""
+"""Pure-Python wheels at pinned releases (fla: fla-core + flash-linear-attention at one version, --no-deps): the
+first release that fits torch, triton and transformers - and where a hazard applies (fla#640 on Hopper) has the
+backend it needs, installed after that serving kernel. A broken or unsafe install is replaced, or blocked."""
 
 from __future__ import annotations
 
@@ -23,19 +21,15 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     installed = ctx.installed_of(kernel)
     kw = ctx.kw(kernel, installed)
     # its first installed distribution's version (before 0.4 flash-linear-attention shipped `fla` itself)
-    current = next((installed[d] for d in spec.distributions if d in installed), None)
-
+    current = next(iter(installed.values()), None)
     common = shared_skip(ctx, kernel, installed=installed)
     if common is not None:
-        # An installed kernel outside its support (Python, platform, torch) still imports: the
-        # hazard's block comes first. Only the user's skip list and a machine without a GPU win.
+        # an installed kernel outside its support still imports: the hazard's block comes first
         hazards = ctx.hazards(kernel) if current and common.rule not in NOT_OURS else []
         if hazards and decided[hazards[0].needs].action not in USABLE:
-            return _hazard_block(ctx, kernel, hazards[0], decided, kw)
+            return _hazard(ctx, kernel, hazards[0], decided, kw, block=True)
         return common
-    switched = _switched_off(ctx, kernel)
-    if switched:
-        kw["env"] = switched
+    kw["env"] = _switched_off(ctx, kernel)
     transformers = env.version("transformers")
     if spec.gates and env.accelerator == "xpu" and era(env.dist_version("transformers")) in ("A", "B"):
         return ctx.skip(kernel, "xpu.old-transformers", f"transformers {transformers} uses {kernel} on CUDA only "
@@ -44,22 +38,18 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if missing is not None:
         return missing
 
-    hazards = ctx.hazards(kernel)
-    hz = hazards[0] if hazards else None
+    hz = next(iter(ctx.hazards(kernel)), None)
     serving_ok = hz is None or decided[hz.needs].action in USABLE
-    transformers_version = env.dist_version("transformers")
     candidates = [rel for rel in spec.releases
                   if within(env.torch_version, rel.torch) and within(env.triton_version, rel.triton)
-                  and not (transformers and not within(transformers_version, rel.transformers))
+                  and not (transformers and not within(env.dist_version("transformers"), rel.transformers))
                   and not (hz is not None and hz.needs not in rel.backends)]
     needs = (hz.needs,) if hz is not None else ()
-
-    def target(version):   # every distribution at one version
-        return {d: version for d in spec.distributions}
-
+    on_failure = OnFailure.BLOCK if hz else OnFailure.PROCEED
+    check = _warm_check(ctx, kernel, hz)
     if current:
         if not serving_ok:
-            return _hazard_block(ctx, kernel, hz, decided, kw)
+            return _hazard(ctx, kernel, hz, decided, kw, block=True)
         known = next((r for r in spec.releases if same_version(r.version, current)), None)
         problems, shorts = [], []   # the whole texts, and their short forms (the first is said)
         first = spec.distributions[0]
@@ -86,9 +76,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
             chosen, planned, missing = _pick(ctx, kernel, candidates, force=True)
             if chosen is not None:
                 return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
-                                f"; replacing with {kernel} {chosen.version}", steps=planned, target=target(chosen.version),
-                                needs=needs, on_failure=OnFailure.BLOCK if (unsafe or incompatible or hz) else OnFailure.PROCEED,
-                                check=_warm_check(ctx, kernel, hz), facts={"problem": problem}, **kw)
+                                f"; replacing with {kernel} {chosen.version}", steps=planned, needs=needs, check=check,
+                                target=dict.fromkeys(spec.distributions, chosen.version),
+                                on_failure=OnFailure.BLOCK if (unsafe or incompatible) else on_failure,
+                                facts={"problem": problem}, **kw)
             nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
                        else f"no known-good {kernel} release fits here")
             facts = {"problem": problem, "nothing": f"offline, lacking {few(missing, 16)}" if missing
@@ -102,19 +93,13 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                                 facts=facts, **kw)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"),
                             reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
-                            needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED, facts=facts,
-                            check=_warm_check(ctx, kernel, hz), **kw)
-        # installed: its check (run only when a verification is due) also says that the JIT caches the
-        # install warmed are the ones this process must use (policy.with_jit_caches)
+                            needs=needs, on_failure=on_failure, facts=facts, check=check, **kw)
+        # its check (run when a verification is due) also warms the JIT caches this process uses (with_jit_caches)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"),
                         reason=f"{kernel} {current} installed" + (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
-                        needs=needs, on_failure=OnFailure.BLOCK if hz else OnFailure.PROCEED,
-                        check=_warm_check(ctx, kernel, hz), facts={"hazard": hz.id if hz else ""}, **kw)
-
+                        needs=needs, on_failure=on_failure, check=check, facts={"hazard": hz.id if hz else ""}, **kw)
     if not serving_ok:
-        return ctx.skip(kernel, "hazard.skip", hazard_reason(env, hz, decided[hz.needs]) +
-                        f"; installed alone, {kernel} would crash or compute wrongly", hazard_fix(hz, decided[hz.needs]),
-                        facts=hazard_facts(ctx, hz, decided[hz.needs], short.NOT_INSTALLED), **kw)
+        return _hazard(ctx, kernel, hz, decided, kw, block=False)
     if not candidates:
         what = f"triton {env.triton}, torch {env.torch}" + (f", transformers {transformers}" if transformers else "")
         if hz is not None:
@@ -133,13 +118,13 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         reason += f"; with {hz.needs} because of {hz.id}"
     reason += _issues(env, spec, chosen)
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
-                    target=target(chosen.version), needs=needs, check=_warm_check(ctx, kernel, hz),
+                    target=dict.fromkeys(spec.distributions, chosen.version), needs=needs, check=check,
                     facts={"fits": " and ".join(fits or [f"torch {env.torch}"]), "hazard": hz.id if hz else ""}, **kw)
 
 
 def _warm_check(ctx: Context, kernel: str, hz) -> dict:
-    """Where a hazard makes the kernel run a serving kernel's JIT path (fla on Hopper: tilelang), its check
-    runs it forward + backward at the model's shapes (pins `warm`): the JIT happens there, not in training."""
+    """Where a hazard makes it run a serving kernel's JIT path (fla on Hopper: tilelang), its check runs it at the
+    model's shapes (pins `warm`): the JIT happens there, not in training."""
     spec = ctx.pins.kernel(kernel)
     if hz is None or spec.warm is None:
         return {}
@@ -148,8 +133,7 @@ def _warm_check(ctx: Context, kernel: str, hz) -> dict:
 
 
 def _issues(env, spec, chosen) -> str:
-    """The chosen release's known issues on the visible GPUs (pins: `issues`), one clause each (fla 0.5.2
-    on Hopper where transformers < 5.6.2 keeps 0.6.0 out), with the newer release that fixes it."""
+    """The release's known issues on the visible GPUs (pins `issues`), one clause each, with the release fixing it."""
     out = ""
     for issue in chosen.issues:
         hit = [g for g in env.gpus if g in issue.gpus]
@@ -164,52 +148,34 @@ def _issues(env, spec, chosen) -> str:
 
 
 def _switched_off(ctx: Context, kernel: str) -> tuple:
-    """(variable, off) of the kernels serving this one that cannot run on this accelerator (pins
-    `switch.off_on`; fla on ROCm: FLA_TILELANG=0), unless the user set the variable."""
-    env = ctx.env
-    out = []
-    for spec in ctx.pins.kernels.values():
-        switch = spec.switch
-        if switch is None or kernel not in spec.serves or env.accelerator not in switch.off_on:
-            continue
-        if env.switches.get(switch.variable) is None:
-            out.append((switch.variable, switch.off))
-    return tuple(out)
+    """(variable, off) of the serving kernels that cannot run on this accelerator (pins `switch.off_on`; fla on
+    ROCm: FLA_TILELANG=0), unless the user set the variable."""
+    return tuple((s.switch.variable, s.switch.off) for s in ctx.pins.kernels.values()
+                 if s.switch is not None and kernel in s.serves and ctx.env.accelerator in s.switch.off_on
+                 and ctx.env.switches.get(s.switch.variable) is None)
 
 
-def _hazard_block(ctx: Context, kernel: str, hz, decided: dict, kw) -> Decision:
-    serving = decided[hz.needs]
-    return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "hazard.block"),
-                    reason=hazard_reason(ctx.env, hz, serving), fix=hazard_fix(hz, serving), on_failure=OnFailure.BLOCK,
-                    facts=hazard_facts(ctx, hz, serving, short.BLOCKED), **kw)
-
-
-def hazard_reason(env, hz, serving: Decision) -> str:
-    """The facts, in one clause each: `sm_90 + triton 3.6.0 computes fla's backward wrongly (fla#640),
-    and tilelang is unavailable: no nvcc`. A serving kernel's skip/block reason says why in its first clause."""
+def _hazard(ctx: Context, kernel: str, hz, decided: dict, kw, *, block: bool) -> Decision:
+    """The serving kernel a hazard needs cannot be had: an installed kernel is blocked, else not installed. The
+    line: `fla#640 on sm_90 + triton 3.6.0 needs tilelang: no nvcc`, the GPU and triton left out where too long."""
+    env, serving = ctx.env, decided[hz.needs]
     gpus = "+".join(g for g in env.gpus if g in hz.gpu)
-    why = serving.reason.split("; ")[0]
-    return f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and {hz.needs} is unavailable: {why}"
-
-
-def hazard_facts(ctx: Context, hz, serving: Decision, outcome_word: str) -> dict:
-    """The short form: `fla#640 on sm_90 + triton 3.6.0 needs tilelang: no nvcc`, and one fix - the serving
-    kernel's, else the hazard's. Where the whole does not fit the line, the GPU and triton go first, then
-    the serving reason's optional parts (short.compact)."""
-    env = ctx.env
-    gpus = "+".join(g for g in env.gpus if g in hz.gpu)
-    fix = serving.short_fix if serving.short_reason and serving.short_fix else hz.fix
-    whys = [serving.short_reason or serving.reason.split("; ")[0]]
+    why = serving.reason.split("; ")[0]   # a skip/block reason says why in its first clause
+    reason = f"{gpus} + triton {env.triton} {hz.effect} ({hz.id}), and {hz.needs} is unavailable: {why}"
+    fix = f"{serving.fix}; or {hz.fix}" if serving.fix else hz.fix
+    short_fix = serving.short_fix if serving.short_reason and serving.short_fix else hz.fix
+    whys = [serving.short_reason or why]
     whys += [w for w in (short.compact(ctx, serving),) if w and w != whys[0]]
     heads = (f"{hz.id} on {gpus} + triton {env.triton} needs {hz.needs}", f"{hz.id} on {gpus} needs {hz.needs}",
              f"{hz.id} needs {hz.needs}")
-    line = short.fitting(hz.kernel, outcome_word, (f"{head}: {why}" for why in whys for head in heads), fix)
-    return {"hazard": hz.id, "hazard_line": line, "hazard_fix": fix}
-
-
-def hazard_fix(hz, serving: Decision) -> str:
-    """The serving kernel's own fix first (the reason it is missing), then the hazard's (a triton without the bug)."""
-    return f"{serving.fix}; or {hz.fix}" if serving.fix else hz.fix
+    line = short.fitting(kernel, short.BLOCKED if block else short.NOT_INSTALLED,
+                         (f"{head}: {w}" for w in whys for head in heads), short_fix)
+    facts = {"hazard": hz.id, "hazard_line": line, "hazard_fix": short_fix}
+    if block:
+        return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "hazard.block"), reason=reason, fix=fix,
+                        on_failure=OnFailure.BLOCK, facts=facts, **kw)
+    return ctx.skip(kernel, "hazard.skip", f"{reason}; installed alone, {kernel} would crash or compute wrongly", fix,
+                    facts=facts, **kw)
 
 
 def _pick(ctx: Context, kernel: str, candidates, *, force: bool):
