@@ -1,12 +1,7 @@
-"""A backend: pure-Python wheels the kernel they serve dispatches to whenever they are importable
-(flash-qla under fla 0.6: `find_spec("flash_qla")` is fla's whole check, and fla does not catch its
-import or JIT errors). So it is installed only where it is the fastest correct path - a GPU it trains on
-(`archs.train`), an nvcc for its JIT, the kernels it runs on (`with`: tilelang) usable at versions its
-release supports, head dims it computes, on by default here (`pays`) - and its import is never blocked
-(the served kernel would dispatch to the blocked module): an installed one that cannot work here is
-turned off through the served kernel's switch (`off`, FLA_FLASH_QLA=0). Its check compares it with the
-served kernel's own path. It is ensured right after the served kernel, before that kernel's import goes
-on (`wants`). Rule ids: `<prefix>.*` (decide/messages.py BACKEND)."""
+"""A backend: wheels the served kernel dispatches to whenever they import (flash-qla under fla 0.6: fla checks
+`find_spec("flash_qla")` only and catches none of its errors). So it is installed only where it is the fastest
+correct path (`archs.train`, nvcc, its `with` kernels, head dims, `pays`), and never blocked: one that cannot work
+here is turned off by the served kernel's switch (`off`, FLA_FLASH_QLA=0). Its check compares it with that path."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     served = next((k for k in spec.serves if decided[k].action in USABLE), None)
     if served is None:
         first = spec.serves[0]
-        return ctx.skip(kernel, "not-used", f"{first} is not used here: {_first_clause(decided[first].reason)}",
+        return ctx.skip(kernel, "not-used", f"{first} is not used here: {decided[first].reason.split('; ')[0]}",
                         facts={"served": first}, **kw)
     version = _version_of(ctx, served, decided[served])
     if not has_backend(pins.kernel(served), version, kernel):
@@ -78,13 +73,13 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         pd = decided[partner]
         if pd.action not in USABLE:
             return ctx.skip(kernel, f"without.{pins.kernel(partner).rule_prefix}",
-                            f"{kernel} runs on {partner}, which is not used here: {_first_clause(pd.reason)}", pd.fix,
+                            f"{kernel} runs on {partner}, which is not used here: {pd.reason.split('; ')[0]}", pd.fix,
                             facts={"partner": partner}, **kw_off)
-
-    shapes, shapes_from = _shapes(ctx, kernel)
-    checked, checked_from = ((shapes, shapes_from) if shapes else
-                             model_shapes((), spec.warm, env.dist_version("transformers")))
-    check = gdr_check(env, pins, kernel, served=served, shapes=checked, shapes_from=checked_from) if spec.warm else {}
+    # the imported (or posed) models whose head dims are known, and those it computes (none known: the pins')
+    models = [m for m in env.model_shapes if m[1] is not None and m[2] is not None]
+    fits = [m for m in models if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
+    shapes, shapes_from = model_shapes(fits, spec.warm, env.dist_version("transformers"))
+    check = gdr_check(env, pins, kernel, served=served, shapes=shapes, shapes_from=shapes_from) if spec.warm else {}
     needs = tuple(spec.with_kernels) + (served,)
     if have:
         known = next((r for r in spec.releases if same_version(r.version, have)), None)
@@ -95,8 +90,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                         reason=f"{kernel} {have} installed; {served} dispatches to it here, so it is checked once "
                                f"against {served}'s own path in a child process",
                         on_failure=OnFailure.PROCEED, off=off, facts={"served": served}, **kw)
-
-    if not shapes and _known(env):
+    if models and not fits:
         bad = ", ".join(f"{name}: K x V = {k} x {v}" for name, k, v, _, _ in env.model_shapes if k is not None)
         return ctx.skip(kernel, "head-dims", f"{bad}; {kernel} computes K = {'/'.join(map(str, spec.head_dims.k))}, V = "
                         f"{'/'.join(map(str, spec.head_dims.v))} only ({served} keeps its own path for the rest)",
@@ -118,19 +112,19 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     reason = f"{kernel} {rel.version} for {served}'s gated delta rule on {'+'.join(sorted(set(env.gpus)))}"
     reason += (f", where {served} runs {hazard.needs} anyway because of {hazard.id}" if hazard is not None else
                f", on by default where {served} needs no {' or '.join(spec.with_kernels)}")
-    reason += (f"; {shapes_from}: K x V = " + ", ".join(f"{k} x {v}" for _, _, k, v in shapes) if _known(env) else
+    reason += (f"; {shapes_from}: K x V = " + ", ".join(f"{k} x {v}" for _, _, k, v in shapes) if models else
                f"; the model's head dims are not known here: {served} uses it for K = V = "
                f"{'/'.join(map(str, spec.head_dims.k))}, as in Qwen3.5 and Qwen3-Next, and keeps its own path otherwise")
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
-                    target={d: rel.version for d in spec.distributions}, needs=needs, check=check,
+                    target=dict.fromkeys(spec.distributions, rel.version), needs=needs, check=check,
                     on_failure=OnFailure.PROCEED, off=off,
                     facts={"served": served, "runs": hazard.needs if hazard is not None else "",
                            "hazard": hazard.id if hazard is not None else ""}, **kw)
 
 
 def wanted_here(ctx: Context, kernel: str) -> bool:
-    """Whether this backend is on by default here without a hazard (`pays.elsewhere`) and nothing here rules
-    it out: the pair rule then installs its `with` kernel (tilelang). Reads no decision."""
+    """On by default here without a hazard (`pays.elsewhere`) and not ruled out: the pair rule then installs its
+    `with` kernel (tilelang). Reads no decision."""
     spec = ctx.pins.kernel(kernel)
     env, switch = ctx.env, spec.switch
     if not spec.pays.elsewhere or shared_skip(ctx, kernel, installed={}) is not None:
@@ -138,22 +132,6 @@ def wanted_here(ctx: Context, kernel: str) -> bool:
     if all(s in ctx.settings.skip for s in spec.serves) or env.switches.get(switch.variable) == switch.off:
         return False
     return bool(env.gpus) and all(g in spec.archs.train for g in env.gpus)
-
-
-def _known(env) -> list:
-    """The imported (or posed) models whose head dims are known."""
-    return [m for m in env.model_shapes if m[1] is not None and m[2] is not None]
-
-
-def _shapes(ctx: Context, kernel: str):
-    """(the shapes to check and warm, where they come from): the known models' it computes (none: (), it
-    would not be used), or the pins' defaults where no model is known."""
-    spec, env = ctx.pins.kernel(kernel), ctx.env
-    known = _known(env)
-    if not known:
-        return model_shapes((), spec.warm, env.dist_version("transformers"))
-    fits = [m for m in known if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
-    return model_shapes(fits, spec.warm, env.dist_version("transformers")) if fits else ((), "")
 
 
 def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:
@@ -167,8 +145,7 @@ def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:
 
 
 def _old_partner(ctx: Context, kernel: str, release, decided: dict):
-    """(partner, reason, fix, the short form's facts) when a kernel this release runs on is at a version
-    outside its `with` range."""
+    """(partner, reason, fix, facts) when a kernel this release runs on is outside its `with` range."""
     for partner, spec in release.partners.items():
         version = _version_of(ctx, partner, decided[partner])
         if not within(version, spec):
@@ -183,11 +160,8 @@ def _old_partner(ctx: Context, kernel: str, release, decided: dict):
 
 def _nvcc_planned(spec, decided: dict) -> bool:
     """A kernel it runs on installs the nvcc wheel (tilelang on a CUDA >= 13 torch without a toolkit)."""
-    for partner in spec.with_kernels:
-        for step in decided[partner].steps:
-            if any(r.startswith("nvidia-cuda-nvcc") for r in step.requirements):
-                return True
-    return False
+    return any(r.startswith("nvidia-cuda-nvcc") for partner in spec.with_kernels for step in decided[partner].steps
+               for r in step.requirements)
 
 
 def _no_hazard_why(ctx: Context, served: str, spec) -> str:
@@ -196,6 +170,3 @@ def _no_hazard_why(ctx: Context, served: str, spec) -> str:
         return f"no {'/'.join(gpus)} GPU" if gpus else "no hazard of it applies"
     return f"triton {ctx.env.triton}"
 
-
-def _first_clause(reason: str) -> str:
-    return reason.split("; ")[0]

@@ -1,8 +1,7 @@
-"""A pair of distributions pinned together that serves another kernel (tilelang + apache-tvm-ffi,
-fla's Hopper backend): installed where a hazard of a served kernel needs it, as a known-good pair
-(`pairs`), never a broken one (`broken`); a broken or half-installed pair is repaired (the companion
-replaced alone first: a broken pair can abort any process that imports it) or its import blocked.
-Rule ids: `<prefix>.*` (decide/messages.py PAIR)."""
+"""A pair of distributions pinned together that serves another kernel (tilelang + apache-tvm-ffi, fla's Hopper
+backend): installed where a served kernel's hazard or a backend needs it, as a known-good pair, never a broken
+one; a broken or half-installed pair is repaired (the companion first: a broken pair can abort any process
+that imports it) or its import blocked."""
 
 from __future__ import annotations
 
@@ -38,16 +37,16 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     kw = ctx.kw(kernel, installed)
     half = [d for d in spec.distributions if d in env.half_installed and ctx.installed(d)]
     if have and half:
-        return _repair(ctx, kernel, have, companion, f"{' and '.join(half)} {HALF_INSTALLED}", "half-installed", kw,
+        return _repair(ctx, kernel, have, f"{' and '.join(half)} {HALF_INSTALLED}", "half-installed", kw,
                        short=f"{' and '.join(half)} half-installed")
     if have and companion:
         broken = pins.broken_for(kernel, have, companion, env.gpus)
         if broken is not None:
-            return _repair(ctx, kernel, have, companion, f"{second} {companion} is broken with {first} {have}"
+            return _repair(ctx, kernel, have, f"{second} {companion} is broken with {first} {have}"
                            f"{'' if broken.arch == '*' else ' on ' + broken.arch} - {broken.effect}", "broken-pair", kw,
                            short=f"{second} {companion} breaks it")
     if have and not companion:
-        return _repair(ctx, kernel, have, None, f"{first} {have} is installed without {second}", "missing-companion", kw,
+        return _repair(ctx, kernel, have, f"{first} {have} is installed without {second}", "missing-companion", kw,
                        short=f"installed without {second}")
 
     backends = [] if hazards else [b for b, s in pins.kernels.items()
@@ -82,10 +81,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                     "/usr/local/cuda or the nvidia-cuda-nvcc wheel" if hz is not None else f" (and {who}'s kernels)")
             return ctx.skip(kernel, "no-nvcc", f"no nvcc; {kernel} compiles its kernels with it at run time{tail}",
                             "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
-
+    pair = preferred(ctx, kernel)
     if have:
         good = [g for g in pins.good_companions(kernel, have) if pins.broken_for(kernel, have, g, env.gpus) is None]
-        if good and any(same_version(companion, g) for g in good):
+        if any(same_version(companion, g) for g in good):
             if nvcc_reqs:
                 return _install(ctx, kernel, have, companion, nvcc_reqs, "install.nvcc", REPAIR,
                                 f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw, facts)
@@ -94,13 +93,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                                    f"here {because}",
                             on_failure=OnFailure.BLOCK, repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True),
                             facts=facts, **kw)
-        pair = preferred(ctx, kernel)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.unverified"), verify=True,
                         reason=f"{first} {have} + {second} {companion} is not in the pins; checking it in a child process",
                         on_failure=OnFailure.BLOCK,
                         repair_steps=steps(ctx, kernel, pair[0], pair[1], nvcc_reqs, replace=True) if pair else (), **kw)
-
-    pair = preferred(ctx, kernel)
     if pair is None:
         return ctx.skip(kernel, "offline-missing",
                         f"offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good {first} + {second} pair",
@@ -131,20 +127,20 @@ def _not_needed(ctx: Context, kernel: str) -> tuple:
             f"triton {env.triton} is outside {', '.join(h.id for h in hazards)}")
 
 
-def preferred(ctx: Context, kernel: str):
-    """The first pins pair (and companion) installable here; offline: present in the wheelhouse."""
+def _good_pairs(ctx: Context, kernel: str, version: str | None = None) -> list:
+    """(version, companion) pairs the pins know good on these GPUs: `version`'s own companions first, then all."""
     pins = ctx.pins
-    first, second = pins.kernel(kernel).distributions
+    options = [(version, c) for c in pins.good_companions(kernel, version)] if version else []
+    options += [(pair.version, c) for pair in pins.kernel(kernel).pairs for c in pair.companions]
+    return [o for o in dict.fromkeys(options) if pins.broken_for(kernel, *o, ctx.env.gpus) is None]
+
+
+def preferred(ctx: Context, kernel: str):
+    """The first known-good pair installable here (offline: in the wheelhouse), else None."""
+    first, second = ctx.pins.kernel(kernel).distributions
     have = ctx.wheelhouse if ctx.settings.offline else None
-    for pair in pins.kernel(kernel).pairs:
-        for companion in pair.companions:
-            if pins.broken_for(kernel, pair.version, companion, ctx.env.gpus) is not None:
-                continue
-            if have is not None:
-                if Version(pair.version) not in have.get(first, set()) or Version(companion) not in have.get(second, set()):
-                    continue
-            return pair.version, companion
-    return None
+    return next(((v, c) for v, c in _good_pairs(ctx, kernel) if have is None or
+                 (Version(v) in have.get(first, set()) and Version(c) in have.get(second, set()))), None)
 
 
 def steps(ctx: Context, kernel: str, version, companion, nvcc_reqs, *, replace: bool) -> tuple:
@@ -175,27 +171,20 @@ def _install(ctx, kernel, version, companion, nvcc_reqs, suffix, action, reason,
                     target={first: version, second: companion}, on_failure=OnFailure.BLOCK, facts=facts, **kw)
 
 
-def _repair(ctx, kernel, version, companion, reason, problem, kw, *, short: str) -> Decision:
+def _repair(ctx, kernel, version, reason, problem, kw, *, short: str) -> Decision:
     """Replace a broken or half-installed pair: the user's version with a known-good companion where the pins
-    have one, else the first known-good pair (offline: the first the wheelhouse has); else block the import."""
-    gpus, pins = ctx.env.gpus, ctx.pins
-    first, second = pins.kernel(kernel).distributions
-    options = [(version, good) for good in pins.good_companions(kernel, version)
-               if pins.broken_for(kernel, version, good, gpus) is None]
-    for pair in pins.kernel(kernel).pairs:
-        options += [(pair.version, good) for good in pair.companions
-                    if pins.broken_for(kernel, pair.version, good, gpus) is None and (pair.version, good) not in options]
-    rule = ctx.rule(kernel, f"repair.{problem}")
+    have one, else the first known-good pair the wheelhouse has; else block the import."""
+    first, second = ctx.pins.kernel(kernel).distributions
     facts = {"problem": short}
     first_missing = None
-    for target, target_companion in options:
+    for target, target_companion in _good_pairs(ctx, kernel, version):
         planned = steps(ctx, kernel, target, target_companion, (), replace=True)
         missing = ctx.missing_offline(planned)
         if missing:
             first_missing = first_missing or missing
             continue
-        return Decision(kernel=kernel, action=REPAIR, rule=rule, reason=reason + f"; repairing to {first} {target} + "
-                        f"{second} {target_companion}", steps=planned,
+        return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, f"repair.{problem}"), steps=planned,
+                        reason=reason + f"; repairing to {first} {target} + {second} {target_companion}",
                         target={first: target, second: target_companion}, on_failure=OnFailure.BLOCK, facts=facts, **kw)
     if first_missing:
         return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, f"repair.{problem}.offline-missing"),
