@@ -170,9 +170,9 @@ def test_every_declared_rule_has_a_short_form():
 
 def test_a_rule_without_a_short_form_is_named(monkeypatch):
     """What a merged branch's new rule meets: the rule is named, by the table check and by the walk."""
-    monkeypatch.setitem(rule_ids.PURE, "numeric.block", rule_ids.Rule(events.Severity.WARNING, "a rule another branch adds"))
+    monkeypatch.setitem(rule_ids.PURE, "numeric.block", rule_ids.Rule(events.Severity.WARNING))
     assert without_short_form() == ["<pure prefix>.numeric.block"]
-    monkeypatch.setitem(rule_ids.PURE, "offline-missing", rule_ids.Rule(events.Severity.STATUS, "its line not written yet"))
+    monkeypatch.setitem(rule_ids.PURE, "offline-missing", rule_ids.Rule(events.Severity.STATUS))
     monkeypatch.setattr(rule_ids, "_declared", {})    # declared() again from the tables
     from fastpath_hooks.decide import messages as short
 
