@@ -64,18 +64,18 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     dep_steps = (deps,) if deps is not None else ()
     mode = settings.allow_build
     rocm = bool(env.torch_hip)
+    if mode == "0" and rocm:
+        return ctx.skip(kernel, "rocm.no-build", "no prebuilt ROCm wheels, and source builds are off by "
+                        "FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
+                        "for this machine's GPUs", **kw)
     if mode == "0":
-        if rocm:
-            return ctx.skip(kernel, "rocm.no-build", "no prebuilt ROCm wheels, and source builds are off "
-                         "by FASTPATH_HOOKS_ALLOW_BUILD=0", "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it with hipcc "
-                         "for this machine's GPUs", **kw)
         return ctx.skip(kernel, "no-wheel", f"source builds are off by FASTPATH_HOOKS_ALLOW_BUILD=0, and {why}",
-                     "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
-                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+                        "set FASTPATH_HOOKS_ALLOW_BUILD=auto to build it for this machine's GPUs, or put a wheel from "
+                        "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
     if not env.pip:  # the build runs `python -m pip wheel` (uv builds through an isolated cache of its own)
-        return ctx.skip(kernel, "build.no-pip", f"{why}, and a source build runs pip, which this "
-                     "environment lacks (a `uv venv`)", "run `python -m ensurepip`, or put a wheel from "
-                     "`fastpath-hooks build` in FASTPATH_HOOKS_FIND_LINKS", **kw)
+        return ctx.skip(kernel, "build.no-pip", f"{why}, and a source build runs pip, which this environment lacks "
+                        "(a `uv venv`)", "run `python -m ensurepip`, or put a wheel from `fastpath-hooks build` in "
+                        "FASTPATH_HOOKS_FIND_LINKS", **kw)
     needs_cuda, families = needs_cuda_build(env, build)   # families: "" where the release has no opt-in extension
     switch_env = dict(build.cuda_switch.env) if needs_cuda and families else {}
     if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in and nothing in use calls it
@@ -83,28 +83,27 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                     env=tuple(sorted(build.env.items())), archs=("py",),
                     note=f"source build without the CUDA extension ({families}): Python and Triton only, no compiler")
         return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=ctx.rule(kernel, "build.triton-only"),
-                        reason=f"building from source without its CUDA extension, nothing to compile: {families}; {why}",
-                        facts={"users": few(cuda_families(env, build)[1])})
+                        reason=f"building from source without its CUDA extension, nothing to compile: {families}; "
+                               f"{why}", facts={"users": few(cuda_families(env, build)[1])})
     if rocm:
         why = "no prebuilt ROCm wheels"
         if not env.hipcc:
-            return ctx.skip(kernel, "rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not "
-                         "found", "install ROCm's hipcc (ROCM_HOME, PATH or /opt/rocm)", **kw)
+            return ctx.skip(kernel, "rocm.no-hipcc", f"{why}, and a source build needs hipcc, which is not found",
+                            "install ROCm's hipcc (ROCM_HOME, PATH or /opt/rocm)", **kw)
         compiler = "hipcc"
     else:
         if not env.nvcc or env.nvcc.startswith("nvidia-cuda-nvcc"):
-            return ctx.skip(kernel, "no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, "
-                         "which is not found", f"install a CUDA {env.torch_cuda} toolkit (torch's) and set CUDA_HOME", **kw)
+            return ctx.skip(kernel, "no-nvcc", f"{why}, and a source build needs a CUDA toolkit's nvcc, which is not "
+                            "found", f"install a CUDA {env.torch_cuda} toolkit (torch's) and set CUDA_HOME", **kw)
         torch_major = (env.torch_cuda or "").split(".")[0]
         if env.nvcc_version is None and mode == "auto":
-            return ctx.skip(kernel, "nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) "
-                         "cannot be told, so a build for torch's CUDA is not started unasked",
-                         "point CUDA_HOME at a toolkit whose nvcc answers --version, or set FASTPATH_HOOKS_ALLOW_BUILD=1",
-                         **kw)
+            return ctx.skip(kernel, "nvcc-unknown", f"{why}, and the CUDA release of nvcc ({env.nvcc}) cannot be "
+                            "told, so a build for torch's CUDA is not started unasked", "point CUDA_HOME at a toolkit "
+                            "whose nvcc answers --version, or set FASTPATH_HOOKS_ALLOW_BUILD=1", **kw)
         if env.nvcc_version is not None and env.nvcc_version.split(".")[0] != torch_major:
-            return ctx.skip(kernel, "nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while "
-                         f"torch is built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA "
-                         "majors", f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
+            return ctx.skip(kernel, "nvcc-mismatch", f"{why}, and nvcc is CUDA {env.nvcc_version} while torch is "
+                            f"built for CUDA {env.torch_cuda}: torch refuses to build extensions across CUDA majors",
+                            f"point CUDA_HOME at a CUDA {torch_major}.x toolkit", **kw)
         compiler = f"nvcc {env.nvcc_version}" if env.nvcc_version else "nvcc"
     archs, unsupported = build_archs(env, build)
     if unsupported and not rocm:
@@ -139,11 +138,12 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     if std is not None:
         compiler += f" and -std={std.std}"
     if seconds > settings.timeout:
+        enough = int(seconds * 1.5)
         return ctx.skip(kernel, "build.timeout", f"{why}; a source build for {where} takes about "
                         f"{minutes(seconds)}, {how}; longer than FASTPATH_HOOKS_TIMEOUT={settings.timeout:.0f} s",
-                        f"raise FASTPATH_HOOKS_TIMEOUT to {int(seconds * 1.5)} or more" +
+                        f"raise FASTPATH_HOOKS_TIMEOUT to {enough} or more" +
                         ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
-                        facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={int(seconds * 1.5)}"
+                        facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={enough}"
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
     step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
                 env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
@@ -212,7 +212,8 @@ def cuda_families(env, build) -> tuple:
     switch = build.cuda_switch
     if switch is None:
         return [], []
-    return ([t for t in env.model_types if t in switch.needed_by], [t for t in env.model_types if t in switch.triton_only])
+    in_use = env.model_types
+    return [t for t in in_use if t in switch.needed_by], [t for t in in_use if t in switch.triton_only]
 
 
 def needs_cuda_build(env, build) -> tuple:
@@ -231,16 +232,10 @@ def needs_cuda_build(env, build) -> tuple:
 
 def arch_rule_notes(env, build) -> tuple:
     """What the arch rules change for the visible GPUs: ((short for the reason, whole for the step's note), ...)."""
-    if env.torch_hip:
-        return ()
-    out = []
-    for g in env.gpus:
-        rule = _arch_rule(g, build, env.nvcc_version)
-        if rule is not None:
-            out.append((f"{g} gets {rule.build_as} code: {rule.id}",
-                        f"{g} gets {rule.build_as} code, which runs on it: {g} code from nvcc "
-                        f"{env.nvcc_version or '(release unknown)'} {rule.effect} ({rule.id})"))
-    return tuple(out)
+    rules = ((g, _arch_rule(g, build, env.nvcc_version)) for g in (() if env.torch_hip else env.gpus))
+    return tuple((f"{g} gets {r.build_as} code: {r.id}", f"{g} gets {r.build_as} code, which runs on it: {g} code "
+                  f"from nvcc {env.nvcc_version or '(release unknown)'} {r.effect} ({r.id})")
+                 for g, r in rules if r is not None)
 
 
 def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
@@ -250,10 +245,10 @@ def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
     same = [r for r in mine if r.get("version") == build.version] or mine
     if same:
         rec = same[-1]
-        base, archs, cores = float(rec["seconds"]), max(1, int(rec.get("n_archs") or 1)), max(1, int(rec.get("cores") or 1))
-        split = int(rec.get("split") or 1)
-        origin = (f"this machine's build of {build.distribution} {rec.get('version')} took {base:.0f} s for {archs} arch "
-                  f"on {cores} cores" + (f" (--split-compile={split})" if split > 1 else ""))
+        base, split = float(rec["seconds"]), int(rec.get("split") or 1)
+        archs, cores = max(1, int(rec.get("n_archs") or 1)), max(1, int(rec.get("cores") or 1))
+        origin = (f"this machine's build of {build.distribution} {rec.get('version')} took {base:.0f} s for {archs} "
+                  f"arch on {cores} cores" + (f" (--split-compile={split})" if split > 1 else ""))
     else:
         base, archs, cores = build.seconds, build.archs, build.cores
         origin = f"{build.seconds:.0f} s measured for {build.archs} arch on {build.cores} cores"

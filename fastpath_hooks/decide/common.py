@@ -192,11 +192,11 @@ def no_accelerator_short(env) -> dict:
         posed = env.gpu_source == "target" and env.gpus
         return {"no_gpu": f"no CUDA/XPU accelerator: torch {env.torch} is a CPU build",
                 "no_gpu_fix": f"to pose {'+'.join(env.gpus)}, add cuda=X.Y, hip=X.Y or xpu=yes" if posed else fix}
-    kind = env.torch_build.split()[0]   # CUDA / ROCm / XPU: the build's own kind of device
+    no_gpu = f"no {env.torch_build.split()[0]} accelerator: torch {env.torch} ({env.torch_build})"   # CUDA/ROCm/XPU
     if env.gpus:
-        return {"no_gpu": f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) cannot use {'+'.join(env.gpus)}",
+        return {"no_gpu": f"{no_gpu} cannot use {'+'.join(env.gpus)}",
                 "no_gpu_fix": "install a torch build for these GPUs"}
-    return {"no_gpu": f"no {kind} accelerator: torch {env.torch} ({env.torch_build}) sees no device", "no_gpu_fix": fix}
+    return {"no_gpu": f"{no_gpu} sees no device", "no_gpu_fix": fix}
 
 
 def versions_here(env) -> str:
@@ -213,8 +213,8 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
     kw = ctx.kw(kernel, installed)
 
     def skip(suffix, reason, fix="", facts=None):
-        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.rule_id(ctx.pins, None, suffix), fix=fix,
-                        facts=facts or {}, **kw)
+        return Decision(kernel=kernel, action=SKIP, reason=reason, rule=rule_ids.rule_id(ctx.pins, None, suffix),
+                        fix=fix, facts=facts or {}, **kw)
 
     if kernel in settings.skip:
         return skip("user", "skipped by FASTPATH_HOOKS_SKIP", f"remove {kernel} from FASTPATH_HOOKS_SKIP")
@@ -224,16 +224,18 @@ def shared_skip(ctx: Context, kernel: str, *, installed: dict) -> Decision | Non
         return skip("no-accelerator", no_accelerator_reason(env) + f"; {kernel} runs on GPUs only",
                     "run on a machine with a CUDA (or XPU) GPU and a matching torch build", no_accelerator_short(env))
     if not within(env.python_version, spec.python):
-        return skip("python", f"Python {env.python} is outside {kernel}'s support ({spec.python})", f"use Python {spec.python}")
+        return skip("python", f"Python {env.python} is outside {kernel}'s support ({spec.python})",
+                    f"use Python {spec.python}")
     if env.platform not in spec.platforms:
         return skip("platform", f"no {kernel} builds for {env.platform} (supported: {', '.join(spec.platforms)})")
     glibc_spec = spec.glibc.get(env.arch)
     if glibc_spec and env.glibc and not within(env.glibc_version, SpecifierSet(glibc_spec)):
         return skip("glibc", f"{kernel} wheels for {env.arch} need glibc {glibc_spec}; this system has {env.glibc}")
     if not within(env.torch_version, spec.torch):
-        return skip("torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})", f"use torch {spec.torch}")
+        return skip("torch", f"torch {env.torch} is outside {kernel}'s support ({spec.torch})",
+                    f"use torch {spec.torch}")
     if env.accelerator not in spec.accelerators:
-        name = {"rocm": "ROCm"}.get(env.accelerator, env.accelerator.upper())
+        name = rule_ids.ACCELERATOR_NAMES.get(env.accelerator, env.accelerator.upper())
         return skip(f"accelerator.{env.accelerator}", f"{kernel} does not support {name}")
     served = () if ctx.fresh else hub_serves(ctx, kernel)
     if served:   # transformers 5.25+: from_pretrained on this GPU takes all its functions from the hub
@@ -266,20 +268,14 @@ def fetch_fix(what: str, source: str = "the index") -> str:
 def deps_step(ctx: Context, spec, extra=()) -> Step | None:
     """The runtime dependencies (and `extra`: a source build's) this machine lacks or has too old (one satisfied
     is neither named nor backed up); a fresh plan names them all."""
-    reqs = []
+    env = ctx.env
     named = {canonical_name(requirement(r)[0].name) for r in spec.runtime_deps}
     wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(requirement(r)[0].name) not in named)
-    marker_env = {"python_version": ".".join(ctx.env.python.split(".")[:2]), "python_full_version": ctx.env.python,
-                  "sys_platform": {"windows": "win32"}.get(ctx.env.os, ctx.env.os),
-                  "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(ctx.env.os, ctx.env.os),
-                  "platform_machine": ctx.env.arch}
-    for raw in wanted:
-        req, marker = requirement(raw)
-        if marker is not None and not marker.evaluate(marker_env):
-            continue
-        if not ctx.fresh and ctx.installed_satisfies(req):
-            continue
-        reqs.append(str(req))
+    marker_env = {"python_version": ".".join(env.python.split(".")[:2]), "python_full_version": env.python,
+                  "sys_platform": {"windows": "win32"}.get(env.os, env.os), "platform_machine": env.arch,
+                  "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(env.os, env.os)}
+    reqs = [str(req) for req, marker in map(requirement, wanted)
+            if (marker is None or marker.evaluate(marker_env)) and (ctx.fresh or not ctx.installed_satisfies(req))]
     if not reqs:
         return None
     return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
@@ -313,7 +309,8 @@ def served_hazards(ctx: Context, kernel: str) -> list:
     return [h for served in spec.serves for h in ctx.hazards(served) if h.needs == kernel]
 
 
-NUMERIC_FIX = "pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cache>/numeric/<kernel>.json to check again"
+NUMERIC_FIX = ("pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <cache>/numeric/<kernel>.json to "
+               "check again")
 
 
 def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
@@ -339,10 +336,8 @@ def numeric_measured(kernel: str, detail: str, arch: str) -> str:
     """The measured error as the line says it: whole when it fits, else without its tolerance, else where."""
     room = MAX_LINE - len(PREFIX) - len(f"{kernel}: blocked - ") - len(f" ({rule_ids.NUMERIC_SHORT_FIX})")
     measure = detail.split(" (tolerance")[0]
-    for said in (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}"):
-        if len(said) <= room:
-            return said
-    return f"its numbers are wrong on {arch}"
+    said = (detail, measure, measure.replace(" from torch by ", " by "), f"its numbers were measured wrong on {arch}")
+    return next((s for s in said if len(s) <= room), f"its numbers are wrong on {arch}")
 
 
 def _same_public(a, b) -> bool:

@@ -28,6 +28,7 @@ class Rule:
     severity: Severity            # how its outcome is said: status, warning or error
     needs: frozenset = frozenset()   # NVCC_RELEASE
     machine_wide: bool = False    # said once for the machine and every kernel (no torch, no accelerator)
+    engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
     line: str | None = None       # the short form (None: not written yet - tests/test_lines.py names the rule)
@@ -97,8 +98,8 @@ PAIR = {
     "repair.{problem}.offline-missing": Rule(_W, line="{problem}; offline[, lacking {missing}]", fix=FETCH),
     "repair.{problem}.unrepairable": Rule(_W, line="{problem}; no known-good pair for this GPU", fix=PINS_FILE),
     "install.for-backend": Rule(_S, line="{target} to run {hazard}", fix=""),
-    "ok.repair": Rule(_S, line="its check failed; replacing it with {target}", fix=""),
-    "ok.unverified.repair": Rule(_S, line="its check failed; replacing it with {target}", fix=""),
+    "ok.repair": Rule(_S, engine=True, line="its check failed; replacing it with {target}", fix=""),
+    "ok.unverified.repair": Rule(_S, engine=True, line="its check failed; replacing it with {target}", fix=""),
     "block.numeric": COMMON["block.numeric"],
 }
 PAIR_PROBLEMS = ("half-installed", "broken-pair", "missing-companion")
@@ -178,7 +179,8 @@ KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED, "backend": BACKEND}
 
 def _expand(template: str, spec, pins) -> list:
     # skip.accelerator.<a>: only for an accelerator some kernel does not support
-    unsupported = tuple(a for a in ACCELERATORS if pins is None or any(a not in k.accelerators for k in pins.kernels.values()))
+    kernels = pins.kernels.values() if pins is not None else ()
+    unsupported = tuple(a for a in ACCELERATORS if pins is None or any(a not in k.accelerators for k in kernels))
     values = {"{accelerator}": unsupported, "{problem}": PAIR_PROBLEMS,
               "{with}": tuple(pins.kernel(k).rule_prefix for k in spec.with_kernels) if spec else (),
               "{import}": spec.imports_installed if spec else ()}

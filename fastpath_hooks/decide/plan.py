@@ -126,9 +126,9 @@ class Decision:
     target: FrozenMap = field(default_factory=FrozenMap)      # dist -> exact version after the steps
     installed: FrozenMap = field(default_factory=FrozenMap)   # dist -> version now
     needs: tuple = ()                 # kernels that must be good first
-    wants: tuple = ()                 # backends ensured right after it, before its import (their outcome does not matter)
+    wants: tuple = ()                 # backends ensured right after it, before its import (whatever their outcome)
     env: tuple = ()                   # ((NAME, VALUE), ...) set in this process before import
-    off: tuple = ()                   # ((NAME, VALUE), ...) set when it ends unusable: what keeps the kernel it serves off it
+    off: tuple = ()                   # ((NAME, VALUE), ...) set when it ends unusable: keeps the served kernel off it
     check: FrozenMap = field(default_factory=FrozenMap)   # the gated-delta-rule check and warm-up its verification runs
     verify: bool = False              # OK but a child-process check is due (unverified combination)
     repair_steps: tuple = ()          # what to run if that check fails
@@ -393,7 +393,8 @@ def model_shapes(rows, warm, transformers=None) -> tuple:
     if not shapes:
         return (), "no model known yet"
     source = "the pins' defaults, no model known yet" if names == ["pins"] else f"the {' and '.join(names)} config"
-    return tuple(shapes), source + (f", q and k repeated to the value heads by transformers {transformers}" if repeat else "")
+    repeated = f", q and k repeated to the value heads by transformers {transformers}" if repeat else ""
+    return tuple(shapes), source + repeated
 
 
 def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:

@@ -47,7 +47,8 @@ def uses(env, pins, kernel: str) -> str:
     spec = pins.kernel(kernel)
     if spec.serves:
         why = sorted({h.id for h in pins.hazards if h.needs == kernel})
-        return f"not directly: {' and '.join(spec.serves)} uses it" + (f" (where {', '.join(why)} applies)" if why else "")
+        where = f" (where {', '.join(why)} applies)" if why else ""
+        return f"not directly: {' and '.join(spec.serves)} uses it{where}"
     module = spec.module
     if not spec.gates:
         return f"no transformers gate names it: whatever imports `{module}` uses it"
@@ -60,7 +61,7 @@ def uses(env, pins, kernel: str) -> str:
     if which == "D":
         return (f"transformers {version} (era D) imports {module} with a modeling module and uses it for GPU inputs "
                 "where no hub kernel replaces it (from_pretrained on a GPU asks the hub first)")
-    yes = env.accelerator in ("cuda", "rocm")  # eras A/B gate on CUDA (ROCm torch reports as CUDA); XPU from 5.15 = era C
+    yes = env.accelerator in ("cuda", "rocm")  # A/B gate on CUDA (ROCm torch says CUDA); XPU from 5.15 = era C
     where = "accelerator" if env.accelerator else "machine (no accelerator)"
     gates = " / ".join(f"{g}()" for g in spec.gates)
     also = f", which also need {' and '.join(spec.with_kernels)}" if spec.with_kernels else ""
@@ -88,7 +89,8 @@ def _failure(package, plan, settings, enabled: bool) -> dict | None:
     if package.kernel is None:  # a distribution fastpath-hooks does not manage: only whether it is installed
         if plan.environment.version(package.distribution):
             return None
-        return {"action": None, "problem": f"{package.distribution} is not installed (fastpath-hooks does not manage it)",
+        return {"action": None,
+                "problem": f"{package.distribution} is not installed (fastpath-hooks does not manage it)",
                 "fix": f"install {package.distribution} (pip install {package.distribution})"}
     decision = plan.decisions.get(package.kernel)
     if decision is None or decision.action == OK:

@@ -43,8 +43,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                         f"{since})", f"upgrade {served} to {since} or newer",
                         facts={"served": served, "version": version, "since": since}, **kw)
     if env.switches.get(switch.variable) == switch.off:
-        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {served} would not use {kernel}",
-                        f"unset {switch.variable}",
+        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {served} would not use "
+                        f"{kernel}", f"unset {switch.variable}",
                         facts={"variable": switch.variable, "off": switch.off, "served": served}, **kw)
     no_train = [g for g in env.gpus if g not in spec.archs.train]
     if no_train:
@@ -55,9 +55,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         return ctx.skip(kernel, "arch", reason,
                         facts={"no_train": "+".join(no_train), "train": ", ".join(spec.archs.train)}, **kw_off)
     if spec.needs_nvcc and not env.nvcc and not _nvcc_planned(spec, decided):
-        return ctx.skip(kernel, "no-nvcc", f"no nvcc; tilelang compiles {kernel}'s kernels with it at first use, and "
-                        f"{served} chooses {kernel} without looking for one", "install a CUDA toolkit matching torch or "
-                        "point CUDA_HOME at one", **kw_off)
+        return ctx.skip(kernel, "no-nvcc", f"no nvcc; tilelang compiles {kernel}'s kernels with it at first use, "
+                        f"and {served} chooses {kernel} without looking for one",
+                        "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw_off)
     hazard = next((h for h in ctx.hazards(served) if h.needs in spec.with_kernels), None)
     default = spec.pays.hazard if hazard is not None else spec.pays.elsewhere
     if not have and not default:
@@ -79,6 +79,7 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     models = [m for m in env.model_shapes if m[1] is not None and m[2] is not None]
     fits = [m for m in models if m[1] in spec.head_dims.k and m[2] in spec.head_dims.v]
     shapes, shapes_from = model_shapes(fits, spec.warm, env.dist_version("transformers"))
+    dims_k, dims_v = ("/".join(map(str, dims)) for dims in (spec.head_dims.k, spec.head_dims.v))
     check = gdr_check(env, pins, kernel, served=served, shapes=shapes, shapes_from=shapes_from) if spec.warm else {}
     needs = tuple(spec.with_kernels) + (served,)
     if have:
@@ -92,10 +93,10 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                         on_failure=OnFailure.PROCEED, off=off, facts={"served": served}, **kw)
     if models and not fits:
         bad = ", ".join(f"{name}: K x V = {k} x {v}" for name, k, v, _, _ in env.model_shapes if k is not None)
-        return ctx.skip(kernel, "head-dims", f"{bad}; {kernel} computes K = {'/'.join(map(str, spec.head_dims.k))}, V = "
-                        f"{'/'.join(map(str, spec.head_dims.v))} only ({served} keeps its own path for the rest)",
-                        facts={"dims": "/".join(map(str, spec.head_dims.k)), "served": served}, **kw)
-    candidates = [r for r in spec.releases if within(env.torch_version, r.torch) and within(env.triton_version, r.triton)]
+        return ctx.skip(kernel, "head-dims", f"{bad}; {kernel} computes K = {dims_k}, V = {dims_v} only ({served} "
+                        "keeps its own path for the rest)", facts={"dims": dims_k, "served": served}, **kw)
+    candidates = [r for r in spec.releases
+                  if within(env.torch_version, r.torch) and within(env.triton_version, r.triton)]
     if not candidates:
         return ctx.skip(kernel, "no-release", f"no known-good {kernel} release for torch {env.torch}",
                         "add a release to a FASTPATH_HOOKS_PINS file", **kw)
@@ -107,14 +108,15 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
             "installed first)")
     rel, planned, first_missing = first_installable(ctx, fitting, lambda v: kernel_steps(ctx, spec, v, note))
     if rel is None:
-        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(first_missing)}",
-                        fetch_fix(f"{kernel}'s wheel"), facts={"missing": few(first_missing)}, **kw)
+        return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
+                        f"{', '.join(first_missing)}", fetch_fix(f"{kernel}'s wheel"),
+                        facts={"missing": few(first_missing)}, **kw)
     reason = f"{kernel} {rel.version} for {served}'s gated delta rule on {'+'.join(sorted(set(env.gpus)))}"
     reason += (f", where {served} runs {hazard.needs} anyway because of {hazard.id}" if hazard is not None else
                f", on by default where {served} needs no {' or '.join(spec.with_kernels)}")
     reason += (f"; {shapes_from}: K x V = " + ", ".join(f"{k} x {v}" for _, _, k, v in shapes) if models else
-               f"; the model's head dims are not known here: {served} uses it for K = V = "
-               f"{'/'.join(map(str, spec.head_dims.k))}, as in Qwen3.5 and Qwen3-Next, and keeps its own path otherwise")
+               f"; the model's head dims are not known here: {served} uses it for K = V = {dims_k}, as in Qwen3.5 "
+               "and Qwen3-Next, and keeps its own path otherwise")
     return Decision(kernel=kernel, action=INSTALL, rule=ctx.rule(kernel, "install"), reason=reason, steps=planned,
                     target=dict.fromkeys(spec.distributions, rel.version), needs=needs, check=check,
                     on_failure=OnFailure.PROCEED, off=off,
@@ -153,8 +155,9 @@ def _old_partner(ctx: Context, kernel: str, release, decided: dict):
             fix = (f"install {partner} {good} (with its known-good partner) or remove {partner} to let fastpath-hooks "
                    "install it" if good else f"add a {partner} {spec} pair to a FASTPATH_HOOKS_PINS file")
             short_fix = f"install {partner} {good}" if good else PINS_FILE
-            return (partner, f"{partner} {version} is used here; {kernel} {release.version} needs {partner} {spec}", fix,
-                    {"partner": partner, "version": version, "spec": str(spec), "partner_fix": short_fix})
+            why = f"{partner} {version} is used here; {kernel} {release.version} needs {partner} {spec}"
+            return partner, why, fix, {"partner": partner, "version": version, "spec": str(spec),
+                                       "partner_fix": short_fix}
     return None
 
 

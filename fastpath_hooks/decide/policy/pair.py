@@ -30,8 +30,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if common is not None:
         if hazards and common.rule == "skip.user":
             hz = hazards[0]
-            common = replace(common, reason=f"skipped by FASTPATH_HOOKS_SKIP; {hz.kernel} needs it here because of {hz.id}",
-                             facts={"served": hz.kernel, "hazard": hz.id})
+            common = replace(common, facts={"served": hz.kernel, "hazard": hz.id},
+                             reason=f"skipped by FASTPATH_HOOKS_SKIP; {hz.kernel} needs it here because of {hz.id}")
         return common
 
     kw = ctx.kw(kernel, installed)
@@ -53,12 +53,11 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                                    if s.kind == "backend" and kernel in s.with_kernels and backend.wanted_here(ctx, b)]
     if not hazards and not backends:
         why, why_short = _not_needed(ctx, kernel)
-        facts = {"served": served, "why": why_short}
+        facts, reason = {"served": served, "why": why_short}, f"{served} does not need it here: {why}"
         if have:
-            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.not-needed"),
-                            reason=f"{first} {have} + {second} {companion} installed; {served} does not need it here: {why}",
-                            facts=facts, **kw)
-        return ctx.skip(kernel, "not-needed", f"{served} does not need it here: {why}", facts=facts, **kw)
+            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.not-needed"), facts=facts,
+                            reason=f"{first} {have} + {second} {companion} installed; {reason}", **kw)
+        return ctx.skip(kernel, "not-needed", reason, facts=facts, **kw)
 
     # who needs it, and why: a served kernel's hazard (fla#640), or a backend that runs on it, on by default here
     hz = hazards[0] if hazards else None
@@ -68,8 +67,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
              {"served": who, "hazard": f"{who}, on by default here"})
     switch = spec.switch
     if hz is not None and switch is not None and env.switches.get(switch.variable) == switch.off:
-        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {hz.kernel} would not use {kernel}",
-                        f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}",
+        return ctx.skip(kernel, "user-disabled", f"{switch.variable}={switch.off} is set; {hz.kernel} would not use "
+                        f"{kernel}", f"unset {switch.variable}: {hz.kernel} needs {kernel} here because of {hz.id}",
                         facts={**facts, "variable": switch.variable, "off": switch.off}, **kw)
     nvcc_reqs = ()
     if spec.needs_nvcc and not env.nvcc:
@@ -83,20 +82,20 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                             "install a CUDA toolkit matching torch or point CUDA_HOME at one", **kw)
     pair = preferred(ctx, kernel)
     if have:
+        pair_now = f"{first} {have} + {second} {companion}"
         good = [g for g in pins.good_companions(kernel, have) if pins.broken_for(kernel, have, g, env.gpus) is None]
         if any(same_version(companion, g) for g in good):
             if nvcc_reqs:
                 return _install(ctx, kernel, have, companion, nvcc_reqs, "install.nvcc", REPAIR,
-                                f"{first} {have} + {second} {companion} need nvcc; installing the nvcc wheel", kw, facts)
+                                f"{pair_now} need nvcc; installing the nvcc wheel", kw, facts)
             return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), verify=True,
-                            reason=f"{first} {have} + {second} {companion} is a known-good pair; {who} needs it "
-                                   f"here {because}",
-                            on_failure=OnFailure.BLOCK, repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True),
-                            facts=facts, **kw)
+                            reason=f"{pair_now} is a known-good pair; {who} needs it here {because}",
+                            on_failure=OnFailure.BLOCK, facts=facts,
+                            repair_steps=steps(ctx, kernel, have, good[0], nvcc_reqs, replace=True), **kw)
         return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.unverified"), verify=True,
-                        reason=f"{first} {have} + {second} {companion} is not in the pins; checking it in a child process",
+                        reason=f"{pair_now} is not in the pins; checking it in a child process",
                         on_failure=OnFailure.BLOCK,
-                        repair_steps=steps(ctx, kernel, pair[0], pair[1], nvcc_reqs, replace=True) if pair else (), **kw)
+                        repair_steps=steps(ctx, kernel, *pair, nvcc_reqs, replace=True) if pair else (), **kw)
     if pair is None:
         return ctx.skip(kernel, "offline-missing",
                         f"offline, and FASTPATH_HOOKS_FIND_LINKS has no known-good {first} + {second} pair",
@@ -104,8 +103,8 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
     if hz is None:
         return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install.for-backend", INSTALL,
                         f"{who} runs on {kernel}, and {who} is on by default here: pins pays.elsewhere", kw, facts)
-    return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install", INSTALL,
-                    f"{hz.kernel} needs {kernel} on {'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw, facts)
+    return _install(ctx, kernel, pair[0], pair[1], nvcc_reqs, "install", INSTALL, f"{hz.kernel} needs {kernel} on "
+                    f"{'+'.join(hz.gpu)} + triton {env.triton} because of {hz.id}", kw, facts)
 
 
 def _not_needed(ctx: Context, kernel: str) -> tuple:
@@ -154,7 +153,8 @@ def steps(ctx: Context, kernel: str, version, companion, nvcc_reqs, *, replace: 
     if deps is not None:
         out.append(deps)
     if nvcc_reqs:
-        out.append(Step(kind=StepKind.DEPS, requirements=tuple(nvcc_reqs), no_deps=False, note=f"nvcc for {kernel}'s JIT"))
+        out.append(Step(kind=StepKind.DEPS, requirements=tuple(nvcc_reqs), no_deps=False,
+                        note=f"nvcc for {kernel}'s JIT"))
     out.append(Step(kind=StepKind.KERNEL, requirements=(f"{first}=={version}", f"{second}=={companion}"), no_deps=True,
                     note=f"the known-good pair, pinned together (a fresh resolve picks a broken {second})"))
     return tuple(out)

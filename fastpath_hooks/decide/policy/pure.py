@@ -51,53 +51,53 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
         if not serving_ok:
             return _hazard(ctx, kernel, hz, decided, kw, block=True)
         known = next((r for r in spec.releases if same_version(r.version, current)), None)
-        problems, shorts = [], []   # the whole texts, and their short forms (the first is said)
         first = spec.distributions[0]
+        problems = []   # (the whole text, the short one the line says)
         if first not in installed:
-            problems += [f"{d} {v} without {first}" for d, v in installed.items()]
-            shorts.append(f"installed without {first}")
+            problems.append(("; ".join(f"{d} {v} without {first}" for d, v in installed.items()),
+                             f"installed without {first}"))
         half = [d for d in spec.distributions if d in env.half_installed and not ctx.fresh]
         if half:
-            problems.append(f"{' and '.join(half)} {HALF_INSTALLED}")
-            shorts.append(f"{' and '.join(half)} half-installed")
+            problems.append((f"{' and '.join(half)} {HALF_INSTALLED}", f"{' and '.join(half)} half-installed"))
         if len(installed) > 1 and len({parse(v) or v for v in installed.values()}) > 1:
-            problems.append(" and ".join(f"{d} {v}" for d, v in installed.items()) + " differ")
-            shorts.append("its distributions' versions differ")
+            problems.append((" and ".join(f"{d} {v}" for d, v in installed.items()) + " differ",
+                             "its distributions' versions differ"))
         incompatible = known is not None and not within(env.triton_version, known.triton)
         if incompatible:
-            problems.append(f"{kernel} {current} does not import with triton {env.triton}, it needs triton {known.triton}")
-            shorts.append(f"{current} does not import with triton {env.triton}")
+            problems.append((f"{kernel} {current} does not import with triton {env.triton}, it needs triton "
+                             f"{known.triton}", f"{current} does not import with triton {env.triton}"))
         unsafe = hz is not None and not has_backend(spec, current, hz.needs)
         if unsafe:
-            problems.append(f"{kernel} {current} has no {hz.needs} backend, so it is wrong here because of {hz.id}")
-            shorts.append(f"{current} lacks the {hz.needs} backend {hz.id} needs")
-        problem = (shorts[0] + (f" (+{len(shorts) - 1} more)" if len(shorts) > 1 else "")) if shorts else ""
-        if problems:
-            chosen, planned, missing = _pick(ctx, kernel, candidates, force=True)
-            if chosen is not None:
-                return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), reason="; ".join(problems) +
-                                f"; replacing with {kernel} {chosen.version}", steps=planned, needs=needs, check=check,
-                                target=dict.fromkeys(spec.distributions, chosen.version),
-                                on_failure=OnFailure.BLOCK if (unsafe or incompatible) else on_failure,
-                                facts={"problem": problem}, **kw)
-            nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
-                       else f"no known-good {kernel} release fits here")
-            facts = {"problem": problem, "nothing": f"offline, lacking {few(missing, 16)}" if missing
-                     else "no pinned release fits", "first_release": spec.releases[0].version}
-            if unsafe or incompatible:
-                # Importing it would crash (or compute wrong gradients): fail closed, transformers keeps torch.
-                fix = (f"install {kernel} {spec.releases[0].version} or newer" if unsafe else
-                       "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index")
-                return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "unsafe.block" if unsafe else "incompatible.block"),
-                                reason="; ".join(problems) + f"; {nothing}", fix=fix, on_failure=OnFailure.BLOCK,
-                                facts=facts, **kw)
-            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"),
-                            reason="; ".join(problems) + f"; {nothing}, leaving it as it is",
-                            needs=needs, on_failure=on_failure, facts=facts, check=check, **kw)
-        # its check (run when a verification is due) also warms the JIT caches this process uses (with_jit_caches)
-        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"),
-                        reason=f"{kernel} {current} installed" + (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
-                        needs=needs, on_failure=on_failure, check=check, facts={"hazard": hz.id if hz else ""}, **kw)
+            problems.append((f"{kernel} {current} has no {hz.needs} backend, so it is wrong here because of {hz.id}",
+                             f"{current} lacks the {hz.needs} backend {hz.id} needs"))
+        if not problems:
+            # its check (run when a verification is due) also warms the JIT caches this process uses
+            return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok"), needs=needs, check=check,
+                            reason=f"{kernel} {current} installed" +
+                                   (f"; needs {hz.needs} here because of {hz.id}" if hz else ""),
+                            on_failure=on_failure, facts={"hazard": hz.id if hz else ""}, **kw)
+        whole = "; ".join(w for w, _ in problems)
+        problem = problems[0][1] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        chosen, planned, missing = _pick(ctx, kernel, candidates, force=True)
+        if chosen is not None:
+            return Decision(kernel=kernel, action=REPAIR, rule=ctx.rule(kernel, "repair"), steps=planned,
+                            reason=f"{whole}; replacing with {kernel} {chosen.version}", needs=needs, check=check,
+                            target=dict.fromkeys(spec.distributions, chosen.version),
+                            on_failure=OnFailure.BLOCK if (unsafe or incompatible) else on_failure,
+                            facts={"problem": problem}, **kw)
+        nothing = (f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks {', '.join(missing)}" if missing
+                   else f"no known-good {kernel} release fits here")
+        facts = {"problem": problem, "nothing": f"offline, lacking {few(missing, 16)}" if missing
+                 else "no pinned release fits", "first_release": spec.releases[0].version}
+        if unsafe or incompatible:   # its import would crash or compute wrongly: fail closed, torch path
+            fix = (f"install {kernel} {spec.releases[0].version} or newer" if unsafe else
+                   "add a fitting release's wheels to FASTPATH_HOOKS_FIND_LINKS or allow the index")
+            return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "unsafe.block" if unsafe else
+                                                                       "incompatible.block"),
+                            reason=f"{whole}; {nothing}", fix=fix, on_failure=OnFailure.BLOCK, facts=facts, **kw)
+        return Decision(kernel=kernel, action=OK, rule=ctx.rule(kernel, "ok.with-problems"), needs=needs,
+                        reason=f"{whole}; {nothing}, leaving it as it is", on_failure=on_failure, facts=facts,
+                        check=check, **kw)
     if not serving_ok:
         return _hazard(ctx, kernel, hz, decided, kw, block=False)
     if not candidates:
