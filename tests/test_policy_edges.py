@@ -190,9 +190,10 @@ def test_the_probe_records_pip_configuration_in_a_real_process():
 def test_wheelhouse_is_parsed_once():
     env = make_env(wheelhouse=("fla_core-0.6.0-py3-none-any.whl", "causal_conv1d-1.6.2.post1.tar.gz", "junk.whl"))
     ctx = common.Context(env, Settings(), PINS, False)
-    first = ctx.wheelhouse
-    assert first is ctx.wheelhouse
-    assert {k: sorted(map(str, v)) for k, v in first.items()} == {"fla-core": ["0.6.0"], "causal-conv1d": ["1.6.2.post1"]}
+    first = ctx.housed
+    assert first is ctx.housed
+    files, sdists = ({k: sorted(map(str, v)) for k, v in found.items()} for found in first)
+    assert files == {"fla-core": ["0.6.0"], "causal-conv1d": ["1.6.2.post1"]} and sdists == {"causal-conv1d": ["1.6.2.post1"]}
 
 
 # -- 18: one helper per duplicated fact --------------------------------------------------------

@@ -5,6 +5,7 @@ and memory. The pins (`source_build`, `releases`) say what each sdist does.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from packaging.requirements import Requirement
@@ -170,20 +171,11 @@ def _install(ctx: Context, kernel: str, build, why: str, steps, kw, **decision) 
                     **decision, **kw)
 
 
-_codes: dict = {}   # (id(build), nvcc release) -> (build, its codes): the pins' builds live as long as the process
-
-
+@lru_cache(maxsize=256)
 def cuda_codes(build, nvcc_version: str | None) -> tuple:
     """The -gencode codes the sdist compiles with this nvcc release (all it knows when unknown)."""
-    known = _codes.get((id(build), nvcc_version))
-    if known is not None and known[0] is build:
-        return known[1]
     codes = (code for code, spec in build.cuda_archs.items() if nvcc_version is None or within(nvcc_version, spec))
-    out = tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
-    if len(_codes) > 256:
-        _codes.clear()
-    _codes[(id(build), nvcc_version)] = (build, out)
-    return out
+    return tuple(sorted(codes, key=lambda c: cached_wheels.compute_capability(c) or (0, 0)))
 
 
 def build_archs(env, build) -> tuple:

@@ -60,34 +60,25 @@ class Context:
         return Decision(kernel=kernel, action=SKIP, reason=reason, rule=self.rule(kernel, suffix), fix=fix, **kw)
 
     @cached_property
-    def wheelhouse(self) -> dict:
-        """name -> set of versions available as files in FASTPATH_HOOKS_FIND_LINKS."""
-        return self._files(sdists_only=False)
-
-    @cached_property
-    def sdists(self) -> dict:   # what a build needs
-        return self._files(sdists_only=True)
-
-    def _files(self, *, sdists_only: bool) -> dict:
-        out: dict = {}
+    def housed(self) -> tuple:
+        """(name -> versions of its files, name -> versions of its sdists) in FASTPATH_HOOKS_FIND_LINKS."""
+        files: dict = {}
+        sdists: dict = {}
         for filename in self.env.wheelhouse:
-            if filename.endswith(".whl"):
-                wheel = None if sdists_only else parse_wheel(filename)
-                found = (wheel.distribution, wheel.version) if wheel is not None else None
-            else:
-                try:
-                    found = parse_sdist_filename(filename)
-                except (InvalidSdistFilename, InvalidVersion):
-                    found = None
-            if found is not None:
-                out.setdefault(canonical_name(found[0]), set()).add(found[1])
-        return out
+            wheel = parse_wheel(filename) if filename.endswith(".whl") else None
+            try:
+                name, version = (wheel.distribution, wheel.version) if wheel else parse_sdist_filename(filename)
+            except (InvalidSdistFilename, InvalidVersion):
+                continue
+            for out in (files,) if wheel else (files, sdists):
+                out.setdefault(canonical_name(name), set()).add(version)
+        return files, sdists
 
     def missing_offline(self, steps) -> list:
         """Requirements no wheelhouse file satisfies when the index is off."""
         if not self.settings.offline:
             return []
-        have = self.wheelhouse
+        files, sdists = self.housed
         missing = []
         for step in steps:
             for raw in step.requirements:
@@ -99,7 +90,7 @@ class Context:
                 name = canonical_name(req.name)
                 if step.kind == StepKind.DEPS and self.installed_satisfies(req):
                     continue
-                versions = self.sdists.get(name, set()) if step.kind == StepKind.BUILD else have.get(name, set())
+                versions = (sdists if step.kind == StepKind.BUILD else files).get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)
         return missing

@@ -86,12 +86,10 @@ def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:
     members, names = [], set()
     for name in pins.decision_order:
         d = current if name == kernel else plan.decisions.get(name)
-        if d is None or (name != kernel and (name not in request or not batchable(d, pins))):
-            continue
-        if name != kernel and not all(n in names or n in good for n in d.needs):
-            continue
-        members.append(d)
-        names.add(name)
+        if name == kernel or (d is not None and name in request and batchable(d, pins)
+                              and all(n in names or n in good for n in d.needs)):
+            members.append(d)
+            names.add(name)
     return tuple(members) if len(members) > 1 else (current,)
 
 
@@ -103,10 +101,8 @@ def batches(plan, pins, request=None) -> list:
     for name in pins.decision_order:
         if name not in request or name in placed or name not in plan.decisions:
             continue
-        members = batch(plan, pins, name, request=request, good=good)
+        members = tuple(d for d in batch(plan, pins, name, request=request, good=good) if d.kernel not in placed)
         if len(members) > 1:
-            members = tuple(d for d in members if d.kernel not in placed)
-            if len(members) > 1:
-                out.append(members)
-                placed.update(d.kernel for d in members)
+            out.append(members)
+            placed.update(d.kernel for d in members)
     return out

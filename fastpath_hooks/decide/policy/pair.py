@@ -137,7 +137,7 @@ def _good_pairs(ctx: Context, kernel: str, version: str | None = None) -> list:
 def preferred(ctx: Context, kernel: str):
     """The first known-good pair installable here (offline: in the wheelhouse), else None."""
     first, second = ctx.pins.kernel(kernel).distributions
-    have = ctx.wheelhouse if ctx.settings.offline else None
+    have = ctx.housed[0] if ctx.settings.offline else None
     return next(((v, c) for v, c in _good_pairs(ctx, kernel) if have is None or
                  (Version(v) in have.get(first, set()) and Version(c) in have.get(second, set()))), None)
 
