@@ -293,9 +293,8 @@ def makespan(build, cores: int) -> float | None:
 
 def split_allowed(build, settings, nvcc_version) -> bool:
     """The pins allow --split-compile, FASTPATH_HOOKS_SPLIT_COMPILE is not 0, and nvcc is a release that has it."""
-    if settings.split_compile == "0" or not build.split_compile or nvcc_version is None:
-        return False
-    return within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC))
+    return (settings.split_compile != "0" and build.split_compile and nvcc_version is not None
+            and within(nvcc_version, SpecifierSet(SPLIT_COMPILE_NVCC)))
 
 
 def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings, jobs_given: int | None = None) -> dict:
@@ -311,19 +310,12 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings,
     else:
         weights = [max(1.0, float(seconds or 1.0)) for _, _, seconds, _ in builds]
         shares = _proportional(total, weights)
-    forced = settings.split_compile
+    forced = int(settings.split_compile) if settings.split_compile not in ("auto", "0") else None
     out = {}
     for (kernel, build, _, allowed), cores in zip(builds, shares):
         units = max(1, int(build.translation_units or 1))
-        if jobs_given:
-            jobs = jobs_given
-        elif allowed and forced not in ("auto", "0"):
-            jobs = max(1, min(units, cores // int(forced)))
-        else:
-            jobs = min(units, cores)
-        split = 1
-        if allowed:
-            split = int(forced) if forced not in ("auto", "0") else max(1, cores // jobs)
+        jobs = jobs_given or (max(1, min(units, cores // forced)) if allowed and forced else min(units, cores))
+        split = (forced or max(1, cores // jobs)) if allowed else 1
         parts = unit_parts(build, cores) if allowed else 1
         if jobs_given:
             parts = min(parts, jobs_given)   # the user's MAX_JOBS caps the compiles at once, parts too

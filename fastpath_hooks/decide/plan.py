@@ -351,9 +351,7 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
 def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
     """(binary requirements, wheel steps, source-build requirements) of the acting decisions of
     `kernels` (all when None) and of the kernels they need: what `fastpath-hooks download` fetches."""
-    needed = set()
-    for kernel in kernels or ():
-        needed.update(plan.decisions[kernel].needs)
+    needed = {n for kernel in kernels or () for n in plan.decisions[kernel].needs}
     binary, wheels, builds = [], [], []
     for kernel, decision in plan.decisions.items():
         if kernels and kernel not in kernels and kernel not in needed:
