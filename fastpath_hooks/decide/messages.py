@@ -195,20 +195,13 @@ _declared: dict = {}   # pins digest -> {rule id: Rule}
 
 def declared(pins) -> dict:
     """Every rule id these pins' kernels can get -> its Rule (the shared ones once)."""
-    found = _declared.get(pins.digest)
-    if found is None:
-        found = {}
-        for template, rule in SHARED.items():
-            for suffix in _expand(template, None, pins):
-                found[f"{SHARED_SCOPE}.{suffix}"] = rule
-        for spec in pins.kernels.values():
-            for template, rule in KINDS[spec.kind].items():
-                if not all(getattr(spec, field) for field in rule.requires):
-                    continue
-                for suffix in _expand(template, spec, pins):
-                    found[f"{spec.rule_prefix}.{suffix}"] = rule
+    if pins.digest not in _declared:
+        found = {f"{SHARED_SCOPE}.{s}": rule for t, rule in SHARED.items() for s in _expand(t, None, pins)}
+        found.update((f"{spec.rule_prefix}.{s}", rule) for spec in pins.kernels.values()
+                     for t, rule in KINDS[spec.kind].items() if all(getattr(spec, f) for f in rule.requires)
+                     for s in _expand(t, spec, pins))
         _declared[pins.digest] = found
-    return found
+    return _declared[pins.digest]
 
 
 def rule_id(pins, kernel: str | None, suffix: str) -> str:

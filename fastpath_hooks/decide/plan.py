@@ -190,12 +190,8 @@ class Plan:
         return self.decisions[kernel]
 
     def to_json(self) -> dict:
-        return {
-            "schema": PLAN_SCHEMA,
-            "environment": self.environment.to_json(),
-            "notes": list(self.notes),
-            "decisions": [d.to_json() for d in self.decisions.values()],
-        }
+        return {"schema": PLAN_SCHEMA, "environment": self.environment.to_json(), "notes": list(self.notes),
+                "decisions": [d.to_json() for d in self.decisions.values()]}
 
 
 # -- the installers' command lines ----------------------------------------------------------------

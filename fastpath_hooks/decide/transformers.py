@@ -73,53 +73,47 @@ def packed_sequences(plan, settings, pins, *, enabled: bool) -> dict:
     kernel function on its torch path (pins `packed_sequences`). `enabled`: we run at interpreter start here."""
     facts = pins.packed_sequences
     env = plan.environment
-    version = env.version("transformers")
     parsed = env.dist_version("transformers")   # a 5.25 dev build raises too: pre-releases count
     raises = facts is not None and parsed is not None and facts.transformers.contains(parsed, prereleases=True)
-    failures = []
-    for package in facts.packages if raises else ():
-        failure = _failure(package, plan, settings, enabled)
-        if failure is not None:
-            failures.append(dict(failure, package=package.kernel or package.distribution, kernel=package.kernel,
-                                 models=list(package.models)))
-    return {"transformers": version, "raises": raises, "failures": failures}
+    failures = [dict(failure, package=p.kernel or p.distribution, kernel=p.kernel, models=list(p.models))
+                for p in (facts.packages if raises else ()) if (failure := _failure(p, plan, settings, enabled))]
+    return {"transformers": env.version("transformers"), "raises": raises, "failures": failures}
 
 
 def _failure(package, plan, settings, enabled: bool) -> dict | None:
-    if package.kernel is None:  # a distribution fastpath-hooks does not manage: only whether it is installed
-        if plan.environment.version(package.distribution):
-            return None
-        return {"action": None,
-                "problem": f"{package.distribution} is not installed (fastpath-hooks does not manage it)",
-                "fix": f"install {package.distribution} (pip install {package.distribution})"}
-    decision = plan.decisions.get(package.kernel)
+    kernel, dist = package.kernel, package.distribution
+    if kernel is None:   # a distribution fastpath-hooks does not manage: only whether it is installed
+        return None if plan.environment.version(dist) else {
+            "action": None, "problem": f"{dist} is not installed (fastpath-hooks does not manage it)",
+            "fix": f"install {dist} (pip install {dist})"}
+    decision = plan.decisions.get(kernel)
     if decision is None or decision.action == OK:
         return None
-    kernel = package.kernel
-    if decision.action in (INSTALL, REPAIR):
-        what = f"{decision.action} " + ", ".join(f"{k}=={v}" for k, v in decision.target.items())
-        if decision.action == REPAIR:
-            problem = f"{kernel} is broken here: {decision.reason}"
-        elif decision.installed:
-            problem = f"{kernel} " + ", ".join(f"{k} {v}" for k, v in decision.installed.items()) + \
-                f" is not usable here: {decision.reason}"
-        else:
-            problem = f"{kernel} is not installed"
-        if settings.mode == "report":
-            return {"action": decision.action, "problem": problem + " and FASTPATH_HOOKS_MODE=report installs nothing",
-                    "fix": f"unset FASTPATH_HOOKS_MODE: fastpath-hooks would then {what}"}
-        installer, why = installer_choice(settings, plan.environment)
-        if installer is None:   # no command of ours can do it here: the fix is what lets one run
-            return {"action": decision.action, "problem": problem + ", and no installer can run here",
-                    "fix": f"{why}; fastpath-hooks would then {what}"}
-        if enabled:
-            return None  # done at the first import, before transformers needs it
-        return {"action": decision.action, "problem": problem,
-                "fix": f"fastpath-hooks would {what} at the first import once active: `fastpath-hooks enable` "
-                       f"(or fastpath_hooks.install() in the script); `fastpath-hooks install {kernel}` does it now"}
-    verb = "blocked" if decision.action == BLOCK else "left alone"
-    return {"action": decision.action, "problem": f"{kernel} is {verb} here: {decision.reason}",
-            "fix": decision.fix or "none on this machine"}
+    action = decision.action
+    if action not in (INSTALL, REPAIR):
+        verb = "blocked" if action == BLOCK else "left alone"
+        return {"action": action, "problem": f"{kernel} is {verb} here: {decision.reason}",
+                "fix": decision.fix or "none on this machine"}
+    what = f"{action} " + ", ".join(f"{k}=={v}" for k, v in decision.target.items())
+    if action == REPAIR:
+        problem = f"{kernel} is broken here: {decision.reason}"
+    elif decision.installed:
+        have = ", ".join(f"{k} {v}" for k, v in decision.installed.items())
+        problem = f"{kernel} {have} is not usable here: {decision.reason}"
+    else:
+        problem = f"{kernel} is not installed"
+    if settings.mode == "report":
+        return {"action": action, "problem": problem + " and FASTPATH_HOOKS_MODE=report installs nothing",
+                "fix": f"unset FASTPATH_HOOKS_MODE: fastpath-hooks would then {what}"}
+    installer, why = installer_choice(settings, plan.environment)
+    if installer is None:   # no command of ours can do it here: the fix is what lets one run
+        return {"action": action, "problem": problem + ", and no installer can run here",
+                "fix": f"{why}; fastpath-hooks would then {what}"}
+    if enabled:
+        return None  # done at the first import, before transformers needs it
+    return {"action": action, "problem": problem,
+            "fix": f"fastpath-hooks would {what} at the first import once active: `fastpath-hooks enable` "
+                   f"(or fastpath_hooks.install() in the script); `fastpath-hooks install {kernel}` does it now"}
 
 
 # -- hub kernels (era D) ------------------------------------------------------------------------------
@@ -144,15 +138,12 @@ def choose(entries, *, env, pins, where: dict, hazards) -> tuple:
     out = []
     for entry in entries:
         place = where.get(entry.ref) or Where("", "not looked up")
-        if not place.how:
-            out.append(HubChoice(entry, False, place.detail))
-            continue
-        refused = _refusal(env, entry, pins, hazards)
-        if refused:
-            out.append(HubChoice(entry, False, refused, refused=True))
-            continue
-        out.append(HubChoice(entry, True, f"from {place.detail or place.how}" if place.how != ONLINE else "online",
-                             place.how))
+        refused = _refusal(env, entry, pins, hazards) if place.how else ""
+        if place.how and not refused:
+            said = f"from {place.detail or place.how}" if place.how != ONLINE else "online"
+            out.append(HubChoice(entry, True, said, place.how))
+        else:
+            out.append(HubChoice(entry, False, refused or place.detail, refused=bool(refused)))
     return tuple(out)
 
 

@@ -138,12 +138,8 @@ def wanted_here(ctx: Context, kernel: str) -> bool:
 
 def _version_of(ctx: Context, kernel: str, decision: Decision) -> str:
     """The version `kernel` has once its decision ran: its target, else what is installed."""
-    spec = ctx.pins.kernel(kernel)
-    for dist in spec.distributions:
-        version = decision.target.get(dist) or ctx.installed(dist)
-        if version:
-            return version
-    return "?"
+    dists = ctx.pins.kernel(kernel).distributions
+    return next((v for d in dists if (v := decision.target.get(d) or ctx.installed(d))), "?")
 
 
 def _old_partner(ctx: Context, kernel: str, release, decided: dict):
