@@ -1,6 +1,5 @@
-"""The `fastpath-hooks` command: doctor, plan, install, download, build, cache, enable, disable.
+"""The `fastpath-hooks` command. Exit codes: 0 fine, 1 something failed (or is blocked), 2 bad input.
 
-Exit codes: 0 fine, 1 something failed (or is blocked), 2 bad input (the message names it and the fix).
 Each command imports what it uses when it runs: `enable` and `disable` must work where the dependencies
 (packaging, filelock) are gone or broken - the way out of a start-up entry must never need them.
 """
@@ -116,9 +115,8 @@ def _parser():
     e = sub.add_parser("enable", help="activate fastpath-hooks at every interpreter start in this environment")
     e.add_argument("--method", choices=("auto", "pth", "sitecustomize"), default="auto",
                    help="auto (default): sitecustomize where this environment owns it (cheapest), else pth")
-    e.set_defaults(func=_enable)
-    ds = sub.add_parser("disable", help="remove the start-up entry written by enable")
-    ds.set_defaults(func=_disable)
+    e.set_defaults(func=_activation)
+    sub.add_parser("disable", help="remove the start-up entry written by enable").set_defaults(func=_activation)
     return p
 
 
@@ -147,9 +145,8 @@ def _kernels(names):
 
 def _snapshot(settings, pins, *, sources: bool = False):
     """(env, plan, installed). `sources` (doctor, plan): where transformers 5.25+ on an accelerator takes kernels
-    from the hub, its mapping is imported and the world read again, so that the probe sees which functions the
-    hub serves here (facts/probe.py reads it only where transformers is imported; the other commands need no
-    torch import)."""
+    from the hub, its mapping is imported and the world read again, so that the probe sees what the hub serves
+    here (the other commands need no torch import)."""
     from .facts.distributions import installed_versions
     from .engine import snapshot
 
@@ -217,9 +214,7 @@ def _interrupted(settings) -> dict | None:
     from .act.transaction import Transaction, environment_state_dir
 
     tx = Transaction.pending(environment_state_dir(settings))
-    if tx is None:
-        return None
-    return {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
+    return tx and {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
 
 
 def _plan(args) -> int:
@@ -254,9 +249,8 @@ def _with_needs(plan, kernels) -> set:
 
 
 def _install(args) -> int:
-    """Exit 1 when a kernel that should be had here is not: every kernel named must end installed, repaired
-    or already good; with none named, only those the plan installs, repairs or keeps (not one it skips,
-    e.g. without a GPU). A block always fails; FASTPATH_HOOKS_MODE=report installing nothing does not."""
+    """Exit 1 when a kernel named (with none named: one the plan installs, repairs or keeps) does not end
+    usable, or one is blocked; FASTPATH_HOOKS_MODE=report installing nothing is fine."""
     from . import engine, report
     from .decide import messages as short
     from .decide.plan import BLOCK, SKIP
@@ -418,28 +412,18 @@ def _writable_dir(dest: str) -> None:
                           "give a writable directory") from None
 
 
-def _enable(args) -> int:
-    from .hooks.activation import ActivationError, enable
+def _activation(args) -> int:
+    from .hooks import activation
 
     try:
-        for line in enable(args.method):
-            print(line)
-    except ActivationError as exc:
-        raise _UsageError(str(exc)) from None
-    print("fastpath-hooks now activates at interpreter start in this environment "
-          "(FASTPATH_HOOKS_DISABLE=1 turns it off for one run; `fastpath-hooks disable` removes it).")
-    return 0
-
-
-def _disable(args) -> int:
-    from .hooks.activation import ActivationError, disable
-
-    try:
-        done = disable()
-    except ActivationError as exc:   # e.g. the user's lines would not compile without the block: nothing changed
+        done = activation.enable(args.method) if args.command == "enable" else activation.disable()
+    except activation.ActivationError as exc:   # e.g. a sitecustomize.py that would not compile: nothing changed
         raise _UsageError(str(exc)) from None
     for line in done:
         print(line)
-    if not done:
+    if args.command == "enable":
+        print("fastpath-hooks now activates at interpreter start in this environment "
+              "(FASTPATH_HOOKS_DISABLE=1 turns it off for one run; `fastpath-hooks disable` removes it).")
+    elif not done:
         print("nothing to remove: fastpath-hooks was not enabled in this environment")
     return 0

@@ -1,14 +1,7 @@
-"""Events: the `fastpath_hooks` logger, `on_event` callbacks, and the human line.
-
-Every event goes to the logger at DEBUG and to every `on_event` callback as a JSON-serialisable dict.
-Human lines go to stderr as `fastpath-hooks: ...`, filtered by FASTPATH_HOOKS_LOG, fitted to `MAX_LINE`
-characters (the details are in `fastpath-hooks doctor` and the debug log), from one process per node
-(`speaks`); a line that would repeat at every start is said once per environment (`persist=`), later
-starts saying its short `reminder=` instead where it has one.
-
-Callbacks never run while the sending thread holds a lock of ours (`hold()` ... `deliver()`): its
-events are logged and printed at once and reach the callbacks, in order, after the lock is released,
-so a callback may block or call fastpath-hooks itself.
+"""Events: the `fastpath_hooks` logger at DEBUG, `on_event` callbacks (a JSON-serialisable dict each), and
+the human line on stderr (`fastpath-hooks: ...`, filtered by FASTPATH_HOOKS_LOG, fitted to MAX_LINE characters,
+from one process per node). Callbacks never run while the sending thread holds a lock of ours (`hold()` ...
+`deliver()`): they get its events after the lock is released, so a callback may block or call fastpath-hooks.
 """
 
 from __future__ import annotations
@@ -93,10 +86,9 @@ def _log_level() -> str:
 
 def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool = True, once: str | None = None,
          persist: str | None = None, reminder: str | None = None, detail: str | None = None, **extra) -> dict:
-    """Send one event. `once`: a key; the human line is printed once per process for it. `persist`: a key;
-    the line is printed once per environment, and `reminder` at later starts instead. `detail`: the whole
-    text of a line short by design (paths, full lists): logged, in the event, and printed under
-    FASTPATH_HOOKS_LOG=debug instead of the line."""
+    """Send one event. The human line is printed once per process for the key `once`, once per environment for
+    the key `persist` (`reminder` at later starts instead). `detail`: the whole text of a line short by design,
+    logged, in the event, and printed under FASTPATH_HOOKS_LOG=debug instead of the line."""
     type = Severity(type)
     event = {"type": type, "kernel": kernel, "message": message, "ts": time.time()}
     if detail is not None and detail != message:
@@ -177,10 +169,9 @@ def claim(key: str) -> bool:
         return True
 
 
-def said_dir(environ=None) -> str:
+def said_dir() -> str:
     """Where the lines said once per environment are remembered."""
-    return os.path.join(cache_root_from_environ(os.environ if environ is None else environ), "said",
-                        environment_key())
+    return os.path.join(cache_root_from_environ(os.environ), "said", environment_key())
 
 
 def first_time(key: str) -> bool:
@@ -199,11 +190,11 @@ def first_time(key: str) -> bool:
     return True
 
 
-def forget_said(environ=None) -> bool:
+def forget_said() -> bool:
     """Forget the lines said once in this environment (`doctor --refresh`)."""
     import shutil
 
-    directory = said_dir(environ)
+    directory = said_dir()
     existed = os.path.isdir(directory)
     shutil.rmtree(directory, ignore_errors=True)
     return existed
@@ -227,9 +218,8 @@ def worker() -> bool:
 
 def speaks() -> bool:
     """Whether this process prints human lines, one per node: never a multiprocessing worker of the process
-    that speaks (install() in a launcher's local rank 0 marks it in VOICE, which its workers inherit); else
-    local rank 0 where a launcher gives a local rank (_names.local_rank); else never a rankless script's
-    multiprocessing child; else the first of one parent's children (a shell loop, xargs) to ask."""
+    that speaks (marked in VOICE by install()); else local rank 0 where a launcher gives a local rank; else
+    never a rankless script's multiprocessing child; else the first of one parent's children to ask."""
     marker = os.environ.get(VOICE)
     if marker and marker != str(os.getpid()) and worker():
         return False
@@ -238,19 +228,15 @@ def speaks() -> bool:
         return rank == 0
     if worker():
         return False
-    return _take_voice()
-
-
-def _take_voice() -> bool:
-    """The first of its parent's children (on this node, in this environment) to ask keeps the voice until
-    it exits (an fcntl lock the OS releases then); asked once per parent (a fork asks again)."""
     parent = os.getppid()
-    if parent not in _voice:
+    if parent not in _voice:   # asked once per parent (a fork asks again)
         _voice[parent] = _lock_voice(parent)
     return _voice[parent]
 
 
 def _lock_voice(parent: int) -> bool:
+    """The first of its parent's children (on this node, in this environment) to ask keeps the voice until
+    it exits (an fcntl lock the OS releases then)."""
     try:
         import fcntl
     except ImportError:  # no fcntl (Windows): every process speaks

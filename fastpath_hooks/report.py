@@ -26,16 +26,15 @@ VERBS = {
 
 
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
-    """kernel -> list of invocation dicts, as `install` of the plan's kernels would run them; the
-    kernels it installs together (decide/policy/) have their batch's commands under the first."""
+    """kernel -> list of invocation dicts, as `install` would run them; kernels installed together have their
+    batch's commands under the first."""
     env = plan.environment
     installer, why = installer_choice(settings, env)
     out, files = {}, {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
         out[kernel] = [_invocation(s, installer, settings, env) for s in steps]
-        # the installer writes exactly these lines (the same function) into its constraints file, after
-        # the kernels this one needs are installed
+        # the lines the installer writes into its constraints file (the same function)
         before = installed_after_needs(plan.decisions, kernel, real_installed)
         files[kernel] = constraints(before, pins.protected, step_names(steps)) if steps else []
     together = batches(plan, pins)
@@ -57,9 +56,8 @@ def _invocation(step, installer, settings, env, local_files=()) -> dict:
 
 
 def _batch_commands(members, installer, settings, env) -> list:
-    """What act/installer.py runs for these decisions: their dependencies in one call where a member builds,
-    each one's builds (side by side), then every wheel in one call (a build's by what it will be) - with the
-    dependencies where none builds (decide.batches.deps_with_wheels)."""
+    """What act/installer.py runs for a batch: the dependencies in one call where a member builds, each
+    one's builds (side by side), then every wheel in one call (with the dependencies where none builds)."""
     reqs, out, wheels = [], [], []
     for d in members:
         reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]
@@ -136,8 +134,7 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
         "notes": list(plan.notes),
         "summary": summary(plan, settings),
         "sources": function_sources(plan, settings, pins),
-        "packed_sequences": packed_sequences(plan, settings, pins,
-                                             enabled=_installs_at_start(settings, plan, activation)),
+        "packed_sequences": _packed(plan, settings, pins, activation),
         **commands_for(plan, settings, real_installed=real_installed, pins=pins),
     }
 
@@ -146,9 +143,11 @@ def _enabled(activation: dict) -> bool:
     return bool(activation.get("pth") or activation.get("sitecustomize"))
 
 
-def _installs_at_start(settings, plan, activation: dict) -> bool:
-    """Enabled at start-up, with an installer that can run here."""
-    return _enabled(activation) and installer_choice(settings, plan.environment)[0] is not None
+def _packed(plan, settings, pins, activation: dict) -> dict:
+    """Packed-sequence training here, where the kernels are installed at start-up (enabled, with an installer
+    that can run here) or not."""
+    enabled = _enabled(activation) and installer_choice(settings, plan.environment)[0] is not None
+    return packed_sequences(plan, settings, pins, enabled=enabled)
 
 
 def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, interrupted: dict | None = None) -> str:
@@ -218,8 +217,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
         for source in rows:
             lines.append(f"  {source['function']:<34}{source['source']}"
                          + ("" if source["source"].startswith(("hub ", "package ")) else f" - {source['reason']}"))
-    lines += packed_text(packed_sequences(plan, settings, pins, enabled=_installs_at_start(settings, plan, activation)),
-                         said=machine_fix)
+    lines += packed_text(_packed(plan, settings, pins, activation), said=machine_fix)
     lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])
     return "\n".join(lines)
 

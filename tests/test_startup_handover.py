@@ -70,7 +70,7 @@ SCENARIOS = {
     "hand-over": '''
 out["fla"] = provided("fla")
 from fastpath_hooks import hooks
-out["installed"] = hooks.installed()
+out["installed"] = hooks.HOOKS.installed()
 ''',
     # install() before any watched import: the finder takes the stand-in's slot at once
     "installed-first": '''
@@ -80,7 +80,7 @@ out["after_install"] = kinds()
 out["fla"] = provided("fla")
 out["causal_conv1d"] = provided("causal_conv1d")
 from fastpath_hooks import hooks
-out["selected"] = sorted(k for k in ("fla", "causal-conv1d", "tilelang") if hooks.selected(k))
+out["selected"] = sorted(k for k in ("fla", "causal-conv1d", "tilelang") if hooks.HOOKS.selected(k))
 ''',
     # FASTPATH_HOOKS_DISABLE set at run time, before the first watched import
     "disabled-at-run-time": '''
@@ -95,7 +95,7 @@ fastpath_hooks.install()
 fastpath_hooks.uninstall()
 out["fla"] = provided("fla")
 from fastpath_hooks import hooks
-out["installed"] = hooks.installed()
+out["installed"] = hooks.HOOKS.installed()
 ''',
     # the package breaks under a running process (an upgrade): the import proceeds, one line says why
     "broken-importer": '''

@@ -1,15 +1,10 @@
 """The import hook: install() / uninstall(), the start-up hand-over, and the finder of the watched imports.
 
-An enabled environment loads this module at the first watched import, so at module level it imports only
-what is loaded by then (`sys`, `_thread`, _names). The finder answers None at once for the names it does
-not watch (`_names.WATCHED`, and the modules of the kernels a FASTPATH_HOOKS_PINS file adds); for the others:
-- a kernel module (`fla`, ...): before its import resolves the engine may install or repair it, or block
-  it - an ImportError with the reason before any of its code runs, so transformers keeps its torch path
-  (era C chooses kernels with exactly this import, see transformers-eras.md);
-- `transformers.utils.import_utils`: after it executed, wrap the gates (gates.py);
-- `transformers.integrations.hub_kernels` (5.25+): after it executed, wrap the hub mapping's getter.
-A failure of ours is one line and leaves the import as it would be without fastpath-hooks. gates.py and
-late.py are handed `HOOKS` (what install() decided) and never import this module: no import circle.
+Loaded at the first watched import of an enabled environment: at module level it imports only what is
+loaded by then. For a kernel module the engine may install, repair or block it (an ImportError with the
+reason before any of its code runs, so transformers keeps its torch path); after `import_utils` executes the
+gates are wrapped (gates.py), after `hub_kernels` (5.25+) the hub mapping's getter. A failure of ours is one
+line and leaves the import as it would be without fastpath-hooks.
 """
 
 import _thread
@@ -20,14 +15,13 @@ from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, PINS, SERVES, ST
 
 
 class Hooks:
-    """What install() decided: one lock (held for milliseconds: registering, wrapping, rebinding), the
-    finder in place, the kernels selected (None: all), and whether uninstall() ended it (a start-up
-    stand-in must not install the hooks again then)."""
+    """What install() decided, handed to gates.py and late.py (they never import this module). The lock is
+    held for milliseconds; `ended`: uninstall() ran, so a start-up stand-in must not install again."""
 
     def __init__(self):
         self.lock = _thread.RLock()
         self.finder = None
-        self.kernels = None
+        self.kernels = None   # the kernels selected (None: all)
         self.ended = False
 
     def installed(self) -> bool:
@@ -38,7 +32,7 @@ class Hooks:
 
     @staticmethod
     def internal_error(exc) -> None:
-        """One error line for a bug of ours on the import path; the import goes on without us."""
+        """A bug of ours on the import path: one line; the import goes on without us."""
         try:
             from ..events import internal_error as report
 
@@ -51,45 +45,46 @@ HOOKS = Hooks()
 internal_error = HOOKS.internal_error
 
 
+def _guarded(function):
+    """`function` whose exception is one line (internal_error) and a None: never an import made worse."""
+    def guarded(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            internal_error(exc)
+            return None
+    return guarded
+
+
+@_guarded
 def activate():
-    """The start-up entry (via hooks/startup.py, or the `sitecustomize` entry point): reads
-    FASTPATH_HOOKS_DISABLE first and never lets an exception reach the interpreter's start."""
-    try:
-        if not disabled():
-            install()
-    except Exception as exc:
-        internal_error(exc)
+    """The start-up entry (hooks/startup.py, or the `sitecustomize` entry point); never raises."""
+    if not disabled():
+        install()
 
 
+@_guarded
 def resume(fullname, path=None, target=None, *, format=None, **_newer):
-    """The start-up stand-in's hand-over at the first watched import, from inside that import: activate
-    (unless install() or uninstall() already decided), then answer as the finder would; never raises.
-    A stand-in of another `format` (a newer fastpath-hooks wrote it) is said in one line, and goes on."""
-    try:
-        if format != STARTUP_FORMAT:
-            from ..events import warning
+    """The start-up stand-in's hand-over, inside the first watched import: activate (unless install() or
+    uninstall() already decided), then answer as the finder would."""
+    if format != STARTUP_FORMAT:
+        from ..events import warning
 
-            warning(f"the start-up entry here is of another format ({format!r}) than this fastpath-hooks writes "
-                    f"({STARTUP_FORMAT}); run `fastpath-hooks enable` again to rewrite it", once="startup-format")
-        if HOOKS.finder is None and not HOOKS.ended:
-            activate()
-        finder = HOOKS.finder
-        return None if finder is None else finder.find_spec(fullname, path, target)
-    except Exception as exc:
-        internal_error(exc)
-        return None
+        warning(f"the start-up entry here is of another format ({format!r}) than this fastpath-hooks writes "
+                f"({STARTUP_FORMAT}); run `fastpath-hooks enable` again to rewrite it", once="startup-format")
+    if HOOKS.finder is None and not HOOKS.ended:
+        activate()
+    finder = HOOKS.finder
+    return None if finder is None else finder.find_spec(fullname, path, target)
 
 
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage (fla, causal-conv1d, tilelang, mamba-ssm, flash-qla), a list or one string
-    as FASTPATH_HOOKS_SKIP takes it ("causal-conv1d,mamba-ssm"); None = all.
-    on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works); a
-    non-callable is a TypeError here, not a silence at the first event.
-    Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set. A bad
-    FASTPATH_HOOKS_* variable is said here. Modeling modules imported before this call already chose
-    their kernels: hooks/late.py decides those kernels and rebinds their choice.
+    kernels: names to manage, a list or one string as FASTPATH_HOOKS_SKIP takes it; None = all.
+    on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
+    Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set. Modeling modules
+    imported before this call already chose their kernels: hooks/late.py rebinds their choice.
     """
     if on_event is not None and not callable(on_event):
         raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
@@ -115,41 +110,46 @@ def install(*, kernels=None, on_event=None):
             from .._registry import registry, watched_modules
 
             finder.watched = watched_modules(registry())
-        elif finder.watched is not WATCHED:
+        else:
             finder.watched = WATCHED
         _quiet_stand_ins()
-        gates_module = sys.modules.get(GATES_MODULE)
-        if gates_module is not None:  # already imported: wrap now (else the finder does, at its import)
-            _after_gates_import(gates_module)
-        hub_module = sys.modules.get(HUB_MODULE)
-        if hub_module is not None:
-            _after_hub_import(hub_module)
+        if GATES_MODULE in sys.modules:   # else the finder wraps them at their import
+            _after_gates_import(sys.modules[GATES_MODULE])
+        if HUB_MODULE in sys.modules:
+            _after_hub_import(sys.modules[HUB_MODULE])
     _claim_voice()
-    if _settings_given():
-        _check_settings()
-    # An install killed half-way (or running now) left its journal: rolled back (engine/jobs.py) before
-    # any kernel is imported, whatever kernels= leaves out. Inline, one access(2) per site-packages of this
-    # environment: install() runs at every start-up hand-over (benchmarks/import_cost.py counts it). The
+    _check_settings()
+    # An install killed half-way (or running now) left its journal: rolled back (engine/jobs.py) before any
+    # kernel is imported. One access(2) per site-packages: install() runs at every start-up hand-over. The
     # literal is _names' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps it equal).
     prefix = sys.prefix + os.sep
     for entry in sys.path:
         if entry.endswith("-packages") and entry.startswith(prefix) and \
-                os.access(entry + "/.fastpath-hooks/journal.json", 0):   # site-packages, dist-packages; F_OK
-            try:
-                from ..engine.jobs import recover_now
-
-                recover_now(wait=False)
-            except Exception as exc:
-                internal_error(exc)
+                os.access(entry + "/.fastpath-hooks/journal.json", 0):
+            _recover()
             break
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
-        _late()
+        _heal()
     return True
 
 
+@_guarded
+def _recover(wait=False) -> None:
+    from ..engine.jobs import recover_now
+
+    recover_now(wait=wait)
+
+
+@_guarded
+def _heal() -> None:
+    from .late import heal
+
+    heal(HOOKS)
+
+
 def _normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes and any spelling
-    (PEP 503); an unknown name is said and ignored - and when none is left, that none is managed."""
+    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes; an unknown
+    name is said and ignored - and when none is left, that none is managed."""
     from .. import events
     from ..facts.settings import kernel_list_names, kernels_named
 
@@ -168,71 +168,50 @@ def _normalize(kernels) -> frozenset:
 
 
 def _claim_voice() -> None:
-    """A launcher's local rank 0 prints for its node: mark it, so that the workers it starts later (they
-    inherit LOCAL_RANK=0) stay quiet, while ranks started by torch.multiprocessing.spawn still speak."""
+    """A launcher's local rank 0 prints for its node: marked, so that the workers it starts (they inherit
+    LOCAL_RANK=0) stay quiet, while ranks started by torch.multiprocessing.spawn still speak."""
     import os
 
     marker = os.environ.get(VOICE)
-    if marker and marker != str(os.getpid()):
-        return  # a worker of a process that speaks
-    if local_rank() == 0:
+    if (not marker or marker == str(os.getpid())) and local_rank() == 0:
         os.environ[VOICE] = str(os.getpid())
-
-
-def _settings_given() -> bool:
-    """Any FASTPATH_HOOKS_* variable besides DISABLE; the names only (reading every value costs install()
-    a tenth of its instructions)."""
-    import os
-
-    from .._names import DISABLE, PREFIX
-
-    return any(name.startswith(PREFIX) and name != DISABLE for name in os.environ)
-
-
-def _check_settings() -> None:
-    """Say a bad variable now, once. Valid values leave a marker named after them (<cache>/settings-ok/<digest>),
-    so a start with the same ones costs a digest and a stat, not settings.py's import. A valid
-    FASTPATH_HOOKS_TARGET is said too, once per environment and target."""
-    try:
-        import hashlib
-        import os
-
-        from .._names import cache_root_from_environ, given
-
-        digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
-        marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
-        if not os.path.exists(marker):
-            from ..engine import check_settings
-
-            if not check_settings():
-                return
-            try:
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
-                open(marker, "a").close()
-            except OSError:
-                pass  # only the shortcut is lost
-        target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
-        if target and target not in _posed:   # once per process (install() again says nothing new)
-            _posed.add(target)
-            from ..events import warning
-
-            warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
-                    "machine)", once="posed", persist=f"posed:{target}")
-    except Exception as exc:
-        internal_error(exc)
 
 
 _posed: set = set()
 
 
-def _late() -> None:
-    """Heal the kernel choice of modeling modules imported before install() (hooks/late.py)."""
-    try:
-        from .late import heal
+@_guarded
+def _check_settings() -> None:
+    """Say a bad FASTPATH_HOOKS_* variable now, once. Valid values leave a marker named after them, so a
+    start with the same ones costs a digest and a stat, not settings.py's import; only the variables'
+    names are read when none is given (reading every value costs install() a tenth of its instructions)."""
+    import os
 
-        heal(HOOKS)
-    except Exception as exc:
-        internal_error(exc)
+    from .._names import DISABLE, PREFIX, cache_root_from_environ, given
+
+    if not any(name.startswith(PREFIX) and name != DISABLE for name in os.environ):
+        return
+    import hashlib
+
+    digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
+    if not os.path.exists(marker):
+        from ..engine import check_settings
+
+        if not check_settings():
+            return
+        try:
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            open(marker, "a").close()
+        except OSError:
+            pass  # only the shortcut is lost
+    target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
+    if target and target not in _posed:   # once per process
+        _posed.add(target)
+        from ..events import warning
+
+        warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
+                "machine)", once="posed", persist=f"posed:{target}")
 
 
 def uninstall():
@@ -244,34 +223,22 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, KernelImportFinder)]
         HOOKS.finder = None
         HOOKS.kernels = None
-        _if_loaded("fastpath_hooks.events", "clear_listeners")
-        _if_loaded("fastpath_hooks.hooks.gates", "unpatch")
-        hub_module = sys.modules.get(HUB_MODULE)
-        if hub_module is not None:
-            _unwrap_hub(hub_module)
-        _if_loaded("fastpath_hooks.engine", "forget")
-
-
-def _if_loaded(module, function) -> None:
-    """`module.function()` where that module is loaded (else there is nothing of it to undo)."""
-    found = getattr(sys.modules.get(module), function, None)
-    if found is not None:
-        found()
-
-
-def installed():
-    return HOOKS.installed()
-
-
-def selected(kernel):
-    return HOOKS.selected(kernel)
+        for module, function in (("fastpath_hooks.events", "clear_listeners"),
+                                 ("fastpath_hooks.hooks.gates", "unpatch"), ("fastpath_hooks.engine", "forget")):
+            found = getattr(sys.modules.get(module), function, None)
+            if found is not None:   # else nothing of it is loaded to undo
+                found()
+        hub = sys.modules.get(HUB_MODULE)
+        original = getattr(getattr(hub, "__dict__", {}).get(MAPPING), "_fastpath_hooks_original", None)
+        if original is not None:
+            hub.__dict__[MAPPING] = original
 
 
 def _place(finder) -> None:
     """Put the finder in a start-up stand-in's slot, else first; never shifts the list, which CPython may be
     iterating now (resume runs inside an import)."""
     for i, entry in enumerate(sys.meta_path):
-        if is_stand_in(entry):
+        if getattr(entry, "__name__", None) == STAND_IN:
             sys.meta_path[i] = finder
             return
     sys.meta_path.insert(0, finder)
@@ -280,12 +247,8 @@ def _place(finder) -> None:
 def _quiet_stand_ins() -> None:
     """Stand-ins still on sys.meta_path (another entry's, or a second enable method) stay, inert."""
     for entry in sys.meta_path:
-        if is_stand_in(entry):
+        if getattr(entry, "__name__", None) == STAND_IN:
             entry.watched = frozenset()
-
-
-def is_stand_in(entry) -> bool:
-    return getattr(entry, "__name__", None) == STAND_IN
 
 
 # -- the finder ---------------------------------------------------------------------------
@@ -319,53 +282,43 @@ class KernelImportFinder:
             _busy.discard(key)
 
 
+@_guarded
 def _after_gates_import(module, *, just_imported=False) -> None:
-    """Wrap the gates under the lock, only while installed (an uninstall() may have run since find_spec).
-    just_imported: the module has just executed, so only it holds the gates."""
-    try:
-        with HOOKS.lock:
-            if HOOKS.installed():
-                from . import gates
+    """Wrap the gates only while installed (an uninstall() may have run since find_spec). just_imported:
+    only the module that has just executed holds the gates."""
+    with HOOKS.lock:
+        if HOOKS.installed():
+            from . import gates
 
-                gates.patch(module, HOOKS, just_imported=just_imported)
-    except Exception as exc:
-        internal_error(exc)
+            gates.patch(module, HOOKS, just_imported=just_imported)
 
 
 MAPPING = "get_kernel_mapping_transformers"   # transformers 5.25+: the hub-kernel mapping, built on first use
 
 
+@_guarded
 def _after_hub_import(module) -> None:
-    """transformers 5.25+: wrap its mapping getter, so that the hub kernels that may serve here are decided
-    when transformers asks for them (engine/hub.py) - on a copy of the mapping."""
-    try:
-        with HOOKS.lock:
-            original = module.__dict__.get(MAPPING)
-            if not HOOKS.installed() or original is None or hasattr(original, "_fastpath_hooks_original"):
-                return
+    """transformers 5.25+: the hub kernels that may serve here are decided (engine/hub.py) on a copy of the
+    mapping, when transformers asks for it."""
+    with HOOKS.lock:
+        original = module.__dict__.get(MAPPING)
+        if not HOOKS.installed() or original is None or hasattr(original, "_fastpath_hooks_original"):
+            return
 
-            def get_kernel_mapping_transformers():
-                mapping = original()
-                if not HOOKS.installed():
-                    return mapping
-                try:
-                    from ..engine.hub import choose
+        def get_kernel_mapping_transformers():
+            mapping = original()
+            if not HOOKS.installed():
+                return mapping
+            try:
+                from ..engine.hub import choose
 
-                    return choose(mapping)
-                except Exception as exc:   # never make loading worse than without fastpath-hooks
-                    internal_error(exc)
-                    return mapping
+                return choose(mapping)
+            except Exception as exc:   # never make loading worse than without fastpath-hooks
+                internal_error(exc)
+                return mapping
 
-            get_kernel_mapping_transformers._fastpath_hooks_original = original
-            module.__dict__[MAPPING] = get_kernel_mapping_transformers
-    except Exception as exc:
-        internal_error(exc)
-
-
-def _unwrap_hub(module) -> None:
-    original = getattr(module.__dict__.get(MAPPING), "_fastpath_hooks_original", None)
-    if original is not None:
-        module.__dict__[MAPPING] = original
+        get_kernel_mapping_transformers._fastpath_hooks_original = original
+        module.__dict__[MAPPING] = get_kernel_mapping_transformers
 
 
 def _before_kernel_import(fullname):
@@ -380,38 +333,38 @@ def _before_kernel_import(fullname):
     kernel = modules.get(fullname)
     if kernel is None or not HOOKS.selected(kernel):
         if kernel is not None:   # not ours to decide - but never imported from a half-written install
-            from ..engine.jobs import pending_journal, recover_now
+            from ..engine.jobs import pending_journal
 
             if pending_journal():
-                try:
-                    recover_now()
-                except Exception as exc:
-                    internal_error(exc)
+                _recover(wait=True)
         return None
     importer = _importer(modules)
-    if importer is not None and importer != kernel and not _decided(kernel):
-        return None   # another kernel package's optional import (fla.layers tries mamba_ssm): not a request
+    engine = sys.modules.get("fastpath_hooks.engine")
+    if importer is not None and importer != kernel and not (engine and kernel in engine.outcomes()):
+        return None   # another kernel package's optional import (fla.layers tries mamba_ssm), not yet decided
     served = serves.get(fullname)
     if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
-    if served and any(name in sys.modules for name in served) and _backend(kernel) \
-            and not _installed(modules, fullname):
-        # the served kernel looks for its backend at its first call (inside a training step): installing it
-        # now would happen there; it was decided right after the served kernel, before its import
-        return None
-    try:
-        from .. import engine
+    if served and any(name in sys.modules for name in served):
+        from .._registry import registry
 
-        engine.expect_from(_modeling_hint)   # read only if this kernel is about to be installed
-        message = engine.before_import(kernel)
-    except Exception as exc:  # never make an import worse than without fastpath-hooks
-        internal_error(exc)
-        return None
+        if (registry().get(kernel) or {}).get("kind") == "backend" and not _installed(modules, fullname):
+            return None   # looked for at the served kernel's first call: decided with it, before its import
+    message = _ask_engine(kernel)
     if message is None:
         return None
     from importlib.machinery import ModuleSpec
 
     return ModuleSpec(fullname, BlockedLoader(message))
+
+
+@_guarded
+def _ask_engine(kernel):
+    from .. import engine
+    from .gates import modeling_kernels
+
+    engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
+    return engine.before_import(kernel)
 
 
 def _importer(modules):
@@ -427,18 +380,6 @@ def _importer(modules):
     return None
 
 
-def _decided(kernel) -> bool:
-    """Decided in this process already (its outcome then stands: a block still blocks)."""
-    engine = sys.modules.get("fastpath_hooks.engine")
-    return engine is not None and kernel in engine.outcomes()
-
-
-def _backend(kernel) -> bool:
-    from .._registry import registry
-
-    return (registry().get(kernel) or {}).get("kind") == "backend"
-
-
 def _installed(modules, module) -> bool:
     """One of the module's kernel's distributions has its metadata on sys.path (an empty `fla/` that an
     uninstall left is a namespace package to the path finder, not fla)."""
@@ -449,27 +390,18 @@ def _installed(modules, module) -> bool:
     return bool(entry and installed_versions(entry["distributions"]))
 
 
-def _modeling_hint():
-    """The kernels the modeling module being imported names (gates.modeling_kernels), for the engine's batch."""
-    from .gates import modeling_kernels
-
-    return modeling_kernels()
-
-
 def _after_import_spec(fullname, path, target, callback):
     """The spec the rest of sys.meta_path finds, its loader wrapped to call `callback(module)` afterwards."""
     for finder in list(sys.meta_path):
         find = getattr(finder, "find_spec", None)
-        if find is None or isinstance(finder, KernelImportFinder):
-            continue
-        spec = find(fullname, path, target)
-        if spec is not None:
-            break
+        if find is not None and not isinstance(finder, KernelImportFinder):
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
     else:
         return None
-    if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-        return spec
-    spec.loader = AfterImportLoader(spec.loader, callback)
+    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+        spec.loader = AfterImportLoader(spec.loader, callback)
     return spec
 
 
@@ -489,7 +421,7 @@ class BlockedLoader:
 class AfterImportLoader:
     """Runs the real loader, then a callback on the executed module. Before the module's code runs, its
     `__spec__.loader` and `__loader__` are the real loader again (tracebacks, `inspect.getsource`,
-    `importlib.reload` and resource readers see what they would without us); other attributes are delegated."""
+    `importlib.reload` see what they would without us); other attributes are delegated."""
 
     def __init__(self, loader, callback):
         self._loader = loader

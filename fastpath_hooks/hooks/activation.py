@@ -1,18 +1,14 @@
 """`fastpath-hooks enable / disable`: a start-up entry in the current environment.
 
-Both methods put the stand-in finder of hooks/startup.py on `sys.meta_path` at interpreter start; it
-reads FASTPATH_HOOKS_DISABLE first, imports nothing of fastpath_hooks, and hands the first watched
-import over to `fastpath_hooks.hooks` (a removed or broken package: it steps aside, silently).
-- `auto` (default): `sitecustomize` where this environment owns its sitecustomize.py, else `pth`;
-- `pth`: `<site-packages>/fastpath-hooks-startup.pth` holding `import _fastpath_hooks_startup`, the
-  stand-in as a module beside it;
+Both methods put the stand-in finder of hooks/startup.py on `sys.meta_path` at interpreter start (a stand-in,
+not `import fastpath_hooks.hooks`: each module import costs ~0.3-0.5 M instructions at every start):
+- `pth`: `<site-packages>/fastpath-hooks-startup.pth` importing the stand-in, a module beside it;
 - `sitecustomize`: the stand-in as a marked block in the environment's `sitecustomize.py` (created if
-  absent); `disable` takes out only the block's lines, so the user's own come back byte for byte.
-A stand-in, not `import fastpath_hooks.hooks`, because site.py parses every .pth line at every start and
-each module import costs ~0.3-0.5 M instructions (benchmarks/startup_cost.py). Everything written is
-compiled (nothing is written that would not: it must never stop `python` from starting) and its .pyc
-written, for PYTHONDONTWRITEBYTECODE images. Never writes a `sitecustomize` module that would shadow, or
-be shadowed by, another one (Debian ships its own).
+  absent); `disable` takes out only the block's lines, so the user's own come back byte for byte;
+- `auto` (default): `sitecustomize` where this environment owns its sitecustomize.py, else `pth`.
+Nothing is written that would not compile (it must never stop `python` from starting), and its .pyc is
+written too (PYTHONDONTWRITEBYTECODE images). Never a `sitecustomize` that would shadow, or be shadowed by,
+another one (Debian ships its own).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ import os
 import py_compile
 import sys
 
-from .._names import STARTUP_FORMAT  # noqa: F401 (activation.STARTUP_FORMAT: the tag tests read)
+from .._names import STARTUP_FORMAT
 from ..facts.distributions import site_packages
 
 PTH_NAME = "fastpath-hooks-startup.pth"
@@ -59,13 +55,7 @@ def package_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # fastpath_hooks/
 
 
-def block(flags: str) -> str:
-    return f"{BEGIN} {flags}\n{startup_source()}{END}\n"
-
-
 def enable(method: str = "auto") -> list[str]:
-    """auto: the sitecustomize block where this environment owns its sitecustomize.py (site.py imports
-    it at every start anyway), else the .pth entry (one import more)."""
     if method not in ("auto", "pth", "sitecustomize"):
         raise ActivationError(f"unknown method {method!r}; use auto, pth or sitecustomize")
     done = []
@@ -76,7 +66,7 @@ def enable(method: str = "auto") -> list[str]:
         except ActivationError as exc:
             method = "pth"
             done.append(f"using the .pth entry: {exc}")
-    done += _remove_entries(keep=method) + _compile_package()
+    done += disable(keep=method) + _compile_package()
     if method == "pth":
         module = os.path.join(site_packages(), STARTUP_MODULE + ".py")
         _write(module, startup_source())
@@ -88,12 +78,8 @@ def enable(method: str = "auto") -> list[str]:
     return done + [f"wrote the block in {path} (compiled)"]
 
 
-def disable() -> list[str]:
-    return _remove_entries(keep=None)
-
-
-def _remove_entries(keep: str | None) -> list[str]:
-    """Remove the start-up entries of every method but `keep` (never two entries at once)."""
+def disable(keep: str | None = None) -> list[str]:
+    """Remove the start-up entries of every method but `keep` (enable: never two entries at once)."""
     done = []
     if keep != "pth":
         for name in (PTH_NAME, STARTUP_MODULE + ".py"):
@@ -212,7 +198,7 @@ def with_block(original: bytes, *, created: bool) -> bytes:
         flags += " created"
     elif original and not original.endswith((b"\n", b"\r")):
         flags += " newline"
-    return original + (b"\n" if "newline" in flags else b"") + block(flags).encode()
+    return original + (b"\n" if "newline" in flags else b"") + f"{BEGIN} {flags}\n{startup_source()}{END}\n".encode()
 
 
 def compile_problem(data: bytes, path: str):

@@ -1,11 +1,10 @@
 """Wrappers for transformers' availability gates (eras A and B; `lazy_load_kernel`).
 
-A wrapper asks the engine once (`engine.ensure`, which may install or repair), clears the import and
-gate caches and returns the ORIGINAL gate's fresh answer - never a True the real gate would not give;
-a blocked kernel's gate says False. Its job done, the wrapper steps aside: the original is rebound
-wherever the wrapper was, so later calls cost what the original (cached) gate costs
-(benchmarks/gate_cost.py). Wrappers are (un)bound in every module holding the original, found by
-identity in each module's `__dict__`, which never triggers a lazy module's `__getattr__`.
+A wrapper asks the engine once (`engine.ensure`, which may install or repair), clears the import and gate
+caches and returns the ORIGINAL gate's fresh answer - never a True the real gate would not give; a blocked
+kernel's gate says False. Then it steps aside: the original is rebound wherever the wrapper was, so later
+calls cost what the original gate costs (benchmarks/gate_cost.py). Modules are searched by identity in their
+`__dict__`, which never triggers a lazy module's `__getattr__`.
 """
 
 from __future__ import annotations
@@ -14,31 +13,24 @@ import functools
 import importlib
 import sys
 import threading
-from contextlib import contextmanager
 
 
 def gate_table(registry) -> dict:
-    """gate -> the kernels its first query ensures: its own first (its answer), then the ones it is used
-    `with` (registry): the mamba family's fast path needs causal-conv1d too (`is_fast_path_available =
-    all((selective_state_update, ..., causal_conv1d_fn, causal_conv1d_update))` in transformers 4.57.6 -
-    5.24.0), so asking for one gets both; era B's `lazy_load_kernel("mamba-ssm")` finds its gate by name."""
+    """gate -> the kernels its first query ensures: its own first (its answer), then those it is used `with`
+    (the mamba family's fast path needs causal-conv1d too: `is_fast_path_available = all((..., causal_conv1d_fn,
+    causal_conv1d_update))` in transformers 4.57.6 - 5.24.0)."""
     return {gate: (kernel,) + tuple(entry["with"]) for kernel, entry in registry.items() for gate in entry["gates"]}
 
 
 def _gates() -> dict:
-    """The gates of the registry (and of a FASTPATH_HOOKS_PINS file's kernels)."""
-    from .._registry import registry
+    from .._registry import registry   # with a FASTPATH_HOOKS_PINS file's kernels
 
     return gate_table(registry())
 
 
-# Cleared after the first query so a later call re-reads the environment (with the kernels' gates).
-CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")
-
-# gate name -> (original, wrapper), kept after the wrapper stepped aside (install() again does not wrap
-# that gate again); only uninstall() forgets it.
-_patched: dict = {}
-_bound: dict = {}   # id(wrapper) -> [(namespace, key)] where patch() bound it: stepping aside needs no full scan
+CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")   # cleared with the kernels' gates
+_patched: dict = {}   # gate name -> (original, wrapper), kept after it stepped aside, until uninstall()
+_bound: dict = {}     # id(wrapper) -> [(namespace, key)] where patch() bound it: stepping aside needs no scan
 _PASS, _BLOCKED = "pass", "blocked"   # a wrapper's mode after its first query (else: an accelerator to simulate)
 _simulation_lock = threading.RLock()
 
@@ -56,11 +48,9 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
         wrapper = _wrap(current, kernels, import_utils, hooks)
         _patched[name] = (current, wrapper)
         swaps[id(current)] = (current, wrapper)
-    if not swaps:
-        return
-    bound = _rebind_in([import_utils.__dict__], swaps) if just_imported else _rebind(swaps)
-    for namespace, key, new in bound:
-        _bound.setdefault(id(new), []).append((namespace, key))
+    if swaps:
+        for namespace, key, new in _rebind(swaps, [import_utils] if just_imported else None):
+            _bound.setdefault(id(new), []).append((namespace, key))
 
 
 def unpatch() -> None:
@@ -69,26 +59,15 @@ def unpatch() -> None:
     _bound.clear()
 
 
-def _rebind(swaps: dict) -> list:
-    """Replace each `old` with its `new` (swaps: id(old) -> (old, new)) in every module's namespace;
-    [(namespace, key, new)] rebound."""
-    if not swaps:
-        return []
-    namespaces = []
-    for module in list(sys.modules.values()):
-        try:
-            namespace = module.__dict__
-        except Exception:
-            continue
-        if isinstance(namespace, dict):
-            namespaces.append(namespace)
-    return _rebind_in(namespaces, swaps)
-
-
-def _rebind_in(namespaces, swaps: dict) -> list:
+def _rebind(swaps: dict, modules=None) -> list:
+    """Replace each `old` with its `new` (swaps: id(old) -> (old, new)) in the namespace of `modules` (None:
+    every module); [(namespace, key, new)] rebound."""
+    if modules is None:
+        modules = list(sys.modules.values()) if swaps else ()
     out = []
-    for namespace in namespaces:
-        for key, value in list(namespace.items()):
+    for module in modules:
+        namespace = getattr(module, "__dict__", None)
+        for key, value in list(namespace.items()) if isinstance(namespace, dict) else ():
             pair = swaps.get(id(value))
             if pair is not None and pair[0] is value:
                 namespace[key] = pair[1]
@@ -111,8 +90,7 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
                 return original(*args, **kwargs)
         if mode is _BLOCKED:
             return False
-        with simulated_accelerator(import_utils, mode):
-            return original(*args, **kwargs)
+        return _simulated(mode, import_utils, lambda: original(*args, **kwargs))
 
     for attr in ("cache_clear", "cache_info", "cache_parameters"):
         if hasattr(original, attr):
@@ -124,8 +102,7 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
 
 def _step_aside(wrapper, original, hooks) -> None:
     """Put the original back where patch() bound the wrapper and in transformers' modules, which may have
-    copied it since (a key lookup each, no full scan); a copy elsewhere keeps the wrapper, which now only
-    passes through."""
+    copied it since (a key lookup each); a copy elsewhere keeps the wrapper, which only passes through."""
     try:
         name = original.__name__
         with hooks.lock:
@@ -146,23 +123,19 @@ def _first_query(kernels: tuple, import_utils, hooks):
         from .. import engine
         from ..engine.outcome import CHANGED
 
-        kernel = kernels[0]
-        if not hooks.selected(kernel):  # install(kernels=...) left this one alone
+        if not hooks.selected(kernels[0]):  # install(kernels=...) left this one alone
             return _PASS
-
         engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
-        outcome = engine.ensure(kernel)
+        outcome = engine.ensure(kernels[0])
         for partner in kernels[1:]:     # what the gate's models need with it; its answer stays the gate's own
             if hooks.selected(partner):
                 engine.ensure(partner)
     except Exception as exc:  # the original gate's answer, untouched
         hooks.internal_error(exc)
         return _PASS
-    # The block is decided: nothing after this point may drop it (fail safe at the seam).
-    mode = _BLOCKED if outcome.block is not None else None
+    mode = _BLOCKED if outcome.block is not None else None   # decided: nothing after this may drop a block
     try:
-        changed = any(o.state in CHANGED for o in engine.outcomes().values())
-        refresh(import_utils, distributions=changed)
+        refresh(import_utils, distributions=any(o.state in CHANGED for o in engine.outcomes().values()))
         return mode or engine.simulation() or _PASS
     except Exception as exc:  # a stale cache at worst; a blocked kernel stays blocked
         hooks.internal_error(exc)
@@ -171,8 +144,7 @@ def _first_query(kernels: tuple, import_utils, hooks):
 
 def refresh(import_utils, *, distributions: bool = True) -> None:
     """Make the next gate call see what is on disk now (transformers-eras.md, 'Making a gate say True').
-    distributions: also rebuild transformers' package -> distribution mapping (after an install; ~50 ms on
-    5.0 - 5.22)."""
+    distributions: also rebuild transformers' package -> distribution mapping (after an install)."""
     importlib.invalidate_caches()
     namespace = import_utils.__dict__
     for name in tuple(_gates()) + CACHED_GATES:
@@ -190,63 +162,46 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
         namespace["PACKAGE_DISTRIBUTION_MAPPING"] = packages_distributions()
 
 
-@contextmanager
-def simulated_accelerator(import_utils, kind: str):
-    """While a wrapped gate runs, let it see the GPU FASTPATH_HOOKS_TARGET poses and this machine lacks
-    (dry runs, tests). `torch.<cuda|xpu>.is_available` is patched for the call only, under a lock, with
-    transformers' cached `is_torch_cuda_available` cleared before and after, so nothing else in the
-    process sees a GPU; torch, not transformers, because era A's gates call torch.cuda.is_available()."""
+def _simulated(kind: str, import_utils, call):
+    """`call()` (a wrapped gate) seeing the GPU FASTPATH_HOOKS_TARGET poses and this machine lacks: only
+    during the call, under a lock, `torch.<cuda|xpu>.is_available` says True (era A's gates ask torch) and
+    transformers' cached `is_torch_cuda_available` is cleared before and after."""
     try:
         import torch
 
         module = torch.xpu if kind == "xpu" else torch.cuda
-        real = module.is_available
     except Exception:
-        yield
-        return
-    clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None)
+        return call()
+    clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None) or (lambda: None)
     with _simulation_lock:
-        module.is_available = _available
-        if clear:
-            clear()
+        real, module.is_available = module.is_available, lambda: True
+        clear()
         try:
-            yield
+            return call()
         finally:
             module.is_available = real
-            if clear:
-                clear()
-
-
-def _available() -> bool:
-    return True
+            clear()
 
 
 def modeling_kernels() -> set:
-    """The registry's kernels the transformers modeling modules being imported right now name: the
-    engine's hint for a batch (engine.expect_from), read only when an install is about to start.
-    transformers >= 5.15 imports each kernel package while a modeling module executes, one after the
-    other, so without it granitemoehybrid's causal-conv1d and mamba-ssm would not build side by side.
-    A module names a kernel by a package in quotes, the kernel's name, or one of its gates."""
+    """The registry's kernels named (a package in quotes, the kernel's name, or a gate) by the modeling modules
+    being imported now: the engine's hint for a batch. transformers >= 5.15 imports each kernel package while
+    a modeling module executes, so without it granitemoehybrid's causal-conv1d and mamba-ssm would not build
+    side by side."""
     from .._registry import registry
 
     sources = []
     for name, module in list(sys.modules.items()):
-        if not name.startswith("transformers.models.") or module is None:
-            continue
         spec = getattr(module, "__spec__", None)
-        if spec is None or not getattr(spec, "_initializing", False) or not spec.origin:
-            continue
-        try:
-            with open(spec.origin, encoding="utf-8", errors="replace") as fh:
-                sources.append(fh.read())
-        except OSError:
-            continue
+        if name.startswith("transformers.models.") and getattr(spec, "_initializing", False) and spec.origin:
+            try:
+                with open(spec.origin, encoding="utf-8", errors="replace") as fh:
+                    sources.append(fh.read())
+            except OSError:
+                continue
     if not sources:
         return set()
     text = "\n".join(sources)
-    out = set()
-    for kernel, entry in registry().items():
-        names = [f'"{m}"' for m in entry["modules"]] + [f"'{m}'" for m in entry["modules"]] + [f'"{kernel}"']
-        if any(n in text for n in names) or any(g in text for g in entry["gates"]):
-            out.add(kernel)
-    return out
+    return {kernel for kernel, entry in registry().items()
+            if any(f'"{m}"' in text or f"'{m}'" in text for m in entry["modules"]) or f'"{kernel}"' in text
+            or any(g in text for g in entry["gates"])}

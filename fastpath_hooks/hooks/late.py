@@ -1,19 +1,11 @@
 """Late activation: install() called after transformers' modeling modules were imported.
 
-A modeling module chooses its kernels when it is imported (transformers-eras.md), so one imported before
-install() keeps the torch path - or, on Hopper with an fla installed by hand, a kernel that crashes at
-the first backward. `heal()` runs at every install() with transformers imported: for each kernel such a
-module uses it decides as usual (`engine.ensure`), then rebinds the module's globals to what a fresh
-import would choose now (the kernel, or the torch path when it is unusable or blocked).
-
-- eras C/D (>= 5.15): functions decorated with `use_kernel_func_from_hub_with_fallback(func_name,
-  package)`; transformers' own decorator is run again and its choice written into their closure, and
-  forward looks them up at call time: a model built before install() follows.
-- eras A/B (4.56 - 5.14): kernel objects bound as module globals behind the gates, and an
-  `is_fast_path_available` computed from them (the tables below, read from the released sources of
-  4.57.6, 5.14.1 and 5.24.0). lfm2 and the mamba family read them at call time; the gated-delta-net
-  families copy them into each layer when it is built, so a model built earlier keeps its choice.
-Whatever cannot be healed (an unknown layout, a kernel imported under a block, layers or programs built
+A modeling module chooses its kernels when it is imported, so one imported before install() keeps the torch
+path (or, on Hopper with an fla installed by hand, a kernel that crashes at the first backward). `heal()`
+decides each kernel such a module uses (`engine.ensure`), then rebinds the module's choice to what a fresh
+import would choose now: eras C/D (>= 5.15) by running transformers' decorator again and writing its choice
+into the decorated functions' closures; eras A/B (4.56 - 5.14) by rebinding the module globals of the tables
+below. What cannot be healed (an unknown layout, a kernel imported under a block, layers or programs built
 earlier) is said in one line with the fix. torch.compile graphs retrace: dynamo guards on the globals.
 """
 
@@ -30,11 +22,9 @@ _healing: set = set()   # names of the modeling modules a pass (of any thread) i
 
 
 def heal(hooks) -> None:
-    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: hooks.HOOKS);
-    a scan of sys.modules when there is none (benchmarks/late_cost.py). As wrapt's post-import hooks,
-    the modules are claimed under the lock, the kernels decided (installed, for minutes maybe) with no
-    lock held, and the lock taken again only to rebind while still installed, so another thread's
-    install(), uninstall() or gate call never waits for this pass."""
+    """Rebind the kernel choice of every modeling module imported before install() (`hooks`: hooks.HOOKS).
+    The modules are claimed under the lock, the kernels decided (installed, for minutes maybe) with no lock
+    held, and rebound under the lock while still installed: no other thread waits for this pass."""
     modules = imported_modeling_modules()
     if not modules:
         return
@@ -101,9 +91,8 @@ class _Pass:
         return kernel is None or self.hooks.selected(kernel)
 
     def era_c(self, modules) -> list:
-        """Eras C/D: the decorator run again gives what a fresh import chooses now, written into the existing
-        function's closure. The function object stays: under HF `kernels` (5.25; 5.23/5.24 with kernels
-        0.18) each module global is a `Func` module that kernelize routes by identity."""
+        """The function objects stay (under HF `kernels` each module global is a `Func` module that kernelize
+        routes by identity): only their closure gets the fresh choice."""
         hub = sys.modules.get("transformers.integrations.hub_kernels")
         decorate = getattr(hub, "use_kernel_func_from_hub_with_fallback", None)
         plans = []
@@ -132,8 +121,8 @@ class _Pass:
                     continue
                 if now is closure["implementation"]:
                     continue
-                plan.rewrite(name, function, closure["implementation"], fresh, package, now is not torch_function,
-                             taken=blocked and package in sys.modules)
+                plan.change(name, closure["implementation"], fresh, package, now is not torch_function,
+                            taken=blocked and package in sys.modules, function=function)
             plans.append(plan)
         return plans
 
@@ -170,7 +159,7 @@ class _Pass:
                 if value is old or (value is None and name in layout.optional):
                     continue       # an optional name a fresh import leaves unbound: only reached on the fast path
                 outcome = self.outcomes.get(package)
-                plan.rebind(name, old, value, package, value is not None,
+                plan.change(name, old, value, package, value is not None,
                             taken=value is None and package in sys.modules and outcome is not None
                             and outcome.block is not None)
         return plans
@@ -251,21 +240,17 @@ class _Rebind:
 
     def __init__(self, module, layers: str):
         self.module, self.layers, self.layout = module, layers, None
-        self.changes: list = []    # (name, old, new, package, kernel_on)
+        self.changes: list = []    # (name, old, new, package, kernel_on, function)
         self.unknown: list = []    # globals not laid out as the tables know
         self.taken: set = set()    # packages imported before install() and now blocked
         self.resets: list = []     # era A caches to reset
-        self.rewrites: list = []   # (name, function, old implementation, fresh closure, package, kernel_on): eras C/D
         self.lacking: tuple = ()
         self.reset = False
 
-    def rebind(self, name, old, new, package, kernel_on: bool, taken: bool) -> None:
-        self.changes.append((name, old, new, package, kernel_on))
-        if taken:
-            self.taken.add(package)
-
-    def rewrite(self, name, function, old, fresh: dict, package, kernel_on: bool, taken: bool) -> None:
-        self.rewrites.append((name, function, old, fresh, package, kernel_on))
+    def change(self, name, old, new, package, kernel_on: bool, taken: bool, function=None) -> None:
+        """The module global `name` from `old` to `new`; or (eras C/D) `function`'s implementation `old`
+        replaced by the fresh decoration's closure `new`."""
+        self.changes.append((name, old, new, package, kernel_on, function))
         if taken:
             self.taken.add(package)
 
@@ -277,12 +262,13 @@ class _Rebind:
                 namespace[name] = None
                 self.reset = True
         changed = {}
-        for name, old, new, package, kernel_on in self.changes:
-            if namespace.get(name) is old:    # nobody rebound it meanwhile (another pass, the user)
+        for name, old, new, package, kernel_on, function in self.changes:
+            # only where it still holds what the pass saw (not rebound meanwhile by another pass, the user)
+            if function is not None:
+                if _set_closure(function, old, new):
+                    changed[name] = (package, kernel_on)
+            elif namespace.get(name) is old:
                 namespace[name] = new
-                changed[name] = (package, kernel_on)
-        for name, function, old, fresh, package, kernel_on in self.rewrites:
-            if _set_closure(function, old, fresh):   # only where it still holds what the pass saw
                 changed[name] = (package, kernel_on)
         layout = self.layout
         if changed and layout is not None:
