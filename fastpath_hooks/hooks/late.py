@@ -101,7 +101,7 @@ class _Pass:
             found = [(name, namespace[name]) for name in DECORATED if name in namespace]
             if not found:
                 continue
-            plan = _Rebind(module, CALL)
+            plan = _Rebind(module)
             for name, value in found:
                 func_name, package = DECORATED[name]
                 if not self.managed(package):
@@ -132,7 +132,7 @@ class _Pass:
         for module in modules:
             model = _short(module)
             namespace = module.__dict__
-            plan = _Rebind(module, CALL)
+            plan = _Rebind(module)
             plans.append(plan)
             if model in RESET_CACHES and era == "A":
                 self.reset_cache(plan, RESET_CACHES[model])
@@ -238,8 +238,8 @@ class _Rebind:
     """What one pass would change in one modeling module, worked out with no lock held; `apply()` makes the
     change under the hooks' lock, each global only where it still holds what the pass saw."""
 
-    def __init__(self, module, layers: str):
-        self.module, self.layers, self.layout = module, layers, None
+    def __init__(self, module):
+        self.module, self.layers, self.layout = module, CALL, None
         self.changes: list = []    # (name, old, new, package, kernel_on, function)
         self.unknown: list = []    # globals not laid out as the tables know
         self.taken: set = set()    # packages imported before install() and now blocked
@@ -365,19 +365,13 @@ def _unknown(model: str, what: str) -> None:
     _say(None, f"{model}: imported before install(), and {what}; {FIX}", once=f"late-unknown-{model}")
 
 
-PREFIX = "transformers.models."
-
 PACKAGES = KERNEL_MODULES   # import name -> the kernel it is managed as
 
-# How these tables were read (2026-12-01): with `ast` from the released wheels' sources (`pip download
-# --no-deps transformers==X`); tests/test_late.py and tests/test_mamba_families.py read the installed
-# transformers the same way and fail on a difference.
-# - _names.DECORATED (eras C/D, 5.24.0): every module-level function and assignment (zamba) decorated with
-#   `use_kernel_func_from_hub_with_fallback(func, package)` in models/*/modeling_*.py.
-# - MODELS "A" (4.57.6): the module-level `if is_X_available(): from pkg import ... / else: ... = None`
-#   blocks and `is_fast_path_available = all(...)`.
-# - MODELS "B" (5.14.1): the names each mixer's __init__ declares `global` and binds from `lazy_load_kernel`
-#   (which asks `is_{name}_available` by name), and its `is_fast_path_available` when that is global too.
+# The tables were read with `ast` from the released sources (tests/test_late.py and test_mamba_families.py
+# read the installed transformers the same way): _names.DECORATED (eras C/D) from 5.24.0's decorated functions;
+# MODELS "A" from 4.57.6's module-level `if is_X_available(): from pkg import ...` blocks and
+# `is_fast_path_available = all(...)`; MODELS "B" from 5.14.1's mixers, which bind `global` names from
+# `lazy_load_kernel` (it asks `is_{name}_available` by name).
 
 # Eras A/B: module global -> (package, module it comes from, attribute), bound behind the package's gate.
 _SSM_SCAN = "mamba_ssm.ops.selective_scan_interface"
@@ -482,7 +476,7 @@ def imported_modeling_modules() -> list:
     """transformers.models.<model>.modeling_<model> modules already imported that hold a kernel global."""
     out = []
     for name, module in list(sys.modules.items()):
-        if name.startswith(PREFIX) and module is not None:
+        if name.startswith("transformers.models.") and module is not None:
             parts = name.split(".")
             if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}" and not _NAMES.isdisjoint(module.__dict__):
                 # one still being imported: the hooks see the rest of it
