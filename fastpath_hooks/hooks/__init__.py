@@ -53,6 +53,7 @@ def _guarded(function):
         except Exception as exc:
             internal_error(exc)
             return None
+    guarded.__name__, guarded.__qualname__, guarded.__doc__ = function.__name__, function.__qualname__, function.__doc__
     return guarded
 
 
@@ -123,11 +124,9 @@ def install(*, kernels=None, on_event=None):
     # kernel is imported. One access(2) per site-packages: install() runs at every start-up hand-over. The
     # literal is _names' STATE_DIR_NAME/JOURNAL (tests/test_interrupted.py keeps it equal).
     prefix = sys.prefix + os.sep
-    for entry in sys.path:
-        if entry.endswith("-packages") and entry.startswith(prefix) and \
-                os.access(entry + "/.fastpath-hooks/journal.json", 0):
-            _recover()
-            break
+    if any(entry.endswith("-packages") and entry.startswith(prefix)
+           and os.access(entry + "/.fastpath-hooks/journal.json", 0) for entry in sys.path):   # 0: F_OK
+        _recover()
     if "transformers" in sys.modules:  # a modeling module may have chosen its kernels already
         _heal()
     return True
