@@ -3,20 +3,31 @@
     import fastpath_hooks
     fastpath_hooks.install()
 
-Importing this package is nearly free (it runs at interpreter start when enabled): `install` and `uninstall`
-(fastpath_hooks.hooks) and `__version__` load the first time they are asked for.
+Importing this package is nearly free (it runs at interpreter start when enabled):
+everything heavy loads the first time transformers or a kernel import needs it.
 """
 
 __all__ = ["install", "uninstall", "__version__"]
 
 
 def __getattr__(name):
+    # `import fastpath_hooks` loads nothing else: the version lives in the leaf, read when asked for
     if name == "__version__":
         from ._names import VERSION
 
         return VERSION
-    if name in ("install", "uninstall"):
-        from . import hooks
-
-        return getattr(hooks, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def install(*, kernels=None, on_event=None):
+    """Hook transformers' kernel choice; see `fastpath_hooks.hooks.install`."""
+    from .hooks import install as _install
+
+    return _install(kernels=kernels, on_event=on_event)
+
+
+def uninstall():
+    """Restore every gate and remove the import hook; see `fastpath_hooks.hooks.uninstall`."""
+    from .hooks import uninstall as _uninstall
+
+    _uninstall()

@@ -214,7 +214,8 @@ def _interrupted(settings) -> dict | None:
     from .act.transaction import Transaction, environment_state_dir
 
     tx = Transaction.pending(environment_state_dir(settings))
-    return tx and {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started}
+    return None if tx is None else {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid,
+                                    "started": tx.started}
 
 
 def _plan(args) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import py_compile
+import re
 import sys
 
 from .._names import STARTUP_FORMAT
@@ -144,18 +145,13 @@ def status() -> dict:
 # an END line. Anything that merely looks like a marker (indented, in a string, without a format tag, a
 # BEGIN without an END after it) is the user's own line.
 
+_BEGIN_LINE = re.compile(re.escape(BEGIN.encode()) + rb" (\s*v[0-9]+(?:\s+[a-z]+)*)\s*")
+
+
 def _begin_flags(line: bytes):
-    """The flags of a BEGIN line as enable writes it, else None."""
-    text = line.rstrip(b"\r\n")
-    head = BEGIN.encode()
-    if not text.startswith(head + b" "):
-        return None
-    flags = text[len(head):].split()
-    if not flags or not (flags[0][:1] == b"v" and flags[0][1:].isdigit()):
-        return None
-    if not all(flag.isalpha() and flag.islower() for flag in flags[1:]):
-        return None
-    return [flag.decode() for flag in flags]
+    """The flags of a BEGIN line as enable writes it (`v<format>`, then lower-case words), else None."""
+    found = _BEGIN_LINE.fullmatch(line)
+    return found and found.group(1).decode().split()
 
 
 def find_block(content: bytes):

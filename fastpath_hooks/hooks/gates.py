@@ -66,7 +66,10 @@ def _rebind(swaps: dict, modules=None) -> list:
         modules = list(sys.modules.values()) if swaps else ()
     out = []
     for module in modules:
-        namespace = getattr(module, "__dict__", None)
+        try:
+            namespace = module.__dict__
+        except Exception:   # an odd object in sys.modules (a proxy whose __dict__ raises)
+            continue
         for key, value in list(namespace.items()) if isinstance(namespace, dict) else ():
             pair = swaps.get(id(value))
             if pair is not None and pair[0] is value:
