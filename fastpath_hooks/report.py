@@ -192,9 +192,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
     machine_fix = _machine_fix(plan)   # no GPU (or no torch) here: its one fix is said once, in the summary
     for kernel, d in plan.decisions.items():
         have = ", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no"
-        lines.append(f"  {kernel}")
-        lines.append(f"    installed      {have}")
-        lines.append(f"    transformers   {d.transformers_uses}")
+        lines += [f"  {kernel}", f"    installed      {have}", f"    transformers   {d.transformers_uses}"]
         what = VERBS[d.action]
         if d.action in (INSTALL, REPAIR):
             what += " " + ", ".join(f"{k}=={v}" for k, v in d.target.items())
@@ -253,8 +251,7 @@ def packed_text(packed: dict, said: str | None = None) -> list:
     shared = _shared_fixes((f["package"], f["fix"]) for f in packed["failures"])
     for f in packed["failures"]:
         models = f["models"]
-        lines.append(f"  {f['package']}")
-        lines.append(f"    why          {f['problem']}")
+        lines += [f"  {f['package']}", f"    why          {f['problem']}"]
         if f["fix"] not in shared and f["fix"] != said:
             lines.append(f"    to fix it    {f['fix']}")
         lines.append(f"    models       {', '.join(models[:6])}"
