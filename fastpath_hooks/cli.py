@@ -151,20 +151,16 @@ def _snapshot(settings, pins, *, sources: bool = False):
     from .engine import snapshot
 
     env, plan = snapshot(settings, pins)
-    if sources and env.accelerator and not env.hub_entries and _imports_hub_mapping(env):
-        env, plan = snapshot(settings, pins)
+    hub = "transformers.integrations.hub_kernels"
+    version = env.dist_version("transformers") if sources and env.accelerator and not env.hub_entries else None
+    if version is not None and version.release[:2] >= (5, 25) and hub not in sys.modules:
+        try:
+            import transformers.integrations.hub_kernels  # noqa: F401
+        except Exception:   # noqa: BLE001 - a broken transformers: the rest of doctor still says what it can
+            pass
+        else:
+            env, plan = snapshot(settings, pins)
     return env, plan, installed_versions()
-
-
-def _imports_hub_mapping(env) -> bool:
-    version = env.dist_version("transformers")
-    if version is None or version.release[:2] < (5, 25) or "transformers.integrations.hub_kernels" in sys.modules:
-        return False
-    try:
-        import transformers.integrations.hub_kernels  # noqa: F401
-    except Exception:   # noqa: BLE001 - a broken transformers: the rest of doctor still says what it can
-        return False
-    return True
 
 
 def _doctor(args) -> int:

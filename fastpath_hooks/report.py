@@ -82,14 +82,9 @@ def _batch_commands(members, installer, settings, env) -> list:
 
 def plan_json(plan, settings, *, real_installed, pins) -> dict:
     """Schema fastpath-hooks.plan/2, documented field by field in docs/json-schema.md."""
-    data = plan.to_json()
-    data["fastpath_hooks"] = __version__
-    data["settings"] = settings.public()
-    data["pins"] = list(pins.origins)
-    data["summary"] = summary(plan, settings)
-    data["sources"] = function_sources(plan, settings, pins)
-    data.update(commands_for(plan, settings, real_installed=real_installed, pins=pins))
-    return data
+    return {**plan.to_json(), "fastpath_hooks": __version__, "settings": settings.public(), "pins": list(pins.origins),
+            "summary": summary(plan, settings), "sources": function_sources(plan, settings, pins),
+            **commands_for(plan, settings, real_installed=real_installed, pins=pins)}
 
 
 def function_sources(plan, settings, pins) -> list:

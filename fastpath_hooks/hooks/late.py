@@ -299,13 +299,10 @@ def decorated_function(value):
 
 def _set_closure(function, old, fresh: dict) -> bool:
     """Write the fresh choice into `function`'s cells - if its implementation is still `old`."""
-    cells = dict(zip(function.__code__.co_freevars, function.__closure__))
-    current = cells.get("implementation")
-    try:
-        if current is None or current.cell_contents is not old:
-            return False
-    except ValueError:
+    closure = _closure(function) or {}
+    if "implementation" not in closure or closure["implementation"] is not old:
         return False
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__))
     for name in CHOICE:
         if name in cells and name in fresh:
             cells[name].cell_contents = fresh[name]
@@ -348,10 +345,9 @@ def _built(module) -> bool:
 
 
 def _compiled_graphs() -> int:
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
     try:
-        return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
-    except Exception:
+        return int(sys.modules["torch._dynamo.utils"].counters["stats"]["unique_graphs"])
+    except Exception:   # torch.compile never ran in this process
         return 0
 
 
