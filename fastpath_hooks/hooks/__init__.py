@@ -321,8 +321,7 @@ def _after_hub_import(module) -> None:
 
 
 def _before_kernel_import(fullname):
-    """Ask the engine before a kernel's import resolves: None (the import proceeds) or a spec that fails
-    it with the reason."""
+    """None where the engine is not to be asked before this kernel import resolves, else what it says."""
     modules, serves = KERNEL_MODULES, SERVES
     if HOOKS.finder is not None and HOOKS.finder.watched is not WATCHED:   # a pins file added kernels
         from .._registry import kernel_modules, registry, served_modules
@@ -330,12 +329,13 @@ def _before_kernel_import(fullname):
         known = registry()
         modules, serves = kernel_modules(known), served_modules(known)
     kernel = modules.get(fullname)
-    if kernel is None or not HOOKS.selected(kernel):
-        if kernel is not None:   # not ours to decide - but never imported from a half-written install
-            from ..engine.jobs import pending_journal
+    if kernel is None:
+        return None
+    if not HOOKS.selected(kernel):   # not ours to decide - but never imported from a half-written install
+        from ..engine.jobs import pending_journal
 
-            if pending_journal():
-                _recover(wait=True)
+        if pending_journal():
+            _recover(wait=True)
         return None
     importer = _importer(modules)
     engine = sys.modules.get("fastpath_hooks.engine")
@@ -349,21 +349,20 @@ def _before_kernel_import(fullname):
 
         if (registry().get(kernel) or {}).get("kind") == "backend" and not _installed(modules, fullname):
             return None   # looked for at the served kernel's first call: decided with it, before its import
-    message = _ask_engine(kernel)
-    if message is None:
-        return None
-    from importlib.machinery import ModuleSpec
-
-    return ModuleSpec(fullname, BlockedLoader(message))
+    return _ask_engine(fullname, kernel)
 
 
 @_guarded
-def _ask_engine(kernel):
+def _ask_engine(fullname, kernel):
+    """None (the import proceeds), or a spec that fails it with the engine's reason."""
+    from importlib.machinery import ModuleSpec
+
     from .. import engine
     from .gates import modeling_kernels
 
     engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
-    return engine.before_import(kernel)
+    message = engine.before_import(kernel)
+    return None if message is None else ModuleSpec(fullname, BlockedLoader(message))
 
 
 def _importer(modules):
