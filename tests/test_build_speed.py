@@ -16,7 +16,6 @@ import pytest
 
 from support import sdists
 from fastpath_hooks.act import build as nvcc_speed
-from fastpath_hooks.act.build import nvcc_wrapper
 from fastpath_hooks.act.runner import _elapsed
 from fastpath_hooks.act.verify import verify_many
 from fastpath_hooks.decide.builds import Share, build_estimate, core_budget, minutes, split_allowed
@@ -26,6 +25,10 @@ from fastpath_hooks.facts.settings import Settings
 PINS = pins_mod.load()
 CONV = PINS.build("causal-conv1d")     # 4 translation units, its measured build for sm_90 on 16 cores
 MAMBA = PINS.build("mamba-ssm")        # 10 translation units, 117 s
+
+
+def _nvcc_wrapper(work, nvcc, keep, speed):
+    return nvcc_speed.write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc", keep=keep, speed=speed)
 
 
 def _budget(*builds, cpus=16, memory=128.0, settings=None, jobs_given=None):
@@ -152,14 +155,14 @@ def test_the_wrapper_adds_split_compile_records_each_compile_and_runs_ccache_in_
     sdists.fake_ccache(launcher_dir)
     speed = nvcc_speed.plan(work, split=4, path_var=launcher_dir + os.pathsep + os.environ["PATH"])
     assert speed.launcher == os.path.join(launcher_dir, "ccache") and speed.split == 4
-    wrapper = nvcc_wrapper(work, toolkit.nvcc, ["sm_90"], speed=speed)    # the build's one nvcc wrapper
+    wrapper = _nvcc_wrapper(work, toolkit.nvcc, ["sm_90"], speed=speed)    # the build's one nvcc wrapper
     env = dict(os.environ, **nvcc_speed.launcher_environ(speed, work))
     assert env["CCACHE_BASEDIR"] == work and env["CCACHE_STATSLOG"].startswith(work)
 
     first = _compile(wrapper, source, str(tmp_path / "a.o"), env)
     second = _compile(wrapper, source, str(tmp_path / "a.o"), env)   # the same compile again
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    assert nvcc_speed.MARK in first.stderr and "--split-compile=4" in first.stderr and "ccache" in first.stderr
+    assert nvcc_speed.SPEED_MARK in first.stderr and "--split-compile=4" in first.stderr and "ccache" in first.stderr
     assert "fastpath-hooks nvcc wrapper: kept arch=compute_90,code=sm_90; dropped arch=compute_80" in first.stderr
     # the real (fake) nvcc ran once, with the split added once; the second compile was ccache's hit
     (call,) = toolkit.calls()
@@ -195,7 +198,7 @@ def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tm
     os.makedirs(work)
     speed = nvcc_speed.plan(work, split=8, path_var="/nonexistent")
     assert speed.launcher is None
-    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=speed)
+    wrapper = _nvcc_wrapper(work, toolkit.nvcc, None, speed=speed)
     out = subprocess.run([wrapper, "--version"], capture_output=True, text=True, timeout=60)
     assert "release 13.0" in out.stdout and not nvcc_speed.calls(speed)     # not a compile: nothing recorded
     source = str(tmp_path / "x.cu")
@@ -217,7 +220,7 @@ def test_the_wrapper_keeps_a_split_the_build_gives_and_passes_version_queries(tm
 def test_without_a_split_the_wrapper_adds_none(tmp_path, toolkit):
     work = str(tmp_path / "work")
     os.makedirs(work)
-    wrapper = nvcc_wrapper(work, toolkit.nvcc, None, speed=nvcc_speed.plan(work, split=1, path_var="/nonexistent"))
+    wrapper = _nvcc_wrapper(work, toolkit.nvcc, None, speed=nvcc_speed.plan(work, split=1, path_var="/nonexistent"))
     source = str(tmp_path / "x.cu")
     open(source, "w").close()
     assert subprocess.run([wrapper, "-c", source, "-o", str(tmp_path / "x.o")], timeout=60).returncode == 0

@@ -138,19 +138,19 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
     import glob
     import subprocess
 
-    from fastpath_hooks.act.numeric import _MARK, _payload
+    from fastpath_hooks.act.check_child import MARK
+    from fastpath_hooks.act.numeric import CHILD, _payload
     from fastpath_hooks.facts.pins import load
 
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fastpath_hooks", "act",
-                          "check_child.py")
     checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm", "fla") for c in load().kernel(kernel).numeric_checks]
+    kernels = [{"modules": [], "attributes": [], "numeric": {"device": "cpu", "checks": checks}}]
     for wrong in (False, True):
-        proc = subprocess.run([sys.executable, script, json.dumps({"device": "cpu", "checks": checks})], text=True,
+        proc = subprocess.run([sys.executable, CHILD, json.dumps(kernels)], text=True,
                               capture_output=True, timeout=600,
                               # the stand-in mamba_ssm imports einops, as the real one does: its real wheel (a zip)
                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                   [_stand_ins(tmp_path, wrong=wrong), *glob.glob(os.path.join(dep_wheels, "einops-*.whl"))])))
-        report = json.loads(proc.stdout.split(_MARK)[-1])
+        report = json.loads(proc.stdout.split(MARK)[-2])["numeric"]   # the last line names the loaded distributions
         states = {r["name"]: r["state"] for r in report["results"]}
         assert len(states) == 7, report
         if not wrong:

@@ -1,26 +1,18 @@
 """Source builds of compiled kernels: restricted to the GPU archs asked for, fast, logged, keyed.
 
-causal-conv1d's (and mamba-ssm's) setup.py hard-codes one `-gencode` pair per arch the nvcc knows
-(nine with CUDA 13) and ignores TORCH_CUDA_ARCH_LIST: an all-arch build outlasts most install
-timeouts. torch's ninja build takes nvcc from `PYTORCH_NVCC`, so one generated wrapper
-(act/compiler_wrapper.py) hands the real nvcc only the pairs of the archs asked for, the C++ standard
-last, `--split-compile=N` (nvcc >= 11.8), a file the pins name in `parallel.split_units` as N parts
-side by side, ccache (else sccache) in front, and records every compile (`<log>.nvcc.jsonl`: which
-file set the wall time; benchmarks/cold_node.sh collects them). ROCm reads `HIP_ARCHITECTURES`.
-
-`pip wheel --no-deps --no-build-isolation --no-cache-dir --no-binary <dist>`: against the installed
-torch, never through pip's wheel cache (keyed by the sdist alone, it would hand an old build back
-under a new torch). `MAX_JOBS` and the split come from the build's share of the cores and memory
-(decide.builds.core_budget; builds of one request split the machine). `CCACHE_BASEDIR` is the build's
-scratch directory: pip unpacks the sdist somewhere new every time, and relative paths hit next time;
-sccache's counters are server-wide. The log is kept (`<cache root>/logs/`) and named in every message;
-the wheel is relabelled with its key (facts/wheels.py) to be cached and shared, and the build's
-figures go to the build history later estimates are made from (facts/memory.py).
+causal-conv1d's (and mamba-ssm's) setup.py hard-codes a `-gencode` pair per arch nvcc knows (nine with CUDA 13)
+and ignores TORCH_CUDA_ARCH_LIST: an all-arch build outlasts most install timeouts. torch's ninja build takes nvcc
+from `PYTORCH_NVCC`, so a generated wrapper (act/compiler_wrapper.py) hands the real nvcc only the asked archs'
+pairs, the C++ standard last, `--split-compile`, the pins' `parallel.split_units` as parts side by side, ccache
+(else sccache) in front, and records every compile (`<log>.nvcc.jsonl`). `pip wheel --no-cache-dir`: pip's wheel
+cache is keyed by the sdist alone and would hand an old build back under a new torch. The wheel is relabelled with
+its key (facts/wheels.py); the build's figures go to the history later estimates come from (facts/memory.py).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -32,7 +24,6 @@ import sys
 import threading
 import time
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
@@ -74,8 +65,7 @@ class Built:
 
 
 def _for(archs) -> str:
-    """What a build's line says it compiles: `for sm_90`, `for every arch`, or no GPU code at all (a
-    Triton-only build: the opt-in CUDA extension left out)."""
+    """`for sm_90`, `for every arch`, or no GPU code at all (a Triton-only build)."""
     if tuple(archs) == ("py",):
         return "without its CUDA extension"
     return "for every arch" if tuple(archs) == ("all",) else f"for {', '.join(archs)}"
@@ -88,10 +78,8 @@ def log_path(root: str, distribution: str, version: str, archs) -> str:
 
 
 def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str | None = None, speed=None) -> str:
-    """A `/bin/sh` shim `<work>/<name>` running act/compiler_wrapper.py with this interpreter and a config
-    (a `#!python` line breaks on interpreter paths with spaces or past the kernel's shebang limit): the
-    real compiler `real` (argv), `keep` (nvcc: the archs whose -gencode pairs stay), `std` (handed
-    last), `speed` (nvcc: its Speed)."""
+    """A `/bin/sh` shim running act/compiler_wrapper.py with its config (a `#!python` line breaks on interpreter
+    paths with spaces or past the kernel's shebang limit)."""
     config = os.path.join(work, name + ".json")
     with open(config, "w", encoding="utf-8") as fh:
         json.dump({"real": list(real), "kind": kind, "keep": list(keep) if keep is not None else None, "std": std,
@@ -107,32 +95,10 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
     return path
 
 
-def nvcc_wrapper(work: str, real_nvcc: str, keep, std: str | None = None, speed=None) -> str:
-    """The one nvcc wrapper of a build: the archs, the C++ standard, the speed part."""
-    return write_wrapper(work, "nvcc-restricted", real=[real_nvcc], kind="nvcc", keep=keep, std=std, speed=speed)
-
-
-def real_nvcc(env) -> str | None:
-    """The nvcc torch's build would run (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda), whatever the target
-    poses: a posed `nvcc=13.0` says which release it is, never which compiler runs or for which archs."""
-    if env.nvcc and os.path.isfile(env.nvcc):
-        return env.nvcc
-    return find_nvcc({})   # the facts' own search, the nvcc wheel left out (torch's build does not look there)
-
-
-def real_hipcc(env) -> str | None:
-    """ROCm's hipcc as torch's build finds it (ROCM_HOME/ROCM_PATH, PATH, /opt/rocm), whatever is posed."""
-    if env.hipcc and os.path.isfile(env.hipcc):
-        return env.hipcc
-    return find_hipcc()
-
-
 def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) -> tuple:
-    """(the build's extra environment, its Speed or None): the pins' variables, CUDA_HOME of the real
-    nvcc, the compiler wrappers (PYTORCH_NVCC: nvcc, or hipcc given the standard; CXX: the host compiler
-    given the standard where the step asks), MAX_JOBS (unless the user set it), the interpreter's bin
-    first on PATH (torch uses ninja only when `ninja` is on PATH, and only its ninja build honours
-    PYTORCH_NVCC and CXX)."""
+    """(the build's extra environment, its Speed or None): the pins' variables, the compiler wrappers, MAX_JOBS,
+    ninja's directory first on PATH (torch uses ninja only when on PATH; only its ninja build honours the
+    wrappers). The real compilers whatever the target poses: a posed `nvcc=13.0` names a release, not a compiler."""
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
     extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
@@ -142,14 +108,16 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
     restricted = bool(step.archs) and step.archs not in (("all",), ("py",))
     speed = None
     if env.torch_cuda:
-        nvcc = real_nvcc(env)
+        # the facts' own search, the nvcc wheel left out (torch's build does not look there)
+        nvcc = env.nvcc if env.nvcc and os.path.isfile(env.nvcc) else find_nvcc({})
         if nvcc is not None:
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
             speed = plan(work, split=split, path_var=extra["PATH"], parts=parts)
             extra.update(launcher_environ(speed, work))
-            extra["PYTORCH_NVCC"] = nvcc_wrapper(work, nvcc, step.archs if restricted else None, std, speed=speed)
+            extra["PYTORCH_NVCC"] = write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc",
+                                                  keep=step.archs if restricted else None, std=std, speed=speed)
     elif env.torch_hip and std:
-        hipcc = real_hipcc(env)
+        hipcc = env.hipcc if env.hipcc and os.path.isfile(env.hipcc) else find_hipcc()
         if hipcc is not None:
             extra["PYTORCH_NVCC"] = write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc", std=std)
     if std:
@@ -159,8 +127,8 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
 
 
 def _tool_dirs() -> list:
-    """The interpreter's bin and wherever a `ninja` of its distributions lives (an environment layered
-    over another one's site-packages sees its ninja package, not its bin directory)."""
+    """The interpreter's bin and wherever a `ninja` of its distributions lives (an environment layered over
+    another's site-packages sees its ninja package, not its bin directory)."""
     out = [os.path.dirname(sys.executable)]
     for entry in sys.path:
         if not entry.endswith("site-packages"):
@@ -174,9 +142,8 @@ def _tool_dirs() -> list:
 
 def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
               expected: float | None = None, together=()) -> Built:
-    """Build the step's sdist into a wheel labelled with its key; BuildError names the log.
-    `share`: its decide.builds.Share when other builds (`together`: their kernels) run at the same
-    time, else the whole machine's; `expected`: the estimate in seconds, said with the heartbeat."""
+    """Build the step's sdist into a wheel labelled with its key; BuildError names the log. `share`: its part
+    of the machine when other builds (`together`) run at the same time; `expected`: the estimate in seconds."""
     req = Requirement(step.requirements[0])
     pinned = [s.version for s in req.specifier if s.operator == "=="]
     if kernel not in pins.source_builds:
@@ -212,8 +179,9 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     compiled, info = summary(speed, work, sccache_before) if speed is not None else ("", {})
     if compiled:
         with open(log, "a", encoding="utf-8") as fh:
-            fh.write(f"# {MARK} {compiled}\n")
-        keep_calls(speed, log)
+            fh.write(f"# {SPEED_MARK} {compiled}\n")
+        with contextlib.suppress(OSError):   # the records kept beside the log (the work directory goes)
+            shutil.copyfile(speed.calls, calls_path(log))
     if code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
@@ -248,10 +216,9 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
 
 
 def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
-    """`jobs` = [(kernel, build step, expected seconds)] built at the same time, each in a thread with its
-    own work directory and its share of the machine, its process group journalled in `tx` (a killed
-    run's recovery stops them all); kernel -> its Built or the exception. Ctrl-C (or anything else
-    here) kills every build's group before it propagates."""
+    """`jobs` = [(kernel, step, expected seconds)] built side by side, each in a thread with its own work
+    directory and share, its group journalled in `tx`; kernel -> its Built or the exception. Ctrl-C (or anything
+    else here) kills every build's group before it propagates."""
     budget = shares([(k, pins.build(k, next(iter(step.exact.values()), None)), expected) for k, step, expected in jobs],
                     settings=settings, env=env)
     if len(jobs) > 1:
@@ -307,12 +274,10 @@ def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
     return results
 
 
-@contextmanager
+@contextlib.contextmanager
 def _import_lock_released():
-    """The global import lock let go while the builds run. The import hook decides inside a finder's
-    find_spec, which CPython calls holding that lock (importlib._bootstrap._find_spec): a build thread's
-    first import would wait for it while this thread waits for the builds - for ever. Taken again as
-    often as it was held."""
+    """The global import lock let go while the builds run: the import hook decides inside find_spec, which
+    CPython calls holding it - a build thread's first import would wait for it while this thread waits."""
     import _imp
 
     held = 0
@@ -330,8 +295,7 @@ def _import_lock_released():
 
 
 def shares(builds, *, settings, env) -> dict:
-    """kernel -> its decide.builds.Share of the machine, for `builds` = [(kernel, spec, expected seconds)]
-    run side by side (MAX_JOBS, where the user set it, is every build's)."""
+    """kernel -> its Share of the machine for `builds` = [(kernel, spec, expected seconds)] side by side."""
     given = os.environ.get("MAX_JOBS")
     return core_budget([(k, spec, expected, split_allowed(spec, settings, env.nvcc_version))
                         for k, spec, expected in builds], cpus=env.cpus, memory_gib=env.memory_gib, settings=settings,
@@ -346,8 +310,7 @@ def _expected(seconds) -> str:
 
 
 def remember_build(root: str, record: dict) -> None:
-    """Append the build's record to the cache's build history; one that cannot be written costs only
-    later estimates (said at debug)."""
+    """Append to the build history; one that cannot be written costs only later estimates."""
     path = memory.builds_path(root)
     entry = dict(record, host=memory.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
@@ -368,9 +331,8 @@ def _trim(path: str) -> None:
 
 
 def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:
-    """The archs the wheel really holds (the label says what was built, not what was asked): the codes
-    the wrapper kept, read back from the log; every arch its setup.py names (`all`) where the wrapper
-    never ran - refused where an arch rule says nvcc's code for a visible GPU is wrong."""
+    """The archs the wheel really holds: the codes the wrapper kept (its log lines); `all` where it never ran -
+    refused where an arch rule says nvcc's code for a visible GPU is wrong."""
     if not env.torch_cuda or archs in (("all",), ("py",)):
         return archs
     kept = wrapper_codes(log) if wrapped else None
@@ -391,7 +353,6 @@ def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: boo
 
 
 def wrapper_codes(log: str) -> set:
-    """The codes of every -gencode pair the nvcc wrapper kept, from its `kept ...` lines in the log."""
     out: set = set()
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
@@ -414,7 +375,6 @@ _ERROR_LINES = re.compile(r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
 
 
 def first_compiler_error(log: str) -> str | None:
-    """The first diagnostic a compiler wrote into the log, cut to 240 characters."""
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -428,8 +388,7 @@ def first_compiler_error(log: str) -> str | None:
 
 
 def relabel(wheel: str, local: str, dest: str) -> str:
-    """A copy of `wheel` whose version carries the local label `local` (file name, dist-info
-    directory, METADATA and RECORD agree, as installers check)."""
+    """A copy of `wheel` with the local label `local` (name, dist-info, METADATA and RECORD agree)."""
     base = os.path.basename(wheel)
     new_name = with_local_label(base, local)
     new_version = str(parse_wheel(new_name).version)
@@ -469,44 +428,31 @@ def _mentions(path: str, text: str) -> bool:
         return False
 
 
-MARK = SPEED_MARK   # the summary line in the build's log starts with it, as each compile's line does
-
 CALLS = "nvcc-calls.jsonl"
 CCACHE_STATS = "ccache-stats.log"
 
 
 @dataclass(frozen=True)
 class Speed:
-    """What the wrapper of one build does for speed: `split` threads per compile (1: none), `launcher`
-    the compiler cache's path (None: none found), `calls` where each compile is recorded."""
-    split: int
-    launcher: str | None
-    calls: str
-    parts: tuple = ()    # (file name, N): compiled as N parts side by side (pins `parallel.split_units`)
+    """What the wrapper of one build does for speed."""
+    split: int               # threads per compile (1: none)
+    launcher: str | None     # the compiler cache (None: none found)
+    calls: str               # where each compile is recorded
+    parts: tuple = ()        # (file name, N): compiled as N parts side by side (pins `parallel.split_units`)
 
     def config(self) -> dict:
-        """The wrapper config's keys for it (act/compiler_wrapper.py)."""
         return {"split": self.split, "launcher": self.launcher, "calls": self.calls, "parts": dict(self.parts)}
 
 
-def launcher(path_var: str | None = None) -> str | None:
-    """ccache, else sccache, on the build's PATH."""
-    for name in ("ccache", "sccache"):
-        found = shutil.which(name, path=path_var)
-        if found:
-            return found
-    return None
-
-
 def plan(work: str, *, split: int, path_var: str | None = None, parts=()) -> Speed:
-    """The speed part of one build's nvcc wrapper: its records in `work`, the cache on `path_var`,
-    `parts`: (file name, N)."""
-    return Speed(split=max(1, int(split)), launcher=launcher(path_var), calls=os.path.join(work, CALLS),
+    """The speed part of one build's nvcc wrapper: ccache, else sccache, on the build's PATH."""
+    found = (shutil.which(name, path=path_var) for name in ("ccache", "sccache"))
+    return Speed(split=max(1, int(split)), launcher=next((f for f in found if f), None), calls=os.path.join(work, CALLS),
                  parts=tuple((name, int(n)) for name, n in parts if int(n) > 1))
 
 
 def launcher_environ(speed: Speed, work: str) -> dict:
-    """The compiler cache's variables for this build (ccache: its stats log, paths made relative)."""
+    """ccache's stats log, and paths made relative to the scratch directory pip unpacks the sdist in anew."""
     if speed.launcher is None or os.path.basename(speed.launcher) != "ccache":
         return {}
     return {"CCACHE_STATSLOG": os.path.join(work, CCACHE_STATS), "CCACHE_BASEDIR": work}
@@ -533,7 +479,6 @@ def sccache_counts(path: str | None) -> dict | None:
 
 
 def calls(speed: Speed) -> list:
-    """The compiles the wrapper recorded, in order."""
     try:
         with open(speed.calls, encoding="utf-8") as fh:
             return [json.loads(line) for line in fh if line.strip()]
@@ -542,21 +487,11 @@ def calls(speed: Speed) -> list:
 
 
 def calls_path(log: str) -> str:
-    """Where a build's compile records are kept, beside its log (`<log without .log>.nvcc.jsonl`)."""
     return (log[:-len(".log")] if log.endswith(".log") else log) + ".nvcc.jsonl"
 
 
-def keep_calls(speed: Speed, log: str) -> None:
-    """Keep the compile records beside the build's log (the work directory goes)."""
-    try:
-        shutil.copyfile(speed.calls, calls_path(log))
-    except OSError:
-        pass
-
-
 def ccache_result(work: str) -> dict | None:
-    """{"hits": n, "misses": m, "uncacheable": k} from this build's ccache stats log (per compile a
-    `# <file>` line, then the counters it moved: `*_hit`, `cache_miss` or why not), or None."""
+    """Hits, misses and uncacheable compiles from this build's ccache stats log, or None."""
     try:
         with open(os.path.join(work, CCACHE_STATS), encoding="utf-8", errors="replace") as fh:
             lines = [ln.strip() for ln in fh if ln.strip() and not ln.startswith("#")]

@@ -1,33 +1,22 @@
-"""The check child's script, run by path in a child process (a bad build can crash it): torch and the
-kernels only, nothing of the package. One gated-delta-rule reference (`gdr_ref`) for its three checks:
+"""The one check child, run by path (a bad build can crash it: a wrong tilelang/apache-tvm-ffi pair aborts the
+importing process, a wrong-arch build segfaults); torch and the kernels only, nothing of the package.
 
-- the numeric checks (`run_check`; alone: `python check_child.py '<payload>'`, {"device": ..., "checks":
-  [the pins' numeric_checks]}, the report printed last after MARK): seeded inputs of the pins' shapes
-  and dtype, the kernel's function forward (and backward where training uses it) and the same
-  computation in plain float32 torch (written from the packages' own references, never calling them);
-  every output and gradient compared by max abs diff, `atol + rtol * |ref|` and rms(out - ref) /
-  rms(ref) (fla's tests' measure).
-- the gated-delta-rule check and JIT warm-up (`check_here`, a Decision's `check`): fla's
-  `chunk_gated_delta_rule` as transformers calls it (q, k [1, T, key heads, K], v [1, T, value heads,
-  V] bf16, g float32, beta bf16, the l2-norm in the kernel), forward + backward at `check_seq` tokens
-  on the served kernel's own path (backends off) and, for a backend, with it on - counted: it must
-  really have run. A backend passes within the tolerance of the reference (relative RMS) or `slack`
-  times the own path's error; the own path must be finite. Then the same call at each of `seqs`,
-  timed, warms the JIT caches the child's environment names (a CPU only where the check names it).
-- `doctor --smoke` (`python check_child.py smoke`): fla's kernel in bf16 on the GPU; tolerances output
-  2e-2, gradients 5e-2 (bf16 rounds ~4e-3 per element; the chunked kernel re-associates sums).
+`python check_child.py '<kernels JSON>'`: per kernel its import, its numeric checks (seeded inputs of the pins'
+shapes, the kernel's forward and backward against plain float32 torch written from the packages' own references),
+then its decision's gated-delta-rule check and JIT warm-up. `python check_child.py smoke`: `doctor --smoke`.
+Every result is a JSON line after MARK, printed as soon as it is known: a crash names the kernel it happened in.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
 
-MARK = "FASTPATH_HOOKS_NUMERIC "
-SMOKE_MARK = "FASTPATH_HOOKS_SMOKE "
-OUTPUT_TOL = 2e-2
+MARK = "FASTPATH_HOOKS_CHECK "
+OUTPUT_TOL = 2e-2   # doctor --smoke: bf16 rounds ~4e-3 per element; the chunked kernel re-associates sums
 GRAD_TOL = 5e-2
 TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
@@ -301,31 +290,36 @@ def compare(name, out, ref, tol) -> dict:
     return {"tensor": name, "ok": ok, "why": why, "max_abs": max_abs, "ratio": ratio}
 
 
-def _function(check: dict):
-    """The function a check runs: `module:attribute`, or - `hub` given - the layer of a hub kernel, loaded
-    through HF kernels as transformers' kernelize loads it (LOCAL_KERNELS, the cache, the hub)."""
-    import importlib
-
-    hub = check.get("hub")
-    if hub:
-        import kernels
-
-        module = kernels.get_kernel(hub["repo"], version=hub.get("version"),
-                                    revision=None if hub.get("version") else hub.get("revision"),
-                                    check_arch=bool(check.get("check_arch")))
-        layer = getattr(module.layers, hub["layer"])
-        instance = layer()
-        return lambda *args, **kwargs: layer.forward(instance, *args, **kwargs)
-    modname, _, attr = check["function"].partition(":")
-    fn = importlib.import_module(modname)
+def _attribute(item: str):
+    modname, _, attr = item.partition(":")
+    obj = importlib.import_module(modname)
     for part in attr.split("."):
-        fn = getattr(fn, part)
-    return fn
+        obj = getattr(obj, part)
+    return obj
+
+
+def _function(check: dict):
+    """`module:attribute`, or the layer of a hub kernel loaded through HF kernels as transformers' kernelize
+    loads it (LOCAL_KERNELS, the cache, the hub)."""
+    hub = check.get("hub")
+    if not hub:
+        return _attribute(check["function"])
+    import kernels
+
+    module = kernels.get_kernel(hub["repo"], version=hub.get("version"),
+                                revision=None if hub.get("version") else hub.get("revision"),
+                                check_arch=bool(check.get("check_arch")))
+    layer = getattr(module.layers, hub["layer"])
+    instance = layer()
+    return lambda *args, **kwargs: layer.forward(instance, *args, **kwargs)
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def run_check(check: dict, device: str) -> dict:
-    import importlib
-
     import torch
 
     start = time.monotonic()
@@ -342,24 +336,21 @@ def run_check(check: dict, device: str) -> dict:
         out.update(state="error", why=f"does not import: {type(exc).__name__}: {exc}"[:300])
         return out
     torch.manual_seed(0)
-    dtype = getattr(torch, check["dtype"])
     try:
-        pairs = REFERENCES[check["reference"]](fn, check["shapes"], check.get("options", {}), dtype, device,
-                                               check["backward"])
+        pairs = REFERENCES[check["reference"]](fn, check["shapes"], check.get("options", {}),
+                                               getattr(torch, check["dtype"]), device, check["backward"])
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as exc:   # noqa: BLE001 - a kernel that raises (no code for this GPU...) fails its check
-        out.update(state="error", why=f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+        out.update(state="error", why=f"raised {_first_line(exc)}"[:300])
         return out
-    results = []
-    for name, a, r in pairs:
-        tol = check["backward_tolerance"] if name.startswith("d") and check.get("backward_tolerance") else check["tolerance"]
-        results.append(compare(name, a, r, tol))
+    results = [compare(name, a, r, check["backward_tolerance"] if name.startswith("d") and
+                       check.get("backward_tolerance") else check["tolerance"]) for name, a, r in pairs]
     bad = [r for r in results if not r["ok"]]
-    out.update(state="ok" if not bad else "mismatch", tensors=results, seconds=round(time.monotonic() - start, 3))
+    out.update(state="mismatch" if bad else "ok", tensors=results, seconds=round(time.monotonic() - start, 3),
+               max_abs=max((r.get("max_abs", 0.0) for r in results), default=0.0))
     if bad:
         out["why"] = f"{bad[0]['tensor']} {bad[0]['why']}"
-    out["max_abs"] = max((r.get("max_abs", 0.0) for r in results), default=0.0)
     return out
 
 
@@ -390,16 +381,14 @@ def _gdr_check(check: dict) -> dict:
     """The check, then the warm-up; a result dict (`status`: pass / fail, `reason`, the errors, the times)."""
     import torch
 
-    served = check["served"]
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # the served kernel's entry point
 
+    served = check["served"]
     device = check.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     compare = check.get("compare")
     calls = [0]
     if compare:
-        import importlib
-
         module = importlib.import_module(compare["module"])
         original = getattr(module, compare["function"])
 
@@ -453,8 +442,7 @@ def _gdr_check(check: dict) -> dict:
         try:
             out_b, grads_b, seconds = step(x)
         except Exception as exc:   # its JIT (nvcc), its import: fla does not catch them - here they are the verdict
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return {**result, "status": "fail", "reason": f"{check['kernel']} raised {type(exc).__name__}: {first}"[:400]}
+            return {**result, "status": "fail", "reason": f"{check['kernel']} raised {_first_line(exc)}"[:400]}
         result["first_call_s"][f"{check['kernel']} {shape}"] = seconds
         if calls[0] == before:
             return {**result, "status": "fail", "reason": f"{served} did not dispatch to {check['kernel']} at "
@@ -495,82 +483,111 @@ def _gdr_check(check: dict) -> dict:
 
 
 def check_here(check: dict) -> dict:
-    """The check in this process (the verification child): its failure - a JIT / nvcc error, an import
-    error - is its result."""
+    """The check in this process: its failure (a JIT / nvcc error, an import error) is its result."""
     try:
         return _gdr_check(check)
     except BaseException as exc:   # noqa: BLE001
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return {"status": "fail", "reason": f"{type(exc).__name__}: {first}"[:400]}
+        return {"status": "fail", "reason": _first_line(exc)[:400]}
 
-
-# -- doctor --smoke ---------------------------------------------------------------------------
 
 def smoke(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
-    import importlib
-
+    """`doctor --smoke`: fla's kernel on its own path in bf16 on the GPU against the float32 reference."""
     import torch
 
     if not torch.cuda.is_available():
         return {"status": "skipped", "reason": "no CUDA device visible to torch"}
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception as exc:
-        return {"status": "fail", "reason": f"cannot import fla's chunk_gated_delta_rule: {type(exc).__name__}: {exc}"}
-    gen = torch.Generator(device="cuda").manual_seed(1234)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=gen, device="cuda")
-
-    B, T, H, K = 1, seq, heads, dim
-    inputs = {"q": rnd(B, T, H, K).bfloat16(), "k": rnd(B, T, H, K).bfloat16(), "v": rnd(B, T, H, K).bfloat16(),
-              "g": torch.nn.functional.logsigmoid(rnd(B, T, H)).bfloat16(), "beta": torch.sigmoid(rnd(B, T, H)).bfloat16()}
-    grad_out = rnd(B, T, H, K).bfloat16()
-    fast_in = {n: t.clone().requires_grad_(True) for n, t in inputs.items()}
-    ref_in = {n: t.float().clone().requires_grad_(True) for n, t in inputs.items()}
-    try:
-        out = chunk_gated_delta_rule(fast_in["q"], fast_in["k"], fast_in["v"], g=fast_in["g"], beta=fast_in["beta"],
-                                     scale=K ** -0.5, use_qk_l2norm_in_kernel=True)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(grad_out)
-        torch.cuda.synchronize()
-    except Exception as exc:
-        return {"status": "fail", "reason": f"fla forward/backward raised {type(exc).__name__}: {exc}"}
-    ref, _ = gdr_ref(ref_in["q"], ref_in["k"], ref_in["v"], ref_in["g"], ref_in["beta"])   # scale: fla's default
-    ref.backward(grad_out.float())
-    errors = {"output": _rel(torch, out, ref), **{f"d{n}": _rel(torch, fast_in[n].grad, ref_in[n].grad) for n in inputs}}
-    failed = [n for n, e in errors.items() if not e <= (OUTPUT_TOL if n == "output" else GRAD_TOL)]
+    shape = [heads, heads, dim, dim]
+    result = check_here({"served": "fla", "kernel": "fla", "check_seq": seq, "shapes": [shape], "own": {},
+                         "seqs": [], "device": "cuda"})
+    if result["status"] != "pass":
+        return {"status": "fail", "reason": result["reason"]}
+    errors = result["errors"][f"fla {shape}"]
+    failed = [n for n, e in errors.items() if not e <= (OUTPUT_TOL if n == "o" else GRAD_TOL)]
 
     def version(name):
         try:
             return getattr(importlib.import_module(name), "__version__", "?")
-        except Exception:
+        except Exception:   # noqa: BLE001
             return None
 
     return {"status": "fail" if failed else "pass", "errors": errors, "failed": failed,
-            "tolerances": {"output": OUTPUT_TOL, "gradients": GRAD_TOL}, "shape": {"B": B, "T": T, "H": H, "K": K},
+            "tolerances": {"output": OUTPUT_TOL, "gradients": GRAD_TOL}, "shape": {"B": 1, "T": seq, "H": heads, "K": dim},
             "fla": version("fla"), "triton": version("triton"), "tilelang": version("tilelang"),
             "gpu": torch.cuda.get_device_name(), "capability": "sm_%d%d" % torch.cuda.get_device_capability()}
 
 
+def _say(item: dict) -> None:
+    sys.stdout.write("\n" + MARK + json.dumps(item) + "\n")
+    sys.stdout.flush()
+
+
+def check_kernels(specs: list) -> None:
+    """Each kernel (a kernel after those it imports): its import, then where asked its numeric checks (`numeric`),
+    then its gated-delta-rule check (`gdr`); a phase line before each check names what a crash happened in."""
+    for i, spec in enumerate(specs):
+        out = {"index": i, "ok": True, "error": None}
+        start = time.monotonic()
+        try:
+            for name in spec["modules"]:
+                importlib.import_module(name)
+            for item in spec["attributes"]:
+                if not callable(_attribute(item)):
+                    raise TypeError(f"{item} is not callable")
+        except BaseException as exc:   # noqa: BLE001 - the verdict on this kernel
+            out.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        out["seconds"] = round(time.monotonic() - start, 3)
+        if out["ok"] and spec.get("numeric"):
+            _say({"index": i, "phase": "numeric"})
+            payload, results, began = spec["numeric"], [], time.monotonic()
+            try:
+                for check in payload["checks"]:
+                    results.append(run_check(check, payload["device"]))
+                out["numeric"] = {"ok": True, "results": results}
+            except BaseException as exc:   # noqa: BLE001 - a device that is not there
+                out["numeric"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
+            out["numeric_seconds"] = round(time.monotonic() - began, 3)
+        numbers_ok = "numeric" not in out or (out["numeric"]["ok"] and not any(
+            r.get("state") in ("mismatch", "error") for r in out["numeric"]["results"]))
+        if out["ok"] and numbers_ok and spec.get("gdr"):
+            _say({"index": i, "phase": "gdr"})
+            saved = dict(os.environ)   # the check switches the kernel's backends
+            try:
+                out["gdr"] = check_here(spec["gdr"])
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+        _say(out)
+    _say({"loaded": _loaded()})
+
+
+def _loaded() -> dict:
+    """The distributions whose modules these imports loaded (act/store.py keys the memory on them)."""
+    try:
+        import importlib.metadata as md
+
+        tops = {name.split(".")[0] for name, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)}
+        owners = md.packages_distributions()
+        dists = {}
+        for top in sorted(tops):
+            for dist in owners.get(top, ()):
+                try:
+                    dists[dist] = md.version(dist)
+                except Exception:   # noqa: BLE001
+                    pass
+        return dists
+    except Exception:   # noqa: BLE001 - only the memory's key is lost
+        return {}
+
+
 def main(argv) -> None:
+    sys.path[0] = ""   # as under `python -c`: this script's directory (act/) is no place to import kernels from
     if argv[1:] == ["smoke"]:
         try:
-            result = smoke()
-        except Exception as exc:  # report, do not traceback
-            result = {"status": "fail", "reason": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write("\n" + SMOKE_MARK + json.dumps(result) + "\n")
+            _say(smoke())
+        except Exception as exc:   # noqa: BLE001 - report, do not traceback
+            _say({"status": "fail", "reason": f"{type(exc).__name__}: {exc}"})
         return
-    payload = json.loads(argv[1])
-    results = []
-    try:
-        for check in payload["checks"]:
-            results.append(run_check(check, payload["device"]))
-        report = {"ok": True, "results": results}
-    except BaseException as exc:   # an import that fails, a device that is not there
-        report = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
-    sys.stdout.write("\n" + MARK + json.dumps(report) + "\n")
-    sys.stdout.flush()
+    check_kernels(json.loads(argv[1]))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,12 @@
 """The compiler wrapper of a source build (run as a script; stdlib only, nothing of the package).
 
-torch's ninja build takes the host compiler from `CXX` and nvcc (hipcc on ROCm) from `PYTORCH_NVCC`;
-act/build.py points them at a `/bin/sh` shim running this file with a JSON config:
-
-    {"real": ["/usr/local/cuda/bin/nvcc"], "kind": "nvcc" | "hipcc" | "cxx", "keep": ["sm_90"] or null,
-     "std": "c++20" or null, "split": 4, "launcher": "/usr/bin/ccache", "calls": "<work>/nvcc-calls.jsonl",
-     "parts": {"file.cu": 3}}
-
-- `keep` (nvcc): only the `-gencode`/`--generate-code` pairs for these archs are handed on (the sdists
-  hard-code one pair per arch the nvcc knows). Said on stderr (the build's log) after MARK: the build
-  labels its wheel from what was kept, not from what was asked.
-- `std`: every `-std` the sdist passes is dropped (nvcc refuses two; for nvcc also those forwarded
-  with `-Xcompiler`) and `-std=<std>` appended LAST to every compile (a link or `-v` is left alone).
-- `split` (nvcc): `--split-compile=<split>` on a compile (`-c`, `-dc`) that names none (nvcc >= 11.8).
-- `launcher`: ccache or sccache in front of the real compiler; `calls`: a JSON line per compile (the
-  source, seconds, split, launcher, exit status, real compiler, argv, cwd), and a SPEED_MARK line.
-- `parts` (nvcc): a file one compile cannot spread over the cores (causal-conv1d's backward: 18
-  explicit instantiations, most of the build's wall time) compiled as N copies side by side, each
-  keeping a share of its one-line explicit instantiations, the objects linked back into the one asked
-  for (`ld -r`; the first part's dependency file, renamed). Anything unexpected: compiled whole.
-
-A compile with a launcher or records runs as a child; anything else replaces this process.
+act/build.py points torch's `PYTORCH_NVCC` (nvcc, hipcc) and `CXX` at a `/bin/sh` shim running this file with a
+JSON config: `real` (the compiler's argv), `kind` (nvcc, hipcc, cxx), `keep` (nvcc: the archs whose `-gencode`
+pairs stay; the kept ones said after MARK, the wheel is labelled from them), `std` (every `-std` dropped - nvcc
+refuses two - and `-std=<std>` appended last to every compile), `split` (`--split-compile`, nvcc >= 11.8),
+`launcher` (ccache or sccache in front), `calls` (a JSON line per compile) and `parts` (a file one compile cannot
+spread over the cores - causal-conv1d's backward, 18 explicit instantiations - compiled as N copies side by side,
+each keeping a share of them, linked back with `ld -r`; anything unexpected: compiled whole).
 """
 
 from __future__ import annotations
@@ -42,13 +28,13 @@ _SOURCES = (".cu", ".cpp", ".cc", ".c", ".hip")
 
 
 def codes(spec: str) -> set:
-    """'arch=compute_90,code=sm_90' or 'arch=compute_90,code=[sm_90,compute_90]' -> {'sm_90'}."""
+    """'arch=compute_90,code=[sm_90,compute_90]' -> {'sm_90'} (sm_90a, sm_100f: the family)."""
     _, _, code = spec.partition("code=")
     out = set()
     for item in code.strip("[]\"'").split(","):
         item = item.strip().strip("[]\"'").replace("compute_", "sm_")
         while item and item[-1].isalpha() and not item.endswith("sm_"):
-            item = item[:-1]   # sm_90a / sm_100f: the family
+            item = item[:-1]
         if item:
             out.add(item)
     return out
@@ -177,8 +163,8 @@ def _parts_for(args: list, config: dict) -> int:
 
 
 def split_source(text: str, parts: int) -> list:
-    """The texts of up to `parts` copies of a source, each keeping every line but its share of the
-    one-line explicit instantiations (the others blanked: line numbers stay); [] with fewer than two."""
+    """Up to `parts` copies of a source, each with its share of the one-line explicit instantiations (the others
+    blanked: line numbers stay); [] with fewer than two."""
     lines = text.split("\n")
     found = [i for i, line in enumerate(lines) if _INSTANTIATION.match(line)]
     if len(found) < 2:
@@ -192,8 +178,8 @@ def split_source(text: str, parts: int) -> list:
 
 
 def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> int:
-    """Compile the file as parts side by side and link them into the object asked for; the exit
-    status (not 0: nothing is left behind and the caller compiles the file whole)."""
+    """Compile the file as parts side by side, linked into the object asked for; the exit status (not 0: nothing
+    is left behind and the caller compiles the file whole)."""
     import subprocess
     import time
 
@@ -254,7 +240,7 @@ def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> 
 
 
 def _timed(front: list, real: list, args: list, config: dict) -> int:
-    """Run one compile as a child (behind the compiler cache, if any), record it, hand back its status."""
+    """One compile as a child (behind the compiler cache, if any), recorded."""
     import subprocess
     import time
 
@@ -279,7 +265,6 @@ def _timed(front: list, real: list, args: list, config: dict) -> int:
 
 
 def _record(config: dict, record: dict) -> None:
-    """One compile's JSON line in the build's records (act/build.py reads them back)."""
     sys.stderr.flush()
     if config.get("calls"):
         try:

@@ -1,23 +1,18 @@
-"""The one way fastpath-hooks takes a cross-process lock (file_lock), and the environment's install lock.
+"""The one way to take a cross-process lock (`file_lock`), and the environment's install lock.
 
-flock where the filesystem supports it (`flock_works` asks once per directory: ENOSYS / EOPNOTSUPP /
-ENOLCK / EINVAL mean not). filelock cannot be left to find out: at its floor (3.12) it raises
-NotImplementedError for ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to
-a SoftFileLock with a raw warning and no recovery from a dead holder.
-
-The fallback (Lustre without `-o flock`, some NFS) is `HolderLock`: a lock file created atomically
-(O_CREAT|O_EXCL, atomic on NFSv3+ and Lustre) that names its holder - host, boot id, pid namespace,
-pid, start time - and that the holder touches every REFRESH_S seconds. A waiter breaks it when the
-holder is provably dead (same host: the pid is gone or another process's), or on another host when it
-was not touched for STALE_AFTER_S. Breaking is serialised by a second short-lived lock file and the
-holder's file is re-read under it: two waiters never both break, nor break a fresh holder's lock.
-One object is not to be shared between threads (as the callers use filelock).
+flock where the filesystem supports it; filelock cannot be left to find out (3.12 raises NotImplementedError
+for ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to a SoftFileLock that never
+recovers from a dead holder). Elsewhere (Lustre without `-o flock`, some NFS) a `HolderLock`: a file created
+with O_EXCL naming its holder (host, boot, pid namespace, pid, start time) and touched every REFRESH_S; a waiter
+breaks it when the holder is provably dead, or untouched for STALE_AFTER_S on another host - under a second
+lock file, after reading it again, so two waiters never both break it, nor break a fresh holder's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -30,15 +25,12 @@ from .transaction import environment_state_dir
 
 
 def environment_lock(settings, directory: str | None = None):
-    """One cross-process lock per environment (see file_lock), in its state directory."""
-    directory = directory or environment_state_dir(settings)
-    os.makedirs(directory, exist_ok=True)
-    return file_lock(os.path.join(directory, "install.lock"), timeout=settings.lock_timeout)
+    return file_lock(os.path.join(directory or environment_state_dir(settings), "install.lock"),
+                     timeout=settings.lock_timeout)
 
 
 def file_lock(path: str, *, timeout: float):
-    """filelock.FileLock (the OS releases it if the holder dies), else a HolderLock at `path`.holder, said
-    once per filesystem. Either way: acquire(timeout=...)/release(), `with`, `.lock_file`, filelock.Timeout."""
+    """filelock.FileLock (the OS releases it if the holder dies), else a HolderLock at `path`.holder."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     if flock_works(directory):
@@ -60,16 +52,9 @@ _flock_works: dict = {}
 
 
 def flock_works(directory: str) -> bool:
-    """Whether flock works in `directory` (asked once per directory and process)."""
     key = os.path.realpath(directory)
     if key in _flock_works:
         return _flock_works[key]
-    try:
-        import fcntl
-    except ImportError:  # Windows: filelock uses its own locking there
-        _flock_works[key] = True
-        return True
-
     fd, probe = tempfile.mkstemp(prefix=".flock-probe-", dir=directory)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,23 +72,18 @@ def flock_works(directory: str) -> bool:
     return works
 
 
-# -- who a process is -----------------------------------------------------------------------
-
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot: with the boot id, it tells a reused pid
-    from the holder (as text: what holder records hold)."""
+    """Clock ticks since boot: with the boot id, it tells a reused pid from the holder."""
     stat = process_stat(pid)
     return str(stat[2]) if stat else None
 
 
 def _machine() -> dict:
-    """What makes two processes' pids comparable: the same host, kernel boot and pid namespace."""
     try:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pidns = None
-    return {"host": os.uname().nodename if hasattr(os, "uname") else None,
-            "boot": boot_id(), "pidns": pidns}
+    return {"host": os.uname().nodename, "boot": boot_id(), "pidns": pidns}
 
 
 def holder_record() -> dict:
@@ -112,8 +92,8 @@ def holder_record() -> dict:
 
 
 def holder_is_dead(record: dict, mtime: float, now: float | None = None) -> bool:
-    """The recovery rule. Same machine (host, boot, pid namespace): dead when its pid is gone
-    or belongs to another process now. Anything else: dead when not touched for STALE_AFTER_S."""
+    """On the same machine (host, boot, pid namespace): its pid is gone or another process's; elsewhere: not
+    touched for STALE_AFTER_S."""
     now = time.time() if now is None else now
     here = _machine()
     pid = record.get("pid")
@@ -130,12 +110,8 @@ def holder_is_dead(record: dict, mtime: float, now: float | None = None) -> bool
     return now - mtime > STALE_AFTER_S
 
 
-# -- the lock --------------------------------------------------------------------------------
-
 class HolderLock:
-    """A lock file with its holder's identity and a heartbeat; the same surface as
-    filelock.FileLock where the callers use it (acquire/release, `with`, `.lock_file`,
-    `is_locked`, filelock.Timeout on timeout; re-entrant in one process)."""
+    """filelock.FileLock's surface where the callers use it (re-entrant; not to be shared between threads)."""
 
     def __init__(self, lock_file: str, timeout: float = -1):
         self.lock_file = lock_file
@@ -235,8 +211,7 @@ class HolderLock:
         threading.Thread(target=touch, name="fastpath-hooks lock heartbeat", daemon=True).start()
 
     def _break_if_dead(self) -> bool:
-        """Remove the lock file when its holder is dead (under the breaker lock, after reading
-        it again); True when removed (the caller then tries to create it at once)."""
+        """True when the lock file of a dead holder was removed (under the breaker lock, after reading it again)."""
         if not self._holder_dead():
             return False
         breaker = self.lock_file + ".break"
@@ -266,8 +241,7 @@ class HolderLock:
                 pass
 
     def _holder_dead(self):
-        """The lock file's inode when its holder is dead, else 0. An unreadable or half-written
-        record counts as a holder of unknown place: only its age can tell."""
+        """The lock file's inode when its holder is dead, else 0 (an unreadable record: only its age tells)."""
         try:
             fd = os.open(self.lock_file, os.O_RDONLY)
         except OSError:

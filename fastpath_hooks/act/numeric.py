@@ -1,13 +1,8 @@
-"""Numbers, not just imports: a kernel's tiny forward (and backward) checked against torch on the GPU.
+"""Numbers, not just imports: a kernel's tiny forward (and backward) against torch, in the check child.
 
-The pins name the checks per kernel (kernels.<name>.numeric_checks); act/check_child.py runs them in
-a child process against its own plain-torch references. A check runs once per (installed files, GPU
-arch, torch build) and is remembered in `<cache>/numeric/<kernel>.json`, shared by every environment
-of the user: the files are named by the digest of the wheel's RECORD entries (the same wheel gives the
-same key however it was installed). A mismatch is remembered with the measured error, and the policy
-blocks that release on that arch under that torch build (`<p>.block.numeric`) until it is removed.
-On a posed GPU (FASTPATH_HOOKS_TARGET) the check is skipped and said so; `numeric=cpu` in the target
-runs it on CPU tensors instead (CPU stand-ins in the tests).
+Run once per (installed files - the digest of the wheel's RECORD -, GPU arch, torch build) and remembered in
+`<cache>/numeric/<kernel>.json` for every environment of the user; a mismatch blocks that release on that arch
+under that torch build (`<p>.block.numeric`). A posed GPU skips it, unless the target says `numeric=cpu`.
 """
 
 from __future__ import annotations
@@ -20,18 +15,32 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import events
-from ..facts.distributions import installed_versions
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
-from .store import installed_digest, update_records
+from . import check_child
+from .store import update_records
 from .runner import child_environ, ended, run
 
-_MARK = "FASTPATH_HOOKS_NUMERIC "   # check_child.py's MARK
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_child.py")
+CHILD = check_child.__file__
+
+
+def run_child(arg: str, *, timeout: float, environ: dict, python: str | None = None, **how) -> tuple:
+    """Run the check child (`arg`: its kernels as JSON, or `smoke`): (its Ran, the items it printed, the rest of
+    its output)."""
+    ran = run([python or sys.executable, CHILD, arg], timeout=timeout, environ=environ, **how)
+    items, other = [], []
+    for line in ran.output.splitlines():
+        if not line.startswith(check_child.MARK):
+            other.append(line)
+            continue
+        try:
+            items.append(json.loads(line[len(check_child.MARK):]))
+        except ValueError:
+            continue
+    return ran, [i for i in items if isinstance(i, dict)], "\n".join(other)
 
 
 @dataclass(frozen=True)
 class NumericPlan:
-    """What the numeric verification of one kernel does here (a pure value, see `plan_for`)."""
     kernel: str
     checks: tuple            # NumericCheck that apply to these GPUs
     device: str | None       # "cuda" (torch's device for CUDA and ROCm), "cpu" (numeric=cpu), None: skipped
@@ -68,13 +77,9 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
     return NumericPlan(kernel, checks, "cuda", archs, build, root, env=off)
 
 
-# -- the key and the cache ------------------------------------------------------------------
-
 def _key(plan: NumericPlan, digest: str, arch: str) -> str:
     return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}".encode()).hexdigest()[:32]
 
-
-# -- running ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Pending:
@@ -86,23 +91,23 @@ class Pending:
     version: str | None
 
 
-def prepare(plan: NumericPlan, distributions):
-    """A NumericResult where nothing needs to run (skipped here, or remembered for these installed files),
-    else the Pending check for the verification child."""
-    kernel, root = plan.kernel, plan.root
-    version = installed_versions().get(distributions[0])
-    names = ", ".join(_what(c) for c in plan.checks)
-    if plan.device is None:
-        events.status(f"{kernel}: numbers not checked ({names}): {plan.skip}", kernel, human=False)
-        return NumericResult(True, f"numbers not checked: {plan.skip}")
-    digest = installed_digest(distributions)
+def skipped(plan: NumericPlan) -> NumericResult | None:
+    if plan.device is not None:
+        return None
+    events.status(f"{plan.kernel}: numbers not checked ({_names(plan)}): {plan.skip}", plan.kernel, human=False)
+    return NumericResult(True, f"numbers not checked: {plan.skip}")
+
+
+def prepare(plan: NumericPlan, digest: str | None, version: str | None, extra=None):
+    """A NumericResult remembered for these files (their `digest`), else the Pending check for the child."""
     keys = {arch: _key(plan, digest, arch) for arch in plan.archs} if digest else {}
-    known = _known(root, kernel, keys)
+    known = _known(plan.root, plan.kernel, keys)
     if known is not None:
-        return NumericResult(True, f"numbers checked before on {'+'.join(plan.archs)} ({names}), "
+        return NumericResult(True, f"numbers checked before on {'+'.join(plan.archs)} ({_names(plan)}), "
                                    f"{known.get('detail', '')}") if known["state"] == GOOD else \
             NumericResult(False, known["detail"])
-    return Pending(plan, {"device": plan.device, "checks": [_payload(c) for c in plan.checks]}, keys, digest, version)
+    payload = {"device": plan.device, "checks": [dict(_payload(c), **(extra or {})) for c in plan.checks]}
+    return Pending(plan, payload, keys, digest, version)
 
 
 def conclude(pending: Pending, report, problem, seconds: float, label: str | None = None) -> NumericResult:
@@ -137,23 +142,6 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     return NumericResult(True, detail)
 
 
-def run_check_script(payload: str, *, timeout: float, env_extra=(), what: str):
-    """Run the numeric checks alone in a child interpreter: (report, None), or (None, why there is none)."""
-    ran = run([sys.executable, CHILD, payload], timeout=timeout,
-              environ=child_environ(env_extra, drop=("FASTPATH_HOOKS_TARGET",)))
-    report = None
-    for line in ran.output.splitlines():
-        if line.startswith(_MARK):
-            try:
-                report = json.loads(line[len(_MARK):])
-            except ValueError:
-                report = None
-    if ran.timed_out or (ran.code is not None and ran.code < 0) or not isinstance(report, dict):
-        other = "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK))
-        return None, ended(ran, what, timeout, other)
-    return report, None
-
-
 def _known(root: str | None, kernel: str, keys: dict) -> dict | None:
     """The remembered entry for these keys: a GOOD one where every arch passed, a MISMATCH one where one
     failed, else None."""
@@ -174,17 +162,15 @@ def _short(function: str) -> str:
     return function.rpartition(":")[2]
 
 
-def _what(check) -> str:
-    return f"{_short(check.function)} {'fwd+bwd' if check.backward else 'fwd'}"
+def _names(plan) -> str:
+    return ", ".join(f"{_short(c.function)} {'fwd+bwd' if c.backward else 'fwd'}" for c in plan.checks)
 
 
 # -- a hub kernel (transformers 5.25+: engine/hub.py) ------------------------------------------------------
 
 def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
-    (`hub:` in the check's function: check_child.py loads it through kernels, as kernelize will), once per
-    build (its files' digest), GPU arch and torch build, remembered like a package's. No check for this
-    function on these GPUs: (True, why)."""
+    (loaded through kernels, as kernelize will), remembered like a package's."""
     plan = plan_for(entry.kernel, env, pins, root)
     leaf = f":{entry.name}"
     checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \
@@ -199,18 +185,14 @@ def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     digest = _hub_digest(entry)
     if digest is None:
         return False, f"{entry.ref} does not load here"
-    keys = {arch: _key(plan, digest, arch) for arch in plan.archs}
-    known = _known(root, entry.kernel, keys)
-    if known is not None:
-        return (True, f"numbers checked before on {'+'.join(plan.archs)}") if known["state"] == GOOD else \
-            (False, known["detail"])
-    payload = {"device": plan.device, "checks": [dict(_payload(c), hub=hub, check_arch=plan.device == "cuda")
-                                                  for c in checks]}
-    pending = Pending(plan, payload, keys, digest, entry.ref)
-    start = time.monotonic()
-    report, problem = run_check_script(json.dumps(payload), timeout=timeout, env_extra=plan.env,
-                                       what=f"{entry.ref}'s numeric check")
-    result = conclude(pending, report, problem, time.monotonic() - start, label=f"{entry.kernel} from {entry.ref}")
+    pending = prepare(plan, digest, entry.ref, {"hub": hub, "check_arch": plan.device == "cuda"})
+    if isinstance(pending, NumericResult):
+        return pending.ok, pending.detail
+    ran, items, other = run_child(json.dumps([{"modules": [], "attributes": [], "numeric": pending.payload}]),
+                                  timeout=timeout, environ=child_environ(plan.env, drop=("FASTPATH_HOOKS_TARGET",)))
+    report = next((i.get("numeric") for i in items if i.get("index") == 0), None)
+    problem = None if isinstance(report, dict) else ended(ran, f"{entry.ref}'s numeric check", timeout, other)
+    result = conclude(pending, report, problem, ran.seconds, label=f"{entry.kernel} from {entry.ref}")
     return result.ok, result.detail
 
 

@@ -1,13 +1,9 @@
-"""The one way fastpath-hooks runs a child process (installer, build, check, download): its own session
-and process group, the whole group killed on a timeout or on any exception (Ctrl-C), output captured
-(a temporary file, or a kept log) with a heartbeat, and a small result value.
+"""The one way fastpath-hooks runs a child process: its own session, the whole group killed on a timeout or any
+exception (Ctrl-C), output captured with a heartbeat.
 
-No `preexec_fn` (unsafe in a threaded parent: a training process has many threads). Instead of "the
-child dies with its parent" (PR_SET_PDEATHSIG, which needs one): the caller may record the child's
-process group before the child runs anything (`started=`: the installer's journal), and whoever
-recovers the interrupted install kills a still-living group first (`kill_group`), under the lock. The
-child waits at a gate (a `sh` reading one line from a pipe) until `started` returned: a parent killed
-before recording closes the pipe, and the gate exits without running the command.
+No `preexec_fn` (unsafe in a threaded parent) and so no PR_SET_PDEATHSIG: instead the caller records the child's
+group (`started=`: the installer's journal) before the child runs anything - it waits at a gate (`sh` reading a
+line) until then, and exits unrun if the parent died first - and a recovery kills a living group (`kill_group`).
 """
 
 from __future__ import annotations
@@ -31,9 +27,7 @@ GATE = f'IFS= read -r _ || exit {GATE_CLOSED}; exec "$@"'   # run the command on
 
 @dataclass(frozen=True)
 class Ran:
-    """One child process's end. `code`: its exit status (negative: killed by that signal), None
-    when it ran past its timeout (its group was killed). `output`: the last TAIL_BYTES of its
-    stdout and stderr together."""
+    """`code`: the exit status (negative: that signal), None past the timeout; `output`: its last TAIL_BYTES."""
     code: int | None
     output: str
     seconds: float
@@ -52,8 +46,7 @@ class Ran:
 
 
 def child_environ(extra=(), drop=()) -> dict:
-    """This process's environment for a child: fastpath-hooks off in it (it must not install hooks
-    or recurse), pip quiet about its version, `extra` on top, `drop` removed."""
+    """This process's environment with fastpath-hooks off (no hooks, no recursion), pip quiet, `extra` on top."""
     environ = dict(os.environ)
     for name in drop:
         environ.pop(name, None)
@@ -65,16 +58,10 @@ def child_environ(extra=(), drop=()) -> dict:
 
 def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,
         log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS, expected: float | None = None) -> Ran:
-    """Run `argv` in its own session; the whole process group is killed when `timeout` passes or when
-    anything (Ctrl-C included: the child's session gets no terminal signal) interrupts the wait, before
-    the exception propagates - a rollback that follows has no writer left. Members the command left
-    running when it exited are killed too.
-
-    `environ`: the child's whole environment (default `child_environ()`). `label`: said every
-    `heartbeat` seconds (`still <label> (N s of about M s expected)`); none without one. `work`: the
-    directory of the temporary output file; `log`: the whole output appended there (kept) instead.
-    `started(pgid)`: called once the group exists, before the command runs, and `started(None)` once it
-    is gone; an exception from the first kills the group and propagates."""
+    """Run `argv`; its whole group is killed past `timeout`, when the command exits, or before any exception
+    (Ctrl-C: the child's session gets none) propagates - a rollback that follows has no writer left. `label`:
+    said every `heartbeat` s; `log`: the whole output kept there; `started(pgid)` before the command runs
+    (its exception kills the group) and `started(None)` once the group is gone."""
     argv = [str(a) for a in argv]
     environ = child_environ() if environ is None else environ
     gated = started is not None
@@ -133,9 +120,8 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
 
 
 def _defer_ctrl_c():
-    """Hold SIGINT while Popen starts the child: a KeyboardInterrupt raised inside Popen, after the
-    fork, would leave a child we hold no handle of (seen under load). Python handlers run in the
-    main thread only, so elsewhere there is nothing to hold. Returns (previous handler, pending)."""
+    """Hold SIGINT while Popen starts the child: a KeyboardInterrupt inside Popen, after the fork, leaves a
+    child we hold no handle of (seen under load). Handlers run in the main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return None
     pending = []
@@ -147,7 +133,7 @@ def _defer_ctrl_c():
 
 
 def _resume_ctrl_c(deferred) -> None:
-    """Put the handler back; a Ctrl-C that came meanwhile is delivered now, as it would have been."""
+    """The handler back; a Ctrl-C that came meanwhile is delivered now."""
     if deferred is None:
         return
     previous, pending = deferred
@@ -170,14 +156,12 @@ def _elapsed(seconds: float, expected: float | None) -> str:
 
 def execute(inv, timeout: float, kernel, label: str, *, work: str | None = None, extra_env=(), log: str | None = None,
             started=None, expected: float | None = None) -> Ran:
-    """Run an installer or build `Invocation` (its argv and extra environment) with `run`."""
     return run(inv.argv, timeout=timeout, environ=child_environ(tuple(inv.env) + tuple(extra_env)), kernel=kernel,
                label=label, work=work, log=log, started=started, expected=expected)
 
 
 def summary(text: str) -> str:
-    """A tool's error and the lines that explain it (uv puts the cause on the lines after
-    `error:`), else its last lines."""
+    """A tool's error and the lines after it (uv's cause), else its last lines."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     first = next((i for i, ln in enumerate(lines)
                   if ln.lower().startswith(("error", "×", "x ")) or "error:" in ln.lower()), None)
@@ -186,8 +170,7 @@ def summary(text: str) -> str:
 
 
 def ended(ran: Ran, what: str, timeout: float, output: str | None = None) -> str:
-    """Why a check child gave no answer: `<what> did not finish within N s`, `... killed the process
-    (SIGSEGV): <tail>` or `... exited with code N: <tail>` (`output`: the child's, its result lines left out)."""
+    """Why a child gave no answer: past its timeout, killed by a signal or its exit code, with its last lines."""
     rows = [r for r in (ran.output if output is None else output).strip().splitlines() if r.strip()]
     tail = " | ".join(rows[-3:])[-400:]
     if ran.timed_out:
@@ -202,8 +185,7 @@ def ended(ran: Ran, what: str, timeout: float, output: str | None = None) -> str
 
 
 def _kill(proc) -> None:
-    """SIGKILL the child's whole group (grandchildren too), reap the child, and wait (a few seconds
-    at most) until no member of the group runs any more."""
+    """SIGKILL the child's whole group, reap the child, wait (seconds at most) until no member runs."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -220,22 +202,16 @@ def _kill_leftovers(pgid: int) -> None:
     _wait_gone(pgid, 10.0)
 
 
-# -- a group recorded by a process that died -------------------------------------------------------
-
 def group_record(pgid: int) -> dict:
-    """What identifies the process group `pgid` (led by the child `run` just started) later, in
-    another process: its leader's start time and the boot (a pid is reused; a group's number is
-    not while any member lives)."""
+    """What identifies the group later, in another process: its leader's start time and the boot (a pid is
+    reused; a group's number is not while any member lives)."""
     stat = process_stat(pgid)
     return {"pgid": pgid, "start": stat[2] if stat else None, "boot": boot_id()}
 
 
 def kill_group(record) -> int:
-    """Kill what is left of a recorded group; the number of processes that were still running.
-
-    Only where it is provably the same group: the same boot, and either its leader is still the
-    recorded process (same start time) or the leader is gone and members remain (the number
-    cannot have been reused then). Without /proc (not Linux) nothing is killed: 0."""
+    """Kill what is left of a recorded group, only where provably the same (same boot; its leader the recorded
+    process, or gone with members left); the number of processes still running."""
     if not isinstance(record, dict) or not isinstance(record.get("pgid"), int) or record["pgid"] <= 1:
         return 0
     pgid = record["pgid"]

@@ -1,22 +1,13 @@
-"""What earlier runs remember, kept in the cache (facts/memory.py reads the build history and the
-numeric records): the verdicts, the warm verdicts and the remembered checks.
+"""What earlier runs remember, in the cache (facts/memory.py reads it): verdicts, warm verdicts, checks.
 
-- **The warm path** (`environment_signature`, `get_warm`) runs at every first kernel import of every
-  process: it imports only what a Python process has anyway (no settings, pins, probe or packaging;
-  facts/wheels, loaded with the engine, where FASTPATH_HOOKS_FIND_LINKS is set) and reads a handful of
-  directories and one small file.
-- **The verdict cache** (`VerdictCache`), per user and environment: per kernel, verdicts under
-  fingerprints of the facts that kernel depends on (installing fla keeps tilelang's), the KEEP newest;
-  failures expire after `retry_after` so restarts do not hammer the index. Warm verdicts: good outcomes
-  under the whole environment's signature, one file per signature, the WARM_KEEP newest (nodes sharing
-  the cache directory do not evict each other); a hit skips the probe, the policy and every subprocess.
-  Writes are atomic under one short lock; a corrupt file is ignored, never fatal.
-- **The remembered checks** (`recall`, `remember`, `forget`): a verification child costs a torch import
-  and the kernel's (13 s for causal-conv1d and mamba-ssm on the H200, 43 s for fla) in every new
-  environment. A passed check is remembered (`<cache root>/verified/<kernel>.json`) under a key of all
-  it read - the kernel's files (their RECORD digest), the distributions its imports loaded with their
-  versions, the interpreter, the machine, the GPUs, the child's variables and the check - so a later
-  environment whose key matches runs no child. A failed check is never remembered.
+- The warm path (`environment_signature`, `get_warm`) runs at every first kernel import of every process: only
+  what a Python process has anyway is imported, a handful of directories and one small file are read.
+- `VerdictCache`, per user and environment: per kernel, verdicts under fingerprints of the facts it depends on
+  (the KEEP newest; failures expire after `retry_after`); warm verdicts under the whole environment's
+  signature, one file per signature (the WARM_KEEP newest: nodes sharing the cache do not evict each other).
+- The remembered checks (`recall`, `remember`): a passed check child, keyed on all it read (the kernel's
+  RECORD digest, the distributions its imports loaded, interpreter, machine, GPUs, variables, the check), so a
+  later environment whose key matches runs no child (a torch import saved: 13-43 s on the H200).
 """
 
 from __future__ import annotations
@@ -40,8 +31,7 @@ SCHEMA = 2       # of every verdict file (VerdictCache writes them)
 
 
 def signature_environ(environ=None, *, target: str | None = None) -> tuple:
-    """The environment variables a decision can depend on, captured before a decision sets any;
-    `target`: a FASTPATH_HOOKS_TARGET given as a parameter (`--target`) instead of the variable."""
+    """The variables a decision can depend on, captured before a decision sets any (`target`: `--target`)."""
     env = os.environ if environ is None else environ
     captured = {k: v for k, v in env.items() if k.startswith("FASTPATH_HOOKS_") or k in SIGNATURE_VARIABLES}
     if target is not None:
@@ -50,10 +40,8 @@ def signature_environ(environ=None, *, target: str | None = None) -> tuple:
 
 
 def environment_signature(captured: tuple) -> str | None:
-    """Everything a kernel decision depends on, read without probing: fastpath-hooks' version and pins
-    files, the interpreter, the variables in `captured`, this host and its GPUs as the driver lists them,
-    every distribution on sys.path (site-packages' mtime catches a same-version reinstall such as another
-    CUDA build of torch), the wheelhouse's file names. None while an install is pending (a journal)."""
+    """Everything a kernel decision depends on, read without probing (site-packages' mtime catches a
+    same-version reinstall such as another CUDA build of torch). None while an install is pending (a journal)."""
     from .._names import VERSION as __version__
 
     env = dict(captured)
@@ -111,7 +99,6 @@ def environment_signature(captured: tuple) -> str | None:
 
 
 def warm_dir(root: str) -> str:
-    """Where the warm verdicts of this environment live under a cache root (one file per signature)."""
     return os.path.join(root, "verdicts", environment_key()) + ".warm"
 
 
@@ -120,7 +107,6 @@ def warm_path(root: str, signature: str) -> str | None:
 
 
 def load_verdicts(path: str | None) -> dict:
-    """{kernel: entry} of a schema-2 verdict file (whatever else is in it dropped), or {}."""
     if path is None:
         return {}
     try:
@@ -134,7 +120,6 @@ def load_verdicts(path: str | None) -> dict:
 
 
 def warm_entry(entries: dict, kernel: str) -> dict | None:
-    """The kernel's warm verdict in a loaded file, when it is well formed."""
     entry = entries.get(kernel)
     if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str):
         return None
@@ -148,8 +133,7 @@ def warm_entry(entries: dict, kernel: str) -> dict | None:
 
 
 def get_warm(captured: tuple, kernel: str, signature: str) -> dict | None:
-    """The good verdict recorded for `kernel` under `signature`, in the cache FASTPATH_HOOKS_CACHE_DIR
-    names in `captured` (without parsing the settings)."""
+    """The good verdict recorded for `kernel` under `signature` (the cache named in `captured`, no settings)."""
     root = cache_root_from_environ(dict(captured))
     return warm_entry(load_verdicts(warm_path(root, signature)), kernel)
 
@@ -199,10 +183,8 @@ class VerdictCache:
         return warm_entry(load_verdicts(warm_path(self.root, signature)), kernel)
 
     def record(self, kernel: str, *, verdict: tuple | None = None, warm: tuple | None = None) -> bool:
-        """Write, under one lock: `verdict` = (fingerprint, state, reason) - the warm verdicts earned
-        under the same facts (or unknown ones) are dropped, to be re-earned - and then `warm` =
-        (signature, entry): a good outcome for the next start (`entry` may name the `fingerprint`
-        of the verdict it was earned under)."""
+        """Under one lock: `verdict` = (fingerprint, state, reason) drops the warm verdicts earned under the same
+        (or unknown) facts; then `warm` = (signature, entry), a good outcome for the next start."""
         def change():
             if verdict is not None:
                 self._put(kernel, *verdict)
@@ -248,8 +230,7 @@ class VerdictCache:
                     pass
 
     def _locked(self, change) -> bool:
-        """Read, change, write - under the cache's own short lock, so writers in several
-        processes (ranks or nodes recording verdicts at once) never drop each other's entries."""
+        """Under the cache's own short lock: ranks or nodes writing at once never drop each other's entries."""
         import filelock
 
         from .locks import file_lock
@@ -341,18 +322,11 @@ def _path(root: str, kernel: str) -> str:
     return os.path.join(root, SUBDIR, f"{kernel}.json")
 
 
-def _read(root: str, kernel: str) -> dict:
-    from ..facts.memory import read_records   # not on the warm path: only a check's recall and remember read it
-
-    return read_records(_path(root, kernel))
-
-
 def installed_digest(distributions) -> str | None:
-    """The digest of the installed files of these distributions as their wheels' RECORD lists them
-    (path and sha256, dist-info and bytecode left out): the same wheel gives the same digest."""
+    """Of the installed files as their RECORD lists them (dist-info, bytecode left out): one wheel, one digest."""
     import csv
 
-    from ..facts.distributions import scan   # not on the warm path: a check's key only
+    from ..facts.distributions import scan   # not on the warm path
 
     found, _ = scan()
     rows = []
@@ -374,13 +348,10 @@ def installed_digest(distributions) -> str | None:
 
 
 def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:
-    """The remembered import of this kernel for exactly this environment, or None."""
-    if not root:
-        return None
-    data = _read(root, spec.name)
-    if not data:
-        return None
-    digest = installed_digest(spec.distributions)
+    from ..facts.memory import read_records   # not on the warm path
+
+    data = read_records(_path(root, spec.name)) if root else None
+    digest = installed_digest(spec.distributions) if data else None
     if digest is None:
         return None
     for names in {tuple(e.get("distributions") or ()) for e in data.values()}:
@@ -391,7 +362,7 @@ def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> di
 
 
 def forget(root: str | None) -> None:
-    """Forget every remembered check (`doctor --refresh`): the next install of each kernel checks it again."""
+    """`doctor --refresh`: the next install of each kernel checks it again."""
     if root:
         import shutil
 
@@ -399,8 +370,7 @@ def forget(root: str | None) -> None:
 
 
 def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, extra: str = "", gpus=()) -> None:
-    """Remember a successful import beside the distributions it `loaded` (the child's {name: version};
-    the names count: the versions are read here, as a later recall reads them)."""
+    """A passed check, keyed on the names of the distributions it `loaded` (versions read here, as recall does)."""
     digest = installed_digest(spec.distributions) if root else None
     if digest is not None:
         update_records(_path(root, spec.name), {_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus): {
@@ -409,8 +379,7 @@ def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, ex
 
 
 def update_records(path: str, entries: dict, kernel: str, what: str) -> None:
-    """Merge `entries` into the keyed-record file `path` (facts/memory.read_records) under its lock; a
-    read-only cache costs only a check next time (said at debug)."""
+    """Merge `entries` into the keyed-record file `path` under its lock; a read-only cache costs a check."""
     from ..facts.memory import read_records
     from .locks import file_lock
     from .transaction import atomic_write_json

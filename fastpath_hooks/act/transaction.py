@@ -1,17 +1,11 @@
-"""Undo for installs, and the files the act layer writes.
+"""Undo for installs, and the files the act layer writes (whole or not at all: `atomic_write`).
 
-`begin()` backs up every file of each installed distribution the steps may change (its RECORD plus its
-whole dist-info directory, every copy when a killed installer left two), journals it, and lists every
-file in site-packages. `rollback()` removes those distributions as they are now and every one that
-appeared since, puts the copies back, and deletes every file that was not there at `begin()` (a
-half-extracted wheel, pip's `~name` stashes, stray bytecode): site-packages is exactly as before. A
-journal found at the next start (under the environment lock, so its writer is dead) is rolled back the
-same way. Files there before that belong to other distributions are never touched, even when a new
-distribution's RECORD lists them too (the `nvidia/__init__.py` every nvidia-* wheel ships).
-
-The journal and the install lock live beside site-packages, so every process and user of a shared
-environment (NFS included) sees them; where site-packages is not writable, under the cache root, keyed
-by the environment. Every file the act layer replaces is written whole or not at all (`atomic_write`).
+`begin()` backs up every file of each distribution the steps may change (every dist-info copy a killed
+installer left), journals it and lists site-packages; `rollback()` removes what is there now and what appeared
+since, puts the copies back and deletes every new file: site-packages is exactly as before. Files of other
+distributions are never touched, even when a new RECORD lists them (the `nvidia/__init__.py` of every nvidia-*
+wheel). The journal and lock live beside site-packages (every process and user of a shared environment sees
+them), else under the cache root; a journal found at the next start (under the lock) is rolled back.
 """
 
 from __future__ import annotations
@@ -80,15 +74,12 @@ class Transaction:
         self._write_journal()
 
     def record_group(self, pgid) -> None:
-        """Journal the process group of the child about to run (None: it ended), so that whoever
-        recovers this transaction after our death kills what is left of it first (the runner's
-        `started=` callback; the child waits until this returned)."""
+        """The runner's `started=`: the child's group journalled (None: it ended), for a recovery to kill first."""
         self.group = group_record(pgid) if pgid is not None else None
         self._write_journal()
 
     def record_side_group(self, pgid, running: bool) -> None:
-        """Journal (or drop) one of several children running side by side (the concurrent builds of
-        a request), each a process group of its own, for the same reason as `record_group`."""
+        """`record_group` for one of several children running side by side (a request's builds)."""
         if running:
             self.groups[pgid] = group_record(pgid)
         else:
@@ -96,14 +87,12 @@ class Transaction:
         self._write_journal()
 
     def stop_group(self) -> int:
-        """Kill what is left of the recorded children's groups (a dead writer's installer and builds);
-        the number of processes that were still running."""
+        """Kill what is left of a dead writer's children; the number of processes still running."""
         return sum(kill_group(g) for g in [self.group, *self.groups.values()] if g)
 
     def commit(self) -> None:
-        # The work directory goes before the journal (once the journal is gone, only an install's
-        # recover() would find it). The journal before the backup: a crash between the two leaves a
-        # stale backup (removed by `discard_stale`), never a journal that points at missing backups.
+        # the work directory, then the journal, then the backup: a crash leaves a stale backup (discard_stale),
+        # never a journal that points at missing backups
         if self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
         try:
@@ -114,15 +103,14 @@ class Transaction:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def rollback(self) -> list:
-        """Restore the before-state; returns a list of what was done (for the report)."""
+        """Restore the before-state; what was done."""
         done = []
         intact: set = set()
         if self.site_dir and os.path.isdir(self.site_dir):
             found, dups = scan([self.site_dir])
             intact = {n for n in self.names if self._intact(n, found, dups)}
             dist_dirs = set(self.dist_dirs)
-            # Files there at begin() that no backup covers belong to another distribution (or to the
-            # user): never deleted, whichever RECORD lists them.
+            # files there at begin() that no backup covers are another distribution's: never deleted
             others = _paths(self.site_dir, self._known_listing() or {}) - {o for o, *_ in self.manifest}
             removed_files: list = []
             for name in sorted(set(found) | set(dups)):
@@ -165,9 +153,8 @@ class Transaction:
         return done
 
     def _intact(self, name: str, found: dict, dups: dict) -> bool:
-        """The distribution is as begin() found it: the same dist-info directories, and every
-        backed-up file still there with the backup's size and mtime (an installer that rewrote a
-        file, even with the same version, gave it a new mtime)."""
+        """As begin() found it: the same dist-info directories, every backed-up file with its size and mtime (an
+        installer that rewrote a file, even with the same version, gave it a new mtime)."""
         now = sorted(os.path.basename(d.path) for d in _instances(name, found, dups))
         if now != self.before_dirs.get(name, []):
             return False
@@ -188,7 +175,6 @@ class Transaction:
     # -- crash recovery ----------------------------------------------------------
     @classmethod
     def pending(cls, state_dir: str):
-        """The interrupted transaction recorded in `state_dir`, if any."""
         path = os.path.join(state_dir, JOURNAL)
         try:
             with open(path, encoding="utf-8") as fh:
@@ -215,8 +201,7 @@ class Transaction:
 
     @staticmethod
     def discard_stale(state_dir: str) -> list:
-        """Backup directories no journal points at (a crash during begin() or commit()) and the work
-        directories of killed runs; call with the lock held."""
+        """Remove backups no journal points at and the work directories of killed runs (lock held)."""
         try:
             entries = os.listdir(state_dir)
         except OSError:
@@ -232,7 +217,7 @@ class Transaction:
 
     # -- helpers -------------------------------------------------------------------
     def _skip_dir(self) -> str:
-        """The state directory's name when it lives inside site-packages (never listed nor cleaned)."""
+        """The state directory's name when it lives inside site-packages (never listed, nor cleaned)."""
         state = os.path.realpath(self.state_dir)
         return os.path.basename(state) if os.path.dirname(state) == self.site_dir else ""
 
@@ -242,7 +227,7 @@ class Transaction:
                                                   groups=list(self.groups.values())))
 
     def _known_listing(self) -> dict | None:
-        """begin()'s {relative directory: [file names]} of site-packages, None when unreadable."""
+        """begin()'s {relative directory: [file names]}, None when unreadable."""
         if not self.backup_dir:
             return None
         try:
@@ -253,7 +238,6 @@ class Transaction:
         return known if isinstance(known, dict) else None
 
     def _remove_new_files(self) -> list:
-        """Delete what appeared in site-packages since begin() and is still there."""
         if not self.site_dir or not os.path.isdir(self.site_dir):
             return []
         skip = self._skip_dir()
@@ -276,10 +260,9 @@ class Transaction:
         for rel_dir, files in listing.items():
             before = set(known.get(rel_dir, ()))
             new.extend(os.path.join(self.site_dir, rel_dir, name) for name in files if name not in before)
-        caches = [p for p in new if _is_bytecode(p)]
         stray = 0
-        for path in [p for p in new if not _is_bytecode(p)] + caches:  # sources first: a cache needs its source
-            if _is_bytecode(path) and _bytecode_of_existing_source(path) and "~" not in path[len(self.site_dir):]:
+        for path in sorted(new, key=_is_bytecode):  # sources first: a cache needs its source
+            if _is_bytecode(path) and _source_exists(path) and "~" not in path[len(self.site_dir):]:
                 continue  # a cache another process wrote for a module that is still there (checked at load)
             _remove(path)
             stray += 1
@@ -293,12 +276,11 @@ class Transaction:
 
 
 def recover(state_dir: str) -> list:
-    """Roll back an interrupted install found in `state_dir` and remove what killed runs left
-    there (backups, work directories). Call with the lock held."""
+    """Roll back an interrupted install found in `state_dir`, remove what killed runs left (lock held)."""
     tx = Transaction.pending(state_dir)
     done = []
     if tx is not None:
-        # Its writer died; its installer may not have (it runs in its own session): stop it first.
+        # its writer died; its installer may not have (its own session): stopped first
         stopped = tx.stop_group()
         still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
         whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
@@ -313,7 +295,7 @@ def recover(state_dir: str) -> list:
 
 
 def _counted(done: list) -> list:
-    """A rollback's steps for its line: many leftovers removed are one count (the debug log names them)."""
+    """Many leftovers removed are one count on the line (the debug log names them)."""
     leftovers = [d for d in done if d.startswith("removed leftover ")]
     if len(leftovers) <= 2:
         return done
@@ -329,7 +311,6 @@ def _instances(name: str, found: dict, dups: dict) -> list:
 
 
 def _paths(site_dir: str, listing: dict) -> set:
-    """Absolute paths of a `_file_listing`, spelled as `record_files` spells them."""
     return {os.path.normpath(os.path.join(site_dir, rel_dir, name))
             for rel_dir, names in listing.items() if isinstance(names, list) for name in names
             if isinstance(name, str)}
@@ -340,7 +321,7 @@ def _tree(path: str) -> list:
 
 
 def _file_listing(site_dir: str, skip: str) -> dict:
-    """{relative directory: [file names]} for everything under site-packages (symlinks as files)."""
+    """{relative directory: [file names]} under site-packages (symlinks as files)."""
     out: dict = {}
     for root, dirs, files in os.walk(site_dir):
         rel = os.path.relpath(root, site_dir)
@@ -355,19 +336,14 @@ def _is_bytecode(path: str) -> bool:
     return path.endswith(".pyc") and os.path.basename(os.path.dirname(path)) == "__pycache__"
 
 
-def _bytecode_of_existing_source(path: str) -> bool:
-    """`pkg/__pycache__/mod.cpython-311.pyc` whose `pkg/mod.py` exists: Python re-validates it
-    against the source's size and mtime, so keeping it is safe (e.g. torch's, written by the
-    verification child)."""
+def _source_exists(path: str) -> bool:
+    """A cache whose source exists: Python re-validates it at load, so keeping it is safe (torch's, written by
+    the check child)."""
     directory, name = os.path.split(path)
-    if os.path.basename(directory) != "__pycache__" or not name.endswith(".pyc"):
-        return False
-    module = name.split(".", 1)[0]
-    return os.path.isfile(os.path.join(os.path.dirname(directory), module + ".py"))
+    return os.path.isfile(os.path.join(os.path.dirname(directory), name.split(".", 1)[0] + ".py"))
 
 
 def _prune_empty_dirs(site_dir: str, files) -> None:
-    """Remove the directories that removing `files` left empty (or holding only bytecode caches)."""
     dirs = sorted({os.path.dirname(f) for f in files}, key=len, reverse=True)
     for d in dirs:
         while d.startswith(site_dir + os.sep):
@@ -401,7 +377,6 @@ def _remove(path: str) -> None:
 
 
 def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
-    """Replace `path` with what `write(file)` writes (its directory made if absent)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=directory)
@@ -424,7 +399,6 @@ def atomic_write_json(path: str, data) -> None:
 
 
 def atomic_copy(src: str, dst: str) -> None:
-    """Copy `src` to `dst` atomically."""
     with open(src, "rb") as source:
         atomic_write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20), binary=True,
                      suffix=os.path.splitext(dst)[1])

@@ -1,111 +1,26 @@
-"""The check of installed kernels: ONE child process for every kernel of an install, with a timeout.
+"""The check of installed kernels: ONE child process (act/check_child.py) for every kernel of an install.
 
-Per kernel, in order (a kernel after those it imports): its import; its numeric checks against torch
-where they are due (act/numeric.py); its decision's gated-delta-rule check and JIT warm-up - both
-from act/check_child.py, loaded by path in the child. torch and each kernel are imported once for all
-of them. Never in-process: a bad tilelang/apache-tvm-ffi pair aborts the importing process (SIGABRT),
-and a wrong-arch causal-conv1d build can segfault. A passed check is remembered (act/store.py): a
-later environment with the same files beside the same distributions runs no child at all. Also the
-parent side of the warm-up records (`doctor`) and of `doctor --smoke`.
+Never in-process: a bad build can abort or segfault the importing process. A passed check is remembered
+(act/store.py): a later environment with the same files beside the same distributions runs no child at all.
+Also the parent side of the warm-up records (`doctor`) and of `doctor --smoke`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, replace
 
 from .._names import cache_root_from_environ
+from ..facts.distributions import installed_versions
 from ..facts.frozen import thaw
 from . import store
-from .numeric import CHILD, NumericResult, conclude, prepare
-from .runner import child_environ, ended, run
+from .numeric import NumericResult, conclude, prepare, run_child, skipped
+from .runner import child_environ, ended
 from .transaction import atomic_write_json
 
-_MARK = "FASTPATH_HOOKS_VERIFY "
 WARM_FILE = "warm.json"
-SMOKE_MARK = "FASTPATH_HOOKS_SMOKE "   # check_child.py's
-
-
-# Several kernels in one child (a request's cached kernels, dependency order): one result line per
-# kernel as soon as it is checked, so a crash names the kernel it happened in and the ones before stand.
-_MANY = r"""
-import importlib, importlib.util, json, os, sys, time
-specs = json.loads(sys.argv[2])   # argv[1]: act/check_child.py, loaded by path where a check runs
-checks = None
-
-
-def load():   # the checks' script (it imports nothing of the package)
-    spec = importlib.util.spec_from_file_location("fastpath_hooks_check_child", sys.argv[1])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-for i, spec in enumerate(specs):
-    out = {"index": i, "ok": True, "error": None, "seconds": 0.0}
-    start = time.monotonic()
-    try:
-        for name in spec["modules"]:
-            importlib.import_module(name)
-        for item in spec["attributes"]:
-            modname, _, attr = item.partition(":")
-            obj = importlib.import_module(modname)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            if not callable(obj):
-                raise TypeError(f"{item} is not callable")
-    except BaseException as exc:
-        out["ok"] = False
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    out["seconds"] = round(time.monotonic() - start, 3)
-    if out["ok"] and spec.get("numeric"):
-        # the numeric check in this child too; a crash in it is said as its own
-        sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "numeric"}) + "\n")
-        sys.stdout.flush()
-        checks = checks or load()
-        payload, results, began = spec["numeric"], [], time.monotonic()
-        try:
-            for check in payload["checks"]:
-                results.append(checks.run_check(check, payload["device"]))
-            out["numeric"] = {"ok": True, "results": results}
-        except BaseException as exc:
-            out["numeric"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "results": results}
-        out["numeric_seconds"] = round(time.monotonic() - began, 3)
-    numbers_ok = "numeric" not in out or (out["numeric"]["ok"] and not any(
-        r.get("state") in ("mismatch", "error") for r in out["numeric"]["results"]))
-    if out["ok"] and numbers_ok and spec.get("gdr"):
-        # the decision's gated-delta-rule check and warm-up, its backend switches its own
-        sys.stdout.write("\n" + MARK + json.dumps({"index": i, "phase": "gdr"}) + "\n")
-        sys.stdout.flush()
-        checks = checks or load()
-        saved = dict(os.environ)
-        try:
-            out["gdr"] = checks.check_here(spec["gdr"])
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-    sys.stdout.write("\n" + MARK + json.dumps(out) + "\n")
-    sys.stdout.flush()
-# the distributions whose modules these imports loaded (act/store.py keys the memory on them)
-try:
-    import importlib.metadata as md
-    tops = {name.split(".")[0] for name, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)}
-    owners = md.packages_distributions()
-    dists = {}
-    for top in sorted(tops):
-        for dist in owners.get(top, ()):
-            try:
-                dists[dist] = md.version(dist)
-            except Exception:
-                pass
-    sys.stdout.write("\n" + MARK + json.dumps({"loaded": dists}) + "\n")
-    sys.stdout.flush()
-except Exception:
-    pass
-""".replace("MARK", repr(_MARK))
 
 
 @dataclass(frozen=True)
@@ -113,37 +28,28 @@ class Verification:
     ok: bool
     detail: str
     seconds: float
-    returncode: int | None
-    numeric: bool = False     # it failed on its numbers (act/numeric.py): the kernel is blocked on that arch
-    child: bool = True        # a child process checked it (False: its import remembered, act/store.py)
-    loaded: tuple = ()        # ((distribution, version), ...) the child's import loaded (the memory's key)
+    numeric: bool = False     # it failed on its numbers: the kernel is blocked on that arch
+    child: bool = True        # False: its check was remembered (act/store.py)
 
 
-def verify(kernel_spec, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-           numeric=None, check=None, root: str | None = None, gpus=()) -> Verification:
-    """One kernel checked: verify_many of one."""
-    return verify_many([kernel_spec], timeout=timeout, env_extra=env_extra, python=python, started=started,
-                       numeric=[numeric], checks=[check], root=root, gpus=gpus)[0]
+def verify(kernel_spec, *, timeout: float, env_extra=(), numeric=None, check=None, root: str | None = None,
+           gpus=()) -> Verification:
+    return verify_many([kernel_spec], timeout=timeout, env_extra=env_extra, numeric=[numeric], checks=[check],
+                       root=root, gpus=gpus)[0]
 
 
 def _check_key(check) -> str:
     """A decision's check as part of the memory's key (another check - other shapes, a backend - runs again)."""
-    if not check:
-        return ""
-    return json.dumps(thaw(check), sort_keys=True, default=str)
+    return json.dumps(thaw(check), sort_keys=True, default=str) if check else ""
 
 
-def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | None = None, started=None,
-                numeric=(), checks=(), root: str | None = None, gpus=()) -> list:
-    """Every kernel of `kernel_specs` (in order: a kernel after those it imports) checked in ONE child
-    process: one Verification each (its `seconds` the kernel's own time in the child). A kernel the
-    child never reached (it crashed or timed out on an earlier one) is not to be blamed: its failed
-    Verification's `detail` starts with "not checked", its `returncode` is None.
-    `numeric`: per kernel, act/numeric.py's NumericPlan or None: a mismatch (or a crash in it) fails the
-    kernel with `numeric` set - blocked on that arch. `checks`: per kernel, its decision's gated-delta-rule
-    check or None; it runs after the numbers. `root`: the cache root whose import memory (act/store.py)
-    is read and written: when every kernel's whole check passed before for exactly this environment,
-    no child runs at all."""
+def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, numeric=(), checks=(),
+                root: str | None = None, gpus=()) -> list:
+    """One Verification per kernel (in dependency order), all checked in ONE child. A kernel the child never
+    reached (it died on an earlier one) is not blamed: its `detail` starts with "not checked". `numeric`: per
+    kernel its NumericPlan or None (a mismatch fails it with `numeric` set: blocked on that arch); `checks`: per
+    kernel its decision's gated-delta-rule check or None. When every kernel's whole check passed before for
+    exactly this environment (the memory under `root`), no child runs."""
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
     gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
@@ -152,13 +58,13 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     done: dict = {}
     for i, (spec, plan) in enumerate(zip(specs, plans)):
         if plan is not None:
-            got = prepare(plan, spec.distributions)
+            got = skipped(plan) or prepare(plan, store.installed_digest(spec.distributions),
+                                           installed_versions().get(spec.distributions[0]))
             (done if isinstance(got, NumericResult) else pending)[i] = got
-    mine = root and python is None   # the memory speaks for this interpreter's environment only
-    known = [store.recall(root, s, env_extra, extra=k, gpus=gpus) if mine else None for s, k in zip(specs, keys)]
+    known = [store.recall(root, s, env_extra, extra=k, gpus=gpus) if root else None for s, k in zip(specs, keys)]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
-                                                 f"{k.get('when', '?')})", 0.0, None, child=False),
+                                                 f"{k.get('when', '?')})", 0.0, child=False),
                               i, {}, pending, done)
                 for i, (s, k, c) in enumerate(zip(specs, known, gdrs))]
 
@@ -168,25 +74,16 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
     off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
     environ = child_environ(tuple(env_extra) + off, drop=("FASTPATH_HOOKS_TARGET",))   # the real GPU, not a posed one
     warmed = next((s.name for s, c in zip(specs, gdrs) if c), None)   # said while it runs (minutes on a cold GPU)
-    ran = run([python or sys.executable, "-c", _MANY, CHILD, payload], timeout=timeout, environ=environ,
-              started=started, kernel=warmed,
-              label=f"checking {warmed} forward + backward and warming its JIT" if warmed else "")
-    results: dict = {}
-    phase: dict = {}     # index -> the last phase the child began for it ("numeric", "gdr")
-    loaded = None
-    for line in ran.output.splitlines():
-        if line.startswith(_MARK):
-            try:
-                item = json.loads(line[len(_MARK):])
-                if "loaded" in item:
-                    loaded = item["loaded"]
-                elif item.get("phase"):
-                    phase[int(item["index"])] = item["phase"]
-                else:
-                    results[int(item["index"])] = item
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-    other = "\n".join(ln for ln in ran.output.splitlines() if not ln.startswith(_MARK))
+    ran, items, other = run_child(payload, timeout=timeout, environ=environ, started=started, kernel=warmed,
+                                  label=f"checking {warmed} forward + backward and warming its JIT" if warmed else "")
+    results, phase, loaded = {}, {}, None   # phase: index -> the last check the child began for it
+    for item in items:
+        if "loaded" in item:
+            loaded = item["loaded"]
+        elif item.get("phase"):
+            phase[item.get("index")] = item["phase"]
+        else:
+            results[item.get("index")] = item
     out, blamed = [], False
     for i, spec in enumerate(specs):
         what = f"import {_modules(spec.verify_modules)}"
@@ -195,12 +92,12 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
             ok = bool(item.get("ok"))
             many = f" (one check for {len(specs)} kernels)" if len(specs) > 1 else ""
             detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else f"{what}: {item.get('error')}"
-            result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0), ran.code),
+            result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0)),
                                    i, item, pending, done)
             out.append(_with_gdr(result, spec, gdrs[i], item, environ))
             continue
         if blamed:
-            out.append(Verification(False, "not checked: the check stopped at an earlier kernel", 0.0, None))
+            out.append(Verification(False, "not checked: the check stopped at an earlier kernel", 0.0))
             continue
         blamed = True
         step = phase.get(i)
@@ -211,10 +108,10 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), python: str | Non
         detail = ended(ran, what, timeout, other)
         if step == "numeric" and i in pending:   # it imported; its numeric check crashed or ran out of time
             numbers = conclude(pending[i], None, detail, ran.seconds)
-            out.append(Verification(False, numbers.detail, ran.seconds, ran.code, numeric=True))
+            out.append(Verification(False, numbers.detail, ran.seconds, numeric=True))
             continue
-        out.append(Verification(False, detail, ran.seconds, ran.code))
-    if mine and loaded:
+        out.append(Verification(False, detail, ran.seconds))
+    if root and loaded:
         for spec, result, key in zip(specs, out, keys):
             if result.ok:
                 store.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
@@ -226,8 +123,8 @@ def _what(spec, check) -> str:
 
 
 def _with_gdr(result, spec, check, item: dict, environ: dict):
-    """A kernel's Verification with its gated-delta-rule check's result (the check's clause says more than
-    the import's: it imports and runs the kernel); a passed check's warm-up is recorded for `doctor`."""
+    """With its gated-delta-rule check's clause (it says more than the import's); a passed check's warm-up is
+    recorded for `doctor`."""
     if not result.ok or not check:
         return result
     report = item.get("gdr")
@@ -244,7 +141,6 @@ def _with_gdr(result, spec, check, item: dict, environ: dict):
 
 
 def _with_numbers(result, i: int, item: dict, pending: dict, done: dict):
-    """An imported kernel's Verification with its numeric result (run in the child, or known before)."""
     if not result.ok:
         return result
     if i in pending:
@@ -267,7 +163,7 @@ def _modules(names) -> str:
     return joined if len(joined) <= 24 else ", ".join(packages)
 
 
-# -- the warm-up records (doctor) -----------------------------------------------------------------
+# -- the warm-up records and doctor --smoke -------------------------------------------------------
 
 def summary(result: dict) -> str:
     """A passed gated-delta-rule check in one clause: how far from its limit it came, what the warm-up cost."""
@@ -288,8 +184,7 @@ def warm_path(root: str) -> str:
 
 
 def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
-    """Keep the last warm-up of `kernel` under the cache root (what, when, how long, into which cache
-    directories) for `doctor`; best effort."""
+    """The last warm-up of `kernel` (what, when, how long, into which cache directories), for `doctor`."""
     data = warm_records(root)
     data[kernel] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": result.get("seconds"),
                     "shapes": result.get("shapes"), "seqs": sorted({w["seq"] for w in result.get("warm", [])}),
@@ -329,20 +224,13 @@ def cache_listing(directory: str) -> dict:
             "newest": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(newest)) if newest else None}
 
 
-# -- doctor --smoke ---------------------------------------------------------------------------------
-
 def run_smoke(settings, env) -> dict:
     """The installed fla's gated delta rule against the float32 reference, in the check child."""
     if env.accelerator != "cuda":
         return {"status": "skipped", "reason": f"needs a CUDA GPU (accelerator here: {env.accelerator or 'none'})"}
-    ran = run([sys.executable, CHILD, "smoke"], timeout=settings.timeout, label="running the smoke test")
-    if ran.timed_out:
-        return {"status": "fail", "reason": f"did not finish within {settings.timeout:.0f} s"}
-    for line in ran.output.splitlines():
-        if line.startswith(SMOKE_MARK):
-            return json.loads(line[len(SMOKE_MARK):])
-    tail = " | ".join(ln for ln in ran.output.strip().splitlines()[-3:])
-    return {"status": "fail", "reason": f"the smoke process exited with {ran.code}: {tail}"}
+    ran, items, other = run_child("smoke", timeout=settings.timeout, environ=child_environ(),
+                                  label="running the smoke test")
+    return items[-1] if items else {"status": "fail", "reason": ended(ran, "the smoke test", settings.timeout, other)}
 
 
 def smoke_text(result: dict) -> str:
