@@ -39,9 +39,8 @@ from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
-from . import compiler_wrapper
+from . import compiler_wrapper, store
 from .compiler_wrapper import MARK as WRAPPER_MARK, SPEED_MARK, STD_MARK, codes as _pair_codes
-from .locks import file_lock
 from .runner import child_environ, kill_group, run
 from .transaction import atomic_write
 
@@ -200,7 +199,8 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
            "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
-    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"], archs=built)
+    lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"],
+                              archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
     record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
               "n_archs": len(built) if built != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
@@ -227,7 +227,6 @@ def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
                       f"{minutes(longest)} in all (the longest build's estimate; `fastpath-hooks build` or "
                       "examples/Dockerfile does it ahead of time)", jobs[0][0])
     results: dict = {}
-    live: dict = {}
     lock = threading.Lock()
 
     def one(kernel, step, expected):
@@ -240,11 +239,9 @@ def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
                 if pgid is not None:
                     mine.append(pgid)
                     tx.record_side_group(pgid, True)
-                    live[pgid] = tx.groups.get(pgid)
                 else:
                     for g in mine:
                         tx.record_side_group(g, False)
-                        live.pop(g, None)
 
         try:
             results[kernel] = run_build(step, settings=settings, env=env, pins=pins, work=own, kernel=kernel,
@@ -265,7 +262,7 @@ def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
                     th.join(0.5)
     except BaseException:
         with lock:
-            groups = [g for g in live.values() if g]
+            groups = list(tx.groups.values())
         for g in groups:
             kill_group(g)
         for th in threads:
@@ -310,24 +307,19 @@ def _expected(seconds) -> str:
 
 
 def remember_build(root: str, record: dict) -> None:
-    """Append to the build history; one that cannot be written costs only later estimates."""
+    """Append to the build history (the newest KEEP * 2 kept); one not written costs only later estimates."""
     path = memory.builds_path(root)
     entry = dict(record, host=memory.host(), when=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with file_lock(path + ".lock", timeout=30.0):
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(entry, sort_keys=True) + "\n")
-            _trim(path)
-    except Exception as exc:   # OSError, a lock timeout
-        events.debug(f"build history not written ({path}): {exc}")
 
+    def append():
+        with open(path, "a+", encoding="utf-8", errors="replace") as fh:
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fh.seek(0)
+            lines = fh.readlines()
+        if len(lines) > memory.KEEP * 4:
+            atomic_write(path, lambda out: out.write("".join(lines[-memory.KEEP * 2:])))
 
-def _trim(path: str) -> None:
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        lines = fh.readlines()
-    if len(lines) > memory.KEEP * 4:
-        atomic_write(path, lambda out: out.write("".join(lines[-memory.KEEP * 2:])))
+    store.locked(path, append)
 
 
 def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: bool, shown: str = "") -> tuple:
@@ -447,7 +439,8 @@ class Speed:
 def plan(work: str, *, split: int, path_var: str | None = None, parts=()) -> Speed:
     """The speed part of one build's nvcc wrapper: ccache, else sccache, on the build's PATH."""
     found = (shutil.which(name, path=path_var) for name in ("ccache", "sccache"))
-    return Speed(split=max(1, int(split)), launcher=next((f for f in found if f), None), calls=os.path.join(work, CALLS),
+    return Speed(split=max(1, int(split)), launcher=next((f for f in found if f), None),
+                 calls=os.path.join(work, CALLS),
                  parts=tuple((name, int(n)) for name, n in parts if int(n) > 1))
 
 

@@ -363,7 +363,8 @@ def _inputs(torch, shape, seq: int, device: str, seed: int) -> dict:
     def rnd(*size):
         return torch.randn(*size, generator=gen, device=device)
 
-    return {"q": rnd(1, seq, hk, dk).bfloat16(), "k": rnd(1, seq, hk, dk).bfloat16(), "v": rnd(1, seq, hv, dv).bfloat16(),
+    return {"q": rnd(1, seq, hk, dk).bfloat16(), "k": rnd(1, seq, hk, dk).bfloat16(),
+            "v": rnd(1, seq, hv, dv).bfloat16(),
             # as transformers' Qwen3.5 / Qwen3-Next compute them: g = -exp(A_log) * softplus(...) in float32, beta bf16
             "g": -torch.nn.functional.softplus(rnd(1, seq, hv)).float() * 0.5,
             "beta": torch.sigmoid(rnd(1, seq, hv)).bfloat16(), "do": rnd(1, seq, hv, dv).bfloat16()}
@@ -511,7 +512,8 @@ def smoke(seq: int = 256, heads: int = 4, dim: int = 64) -> dict:
             return None
 
     return {"status": "fail" if failed else "pass", "errors": errors, "failed": failed,
-            "tolerances": {"output": OUTPUT_TOL, "gradients": GRAD_TOL}, "shape": {"B": 1, "T": seq, "H": heads, "K": dim},
+            "tolerances": {"output": OUTPUT_TOL, "gradients": GRAD_TOL},
+            "shape": {"B": 1, "T": seq, "H": heads, "K": dim},
             "fla": version("fla"), "triton": version("triton"), "tilelang": version("tilelang"),
             "gpu": torch.cuda.get_device_name(), "capability": "sm_%d%d" % torch.cuda.get_device_capability()}
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
+import time
 
 MARK = "fastpath-hooks nvcc wrapper:"       # the arch lines (act/build.py reads them back)
 STD_MARK = "fastpath-hooks compiler wrapper:"
@@ -180,9 +182,6 @@ def split_source(text: str, parts: int) -> list:
 def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> int:
     """Compile the file as parts side by side, linked into the object asked for; the exit status (not 0: nothing
     is left behind and the caller compiles the file whole)."""
-    import subprocess
-    import time
-
     source = _source(args)
     obj = args[args.index("-o") + 1]
     try:
@@ -206,12 +205,14 @@ def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> 
                 prev = args[i - 1] if i else None
                 argv.append(part_src if a == source else part_obj if prev == "-o" else
                             part_obj + ".d" if prev == "--dependency-output" else a)
-            argv = [a for a in argv if not a.startswith(("--split-compile", "-split-compile"))]   # the parts are the threads
+            # the parts are the threads
+            argv = [a for a in argv if not a.startswith(("--split-compile", "-split-compile"))]
             children.append(subprocess.Popen(front + real + argv))
         codes = [c.wait() for c in children]
         code = max(codes, key=abs)
         if code == 0:
-            code = subprocess.call([config.get("ld") or "ld", "-r", "-o", obj] + [f"{obj}.fph-part{k}.o" for k in range(len(texts))])
+            code = subprocess.call([config.get("ld") or "ld", "-r", "-o", obj] +
+                                   [f"{obj}.fph-part{k}.o" for k in range(len(texts))])
         if code == 0 and depfile:
             with open(f"{obj}.fph-part0.o.d", encoding="utf-8") as fh:
                 deps = fh.read().replace(f"{obj}.fph-part0.o", obj, 1).replace(f"{stem}.fph-part0{ext}", source)
@@ -230,20 +231,13 @@ def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> 
                 os.remove(path)
             except OSError:
                 pass
-    seconds = time.time() - start
     said = "" if code == 0 else "; compiling it whole instead"
-    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ({len(texts)} parts side by side), exit {code}{said}\n")
-    _record(config, {"source": source, "seconds": round(seconds, 2), "split": 1, "parts": len(texts), "real": real[0],
-                     "launcher": os.path.basename(front[0]) if front else None, "code": code, "argv": args,
-                     "cwd": os.getcwd(), "start": round(start, 2)})
+    _record(config, args, real, front, start, code, f"{len(texts)} parts side by side", said, split=1, parts=len(texts))
     return code
 
 
 def _timed(front: list, real: list, args: list, config: dict) -> int:
     """One compile as a child (behind the compiler cache, if any), recorded."""
-    import subprocess
-    import time
-
     command = front + real + args
     start = time.time()
     try:
@@ -251,22 +245,24 @@ def _timed(front: list, real: list, args: list, config: dict) -> int:
     except OSError as exc:
         sys.stderr.write(f"{SPEED_MARK} could not run {command[0]}: {exc}\n")
         code = 127
-    seconds = time.time() - start
-    source = _source(args) or "?"
     split = next((int(a.partition("=")[2]) for a in args if a.startswith("--split-compile=")
                   and a.partition("=")[2].isdigit()), 1)
-    launcher = os.path.basename(front[0]) if front else None
-    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ("
-                     f"{'--split-compile=%d' % split if split > 1 else 'no split'}"
-                     f"{', ' + launcher if launcher else ''}), exit {code}\n")
-    _record(config, {"source": source, "seconds": round(seconds, 2), "split": split, "real": real[0],
-                     "launcher": launcher, "code": code, "argv": args, "cwd": os.getcwd(), "start": round(start, 2)})
+    how = (f"--split-compile={split}" if split > 1 else "no split") + \
+        (f", {os.path.basename(front[0])}" if front else "")
+    _record(config, args, real, front, start, code, how, split=split)
     return code
 
 
-def _record(config: dict, record: dict) -> None:
+def _record(config: dict, args: list, real: list, front: list, start: float, code: int, how: str, said: str = "",
+            **more) -> None:
+    """One compile's line in the log and its JSON record (act/build.py reads them back)."""
+    seconds, source = time.time() - start, _source(args) or "?"
+    sys.stderr.write(f"{SPEED_MARK} {source} in {seconds:.1f} s ({how}), exit {code}{said}\n")
     sys.stderr.flush()
     if config.get("calls"):
+        record = {"source": source, "seconds": round(seconds, 2), "real": real[0], "code": code, "argv": args,
+                  "launcher": os.path.basename(front[0]) if front else None, "cwd": os.getcwd(),
+                  "start": round(start, 2), **more}
         try:
             with open(config["calls"], "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")

@@ -72,8 +72,8 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
         if env.numeric_device == "cpu":
             return NumericPlan(kernel, checks, "cpu", archs, build, root, env=off)
         return NumericPlan(kernel, checks, None, archs, build, root,
-                           skip=f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to run "
-                                "them on (numeric=cpu in the target checks CPU stand-ins)", env=off)
+                           skip=f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to "
+                                "run them on (numeric=cpu in the target checks CPU stand-ins)", env=off)
     return NumericPlan(kernel, checks, "cuda", archs, build, root, env=off)
 
 
@@ -124,7 +124,7 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
         if root and digest:
             update_records(cache_path(root, kernel), {k: {
                 "state": state, "detail": detail, "version": version, "arch": arch, "torch_build": plan.torch_build,
-                "device": plan.device, "ts": time.time(), **more} for arch, k in keys.items()}, kernel, "the numeric check")
+                "device": plan.device, "ts": time.time(), **more} for arch, k in keys.items()})
 
     results = report.get("results", [])
     failed = [r for r in results if r.get("state") in ("mismatch", "error")]

@@ -57,7 +57,8 @@ def child_environ(extra=(), drop=()) -> dict:
 
 
 def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,
-        log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS, expected: float | None = None) -> Ran:
+        log: str | None = None, started=None, heartbeat: float = HEARTBEAT_SECONDS,
+        expected: float | None = None) -> Ran:
     """Run `argv`; its whole group is killed past `timeout`, when the command exits, or before any exception
     (Ctrl-C: the child's session gets none) propagates - a rollback that follows has no writer left. `label`:
     said every `heartbeat` s; `log`: the whole output kept there; `started(pgid)` before the command runs
@@ -107,7 +108,7 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
                     pass  # the exception that stopped the run is the one to report
             raise
         if code is not None:
-            _kill_leftovers(proc.pid)  # nothing of the tool outlives its run
+            _kill_group(proc.pid)  # nothing of the tool outlives its run
         if gated:
             started(None)
         seconds = time.monotonic() - start
@@ -185,21 +186,22 @@ def ended(ran: Ran, what: str, timeout: float, output: str | None = None) -> str
 
 
 def _kill(proc) -> None:
-    """SIGKILL the child's whole group, reap the child, wait (seconds at most) until no member runs."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
+    """SIGKILL the child's whole group, wait (seconds at most) until no member runs, reap the child."""
+    if not _kill_group(proc.pid):
         proc.kill()
     proc.wait()
-    _wait_gone(proc.pid, 10.0)
 
 
-def _kill_leftovers(pgid: int) -> None:
+def _kill_group(pgid: int) -> bool:
+    """False when no member was left."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
-        return  # no member left
-    _wait_gone(pgid, 10.0)
+        return False
+    deadline = time.monotonic() + 10.0
+    while group_members(pgid) and time.monotonic() < deadline:   # zombies are not members
+        time.sleep(0.01)
+    return True
 
 
 def group_record(pgid: int) -> dict:
@@ -212,34 +214,10 @@ def group_record(pgid: int) -> dict:
 def kill_group(record) -> int:
     """Kill what is left of a recorded group, only where provably the same (same boot; its leader the recorded
     process, or gone with members left); the number of processes still running."""
-    if not isinstance(record, dict) or not isinstance(record.get("pgid"), int) or record["pgid"] <= 1:
+    pgid = record.get("pgid") if isinstance(record, dict) else None
+    if not isinstance(pgid, int) or pgid <= 1 or record.get("boot") != boot_id():
         return 0
-    pgid = record["pgid"]
-    if not os.path.isdir("/proc/self") or record.get("boot") != boot_id():
-        return 0
-    members = group_members(pgid)
-    if not members:
-        return 0
-    leader = process_stat(pgid)
-    if leader is not None and leader[1] == pgid and leader[2] != record.get("start"):
-        return 0  # the number leads a new group now
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        return 0
-    _wait_gone(pgid, 10.0)
-    return len(members)
-
-
-def _wait_gone(pgid: int, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if os.path.isdir("/proc/self"):
-            if not group_members(pgid):
-                return
-        else:
-            try:
-                os.killpg(pgid, 0)
-            except OSError:
-                return
-        time.sleep(0.01)
+    members, leader = group_members(pgid), process_stat(pgid)
+    if not members or (leader is not None and leader[1] == pgid and leader[2] != record.get("start")):
+        return 0   # gone, or the number leads a new group now
+    return len(members) if _kill_group(pgid) else 0

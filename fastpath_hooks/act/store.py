@@ -191,7 +191,7 @@ class VerdictCache:
             if warm is not None:
                 self._put_warm(kernel, *warm)
 
-        return self._locked(change) if verdict is not None or warm is not None else True
+        return locked(self.path, change) if verdict is not None or warm is not None else True
 
     def _put(self, kernel: str, fingerprint: str, state: str, reason: str) -> None:
         kernels = load_verdicts(self.path)
@@ -220,27 +220,13 @@ class VerdictCache:
         names = _signature_files(self.warm_dir)
         if len(names) > WARM_KEEP:  # the least recently written signatures go
             def written(name):
-                stamps = [e.get("ts") for e in load_verdicts(os.path.join(self.warm_dir, name)).values()]
-                return max((t for t in stamps if isinstance(t, (int, float))), default=float("-inf"))
+                return max(map(_ts, load_verdicts(os.path.join(self.warm_dir, name)).values()), default=float("-inf"))
 
             for name in sorted(names, key=written)[:len(names) - WARM_KEEP]:
                 try:
                     os.unlink(os.path.join(self.warm_dir, name))
                 except OSError:
                     pass
-
-    def _locked(self, change) -> bool:
-        """Under the cache's own short lock: ranks or nodes writing at once never drop each other's entries."""
-        import filelock
-
-        from .locks import file_lock
-
-        try:
-            with file_lock(self.path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
-                change()
-            return True
-        except (OSError, filelock.Timeout):
-            return False  # a read-only or busy cache only costs a re-check next time
 
     def entries(self) -> dict:
         """kernel -> its most recently written verdict (with its fingerprint)."""
@@ -267,13 +253,32 @@ class VerdictCache:
             return False
 
 
+def locked(path: str, change) -> bool:
+    """`change()` under the short lock of `path`: writers in several processes (ranks, nodes) never drop each
+    other's entries. False where the cache is read-only or busy (said at debug): only a re-check next time."""
+    import filelock
+
+    from .locks import file_lock
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with file_lock(path + ".lock", timeout=_WRITE_LOCK_TIMEOUT):
+            change()
+        return True
+    except (OSError, filelock.Timeout) as exc:
+        events.debug(f"not written ({path}): {exc}")
+        return False
+
+
+def _ts(entry) -> float:
+    value = entry.get("ts") if isinstance(entry, dict) else None
+    return value if isinstance(value, (int, float)) else float("-inf")
+
+
 def _newest(keyed: dict, keep: int) -> dict:
     """The `keep` most recently written entries, newest first (unreadable ones dropped)."""
-    def ts(item):
-        value = item[1].get("ts")
-        return value if isinstance(value, (int, float)) else float("-inf")
-
-    return dict(sorted(((k, v) for k, v in keyed.items() if isinstance(v, dict)), key=ts, reverse=True)[:keep])
+    return dict(sorted(((k, v) for k, v in keyed.items() if isinstance(v, dict)), key=lambda kv: _ts(kv[1]),
+                       reverse=True)[:keep])
 
 
 def _write(path: str, kernels: dict) -> None:
@@ -375,20 +380,12 @@ def remember(root: str | None, spec, env_extra, loaded: dict, seconds: float, ex
     if digest is not None:
         update_records(_path(root, spec.name), {_mark(spec, env_extra, digest, _here(sorted(loaded)), extra, gpus): {
             "distributions": sorted(loaded), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "seconds": round(seconds, 2)}}, spec.name, "its import")
+            "seconds": round(seconds, 2)}})
 
 
-def update_records(path: str, entries: dict, kernel: str, what: str) -> None:
-    """Merge `entries` into the keyed-record file `path` under its lock; a read-only cache costs a check."""
+def update_records(path: str, entries: dict) -> None:
+    """Merge `entries` into the keyed-record file `path`."""
     from ..facts.memory import read_records
-    from .locks import file_lock
     from .transaction import atomic_write_json
 
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with file_lock(path + ".lock", timeout=30):
-            data = read_records(path)
-            data.update(entries)
-            atomic_write_json(path, data)
-    except Exception as exc:   # noqa: BLE001 - never worth failing an install over
-        events.debug(f"{kernel}: could not remember {what} in {path}: {exc}", kernel)
+    locked(path, lambda: atomic_write_json(path, {**read_records(path), **entries}))

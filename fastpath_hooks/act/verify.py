@@ -15,13 +15,11 @@ from dataclasses import dataclass, replace
 from .._names import cache_root_from_environ
 from ..facts.distributions import installed_versions
 from ..facts.frozen import thaw
+from ..facts.memory import read_records
 from . import store
 from .numeric import NumericResult, conclude, prepare, run_child, skipped
 from .runner import child_environ, ended
 from .transaction import atomic_write_json
-
-WARM_FILE = "warm.json"
-
 
 @dataclass(frozen=True)
 class Verification:
@@ -54,24 +52,20 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
     gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
     keys = [_check_key(c) for c in gdrs]
-    pending: dict = {}   # index -> numeric.Pending; done: index -> NumericResult (skipped or remembered)
-    done: dict = {}
-    for i, (spec, plan) in enumerate(zip(specs, plans)):
-        if plan is not None:
-            got = skipped(plan) or prepare(plan, store.installed_digest(spec.distributions),
+    numbers = {i: skipped(plan) or prepare(plan, store.installed_digest(spec.distributions),
                                            installed_versions().get(spec.distributions[0]))
-            (done if isinstance(got, NumericResult) else pending)[i] = got
+               for i, (spec, plan) in enumerate(zip(specs, plans)) if plan is not None}
+    pending = {i: n for i, n in numbers.items() if not isinstance(n, NumericResult)}   # the rest: skipped, known
     known = [store.recall(root, s, env_extra, extra=k, gpus=gpus) if root else None for s, k in zip(specs, keys)]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
-                                                 f"{k.get('when', '?')})", 0.0, child=False),
-                              i, {}, pending, done)
+                                                 f"{k.get('when', '?')})", 0.0, child=False), numbers.get(i), {})
                 for i, (s, k, c) in enumerate(zip(specs, known, gdrs))]
 
     payload = json.dumps([{"modules": list(s.verify_modules), "attributes": list(s.verify_attributes),
                            **({"numeric": pending[i].payload} if i in pending else {}),
                            **({"gdr": thaw(gdrs[i])} if gdrs[i] else {})} for i, s in enumerate(specs)])
-    off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # backends off: the kernels' own numbers
+    off = tuple(pair for plan in plans if plan is not None for pair in plan.env)   # the kernels' own numbers
     environ = child_environ(tuple(env_extra) + off, drop=("FASTPATH_HOOKS_TARGET",))   # the real GPU, not a posed one
     warmed = next((s.name for s, c in zip(specs, gdrs) if c), None)   # said while it runs (minutes on a cold GPU)
     ran, items, other = run_child(payload, timeout=timeout, environ=environ, started=started, kernel=warmed,
@@ -92,25 +86,17 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
             ok = bool(item.get("ok"))
             many = f" (one check for {len(specs)} kernels)" if len(specs) > 1 else ""
             detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else f"{what}: {item.get('error')}"
-            result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0)),
-                                   i, item, pending, done)
+            result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0)), numbers.get(i), item)
             out.append(_with_gdr(result, spec, gdrs[i], item, environ))
             continue
         if blamed:
             out.append(Verification(False, "not checked: the check stopped at an earlier kernel", 0.0))
             continue
         blamed = True
-        step = phase.get(i)
-        if step == "gdr":
-            what = f"{spec.name}'s gated-delta-rule check"
-        elif step == "numeric" and i in pending:
-            what = f"{spec.name}'s numeric check"
-        detail = ended(ran, what, timeout, other)
-        if step == "numeric" and i in pending:   # it imported; its numeric check crashed or ran out of time
-            numbers = conclude(pending[i], None, detail, ran.seconds)
-            out.append(Verification(False, numbers.detail, ran.seconds, numeric=True))
-            continue
-        out.append(Verification(False, detail, ran.seconds))
+        step = phase.get(i)   # it imported; a numeric check that crashes is a verdict on the build's numbers
+        if step:
+            what = f"{spec.name}'s {'gated-delta-rule' if step == 'gdr' else 'numeric'} check"
+        out.append(Verification(False, ended(ran, what, timeout, other), ran.seconds, numeric=step == "numeric"))
     if root and loaded:
         for spec, result, key in zip(specs, out, keys):
             if result.ok:
@@ -140,17 +126,14 @@ def _with_gdr(result, spec, check, item: dict, environ: dict):
     return replace(result, detail=f"{numbers}; {clause}" if numbers else clause, seconds=seconds)
 
 
-def _with_numbers(result, i: int, item: dict, pending: dict, done: dict):
-    if not result.ok:
+def _with_numbers(result, numbers, item: dict):
+    """With its numbers: a NumericResult (skipped, remembered), or the child's report of a numeric.Pending."""
+    if not result.ok or numbers is None:
         return result
-    if i in pending:
+    if not isinstance(numbers, NumericResult):
         report = item.get("numeric")
-        numbers = conclude(pending[i], report, None if isinstance(report, dict) else "the numeric check did not run",
+        numbers = conclude(numbers, report, None if isinstance(report, dict) else "the numeric check did not run",
                            float(item.get("numeric_seconds") or 0.0))
-    elif i in done:
-        numbers = done[i]
-    else:
-        return result
     if not numbers.ok:
         return replace(result, ok=False, detail=numbers.detail, numeric=True)
     return replace(result, detail=f"{result.detail}; {numbers.detail}")
@@ -180,7 +163,7 @@ def summary(result: dict) -> str:
 
 
 def warm_path(root: str) -> str:
-    return os.path.join(root, "jit", WARM_FILE)
+    return os.path.join(root, "jit", "warm.json")
 
 
 def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
@@ -197,12 +180,7 @@ def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
 
 
 def warm_records(root: str) -> dict:
-    try:
-        with open(warm_path(root), encoding="utf-8") as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_records(warm_path(root))
 
 
 def cache_listing(directory: str) -> dict:
