@@ -190,7 +190,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
         raise BuildError(f"the source build of {what} failed (pip exit {code})" + (f": {first}" if first else "") +
                          f"; full log: {log}" + ("" if first else f"; {tail}"))
     built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra, shown=shown)
-    if step.cxx_std and not _mentions(log, STD_MARK):
+    if step.cxx_std and not any(STD_MARK in line for line in _log_lines(log)):
         events.warning(f"{kernel}: the build never ran the wrapper handing -std={step.cxx_std} last (no ninja on "
                        f"PATH?); it built anyway; log: {shown}", kernel,
                        detail=f"{kernel}: the build never ran the compiler wrapper that hands -std={step.cxx_std} last "
@@ -344,17 +344,20 @@ def _built_archs(log: str, archs: tuple, *, env, kernel: str, spec, wrapped: boo
     return ("all",)
 
 
-def wrapper_codes(log: str) -> set:
-    out: set = set()
+def _log_lines(log: str) -> list:
     try:
         with open(log, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                _, found, rest = line.partition(WRAPPER_MARK + " kept ")   # pip -v indents the build's output
-                if found:
-                    for pair in rest.split(";", 1)[0].split():
-                        out |= _pair_codes(pair)
+            return fh.readlines()
     except OSError:
-        pass
+        return []
+
+
+def wrapper_codes(log: str) -> set:
+    out: set = set()
+    for line in _log_lines(log):
+        _, found, rest = line.partition(WRAPPER_MARK + " kept ")   # pip -v indents the build's output
+        if found:
+            out.update(*map(_pair_codes, rest.split(";", 1)[0].split()))
     return out
 
 
@@ -367,16 +370,8 @@ _ERROR_LINES = re.compile(r"(\S+:\d+(:\d+)?: (fatal |catastrophic )?error: .*"
 
 
 def first_compiler_error(log: str) -> str | None:
-    try:
-        with open(log, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                match = _ERROR_LINES.search(line.strip())
-                if match:
-                    text = match.group(0).strip()
-                    return text if len(text) <= 240 else text[:237] + "..."
-    except OSError:
-        pass
-    return None
+    text = next((m.group(0).strip() for m in map(_ERROR_LINES.search, map(str.strip, _log_lines(log))) if m), None)
+    return text if text is None or len(text) <= 240 else text[:237] + "..."
 
 
 def relabel(wheel: str, local: str, dest: str) -> str:
@@ -410,14 +405,6 @@ def relabel(wheel: str, local: str, dest: str) -> str:
             record.append(f"{new_info}/RECORD,,")
             zout.writestr(f"{new_info}/RECORD", "\n".join(record) + "\n")
     return target
-
-
-def _mentions(path: str, text: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return any(text in line for line in fh)
-    except OSError:
-        return False
 
 
 CALLS = "nvcc-calls.jsonl"

@@ -23,12 +23,6 @@ TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
 # -- references: plain torch, float32 --------------------------------------------------------
 
-def _silu(x):
-    import torch.nn.functional as F
-
-    return F.silu(x)
-
-
 def conv_ref(x, weight, bias, activation):
     """causal_conv1d_ref (causal-conv1d's causal_conv1d_interface.py), in float32."""
     import torch.nn.functional as F
@@ -36,7 +30,7 @@ def conv_ref(x, weight, bias, activation):
     dim, width = weight.shape
     out = F.conv1d(x.float(), weight.float().unsqueeze(1), None if bias is None else bias.float(),
                    padding=width - 1, groups=dim)[..., : x.shape[-1]]
-    return _silu(out) if activation else out
+    return F.silu(out) if activation else out
 
 
 def conv_update_ref(x, conv_state, weight, bias, activation):
@@ -48,7 +42,7 @@ def conv_update_ref(x, conv_state, weight, bias, activation):
     x_new = torch.cat([conv_state.float(), x.float().unsqueeze(-1)], dim=-1)
     out = F.conv1d(x_new, weight.float().unsqueeze(1), None if bias is None else bias.float(), padding=0,
                    groups=weight.shape[0])[:, :, -1]
-    return (_silu(out) if activation else out), x_new[:, :, -state_len:]
+    return (F.silu(out) if activation else out), x_new[:, :, -state_len:]
 
 
 def ssd_ref(x, dt, A, B, C, D, dt_bias):
@@ -85,7 +79,7 @@ def state_update_ref(state, x, dt, A, B, C, D, z, dt_bias):
     Cf = C.float().repeat_interleave(h // g, dim=1)
     new = state.float() * dA + (dtf * x.float())[..., None] * Bf[:, :, None, :]
     out = torch.einsum("bhpn,bhn->bhp", new, Cf) + D.float() * x.float()
-    return out * _silu(z.float()), new
+    return out * F.silu(z.float()), new
 
 
 def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
@@ -103,7 +97,7 @@ def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
         state = state * dA + df[:, :, t, None] * B.float()[:, None, :, t] * uf[:, :, t, None]
         ys.append((state * C.float()[:, None, :, t]).sum(-1))
     y = torch.stack(ys, dim=2) + uf * D.float()[:, None]
-    return y * _silu(z.float()), state
+    return y * F.silu(z.float()), state
 
 
 def gdr_ref(q, k, v, g, beta):

@@ -11,6 +11,7 @@ each keeping a share of them, linked back with `ld -r`; anything unexpected: com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -227,10 +228,8 @@ def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> 
                 child.kill()
                 child.wait()
         for path in made:
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(path)
-            except OSError:
-                pass
     said = "" if code == 0 else "; compiling it whole instead"
     _record(config, args, real, front, start, code, f"{len(texts)} parts side by side", said, split=1, parts=len(texts))
     return code

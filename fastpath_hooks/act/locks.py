@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import tempfile
@@ -48,28 +49,25 @@ STALE_AFTER_S = 60.0     # untouched this long (another host's holder): it is go
 _BREAK_STALE_S = 10.0    # breaking takes milliseconds; a breaker lock older than this was abandoned
 _MAX_POLL_S = 1.0        # a waiter looks at least this often
 _NO_FLOCK = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
-_flock_works: dict = {}
 
 
 def flock_works(directory: str) -> bool:
-    key = os.path.realpath(directory)
-    if key in _flock_works:
-        return _flock_works[key]
+    return _flock_works(os.path.realpath(directory))
+
+
+@functools.lru_cache(maxsize=None)   # asked once per directory and process
+def _flock_works(directory: str) -> bool:
     fd, probe = tempfile.mkstemp(prefix=".flock-probe-", dir=directory)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
-        works = True
+        return True
     except OSError as exc:
-        works = exc.errno not in _NO_FLOCK
+        return exc.errno not in _NO_FLOCK
     finally:
         os.close(fd)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(probe)
-        except OSError:
-            pass
-    _flock_works[key] = works
-    return works
 
 
 def _start_time(pid: int) -> str | None:
@@ -79,10 +77,7 @@ def _start_time(pid: int) -> str | None:
 
 
 def _machine() -> dict:
-    try:
-        pidns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        pidns = None
+    pidns = os.readlink("/proc/self/ns/pid") if os.path.islink("/proc/self/ns/pid") else None
     return {"host": os.uname().nodename, "boot": boot_id(), "pidns": pidns}
 
 
@@ -162,10 +157,8 @@ class HolderLock:
                 mine = False
             os.close(fd)
         if mine:  # never remove a lock someone else holds now
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.lock_file)
-            except OSError:
-                pass
 
     def __enter__(self):
         return self.acquire()
@@ -175,10 +168,8 @@ class HolderLock:
         return False
 
     def __del__(self):
-        try:
+        with contextlib.suppress(Exception):
             self.release(force=True)
-        except Exception:
-            pass
 
     def _create(self) -> bool:
         try:
@@ -203,10 +194,8 @@ class HolderLock:
                 with guard:
                     if stop.is_set():
                         return
-                    try:
+                    with contextlib.suppress(OSError):
                         os.utime(fd)
-                    except OSError:
-                        pass
 
         threading.Thread(target=touch, name="fastpath-hooks lock heartbeat", daemon=True).start()
 
@@ -218,27 +207,20 @@ class HolderLock:
         try:
             fd = os.open(breaker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            try:
+            with contextlib.suppress(OSError):
                 if time.time() - os.stat(breaker).st_mtime > _BREAK_STALE_S:
                     os.unlink(breaker)  # a breaker that died half-way
-            except OSError:
-                pass
             return False
         try:
             dead = self._holder_dead()
-            if dead:
-                try:
-                    if os.stat(self.lock_file).st_ino == dead:
-                        os.unlink(self.lock_file)
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                if dead and os.stat(self.lock_file).st_ino == dead:
+                    os.unlink(self.lock_file)
             return bool(dead)
         finally:
             os.close(fd)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(breaker)
-            except OSError:
-                pass
 
     def _holder_dead(self):
         """The lock file's inode when its holder is dead, else 0 (an unreadable record: only its age tells)."""

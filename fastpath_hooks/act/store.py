@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,7 +20,8 @@ import sys
 import time
 
 from .. import events
-from .._names import JOURNAL, STATE_DIR_NAME, cache_root, cache_root_from_environ, environment_key, find_links_given
+from .._names import (JOURNAL, STATE_DIR_NAME, VERSION, cache_root, cache_root_from_environ, environment_key,
+                      find_links_given)
 
 
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
@@ -42,12 +44,9 @@ def signature_environ(environ=None, *, target: str | None = None) -> tuple:
 def environment_signature(captured: tuple) -> str | None:
     """Everything a kernel decision depends on, read without probing (site-packages' mtime catches a
     same-version reinstall such as another CUDA build of torch). None while an install is pending (a journal)."""
-    from .._names import VERSION as __version__
-
     env = dict(captured)
-    parts: list = [__version__, os.path.realpath(sys.prefix), sys.version, sys.implementation.name, captured]
-    uname = os.uname() if hasattr(os, "uname") else None
-    parts.append((uname.nodename, uname.machine) if uname else None)
+    parts: list = [VERSION, os.path.realpath(sys.prefix), sys.version, sys.implementation.name, captured,
+                   (os.uname().nodename, os.uname().machine)]
     for base, leaf in _GPU_INFO:
         try:
             nodes = sorted(os.listdir(base))
@@ -56,11 +55,10 @@ def environment_signature(captured: tuple) -> str | None:
         for node in nodes:
             parts.append((node, _read_small(os.path.join(base, node, leaf))))
     parts.append(os.path.isfile("/usr/local/cuda/bin/nvcc"))
-    pins_files = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "facts", "pins.json")]
+    parts.append(_stat_key(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "facts",
+                                        "pins.json")))
     if env.get("FASTPATH_HOOKS_PINS", "").strip():
-        pins_files.append(os.path.abspath(os.path.expanduser(env["FASTPATH_HOOKS_PINS"].strip())))
-    for path in pins_files:
-        parts.append(_stat_key(path))
+        parts.append(_stat_key(os.path.abspath(os.path.expanduser(env["FASTPATH_HOOKS_PINS"].strip()))))
     stdlib = os.path.dirname(os.__file__)
     skip = (stdlib, os.path.join(stdlib, "lib-dynload"))  # the interpreter's own: covered by sys.version
     for entry in sys.path:
@@ -98,14 +96,6 @@ def environment_signature(captured: tuple) -> str | None:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def warm_dir(root: str) -> str:
-    return os.path.join(root, "verdicts", environment_key()) + ".warm"
-
-
-def warm_path(root: str, signature: str) -> str | None:
-    return os.path.join(warm_dir(root), signature + ".json") if signature.isalnum() else None
-
-
 def load_verdicts(path: str | None) -> dict:
     if path is None:
         return {}
@@ -119,7 +109,7 @@ def load_verdicts(path: str | None) -> dict:
     return {k: v for k, v in data["kernels"].items() if isinstance(v, dict)}
 
 
-def warm_entry(entries: dict, kernel: str) -> dict | None:
+def _warm_entry(entries: dict, kernel: str) -> dict | None:
     entry = entries.get(kernel)
     if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str):
         return None
@@ -134,8 +124,7 @@ def warm_entry(entries: dict, kernel: str) -> dict | None:
 
 def get_warm(captured: tuple, kernel: str, signature: str) -> dict | None:
     """The good verdict recorded for `kernel` under `signature` (the cache named in `captured`, no settings)."""
-    root = cache_root_from_environ(dict(captured))
-    return warm_entry(load_verdicts(warm_path(root, signature)), kernel)
+    return VerdictCache(root=cache_root_from_environ(dict(captured)), retry_after=0).get_warm(kernel, signature)
 
 
 def _stat_key(path: str):
@@ -163,10 +152,9 @@ _WRITE_LOCK_TIMEOUT = 30.0   # a write holds it for milliseconds
 
 class VerdictCache:
     def __init__(self, settings=None, *, root: str | None = None, retry_after: float | None = None):
-        root = root if root is not None else cache_root(settings)
-        self.path = os.path.join(root, "verdicts", environment_key()) + ".json"
-        self.warm_dir = warm_dir(root)
-        self.root = root
+        self.path = os.path.join(root if root is not None else cache_root(settings), "verdicts",
+                                 environment_key()) + ".json"
+        self.warm_dir = self.path[:-len(".json")] + ".warm"
         self.retry_after = retry_after if retry_after is not None else settings.retry_after
 
     def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
@@ -180,7 +168,10 @@ class VerdictCache:
         return dict(entry, fingerprint=fingerprint)
 
     def get_warm(self, kernel: str, signature: str) -> dict | None:
-        return warm_entry(load_verdicts(warm_path(self.root, signature)), kernel)
+        return _warm_entry(load_verdicts(self._warm_path(signature)), kernel)
+
+    def _warm_path(self, signature: str) -> str | None:
+        return os.path.join(self.warm_dir, signature + ".json") if signature.isalnum() else None
 
     def record(self, kernel: str, *, verdict: tuple | None = None, warm: tuple | None = None) -> bool:
         """Under one lock: `verdict` = (fingerprint, state, reason) drops the warm verdicts earned under the same
@@ -211,7 +202,7 @@ class VerdictCache:
                     os.unlink(path)
 
     def _put_warm(self, kernel: str, signature: str, entry: dict) -> None:
-        path = warm_path(self.root, signature)
+        path = self._warm_path(signature)
         if path is None:
             return
         warm = load_verdicts(path)
@@ -223,10 +214,8 @@ class VerdictCache:
                 return max(map(_ts, load_verdicts(os.path.join(self.warm_dir, name)).values()), default=float("-inf"))
 
             for name in sorted(names, key=written)[:len(names) - WARM_KEEP]:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.warm_dir, name))
-                except OSError:
-                    pass
 
     def entries(self) -> dict:
         """kernel -> its most recently written verdict (with its fingerprint)."""

@@ -10,6 +10,7 @@ them), else under the cache root; a journal found at the next start (under the l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -91,14 +92,12 @@ class Transaction:
         return sum(kill_group(g) for g in [self.group, *self.groups.values()] if g)
 
     def commit(self) -> None:
-        # the work directory, then the journal, then the backup: a crash leaves a stale backup (discard_stale),
+        # the work directory, then the journal, then the backup: a crash leaves a stale backup (recover removes it),
         # never a journal that points at missing backups
         if self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.journal_path)
-        except FileNotFoundError:
-            pass
         if self.backup_dir:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
@@ -199,22 +198,6 @@ class Transaction:
         tx.groups = {i: g for i, g in enumerate(data.get("groups") or []) if isinstance(g, dict)}
         return tx
 
-    @staticmethod
-    def discard_stale(state_dir: str) -> list:
-        """Remove backups no journal points at and the work directories of killed runs (lock held)."""
-        try:
-            entries = os.listdir(state_dir)
-        except OSError:
-            return []
-        if JOURNAL in entries:
-            return []
-        out = []
-        for entry in entries:
-            if entry.startswith((BACKUP_PREFIX, WORK_PREFIX)):
-                shutil.rmtree(os.path.join(state_dir, entry), ignore_errors=True)
-                out.append(entry)
-        return out
-
     # -- helpers -------------------------------------------------------------------
     def _skip_dir(self) -> str:
         """The state directory's name when it lives inside site-packages (never listed, nor cleaned)."""
@@ -290,7 +273,11 @@ def recover(state_dir: str) -> list:
         whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
         events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
                              whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
-    Transaction.discard_stale(state_dir)
+    with contextlib.suppress(OSError):   # backups no journal points at (a crash in begin, commit), killed runs' work
+        entries = os.listdir(state_dir)
+        stale = [] if JOURNAL in entries else [e for e in entries if e.startswith((BACKUP_PREFIX, WORK_PREFIX))]
+        for entry in stale:
+            shutil.rmtree(os.path.join(state_dir, entry), ignore_errors=True)
     return done
 
 
@@ -370,10 +357,8 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
         os.unlink(path)
-    except (FileNotFoundError, IsADirectoryError, PermissionError, NotADirectoryError):
-        pass
 
 
 def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") -> None:
@@ -387,10 +372,8 @@ def atomic_write(path: str, write, *, binary: bool = False, suffix: str = "") ->
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

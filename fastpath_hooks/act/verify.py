@@ -7,6 +7,7 @@ Also the parent side of the warm-up records (`doctor`) and of `doctor --smoke`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -173,10 +174,8 @@ def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
                     "shapes": result.get("shapes"), "seqs": sorted({w["seq"] for w in result.get("warm", [])}),
                     "first_call_s": result.get("first_call_s"), "device": result.get("device"),
                     "dirs": {v: environ.get(v) for v in ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR") if environ.get(v)}}
-    try:
+    with contextlib.suppress(OSError):
         atomic_write_json(warm_path(root), data)
-    except OSError:
-        pass
 
 
 def warm_records(root: str) -> dict:
