@@ -1,12 +1,9 @@
 """Source builds of compiled kernels: restricted to the GPU archs asked for, fast, logged, keyed.
 
-causal-conv1d's (and mamba-ssm's) setup.py hard-codes a `-gencode` pair per arch nvcc knows (nine with CUDA 13)
-and ignores TORCH_CUDA_ARCH_LIST: an all-arch build outlasts most install timeouts. torch's ninja build takes nvcc
-from `PYTORCH_NVCC`, so a generated wrapper (act/compiler_wrapper.py) hands the real nvcc only the asked archs'
-pairs, the C++ standard last, `--split-compile`, the pins' `parallel.split_units` as parts side by side, ccache
-(else sccache) in front, and records every compile (`<log>.nvcc.jsonl`). `pip wheel --no-cache-dir`: pip's wheel
-cache is keyed by the sdist alone and would hand an old build back under a new torch. The wheel is relabelled with
-its key (facts/wheels.py); the build's figures go to the history later estimates come from (facts/memory.py).
+causal-conv1d's and mamba-ssm's setup.py hard-code a `-gencode` pair per arch nvcc knows and ignore
+TORCH_CUDA_ARCH_LIST (an all-arch build outlasts most timeouts): act/compiler_wrapper.py, as torch's
+`PYTORCH_NVCC`, keeps the asked archs and speeds the compiles up. `pip wheel --no-cache-dir`: pip's wheel cache is
+keyed by the sdist alone. The wheel is relabelled with its key; the figures go to the build history.
 """
 
 from __future__ import annotations
@@ -376,34 +373,30 @@ def first_compiler_error(log: str) -> str | None:
 
 def relabel(wheel: str, local: str, dest: str) -> str:
     """A copy of `wheel` with the local label `local` (name, dist-info, METADATA and RECORD agree)."""
-    base = os.path.basename(wheel)
-    new_name = with_local_label(base, local)
+    new_name = with_local_label(os.path.basename(wheel), local)
     new_version = str(parse_wheel(new_name).version)
     target = os.path.join(dest, new_name)
-    with zipfile.ZipFile(wheel) as zin:
+    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zout:
         infos = zin.infolist()
         old_info = next(i.filename.split("/", 1)[0] for i in infos if i.filename.endswith(".dist-info/METADATA"))
         new_info = f"{old_info.split('-', 1)[0]}-{new_version}.dist-info"
         record = []
-        with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as zout:
-            for info in infos:
-                name = info.filename
-                if name.split("/", 1)[0] == old_info:
-                    name = new_info + name[len(old_info):]
-                if name == f"{new_info}/RECORD":
-                    continue
-                data = zin.read(info)
-                if name == f"{new_info}/METADATA":
-                    lines = data.decode("utf-8").split("\n")
-                    lines = [f"Version: {new_version}" if ln.startswith("Version:") else ln for ln in lines]
-                    data = "\n".join(lines).encode("utf-8")
-                out = zipfile.ZipInfo(name, date_time=info.date_time)
-                out.external_attr, out.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
-                zout.writestr(out, data)
-                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-                record.append(f"{name},sha256={digest},{len(data)}")
-            record.append(f"{new_info}/RECORD,,")
-            zout.writestr(f"{new_info}/RECORD", "\n".join(record) + "\n")
+        for info in infos:
+            name = info.filename
+            if name.split("/", 1)[0] == old_info:
+                name = new_info + name[len(old_info):]
+            if name == f"{new_info}/RECORD":
+                continue
+            data = zin.read(info)
+            if name == f"{new_info}/METADATA":
+                data = "\n".join(f"Version: {new_version}" if ln.startswith("Version:") else ln
+                                 for ln in data.decode("utf-8").split("\n")).encode("utf-8")
+            out = zipfile.ZipInfo(name, date_time=info.date_time)
+            out.external_attr, out.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
+            zout.writestr(out, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        zout.writestr(f"{new_info}/RECORD", "\n".join(record + [f"{new_info}/RECORD,,"]) + "\n")
     return target
 
 
@@ -460,9 +453,8 @@ def sccache_counts(path: str | None) -> dict | None:
 
 def calls(speed: Speed) -> list:
     try:
-        with open(speed.calls, encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
-    except (OSError, ValueError):
+        return [json.loads(line) for line in _log_lines(speed.calls) if line.strip()]
+    except ValueError:
         return []
 
 
@@ -472,11 +464,10 @@ def calls_path(log: str) -> str:
 
 def ccache_result(work: str) -> dict | None:
     """Hits, misses and uncacheable compiles from this build's ccache stats log, or None."""
-    try:
-        with open(os.path.join(work, CCACHE_STATS), encoding="utf-8", errors="replace") as fh:
-            lines = [ln.strip() for ln in fh if ln.strip() and not ln.startswith("#")]
-    except OSError:
+    path = os.path.join(work, CCACHE_STATS)
+    if not os.path.isfile(path):
         return None
+    lines = [ln.strip() for ln in _log_lines(path) if ln.strip() and not ln.startswith("#")]
     hits = sum(1 for ln in lines if ln.endswith("_hit"))
     misses = sum(1 for ln in lines if ln == "cache_miss")
     return {"hits": hits, "misses": misses, "uncacheable": len(lines) - hits - misses}

@@ -378,10 +378,9 @@ def _gdr_check(check: dict) -> dict:
 
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # the served kernel's entry point
 
-    served = check["served"]
+    served, kernel, check_seq, compare = check["served"], check.get("kernel"), check["check_seq"], check.get("compare")
     device = check.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    compare = check.get("compare")
     calls = [0]
     if compare:
         module = importlib.import_module(compare["module"])
@@ -392,17 +391,14 @@ def _gdr_check(check: dict) -> dict:
             return original(*args, **kwargs)
 
         setattr(module, compare["function"], counted)
+    finals = check.get("final_state") or [False]
 
-    def path(on: bool) -> None:
-        """The served kernel's own path (every backend switched off), or with the backend switched on."""
+    def step(x: dict, on: bool, final: bool = finals[0]) -> tuple:
+        """The served kernel's own path (every backend off), or with the backend on: (its tensors, seconds)."""
         for var, off in check["own"].items():
             os.environ[var] = off
         if on:
             os.environ.pop(compare["switch"], None)
-
-    finals = check.get("final_state") or [False]
-
-    def step(x: dict, final: bool = finals[0]) -> tuple:
         leaves = {n: x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
         sync()
         start = time.perf_counter()
@@ -411,39 +407,33 @@ def _gdr_check(check: dict) -> dict:
         out = out[0] if isinstance(out, tuple) else out
         out.backward(x["do"])
         sync()
-        return out.detach(), {f"d{n}": t.grad for n, t in leaves.items()}, time.perf_counter() - start
+        return {"o": out.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}, time.perf_counter() - start
 
     started = time.perf_counter()
-    result = {"device": device, "served": served, "check_seq": check["check_seq"], "shapes": check["shapes"],
-              "errors": {}, "first_call_s": {}}
+    result = {"device": device, "served": served, "check_seq": check_seq, "shapes": check["shapes"], "errors": {},
+              "first_call_s": {}}
     worst, failed = None, []
     for i, shape in enumerate(check["shapes"]):
-        x = _inputs(torch, shape, check["check_seq"], device, 1234 + i)
+        x = _inputs(torch, shape, check_seq, device, 1234 + i)
         leaves = {n: x[n].float().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
         ref, _ = gdr_ref(**leaves)
         ref.backward(x["do"].float())
         ref_t = {"o": ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
-        path(False)
-        out, grads, seconds = step(x)
-        result["first_call_s"][f"own {shape}"] = seconds
-        own = {"o": _rel(torch, out, ref_t["o"]), **{n: _rel(torch, grads[n], ref_t[n]) for n in grads}}
-        result["errors"][f"{served} {shape}"] = own
+        got, result["first_call_s"][f"own {shape}"] = step(x, False)
+        own = result["errors"][f"{served} {shape}"] = {n: _rel(torch, t, ref_t[n]) for n, t in got.items()}
         if not all(e < float("inf") for e in own.values()):
             failed.append(f"{served}'s own path gave non-finite {[n for n, e in own.items() if e == float('inf')]}")
         if not compare:
             continue
         before = calls[0]
-        path(True)
         try:
-            out_b, grads_b, seconds = step(x)
+            got, result["first_call_s"][f"{kernel} {shape}"] = step(x, True)
         except Exception as exc:   # its JIT (nvcc), its import: fla does not catch them - here they are the verdict
-            return {**result, "status": "fail", "reason": f"{check['kernel']} raised {_first_line(exc)}"[:400]}
-        result["first_call_s"][f"{check['kernel']} {shape}"] = seconds
+            return {**result, "status": "fail", "reason": f"{kernel} raised {_first_line(exc)}"[:400]}
         if calls[0] == before:
-            return {**result, "status": "fail", "reason": f"{served} did not dispatch to {check['kernel']} at "
+            return {**result, "status": "fail", "reason": f"{served} did not dispatch to {kernel} at "
                     f"K x V = {shape[2]} x {shape[3]} on {device} (its verifier sent the call to its own path)"}
-        mine = {"o": _rel(torch, out_b, ref_t["o"]), **{n: _rel(torch, grads_b[n], ref_t[n]) for n in grads_b}}
-        result["errors"][f"{check['kernel']} {shape}"] = mine
+        mine = result["errors"][f"{kernel} {shape}"] = {n: _rel(torch, t, ref_t[n]) for n, t in got.items()}
         for name in TENSORS:
             limit = max(check["tolerances"][name], check["slack"] * own[name])
             if not mine[name] <= limit:
@@ -452,29 +442,22 @@ def _gdr_check(check: dict) -> dict:
             if worst is None or room > worst["room"]:
                 worst = {"tensor": name, "error": mine[name], "limit": limit, "room": room}
     if failed:
-        return {**result, "status": "fail", "reason": f"at T={check['check_seq']}: " + "; ".join(failed[:3])}
-    result["worst"] = worst
-    warm = []
+        return {**result, "status": "fail", "reason": f"at T={check_seq}: " + "; ".join(failed[:3])}
     # nothing is compiled for a CPU (stand-in kernels): the warm-up runs on the GPU, or where asked for
     seqs = check["seqs"] if device != "cpu" or check.get("device") == "cpu" else []
     if not seqs and check["seqs"]:
         result["warm_skipped"] = "no JIT on a CPU"
+    warm = []
     for seq in seqs:
         for shape in check["shapes"]:
             x = _inputs(torch, shape, seq, device, 99)
             for final in finals:   # transformers' output_final_state: a cache made (use_cache) or not
-                row = {"seq": seq, "shape": shape, "final_state": final}
-                path(False)
-                row["own_s"] = step(x, final)[2]
+                row = {"seq": seq, "shape": shape, "final_state": final, "own_s": step(x, False, final)[1]}
                 if compare:
-                    path(True)
-                    row["backend_s"] = step(x, final)[2]
+                    row["backend_s"] = step(x, True, final)[1]
                 warm.append(row)
             del x
-    result["warm"] = warm
-    result["seconds"] = time.perf_counter() - started
-    result["status"] = "pass"
-    return result
+    return dict(result, worst=worst, warm=warm, seconds=time.perf_counter() - started, status="pass")
 
 
 def check_here(check: dict) -> dict:

@@ -1,12 +1,9 @@
 """The compiler wrapper of a source build (run as a script; stdlib only, nothing of the package).
 
-act/build.py points torch's `PYTORCH_NVCC` (nvcc, hipcc) and `CXX` at a `/bin/sh` shim running this file with a
-JSON config: `real` (the compiler's argv), `kind` (nvcc, hipcc, cxx), `keep` (nvcc: the archs whose `-gencode`
-pairs stay; the kept ones said after MARK, the wheel is labelled from them), `std` (every `-std` dropped - nvcc
-refuses two - and `-std=<std>` appended last to every compile), `split` (`--split-compile`, nvcc >= 11.8),
-`launcher` (ccache or sccache in front), `calls` (a JSON line per compile) and `parts` (a file one compile cannot
-spread over the cores - causal-conv1d's backward, 18 explicit instantiations - compiled as N copies side by side,
-each keeping a share of them, linked back with `ld -r`; anything unexpected: compiled whole).
+act/build.py points torch's `PYTORCH_NVCC` and `CXX` at a shim running this with a JSON config: `keep` (nvcc: the
+archs whose `-gencode` pairs stay, said after MARK), `std` (every `-std` dropped - nvcc refuses two - and
+`-std=<std>` last), `split` (`--split-compile`), `launcher` (ccache, sccache), `calls` (a JSON line per compile),
+`parts` (a file one compile cannot spread - causal-conv1d's backward - as N copies side by side, `ld -r` linked).
 """
 
 from __future__ import annotations

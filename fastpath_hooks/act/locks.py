@@ -1,11 +1,9 @@
 """The one way to take a cross-process lock (`file_lock`), and the environment's install lock.
 
-flock where the filesystem supports it; filelock cannot be left to find out (3.12 raises NotImplementedError
-for ENOSYS and retries EOPNOTSUPP until the timeout; newer releases fall back to a SoftFileLock that never
-recovers from a dead holder). Elsewhere (Lustre without `-o flock`, some NFS) a `HolderLock`: a file created
-with O_EXCL naming its holder (host, boot, pid namespace, pid, start time) and touched every REFRESH_S; a waiter
-breaks it when the holder is provably dead, or untouched for STALE_AFTER_S on another host - under a second
-lock file, after reading it again, so two waiters never both break it, nor break a fresh holder's.
+flock where the filesystem has it (filelock cannot be left to find out: 3.12 raises or retries until the timeout,
+newer releases fall back to a lock that never recovers from a dead holder). Elsewhere (Lustre without `-o flock`,
+some NFS) a `HolderLock`: an O_EXCL file naming its holder, touched every REFRESH_S, broken - under a second lock,
+after reading it again - when the holder is provably dead, or untouched for STALE_AFTER_S on another host.
 """
 
 from __future__ import annotations
@@ -237,8 +235,6 @@ class HolderLock:
             os.close(fd)
         try:
             record = json.loads(raw.decode())
-            if not isinstance(record, dict):
-                record = {}
         except ValueError:
-            record = {}
-        return st.st_ino if holder_is_dead(record, st.st_mtime) else 0
+            record = None
+        return st.st_ino if holder_is_dead(record if isinstance(record, dict) else {}, st.st_mtime) else 0

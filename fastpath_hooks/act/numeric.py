@@ -1,12 +1,12 @@
 """Numbers, not just imports: a kernel's tiny forward (and backward) against torch, in the check child.
 
-Run once per (installed files - the digest of the wheel's RECORD -, GPU arch, torch build) and remembered in
-`<cache>/numeric/<kernel>.json` for every environment of the user; a mismatch blocks that release on that arch
-under that torch build (`<p>.block.numeric`). A posed GPU skips it, unless the target says `numeric=cpu`.
+Remembered per installed files (their RECORD digest), GPU arch and torch build for every environment of the
+user; a mismatch blocks that release there (`<p>.block.numeric`). A posed GPU skips it unless `numeric=cpu`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,19 +23,17 @@ from .runner import child_environ, ended, run
 CHILD = check_child.__file__
 
 
-def run_child(arg: str, *, timeout: float, environ: dict, python: str | None = None, **how) -> tuple:
+def run_child(arg: str, *, timeout: float, environ: dict, **how) -> tuple:
     """Run the check child (`arg`: its kernels as JSON, or `smoke`): (its Ran, the items it printed, the rest of
     its output)."""
-    ran = run([python or sys.executable, CHILD, arg], timeout=timeout, environ=environ, **how)
+    ran = run([sys.executable, CHILD, arg], timeout=timeout, environ=environ, **how)
     items, other = [], []
     for line in ran.output.splitlines():
-        if not line.startswith(check_child.MARK):
+        if line.startswith(check_child.MARK):
+            with contextlib.suppress(ValueError):
+                items.append(json.loads(line[len(check_child.MARK):]))
+        else:
             other.append(line)
-            continue
-        try:
-            items.append(json.loads(line[len(check_child.MARK):]))
-        except ValueError:
-            continue
     return ran, [i for i in items if isinstance(i, dict)], "\n".join(other)
 
 
@@ -63,18 +61,14 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
     if not checks or env.accelerator not in ("cuda", "rocm"):
         return None
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
-    build = torch_build(env)
     # remembered under the kernel's own files: a backend it would dispatch to (fla to flash-qla) is
     # checked against the kernel's own path by the backend's gated-delta-rule check, not here
     off = tuple((s.switch.variable, s.switch.off) for s in pins.kernels.values()
                 if s.kind == "backend" and kernel in s.serves and s.switch is not None)
-    if env.gpu_source == "target":
-        if env.numeric_device == "cpu":
-            return NumericPlan(kernel, checks, "cpu", archs, build, root, env=off)
-        return NumericPlan(kernel, checks, None, archs, build, root,
-                           skip=f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to "
-                                "run them on (numeric=cpu in the target checks CPU stand-ins)", env=off)
-    return NumericPlan(kernel, checks, "cuda", archs, build, root, env=off)
+    device = "cuda" if env.gpu_source != "target" else "cpu" if env.numeric_device == "cpu" else None
+    skip = "" if device else (f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to "
+                              "run them on (numeric=cpu in the target checks CPU stand-ins)")
+    return NumericPlan(kernel, checks, device, archs, torch_build(env), root, skip=skip, env=off)
 
 
 def _key(plan: NumericPlan, digest: str, arch: str) -> str:

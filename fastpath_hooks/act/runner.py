@@ -1,9 +1,8 @@
-"""The one way fastpath-hooks runs a child process: its own session, the whole group killed on a timeout or any
-exception (Ctrl-C), output captured with a heartbeat.
+"""The one way to run a child process: its own session, the whole group killed on a timeout or any exception.
 
-No `preexec_fn` (unsafe in a threaded parent) and so no PR_SET_PDEATHSIG: instead the caller records the child's
-group (`started=`: the installer's journal) before the child runs anything - it waits at a gate (`sh` reading a
-line) until then, and exits unrun if the parent died first - and a recovery kills a living group (`kill_group`).
+No `preexec_fn` (unsafe in a threaded parent), so no PR_SET_PDEATHSIG: the caller journals the child's group
+(`started=`) while the child waits at a gate (`sh` reading a line; it exits unrun if the parent died first), and a
+recovery kills a living group (`kill_group`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """What earlier runs remember, in the cache (facts/memory.py reads it): verdicts, warm verdicts, checks.
 
-- The warm path (`environment_signature`, `get_warm`) runs at every first kernel import of every process: only
-  what a Python process has anyway is imported, a handful of directories and one small file are read.
-- `VerdictCache`, per user and environment: per kernel, verdicts under fingerprints of the facts it depends on
-  (the KEEP newest; failures expire after `retry_after`); warm verdicts under the whole environment's
-  signature, one file per signature (the WARM_KEEP newest: nodes sharing the cache do not evict each other).
-- The remembered checks (`recall`, `remember`): a passed check child, keyed on all it read (the kernel's
-  RECORD digest, the distributions its imports loaded, interpreter, machine, GPUs, variables, the check), so a
-  later environment whose key matches runs no child (a torch import saved: 13-43 s on the H200).
+The warm path (`environment_signature`, `get_warm`) runs at every first kernel import: only what a Python process
+has anyway is imported. `VerdictCache`: per kernel, the KEEP newest verdicts under fingerprints of its facts
+(failures expire); good outcomes under the whole environment's signature, the WARM_KEEP newest (nodes sharing the
+cache do not evict each other). `recall`/`remember`: a passed check child keyed on all it read, so a later
+environment with the same key runs none (a torch import saved: 13-43 s on the H200).
 """
 
 from __future__ import annotations

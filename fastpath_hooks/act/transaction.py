@@ -1,11 +1,9 @@
 """Undo for installs, and the files the act layer writes (whole or not at all: `atomic_write`).
 
-`begin()` backs up every file of each distribution the steps may change (every dist-info copy a killed
-installer left), journals it and lists site-packages; `rollback()` removes what is there now and what appeared
-since, puts the copies back and deletes every new file: site-packages is exactly as before. Files of other
-distributions are never touched, even when a new RECORD lists them (the `nvidia/__init__.py` of every nvidia-*
-wheel). The journal and lock live beside site-packages (every process and user of a shared environment sees
-them), else under the cache root; a journal found at the next start (under the lock) is rolled back.
+`begin()` backs up each distribution the steps may change and lists site-packages; `rollback()` puts it back
+exactly as it was, new files deleted, other distributions' files never touched (the `nvidia/__init__.py` every
+nvidia-* wheel lists). The journal lives beside site-packages (every user of a shared environment sees it), else
+under the cache root; one found at the next start (under the lock) is rolled back.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The check of installed kernels: ONE child process (act/check_child.py) for every kernel of an install.
-
-Never in-process: a bad build can abort or segfault the importing process. A passed check is remembered
-(act/store.py): a later environment with the same files beside the same distributions runs no child at all.
-Also the parent side of the warm-up records (`doctor`) and of `doctor --smoke`.
+"""The check of installed kernels: ONE child (act/check_child.py) for every kernel of an install - never
+in-process: a bad build can abort or segfault the importer. A passed check is remembered (act/store.py). Also
+the parent side of the warm-up records (`doctor`) and of `doctor --smoke`.
 """
 
 from __future__ import annotations
