@@ -82,11 +82,9 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
                    **(speed.config() if speed is not None else {})}, fh)
     path = os.path.join(work, name)
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(f"#!/bin/sh\n# Written by fastpath-hooks for one source build ({kind}"
-                 f"{': only ' + ' '.join(keep) if keep is not None else ''}{'; -std=' + std if std else ''}"
-                 f"{'; --split-compile=%d' % speed.split if speed is not None and speed.split > 1 else ''}).\n"
-                 f"exec {shlex.quote(sys.executable)} {shlex.quote(compiler_wrapper.__file__)} "
-                 f"{shlex.quote(config)} \"$@\"\n")
+        fh.write(f"#!/bin/sh\n# fastpath-hooks' {kind} wrapper for one source build (its config: {config})\n"
+                 f"exec {shlex.quote(sys.executable)} {shlex.quote(compiler_wrapper.__file__)} {shlex.quote(config)} "
+                 '"$@"\n')
     os.chmod(path, 0o755)
     return path
 

@@ -546,15 +546,8 @@ def _loaded() -> dict:
 
         tops = {name.split(".")[0] for name, mod in list(sys.modules.items()) if getattr(mod, "__file__", None)}
         owners = md.packages_distributions()
-        dists = {}
-        for top in sorted(tops):
-            for dist in owners.get(top, ()):
-                try:
-                    dists[dist] = md.version(dist)
-                except Exception:   # noqa: BLE001
-                    pass
-        return dists
-    except Exception:   # noqa: BLE001 - only the memory's key is lost
+        return {dist: md.version(dist) for top in sorted(tops) for dist in owners.get(top, ())}
+    except Exception:   # noqa: BLE001 - only the memory's key is lost: a check next time
         return {}
 
 

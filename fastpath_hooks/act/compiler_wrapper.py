@@ -170,11 +170,8 @@ def split_source(text: str, parts: int) -> list:
     if len(found) < 2:
         return []
     parts = min(parts, len(found))
-    out = []
-    for k in range(parts):
-        mine = set(found[k::parts])   # interleaved: the heavy and the light instantiations spread evenly
-        out.append("\n".join("" if i in found and i not in mine else line for i, line in enumerate(lines)))
-    return out
+    shares = [set(found[k::parts]) for k in range(parts)]   # interleaved: the heavy and the light ones spread evenly
+    return ["\n".join("" if i in found and i not in mine else line for i, line in enumerate(lines)) for mine in shares]
 
 
 def _in_parts(real: list, args: list, parts: int, config: dict, front: list) -> int:

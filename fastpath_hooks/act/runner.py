@@ -7,6 +7,7 @@ recovery kills a living group (`kill_group`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,13 +85,8 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
                 started(proc.pid)
                 proc.stdin.write(b"go\n")
                 proc.stdin.close()
-            deadline = start + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    _kill(proc)
-                    code = None
-                    break
+            code = None
+            while (remaining := start + timeout - time.monotonic()) > 0:
                 try:
                     code = proc.wait(timeout=min(heartbeat, remaining))
                     break
@@ -98,13 +94,13 @@ def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label
                     if label:
                         events.status(f"still {label} ({_elapsed(time.monotonic() - start, expected)})", kernel,
                                       heartbeat=True)
+            else:   # past its timeout
+                _kill(proc)
         except BaseException:
             _kill(proc)
             if gated:
-                try:
+                with contextlib.suppress(Exception):   # the exception that stopped the run is the one to report
                     started(None)
-                except Exception:
-                    pass  # the exception that stopped the run is the one to report
             raise
         if code is not None:
             _kill_group(proc.pid)  # nothing of the tool outlives its run

@@ -173,14 +173,10 @@ class Transaction:
     @classmethod
     def pending(cls, state_dir: str):
         path = os.path.join(state_dir, JOURNAL)
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return None
-        except (OSError, ValueError, UnicodeDecodeError):
-            data = None
-        readable = isinstance(data, dict)   # an unreadable journal: nothing reliable to restore, dropped
+        data = _read_json(path)
+        readable = data is not None   # an unreadable journal: nothing reliable to restore, dropped
         data = data if readable else {"id": "unreadable", "description": "unreadable journal"}
         defaults = {"id": "?", "site_dir": "", "names": [], "before": {}, "manifest": [], "listing": [],
                     "before_dirs": {}, "backup_dir": "", "description": ""}
@@ -209,14 +205,7 @@ class Transaction:
 
     def _known_listing(self) -> dict | None:
         """begin()'s {relative directory: [file names]}, None when unreadable."""
-        if not self.backup_dir:
-            return None
-        try:
-            with open(os.path.join(self.backup_dir, LISTING), encoding="utf-8") as fh:
-                known = json.load(fh)
-        except (OSError, ValueError, UnicodeDecodeError):
-            return None
-        return known if isinstance(known, dict) else None
+        return _read_json(os.path.join(self.backup_dir, LISTING)) if self.backup_dir else None
 
     def _remove_new_files(self) -> list:
         if not self.site_dir or not os.path.isdir(self.site_dir):
@@ -285,6 +274,15 @@ def _counted(done: list) -> list:
     if len(leftovers) <= 2:
         return done
     return [d for d in done if d not in leftovers] + [f"removed {len(leftovers)} leftover files"]
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _instances(name: str, found: dict, dups: dict) -> list:

@@ -35,11 +35,6 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), numeric=None, check=Non
                        root=root, gpus=gpus)[0]
 
 
-def _check_key(check) -> str:
-    """A decision's check as part of the memory's key (another check - other shapes, a backend - runs again)."""
-    return json.dumps(thaw(check), sort_keys=True, default=str) if check else ""
-
-
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, numeric=(), checks=(),
                 root: str | None = None, gpus=()) -> list:
     """One Verification per kernel (in dependency order), all checked in ONE child. A kernel the child never
@@ -50,7 +45,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
     gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
-    keys = [_check_key(c) for c in gdrs]
+    # a decision's check is part of the memory's key: another check (other shapes, a backend) runs again
+    keys = [json.dumps(thaw(c), sort_keys=True, default=str) if c else "" for c in gdrs]
     numbers = {i: skipped(plan) or prepare(plan, store.installed_digest(spec.distributions),
                                            installed_versions().get(spec.distributions[0]))
                for i, (spec, plan) in enumerate(zip(specs, plans)) if plan is not None}
