@@ -138,17 +138,16 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
               expected: float | None = None, together=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log. `share`: its part
     of the machine when other builds (`together`) run at the same time; `expected`: the estimate in seconds."""
-    req = Requirement(step.requirements[0])
-    pinned = [s.version for s in req.specifier if s.operator == "=="]
     if kernel not in pins.source_builds:
         raise BuildError(f"{kernel} has no source build in the pins (kernels.{kernel}.source_build)")
+    pinned = [s.version for s in Requirement(step.requirements[0]).specifier if s.operator == "=="]
     spec = pins.build(kernel, pinned[0] if pinned else None)
     archs = tuple(step.archs) or ("all",)
     root = cache_root(settings)
     log = log_path(root, spec.distribution, spec.version or "", archs)
-    os.makedirs(os.path.dirname(log), exist_ok=True)
     out_dir = os.path.join(work, "built")
-    os.makedirs(out_dir, exist_ok=True)
+    for directory in (os.path.dirname(log), out_dir):
+        os.makedirs(directory, exist_ok=True)
     if share is None:
         share = shares([(kernel, spec, expected)], settings=settings, env=env)[kernel]
     jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
@@ -169,21 +168,21 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     ran = run(argv, timeout=settings.timeout, environ=child_environ(tuple(sorted(extra.items())) + tuple(scratch)),
               kernel=kernel, label=f"building {kernel} for {', '.join(archs)} (log: {shown})", work=work, log=log,
               started=started, expected=expected)
-    code, tail, seconds = ran.code, ran.tail, ran.seconds
+    seconds = ran.seconds
     compiled, info = summary(speed, work, sccache_before) if speed is not None else ("", {})
     if compiled:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"# {SPEED_MARK} {compiled}\n")
         with contextlib.suppress(OSError):   # the records kept beside the log (the work directory goes)
             shutil.copyfile(speed.calls, calls_path(log))
-    if code is None:
+    if ran.code is None:
         raise BuildError(f"the source build of {what} did not finish within {settings.timeout:.0f} s "
                          f"(FASTPATH_HOOKS_TIMEOUT); log: {log}")
     wheels = [n for n in os.listdir(out_dir) if n.endswith(".whl")]
-    if code != 0 or len(wheels) != 1:
+    if ran.code != 0 or len(wheels) != 1:
         first = first_compiler_error(log)
-        raise BuildError(f"the source build of {what} failed (pip exit {code})" + (f": {first}" if first else "") +
-                         f"; full log: {log}" + ("" if first else f"; {tail}"))
+        raise BuildError(f"the source build of {what} failed (pip exit {ran.code})" + (f": {first}" if first else "")
+                         + f"; full log: {log}" + ("" if first else f"; {ran.tail}"))
     built = _built_archs(log, archs, env=env, kernel=kernel, spec=spec, wrapped="PYTORCH_NVCC" in extra, shown=shown)
     if step.cxx_std and not any(STD_MARK in line for line in _log_lines(log)):
         events.warning(f"{kernel}: the build never ran the wrapper handing -std={step.cxx_std} last (no ninja on "

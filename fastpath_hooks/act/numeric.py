@@ -113,27 +113,24 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
         problem = f"{kernel}'s numeric check failed: {report.get('error')}"
     if problem is not None:   # the child could not run the checks (a crash is a verdict on the build too)
         return NumericResult(False, problem)
-
-    def remember(state, detail, **more):
-        if root and digest:
-            update_records(cache_path(root, kernel), {k: {
-                "state": state, "detail": detail, "version": version, "arch": arch, "torch_build": plan.torch_build,
-                "device": plan.device, "ts": time.time(), **more} for arch, k in keys.items()})
-
     results = report.get("results", [])
     failed = [r for r in results if r.get("state") in ("mismatch", "error")]
     if failed:   # short: the engine's line says `<kernel>: blocked - <this>` within one line
-        detail = f"on {where}, {_short(failed[0]['function'])} {failed[0].get('why')}"
-        remember(MISMATCH, detail, results=results)
-        return NumericResult(False, detail)
-    worst = max((r.get("max_abs", 0.0) for r in results), default=0.0)
-    skipped = [f"{r['name']} ({r.get('why')})" for r in results if r.get("state") == "skipped"]
-    ran = [r for r in results if r.get("state") == "ok"]
-    detail = (f"numbers match torch on {where}: {len(ran)} check{'s' if len(ran) != 1 else ''}, max abs diff "
-              f"{worst:.2g}, in {seconds:.1f} s" + (f"; not run: {', '.join(skipped)}" if skipped else ""))
-    remember(GOOD, detail)
-    events.status(f"{label or kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
-    return NumericResult(True, detail)
+        state, detail = MISMATCH, f"on {where}, {_short(failed[0]['function'])} {failed[0].get('why')}"
+    else:
+        worst = max((r.get("max_abs", 0.0) for r in results), default=0.0)
+        not_run = [f"{r['name']} ({r.get('why')})" for r in results if r.get("state") == "skipped"]
+        ran = [r for r in results if r.get("state") == "ok"]
+        state, detail = GOOD, (f"numbers match torch on {where}: {len(ran)} check{'s' if len(ran) != 1 else ''}, "
+                               f"max abs diff {worst:.2g}, in {seconds:.1f} s"
+                               + (f"; not run: {', '.join(not_run)}" if not_run else ""))
+        events.status(f"{label or kernel}: {detail}", kernel)   # once per installed files, GPU arch and torch build
+    if root and digest:
+        update_records(cache_path(root, kernel), {k: {
+            "state": state, "detail": detail, "version": version, "arch": arch, "torch_build": plan.torch_build,
+            "device": plan.device, "ts": time.time(), **({"results": results} if failed else {})}
+            for arch, k in keys.items()})
+    return NumericResult(state == GOOD, detail)
 
 
 def _known(root: str | None, kernel: str, keys: dict) -> dict | None:

@@ -108,15 +108,13 @@ def load_verdicts(path: str | None) -> dict:
 
 def _warm_entry(entries: dict, kernel: str) -> dict | None:
     entry = entries.get(kernel)
-    if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str):
-        return None
-    if entry.get("posed") not in (None, "cuda", "xpu"):
+    if not isinstance(entry, dict) or not isinstance(entry.get("reason"), str) or \
+            entry.get("posed") not in (None, "cuda", "xpu"):
         return None
     pairs = entry.get("env") or []
-    if not (isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-                                            for p in pairs)):
-        return None
-    return entry
+    ok = isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                                         for p in pairs)
+    return entry if ok else None
 
 
 def get_warm(captured: tuple, kernel: str, signature: str) -> dict | None:
@@ -156,12 +154,11 @@ class VerdictCache:
 
     def get(self, kernel: str, fingerprint: str, now: float | None = None) -> dict | None:
         entry = load_verdicts(self.path).get(kernel, {}).get(fingerprint)
-        if not isinstance(entry, dict) or entry.get("state") not in (GOOD, FAILED):
-            return None
-        if not isinstance(entry.get("ts"), (int, float)) or not isinstance(entry.get("reason"), str):
+        if not isinstance(entry, dict) or entry.get("state") not in (GOOD, FAILED) or \
+                not isinstance(entry.get("ts"), (int, float)) or not isinstance(entry.get("reason"), str):
             return None
         if entry["state"] == FAILED and (time.time() if now is None else now) - entry["ts"] > self.retry_after:
-            return None
+            return None   # failures expire: a restart retries
         return dict(entry, fingerprint=fingerprint)
 
     def get_warm(self, kernel: str, signature: str) -> dict | None:

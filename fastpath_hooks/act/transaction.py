@@ -344,12 +344,9 @@ def _has_files(path: str) -> bool:
 
 
 def _inside(path: str, root: str) -> bool:
-    if not root:
-        return False
-    try:
+    with contextlib.suppress(ValueError):   # another drive, or an empty root
         return os.path.commonpath([os.path.realpath(path), root]) == root
-    except ValueError:
-        return False
+    return False
 
 
 def _remove(path: str) -> None:
