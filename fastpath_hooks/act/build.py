@@ -477,13 +477,10 @@ def summary(speed: Speed, work: str, sccache_before: dict | None = None) -> tupl
     info = {"compiles": len(done), "split": speed.split,
             "launcher": os.path.basename(speed.launcher) if speed.launcher else None,
             "slowest": {"source": slowest.get("source"), "seconds": slowest.get("seconds")} if slowest else None}
-    cache = None
-    if info["launcher"] == "ccache":
-        cache = ccache_result(work)
-    elif info["launcher"] == "sccache" and sccache_before is not None:
-        after = sccache_counts(speed.launcher)
-        if after is not None:
-            cache = {k: after[k] - sccache_before.get(k, 0) for k in ("hits", "misses")}
+    cache = ccache_result(work) if info["launcher"] == "ccache" else None
+    after = sccache_counts(speed.launcher) if sccache_before is not None else None   # None unless sccache
+    if after is not None:
+        cache = {k: after[k] - sccache_before.get(k, 0) for k in ("hits", "misses")}
     info["cache"] = cache
     parts = [f"{len(done)} nvcc compile{'s' if len(done) != 1 else ''}",
              f"--split-compile={speed.split}" if speed.split > 1 else "no --split-compile"]

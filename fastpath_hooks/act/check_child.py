@@ -131,8 +131,12 @@ def _leaf(t):
     return t.detach().clone().requires_grad_(True)
 
 
-def _backward(torch, pairs, out, ref, names, leaves, refs) -> list:
-    """`pairs` and, after one backward of both with the same random gradient, each leaf's gradient."""
+def _backward(backward: bool, pairs, out, ref, names, leaves, refs) -> list:
+    """`pairs` and, where asked, after one backward of both with the same random gradient, each leaf's gradient."""
+    import torch
+
+    if not backward:
+        return pairs
     grad = torch.randn_like(ref)
     out.backward(grad.to(out.dtype))
     ref.backward(grad)
@@ -151,11 +155,9 @@ def _conv(fn, s, opt, dtype, device, backward):
     weight = torch.randn(d, w, device=device, dtype=dtype).requires_grad_(backward)
     bias = torch.randn(d, device=device, dtype=dtype).requires_grad_(backward)
     out = fn(x, weight, bias, activation="silu")
-    xr, wr, br = (_leaf(t) for t in (x, weight, bias))
-    ref = conv_ref(xr, wr, br, True)
-    pairs = [("forward", out, ref)]
-    return _backward(torch, pairs, out, ref, ("dx", "dweight", "dbias"), (x, weight, bias), (xr, wr, br)) \
-        if backward else pairs
+    refs = [_leaf(t) for t in (x, weight, bias)]
+    ref = conv_ref(*refs, True)
+    return _backward(backward, [("forward", out, ref)], out, ref, ("dx", "dweight", "dbias"), (x, weight, bias), refs)
 
 
 def _conv_update(fn, s, opt, dtype, device, backward):
@@ -186,9 +188,8 @@ def _ssd(fn, s, opt, dtype, device, backward):
     y, state = fn(x, dt, A, B, C, s["chunk_size"], D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
     refs = [_leaf(t) for t in leaves]
     ry, rstate = ssd_ref(*refs)
-    pairs = [("forward", y, ry), ("final_states", state, rstate)]
-    return _backward(torch, pairs, y, ry, ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), leaves, refs) \
-        if backward else pairs
+    return _backward(backward, [("forward", y, ry), ("final_states", state, rstate)], y, ry,
+                     ("dx", "ddt", "dA", "dB", "dC", "dD", "ddt_bias"), leaves, refs)
 
 
 def _state_update(fn, s, opt, dtype, device, backward):
@@ -225,9 +226,8 @@ def _selective_scan(fn, s, opt, dtype, device, backward):
     out, last = fn(u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=True, return_last_state=True)
     refs = [_leaf(t) for t in leaves]
     ref, ref_last = selective_scan_ref(*refs)
-    pairs = [("forward", out, ref), ("last_state", last, ref_last)]
-    return _backward(torch, pairs, out, ref, ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), leaves,
-                     refs) if backward else pairs
+    return _backward(backward, [("forward", out, ref), ("last_state", last, ref_last)], out, ref,
+                     ("du", "ddelta", "dA", "dB", "dC", "dD", "dz", "ddelta_bias"), leaves, refs)
 
 
 def _gdr(fn, s, opt, dtype, device, backward):

@@ -101,8 +101,7 @@ class Transaction:
 
     def rollback(self) -> list:
         """Restore the before-state; what was done."""
-        done = []
-        intact: set = set()
+        done, intact, failed, restored = [], set(), [], set()
         if self.site_dir and os.path.isdir(self.site_dir):
             found, dups = scan([self.site_dir])
             intact = {n for n in self.names if self._intact(n, found, dups)}
@@ -126,8 +125,6 @@ class Transaction:
                     if self.before.get(name) != dist.version:
                         done.append(f"removed {name} {dist.version}")
             _prune_empty_dirs(self.site_dir, removed_files)
-        failed = []
-        restored = set()
         for original, backup, *owner in self.manifest:
             if owner and owner[0] in intact:
                 continue
@@ -141,8 +138,7 @@ class Transaction:
                 restored.update(owner)
             except OSError as exc:
                 failed.append(f"{original}: {exc}")
-        for name in sorted(restored):
-            done.append(f"restored {name} {self.before[name]}")
+        done += [f"restored {name} {self.before[name]}" for name in sorted(restored)]
         if failed:
             done.append(f"could not restore {len(failed)} files ({failed[0]})")
         done += self._remove_new_files()
@@ -210,12 +206,9 @@ class Transaction:
     def _remove_new_files(self) -> list:
         if not self.site_dir or not os.path.isdir(self.site_dir):
             return []
-        skip = self._skip_dir()
-        before_top = set(self.listing)
-        known = self._known_listing()
-        done = []
+        skip, known, done = self._skip_dir(), self._known_listing(), []
         for entry in sorted(os.listdir(self.site_dir)):
-            if entry == skip or entry in before_top:
+            if entry == skip or entry in self.listing:
                 continue
             path = os.path.join(self.site_dir, entry)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -223,13 +216,12 @@ class Transaction:
             else:
                 _remove(path)
             done.append(f"removed leftover {entry}" + (" (an installer's stash)" if entry.startswith("~") else ""))
-        if not isinstance(known, dict):
+        if known is None:
             return done  # the per-file listing is gone: only new top-level entries were removed
         listing = _file_listing(self.site_dir, skip)
-        new = []
-        for rel_dir, files in listing.items():
-            before = set(known.get(rel_dir, ()))
-            new.extend(os.path.join(self.site_dir, rel_dir, name) for name in files if name not in before)
+        before = {rel_dir: set(names) for rel_dir, names in known.items() if isinstance(names, list)}
+        new = [os.path.join(self.site_dir, rel_dir, name) for rel_dir, files in listing.items() for name in files
+               if name not in before.get(rel_dir, ())]
         stray = 0
         for path in sorted(new, key=_is_bytecode):  # sources first: a cache needs its source
             if _is_bytecode(path) and _source_exists(path) and "~" not in path[len(self.site_dir):]:

@@ -145,16 +145,12 @@ def _modules(names) -> str:
 
 def summary(result: dict) -> str:
     """A passed gated-delta-rule check in one clause: how far from its limit it came, what the warm-up cost."""
-    parts = []
     worst = result.get("worst")
-    if worst:
-        parts.append(f"{worst['tensor']} {worst['error']:.1e} (limit {worst['limit']:.1e}) at T={result['check_seq']}")
-    warm = result.get("warm", [])
-    if warm:
-        seqs = sorted({w["seq"] for w in warm})      # each length once: its variants (a final state or not) too
-        parts.append(f"JIT warmed for {', '.join(map(str, seqs))} tokens")
-    parts.append(f"{result.get('seconds', 0):.1f} s")
-    return ", ".join(parts)
+    seqs = sorted({w["seq"] for w in result.get("warm", [])})   # each length once, whatever its variants
+    parts = [f"{worst['tensor']} {worst['error']:.1e} (limit {worst['limit']:.1e}) at T={result['check_seq']}"
+             if worst else "", f"JIT warmed for {', '.join(map(str, seqs))} tokens" if seqs else "",
+             f"{result.get('seconds', 0):.1f} s"]
+    return ", ".join(p for p in parts if p)
 
 
 def warm_path(root: str) -> str:
