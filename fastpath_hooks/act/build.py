@@ -124,9 +124,7 @@ def _tool_dirs() -> list:
     """The interpreter's bin and wherever a `ninja` of its distributions lives (an environment layered over
     another's site-packages sees its ninja package, not its bin directory)."""
     out = [os.path.dirname(sys.executable)]
-    for entry in sys.path:
-        if not entry.endswith("site-packages"):
-            continue
+    for entry in (e for e in sys.path if e.endswith("site-packages")):
         for candidate in (os.path.join(entry, "ninja", "data", "bin"),
                           os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(entry))), "bin")):
             if os.path.isfile(os.path.join(candidate, "ninja")) and candidate not in out:
@@ -294,10 +292,8 @@ def shares(builds, *, settings, env) -> dict:
 
 
 def _expected(seconds) -> str:
-    if not seconds:
-        return ""
     return (f", about {minutes(seconds)} (an estimate; `fastpath-hooks build` or examples/Dockerfile does it ahead "
-            "of time)")
+            "of time)") if seconds else ""
 
 
 def remember_build(root: str, record: dict) -> None:

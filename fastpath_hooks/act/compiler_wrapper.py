@@ -142,10 +142,8 @@ def main(argv: list) -> None:
     compiling = any(a in _SPLIT_FLAGS for a in args)   # not -E/-M/--version: nothing to cache or time
     launcher, calls = config.get("launcher"), config.get("calls")
     parts = _parts_for(args, config) if compiling else 1
-    if parts > 1:
-        code = _in_parts(real, args, parts, config, [launcher] if launcher else [])
-        if code == 0:
-            sys.exit(0)
+    if parts > 1 and _in_parts(real, args, parts, config, [launcher] if launcher else []) == 0:
+        sys.exit(0)
     if not compiling or not (launcher or calls):
         os.execvp(real[0], real + args)
     sys.exit(_timed([launcher] if launcher else [], real, args, config))

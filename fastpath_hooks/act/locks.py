@@ -161,9 +161,8 @@ class HolderLock:
     def __enter__(self):
         return self.acquire()
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info) -> None:
         self.release()
-        return False
 
     def __del__(self):
         with contextlib.suppress(Exception):

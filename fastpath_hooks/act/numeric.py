@@ -134,8 +134,7 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
 
 
 def _known(root: str | None, kernel: str, keys: dict) -> dict | None:
-    """The remembered entry for these keys: a GOOD one where every arch passed, a MISMATCH one where one
-    failed, else None."""
+    """The remembered entry: a GOOD one where every arch passed, a MISMATCH one where one failed, else None."""
     known = read(root, kernel)
     if keys and all(known.get(k, {}).get("state") == GOOD for k in keys.values()):
         return known[next(iter(keys.values()))]

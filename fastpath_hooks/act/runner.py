@@ -47,13 +47,8 @@ class Ran:
 
 def child_environ(extra=(), drop=()) -> dict:
     """This process's environment with fastpath-hooks off (no hooks, no recursion), pip quiet, `extra` on top."""
-    environ = dict(os.environ)
-    for name in drop:
-        environ.pop(name, None)
-    environ["FASTPATH_HOOKS_DISABLE"] = "1"
-    environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    environ.update(dict(extra))
-    return environ
+    environ = {"PIP_DISABLE_PIP_VERSION_CHECK": "1", **{k: v for k, v in os.environ.items() if k not in drop}}
+    return {**environ, "FASTPATH_HOOKS_DISABLE": "1", **dict(extra)}
 
 
 def run(argv, *, timeout: float, environ: dict | None = None, kernel=None, label: str = "", work: str | None = None,

@@ -123,19 +123,16 @@ def get_warm(captured: tuple, kernel: str, signature: str) -> dict | None:
 
 
 def _stat_key(path: str):
-    try:
+    with contextlib.suppress(OSError):
         st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
+        return st.st_mtime_ns, st.st_size
+    return None
 
 
 def _read_small(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4096)
-    except OSError:
-        return None
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read(4096)
+    return None
 
 
 GOOD = "good"
@@ -318,21 +315,12 @@ def installed_digest(distributions) -> str | None:
 
     found, _ = scan()
     rows = []
-    for name in sorted(distributions):
-        dist = found.get(name)
-        if dist is None:
-            continue
-        try:
-            with open(os.path.join(dist.path, "RECORD"), encoding="utf-8", errors="replace") as fh:
-                for row in csv.reader(fh):
-                    if len(row) < 2 or not row[1] or ".dist-info/" in row[0] or row[0].endswith(".pyc"):
-                        continue
-                    rows.append(f"{name}:{row[0]},{row[1]}")
-        except OSError:
-            continue
-    if not rows:
-        return None
-    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+    for name in sorted(n for n in distributions if n in found):
+        with contextlib.suppress(OSError), open(os.path.join(found[name].path, "RECORD"), encoding="utf-8",
+                                                errors="replace") as fh:
+            rows += [f"{name}:{row[0]},{row[1]}" for row in csv.reader(fh)
+                     if len(row) >= 2 and row[1] and ".dist-info/" not in row[0] and not row[0].endswith(".pyc")]
+    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest() if rows else None
 
 
 def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:

@@ -137,8 +137,7 @@ def _with_numbers(result, numbers, item: dict):
 def _modules(names) -> str:
     """The modules as a message names them: all when short, else their package (a line stays short)."""
     joined = ", ".join(names)
-    packages = sorted({name.split(".")[0] for name in names})
-    return joined if len(joined) <= 24 else ", ".join(packages)
+    return joined if len(joined) <= 24 else ", ".join(sorted({name.split(".")[0] for name in names}))
 
 
 # -- the warm-up records and doctor --smoke -------------------------------------------------------
@@ -174,20 +173,17 @@ def warm_records(root: str) -> dict:
 
 def cache_listing(directory: str) -> dict:
     """Entries, bytes and the newest change in a JIT cache directory (doctor)."""
-    size, newest = 0, None
     try:
         entries = len(os.listdir(directory))
     except OSError:
         return {"directory": directory, "exists": False, "entries": 0, "bytes": 0, "newest": None}
+    stats = []
     for root, _, files in os.walk(directory):
         for name in files:
-            try:
-                st = os.stat(os.path.join(root, name))
-            except OSError:
-                continue
-            size += st.st_size
-            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
-    return {"directory": directory, "exists": True, "entries": entries, "bytes": size,
+            with contextlib.suppress(OSError):
+                stats.append(os.stat(os.path.join(root, name)))
+    newest = max((st.st_mtime for st in stats), default=None)
+    return {"directory": directory, "exists": True, "entries": entries, "bytes": sum(st.st_size for st in stats),
             "newest": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(newest)) if newest else None}
 
 
