@@ -20,6 +20,7 @@ from .numeric import NumericResult, conclude, prepare, run_child, skipped
 from .runner import child_environ, ended
 from .transaction import atomic_write_json
 
+
 @dataclass(frozen=True)
 class Verification:
     ok: bool
