@@ -1,37 +1,17 @@
-r"""One kernel's decision as an explicit state machine: `run(kernel, ...)` loops `state, run = STEP[state](run)`
-over small transition functions until DONE, carrying an immutable `Run` (each step returns a new one).
-Everything outside the engine is reached through `run.world` (world.py): the machine decides
-nothing itself - the policy's Decision says what to do, repairs included - and only executes.
+r"""One kernel's decision as an explicit state machine: `run()` loops `state, run = STEP[state](run)` until
+DONE over an immutable `Run`. Everything outside the engine is reached through `run.world` (world.py);
+the policy's Decision says what to do (repairs included) and the machine only executes it.
 
     CONTEXT -> READ -> NEEDS -> CACHED -> LOCK -> CHECK -> VERIFY / INSTALL -> RECORD -> DONE
                                      \-> REPORT (report mode: say what would be done)
 
-- CONTEXT: settings and pins (bad ones: report mode, said once); a kernel in FASTPATH_HOOKS_SKIP ends here -
-  after an install killed half-way is rolled back (its half-written tree must not be imported either).
-- READ: the world read once - the cheap stamp, then probe + policy, unless the world's last reading
-  was made under the same stamp (the kernels of one request share it). A pending journal (an
-  install running, or killed half-way) is waited for and rolled back under the lock first.
-- NEEDS: the kernels this one needs first (fla on Hopper: tilelang), each through `needs` (the
-  engine's `ensure`), while this thread holds no lock: a dependency is decided once, by whoever asks first.
-- CACHED: the verdict cache under the fingerprint of the facts this kernel depends on: a kernel verified
-  before is not verified again; a failed attempt is not retried for FASTPATH_HOOKS_RETRY_AFTER seconds -
-  by interpreter starts: a command the user typed (`now`: `fastpath-hooks install`) tries again at once.
-- LOCK, CHECK: the environment lock (one process - and one thread - installs or verifies at a time).
-  Under it the stamp is taken again: only when the environment changed meanwhile (another process
-  installed, repaired or built while this one waited) is the world read again. The verdicts are
-  read again either way (another process may have verified or failed without changing anything).
-- VERIFY: an installed kernel imported in a child process; a failure runs the repair the policy
-  decided with it (`Decision.repair`), under the lock.
-- INSTALL: the decision's steps in a transaction (verified in a child process before commit).
-- RECORD: the verdict and, for a good outcome, the warm verdict for the next start, in one write;
-  after an install the facts are settled from the installer's own scan (no probe, no policy).
-The lock is released by the loop, whatever state it ends in.
-
-The steps decide the transitions; the lines an outcome is said in are outcome.py's.
-
-Installing a kernel together with the others of its request (INSTALL, when decide/policy/ finds
-more than this one): their builds side by side, one installer call, one check (World.install_batch).
-The other members' verdicts are written here and remembered in the World for their own runs.
+READ reads the world once, unless a reading under the same stamp exists (the kernels of one request
+share it). NEEDS decides the kernels this one needs first through `needs` (the engine's ensure), no
+lock held. CHECK, under the environment lock, reads the world again only when its stamp changed while
+waiting (another process installed or built) and always reads the verdicts again. INSTALL installs
+the kernel with the others of its request where decide/policy/ finds them (one installer call, one
+check); RECORD writes the verdict and a good outcome's warm verdict in one write. The loop releases
+the lock whatever state it ends in. docs/architecture.md draws the flow.
 """
 
 from __future__ import annotations
@@ -49,8 +29,7 @@ from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import first_fitting
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
-                      hazard_fix, installed_line, keeps_instead, line_fits, numeric_block, recorded_outcome,
-                      reminder_for, skipped_outcome)
+                      installed_outcome, keeps_instead, line_fits, numeric_block, reminder_for, skipped_outcome)
 from .world import Batched, InstallFailed, LockUnavailable, NumericFailed, Reading
 
 
@@ -105,25 +84,16 @@ class Run:
             return None
         return "xpu" if env.accelerator == "xpu" else "cuda"
 
-    @property
-    def env_pairs(self) -> tuple:
-        return tuple(tuple(p) for p in self.decision.env) if self.decision is not None else ()
-
     def done(self, outcome: Outcome):
         return State.DONE, replace(self, outcome=outcome)
 
-    def good(self, outcome: Outcome):
-        """A usable kernel: RECORD remembers it for the next start (the warm verdict)."""
+    def good(self, outcome: Outcome):   # RECORD remembers it for the next start (the warm verdict)
         return State.RECORD, replace(self, outcome=outcome)
 
 
 def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None,
         request=None, now: bool = False) -> Run:
-    """Decide `kernel` (the engine makes sure this runs once per process); the final Run.
-    `needs(other)` -> Outcome decides a kernel this one needs first (the engine's `ensure`);
-    `signature`: the warm signature of `captured` the engine just computed (the first stamp uses it);
-    `request()` -> world.Request: the other kernels of this request, installed with it where they can be;
-    `now`: a command the user typed - a failure remembered from an earlier attempt is not replayed."""
+    """Decide `kernel` (the engine runs this once per process); the final Run. See Run for the arguments."""
     state, current = State.CONTEXT, Run(kernel, world=world, captured=captured, target=target, needs=needs,
                                         signature=signature, request=request, now=now)
     try:
@@ -138,13 +108,11 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
     return current
 
 
-# -- the steps ------------------------------------------------------------------------------
-
 def _context(run: Run):
     settings, pins, invalid = run.world.context(run.target)
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
-        if run.world.pending(settings):   # skipped, yet never imported from a half-written install
+        if run.world.pending(settings):   # skipped, yet never imported half-written
             failed = _recover(run)
             if failed is not None:
                 return run.done(failed)
@@ -181,8 +149,8 @@ def _read(run: Run):
 
 
 def _recover(run: Run) -> Outcome | None:
-    """An install's journal is there: taking the lock waits for that install, after which the
-    journal is gone (committed) or its writer is dead (rolled back here)."""
+    """An install's journal is there: taking the lock waits for that install, after which the journal
+    is gone (committed) or its writer is dead (rolled back here)."""
     settings, world = run.settings, run.world
     if settings.mode == "report":
         events.warning(f"an install into this environment was interrupted ({world.state_dir(settings)}); it is not "
@@ -211,16 +179,16 @@ def _needs(run: Run):
         if dep_outcome.state not in GOOD:
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             fix = f"fix {dep} first: its line says how"
-            # the line: why whole when it fits, else in short (the dependency's own line says its reason)
+            # why whole when it fits, else in short (the dependency's own line says its reason)
             said = (why, fix) if line_fits(f"{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") \
                 else (f"needs {dep} here, which is not usable", fix)
             if decision.on_failure == OnFailure.BLOCK:
-                return run.done(blocked_outcome(decision, why, decision.fix or hazard_fix(run.pins, run.kernel),
-                                         said=said))
+                fix = decision.fix or next((hz.fix for hz in run.pins.hazards if hz.kernel == run.kernel), "")
+                return run.done(blocked_outcome(decision, why, fix, said=said))
             apply_env(run.kernel, decision.off, why)
             say = events.debug if run.invalid is not None else events.warning
             say(engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
-                detail=f"{why}; {run.kernel} is not installed, {keeps_instead(run.pins, run.kernel)}")
+                detail=f"{why}; {run.kernel} is not installed, {keeps_instead(run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
     return State.CACHED, run
 
@@ -240,7 +208,7 @@ def _cached(run: Run):
         return (State.VERIFY if settings.mode == "report" else State.LOCK), run
     if settings.mode == "report":
         return State.REPORT, run
-    failed = _remembered_failure(run)
+    failed = _known(run, failed_only=True)
     return run.done(failed) if failed is not None else (State.LOCK, run)
 
 
@@ -253,12 +221,13 @@ def _report(run: Run):
     if run.invalid is not None:   # the one line about the bad variable said it: nothing is installed
         events.debug(detail, kernel)
     else:
-        events.warning(message, kernel, once=f"report-{kernel}", persist=f"{decision.rule}:report:{why}:{decision.reason}",
-                       detail=detail)
+        events.warning(message, kernel, once=f"report-{kernel}", detail=detail,
+                       persist=f"{decision.rule}:report:{why}:{decision.reason}")
     if decision.on_failure == OnFailure.BLOCK and decision.installed:
+        said = ((decision.short_reason or decision.reason) + " (report mode: not repaired)",
+                decision.short_fix if decision.short_reason else decision.fix)
         return run.done(blocked_outcome(decision, decision.reason + " (report mode: not repaired)", decision.fix,
-                                 said=((decision.short_reason or decision.reason) + " (report mode: not repaired)",
-                                       decision.short_fix if decision.short_reason else decision.fix)))
+                                        said=said))
     return run.done(Outcome(kernel, OutcomeState.REPORTED, decision.reason))
 
 
@@ -267,7 +236,7 @@ def _lock(run: Run):
     try:
         lock.acquire()
     except LockUnavailable as exc:
-        if run.decision.action == OK and not run.repairing:  # verifying unlocked is what the lock only saves repeating
+        if run.decision.action == OK and not run.repairing:  # the lock only saves repeating a verification
             events.debug(f"{run.kernel}: {exc}; verifying without it", run.kernel)
             return State.VERIFY, run
         return run.done(failed_outcome(run.decision, str(exc)))
@@ -275,14 +244,12 @@ def _lock(run: Run):
 
 
 def _check(run: Run):
-    """Under the lock: roll back an interrupted install; read the world again only when it changed
-    since it was read (another process installed, repaired or built while this one waited); read
-    the verdicts again. A repair keeps its decision while nothing changed."""
+    """Under the lock: roll back an interrupted install, read the world again only if it changed while
+    this one waited, read the verdicts again. A repair keeps its decision while nothing changed."""
     world, settings, kernel = run.world, run.settings, run.kernel
     world.recover(settings)
     now = world.stamp(run.captured)
-    # The lock's first holder in this environment: nothing was changed by fastpath-hooks (only the state
-    # directory was made, which moves site-packages' mtime, part of the stamp)
+    # a first holder made the state directory, which moves site-packages' mtime (the stamp): nothing changed
     changed = now is None or (now != run.stamp and not run.lock.first)
     if changed:
         env, plan = world.read(settings, run.pins, kernel)
@@ -310,21 +277,22 @@ def _check(run: Run):
             return State.VERIFY, run
         # this process was about to install it, or said it was waiting: it says how that ended
         if known.state == OutcomeState.OK and (run.planned != OK or getattr(run.lock, "waited", False)):
-            events.status(f"{kernel}: ready - done by another process while this one waited", kernel, once=f"done-{kernel}")
+            events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
+                          once=f"done-{kernel}")
         return run.good(known) if known.state in GOOD else run.done(known)
     if current.action == SKIP:
         return run.done(skipped_outcome(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
         return run.done(blocked_outcome(current, current.reason, current.fix))
-    failed = _remembered_failure(run)  # another process failed while we waited: its verdict, not a second attempt
+    failed = _known(run, failed_only=True)  # another process failed while this one waited: not tried twice
     return run.done(failed) if failed is not None else (State.INSTALL, run)
 
 
 def _verify(run: Run):
     decision, settings, kernel = run.decision, run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
-                              numeric=_numeric_plan(run), check=decision.check, root=cache_root(settings),
-                              gpus=run.env.gpus)
+                              numeric=plan_for(kernel, run.env, run.pins, cache_root(settings)), check=decision.check,
+                              root=cache_root(settings), gpus=run.env.gpus)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
@@ -339,6 +307,8 @@ def _verify(run: Run):
 
 
 def _install(run: Run):
+    """A lone kernel is a batch of one; the others of its request go in with it where decide/policy/
+    finds them (engine.expect, the kernels being ensured now): one installer call, one check."""
     current, settings, kernel, world = run.decision, run.settings, run.kernel, run.world
     installer, why = world.installer(settings, run.env)
     if installer is None:  # not remembered as a failed attempt: fixing it takes effect at the next start
@@ -347,57 +317,92 @@ def _install(run: Run):
         bare = reason.split(" (", 1)[0]          # a path in parentheses is detail: doctor shows it
         events.warning(first_fitting(head + why, f"{head}{bare}; {fix}", engine_line(head, bare, fix)), kernel,
                        once=f"fail-{kernel}", persist=f"{current.rule}:no-installer:{why}",
-                       reminder=reminder_for(run.pins, kernel), detail=head + why)
+                       reminder=reminder_for(kernel), detail=head + why)
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
-    batch = batch_of(run)
-    if len(batch) > 1:
-        return State.RECORD, install_together(run, batch)
-    verb = "repairing" if current.action == REPAIR else "installing"
-    events.status(short.line(current), kernel,
-                  detail=f"{kernel}: {verb} {describe(current, whole=True)} ({run.check_failed or current.reason})")
+    members = (current,)
+    if not run.repairing and run.request is not None:
+        request = run.request()
+        members = batch(run.plan, run.pins, kernel, request=request.kernels, good=request.good, decision=current)
+    for d in members:
+        verb = "repairing" if d.action == REPAIR else "installing"
+        events.status(short.line(d), d.kernel,
+                      detail=f"{d.kernel}: {verb} {describe(d, whole=True)} ({run.check_failed or d.reason})")
+    if len(members) > 1:
+        events.status(f"{kernel}: installing {' and '.join(d.kernel for d in members)} together: one installer "
+                      "call, one check", kernel)
+    failed, numeric = {}, set()
     try:
-        result = world.install(current, settings=settings, env=run.env, pins=run.pins)
+        if len(members) == 1:
+            results = {kernel: world.install(current, settings=settings, env=run.env, pins=run.pins)}
+        else:
+            done = world.install_batch(members, settings=settings, env=run.env, pins=run.pins)
+            results, failed, numeric = dict(done.results), dict(done.failed), set(done.numeric)
     except NumericFailed as exc:   # rolled back; blocked on this GPU, the measured error in the message
-        return State.RECORD, replace(run, decision=numeric_block(current, str(exc), run.env.gpus),
-                                     verdict=(False, str(exc)))
+        results, failed, numeric = {}, {kernel: str(exc)}, {kernel}
     except InstallFailed as exc:
-        return State.RECORD, replace(run, verdict=(False, str(exc)))
-    return State.RECORD, replace(run, verdict=(True, f"{verb[:-3]}ed in {result.seconds:.1f} s"), installed=result)
+        results, failed, numeric = {}, {d.kernel: str(exc) for d in members}, set()
+    if len(members) > 1:
+        _members(run, [d for d in members if d.kernel != kernel], results, failed, numeric)
+    mine = results.get(kernel)
+    if mine is None:
+        why = failed.get(kernel, "not installed")
+        decision = numeric_block(current, why, run.env.gpus) if kernel in numeric else current
+        return State.RECORD, replace(run, decision=decision, verdict=(False, why))
+    done = "repaired" if current.action == REPAIR else "installed"
+    return State.RECORD, replace(run, verdict=(True, f"{done} in {mine.seconds:.1f} s"), installed=mine)
 
 
-def _numeric_plan(run: Run):
-    """What the verification checks of the kernel's numbers here (act/numeric.py; None: it has no check
-    for these GPUs) - once per installed files, GPU arch and torch build."""
-    return plan_for(run.kernel, run.env, run.pins, cache_root(run.settings))
+def _members(run: Run, others, results: dict, failed: dict, numeric: set) -> None:
+    """The other members' verdicts, under the fingerprint of what is on disk now, remembered in the
+    World for their own runs (CHECK), which then neither check nor install again."""
+    world, settings, pins, kernel = run.world, run.settings, run.pins, run.kernel
+    any_result = next(iter(results.values()), None)
+    env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
+    for decision in others:
+        other = decision.kernel
+        if other in results:
+            installed_outcome(other, results[other], decision, pins)
+            verdict = (VERIFIED, f"installed with {kernel}")
+            world.batched[other] = Batched(True, decision.reason, kernel)
+        else:
+            detail = failed.get(other, "not installed")
+            verdict = (FAILED, detail)
+            world.batched[other] = Batched(False, detail, kernel, other in numeric)
+            events.error(engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
+                         detail=f"{other}: could not install - {detail}")
+        if not run.cache.record(other, verdict=(world.fingerprint(env, settings, pins, other), *verdict)):
+            events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
 
 
 def _record(run: Run):
-    """Write the verdict - after an install under the fingerprint of what is on disk now (settled from
-    the installer's scan) - and the warm verdict of a good outcome, in one write; say the outcome."""
-    world, kernel = run.world, run.kernel
+    """Write the verdict (after an install: under the fingerprint of what is on disk now, settled from
+    the installer's scan) and a good outcome's warm verdict, in one write; say the outcome."""
+    world, kernel, decision = run.world, run.kernel, run.decision
     if run.installed is not None:
         env = world.settle(run.env, run.settings, run.pins, run.installed)
         run = replace(run, env=env, fingerprint=world.fingerprint(env, run.settings, run.pins, kernel),
                       stamp=world.stamp(run.captured))
-    outcome = run.outcome if run.outcome is not None else recorded_outcome(run)
-    verdict = None
+    outcome, verdict = run.outcome, None
     if run.verdict is not None:
-        verdict = (run.fingerprint, VERIFIED if run.verdict[0] else FAILED, run.verdict[1])
+        good, detail = run.verdict
+        verdict = (run.fingerprint, VERIFIED if good else FAILED, detail)
+        if not good:
+            outcome = failed_outcome(decision, detail)
+        elif run.installed is not None:
+            outcome = installed_outcome(kernel, run.installed, decision, run.pins, run.check_failed)
+        else:
+            events.debug(f"{kernel}: {detail}", kernel)
+            outcome = Outcome(kernel, OutcomeState.OK, decision.reason)
+    # a bad variable must be said at every start, not skipped by a warm hit; a rule may not let it be warm
+    # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now)
+    rule = lookup(run.pins, decision.rule) if decision is not None else None
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and _warm_rule(run):
-        # a bad variable must be reported at every start, not skipped by a warm hit: no warm verdict then
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
-                                      "env": [list(pair) for pair in run.env_pairs]})
+                                      "env": [list(pair) for pair in decision.env] if decision is not None else []})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)
-
-
-def _warm_rule(run: Run) -> bool:
-    """The decision's rule lets a good outcome be remembered for the next start (decide/messages.py: a
-    build without mamba-ssm's CUDA extension is good only for the families in use now)."""
-    rule = lookup(run.pins, run.decision.rule) if run.decision is not None else None
-    return rule is None or rule.warm
 
 
 STEP = {
@@ -414,83 +419,13 @@ STEP = {
 }
 
 
-# -- the verdicts cached earlier -----------------------------------------------------------
-
-def _known(run: Run) -> Outcome | None:
-    """The cached verdict of an installed kernel: good, or a failure remembered for
-    FASTPATH_HOOKS_RETRY_AFTER (not verified again, whatever repair the plan offers - unless a command
-    the user typed asks: `now`)."""
-    decision = run.decision
+def _known(run: Run, *, failed_only: bool = False) -> Outcome | None:
+    """The cached verdict: good, or a failure remembered for FASTPATH_HOOKS_RETRY_AFTER and said again
+    instead of trying - at interpreter starts; a command the user typed (`now`) tries again."""
     cached = run.cache.get(run.kernel, run.fingerprint)
-    if cached is None or (run.now and cached["state"] == FAILED):
+    if cached is None or (run.now and cached["state"] == FAILED) or (failed_only and cached["state"] == VERIFIED):
         return None
     if cached["state"] == VERIFIED:
         events.debug(f"{run.kernel}: verified earlier ({cached['reason']})", run.kernel)
-        return Outcome(run.kernel, OutcomeState.OK, decision.reason)
-    return failed_outcome(decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
-
-
-def _remembered_failure(run: Run) -> Outcome | None:
-    """A failure remembered from an earlier attempt, said again instead of trying - at interpreter starts;
-    a command the user typed (`now`) tries."""
-    if run.now:
-        return None
-    cached = run.cache.get(run.kernel, run.fingerprint)
-    if cached is not None and cached["state"] == FAILED:
-        return failed_outcome(run.decision, cached["reason"], remembered=cached, settings=run.settings, pins=run.pins)
-    return None
-
-
-def batch_of(run) -> tuple:
-    """The acting decisions installed together with this one (decide/policy/), in dependency
-    order, this one among them: the compiled kernels of the same request - being ensured in this
-    process now, or said to be coming (engine.expect) - whose other needs are already usable. Just
-    this decision otherwise (or a repair)."""
-    if run.repairing or run.request is None:
-        return (run.decision,)
-    request = run.request()
-    return batch(run.plan, run.pins, run.kernel, request=request.kernels, good=request.good, decision=run.decision)
-
-
-def install_together(run, batch: tuple):
-    """This kernel and the others of its request in one batch (World.install_batch). The others'
-    verdicts are written here, under the fingerprint of what is on disk now, and remembered in the
-    World for their own runs (CHECK), which then neither check nor install again. Returns this kernel's
-    Run for RECORD (its verdict, and its install's result when it went in)."""
-    world, settings, kernel, pins = run.world, run.settings, run.kernel, run.pins
-    for decision in batch:   # each member's own reason, said as one install says it
-        events.status(short.line(decision), decision.kernel,
-                      detail=f"{decision.kernel}: installing {describe(decision, whole=True)} ({decision.reason})")
-    events.status(f"{kernel}: installing {' and '.join(d.kernel for d in batch)} together: one installer call, "
-                  "one check", kernel)
-    try:
-        result = world.install_batch(batch, settings=settings, env=run.env, pins=pins)
-        results, failed, numeric = dict(result.results), dict(result.failed), set(result.numeric)
-    except InstallFailed as exc:
-        results, failed, numeric = {}, {d.kernel: str(exc) for d in batch}, set()
-    any_result = next(iter(results.values()), None)
-    env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
-    for decision in batch:
-        other = decision.kernel
-        if other == kernel:
-            continue
-        done = results.get(other)
-        if done is not None:
-            detail = installed_line(other, done, decision)
-            verdict = (world.fingerprint(env, settings, pins, other), VERIFIED, f"installed with {kernel}")
-            world.batched[other] = Batched(True, decision.reason, kernel)
-        else:
-            detail = failed.get(other, "not installed")
-            verdict = (world.fingerprint(env, settings, pins, other), FAILED, detail)
-            world.batched[other] = Batched(False, detail, kernel, other in numeric)
-            events.error(engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
-                         detail=f"{other}: could not install - {detail}")
-        if not run.cache.record(other, verdict=verdict):
-            events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
-        events.debug(f"{other}: {detail}", other)
-    mine = results.get(kernel)
-    if mine is None:
-        why = failed.get(kernel, "not installed")
-        decision = numeric_block(run.decision, why, run.env.gpus) if kernel in numeric else run.decision   # as _install
-        return replace(run, decision=decision, verdict=(False, why))
-    return replace(run, verdict=(True, f"installed in {mine.seconds:.1f} s"), installed=mine)
+        return Outcome(run.kernel, OutcomeState.OK, run.decision.reason)
+    return failed_outcome(run.decision, cached["reason"], remembered=cached, settings=run.settings)

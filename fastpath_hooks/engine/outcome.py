@@ -1,11 +1,5 @@
-"""What a decision gives its callers: the Outcome, and the variables it sets in this process.
-
-The lines a decision's outcome is said in, and the Outcome each goes with: skipped, blocked,
-failed (a remembered failure with its retry time), installed or repaired (RECORD's line, a batch
-member's), and the pieces those lines are made of (what is installed, what keeps running instead, a
-handed-over text fitted to the line width). The state machine (machine.py) decides which one; this
-module only says it - at the severity and once-key each line has always had.
-"""
+"""What a decision gives its callers: the Outcome, the variables it sets in this process, and the
+lines each outcome is said in (machine.py decides which one; this module only says it)."""
 
 from __future__ import annotations
 
@@ -39,8 +33,8 @@ BAD = (OutcomeState.FAILED, OutcomeState.ERROR, OutcomeState.BLOCKED)       # we
 
 
 class Outcome:
-    """What ensure() did for a kernel. (A plain class: this module loads on the first kernel
-    import, where typing/dataclasses may not be loaded yet.)"""
+    """What ensure() did for a kernel. A plain class: it loads on the first kernel import, where
+    dataclasses may not be loaded yet."""
 
     __slots__ = ("kernel", "state", "reason", "block")
 
@@ -56,7 +50,8 @@ class Outcome:
         object.__setattr__(self, name, value)
 
     def __repr__(self):
-        return f"Outcome(kernel={self.kernel!r}, state={self.state.value!r}, reason={self.reason!r}, block={self.block!r})"
+        return (f"Outcome(kernel={self.kernel!r}, state={self.state.value!r}, reason={self.reason!r}, "
+                f"block={self.block!r})")
 
 
 def apply_env(kernel: str, pairs, why: str) -> None:
@@ -67,24 +62,17 @@ def apply_env(kernel: str, pairs, why: str) -> None:
             events.status(f"set {name}={value} ({why})", kernel, human=False)
 
 
-def recorded_outcome(run) -> Outcome:
-    """The outcome of a verification or an install (RECORD), said."""
-    good, detail = run.verdict
-    decision, kernel = run.decision, run.kernel
-    if not good:
-        return failed_outcome(decision, detail)
-    result = run.installed
-    if result is None:
-        events.debug(f"{kernel}: {detail}", kernel)
-        return Outcome(kernel, OutcomeState.OK, decision.reason)
+def installed_outcome(kernel: str, result, decision, pins, check_failed: str | None = None) -> Outcome:
+    """An install's line - a lone kernel's, a batch leader's or member's alike - and its Outcome."""
     repaired = decision.action == REPAIR
-    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(run.pins, kernel, result, decision, whole)} "
+    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(pins, kernel, result, decision, whole)} "
             f"in {result.seconds:.1f} s with {result.installer}; {result.checked}" for whole in (True, False)]
-    events.status(said[0] if line_fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
-    if result.restart_advised:
+    events.status(first_fitting(*said), kernel, detail=said[0])   # a long local label: doctor
+    if result.restart_advised:   # shared by a batch's members: said once
         events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
-                       "changed on disk; restart it to avoid running mixed versions", kernel)
-    reason = f"{run.check_failed}; repaired" if run.check_failed else decision.reason
+                       "changed on disk; restart it to avoid running mixed versions", kernel,
+                       once=f"restart-{','.join(result.restart_advised)}")
+    reason = f"{check_failed}; repaired" if check_failed else decision.reason
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
 
 
@@ -99,31 +87,36 @@ def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:
     rule = lookup(pins, decision.rule)
     if rule is not None and rule.machine_wide:
         why = plan.notes[0] if plan.notes else decision.reason
-        events.emit(events.Severity.STATUS, short.machine_line(decision), decision.kernel, once="global-skip",
-                    persist=f"{decision.rule}:{why}",
-                    detail=f"{why}; nothing to install, transformers keeps its torch path ({', '.join(plan.decisions)})")
+        events.status(short.machine_line(decision), decision.kernel, once="global-skip",
+                      persist=f"{decision.rule}:{why}",
+                      detail=f"{why}; nothing to install, transformers keeps its torch path "
+                             f"({', '.join(plan.decisions)})")
     else:
         kind = rule.severity if rule is not None else events.Severity.STATUS
         # said once per environment; a later start reminds in one line while the kernel stays missing
         missing = not decision.installed and (decision.short_fix if decision.short_reason else decision.fix)
         events.emit(kind, short.line(decision), decision.kernel, once=f"skip-{decision.kernel}",
                     persist=f"{decision.rule}:{decision.reason}",
-                    reminder=reminder_for(pins, decision.kernel) if missing else None,
+                    reminder=reminder_for(decision.kernel) if missing else None,
                     detail=f"{decision.kernel}: {short.outcome(decision)} - {decision.reason}" +
                            (f" ({decision.fix})" if decision.fix else ""))
     return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
 
 
-def reminder_for(pins, kernel: str) -> str | None:
-    """The one line a later start says for a kernel still missing - not for one that only serves another
-    (tilelang: fla's line says it)."""
-    return None if pins.kernel(kernel).serves else short.reminder(kernel)
+def reminder_for(kernel: str) -> str | None:
+    """A later start's line for a kernel still missing - not for one that serves another (fla's line says it)."""
+    return None if (registry().get(kernel) or {}).get("serves") else short.reminder(kernel)
+
+
+def keeps_instead(kernel: str, torch_path: str = "transformers keeps its torch path") -> str:
+    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
+    entry = registry().get(kernel) or {}
+    return f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else torch_path
 
 
 def blocked_outcome(decision, reason: str, fix: str, *, said: tuple | None = None) -> Outcome:
-    """The import fails with the whole reason and fix. The line: `said` (reason, fix), else the decision's
-    short form when it is the decision's own reason, else the reason the engine was handed (a failed check),
-    as much as fits."""
+    """The import fails with the whole reason and fix; the line says `said` (reason, fix), else the
+    decision's short form of its own reason, else the reason handed over (a failed check), fitted."""
     module = registry()[decision.kernel]["modules"][0]
     message = (f"fastpath-hooks blocked `import {module}`: {reason}; "
                f"using transformers' torch path." + (f" Fix: {fix}." if fix else ""))
@@ -137,9 +130,9 @@ def blocked_outcome(decision, reason: str, fix: str, *, said: tuple | None = Non
     return Outcome(decision.kernel, OutcomeState.BLOCKED, reason, block=message)
 
 
-def failed_outcome(decision, reason: str, remembered: dict | None = None, settings=None, pins=None) -> Outcome:
-    """remembered: the cached verdict of an earlier failed attempt (not retried until it expires). A
-    backend that failed is switched off in the kernel it serves (`off`: its import is never blocked)."""
+def failed_outcome(decision, reason: str, remembered: dict | None = None, settings=None) -> Outcome:
+    """`remembered`: the cached verdict of an earlier failed attempt (not retried until it expires). A
+    backend that failed is switched off in the kernel it serves (`off`): its import is never blocked."""
     if remembered is not None:
         reason = remembered["reason"]
     if decision.on_failure == OnFailure.BLOCK:
@@ -148,7 +141,9 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
     persist, reminder = None, None
     if remembered is not None:
         # when it was seen, why, and the command that tries now (a start tries again after RETRY_AFTER)
-        ago, retry = _ago(remembered), _retry_in(remembered, settings)
+        seen = float(remembered.get("ts", 0))
+        ago = _span(max(0.0, time.time() - seen))
+        retry = _span(max(0.0, seen + (settings.retry_after if settings else 0) - time.time()))
         head, now = f"{decision.kernel}: failed {ago} ago: ", f"now: fastpath-hooks install {decision.kernel}"
         message = first_fitting(f"{head}{reason} (tried again in {retry}; {now})",
                                 fitted(head, reason, now, whole_at=None))
@@ -156,11 +151,10 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
                         f"`fastpath-hooks install {decision.kernel}`)")
         # said once per failure: it would repeat at every start until FASTPATH_HOOKS_RETRY_AFTER expires
         persist = f"{decision.rule}:failed:{remembered.get('ts')}"
-        reminder = reminder_for(pins, decision.kernel) if pins is not None else None
-    else:   # the torch path stays (a backend: the kernel it serves keeps its own path)
+        reminder = reminder_for(decision.kernel)
+    else:
         verb = "verify it" if decision.action == OK else decision.action
-        entry = registry().get(decision.kernel) or {}
-        keeps = f"{' and '.join(entry['serves'])} keeps its own path" if entry.get("kind") == "backend" else ""
+        keeps = keeps_instead(decision.kernel, "")
         message = engine_line(f"{decision.kernel}: could not {verb} - ", reason, keeps)
         reason_whole = reason + (f"; {keeps}" if keeps else "")
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
@@ -168,30 +162,12 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
-def _retry_in(entry: dict, settings) -> str:
-    left = max(0.0, float(entry.get("ts", 0)) + (settings.retry_after if settings else 0) - time.time())
-    return _span(left)
-
-
-def _ago(entry: dict) -> str:
-    return _span(max(0.0, time.time() - float(entry.get("ts", 0))))
-
-
 def _span(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
-def keeps_instead(pins, kernel: str) -> str:
-    """What runs instead of a kernel that is not installed: a backend's served kernel keeps its own path."""
-    spec = pins.kernel(kernel)
-    if spec.kind == "backend":
-        return f"{' and '.join(spec.serves)} keeps its own path"
-    return "transformers keeps its torch path"
-
-
 def engine_line(head: str, detail: str, fix: str = "") -> str:
-    """A line about a text the engine was handed (a failed check's or install's output, why no installer
-    can run): events.fitted - whole when it fits, else the fix kept and a pointer to doctor."""
+    """A line about a text handed over (a check's or installer's output): whole, or cut with the fix kept."""
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
 
 
@@ -200,8 +176,7 @@ def line_fits(line: str) -> bool:
 
 
 def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
-    """`fla-core 0.6.0, flash-linear-attention 0.6.0`: the kernel's own distributions now installed (whole:
-    with a built wheel's local label), and how many dependencies came with them (by name in the debug log)."""
+    """`fla-core 0.6.0, flash-linear-attention 0.6.0 (+2 dependencies)`; whole: with a built wheel's local label."""
     own = pins.kernel(kernel).distributions
     mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
     others = len(result.installed) - len(mine)
@@ -216,29 +191,8 @@ def describe(decision, whole: bool = False) -> str:
     return ", ".join(r for s in decision.steps for r in s.requirements)
 
 
-def hazard_fix(pins, kernel: str) -> str:
-    for hz in pins.hazards:
-        if hz.kernel == kernel:
-            return hz.fix
-    return ""
-
-
-def installed_line(kernel: str, result, decision) -> str:
-    """Say a batch member's install as RECORD says the leader's."""
-    said = [f"{kernel}: installed " + (", ".join(f"{k} {v if whole else short.public(v)}"
-                                                 for k, v in sorted(result.installed.items())) or describe(decision))
-            + f" in {result.seconds:.1f} s with {result.installer}; {result.checked}" for whole in (True, False)]
-    events.status(said[0] if line_fits(said[0]) else said[1], kernel, detail=said[0])   # a long local label: doctor
-    done = ", ".join(f"{k} {v}" for k, v in sorted(result.installed.items())) or describe(decision)
-    if result.restart_advised:
-        events.warning(f"this process had already imported {', '.join(result.restart_advised)} before it changed on "
-                       "disk; restart it to avoid running mixed versions", kernel, once="restart-advised")
-    return f"installed {done}"
-
-
 def numeric_block(decision, detail: str, gpus):
-    """The decision a numeric mismatch turns it into: its failure blocks the import (the torch path stays);
-    its line says the measured error and the fix as the policy's `<prefix>.block.numeric` will."""
+    """The decision a numeric mismatch turns it into: blocked, said as the policy's `<prefix>.block.numeric` will."""
     from ..decide.common import NUMERIC_FIX, numeric_measured
     from ..decide.messages import NUMERIC_SHORT_FIX
 
