@@ -1,15 +1,9 @@
-"""The hub as a kernel source (transformers 5.25+, HF `kernels` 0.19): decided once per process, when
-transformers asks for its kernel mapping (from_pretrained on a GPU, `model.train()`), through the
-ecosystem's own levers - the mapping and LOCAL_KERNELS - never transformers' code.
-
-For each entry of the mapping on this machine's device type: where its kernel loads from (a user's
-LOCAL_KERNELS, the kernels cache, the hub when it answers within pins `hub.probe_seconds` and neither
-HF_HUB_OFFLINE nor FASTPATH_HOOKS_OFFLINE is set - else nowhere), then the same rules as for the
-packages (decide/transformers.py). What may serve stays in the mapping: a cached kernel through LOCAL_KERNELS (so
-kernels loads it without asking the hub), a kernel that replaces a managed function after the numeric
-check its package gets (act/numeric.py, once per build, arch and torch build, remembered). The rest is
-dropped from the mapping: kernelize then keeps the decorated function - the package where it imported,
-else torch - instead of raising ValueError offline. Said in one line per node.
+"""The hub as a kernel source (transformers 5.25+, HF `kernels` 0.19): decided once per process when
+transformers asks for its kernel mapping, through the ecosystem's own levers - the mapping and
+LOCAL_KERNELS - never transformers' code. Each entry for this device type is served from where it loads
+(LOCAL_KERNELS, the kernels cache, the hub when it answers in pins' `hub.probe_seconds` and we are not
+offline) if the package rules (decide/transformers.py) and its numeric check allow; the rest is dropped,
+so kernelize keeps the decorated function instead of raising ValueError offline. One line per node.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from ..decide.transformers import choose as decide_choices, served_kernels
 from ..facts.probe import CACHE, ONLINE, device_type, entries, key_type, locate
 from .context import load_context
 from .world import World
+
 _lock = threading.Lock()
 _chosen: dict = {}       # device type -> (HubChoice, ...), decided once per process
 _checked: dict = {}      # entry ref + name -> (ok, detail)
@@ -42,7 +37,7 @@ def choose(mapping: dict) -> dict:
         choices = _chosen.get(device)
         if choices is None:
             choices = _chosen[device] = _decide(mapping, device, env, settings, pins)
-            _say(choices, env)
+            _say(choices)
     dropped = {c.entry.name for c in choices if not c.serve}
     _forget_registered(dropped, device)
     out = dict(mapping)
@@ -65,15 +60,14 @@ def forget() -> None:
     _checked.clear()
 
 
-# -- deciding, checking, saying ----------------------------------------------------------------------------
-
 def _decide(mapping: dict, device: str, env, settings, pins) -> tuple:
     found = entries(mapping, device, env.gpus)
     refs = {}
     for entry in found:
         refs.setdefault(entry.ref, entry)
     where = locate(refs, offline=settings.offline, probe_seconds=pins.hub.probe_seconds)
-    choices = decide_choices(found, env=env, pins=pins, where=where, hazards=Context(env, settings, pins, False).hazards)
+    hazards = Context(env, settings, pins, False).hazards
+    choices = decide_choices(found, env=env, pins=pins, where=where, hazards=hazards)
     added = {c.entry.repo_id: where[c.entry.ref].detail for c in choices if c.serve and c.where == CACHE}
     if added:   # kernels loads these from the cache without asking the hub (LOCAL_KERNELS: resolved first)
         extra = ":".join(f"{repo}={path}" for repo, path in added.items())
@@ -84,8 +78,12 @@ def _decide(mapping: dict, device: str, env, settings, pins) -> tuple:
             problem = _loads(choice.entry)    # a local build kernelize would fail on (ValueError): not asked for
             if problem:
                 choice = type(choice)(choice.entry, False, problem, refused=True)
-        if choice.serve and choice.entry.kernel is not None:
-            ok, detail = _check(choice, env, settings, pins)
+        if choice.serve and choice.entry.kernel is not None:   # the numeric check its package gets (act/numeric.py)
+            key = f"{choice.entry.ref}:{choice.entry.name}"
+            if key not in _checked:
+                _checked[key] = verify_hub(choice.entry, env=env, pins=pins, root=cache_root(settings),
+                                           timeout=settings.timeout)
+            ok, detail = _checked[key]
             if not ok:
                 choice = type(choice)(choice.entry, False, f"its numeric check failed: {detail}", refused=True)
         out.append(choice)
@@ -93,8 +91,7 @@ def _decide(mapping: dict, device: str, env, settings, pins) -> tuple:
 
 
 def _loads(entry) -> str:
-    """Why kernelize could not load this entry's layer from its local build ("" when it can): loaded here as
-    kernelize loads it (kernels' own repository object), in a process that imports it next anyway."""
+    """Why kernelize could not load this entry's local build ("" when it can), loaded as kernelize would."""
     load = getattr(entry.repository, "load", None)
     if load is None:
         return ""
@@ -106,18 +103,8 @@ def _loads(entry) -> str:
     return ""
 
 
-def _check(choice, env, settings, pins) -> tuple:
-    """The numeric check the package of this function gets, run on the hub's kernel (act/numeric.py)."""
-    entry = choice.entry
-    key = f"{entry.ref}:{entry.name}"
-    if key not in _checked:
-        _checked[key] = verify_hub(entry, env=env, pins=pins, root=cache_root(settings), timeout=settings.timeout)
-    return _checked[key]
-
-
-def _say(choices, env) -> None:
-    """One line per node for what the hub does not serve for lack of a copy (offline), one per kernel a rule
-    keeps off the hub (its reason and what serves instead), one per kernel the hub serves."""
+def _say(choices) -> None:
+    """One line for what is not cached (offline), one per kernel kept off the hub, one per kernel it serves."""
     unloadable = [c for c in choices if not c.serve and not c.refused]
     if unloadable:
         why = unloadable[0].reason.split(", and ")[0]
@@ -136,11 +123,8 @@ def _say(choices, env) -> None:
         events.status(f"{kernel}: {', '.join(names)} from {', '.join(refs)}", kernel, once=f"hub-served-{kernel}")
 
 
-# -- helpers ------------------------------------------------------------------------------------------------
-
 def _forget_registered(names, device: str) -> None:
-    """Drop these entries for `device` from the mapping kernels already holds (registered before this
-    process's choice: a from_pretrained before install())."""
+    """Drop these entries for `device` from the mapping kernels already holds (a from_pretrained before install())."""
     for modname in ("kernels._internals.layer.globals", "kernels.layer.globals"):
         module = sys.modules.get(modname)
         mapping = getattr(module, "_KERNEL_MAPPING", None)

@@ -1,13 +1,7 @@
-"""The engine's jobs beside `ensure()`, each through a `World` (world.py) and under the environment lock.
-
-- Recovery: an install killed half-way leaves its journal (and a half-written kernel); it is rolled
-  back before any kernel is imported - at install() and the start-up hand-over (one access(2)), at the
-  import of a kernel install(kernels=...) leaves out, and in every decision (machine.py: CONTEXT, READ).
-  While an install runs its journal exists too: taking the lock waits for it, after which the journal
-  is gone (committed) or its writer is dead (rolled back here).
-- `fastpath-hooks build` (a compiled kernel into the wheel cache, for archs that may not be here) and
-  `download` (a target machine's wheels into a wheelhouse): a pure planning step (`plan_build`,
-  `plan_download`) and an acting step, so the CLI can say what it will do before minutes of building.
+"""The engine's jobs beside `ensure()`, each through the World under the environment lock: rolling back
+an install killed half-way before any kernel is imported (install(), the start-up hand-over, the import
+of a kernel install(kernels=...) leaves out), and `fastpath-hooks build` / `download`, each a pure
+planning step and an acting step, so the CLI can say what it will do before minutes of building.
 """
 
 from __future__ import annotations
@@ -16,14 +10,18 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
+from packaging.requirements import Requirement
+
 from .. import events
 from .._names import JOURNAL, STATE_DIR_NAME, cache_root
 from ..act import fetch as wheelcache
 from ..decide.builds import decide_build
-from ..decide.plan import SKIP, requirements_for
+from ..decide.plan import requirements_for
 from ..decide.policy.compiled import built_fits
 from ..events import fitted
+from ..facts.environment import parse_target
 from . import current_world
+from .machine import roll_back
 from .world import InstallFailed, LockUnavailable
 
 
@@ -44,40 +42,18 @@ def pending_journal() -> str | None:
 def recover_now(wait: bool = True) -> None:
     """Roll back this environment's interrupted install, if any, with the settings a decision reads.
     wait=False (install()): only when the lock is free now - an install holding it is running, not
-    interrupted (in another thread or process), and whoever imports its kernel waits for it there."""
+    interrupted, and whoever imports its kernel waits for it there."""
     world = current_world()
     settings, _, invalid = world.context()
-    if not world.pending(settings):
-        return
-    if settings.mode == "report":
-        events.warning(fitted("an interrupted install here is not rolled back: ", invalid or "FASTPATH_HOOKS_MODE=report",
-                              "a run in install mode rolls it back"), once="interrupted-report",
-                       detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); it is "
-                              f"not rolled back because {invalid or 'FASTPATH_HOOKS_MODE=report'}")
-        return
-    lock = world.lock(settings, LABEL)
-    if wait:
-        try:
-            lock.acquire()
-        except LockUnavailable as exc:
-            events.error(fitted(f"{LABEL} here could not be rolled back yet: ", exc, "the next kernel import tries again"),
-                         once="recover-now",
-                         detail=f"{LABEL} in this environment could not be rolled back yet: {exc}; the next kernel "
-                                "import tries again")
-            return
-    elif lock.try_acquire() is None:
-        events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports of "
-                     "its kernel wait for it")
-        return
-    try:
-        world.recover(settings)
-    finally:
-        lock.release()
+    failed = roll_back(world, settings, invalid, LABEL, wait=wait) if world.pending(settings) else None
+    if failed is not None:
+        again = "the next kernel import tries again"
+        events.error(fitted(f"{LABEL} here could not be rolled back yet: ", failed, again), once="recover-now",
+                     detail=f"{LABEL} in this environment could not be rolled back yet: {failed}; {again}")
 
 
 class Refused(ValueError):
-    """Bad input (an unknown kernel for `build`, an arch list that does not parse, a torch that is
-    not a GPU build): one line naming the problem and the fix."""
+    """Bad input for `build`: one line naming the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -89,24 +65,17 @@ class BuildPlan:
     decision: object = None     # the build's Decision (SKIP: not built, its reason and fix)
     cached: str | None = None   # a fitting wheel already in the wheel cache: nothing to build
 
-    @property
-    def builds(self) -> bool:
-        return self.cached is None and self.decision is not None and self.decision.action != SKIP
 
-
-def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild: bool = False, world=None) -> BuildPlan:
+def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild: bool = False) -> BuildPlan:
     """What `fastpath-hooks build KERNEL [--arch ARCHS] [--rebuild]` would do; Refused for bad input."""
-    world = world or _world()
     if kernel not in pins.source_builds:
         raise Refused(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
                       f"{', '.join(pins.source_builds)}")
-    env = world.probe(settings, pins, nvcc=True)
+    env = current_world().probe(settings, pins, nvcc=True)
     if not (env.torch_cuda or env.torch_hip):
         raise Refused(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
                       "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
     if archs:
-        from ..facts.environment import parse_target
-
         wanted = [a.strip() for a in archs.split(",") if a.strip()]
         if wanted == ["all"]:
             gpus, settings = (), replace(settings, allow_build="1")
@@ -129,11 +98,10 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
     return BuildPlan(kernel, settings, env, pins, decision=decide_build(env, settings, pins, kernel))
 
 
-def build(plan: BuildPlan, *, world=None) -> list:
-    """Run a BuildPlan that builds: under the environment lock (an interrupted install's journal
-    rolled back first: its backup must not be overwritten), the wheels into the cache; their paths.
-    InstallFailed (or LockUnavailable, an InstallFailed too) when it did not happen."""
-    world = world or _world()
+def build(plan: BuildPlan) -> list:
+    """The wheels of a BuildPlan into the cache, under the lock (an interrupted install rolled back
+    first: its backup must not be overwritten); their paths, or InstallFailed."""
+    world = current_world()
     lock = world.lock(plan.settings, plan.kernel)
     try:
         lock.acquire()
@@ -157,13 +125,9 @@ class DownloadPlan:
     nothing: str | None = None  # why there is nothing to download (every decision's reason)
 
 
-def plan_download(*, settings, pins, kernels=None, world=None) -> DownloadPlan:
-    """What `fastpath-hooks download` fetches: the plan for a fresh machine of the target's kind
-    (kernel packages treated as absent)."""
-    from packaging.requirements import Requirement
-
-
-    world = world or _world()
+def plan_download(*, settings, pins, kernels=None) -> DownloadPlan:
+    """What `fastpath-hooks download` fetches: the plan for a fresh machine of the target's kind."""
+    world = current_world()
     env = world.probe(settings, pins)
     plan = world.decide(env, settings, pins, fresh=True)
     binary, wheels, builds = requirements_for(plan, kernels)
@@ -173,11 +137,7 @@ def plan_download(*, settings, pins, kernels=None, world=None) -> DownloadPlan:
     return DownloadPlan(env, settings, tuple(binary), tuple(wheels), tuple(builds), built)
 
 
-def download(plan: DownloadPlan, dest: str, *, world=None) -> list:
-    """The files of a DownloadPlan into `dest`; the files fetched. InstallFailed when they cannot be had."""
-    world = world or _world()
-    return world.download(dest, env=plan.env, settings=plan.settings, binary=plan.binary, wheels=plan.wheels)
-
-
-def _world():
-    return current_world()
+def download(plan: DownloadPlan, dest: str) -> list:
+    """The files of a DownloadPlan into `dest`; InstallFailed when they cannot be had."""
+    return current_world().download(dest, env=plan.env, settings=plan.settings, binary=plan.binary,
+                                    wheels=plan.wheels)

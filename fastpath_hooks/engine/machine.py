@@ -27,7 +27,7 @@ from ..decide import messages as short
 from ..decide.messages import lookup
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
-from ..events import first_fitting
+from ..events import first_fitting, fitted
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       installed_outcome, keeps_instead, line_fits, numeric_block, reminder_for, skipped_outcome)
 from .world import Batched, InstallFailed, LockUnavailable, NumericFailed, Reading
@@ -87,8 +87,8 @@ class Run:
     def done(self, outcome: Outcome):
         return State.DONE, replace(self, outcome=outcome)
 
-    def good(self, outcome: Outcome):   # RECORD remembers it for the next start (the warm verdict)
-        return State.RECORD, replace(self, outcome=outcome)
+    def known(self, outcome: Outcome):   # a usable kernel: RECORD remembers it (the warm verdict)
+        return (State.RECORD if outcome.state in GOOD else State.DONE), replace(self, outcome=outcome)
 
 
 def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None, signature: str | None = None,
@@ -149,20 +149,34 @@ def _read(run: Run):
 
 
 def _recover(run: Run) -> Outcome | None:
-    """An install's journal is there: taking the lock waits for that install, after which the journal
-    is gone (committed) or its writer is dead (rolled back here)."""
-    settings, world = run.settings, run.world
-    if settings.mode == "report":
-        events.warning(f"an install into this environment was interrupted ({world.state_dir(settings)}); it is not "
-                       f"rolled back because {run.invalid or 'FASTPATH_HOOKS_MODE=report'}", run.kernel,
-                       once="interrupted-report")
+    failed = roll_back(run.world, run.settings, run.invalid, run.kernel)
+    if failed is None:
         return None
-    lock = world.lock(settings, run.kernel)
+    events.error(f"{run.kernel}: {failed}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
+    return Outcome(run.kernel, OutcomeState.FAILED, str(failed))
+
+
+def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = True) -> LockUnavailable | None:
+    """Roll back a pending install's journal under the lock: taking it waits for a running install, after
+    which the journal is gone (committed) or its writer is dead. `wait=False`: only if the lock is free now.
+    Returns what kept the lock from being taken."""
+    if settings.mode == "report":
+        why = invalid or "FASTPATH_HOOKS_MODE=report"
+        events.warning(fitted("an interrupted install here is not rolled back: ", why,
+                              "a run in install mode rolls it back"), once="interrupted-report",
+                       detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); "
+                              f"it is not rolled back because {why}")
+        return None
+    lock = world.lock(settings, label)
     try:
-        lock.acquire()
+        if wait:
+            lock.acquire()
+        elif lock.try_acquire() is None:
+            events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports "
+                         "of its kernel wait for it")
+            return None
     except LockUnavailable as exc:
-        events.error(f"{run.kernel}: {exc}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-        return Outcome(run.kernel, OutcomeState.FAILED, str(exc))
+        return exc
     try:
         world.recover(settings)
     finally:
@@ -198,12 +212,9 @@ def _cached(run: Run):
     run = replace(run, cache=world.cache(settings),
                   fingerprint=world.fingerprint(run.env, settings, run.pins, run.kernel))
     if decision.action == OK:
-        if not decision.verify:
-            events.debug(f"{run.kernel}: {decision.reason}", run.kernel)
-            return run.good(Outcome(run.kernel, OutcomeState.OK, decision.reason))
         known = _known(run)
         if known is not None:
-            return run.good(known) if known.state in GOOD else run.done(known)
+            return run.known(known)
         # report mode takes no lock; a verdict is all it writes
         return (State.VERIFY if settings.mode == "report" else State.LOCK), run
     if settings.mode == "report":
@@ -265,21 +276,19 @@ def _check(run: Run):
     batched = world.batched.get(kernel)
     if batched is not None:   # installed (or not) by this process with another kernel of its request
         if batched.ok and current.action == OK:
-            return run.good(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
+            return run.known(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
         if not batched.ok and current.action != OK:
             decision = numeric_block(current, batched.detail, run.env.gpus) if batched.numeric else current
             return run.done(failed_outcome(decision, batched.detail))
     if current.action == OK:
-        known = None if current.verify else Outcome(kernel, OutcomeState.OK, current.reason)
-        if known is None:
-            known = _known(run)
+        known = _known(run)
         if known is None:
             return State.VERIFY, run
         # this process was about to install it, or said it was waiting: it says how that ended
         if known.state == OutcomeState.OK and (run.planned != OK or getattr(run.lock, "waited", False)):
             events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
                           once=f"done-{kernel}")
-        return run.good(known) if known.state in GOOD else run.done(known)
+        return run.known(known)
     if current.action == SKIP:
         return run.done(skipped_outcome(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
@@ -420,8 +429,11 @@ STEP = {
 
 
 def _known(run: Run, *, failed_only: bool = False) -> Outcome | None:
-    """The cached verdict: good, or a failure remembered for FASTPATH_HOOKS_RETRY_AFTER and said again
-    instead of trying - at interpreter starts; a command the user typed (`now`) tries again."""
+    """What is known without verifying: nothing to verify, or the cached verdict - good, or a failure
+    remembered for FASTPATH_HOOKS_RETRY_AFTER and said again at interpreter starts (`now` tries again)."""
+    if not failed_only and not run.decision.verify:
+        events.debug(f"{run.kernel}: {run.decision.reason}", run.kernel)
+        return Outcome(run.kernel, OutcomeState.OK, run.decision.reason)
     cached = run.cache.get(run.kernel, run.fingerprint)
     if cached is None or (run.now and cached["state"] == FAILED) or (failed_only and cached["state"] == VERIFIED):
         return None

@@ -1,16 +1,10 @@
 """The engine's world: everything a decision reads or changes outside the engine, behind one object.
 
-The state machine (machine.py) and the jobs (jobs.py) touch the world only through a `World`: the
-settings and pins, the cheap stamp of the environment, the one read (probe + policy), the environment
-lock and its journal, the verdict cache, the check child and the installer. Tests hand the machine a
-subclass that answers from tables (tests/test_engine_table.py), so every transition runs in milliseconds.
-A `World` remembers its last readings: kernels decided one after the other while nothing changed share
-one read (the stamp says whether anything changed).
-
-The environment lock (`EnvironmentLock`): threads of this process take turns first, then the
-cross-process file lock (act/locks.py). While it is held, the holding thread's events wait for the
-`on_event` callbacks (`events.hold`/`deliver`), so a callback that blocks or calls fastpath-hooks
-cannot hold up an install or deadlock with it.
+The state machine and the jobs touch the world only through a `World`, so tests can hand them one that
+answers from tables (tests/support/worlds.py). A World keeps its last readings: kernels decided while
+nothing changed (its stamp says so) share one read. While the environment lock is held, the holding
+thread's events wait for the `on_event` callbacks (events.hold/deliver): a callback cannot hold up an
+install or deadlock with it.
 """
 
 from __future__ import annotations
@@ -35,54 +29,47 @@ from .context import complete, fingerprint, load
 
 
 def snapshot(settings, pins):
-    """(env, plan): the World's read, for `doctor` and `plan` (what they show is what an install
-    decides from)."""
+    """(env, plan) for `doctor` and `plan`: what they show is what an install decides from."""
     return World().read(settings, pins)
 
 
 class InstallFailed(Exception):
-    """An install (or a build) did not happen; the environment is as it was. The message says why."""
+    """An install, build or download did not happen; the environment is as it was."""
 
 
 class NumericFailed(InstallFailed):
-    """The install was rolled back because the kernel's numbers differ from torch's on this GPU
-    (act/numeric.py remembered it): the kernel is blocked there. The message has the measured error."""
+    """Rolled back: the kernel's numbers differ from torch's on this GPU (blocked there)."""
 
 
 class Stamp(NamedTuple):
-    """What tells, cheaply, whether the world may have changed since a read: the warm signature
-    (interpreter, distributions on sys.path, variables, GPUs, pins, wheelhouse) and the wheel
-    cache's directory (another process may have built a kernel into it)."""
+    """Whether the world may have changed since a read, cheaply: the warm signature and the wheel
+    cache's directory (another process may have built into it)."""
     signature: str
     wheels: tuple | None
 
 
 class Batched(NamedTuple):
-    """What happened to a kernel installed together with the one whose run led the batch: `ok`, the
-    line that says it, the leader."""
+    """A kernel installed (or not) together with `leader`, the kernel whose run led the batch."""
     ok: bool
     detail: str
     leader: str
-    numeric: bool = False   # it failed on its numbers here (act/numeric.py): blocked on this GPU
+    numeric: bool = False   # it failed on its numbers here: blocked on this GPU
 
 
 class Request(NamedTuple):
-    """The kernels of the request a decision belongs to (being ensured in this process, or said to
-    be coming: `engine.expect`), and those already decided usable."""
+    """The kernels of a decision's request (being ensured, or expected), and those already usable."""
     kernels: frozenset
     good: frozenset
 
 
 class Reading(NamedTuple):
-    """One read of the world, made under `stamp`: the probed environment and the policy's plan."""
     stamp: Stamp | None
     env: object
     plan: object
 
 
 class Readings:
-    """The last readings of one World, by (captured variables, stamp); a few, since a process
-    decides its kernels within seconds of each other."""
+    """The last few readings of one World, by (captured variables, stamp)."""
 
     KEEP = 4
 
@@ -111,32 +98,26 @@ class World:
 
     def __init__(self):
         self.readings = Readings()
-        # kernel -> Batched: installed (or failed) together with another kernel of its request by this process
-        self.batched: dict = {}
+        self.batched: dict = {}   # kernel -> Batched, by this process
 
-    # -- what a decision is made from ------------------------------------------------------
     def context(self, target: str | None = None):
         """(settings, pins, invalid): see context.load."""
         return load(target)
 
     def stamp(self, captured: tuple, signature: str | None = None) -> Stamp | None:
-        """None while an install is pending here (a journal: running now, or killed half-way).
-        `signature`: the warm signature just computed for `captured` (the warm path's), not computed again."""
+        """None while an install is pending here (a journal). `signature`: already computed for `captured`."""
         signature = signature or environment_signature(captured)
         if signature is None:
             return None
-        wheels = os.path.join(cache_root_from_environ(dict(captured)), "wheels")
         try:
-            st = os.stat(wheels)
+            st = os.stat(os.path.join(cache_root_from_environ(dict(captured)), "wheels"))
             listed = (st.st_mtime_ns, st.st_size)
         except OSError:
             listed = None
         return Stamp(signature, listed)
 
     def read(self, settings, pins, kernel=None):
-        """(env, plan): the environment probed now and the policy's plan for it - the one read
-        (nvcc's CUDA release asked for only where a source build is being considered: for `kernel`'s
-        decision when one is named, see `complete`)."""
+        """(env, plan): the environment probed now and the policy's plan for it - the one read."""
         env = self.probe(settings, pins)
         return self.complete(env, self.decide(env, settings, pins), settings, pins, kernel)
 
@@ -145,23 +126,20 @@ class World:
         return complete(env, plan, settings, pins, decide=self.decide, kernel=kernel)
 
     def probe(self, settings, pins, *, nvcc: bool = False):
-        """The environment as it is now; `nvcc`: with nvcc's CUDA release (`nvcc --version` if need be)."""
         env = probe(settings, pins=pins)
         return with_nvcc_version(env) if nvcc else env
 
     def decide(self, env, settings, pins, *, fresh: bool = False):
-        """The policy's plan (pure); `fresh`: as if no kernel were installed (a wheelhouse for another machine)."""
+        """The policy's plan; `fresh`: as if no kernel were installed (a wheelhouse for another machine)."""
         return decide(env, settings, pins, fresh=fresh)
 
     def settle(self, env, settings, pins, result):
-        """`env` after this process's own install (`result`): the installed facts derived again
-        from the installer's last scan - no probe, no policy."""
+        """`env` after this process's own install, from the installer's last scan: no probe, no policy."""
         return after_install(env, settings, pins, result.scan) if result.scan else self.read(settings, pins)[0]
 
     def fingerprint(self, env, settings, pins, kernel: str) -> str:
         return fingerprint(env, settings, pins, kernel)
 
-    # -- the environment lock and its journal ------------------------------------------------
     def pending(self, settings) -> bool:
         """An install's journal is there (running in another process, or killed half-way)."""
         return os.path.exists(os.path.join(self.state_dir(settings), JOURNAL))
@@ -170,22 +148,17 @@ class World:
         return environment_state_dir(settings)
 
     def lock(self, settings, kernel: str):
-        """The environment lock, not yet taken: `acquire()` (LockUnavailable) / `release()`,
-        `waited` and `first` (no process held it before in this environment)."""
         return EnvironmentLock(settings, kernel, self.state_dir(settings))
 
     def recover(self, settings) -> None:
         """Roll back an install killed half-way and remove what killed runs left (lock held)."""
         recover(self.state_dir(settings))
 
-    # -- verdicts, verification, installs ----------------------------------------------------
     def cache(self, settings):
         return VerdictCache(settings)
 
     def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=()):
-        """The kernel imported in a child process, then with `numeric` (act/numeric.py's NumericPlan) its
-        numbers against torch, then its `check` (act/check_child.py): a result with `ok`, `detail` and
-        `numeric` (it failed on its numbers)."""
+        """The kernel imported in a child process, then its numbers (`numeric`) and its `check`."""
         return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus)
 
     def installer(self, settings, env) -> tuple:
@@ -193,8 +166,7 @@ class World:
         return installer_choice(settings, env)
 
     def install(self, decision, *, settings, env, pins):
-        """A lone kernel: `install_batch` of one. Its InstallResult, or InstallFailed (NumericFailed: its
-        numbers differ from torch's here), everything rolled back."""
+        """A lone kernel, as a batch of one: its InstallResult, or InstallFailed (NumericFailed), rolled back."""
         done = self.install_batch((decision,), settings=settings, env=env, pins=pins)
         if decision.kernel in done.results:
             return done.results[decision.kernel]
@@ -202,17 +174,14 @@ class World:
         raise (NumericFailed if decision.kernel in done.numeric else InstallFailed)(why)
 
     def install_batch(self, decisions, *, settings, env, pins):
-        """The kernels of one request in one transaction, verified in one child before it commits (lock
-        held; act/installer.py); its Installed, or InstallFailed when nothing could be installed for a
-        reason of all of them."""
+        """The kernels of one request in one transaction, checked in one child (lock held): its Installed."""
         try:
             return install(decisions, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 
     def download(self, dest: str, *, env, settings, binary, wheels) -> list:
-        """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`;
-        InstallFailed when they cannot be had."""
+        """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`."""
         try:
             return fetch_into(dest, env=env, settings=settings, binary=binary, wheels=wheels)
         except FetchError as exc:
@@ -233,62 +202,37 @@ class LockUnavailable(Exception):
 HELD_BEFORE = "held-before"   # beside the lock: a process has held it in this environment
 
 
-def _first_holder(directory: str) -> bool:
-    """Under the lock: whether this is its first holder in the environment (a marker is made then).
-    Unsure (an unwritable directory): not the first - the caller reads the world again."""
-    marker = os.path.join(directory, HELD_BEFORE)
-    if os.path.exists(marker):
-        return False
-    try:
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-    except OSError:
-        return False
-    return True
-
-
-class _InProcess:
-    """One per process: which thread of it holds (or is taking) the environment lock, for which kernel."""
+class _Turns:
+    """Which thread of this process holds (or is taking) the environment lock, for which kernel."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.owner = None       # thread id
-        self.kernel = None
-
-    def after_fork(self) -> None:   # the holder (another thread of the parent) does not exist in a child
-        self.__init__()
+        self.owner = self.kernel = None
 
 
-_turns = _InProcess()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_turns.after_fork)
+_turns = _Turns()
+if hasattr(os, "register_at_fork"):   # the holder (another thread of the parent) does not exist in a child
+    os.register_at_fork(after_in_child=_turns.__init__)
 
 
 class EnvironmentLock:
-    """Hold the environment's install lock for `kernel`; say once when another process or thread holds it.
+    """The environment's install lock for `kernel`: the threads of this process take turns, then the
+    cross-process file lock (act/locks.py). Once taken: `waited` - another held it first; `first` - no
+    process held it before in this environment, so none changed it (the state directory the racers made
+    moved site-packages' mtime, the stamp, with nothing installed). Its first holder leaves a marker."""
 
-    `acquire()`/`release()` (a run holds it across several states), or a `with` block. Once taken:
-    `waited` - another process or thread held it first; `first` - no process ever held it before in
-    this environment (so none changed it: fastpath-hooks changes an environment only under this lock).
-    The first holder leaves a marker beside the lock, made under the lock; the state directory may
-    have been made by any of the racers, which moves site-packages' mtime - the machine's stamp -
-    without anything having been installed."""
-
-    def __init__(self, settings, kernel: str, directory: str | None = None):
-        self.settings, self.kernel, self.lock = settings, kernel, None
-        self.directory = directory      # the environment's state directory (default: act.transaction's)
-        self.waited = self.first = False
+    def __init__(self, settings, kernel: str, directory: str):
+        self.settings, self.kernel, self.directory = settings, kernel, directory
+        self.lock, self.waited, self.first = None, False, False
 
     def acquire(self) -> "EnvironmentLock":
-        """Take it, or raise LockUnavailable. The lines saying that this waits are sent while no lock of
-        ours is held (their callbacks run at once); from the moment this thread has its turn, its
-        events wait for `release()`."""
+        """Take it, or raise LockUnavailable. The waiting lines are sent while no lock of ours is held;
+        from this thread's turn on, its events wait for `release()`."""
         import filelock
 
-
         settings = self.settings
-        directory = self.directory or environment_state_dir(settings)
         try:
-            lock = environment_lock(settings, directory)
+            lock = environment_lock(settings, self.directory)
         except OSError as exc:
             raise LockUnavailable(f"cannot create the install lock: {exc}") from None
         deadline = time.monotonic() + settings.lock_timeout
@@ -297,9 +241,7 @@ class EnvironmentLock:
             self._take_turn(deadline)
             try:
                 lock.acquire(timeout=max(0.0, deadline - time.monotonic()) if waited else 0)
-                self.lock = lock
-                self.first = _first_holder(directory)
-                return self
+                return self._hold(lock)
             except filelock.Timeout:
                 if waited:
                     raise LockUnavailable(f"another process held the install lock for {settings.lock_timeout:.0f} s "
@@ -315,14 +257,12 @@ class EnvironmentLock:
             waited = self.waited = True
 
     def try_acquire(self) -> "EnvironmentLock | None":
-        """Take it only if it is free now: no wait and no line; None when another thread of this process
-        or another process holds it (install() does not wait for a running install: the imports do)."""
+        """Take it only if it is free now, without a line; None when another thread or process holds it
+        (install() does not wait for a running install: the imports do)."""
         import filelock
 
-
-        directory = self.directory or environment_state_dir(self.settings)
         try:
-            lock = environment_lock(self.settings, directory)
+            lock = environment_lock(self.settings, self.directory)
         except OSError:
             return None
         if _turns.owner == threading.get_ident() or not _turns.lock.acquire(blocking=False):
@@ -334,8 +274,18 @@ class EnvironmentLock:
         except (filelock.Timeout, OSError):
             self._end_turn()
             return None
+        return self._hold(lock)
+
+    def _hold(self, lock) -> "EnvironmentLock":
+        """Held: the first holder in this environment makes the marker (unsure, unwritable: not the first)."""
         self.lock = lock
-        self.first = _first_holder(directory)
+        marker = os.path.join(self.directory, HELD_BEFORE)
+        if not os.path.exists(marker):
+            try:
+                os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                self.first = True
+            except OSError:
+                pass
         return self
 
     def _take_turn(self, deadline: float) -> None:
@@ -367,9 +317,7 @@ class EnvironmentLock:
         finally:
             self._end_turn()
 
-    def __enter__(self):
-        return self.acquire()
+    __enter__ = acquire
 
     def __exit__(self, *exc_info):
         self.release()
-        return False
