@@ -15,7 +15,7 @@ import sys
 import threading  # loaded with logging (events) anyway
 
 from .. import events
-from .outcome import Outcome, OutcomeState, apply_env
+from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
 _CONTEXT = ("load_context", "check_settings", "value_once", "fingerprint")
 
@@ -121,10 +121,8 @@ def expect_from(provider) -> None:
         _providers.append(provider)
 
 
-def _request(target):
-    from .outcome import GOOD
-    from .world import Request
-
+def _request(target) -> tuple:
+    """(the kernels of this request: being ensured now or expected, those already decided usable)."""
     kernels = set(_expected) | _registry.running(target)
     for provider in list(_providers):
         try:
@@ -132,7 +130,7 @@ def _request(target):
         except Exception as exc:  # a hint only: never in the way of the install
             events.debug(f"request hint failed: {type(exc).__name__}: {exc}")
     good = {k for k, o in _registry.outcomes().items() if o.state in GOOD}
-    return Request(frozenset(kernels), frozenset(good))
+    return frozenset(kernels), frozenset(good)
 
 
 # -- run once per kernel ---------------------------------------------------------------------
@@ -248,7 +246,6 @@ def _decide(kernel: str, target: str | None, now: bool = False):
             _pose(entry.get("posed"))
             return Outcome(kernel, OutcomeState.OK, entry["reason"]), ()
         from . import machine
-        from .outcome import GOOD
 
         run = machine.run(kernel, needs=lambda other: ensure(other, target=target, now=now), world=current_world(),
                           captured=captured, target=target, signature=signature, request=lambda: _request(target),

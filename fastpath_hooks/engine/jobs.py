@@ -22,7 +22,6 @@ from ..events import fitted
 from ..facts.environment import parse_target
 from . import current_world
 from .machine import roll_back
-from .world import InstallFailed, LockUnavailable
 
 
 LABEL = "an interrupted install"   # who waits, in the lock's "waiting for another process" line
@@ -100,13 +99,10 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
 
 def build(plan: BuildPlan) -> list:
     """The wheels of a BuildPlan into the cache, under the lock (an interrupted install rolled back
-    first: its backup must not be overwritten); their paths, or InstallFailed."""
+    first: its backup must not be overwritten); their paths, or InstallFailed (LockUnavailable too)."""
     world = current_world()
     lock = world.lock(plan.settings, plan.kernel)
-    try:
-        lock.acquire()
-    except LockUnavailable as exc:
-        raise InstallFailed(str(exc)) from None
+    lock.acquire()
     try:
         world.recover(plan.settings)
         return world.build(plan.decision, settings=plan.settings, env=plan.env, pins=plan.pins)

@@ -24,13 +24,12 @@ from .._names import cache_root
 from ..act.numeric import plan_for
 from ..act.store import FAILED, GOOD as VERIFIED
 from ..decide import messages as short
-from ..decide.messages import lookup
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import first_fitting, fitted
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       installed_outcome, keeps_instead, line_fits, numeric_block, reminder_for, skipped_outcome)
-from .world import Batched, InstallFailed, LockUnavailable, NumericFailed, Reading
+from .world import InstallFailed, LockUnavailable, NumericFailed
 
 
 class State(enum.Enum):
@@ -56,7 +55,7 @@ class Run:
     target: str | None = None         # a FASTPATH_HOOKS_TARGET given as a parameter (`--target`)
     signature: str | None = None      # the warm signature of `captured`, computed by the engine just before
     needs: object = None              # kernel -> Outcome: how a kernel needed first is decided (ensure)
-    request: object = None            # () -> world.Request: the kernels of this request (the batch at INSTALL)
+    request: object = None            # () -> (kernels of this request, those usable): the batch at INSTALL
     now: bool = False                 # asked by a command the user typed: a remembered failure is tried again
     settings: object = None
     pins: object = None
@@ -133,16 +132,14 @@ def _read(run: Run):
     if reading is None:
         env, plan = world.read(settings, run.pins, run.kernel)
     else:   # read for another kernel: nvcc's release asked for now if this kernel's decision needs it
-        env, plan = world.complete(reading.env, reading.plan, settings, run.pins, run.kernel)
-    if reading is None or plan is not reading.plan:
-        reading = Reading(stamp, env, plan)
-        if stamp is not None:
-            world.readings.put((run.captured, stamp), reading)
-    decision = reading.plan[run.kernel]
-    run = replace(run, stamp=stamp, env=reading.env, plan=reading.plan, decision=decision, planned=decision.action)
+        env, plan = world.complete(*reading, settings, run.pins, run.kernel)
+    if stamp is not None and (reading is None or plan is not reading[1]):
+        world.readings.put((run.captured, stamp), (env, plan))
+    decision = plan[run.kernel]
+    run = replace(run, stamp=stamp, env=env, plan=plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
     if decision.action == SKIP:
-        return run.done(skipped_outcome(decision, reading.plan, run.pins, quiet=run.invalid is not None))
+        return run.done(skipped_outcome(decision, plan, run.pins, quiet=run.invalid is not None))
     if decision.action == BLOCK:
         return run.done(blocked_outcome(decision, decision.reason, decision.fix))
     return State.NEEDS, run
@@ -265,7 +262,7 @@ def _check(run: Run):
     if changed:
         env, plan = world.read(settings, run.pins, kernel)
         if now is not None:
-            world.readings.put((run.captured, now), Reading(now, env, plan))
+            world.readings.put((run.captured, now), (env, plan))
         decision = plan[kernel]
         run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))
@@ -273,13 +270,9 @@ def _check(run: Run):
     current = run.decision
     if run.repairing:
         return State.INSTALL, run
-    batched = world.batched.get(kernel)
-    if batched is not None:   # installed (or not) by this process with another kernel of its request
-        if batched.ok and current.action == OK:
-            return run.known(Outcome(kernel, OutcomeState.INSTALLED, batched.detail))
-        if not batched.ok and current.action != OK:
-            decision = numeric_block(current, batched.detail, run.env.gpus) if batched.numeric else current
-            return run.done(failed_outcome(decision, batched.detail))
+    batched = world.batched.get(kernel)   # installed (or not) by this process with another kernel of its request
+    if batched is not None and (batched.state in GOOD) == (current.action == OK):
+        return run.known(batched)
     if current.action == OK:
         known = _known(run)
         if known is None:
@@ -330,8 +323,8 @@ def _install(run: Run):
         return run.done(Outcome(kernel, OutcomeState.FAILED, why))
     members = (current,)
     if not run.repairing and run.request is not None:
-        request = run.request()
-        members = batch(run.plan, run.pins, kernel, request=request.kernels, good=request.good, decision=current)
+        kernels, good = run.request()
+        members = batch(run.plan, run.pins, kernel, request=kernels, good=good, decision=current)
     for d in members:
         verb = "repairing" if d.action == REPAIR else "installing"
         events.status(short.line(d), d.kernel,
@@ -362,23 +355,21 @@ def _install(run: Run):
 
 
 def _members(run: Run, others, results: dict, failed: dict, numeric: set) -> None:
-    """The other members' verdicts, under the fingerprint of what is on disk now, remembered in the
-    World for their own runs (CHECK), which then neither check nor install again."""
+    """The other members' verdicts, under the fingerprint of what is on disk now, and their outcomes,
+    kept in the World for their own runs (CHECK), which then neither check nor install again."""
     world, settings, pins, kernel = run.world, run.settings, run.pins, run.kernel
     any_result = next(iter(results.values()), None)
     env = world.settle(run.env, settings, pins, any_result) if any_result is not None else run.env
     for decision in others:
         other = decision.kernel
         if other in results:
-            installed_outcome(other, results[other], decision, pins)
+            world.batched[other] = installed_outcome(other, results[other], decision, pins)
             verdict = (VERIFIED, f"installed with {kernel}")
-            world.batched[other] = Batched(True, decision.reason, kernel)
         else:
             detail = failed.get(other, "not installed")
+            blocked = numeric_block(decision, detail, run.env.gpus) if other in numeric else decision
+            world.batched[other] = failed_outcome(blocked, detail)
             verdict = (FAILED, detail)
-            world.batched[other] = Batched(False, detail, kernel, other in numeric)
-            events.error(engine_line(f"{other}: could not install - ", detail), other, once=f"fail-{other}",
-                         detail=f"{other}: could not install - {detail}")
         if not run.cache.record(other, verdict=(world.fingerprint(env, settings, pins, other), *verdict)):
             events.debug(f"{other}: verdict not cached (the cache is read-only or busy)", other)
 
@@ -404,7 +395,7 @@ def _record(run: Run):
             outcome = Outcome(kernel, OutcomeState.OK, decision.reason)
     # a bad variable must be said at every start, not skipped by a warm hit; a rule may not let it be warm
     # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now)
-    rule = lookup(run.pins, decision.rule) if decision is not None else None
+    rule = short.lookup(run.pins, decision.rule) if decision is not None else None
     warm = None
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,

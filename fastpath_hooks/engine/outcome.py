@@ -82,9 +82,7 @@ def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:
     if quiet:
         events.debug(f"{decision.kernel}: not installed - {decision.reason}", decision.kernel)
         return Outcome(decision.kernel, OutcomeState.SKIPPED, decision.reason)
-    from ..decide.messages import lookup
-
-    rule = lookup(pins, decision.rule)
+    rule = short.lookup(pins, decision.rule)
     if rule is not None and rule.machine_wide:
         why = plan.notes[0] if plan.notes else decision.reason
         events.status(short.machine_line(decision), decision.kernel, once="global-skip",
@@ -194,7 +192,7 @@ def describe(decision, whole: bool = False) -> str:
 def numeric_block(decision, detail: str, gpus):
     """The decision a numeric mismatch turns it into: blocked, said as the policy's `<prefix>.block.numeric` will."""
     from ..decide.common import NUMERIC_FIX, numeric_measured
-    from ..decide.messages import NUMERIC_SHORT_FIX
 
     return replace(decision, on_failure=OnFailure.BLOCK, fix=NUMERIC_FIX, reason=detail,
-                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)), short_fix=NUMERIC_SHORT_FIX)
+                   short_reason=numeric_measured(decision.kernel, detail, "+".join(gpus)),
+                   short_fix=short.NUMERIC_SHORT_FIX)

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import NamedTuple
 
+import filelock
+
 from .. import events
 from .._names import cache_root_from_environ
 from ..act.fetch import FetchError, fetch_into
@@ -48,28 +50,8 @@ class Stamp(NamedTuple):
     wheels: tuple | None
 
 
-class Batched(NamedTuple):
-    """A kernel installed (or not) together with `leader`, the kernel whose run led the batch."""
-    ok: bool
-    detail: str
-    leader: str
-    numeric: bool = False   # it failed on its numbers here: blocked on this GPU
-
-
-class Request(NamedTuple):
-    """The kernels of a decision's request (being ensured, or expected), and those already usable."""
-    kernels: frozenset
-    good: frozenset
-
-
-class Reading(NamedTuple):
-    stamp: Stamp | None
-    env: object
-    plan: object
-
-
 class Readings:
-    """The last few readings of one World, by (captured variables, stamp)."""
+    """The last few readings of one World - (env, plan) - by (captured variables, stamp)."""
 
     KEEP = 4
 
@@ -81,7 +63,7 @@ class Readings:
         with self._lock:
             return self._items.get(key)
 
-    def put(self, key, reading: Reading) -> None:
+    def put(self, key, reading: tuple) -> None:
         with self._lock:
             self._items.pop(key, None)
             self._items[key] = reading
@@ -98,7 +80,7 @@ class World:
 
     def __init__(self):
         self.readings = Readings()
-        self.batched: dict = {}   # kernel -> Batched, by this process
+        self.batched: dict = {}   # kernel -> its Outcome, installed (or not) with another kernel by this process
 
     def context(self, target: str | None = None):
         """(settings, pins, invalid): see context.load."""
@@ -195,7 +177,7 @@ class World:
             raise InstallFailed(str(exc)) from None
 
 
-class LockUnavailable(Exception):
+class LockUnavailable(InstallFailed):
     """The install lock could not be created or was held too long by another process or thread."""
 
 
@@ -228,8 +210,6 @@ class EnvironmentLock:
     def acquire(self) -> "EnvironmentLock":
         """Take it, or raise LockUnavailable. The waiting lines are sent while no lock of ours is held;
         from this thread's turn on, its events wait for `release()`."""
-        import filelock
-
         settings = self.settings
         try:
             lock = environment_lock(settings, self.directory)
@@ -259,8 +239,6 @@ class EnvironmentLock:
     def try_acquire(self) -> "EnvironmentLock | None":
         """Take it only if it is free now, without a line; None when another thread or process holds it
         (install() does not wait for a running install: the imports do)."""
-        import filelock
-
         try:
             lock = environment_lock(self.settings, self.directory)
         except OSError:
