@@ -26,9 +26,9 @@ from ..act.store import FAILED, GOOD as VERIFIED
 from ..decide import messages as short
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
-from ..events import first_fitting, fitted
+from ..events import MAX_LINE, PREFIX, first_fitting, fitted
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
-                      installed_outcome, keeps_instead, line_fits, numeric_block, reminder_for, skipped_outcome)
+                      installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
 
 
@@ -191,7 +191,7 @@ def _needs(run: Run):
             why = f"{run.kernel} needs {dep} here and {dep} is not usable ({dep_outcome.reason})"
             fix = f"fix {dep} first: its line says how"
             # why whole when it fits, else in short (the dependency's own line says its reason)
-            said = (why, fix) if line_fits(f"{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") \
+            said = (why, fix) if len(f"{PREFIX}{run.kernel}: {short.NOT_INSTALLED} - {why} ({fix})") <= MAX_LINE \
                 else (f"needs {dep} here, which is not usable", fix)
             if decision.on_failure == OnFailure.BLOCK:
                 fix = decision.fix or next((hz.fix for hz in run.pins.hazards if hz.kernel == run.kernel), "")

@@ -11,7 +11,7 @@ from .. import events
 from .._registry import registry
 from ..decide import messages as short
 from ..decide.plan import OK, OnFailure, REPAIR
-from ..events import MAX_LINE, PREFIX, TextEnum, first_fitting, fitted
+from ..events import TextEnum, first_fitting, fitted
 
 
 class OutcomeState(TextEnum):
@@ -167,10 +167,6 @@ def _span(seconds: float) -> str:
 def engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text handed over (a check's or installer's output): whole, or cut with the fix kept."""
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
-
-
-def line_fits(line: str) -> bool:
-    return len(PREFIX) + len(line) <= MAX_LINE
 
 
 def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:

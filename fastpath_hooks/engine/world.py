@@ -50,29 +50,18 @@ class Stamp(NamedTuple):
     wheels: tuple | None
 
 
-class Readings:
+class Readings(dict):
     """The last few readings of one World - (env, plan) - by (captured variables, stamp)."""
 
     KEEP = 4
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._items: dict = {}
-
-    def get(self, key):
-        with self._lock:
-            return self._items.get(key)
+    _lock = threading.Lock()
 
     def put(self, key, reading: tuple) -> None:
         with self._lock:
-            self._items.pop(key, None)
-            self._items[key] = reading
-            while len(self._items) > self.KEEP:
-                del self._items[next(iter(self._items))]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items = {}
+            self.pop(key, None)
+            self[key] = reading
+            while len(self) > self.KEEP:
+                self.pop(next(iter(self), None), None)
 
 
 class World:
