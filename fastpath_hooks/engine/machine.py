@@ -395,11 +395,11 @@ def _record(run: Run):
             outcome = Outcome(kernel, OutcomeState.OK, decision.reason)
     # a bad variable must be said at every start, not skipped by a warm hit; a rule may not let it be warm
     # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now)
-    rule = short.lookup(run.pins, decision.rule) if decision is not None else None
+    rule = short.lookup(run.pins, decision.rule)
     warm = None
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
-                                      "env": [list(pair) for pair in decision.env] if decision is not None else []})
+                                      "env": [list(pair) for pair in decision.env]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)

@@ -63,10 +63,16 @@ def apply_env(kernel: str, pairs, why: str) -> None:
 
 
 def installed_outcome(kernel: str, result, decision, pins, check_failed: str | None = None) -> Outcome:
-    """An install's line - a lone kernel's, a batch leader's or member's alike - and its Outcome."""
+    """An install's line - a lone kernel's, a batch leader's or member's alike - and its Outcome: the kernel's
+    own distributions (whole, then without a built wheel's local label) and how many dependencies came along."""
     repaired = decision.action == REPAIR
-    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {_done(pins, kernel, result, decision, whole)} "
-            f"in {result.seconds:.1f} s with {result.installer}; {result.checked}" for whole in (True, False)]
+    own = [(k, v) for k, v in sorted(result.installed.items()) if k in pins.kernel(kernel).distributions]
+    others = len(result.installed) - len(own)
+    deps = f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else ""
+    listed = [", ".join(f"{k} {v if whole else short.public(v)}" for k, v in own) + deps if own else describe(decision)
+              for whole in (True, False)]
+    said = [f"{kernel}: {'repaired' if repaired else 'installed'} {what} in {result.seconds:.1f} s with "
+            f"{result.installer}; {result.checked}" for what in listed]
     events.status(first_fitting(*said), kernel, detail=said[0])   # a long local label: doctor
     if result.restart_advised:   # shared by a batch's members: said once
         events.warning(f"{kernel}: this process had already imported {short.few(result.restart_advised)} before it "
@@ -167,16 +173,6 @@ def _span(seconds: float) -> str:
 def engine_line(head: str, detail: str, fix: str = "") -> str:
     """A line about a text handed over (a check's or installer's output): whole, or cut with the fix kept."""
     return fitted(head, detail, fix, whole_at=short.DOCTOR)
-
-
-def _done(pins, kernel: str, result, decision, whole: bool = True) -> str:
-    """`fla-core 0.6.0, flash-linear-attention 0.6.0 (+2 dependencies)`; whole: with a built wheel's local label."""
-    own = pins.kernel(kernel).distributions
-    mine = [f"{k} {v if whole else short.public(v)}" for k, v in sorted(result.installed.items()) if k in own]
-    others = len(result.installed) - len(mine)
-    if not mine:
-        return describe(decision)
-    return ", ".join(mine) + (f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else "")
 
 
 def describe(decision, whole: bool = False) -> str:
