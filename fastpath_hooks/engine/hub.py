@@ -1,10 +1,9 @@
 """The hub as a kernel source (transformers 5.25+, HF `kernels` 0.19): decided once per process when
 transformers asks for its kernel mapping, through the ecosystem's own levers - the mapping and
 LOCAL_KERNELS - never transformers' code. Each entry for this device type is served from where it loads
-(LOCAL_KERNELS, the kernels cache, the hub when it answers in pins' `hub.probe_seconds` and we are not
-offline) if the package rules (decide/transformers.py) and its numeric check allow; the rest is dropped,
-so kernelize keeps the decorated function instead of raising ValueError offline. One line per node.
-"""
+(LOCAL_KERNELS, the kernels cache, the hub when it answers in pins' `hub.probe_seconds`, neither HF_HUB_OFFLINE
+nor FASTPATH_HOOKS_OFFLINE set) if the package rules (decide/transformers.py) and its numeric check allow; the
+rest is dropped, so kernelize keeps the decorated function instead of raising ValueError offline."""
 
 from __future__ import annotations
 
