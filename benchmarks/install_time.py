@@ -41,13 +41,14 @@ import json, sys, time
 from fastpath_hooks.engine import load_context, snapshot
 from fastpath_hooks.act.installer import install
 from fastpath_hooks.act.transaction import environment_state_dir
+from fastpath_hooks.decide.policy import Commands
 settings, pins = load_context()
 env, plan = snapshot(settings, pins)
 decision = plan["fla"]
 assert decision.action == "install", decision.reason
 start = time.perf_counter()
-result = install([decision], settings=settings, env=env, pins=pins, state_dir=environment_state_dir(settings),
-                 verify=False).results["fla"]
+result = install([decision], settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
+                 state_dir=environment_state_dir(settings), verify=False).results["fla"]
 took = time.perf_counter() - start
 print(json.dumps({"seconds": took, "installer": result.installer, "installed": result.installed}))
 '''

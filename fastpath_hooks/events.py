@@ -381,6 +381,12 @@ def shown_path(path: str) -> str:
     return path
 
 
+def minutes(seconds) -> str:
+    if seconds is None:
+        return ""
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def write(message: str, *, whole: bool) -> None:
     """Print the line (whole: FASTPATH_HOOKS_LOG=debug asks for the details); never raises."""
     line = PREFIX + " ".join(message.split()) if whole else fit(message)

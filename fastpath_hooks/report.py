@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import shlex
 import time
-from dataclasses import replace
 
 from ._names import VERSION as __version__
 from .act import fetch as wheelcache
 from .act.verify import cache_listing, warm_records
 from .decide.common import Context
-from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, Step, StepKind, constraints,
-                          installed_after_needs, installer_choice, invocation, protected_constraints, step_names,
-                          uv_executable)
-from .decide.policy import batches, deps_with_wheels
+from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, Step, StepKind, installed_after_needs,
+                          installer_choice, protected_constraints, step_names)
+from .decide.policy import Commands, batches
 from .decide.transformers import era as transformers_era, packed_sequences, sources
 
 VERBS = {
@@ -26,23 +24,24 @@ VERBS = {
 
 
 def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
-    """kernel -> list of invocation dicts, as `install` would run them; kernels installed together have their
-    batch's commands under the first."""
+    """kernel -> list of invocation dicts, as `install` would run them (the Commands the engine hands
+    act/installer.py); kernels installed together have their batch's commands under the first."""
     env = plan.environment
     installer, why = installer_choice(settings, env)
+    commands = Commands.of(settings, env, pins)
     out, files = {}, {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
-        out[kernel] = [_invocation(s, installer, settings, env) for s in steps]
-        # the lines the installer writes into its constraints file (the same function)
+        out[kernel] = [commands.invocation(s).to_json() for s in steps]
+        # the constraints file's lines, after the kernels this one needs are installed
         before = installed_after_needs(plan.decisions, kernel, real_installed)
-        files[kernel] = constraints(before, pins.protected, step_names(steps)) if steps else []
+        files[kernel] = commands.constraints(before, step_names(steps)) if steps else []
     together = batches(plan, pins)
     for members in together:
         lead = members[0].kernel
-        out[lead] = _batch_commands(members, installer, settings, env)
+        out[lead] = _batch_commands(members, commands)
         names = set().union(*(step_names(d.steps) for d in members))
-        files[lead] = constraints(installed_after_needs(plan.decisions, lead, real_installed), pins.protected, names)
+        files[lead] = commands.constraints(installed_after_needs(plan.decisions, lead, real_installed), names)
         for d in members[1:]:
             out[d.kernel], files[d.kernel] = [], []
     return {"installer": installer, "installer_reason": why,
@@ -50,33 +49,22 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
             "kernel_constraints": files, "commands": out, "batches": [[d.kernel for d in m] for m in together]}
 
 
-def _invocation(step, installer, settings, env, local_files=()) -> dict:
-    return invocation(step, installer=installer or "pip", settings=settings, uv=uv_executable(env),
-                      local_files=local_files).to_json()
-
-
-def _batch_commands(members, installer, settings, env) -> list:
+def _batch_commands(members, commands) -> list:
     """What act/installer.py runs for a batch: the dependencies in one call where a member builds, each
     one's builds (side by side), then every wheel in one call (with the dependencies where none builds)."""
     reqs, out, wheels = [], [], []
     for d in members:
         reqs += [r for s in d.steps if s.kind == StepKind.DEPS for r in s.requirements if r not in reqs]
-    with_wheels = deps_with_wheels(members)
+    with_wheels = commands.deps_with_wheels(members)
     if reqs and not with_wheels:
-        out.append(_invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False), installer, settings,
-                               env))
+        out.append(commands.invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False)).to_json())
     for d in members:
-        for s in d.steps:
-            if s.kind == StepKind.BUILD:
-                out.append(_invocation(s, installer, settings, env))
+        out += [commands.invocation(s).to_json() for s in d.steps if s.kind == StepKind.BUILD]
         wheel = next((s for s in d.steps if s.kind == StepKind.WHEEL), None)
-        if wheel is not None:
-            wheels.append(wheel.url or wheel.requirements[0])
-        else:
-            wheels.append(f"<the {d.kernel} wheel built above>")
+        wheels.append(f"<the {d.kernel} wheel built above>" if wheel is None else wheel.url or wheel.requirements[0])
     named = tuple(reqs) if with_wheels else ()
-    step = replace(Step(kind=StepKind.WHEEL, requirements=named + tuple(wheels)), no_deps=True)
-    out.append(_invocation(step, installer, settings, env, local_files=tuple(wheels)))
+    step = Step(kind=StepKind.WHEEL, requirements=named + tuple(wheels), no_deps=True)
+    out.append(commands.invocation(step, local_files=tuple(wheels)).to_json())
     return out
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from fastpath_hooks.act.installer import InstallError, install as run_install
 from fastpath_hooks.act.transaction import JOURNAL, Transaction, recover
-from fastpath_hooks.decide.policy import decide
+from fastpath_hooks.decide.policy import Commands, decide
 from fastpath_hooks.facts.settings import Settings
 from support.fake_uv import install_fake_uv
 from support.worlds import PINS, environment, write_dist_info
@@ -49,8 +49,9 @@ def install(tmp_path, site, decision, spec=None):
     """A batch of one; `spec`: the kernel's import check (none without one); InstallError when it failed."""
     env = environment(uv=install_fake_uv(str(tmp_path / "bin")))
     pins = PINS if spec is None else dataclasses.replace(PINS, kernels={**PINS.kernels, decision.kernel: spec})
-    done = run_install([decision], settings=Settings(installer="uv", offline=True, find_links=(str(tmp_path),)),
-                       env=env, pins=pins, state_dir=str(tmp_path / "state"), site=site, verify=spec is not None)
+    settings = Settings(installer="uv", offline=True, find_links=(str(tmp_path),))
+    done = run_install([decision], settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
+                       state_dir=str(tmp_path / "state"), site=site, verify=spec is not None)
     if decision.kernel in done.failed:
         raise InstallError(done.failed[decision.kernel])
     return done.results[decision.kernel]

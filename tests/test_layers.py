@@ -2,7 +2,8 @@
 report/cli. Every import counts, lazy ones inside functions included (they are how the start-up path
 stays cheap, not a licence to reach up), and so do `sys.modules.get("fastpath_hooks....")` lookups.
 No import circle anywhere, inside a layer included (the hook layer's modules are handed the hooks'
-registry, `hooks.HOOKS`, instead of importing the module that holds it)."""
+registry, `hooks.HOOKS`, instead of importing the module that holds it). act/ takes only data types and
+constants from decide/ (capitalised names): the plan carries what act/ needs, it never calls decide/."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def modules(root: str, package: str) -> dict:
     return out
 
 
-def imports(name: str, path: str, known: dict) -> set:
-    """The package modules `name` imports (anywhere in its body) or looks up in sys.modules."""
+def imports(name: str, path: str, known: dict, names: set | None = None) -> set:
+    """The package modules `name` imports (anywhere in its body) or looks up in sys.modules; `names` collects
+    (module, name) for each `from module import name` (a module imported that way is its own name)."""
     is_package = path.endswith("__init__.py")
     here = name if is_package else name.rpartition(".")[0]
     found = set()
@@ -63,6 +65,8 @@ def imports(name: str, path: str, known: dict) -> set:
             for alias in node.names:
                 sub = f"{origin}.{alias.name}"
                 targets.append(sub if sub in known else origin)
+                if names is not None:
+                    names.add((origin, alias.name))
         elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
@@ -119,8 +123,14 @@ def circles(graph: dict) -> list:
 
 def problems(root: str, package: str = PACKAGE) -> list:
     known = modules(root, package)
-    graph = {name: imports(name, path, known) for name, path in known.items()}
+    named = {name: set() for name in known}
+    graph = {name: imports(name, path, known, named[name]) for name, path in known.items()}
     found = []
+    act, decide = (next(i for i, heads in enumerate(LAYERS) if head in heads) for head in ("act", "decide"))
+    for name in sorted(n for n in known if layer_of(n) == act):
+        for origin, imported in sorted(named[name]):
+            if origin in known and layer_of(origin) == decide and not imported[:1].isupper():
+                found.append(f"{name} imports {imported} from {origin}: act/ takes only data types from decide/")
     for name, targets in sorted(graph.items()):
         for target in sorted(targets):
             if layer_of(target) > layer_of(name):
@@ -168,10 +178,14 @@ def test_the_registry_leaf_is_stdlib_only():
      ["import circle: pkg.hooks -> pkg.hooks.gates"]),
     ({"events.py": "import sys\nm = sys.modules.get('pkg.engine')\n", "engine.py": ""},
      ["pkg.events imports pkg.engine, a higher layer"]),
+    ({"decide/__init__.py": "", "decide/plan.py": "", "act/__init__.py": "",
+      "act/run.py": "from ..decide.plan import Step, invocation\n\ndef f():\n    from ..decide import plan\n"},
+     ["pkg.act.run imports plan from pkg.decide: act/ takes only data types from decide/",
+      "pkg.act.run imports invocation from pkg.decide.plan: act/ takes only data types from decide/"]),
 ])
 def test_the_checker_finds_what_it_is_for(tmp_path, files, expected):
-    """The check itself can fail: an upward lazy import, a circle (inside one layer too) and an
-    upward sys.modules lookup are found."""
+    """The check itself can fail: an upward lazy import, a circle (inside one layer too), an upward
+    sys.modules lookup and a function (or module) act/ takes from decide/ are found."""
     global PACKAGE
     (tmp_path / "__init__.py").write_text("")
     for rel, source in files.items():

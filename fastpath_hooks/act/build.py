@@ -27,11 +27,7 @@ from packaging.requirements import Requirement
 
 from .. import events
 from .._names import cache_root
-from ..decide.builds import core_budget, cuda_codes, split_allowed
-from ..decide.messages import minutes
-from ..decide.plan import build_argv
-from ..decide.policy.compiled import cxx11_abi_flag
-from ..events import shown_path
+from ..events import minutes, shown_path
 from ..facts import memory, wheels as cached_wheels
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc
@@ -132,7 +128,7 @@ def _tool_dirs() -> list:
     return out
 
 
-def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), started=None, share=None,
+def run_build(step, *, settings, env, pins, commands, work: str, kernel: str, scratch=(), started=None, share=None,
               expected: float | None = None, together=()) -> Built:
     """Build the step's sdist into a wheel labelled with its key; BuildError names the log. `share`: its part
     of the machine when other builds (`together`) run at the same time; `expected`: the estimate in seconds."""
@@ -147,7 +143,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     for directory in (os.path.dirname(log), out_dir):
         os.makedirs(directory, exist_ok=True)
     if share is None:
-        share = shares([(kernel, spec, expected)], settings=settings, env=env)[kernel]
+        share = shares([(kernel, spec, expected)], commands)[kernel]
     jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
     extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split,
                                  parts=[(unit, share.parts) for unit in spec.split_units])
@@ -158,7 +154,7 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     parted = f"; {' '.join(spec.split_units)} in {share.parts} parts" if speed is not None and speed.parts else ""
     events.status(f"{kernel}: building {_for(archs)} ({how}); log: {shown}", kernel,
                   detail=f"{kernel}: building {what} from source ({how}{parted}){_expected(expected)}; log: {log}")
-    argv = build_argv(step, settings=settings, out_dir=out_dir)
+    argv = commands.build_argv(step, out_dir)
     with open(log, "w", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
@@ -189,13 +185,13 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
                               f"(no ninja on PATH? torch's other build ignores CXX and PYTORCH_NVCC); it built anyway; "
                               f"log: {log}")
     key = {"distribution": spec.distribution, "version": spec.version, "torch": env.torch, "cuda": env.torch_cuda,
-           "hip": env.torch_hip, "python": env.python, "cxx11_abi": cxx11_abi_flag(env), "platform": env.platform,
+           "hip": env.torch_hip, "python": env.python, "cxx11_abi": commands.abi, "platform": env.platform,
            "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"],
                               archs=built)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
     record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
-              "n_archs": len(built) if built != ("all",) else len(cuda_codes(spec, env.nvcc_version)),
+              "n_archs": len(built) if built != ("all",) else commands.codes(spec),
               "cores": share.cores, "cpus": env.cpus, "jobs": jobs, "split": share.split if speed is not None else 1,
               "parts": share.parts if speed is not None and speed.parts else 1,
               "seconds": round(seconds, 1), "nvcc": env.nvcc_version, "launcher": info.get("launcher"),
@@ -207,12 +203,12 @@ def run_build(step, *, settings, env, pins, work: str, kernel: str, scratch=(), 
     return Built(path=path, log=log, seconds=seconds, key=key, record=record)
 
 
-def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
+def build_all(jobs, *, settings, env, pins, commands, work: str, tx) -> dict:
     """`jobs` = [(kernel, step, expected seconds)] built side by side, each in a thread with its own work
     directory and share, its group journalled in `tx`; kernel -> its Built or the exception. Ctrl-C (or anything
     else here) kills every build's group before it propagates."""
     budget = shares([(k, pins.build(k, next(iter(step.exact.values()), None)), expected) for k, step, expected in jobs],
-                    settings=settings, env=env)
+                    commands)
     if len(jobs) > 1:
         longest = max((expected or 0) for _, _, expected in jobs)
         events.status(f"{' and '.join(k for k, _, _ in jobs)}: building from source side by side, about "
@@ -236,9 +232,9 @@ def build_all(jobs, *, settings, env, pins, work: str, tx) -> dict:
                         tx.record_side_group(g, False)
 
         try:
-            results[kernel] = run_build(step, settings=settings, env=env, pins=pins, work=own, kernel=kernel,
-                                        scratch=(("TMPDIR", own), ("TEMP", own), ("TMP", own)), started=started,
-                                        share=budget[kernel], expected=expected,
+            results[kernel] = run_build(step, settings=settings, env=env, pins=pins, commands=commands, work=own,
+                                        kernel=kernel, scratch=(("TMPDIR", own), ("TEMP", own), ("TMP", own)),
+                                        started=started, share=budget[kernel], expected=expected,
                                         together=[k for k, _, _ in jobs if k != kernel])
         except Exception as exc:   # noqa: BLE001 - handed to the caller, which says it
             results[kernel] = exc
@@ -283,12 +279,10 @@ def _import_lock_released():
             _imp.acquire_lock()
 
 
-def shares(builds, *, settings, env) -> dict:
+def shares(builds, commands) -> dict:
     """kernel -> its Share of the machine for `builds` = [(kernel, spec, expected seconds)] side by side."""
     given = os.environ.get("MAX_JOBS")
-    return core_budget([(k, spec, expected, split_allowed(spec, settings, env.nvcc_version))
-                        for k, spec, expected in builds], cpus=env.cpus, memory_gib=env.memory_gib, settings=settings,
-                       jobs_given=int(given) if given and given.isdigit() and int(given) > 0 else None)
+    return commands.shares(builds, int(given) if given and given.isdigit() and int(given) > 0 else None)
 
 
 def _expected(seconds) -> str:

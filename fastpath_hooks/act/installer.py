@@ -27,8 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from .. import events
 from .._names import cache_root
-from ..decide.plan import Step, StepKind, choose_installer, constraints, invocation, step_names, uv_executable
-from ..decide.policy import deps_with_wheels
+from ..decide.plan import Step, StepKind
 from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
@@ -87,10 +86,10 @@ class _Dropped(Exception):
         self.numeric = set(numeric)
 
 
-def install(decisions, *, settings, env, pins, state_dir: str, site: str | None = None,
+def install(decisions, *, settings, env, pins, commands, state_dir: str, site: str | None = None,
             verify: bool = True) -> Installed:
-    """The acting `decisions` (dependency order) in one transaction; `site` must be on sys.path. InstallError
-    when the transaction as a whole failed (rolled back)."""
+    """The acting `decisions` (dependency order) in one transaction, run as `commands` (decide.policy.Commands)
+    says; `site` must be on sys.path. InstallError when the transaction as a whole failed (rolled back)."""
     members = list(decisions)
     failed: dict = {}
     numeric: set = set()
@@ -102,8 +101,8 @@ def install(decisions, *, settings, env, pins, state_dir: str, site: str | None 
     try:
         while members:
             try:
-                results = _transaction(members, made, settings=settings, env=env, pins=pins, state_dir=state_dir,
-                                       site=site, work=work, counter=counter, verify=verify)
+                results = _transaction(members, made, settings=settings, env=env, pins=pins, commands=commands,
+                                       state_dir=state_dir, site=site, work=work, counter=counter, verify=verify)
                 return Installed(results, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
             except _Dropped as exc:
                 failed.update(exc.failed)
@@ -128,16 +127,16 @@ def _survivors(members, failed: dict) -> list:
     return out
 
 
-def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, work, counter, verify) -> dict:
+def _transaction(members, made: dict, *, settings, env, pins, commands, state_dir, site, work, counter, verify) -> dict:
     real_before = _versions(scan()[0])
     steps = {d.kernel: allowed_steps(d.steps, pins, real_before) for d in members}
     site = site or site_packages()
     if not os.access(site, os.W_OK):
         raise InstallError(f"{site} is not writable: install the kernels as the environment's owner "
                            f"(`fastpath-hooks install`) or set FASTPATH_HOOKS_SKIP")
-    installer = choose_installer(settings, env)
+    installer = commands.installer
     protected_before = {n: real_before.get(n) for n in pins.protected}
-    names = set().union(*(step_names(s) for s in steps.values()))
+    names = {n for kernel_steps in steps.values() for s in kernel_steps for n in s.names}
     lead = members[0].kernel
     description = (f"{members[0].action} {lead}: {members[0].reason}" if len(members) == 1
                    else f"install {', '.join(d.kernel for d in members)} together")
@@ -156,19 +155,20 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
             os.makedirs(tx_work, exist_ok=True)
             cfile = os.path.join(tx_work, "constraints.txt")
             with open(cfile, "w", encoding="utf-8") as fh:   # the lines `fastpath-hooks plan` prints
-                fh.write("\n".join(constraints(real_before, pins.protected, names)) + "\n")
+                fh.write("\n".join(commands.constraints(real_before, names)) + "\n")
             now = None
 
             def call(step, files=()):
                 nonlocal installer, now
                 counter["children"] += 1
-                installer = _run_step(step, installer=installer, settings=settings, env=env, cfile=cfile, kernel=lead,
-                                      work=tx_work, scratch=scratch, started=tx.record_group, local_files=files)
+                installer = _run_step(step, installer=installer, settings=settings, commands=commands, cfile=cfile,
+                                      kernel=lead, work=tx_work, scratch=scratch, started=tx.record_group,
+                                      local_files=files)
                 now = scan()   # before the next interpreter starts: only allow-listed distributions changed
                 _check_changes(_versions(now[0]), protected_before, real_before, pins)
 
             deps = _merged(s for k in steps for s in steps[k] if s.kind == StepKind.DEPS)
-            with_wheels = deps is not None and len(members) > 1 and deps_with_wheels(members)
+            with_wheels = deps is not None and len(members) > 1 and commands.deps_with_wheels(members)
             if len(members) == 1:
                 calls = [s for s in steps[lead] if s.kind in _REQUIREMENTS]
             else:
@@ -176,8 +176,8 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
                 calls += [s for d in members for s in steps[d.kernel] if s.kind in (StepKind.KERNEL, StepKind.REPLACE)]
             for step in calls:
                 call(step)
-            dropped = _make_wheels(members, steps, made, settings=settings, env=env, pins=pins, work=work, tx=tx,
-                                   counter=counter)
+            dropped = _make_wheels(members, steps, made, settings=settings, env=env, pins=pins, commands=commands,
+                                   work=work, tx=tx, counter=counter)
             if dropped:
                 raise _Dropped(dropped)
             files = [path for d in members for path, _ in made[d.kernel]]
@@ -226,7 +226,7 @@ def _transaction(members, made: dict, *, settings, env, pins, state_dir, site, w
     seconds = time.monotonic() - began
     owner: dict = {}   # a distribution is said with the first member (dependency order) that names it
     for d in members:
-        for name in step_names(steps[d.kernel]):
+        for name in (n for s in steps[d.kernel] for n in s.names):
             owner.setdefault(name, d.kernel)
     child = [r.child for r in checks] or [True] * len(members)
     return {d.kernel: InstallResult(d.kernel, {n: v for n, v in changed.items() if owner.get(n, lead) == d.kernel},
@@ -242,7 +242,7 @@ def allowed_steps(steps, pins, installed: dict) -> tuple:
     """The steps as they will run, or InstallError: a protected distribution the user has is left out when it
     satisfies the requirement (the constraints file pins it; naming it would back it up, or with --force
     rewrite it) and refused when it does not; an allowed absent one (numpy for tilelang) may be installed."""
-    names = step_names(steps)
+    names = {n for s in steps for n in s.names}
     bad = sorted(n for n in names if n not in pins.allowed)
     if bad:
         raise InstallError(f"refusing to install {', '.join(bad)}: not on the pins' allow-list")
@@ -276,13 +276,13 @@ def _satisfies(version: str, specifier) -> bool:
         return False
 
 
-def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
+def build_to_cache(decision, *, settings, env, pins, commands, state_dir: str) -> list:
     """`fastpath-hooks build` (lock held): the dependencies installed, then the source builds into the wheel
     cache, not installed (every environment that installs one checks it in a child); the cached paths."""
     deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
     if deps:
         done = install([dataclasses.replace(decision, steps=deps, target={})], settings=settings, env=env, pins=pins,
-                       state_dir=state_dir, verify=False)
+                       commands=commands, state_dir=state_dir, verify=False)
         if done.failed:
             raise InstallError(next(iter(done.failed.values())))
     work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])  # a killed run's is removed by recover()
@@ -292,8 +292,8 @@ def build_to_cache(decision, *, settings, env, pins, state_dir: str) -> list:
     try:
         for step in (s for s in decision.steps if s.kind == StepKind.BUILD):
             try:
-                built = run_build(step, settings=settings, env=env, pins=pins, work=work, kernel=decision.kernel,
-                                  scratch=scratch)
+                built = run_build(step, settings=settings, env=env, pins=pins, commands=commands, work=work,
+                                  kernel=decision.kernel, scratch=scratch)
             except BuildError as exc:
                 raise InstallError(str(exc)) from None
             name, meta = _cache_entry(built)
@@ -387,7 +387,7 @@ def _merged(steps) -> Step | None:
                 note="the runtime dependencies (and build needs) of the kernels installed together") if reqs else None
 
 
-def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, counter) -> dict:
+def _make_wheels(members, steps, made: dict, *, settings, env, pins, commands, work, tx, counter) -> dict:
     """Each member's wheels made local (into `made`, kept for a later round): files and downloads at
     once, then every source build at the same time. Returns kernel -> why, for the members that failed."""
     failed, builds, pending = {}, [], {}
@@ -413,7 +413,7 @@ def _make_wheels(members, steps, made: dict, *, settings, env, pins, work, tx, c
     builds = [(d, step) for d, step in builds if d.kernel not in failed]
     if builds:
         results = build_all([(d.kernel, step, d.expected_seconds) for d, step in builds], settings=settings, env=env,
-                            pins=pins, work=work, tx=tx)
+                            pins=pins, commands=commands, work=work, tx=tx)
         counter["children"] += len(builds)
         for d, _ in builds:
             got = results.get(d.kernel)
@@ -452,10 +452,10 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
                          "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
-def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=(), started=None, local_files=()) -> str:
+def _run_step(step, *, installer, settings, commands, cfile, kernel, work, scratch=(), started=None,
+              local_files=()) -> str:
     """Run one installer call; in auto mode a failing uv call is retried with pip. Returns the installer used."""
-    inv = invocation(step, installer=installer, settings=settings, uv=uv_executable(env), constraints_file=cfile,
-                     local_files=local_files)
+    inv = commands.invocation(step, installer=installer, constraints_file=cfile, local_files=local_files)
     label = f"installing {', '.join(step.requirements if step.kind == StepKind.WHEEL else step.names)}"
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
     if ran.code == 0:
@@ -466,8 +466,8 @@ def _run_step(step, *, installer, settings, env, cfile, kernel, work, scratch=()
     if installer == "uv" and settings.installer == "auto":
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({ran.tail}); retrying with pip", kernel)
-        return _run_step(step, installer="pip", settings=settings, env=env, cfile=cfile, kernel=kernel, work=work,
-                         scratch=scratch, started=started, local_files=local_files)
+        return _run_step(step, installer="pip", settings=settings, commands=commands, cfile=cfile, kernel=kernel,
+                         work=work, scratch=scratch, started=started, local_files=local_files)
     hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)" if ran.code == 127 and installer == "uv" else ""
     raise InstallError(f"{label} failed ({installer} exit {ran.code}): {ran.tail}{hint}")
 

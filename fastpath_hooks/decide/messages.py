@@ -13,7 +13,7 @@ import re
 import string
 from dataclasses import dataclass, replace
 
-from ..events import MAX_LINE, PREFIX, Severity
+from ..events import MAX_LINE, PREFIX, Severity, minutes
 from ..facts.pins_values import ACCELERATORS
 from .plan import target_of
 
@@ -260,12 +260,6 @@ def versions(spec, mapping) -> str:
     items = {d: public(v) for d, v in mapping.items()}
     own = items.get(spec.distributions[0]) or next(iter(items.values()))
     return " + ".join([own] + [f"{d} {v}" for d, v in items.items() if v != own])
-
-
-def minutes(seconds) -> str:
-    if seconds is None:
-        return ""
-    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def slots(ctx, decision) -> dict:

@@ -298,10 +298,8 @@ def step_names(steps) -> set:
 
 
 def invocation(step: Step, *, installer: str, settings, python: str | None = None, uv: str | None = None,
-               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_file: str | None = None,
-               local_files=()) -> Invocation:
-    """The argv that runs `step`. `local_file`: a wheel step's downloaded or wheelhouse path; `local_files`:
-    several wheel files installed by one call (the cached kernels of one request)."""
+               constraints_file: str = CONSTRAINTS_PLACEHOLDER, local_files=()) -> Invocation:
+    """The argv that runs `step`; `local_files`: the wheel files one call installs (a request's wheels)."""
     python = python or sys.executable
     if step.kind == StepKind.BUILD:  # builds the wheel (installed next, from the work directory, and cached)
         return Invocation(argv=tuple(build_argv(step, settings=settings, out_dir="<work>/built", python=python)),
@@ -310,7 +308,7 @@ def invocation(step: Step, *, installer: str, settings, python: str | None = Non
     if step.kind == StepKind.WHEEL:   # a wheel step may carry dependencies by name (act/installer.py)
         named = [r for r in step.requirements if not r.endswith(".whl") and r not in local_files]
         files = [r for r in step.requirements if r not in named]
-        reqs = named + (list(local_files) or [local_file or step.url or files[0]])
+        reqs = named + (list(local_files) or [step.url or files[0]])
     is_uv = installer == "uv"
     argv = ([uv or "uv", "pip", "install", "--python", python] if is_uv else
             [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"])

@@ -25,7 +25,7 @@ from ..act.store import VerdictCache, environment_signature
 from ..act.transaction import JOURNAL, environment_state_dir, recover
 from ..act.verify import verify
 from ..decide.plan import installer_choice
-from ..decide.policy import decide
+from ..decide.policy import Commands, decide
 from ..facts.probe import after_install, probe, with_nvcc_version
 from .context import complete, fingerprint, load
 
@@ -147,7 +147,8 @@ class World:
     def install_batch(self, decisions, *, settings, env, pins):
         """The kernels of one request in one transaction, checked in one child (lock held): its Installed."""
         try:
-            return install(decisions, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
+            return install(decisions, settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
+                           state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 
@@ -161,7 +162,8 @@ class World:
     def build(self, decision, *, settings, env, pins) -> list:
         """`fastpath-hooks build`: the decision's source builds into the wheel cache (lock held)."""
         try:
-            return build_to_cache(decision, settings=settings, env=env, pins=pins, state_dir=self.state_dir(settings))
+            return build_to_cache(decision, settings=settings, env=env, pins=pins,
+                                  commands=Commands.of(settings, env, pins), state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
 

@@ -7,12 +7,15 @@ install together - builds side by side, wheels in one installer call, one verifi
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .. import messages as short
+from ..builds import core_budget, cuda_codes, split_allowed
 from ..common import Context, USABLE, no_accelerator_reason, numeric_block
-from ..plan import INSTALL, OK, Plan, SKIP, StepKind, jit_env
+from ..plan import (CONSTRAINTS_PLACEHOLDER, INSTALL, OK, Plan, SKIP, StepKind, build_argv, choose_installer,
+                    constraints, invocation, jit_env, uv_executable)
 from . import backend, compiled, pair, pure
+from .compiled import cxx11_abi_flag
 
 
 RULES = {"pure": pure.decide, "pair": pair.decide, "compiled": compiled.decide, "backend": backend.decide}
@@ -71,10 +74,47 @@ def batchable(decision, pins) -> bool:
             and all(s.kind in BATCHED_STEPS for s in decision.steps))
 
 
-def deps_with_wheels(members) -> bool:
-    """Whether the batch's dependencies go into its wheels' one installer call: where no member builds, nothing
-    needs them before its wheel is there."""
-    return not any(s.kind == StepKind.BUILD for d in members for s in d.steps)
+@dataclass(frozen=True)
+class Commands:
+    """How act/ runs the plan's steps here, decided before it runs and handed to it with the decisions (act/ never
+    calls decide/): the installer and the build's ABI chosen, the argv, constraints and build shares made from what
+    exists only at install time (the constraints file, local wheels, what is installed, the builds run together)."""
+    installer: str
+    settings: object
+    env: object
+    protected: tuple
+    abi: str                          # TRUE/FALSE: the C++ ABI a built wheel is labelled with
+
+    @classmethod
+    def of(cls, settings, env, pins) -> "Commands":
+        return cls(choose_installer(settings, env), settings, env, tuple(pins.protected), cxx11_abi_flag(env))
+
+    def invocation(self, step, *, installer=None, constraints_file=CONSTRAINTS_PLACEHOLDER, local_files=()):
+        return invocation(step, installer=installer or self.installer, settings=self.settings,
+                          uv=uv_executable(self.env), constraints_file=constraints_file, local_files=local_files)
+
+    def build_argv(self, step, out_dir: str) -> list:
+        return build_argv(step, settings=self.settings, out_dir=out_dir)
+
+    def constraints(self, installed: dict, named=()) -> list:
+        """The constraints file's lines for steps naming `named`, `installed` as it is when they run."""
+        return constraints(installed, self.protected, named)
+
+    def shares(self, builds, jobs_given=None) -> dict:
+        """kernel -> its builds.Share of the machine, for `builds` = [(kernel, spec, expected seconds)] run at once."""
+        env = self.env
+        return core_budget([(k, b, s, split_allowed(b, self.settings, env.nvcc_version)) for k, b, s in builds],
+                           cpus=env.cpus, memory_gib=env.memory_gib, settings=self.settings, jobs_given=jobs_given)
+
+    def codes(self, build) -> int:
+        """How many arch codes the sdist compiles with this nvcc (a build "for all")."""
+        return len(cuda_codes(build, self.env.nvcc_version))
+
+    @staticmethod
+    def deps_with_wheels(members) -> bool:
+        """Whether the batch's dependencies go into its wheels' one installer call: where no member builds, nothing
+        needs them before its wheel is there."""
+        return not any(s.kind == StepKind.BUILD for d in members for s in d.steps)
 
 
 def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:
