@@ -21,6 +21,7 @@ from fastpath_hooks.facts.distributions import canonical_name
 from fastpath_hooks.facts.pins import PinsError, load
 from fastpath_hooks.facts.host import pip_index_config
 from fastpath_hooks.decide.plan import BLOCK, INSTALL, OK, REPAIR, SKIP
+from fastpath_hooks.decide.policy import Commands
 from fastpath_hooks.facts.settings import Settings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -123,15 +124,15 @@ UV = "/usr/bin/uv"
 def test_auto_picks_pip_when_pip_is_configured_with_an_index():
     configured = make_env(uv=UV, pip_index_config="PIP_INDEX_URL")
     name, why = commands.installer_choice(Settings(), configured)
-    assert name == "pip" == commands.choose_installer(Settings(), configured)
+    assert name == "pip" == Commands.of(Settings(), configured, PINS).installer
     assert "PIP_INDEX_URL" in why and "uv" in why
-    assert commands.choose_installer(Settings(), make_env(uv=UV)) == "uv"
-    assert commands.choose_installer(Settings(), make_env(pip_index_config=None)) == "pip"   # no uv
+    assert Commands.of(Settings(), make_env(uv=UV), PINS).installer == "uv"
+    assert Commands.of(Settings(), make_env(pip_index_config=None), PINS).installer == "pip"   # no uv
     # fastpath-hooks' own index choice (or none at all) leaves uv nothing to get wrong
-    assert commands.choose_installer(Settings(**OFFLINE), configured) == "uv"
-    assert commands.choose_installer(Settings(index_url="https://mirror.example/simple"), configured) == "uv"
+    assert Commands.of(Settings(**OFFLINE), configured, PINS).installer == "uv"
+    assert Commands.of(Settings(index_url="https://mirror.example/simple"), configured, PINS).installer == "uv"
     # an explicit choice stands
-    assert commands.choose_installer(Settings(installer="uv"), configured) == "uv"
+    assert Commands.of(Settings(installer="uv"), configured, PINS).installer == "uv"
 
 
 @pytest.mark.parametrize("settings, env, fix", [
@@ -258,9 +259,9 @@ def test_a_triton_distribution_must_be_protected(tmp_path):
 
 
 def test_a_posed_uv_is_never_run():
-    assert commands.uv_executable(make_env(uv="posed")) is None
-    assert commands.uv_executable(make_env(uv=None)) is None
-    assert commands.uv_executable(make_env(uv=UV)) == UV
+    assert Commands.of(Settings(), make_env(uv="posed"), PINS).uv is None
+    assert Commands.of(Settings(), make_env(uv=None), PINS).uv is None
+    assert Commands.of(Settings(), make_env(uv=UV), PINS).uv == UV
 
 
 # -- 20: the pins decide which accelerators a kernel supports -------------------------------------

@@ -209,11 +209,6 @@ class Invocation:
         return {"argv": list(self.argv), "env": dict(self.env), "kind": self.step.kind}
 
 
-def choose_installer(settings, env) -> str:
-    """The installer to run (pip where none is available: `installer_choice` says why it cannot work)."""
-    return installer_choice(settings, env)[0] or "pip"
-
-
 def installer_choice(settings, env) -> tuple:
     """(uv, pip or None, why). Auto prefers uv, except where pip's configuration names an index or find-links and
     ours names none: uv ignores it and would resolve from PyPI. None: `why` is `<what is missing>; <the fix>`."""
@@ -237,11 +232,6 @@ def installer_choice(settings, env) -> tuple:
         return "pip", (f"auto: pip's configuration names an index or find-links ({env.pip_index_config}), "
                        "which uv would ignore")
     return "uv", "auto: uv found"
-
-
-def uv_executable(env) -> str | None:
-    """The uv to run: None when uv is absent or only posed by a target (`uv=yes`)."""
-    return None if env.uv in (None, "posed") else env.uv
 
 
 def protected_constraints(installed: dict, protected) -> list[str]:

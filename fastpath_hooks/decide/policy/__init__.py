@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from .. import messages as short
 from ..builds import core_budget, cuda_codes, split_allowed
 from ..common import Context, USABLE, no_accelerator_reason, numeric_block
-from ..plan import (CONSTRAINTS_PLACEHOLDER, INSTALL, OK, Plan, SKIP, StepKind, build_argv, choose_installer,
-                    constraints, invocation, jit_env, uv_executable)
+from ..plan import (CONSTRAINTS_PLACEHOLDER, INSTALL, OK, Plan, SKIP, StepKind, build_argv, constraints,
+                    installer_choice, invocation, jit_env)
 from . import backend, compiled, pair, pure
 from .compiled import cxx11_abi_flag
 
@@ -76,10 +76,10 @@ def batchable(decision, pins) -> bool:
 
 @dataclass(frozen=True)
 class Commands:
-    """How act/ runs the plan's steps here, decided before it runs and handed to it with the decisions (act/ never
-    calls decide/): the installer and the build's ABI chosen, the argv, constraints and build shares made from what
-    exists only at install time (the constraints file, local wheels, what is installed, the builds run together)."""
-    installer: str
+    """How act/ runs the steps here, decided before it runs and handed to it with the decisions (act/ never calls
+    decide/); act/ adds what exists only then: the constraints file, local wheels, what is installed, the builds."""
+    installer: str                    # pip where none can run (installer_choice says why)
+    uv: str | None                    # never one only posed by a target (`uv=yes`)
     settings: object
     env: object
     protected: tuple
@@ -87,17 +87,17 @@ class Commands:
 
     @classmethod
     def of(cls, settings, env, pins) -> "Commands":
-        return cls(choose_installer(settings, env), settings, env, tuple(pins.protected), cxx11_abi_flag(env))
+        return cls(installer_choice(settings, env)[0] or "pip", None if env.uv in (None, "posed") else env.uv,
+                   settings, env, tuple(pins.protected), cxx11_abi_flag(env))
 
     def invocation(self, step, *, installer=None, constraints_file=CONSTRAINTS_PLACEHOLDER, local_files=()):
-        return invocation(step, installer=installer or self.installer, settings=self.settings,
-                          uv=uv_executable(self.env), constraints_file=constraints_file, local_files=local_files)
+        return invocation(step, installer=installer or self.installer, settings=self.settings, uv=self.uv,
+                          constraints_file=constraints_file, local_files=local_files)
 
     def build_argv(self, step, out_dir: str) -> list:
         return build_argv(step, settings=self.settings, out_dir=out_dir)
 
     def constraints(self, installed: dict, named=()) -> list:
-        """The constraints file's lines for steps naming `named`, `installed` as it is when they run."""
         return constraints(installed, self.protected, named)
 
     def shares(self, builds, jobs_given=None) -> dict:
