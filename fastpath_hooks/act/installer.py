@@ -161,9 +161,8 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
             def call(step, files=()):
                 nonlocal installer, now
                 counter["children"] += 1
-                installer = _run_step(step, installer=installer, settings=settings, commands=commands, cfile=cfile,
-                                      kernel=lead, work=tx_work, scratch=scratch, started=tx.record_group,
-                                      local_files=files)
+                installer = _run_step(step, installer=installer, commands=commands, cfile=cfile, kernel=lead,
+                                      work=tx_work, scratch=scratch, started=tx.record_group, local_files=files)
                 now = scan()   # before the next interpreter starts: only allow-listed distributions changed
                 _check_changes(_versions(now[0]), protected_before, real_before, pins)
 
@@ -452,9 +451,9 @@ def _cache_wheel(settings, path: str, name: str, meta: dict, kernel: str, env) -
                          "same FASTPATH_HOOKS_CACHE_DIR install it without building")
 
 
-def _run_step(step, *, installer, settings, commands, cfile, kernel, work, scratch=(), started=None,
-              local_files=()) -> str:
+def _run_step(step, *, installer, commands, cfile, kernel, work, scratch=(), started=None, local_files=()) -> str:
     """Run one installer call; in auto mode a failing uv call is retried with pip. Returns the installer used."""
+    settings = commands.settings
     inv = commands.invocation(step, installer=installer, constraints_file=cfile, local_files=local_files)
     label = f"installing {', '.join(step.requirements if step.kind == StepKind.WHEEL else step.names)}"
     ran = execute(inv, settings.timeout, kernel, label, work=work, extra_env=scratch, started=started)
@@ -466,8 +465,8 @@ def _run_step(step, *, installer, settings, commands, cfile, kernel, work, scrat
     if installer == "uv" and settings.installer == "auto":
         # e.g. an LZMA-compressed wheel (gpu-wheelhouse.sh packs big ones that way), which uv rejects
         events.status(f"uv failed ({ran.tail}); retrying with pip", kernel)
-        return _run_step(step, installer="pip", settings=settings, commands=commands, cfile=cfile, kernel=kernel,
-                         work=work, scratch=scratch, started=started, local_files=local_files)
+        return _run_step(step, installer="pip", commands=commands, cfile=cfile, kernel=kernel, work=work,
+                         scratch=scratch, started=started, local_files=local_files)
     hint = " (install uv, or set FASTPATH_HOOKS_INSTALLER=pip or auto)" if ran.code == 127 and installer == "uv" else ""
     raise InstallError(f"{label} failed ({installer} exit {ran.code}): {ran.tail}{hint}")
 
