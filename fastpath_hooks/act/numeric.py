@@ -180,7 +180,7 @@ def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
         return pending.ok, pending.detail
     ran, items, other = run_child(json.dumps([{"modules": [], "attributes": [], "numeric": pending.payload}]),
                                   timeout=timeout, environ=child_environ(plan.env, drop=("FASTPATH_HOOKS_TARGET",)))
-    report = next((i.get("numeric") for i in items if i.get("index") == 0), None)
+    report = next((i["numeric"] for i in items if i.get("index") == 0 and "numeric" in i), None)   # not the phase
     problem = None if isinstance(report, dict) else ended(ran, f"{entry.ref}'s numeric check", timeout, other)
     result = conclude(pending, report, problem, ran.seconds, label=f"{entry.kernel} from {entry.ref}")
     return result.ok, result.detail
