@@ -34,19 +34,30 @@ GRANITE = dict(vocab_size=32000, hidden_size=2048, num_hidden_layers=4,
 TINY = {"hidden_size": 64, "intermediate_size": 128, "vocab_size": 256}
 
 
+MODELS = {"qwen3_5": ("qwen3_5_text", QWEN), "granitemoehybrid": ("granitemoehybrid", GRANITE)}
+
+
+def model_config(name: str, tiny: bool = False):
+    """The transformers config of a model of MODELS (its modeling module is not imported yet)."""
+    from transformers import AutoConfig
+
+    model_type, config = MODELS[name]
+    config = dict(config)
+    if tiny:
+        config.update(TINY)
+        if model_type == "granitemoehybrid":
+            config.update(shared_intermediate_size=128, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+                          mamba_chunk_size=64, num_attention_heads=4, num_key_value_heads=2)
+    return AutoConfig.for_model(model_type, **config)
+
+
 def save(args) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    for name, model_type, config in (("qwen3_5", "qwen3_5_text", QWEN), ("granitemoehybrid", "granitemoehybrid", GRANITE)):
-        config = dict(config)
-        if args.tiny:
-            config.update(TINY)
-            if model_type == "granitemoehybrid":
-                config.update(shared_intermediate_size=128, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
-                              mamba_chunk_size=64, num_attention_heads=4, num_key_value_heads=2)
+    for name in MODELS:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config))
+        model = AutoModelForCausalLM.from_config(model_config(name, args.tiny))
         model.to(torch.bfloat16).save_pretrained(os.path.join(args.dir, name))
         print(f"saved {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters)")
 
