@@ -8,9 +8,9 @@
 #   qwen3_5-later           a later environment: a fresh venv, the same HOME and fastpath-hooks cache
 #   qwen3_5-by-hand-cold    the baseline: fla + tilelang pip-installed (from the same wheelhouse, timed and counted),
 #                           no fastpath-hooks, a fresh HOME (empty JIT caches)
-#   qwen3_5-by-hand-later   the same in a fresh venv (pip install again), the same HOME
 #   granitemoehybrid-cold   as qwen3_5-cold (causal-conv1d and mamba-ssm built from their sdists for sm_90)
 #   granitemoehybrid-later  as qwen3_5-later
+#   qwen3_5-by-hand-later   as qwen3_5-by-hand-cold in a fresh venv (pip install again), the same HOME
 # CASES="qwen3_5-cold ..." runs only those (in that order). Each case's JSON and log go to $WORK/cases, and the summary
 # (issue 33's {"case", "first_step_done_s", "step_ms", "installed"} rows) is rewritten after every case.
 #
@@ -38,7 +38,7 @@ BASE=${BASE:-/opt/torch/.venv/bin/python3}
 DRIVER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/time_to_step.py
 WHEELHOUSE=${WHEELHOUSE:-.whl-qla}
 HOOKS_WHEELS=${HOOKS_WHEELS:-$(ls .whl/fastpath_hooks-*.whl 2>/dev/null)}
-CASES=${CASES:-qwen3_5-cold qwen3_5-later qwen3_5-by-hand-cold qwen3_5-by-hand-later granitemoehybrid-cold granitemoehybrid-later}
+CASES=${CASES:-qwen3_5-cold qwen3_5-later qwen3_5-by-hand-cold granitemoehybrid-cold granitemoehybrid-later qwen3_5-by-hand-later}
 CASE_TIMEOUT=${CASE_TIMEOUT:-900}
 DRIVER_ARGS=${DRIVER_ARGS:-}   # e.g. "--device cpu --tiny --seq 64 --steps 2": a CPU check of the script (BASE=.venv/bin/python)
 export PYTHONUNBUFFERED=1
