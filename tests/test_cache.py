@@ -128,6 +128,37 @@ def test_the_cache_keeps_the_most_recently_written_entries(cache):
 
 # -- the environment signature (the warm path's key) ----------------------------------------
 
+def test_an_installed_kernels_digest_is_the_same_in_every_environment_despite_its_console_scripts(tmp_path):
+    """apache-tvm-ffi has console scripts; pip writes them with this venv's python in the shebang and lists
+    them in RECORD as ../../../bin/...: two environments with the same wheel must give one digest, or
+    tilelang's check is never remembered in a later environment (seen on the H200, issue 33)."""
+    from fastpath_hooks.act.store import installed_digest
+
+    def site(venv: str, module: str = "x = 1\n") -> str:
+        path = tmp_path / venv / "site-packages"
+        info = path / "apache_tvm_ffi-0.1.12.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: apache-tvm-ffi\nVersion: 0.1.12\n")
+        script = f"#!{tmp_path / venv}/bin/python\nimport tvm_ffi.config\n"
+        (info / "RECORD").write_text(f"tvm_ffi/__init__.py,sha256={hash(module)},5\n"
+                                     f"../../../bin/tvm-ffi-config,sha256={hash(script)},{len(script)}\n"
+                                     "apache_tvm_ffi-0.1.12.dist-info/RECORD,,\n")
+        return str(path)
+
+    def digest(path: str):
+        saved = sys.path[:]
+        sys.path.insert(0, path)
+        try:
+            return installed_digest(["apache-tvm-ffi"])
+        finally:
+            sys.path[:] = saved
+
+    one, two, other = site("venv1"), site("venv2"), site("venv3", module="x = 2\n")
+    assert digest(one) is not None
+    assert digest(one) == digest(two)          # only the scripts' shebangs differ
+    assert digest(one) != digest(other)        # another file inside site-packages: another digest
+
+
 def test_the_signature_changes_with_what_a_decision_depends_on(tmp_path, monkeypatch):
     site = tmp_path / "site-packages"
     site.mkdir()

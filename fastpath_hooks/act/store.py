@@ -308,7 +308,8 @@ def _path(root: str, kernel: str) -> str:
 
 
 def installed_digest(distributions) -> str | None:
-    """Of the installed files as their RECORD lists them (dist-info, bytecode left out): one wheel, one digest."""
+    """Of the installed files as their RECORD lists them (dist-info, bytecode left out): one wheel, one digest.
+    Files outside site-packages (console scripts: their shebang names this venv's python) left out too."""
     import csv
 
     from ..facts.distributions import scan   # not on the warm path
@@ -319,7 +320,8 @@ def installed_digest(distributions) -> str | None:
         with contextlib.suppress(OSError), open(os.path.join(found[name].path, "RECORD"), encoding="utf-8",
                                                 errors="replace") as fh:
             rows += [f"{name}:{row[0]},{row[1]}" for row in csv.reader(fh)
-                     if len(row) >= 2 and row[1] and ".dist-info/" not in row[0] and not row[0].endswith(".pyc")]
+                     if len(row) >= 2 and row[1] and ".dist-info/" not in row[0] and not row[0].endswith(".pyc")
+                     and not row[0].startswith("..")]
     return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest() if rows else None
 
 
