@@ -61,6 +61,8 @@ phase_stash() {   # what this call carried, put aside for the background (a late
   if [ -d "$WHEELHOUSE" ]; then cp "$WHEELHOUSE"/* "$KEEP/wh/"; fi
   # shellcheck disable=SC2086
   [ -n "$HOOKS_WHEELS" ] && cp $HOOKS_WHEELS "$KEEP/wh/"
+  # the scripts too: a later call replaces the working tree under a background started from it
+  rm -rf "$KEEP/src" && mkdir -p "$KEEP/src" && cp -r "$(dirname "$DRIVER")" "$(dirname "$DRIVER")/../examples" "$KEEP/src/"
   ls -la "$KEEP/wh"
 }
 
@@ -74,10 +76,10 @@ phase_start() {
   done
   [ ${#missing[@]} -eq 0 ] || { echo "the wheelhouse $KEEP/wh lacks ${missing[*]}: carry it (the header)"; return 1; }
   step "started in the background (log $WORK/bg.log): $CASES"
-  rm -rf "$WORK"/bg.* "$WORK/cases"
+  rm -f "$WORK"/bg.*   # (cases of an earlier start are kept: a case run again replaces its own)
   date -u > "$WORK/bg.started"
   local detach=; command -v setsid >/dev/null && detach=setsid
-  nohup $detach bash "$0" _bg > "$WORK/bg.log" 2>&1 < /dev/null &
+  (cd "$WORK" && nohup $detach bash "$KEEP/src/benchmarks/$(basename "$0")" _bg > "$WORK/bg.log" 2>&1 < /dev/null &)
   local i; for i in $(seq 50); do [ -f "$WORK/bg.pid" ] && break; sleep 0.2; done
 }
 
