@@ -127,6 +127,12 @@ def test_a_compiled_kernel_added_by_a_pins_file_builds_for_the_visible_gpu(make_
     pins = _pins(tmp_path, foo_conv=FOO_CONV)
     env = offline_env(foo_conv_house, HOPPER, cache_dir=str(tmp_path / "cache"), pins=pins, CUDA_HOME=toolkit.home)
     venv = make_venv(transformers=None)
+    # plan knows it by name, before anything is built: a source build for this machine's GPU
+    plan = venv.cli("plan", "foo-conv", "--json", env=env)
+    assert plan.returncode == 0, plan.stderr
+    (decision,) = json.loads(plan.stdout)["decisions"]
+    assert (decision["kernel"], decision["action"]) == ("foo-conv", "install"), decision
+    assert decision["rule"].startswith("fooconv.") and [s["kind"] for s in decision["steps"]][-1] == "build", decision
     proc = venv.cli("install", "foo-conv", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "foo-conv: building - from source for sm_90" in proc.stderr, proc.stderr
