@@ -40,7 +40,6 @@ SEQ=${SEQ:-2048}
 [ $# -gt 0 ] || set -- facts stash
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-running() { [ -f "$WORK/bg.started" ] && [ ! -f "$WORK/bg.done" ] && kill -0 "$(cat "$WORK/bg.pid" 2>/dev/null)" 2>/dev/null; }
 
 phase_facts() {
   step "machine"
@@ -142,17 +141,7 @@ PY
 }
 
 phase_wait() {
-  local until=${WAIT_UNTIL:-560}
-  step "wait for the background (until ${until}s into this call)"
-  [ -f "$WORK/bg.started" ] || { echo "nothing started in $WORK: run 'start' first (or the machine went cold)"; return 1; }
-  while [ ! -f "$WORK/bg.done" ]; do
-    running || { echo "the background is gone without finishing:"; tail -5 "$WORK/bg.log"; break; }
-    if [ "$SECONDS" -ge "$until" ]; then
-      echo "still running at ${SECONDS}s: call 'bash benchmarks/h200_era_d.sh wait' at once"; break
-    fi
-    sleep 10
-    echo "--- ${SECONDS}s: $(grep -v '^\s*$' "$WORK/bg.log" 2>/dev/null | tail -1 | cut -c1-200)"
-  done
+  wait_background h200_era_d.sh "${WAIT_UNTIL:-560}" || return 1
   "$ENV1/bin/python" benchmarks/era_d.py summary "$WORK"/cases/*.json --out "$WORK/summary.json" > /dev/null 2>&1
   cp "$WORK/bg.log" "$WORK/doctor.txt" "$WORK/summary.json" "$OUT/" 2>/dev/null
   (cd "$WORK/cases" 2>/dev/null && tar czf "$OUT/cases.tgz" . 2>/dev/null)

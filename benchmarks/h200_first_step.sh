@@ -36,7 +36,6 @@ SERIES_ARGS=${SERIES_ARGS:-}
 [ $# -gt 0 ] || set -- facts start wait
 if [ "$1" != _bg ]; then exec > >(tee -a "$OUT/log.txt") 2>&1; fi
 
-running() { [ -f "$WORK/bg.started" ] && [ ! -f "$WORK/bg.done" ] && kill -0 "$(cat "$WORK/bg.pid" 2>/dev/null)" 2>/dev/null; }
 
 phase_facts() {
   step "machine"
@@ -83,17 +82,7 @@ PY
 }
 
 phase_wait() {
-  local until=${WAIT_UNTIL:-570}
-  step "wait for the background (until ${until}s into this call)"
-  [ -f "$WORK/bg.started" ] || { echo "nothing started in $WORK: run 'start' first (or the machine went cold)"; return 1; }
-  while [ ! -f "$WORK/bg.done" ]; do
-    running || { echo "the background is gone without finishing:"; tail -5 "$WORK/bg.log"; break; }
-    if [ "$SECONDS" -ge "$until" ]; then
-      echo "still running at ${SECONDS}s: call 'bash benchmarks/h200_first_step.sh wait' at once"; break
-    fi
-    sleep 10
-    echo "--- ${SECONDS}s: $(grep -v '^\s*$' "$WORK/bg.log" 2>/dev/null | tail -1 | cut -c1-200)"
-  done
+  wait_background h200_first_step.sh "${WAIT_UNTIL:-570}" || return 1
   for f in bg.log install.txt doctor.txt first-step.json; do cp "$WORK/$f" "$OUT/$f" 2>/dev/null; done
   [ -f "$WORK/bg.done" ] && echo "background: $(cat "$WORK/bg.done")"
   return 0
