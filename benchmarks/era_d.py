@@ -37,6 +37,31 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "vocab_size": 256}
 MODELS = {"qwen3_5": ("qwen3_5_text", QWEN), "granitemoehybrid": ("granitemoehybrid", GRANITE)}
 
 
+
+def train_steps(model, device: str, seq: int, steps: int, first_done=None) -> tuple:
+    """(losses, seconds of each step) of `steps` AdamW steps (forward, loss, backward) on one random batch of `seq`
+    tokens, synchronized; `first_done()` is called right after the first step."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device=device).manual_seed(1234)
+    ids = torch.randint(0, model.config.vocab_size, (1, seq), device=device, generator=gen)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    losses, times = [], []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        times.append(round(time.perf_counter() - start, 4))
+        losses.append(loss.item())
+        if first_done is not None and len(times) == 1:
+            first_done()
+    return losses, times
+
 def model_config(name: str, tiny: bool = False):
     """The transformers config of a model of MODELS (its modeling module is not imported yet)."""
     from transformers import AutoConfig
@@ -86,21 +111,7 @@ def case(args) -> dict:
         out["load_s"] = round(time.perf_counter() - t0, 2)
         model.train()
         out["kernels"] = _kernels(model, resolved_kernels)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        gen = torch.Generator(device=args.device).manual_seed(1234)
-        ids = torch.randint(0, model.config.vocab_size, (1, args.seq), device=args.device, generator=gen)
-        sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-        losses, times = [], []
-        for _ in range(args.steps):
-            sync()
-            start = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sync()
-            times.append(round(time.perf_counter() - start, 4))
-            losses.append(loss.item())
+        losses, times = train_steps(model, args.device, args.seq, args.steps)
         out.update(loss0=losses[0], losses=losses, step_s=times, first_step_done_s=round(time.perf_counter() - t0, 2))
     except Exception as exc:   # the load (a kernel lookup) or a step: the case's result
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -73,23 +73,9 @@ def case(args) -> dict:
         out["model_built_s"] = round(_since_start(), 2)
         model = model.to(args.device, torch.bfloat16 if cuda else torch.float32).train()
         out["on_device_s"] = round(_since_start(), 2)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        gen = torch.Generator(device=args.device).manual_seed(1234)
-        ids = torch.randint(0, model.config.vocab_size, (1, args.seq), device=args.device, generator=gen)
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
-        times, losses = [], []
-        for _ in range(args.steps):
-            sync()
-            start = time.perf_counter()
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sync()
-            times.append(round(time.perf_counter() - start, 4))
-            losses.append(round(loss.item(), 5))
-            if len(times) == 1:
-                out["first_step_done_s"] = round(_since_start(), 2)
+        losses, times = era_d.train_steps(model, args.device, args.seq, args.steps,
+                                          lambda: out.update(first_step_done_s=round(_since_start(), 2)))
+        losses = [round(x, 5) for x in losses]
         out.update(step_s=times, losses=losses, first_step_s=times[0],
                    step_ms=round(1000 * statistics.median(times[1:] or times), 1))
         try:   # (the example imports fastpath_hooks, which the by-hand environment lacks: no report there)
