@@ -314,10 +314,10 @@ def jit_text(data: dict) -> str:
         lines.append(f"  {var:<19}{c['directory']} ({c['set_by']}): {what}")
     for kernel, w in sorted(data["warmed"].items()):
         shapes = ", ".join("x".join(str(n) for n in s) for s in (w.get("shapes") or []))
-        seqs = ", ".join(str(n) for n in (w.get("seqs") or []))
-        done = f"for {seqs} tokens" if seqs else f"checked only ({w.get('skipped') or 'no warm-up'})"
-        lines.append(f"  {kernel}: warmed {w.get('at')} {done} at {shapes} (heads x heads x K x V) in "
-                     f"{(w.get('seconds') or 0):.1f} s on {w.get('device')}")
+        tuned = f"tuned at {w['tune_seq']} tokens" if w.get("tune_seq") else "checked at its check length"
+        lines.append(f"  {kernel}: compiled {w.get('at')}, {tuned}, at {shapes} (heads x heads x K x V)"
+                     f"{', ' + w['dtype'] if w.get('dtype') else ''} in {(w.get('seconds') or 0):.1f} s on "
+                     f"{w.get('device')}")
     if not data["warmed"]:
-        lines.append("  nothing warmed yet (a verification warms them where fla runs tilelang or flash-qla)")
+        lines.append("  nothing compiled yet (fla's check compiles them at the model's shapes, at its first call)")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ H100_OLD_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.6.0,nvcc=yes"
 H100_NEW_TRITON = "gpu=sm_90,cuda=12.8,torch=2.10.0,triton=3.7.1,nvcc=yes"
 CAUSAL_WHEEL = f"causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-{PY}-{PY}-linux_x86_64.whl"
 # The gated-delta-rule check (pins `warm`) at a size a CPU computes in a moment (the stand-ins run there).
-SMALL_CHECK = {"check_seq": 16, "seqs": [32], "heads": [1, 2], "dims": [128, 128]}
+SMALL_CHECK = {"check_seq": 16, "tune_seq": 32, "heads": [1, 2], "dims": [128, 128]}
 
 
 # Fixtures that make real venvs, build wheels or fetch from the index: a test using one is slow (minutes in

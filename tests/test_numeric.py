@@ -64,29 +64,40 @@ def test_a_posed_gpu_has_no_device_here_so_the_check_is_skipped_and_says_why():
     assert _plan("causal-conv1d").device == "cpu"                       # numeric=cpu: CPU stand-ins
     assert [c.name for c in plan.checks] == ["causal_conv1d_fn", "causal_conv1d_fn_channel_last", "causal_conv1d_update"]
     assert _plan("causal-conv1d", "gpu=none,cuda=13.0,torch=2.13.0") is None    # no accelerator: nothing to check
-    # fla is checked on Hopper only (its miscompiles: fla#640, fla#984, fla PR #1262)
+    # fla's numbers are checked by its one gated-delta-rule pass at the model's shapes (issue 39), not here
     assert _plan("fla", "gpu=sm_80,cuda=13.0,torch=2.13.0,numeric=cpu") is None
-    assert [c.name for c in _plan("fla").checks] == ["chunk_gated_delta_rule"]
+    assert _plan("fla") is None
 
 
 @pytest.mark.slow   # two child interpreters importing torch: ~10 s on 2 cores
-def test_flas_numeric_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_path):
-    """fla 0.6 dispatches its chunk entry point to an importable flash_qla by itself; fla's numeric check is
-    remembered under fla's files, so it runs with its backends off (FLA_FLASH_QLA=0) - a wrong flash_qla
-    beside it is the backend check's business (act/check_child.py), not a verdict on fla."""
+def test_flas_check_is_of_fla_own_path_with_flash_qla_switched_off(tmp_path):
+    """fla 0.6 dispatches its chunk entry point to an importable flash_qla by itself; fla's check (its one
+    gated-delta-rule pass, act/check_child.py) measures fla's own path with its backends off (FLA_FLASH_QLA=0, the
+    check's `own`) - a wrong flash_qla beside it is the backend check's business, not a verdict on fla."""
+    from fastpath_hooks.act.verify import check_now
+    from fastpath_hooks.decide.plan import gdr_check
+    from fastpath_hooks.facts.pins import load
+    from fastpath_hooks.facts.probe import probe
+    from fastpath_hooks.facts.settings import Settings
+
     root = _stand_ins(tmp_path)
     files = {"flash_qla/__init__.py": wheels._QLA.replace("MODE_VALUE", "wrong").replace("VERSION", "0.1.3"),
              "tilelang/__init__.py": ""}
     for name, text in files.items():
         (tmp_path / "right" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "right" / name).write_text(text)
-    plan = _plan("fla", root=str(tmp_path / "cache"))
-    assert plan.env == (("FLA_FLASH_QLA", "0"),)
-    own = _numbers(plan, ("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
-    assert own.ok and own.child and "numbers match torch" in own.detail, own.detail
+    pins = load()
+    check = gdr_check(probe(Settings(target=HOPPER_CPU), pins=pins), pins, "fla", served="fla",
+                      shapes=((1, 2, 128, 128),), shapes_from="test")
+    check = {**check, "check_seq": 16, "tune_seq": None}
+    assert check["own"] == {"FLA_FLASH_QLA": "0"}
+    spec = SimpleNamespace(name="fla", verify_modules=("fla.ops.gated_delta_rule",), verify_attributes=(),
+                           distributions=("fla-core",))
+    own = check_now(spec, check, timeout=180, env_extra=(("PYTHONPATH", root),))
+    assert own.ok and own.child and "gated-delta-rule check" in own.detail, own.detail
     # the same check with flash_qla left on measures the wrong stand-in: the switch is what keeps it fla's
-    through = _numbers(dataclasses.replace(plan, env=()), ("fla-core",), timeout=180, env_extra=(("PYTHONPATH", root),))
-    assert not through.ok and through.numeric and "chunk_gated_delta_rule" in through.detail, through.detail
+    through = check_now(spec, {**check, "own": {}}, timeout=180, env_extra=(("PYTHONPATH", root),))
+    assert not through.ok and "gated-delta-rule check: at T=16" in through.detail, through.detail
 
 
 def test_the_target_takes_numeric_cpu_and_refuses_other_values():
@@ -142,7 +153,7 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
     from fastpath_hooks.act.numeric import CHILD, _payload
     from fastpath_hooks.facts.pins import load
 
-    checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm", "fla") for c in load().kernel(kernel).numeric_checks]
+    checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm") for c in load().kernel(kernel).numeric_checks]
     kernels = [{"modules": [], "attributes": [], "numeric": {"device": "cpu", "checks": checks}}]
     for wrong in (False, True):
         proc = subprocess.run([sys.executable, CHILD, json.dumps(kernels)], text=True,
@@ -152,7 +163,7 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
                                   [_stand_ins(tmp_path, wrong=wrong), *glob.glob(os.path.join(dep_wheels, "einops-*.whl"))])))
         report = json.loads(proc.stdout.split(MARK)[-2])["numeric"]   # the last line names the loaded distributions
         states = {r["name"]: r["state"] for r in report["results"]}
-        assert len(states) == 7, report
+        assert len(states) == 6, report
         if not wrong:
             assert set(states.values()) == {"ok"}, report
         else:
@@ -256,10 +267,11 @@ def test_one_verification_child_for_several_kernels_runs_their_numeric_checks_to
     assert re.search(r"one check for 2 kernels\); numbers match torch on sm_90 \(CPU tensors\): \d+ checks", mamba.detail)
 
 
-def test_the_warm_up_clause_names_each_length_once():
-    """The H200 install line said 'JIT warmed for 4096, 4096, 16384, 16384 tokens': one row per variant (a final
-    state or not) of each length; each length is said once."""
+def test_the_check_clause_names_its_one_pass():
+    """One pass (issue 39): the length it compiled and tuned at, said once; its worst error against its limit."""
     from fastpath_hooks.act.verify import summary
 
-    warm = [{"seq": s, "shape": [32, 32, 128, 128], "final_state": f} for s in (4096, 16384) for f in (True, False)]
-    assert summary({"warm": warm, "seconds": 205.6}) == "JIT warmed for 4096, 16384 tokens, 205.6 s"
+    worst = {"tensor": "dg", "error": 0.011, "limit": 0.16}
+    assert summary({"tune_seq": 4096, "check_seq": 256, "worst": worst, "seconds": 61.2}) == \
+        "dg 1.1e-02 (limit 1.6e-01) at T=256, JIT compiled and tuned at 4096 tokens, 61.2 s"
+    assert summary({"check_seq": 256, "seconds": 3.0}) == "3.0 s"

@@ -350,18 +350,21 @@ def run_check(check: dict, device: str) -> dict:
 
 # -- the gated-delta-rule check and JIT warm-up --------------------------------------------------
 
-def _inputs(torch, shape, seq: int, device: str, seed: int) -> dict:
+def _inputs(torch, shape, seq: int, device: str, seed: int, dtype=None, varlen: bool = False) -> dict:
     hk, hv, dk, dv = shape
+    dtype = dtype or torch.bfloat16
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*size):
         return torch.randn(*size, generator=gen, device=device)
 
-    return {"q": rnd(1, seq, hk, dk).bfloat16(), "k": rnd(1, seq, hk, dk).bfloat16(),
-            "v": rnd(1, seq, hv, dv).bfloat16(),
-            # as transformers' Qwen3.5 / Qwen3-Next compute them: g = -exp(A_log) * softplus(...) in float32, beta bf16
-            "g": -torch.nn.functional.softplus(rnd(1, seq, hv)).float() * 0.5,
-            "beta": torch.sigmoid(rnd(1, seq, hv)).bfloat16(), "do": rnd(1, seq, hv, dv).bfloat16()}
+    x = {"q": rnd(1, seq, hk, dk).to(dtype), "k": rnd(1, seq, hk, dk).to(dtype), "v": rnd(1, seq, hv, dv).to(dtype),
+         # as transformers' Qwen3.5 / Qwen3-Next compute them: g = -exp(A_log) * softplus(...) in float32
+         "g": -torch.nn.functional.softplus(rnd(1, seq, hv)).float() * 0.5,
+         "beta": torch.sigmoid(rnd(1, seq, hv)).to(dtype), "do": rnd(1, seq, hv, dv).to(dtype)}
+    if varlen:   # packed rows: two documents in the one row, as a collator's cu_seq_lens give them
+        x["cu_seqlens"] = torch.tensor([0, seq // 2, seq], dtype=torch.int32, device=device)
+    return x
 
 
 def _rel(torch, a, b) -> float:
@@ -372,14 +375,30 @@ def _rel(torch, a, b) -> float:
     return (a - b).square().mean().sqrt().item() / (base if base > 0 else 1.0)
 
 
+def _reference(torch, x: dict) -> dict:
+    """The float32 recurrence's output and gradients for `x` (each packed document on its own)."""
+    leaves = {n: x[n].float().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+    cu = x.get("cu_seqlens")
+    bounds = [0, leaves["q"].shape[1]] if cu is None else cu.tolist()
+    outs = [gdr_ref(**{n: t[:, a:b] for n, t in leaves.items()})[0] for a, b in zip(bounds, bounds[1:])]
+    ref = torch.cat(outs, dim=1)
+    ref.backward(x["do"].float())
+    return {"o": ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
+
+
 def _gdr_check(check: dict) -> dict:
-    """The check, then the warm-up; a result dict (`status`: pass / fail, `reason`, the errors, the times)."""
+    """One pass at the model's shapes, dtype and variant: where the training length is known (`tune_seq`), the
+    served kernel runs at it first - Triton compiles and tunes there, into the caches the training reads -, then at
+    `check_seq` against the float32 recurrence (nothing compiles again: T is not specialised). `jit` shares the
+    compiling out (jit_share.py). A backend (`compare`) is also run against the served kernel's own path."""
     import torch
 
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule  # the served kernel's entry point
 
     served, kernel, check_seq, compare = check["served"], check.get("kernel"), check["check_seq"], check.get("compare")
     device = check.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, check.get("dtype") or "bfloat16")
+    final, varlen = bool(check.get("final_state", True)), bool(check.get("varlen", False))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = [0]
     if compare:
@@ -391,73 +410,108 @@ def _gdr_check(check: dict) -> dict:
             return original(*args, **kwargs)
 
         setattr(module, compare["function"], counted)
-    finals = check.get("final_state") or [False]
 
-    def step(x: dict, on: bool, final: bool = finals[0]) -> tuple:
-        """The served kernel's own path (every backend off), or with the backend on: (its tensors, seconds)."""
-        for var, off in check["own"].items():
-            os.environ[var] = off
-        if on:
+    def step(x: dict, on: bool) -> tuple:
+        """The served kernel as training runs it (with its backends), or on its own path (every backend off)."""
+        if not on:
+            for var, off in check["own"].items():
+                os.environ[var] = off
+        elif compare:
             os.environ.pop(compare["switch"], None)
         leaves = {n: x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+        extra = {"cu_seqlens": x["cu_seqlens"]} if "cu_seqlens" in x else {}
         sync()
         start = time.perf_counter()
         out = chunk_gated_delta_rule(leaves["q"], leaves["k"], leaves["v"], g=leaves["g"], beta=leaves["beta"],
-                                     use_qk_l2norm_in_kernel=True, output_final_state=final)
+                                     use_qk_l2norm_in_kernel=True, output_final_state=final, **extra)
         out = out[0] if isinstance(out, tuple) else out
         out.backward(x["do"])
         sync()
         return {"o": out.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}, time.perf_counter() - start
 
     started = time.perf_counter()
-    result = {"device": device, "served": served, "check_seq": check_seq, "shapes": check["shapes"], "errors": {},
-              "first_call_s": {}}
+    result = {"device": device, "served": served, "check_seq": check_seq, "tune_seq": check.get("tune_seq"),
+              "shapes": check["shapes"], "dtype": str(dtype).replace("torch.", ""), "final_state": final,
+              "varlen": varlen, "errors": {}, "first_call_s": {}}
+    helpers = _share_jit(check, device)
     worst, failed = None, []
-    for i, shape in enumerate(check["shapes"]):
-        x = _inputs(torch, shape, check_seq, device, 1234 + i)
-        leaves = {n: x[n].float().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
-        ref, _ = gdr_ref(**leaves)
-        ref.backward(x["do"].float())
-        ref_t = {"o": ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
-        got, result["first_call_s"][f"own {shape}"] = step(x, False)
-        own = result["errors"][f"{served} {shape}"] = {n: _rel(torch, t, ref_t[n]) for n, t in got.items()}
-        if not all(e < float("inf") for e in own.values()):
-            failed.append(f"{served}'s own path gave non-finite {[n for n, e in own.items() if e == float('inf')]}")
-        if not compare:
-            continue
-        before = calls[0]
-        try:
-            got, result["first_call_s"][f"{kernel} {shape}"] = step(x, True)
-        except Exception as exc:   # its JIT (nvcc), its import: fla does not catch them - here they are the verdict
-            return {**result, "status": "fail", "reason": f"{kernel} raised {_first_line(exc)}"[:400]}
-        if calls[0] == before:
-            return {**result, "status": "fail", "reason": f"{served} did not dispatch to {kernel} at "
-                    f"K x V = {shape[2]} x {shape[3]} on {device} (its verifier sent the call to its own path)"}
-        mine = result["errors"][f"{kernel} {shape}"] = {n: _rel(torch, t, ref_t[n]) for n, t in got.items()}
-        for name in TENSORS:
-            limit = max(check["tolerances"][name], check["slack"] * own[name])
-            if not mine[name] <= limit:
-                failed.append(f"{name} {mine[name]:.2e} > {limit:.2e} (fla's own path: {own[name]:.2e})")
-            room = mine[name] / limit if limit else float("inf")
-            if worst is None or room > worst["room"]:
-                worst = {"tensor": name, "error": mine[name], "limit": limit, "room": room}
+    tolerances = check.get("tolerances") or {}
+    try:
+        for i, shape in enumerate(check["shapes"]):
+            tune = check.get("tune_seq")
+            if tune and tune != check_seq and device != "cpu":   # compile and tune at the training length
+                x = _inputs(torch, shape, tune, device, 99, dtype, varlen)
+                result["first_call_s"][f"{served} {shape} T={tune}"] = round(step(x, bool(compare))[1], 3)
+                del x
+            x = _inputs(torch, shape, check_seq, device, 1234 + i, dtype, varlen)
+            ref_t = _reference(torch, x)
+            got, seconds = step(x, bool(compare))
+            result["first_call_s"].setdefault(f"{served} {shape}", round(seconds, 3))
+            label = f"{kernel if compare else served} {shape}"
+            mine = result["errors"][label] = {n: _rel(torch, t, ref_t[n]) for n, t in got.items()}
+            own = None
+            if compare:
+                if calls[0] == 0:
+                    return {**result, "status": "fail", "reason": f"{served} did not dispatch to {kernel} at "
+                            f"K x V = {shape[2]} x {shape[3]} on {device} (its verifier sent the call to its own path)"}
+                got_own, result["first_call_s"][f"own {shape}"] = step(x, False)
+                own = result["errors"][f"{served} {shape}"] = {n: _rel(torch, t, ref_t[n]) for n, t in got_own.items()}
+            for name in TENSORS:
+                error = mine.get(name, float("inf"))
+                limit = max(tolerances.get(name, float("inf")), check.get("slack", 1.0) * own[name] if own else 0.0)
+                if not error <= limit:
+                    failed.append(f"{name} {error:.2e} > {limit:.2e}" if limit < float("inf")
+                                  else f"{name} not finite")
+                room = error / limit if limit and limit < float("inf") else 0.0
+                if limit < float("inf") and (worst is None or room > worst["room"]):
+                    worst = {"tensor": name, "error": error, "limit": limit, "room": room}
+            del x
+    except Exception as exc:   # its JIT (nvcc), its import: fla does not catch them - here they are the verdict
+        return {**result, "status": "fail", "reason": f"{kernel or served} raised {_first_line(exc)}"[:400]}
+    finally:
+        _stop_share(helpers)
     if failed:
         return {**result, "status": "fail", "reason": f"at T={check_seq}: " + "; ".join(failed[:3])}
-    # nothing is compiled for a CPU (stand-in kernels): the warm-up runs on the GPU, or where asked for
-    seqs = check["seqs"] if device != "cpu" or check.get("device") == "cpu" else []
-    if not seqs and check["seqs"]:
-        result["warm_skipped"] = "no JIT on a CPU"
-    warm = []
-    for seq in seqs:
-        for shape in check["shapes"]:
-            x = _inputs(torch, shape, seq, device, 99)
-            for final in finals:   # transformers' output_final_state: a cache made (use_cache) or not
-                row = {"seq": seq, "shape": shape, "final_state": final, "own_s": step(x, False, final)[1]}
-                if compare:
-                    row["backend_s"] = step(x, True, final)[1]
-                warm.append(row)
-            del x
-    return dict(result, worst=worst, warm=warm, seconds=time.perf_counter() - started, status="pass")
+    return dict(result, worst=worst, seconds=time.perf_counter() - started, status="pass")
+
+
+def _jit_module():
+    """jit_share.py beside this file, loaded by path (the child imports nothing of the package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jit_share.py")
+    spec = importlib.util.spec_from_file_location("fastpath_hooks_jit_share", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _share_jit(check: dict, device: str) -> list:
+    """The check's `jit` {"procs": K, "threads": M} on a GPU: K helper processes, M compile threads here."""
+    jit = check.get("jit") or {}
+    if device == "cpu" or not (jit.get("procs") or jit.get("threads")):
+        return []
+    share = _jit_module()
+    share.patch_autotuner(threads=int(jit.get("threads") or 0))
+    if not jit.get("procs"):
+        return []
+    helper = {k: v for k, v in check.items() if k != "jit"}
+    return share.start_helpers(json.dumps(helper), int(jit["procs"]), os.path.abspath(__file__))
+
+
+def _stop_share(helpers: list) -> None:
+    if helpers:
+        _jit_module().stop_helpers(helpers)
+
+
+def share(check: dict, index: int, count: int) -> None:
+    """A helper of the check's parallel JIT: the same pass, compiling only its share of each kernel's
+    configurations (jit_share.py); its numbers are not looked at."""
+    _jit_module().patch_autotuner(share=(index, count))
+    try:
+        _gdr_check({**check, "jit": None, "compare": None})
+    except BaseException:   # noqa: BLE001 - a helper's failure only loses its share
+        pass
 
 
 def check_here(check: dict) -> dict:
@@ -553,6 +607,9 @@ def _loaded() -> dict:
 
 def main(argv) -> None:
     sys.path[0] = ""   # as under `python -c`: this script's directory (act/) is no place to import kernels from
+    if argv[1:2] == ["share"]:
+        share(json.loads(argv[2]), int(argv[3]), int(argv[4]))
+        return
     if argv[1:] == ["smoke"]:
         try:
             _say(smoke())

@@ -197,7 +197,8 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
                 checks = verify_many([pins.kernel(d.kernel) for d in members], timeout=settings.timeout,
                                      env_extra=tuple(p for d in members for p in d.env) + scratch,
                                      started=tx.record_group, checks=[d.check for d in members], root=root,
-                                     numeric=[plan_for(d.kernel, env, pins, root) for d in members], gpus=env.gpus)
+                                     numeric=[plan_for(d.kernel, env, pins, root) for d in members], gpus=env.gpus,
+                                     keyed=pins.keyed)
                 bad = {d.kernel: r.detail if r.numeric else f"verification failed: {r.detail}"
                        for d, r in zip(members, checks) if not r.ok and not r.detail.startswith("not checked")}
                 if bad:

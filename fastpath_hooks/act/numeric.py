@@ -133,6 +133,18 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     return NumericResult(state == GOOD, detail)
 
 
+def remember_mismatch(root: str | None, kernel: str, *, digest: str | None, version: str | None, archs,
+                      build: str, detail: str) -> None:
+    """A kernel's numbers measured wrong outside a NumericPlan (its gated-delta-rule check at the first call):
+    remembered as a numeric check's mismatch, so the policy blocks that release on these GPUs under this torch."""
+    if not (root and digest):
+        return
+    update_records(cache_path(root, kernel), {
+        hashlib.sha256(f"{digest}|{arch}|{build}|cuda".encode()).hexdigest()[:32]: {
+            "state": MISMATCH, "detail": detail, "version": version, "arch": arch, "torch_build": build,
+            "device": "cuda", "ts": time.time()} for arch in archs})
+
+
 def _known(root: str | None, kernel: str, keys: dict) -> dict | None:
     """The remembered entry: a GOOD one where every arch passed, a MISMATCH one where one failed, else None."""
     known = read(root, kernel)

@@ -30,24 +30,46 @@ class Verification:
     child: bool = True        # False: its check was remembered (act/store.py)
 
 
+# what a remembered check is keyed on: what it ran (shapes, dtype, variant, its length, tolerances), not how its
+# JIT was shared out, the length Triton tuned at (fla's kernels never specialise on it), whether it waited for a
+# first call, or the words saying where the shapes came from
+UNKEYED = ("jit", "tune_seq", "first_call", "shapes_from")
+
+
+def check_key(check) -> str:
+    """A decision's gated-delta-rule check as part of the memory's key ("" for none)."""
+    if not check:
+        return ""
+    return json.dumps({k: v for k, v in thaw(check).items() if k not in UNKEYED}, sort_keys=True, default=str)
+
+
+def relevant(loaded: dict, names) -> dict:
+    """The distributions of `loaded` a kernel computes with (`names`: the pins' allow-list, triton's, torch; CUDA's
+    nvidia-* libraries): transformers and the hub's libraries, which fla imports, are no part of its check."""
+    keep = set(names) | {"torch"}
+    return {d: v for d, v in loaded.items() if d in keep or d.startswith("nvidia-")}
+
+
 def verify(kernel_spec, *, timeout: float, env_extra=(), numeric=None, check=None, root: str | None = None,
-           gpus=()) -> Verification:
+           gpus=(), keyed=()) -> Verification:
     return verify_many([kernel_spec], timeout=timeout, env_extra=env_extra, numeric=[numeric], checks=[check],
-                       root=root, gpus=gpus)[0]
+                       root=root, gpus=gpus, keyed=keyed)[0]
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, numeric=(), checks=(),
-                root: str | None = None, gpus=()) -> list:
+                root: str | None = None, gpus=(), keyed=()) -> list:
     """One Verification per kernel (in dependency order), all checked in ONE child. A kernel the child never
     reached (it died on an earlier one) is not blamed: its `detail` starts with "not checked". `numeric`: per
     kernel its NumericPlan or None (a mismatch fails it with `numeric` set: blocked on that arch); `checks`: per
-    kernel its decision's gated-delta-rule check or None. When every kernel's whole check passed before for
-    exactly this environment (the memory under `root`), no child runs."""
+    kernel its decision's gated-delta-rule check or None - one that waits for the kernel's first call
+    (`first_call`, hooks/first_call.py) is not run here. When every kernel's whole check passed before for
+    exactly this environment (the memory under `root`, keyed on the `keyed` distributions it loaded), no child
+    runs."""
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
-    gdrs = [c or None for c in checks] + [None] * (len(specs) - len(checks))
+    gdrs = [c if c and not c.get("first_call") else None for c in checks] + [None] * (len(specs) - len(checks))
     # a decision's check is part of the memory's key: another check (other shapes, a backend) runs again
-    keys = [json.dumps(thaw(c), sort_keys=True, default=str) if c else "" for c in gdrs]
+    keys = [check_key(c) for c in gdrs]
     numbers = {i: skipped(plan) or prepare(plan, store.installed_digest(spec.distributions),
                                            installed_versions().get(spec.distributions[0]))
                for i, (spec, plan) in enumerate(zip(specs, plans)) if plan is not None}
@@ -96,8 +118,19 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
     if root and loaded:
         for spec, result, key in zip(specs, out, keys):
             if result.ok:
-                store.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
+                store.remember(root, spec, env_extra, relevant(loaded, keyed) if keyed else loaded, result.seconds,
+                               extra=key, gpus=gpus)
     return out
+
+
+def check_now(spec, check, *, timeout: float, env_extra=(), root: str | None = None, gpus=(), keyed=(),
+              started=None) -> Verification:
+    """A check that waited for the kernel's first call (`check`: the decision's, with the call's shapes, dtype,
+    length and variant): remembered for exactly this environment, else run in the check child - which imports the
+    kernel and runs the one pass; `child` False when remembered."""
+    check = {**thaw(check), "first_call": False}
+    return verify_many([spec], timeout=timeout, env_extra=env_extra, checks=[check], root=root, gpus=gpus, keyed=keyed,
+                       started=started)[0]
 
 
 def _what(spec, check) -> str:
@@ -144,11 +177,11 @@ def _modules(names) -> str:
 # -- the warm-up records and doctor --smoke -------------------------------------------------------
 
 def summary(result: dict) -> str:
-    """A passed gated-delta-rule check in one clause: how far from its limit it came, what the warm-up cost."""
+    """A passed gated-delta-rule check in one clause: how far from its limit it came, what its one pass compiled."""
     worst = result.get("worst")
-    seqs = sorted({w["seq"] for w in result.get("warm", [])})   # each length once, whatever its variants
+    tuned = result.get("tune_seq")
     parts = [f"{worst['tensor']} {worst['error']:.1e} (limit {worst['limit']:.1e}) at T={result['check_seq']}"
-             if worst else "", f"JIT warmed for {', '.join(map(str, seqs))} tokens" if seqs else "",
+             if worst else "", f"JIT compiled and tuned at {tuned} tokens" if tuned else "",
              f"{result.get('seconds', 0):.1f} s"]
     return ", ".join(p for p in parts if p)
 
@@ -158,10 +191,10 @@ def warm_path(root: str) -> str:
 
 
 def record_warm(root: str, kernel: str, result: dict, environ: dict) -> None:
-    """The last warm-up of `kernel` (what, when, how long, into which cache directories), for `doctor`."""
+    """The last check pass of `kernel` (what, when, how long, into which cache directories), for `doctor`."""
     data = warm_records(root)
     data[kernel] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": result.get("seconds"),
-                    "shapes": result.get("shapes"), "seqs": sorted({w["seq"] for w in result.get("warm", [])}),
+                    "shapes": result.get("shapes"), "dtype": result.get("dtype"), "tune_seq": result.get("tune_seq"),
                     "first_call_s": result.get("first_call_s"), "device": result.get("device"),
                     "dirs": {v: environ.get(v) for v in ("TRITON_CACHE_DIR", "TILELANG_CACHE_DIR") if environ.get(v)}}
     with contextlib.suppress(OSError):

@@ -307,7 +307,7 @@ NUMERIC_FIX = ("pin a release that fixes it (FASTPATH_HOOKS_PINS), or delete <ca
 def numeric_block(ctx: Context, kernel: str, decision: Decision) -> Decision:
     """A release whose numbers were measured wrong on a visible GPU under this torch build (act/numeric.py's
     records) is blocked there, whatever else was decided."""
-    if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).numeric_checks:
+    if decision.action not in USABLE or not ctx.env.numeric_failures or not ctx.pins.kernel(kernel).checks_numbers:
         return decision
     dist = ctx.pins.kernel(kernel).distributions[0]
     version = decision.target.get(dist) or decision.installed.get(dist)

@@ -45,7 +45,7 @@ NUMERIC_SHORT_FIX = "pin a good release: fastpath-hooks doctor"
 OFFLINE = "offline; FASTPATH_HOOKS_FIND_LINKS lacks {missing}"
 # rules of several kinds
 COMMON = {
-    "block.numeric": Rule(_W, requires=("numeric_checks",), line="{measured}", fix=NUMERIC_SHORT_FIX),
+    "block.numeric": Rule(_W, requires=("checks_numbers",), line="{measured}", fix=NUMERIC_SHORT_FIX),
     "no-{import}": Rule(_S, line="no {import}, which `import {module}` imports", fix="{import_fix}"),
 }
 # an opt-in CUDA extension (pins: source_build.cuda_switch): a build without it is good for the families in use

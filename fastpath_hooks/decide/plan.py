@@ -379,17 +379,33 @@ def model_shapes(rows, warm, transformers=None) -> tuple:
     return tuple(shapes), source + repeated
 
 
-def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str) -> dict:
-    """`served`'s own path forward + backward at `shapes`; for a backend also with it on, compared."""
+JIT_HELPERS_MAX = 7   # helper processes of a check's parallel JIT (act/jit_share.py): half the cores, at most 7
+
+
+def jit_helpers(cpus) -> int:
+    """Helper processes that compile beside a check: half this machine's cores less the check's own, at most
+    JIT_HELPERS_MAX (a build running beside has the rest)."""
+    return max(0, min(JIT_HELPERS_MAX, (cpus or 1) // 2 - 1))
+
+
+def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from: str, dtype: str | None = None,
+              first_call: bool = False) -> dict:
+    """`served` forward + backward in ONE pass at `shapes`, `dtype` and the pins' variant (act/check_child.py); for
+    a backend also its own path, compared. `first_call`: transformers (5.15+) calls the kernel through a function
+    the hooks can hold: the check then waits for the kernel's first call, whose shapes, dtype, length and variant
+    it takes (hooks/first_call.py); else it runs at install, at these."""
     spec = pins.kernel(kernel)
     warm = spec.warm
     check = {
         "kind": "gated-delta-rule", "kernel": kernel, "served": served,
         "own": {s.switch.variable: s.switch.off for s in pins.kernels.values()   # `served` on its own path
                 if s.kind == "backend" and served in s.serves and s.switch is not None},
-        "check_seq": warm.check_seq, "seqs": list(warm.seqs), "final_state": list(warm.final_state),
+        "check_seq": warm.check_seq, "tune_seq": warm.tune_seq or None, "final_state": warm.final_state,
+        "dtype": dtype or warm.dtype, "varlen": False,
         "shapes": [list(s) for s in shapes], "shapes_from": shapes_from,
         "tolerances": dict(warm.tolerances), "slack": warm.slack,
+        "jit": {"procs": jit_helpers(env.cpus), "threads": 0},
+        "first_call": first_call,
     }
     if spec.kind == "backend":
         module, _, function = next((a for a in spec.verify_attributes if a.startswith(spec.module + ":")),
@@ -397,6 +413,11 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
         # on: the variable unset (the served kernel's default is on), off: the switch's value
         check["compare"] = {"module": module, "function": function, "switch": spec.switch.variable}
     return check
+
+
+# what a remembered check is keyed on: how it was run (shapes, dtype, variant, tolerances), not how it was shared
+# out, whether it waited for a first call, or the words saying where the shapes came from
+UNKEYED = ("jit", "first_call", "shapes_from")
 
 
 def jit_env(env, pins, kernel: str) -> tuple:

@@ -19,8 +19,8 @@ from .outcome import GOOD, Outcome, OutcomeState, apply_env
 
 _CONTEXT = ("load_context", "check_settings", "value_once", "fingerprint")
 
-__all__ = ("Outcome", "OutcomeState", "before_import", "current_world", "ensure", "expect", "expect_from", "forget",
-           "outcomes", "simulation", "snapshot", "use_world") + _CONTEXT
+__all__ = ("Outcome", "OutcomeState", "current_world", "ensure", "expect", "expect_from", "forget",
+           "outcomes", "settle", "simulation", "snapshot", "use_world") + _CONTEXT
 
 
 def __getattr__(name: str):
@@ -34,10 +34,6 @@ def __getattr__(name: str):
 
         return snapshot
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def before_import(kernel: str) -> str | None:
-    return ensure(kernel).block
 
 
 def ensure(kernel: str, *, target: str | None = None, now: bool = False) -> Outcome:
@@ -67,6 +63,14 @@ def ensure(kernel: str, *, target: str | None = None, now: bool = False) -> Outc
 def outcomes() -> dict:
     """kernel -> Outcome of every kernel decided in this process."""
     return _registry.outcomes()
+
+
+def settle(kernel: str, why: str) -> None:
+    """A kernel found unusable after its decision (its check at the first call failed): blocked from now on in
+    this process (a fresh import fails, the late pass rebinds to the torch path)."""
+    from .outcome import first_call_blocked
+
+    _registry.replace(kernel, first_call_blocked(kernel, why))
 
 
 _simulated = None   # the accelerator kind a FASTPATH_HOOKS_TARGET posed and this machine lacks
@@ -204,6 +208,12 @@ class _Registry:
             futures = list(self._futures.values())
         return {f.kernel: f.outcome for f in futures if f.done.is_set() and f.outcome is not None}
 
+    def replace(self, kernel: str, outcome: Outcome) -> None:
+        with self._lock:
+            for future in self._futures.values():
+                if future.kernel == kernel and future.done.is_set():
+                    future.outcome = outcome
+
     def running(self, target) -> set:
         with self._lock:
             return {f.kernel for f in self._futures.values() if f.key[1] == target and not f.done.is_set()}
@@ -244,7 +254,12 @@ def _decide(kernel: str, target: str | None, now: bool = False):
             apply_env(kernel, entry.get("env") or (), entry.get("reason", ""))
             events.debug(f"{kernel}: {entry['reason']} (verdict cached for this environment; nothing probed)", kernel)
             _pose(entry.get("posed"))
-            return Outcome(kernel, OutcomeState.OK, entry["reason"]), ()
+            held = entry.get("first_call")
+            if isinstance(held, dict):   # its check waits for the first call: a remembered pass answers it then
+                from .first_call import FirstCall
+
+                held = FirstCall(held, current_world().first_check)
+            return Outcome(kernel, OutcomeState.OK, entry["reason"], first_call=held or None), ()
         from . import machine
 
         run = machine.run(kernel, needs=lambda other: ensure(other, target=target, now=now), world=current_world(),

@@ -27,6 +27,8 @@ from ..decide import messages as short
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
+from ..facts.frozen import thaw
+from .first_call import FirstCall, first_call_payload
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
@@ -290,11 +292,18 @@ def _check(run: Run):
     return run.done(failed) if failed is not None else (State.INSTALL, run)
 
 
+def _now(decision, now: bool):
+    """A command the user typed waits for no first call: its check runs now, at the decision's shapes."""
+    if not now or not decision.check or not decision.check.get("first_call"):
+        return decision
+    return replace(decision, check={**thaw(decision.check), "first_call": False})
+
+
 def _verify(run: Run):
-    decision, settings, kernel = run.decision, run.settings, run.kernel
+    decision, settings, kernel = _now(run.decision, run.now), run.settings, run.kernel
     result = run.world.verify(run.pins.kernel(kernel), timeout=settings.timeout, env_extra=decision.env,
                               numeric=plan_for(kernel, run.env, run.pins, cache_root(settings)), check=decision.check,
-                              root=cache_root(settings), gpus=run.env.gpus)
+                              root=cache_root(settings), gpus=run.env.gpus, keyed=run.pins.keyed)
     if result.ok:
         return State.RECORD, replace(run, verdict=(True, result.detail))
     if result.numeric:   # wrong numbers on this GPU: blocked there (the policy reads the remembered mismatch)
@@ -325,6 +334,8 @@ def _install(run: Run):
     if not run.repairing and run.request is not None:
         kernels, good = run.request()
         members = batch(run.plan, run.pins, kernel, request=kernels, good=good, decision=current)
+    members = tuple(_now(d, run.now) for d in members)
+    current = next(d for d in members if d.kernel == kernel)
     for d in members:
         verb = "repairing" if d.action == REPAIR else "installing"
         events.status(short.line(d), d.kernel,
@@ -400,9 +411,27 @@ def _record(run: Run):
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})
+    payload = _first_call(run, decision) if outcome.state in GOOD else None
+    if payload is not None:   # the warm verdict waits for the check at the kernel's first call (engine/first_call.py)
+        if warm is not None:
+            warm[1]["first_call"] = payload
+        held = FirstCall(payload, run.world.first_check, warm=warm, cache=run.cache)
+        warm = None
+        outcome = Outcome(kernel, outcome.state, outcome.reason, outcome.block, first_call=held)
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
     return run.done(outcome)
+
+
+def _first_call(run: Run, decision) -> dict | None:
+    """The FirstCall payload of a decision whose check waits for the kernel's first call (not a command typed)."""
+    if run.now:
+        return None
+    spec = run.pins.kernel(run.kernel)
+    dist = spec.distributions[0]
+    return first_call_payload(decision, spec, settings_root=cache_root(run.settings), env=run.env, pins=run.pins,
+                              timeout=run.settings.timeout,
+                              version=decision.target.get(dist) or decision.installed.get(dist))
 
 
 STEP = {

@@ -36,13 +36,14 @@ class Outcome:
     """What ensure() did for a kernel. A plain class: it loads on the first kernel import, where
     dataclasses may not be loaded yet."""
 
-    __slots__ = ("kernel", "state", "reason", "block")
+    __slots__ = ("kernel", "state", "reason", "block", "first_call")
 
-    def __init__(self, kernel: str, state: OutcomeState, reason: str, block: str | None = None):
+    def __init__(self, kernel: str, state: OutcomeState, reason: str, block: str | None = None, first_call=None):
         self.kernel = kernel
         self.state = OutcomeState(state)
         self.reason = reason
         self.block = block      # when set, `import <kernel>` fails with this message
+        self.first_call = first_call   # engine/first_call.FirstCall: its check waits for the kernel's first call
 
     def __setattr__(self, name, value):
         if hasattr(self, name):  # set once, in __init__: an outcome is shared by every caller
@@ -164,6 +165,17 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
     events.error(message, decision.kernel, once=f"fail-{decision.kernel}", persist=persist, reminder=reminder,
                  detail=f"{decision.kernel}: could not {decision.action} - {reason_whole}")
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
+
+
+def first_call_blocked(kernel: str, detail: str) -> Outcome:
+    """A kernel whose check at its first call failed: blocked from now on in this process, said in one line."""
+    fix = short.NUMERIC_SHORT_FIX
+    events.error(engine_line(f"{kernel}: {short.BLOCKED} at its first call - ", detail,
+                             f"transformers' torch path runs; {fix}"), kernel, once=f"block-{kernel}",
+                 detail=f"{kernel}: blocked at its first call - {detail}; transformers' torch path runs ({fix})")
+    module = registry()[kernel]["modules"][0]
+    return Outcome(kernel, OutcomeState.BLOCKED, detail,
+                   block=f"fastpath-hooks blocked `import {module}`: {detail}; using transformers' torch path.")
 
 
 def _span(seconds: float) -> str:

@@ -28,6 +28,7 @@ from ..decide.plan import installer_choice
 from ..decide.policy import Commands, decide
 from ..facts.probe import after_install, probe, with_nvcc_version
 from .context import complete, fingerprint, load
+from .first_call import run_check as run_first_check
 
 
 def snapshot(settings, pins):
@@ -128,9 +129,14 @@ class World:
     def cache(self, settings):
         return VerdictCache(settings)
 
-    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=()):
+    def verify(self, spec, *, timeout: float, env_extra=(), numeric=None, check=None, root=None, gpus=(), keyed=()):
         """The kernel imported in a child process, then its numbers (`numeric`) and its `check`."""
-        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus)
+        return verify(spec, timeout=timeout, env_extra=env_extra, numeric=numeric, check=check, root=root, gpus=gpus,
+                      keyed=keyed)
+
+    def first_check(self, payload: dict, check: dict, *, started=None):
+        """A kernel's check at its first call (engine/first_call.py): remembered, else run in the check child."""
+        return run_first_check(payload, check, started=started)
 
     def installer(self, settings, env) -> tuple:
         """(installer name or None, why)."""

@@ -125,21 +125,23 @@ class Pays:
 
 @dataclass(frozen=True)
 class Warm:
-    """The gated-delta-rule check and warm-up of a kernel's verification child: `seqs` reach each JIT variant of
-    the model's training shapes; heads and dims where the model's are unknown; tolerances: relative RMS error vs
-    a float32 recurrence (as fla's tests), or within `slack` times the served kernel's; none: errors reported."""
+    """The gated-delta-rule check of a kernel: ONE pass at the model's head shapes, dtype and variant (known at the
+    kernel's first call, else these defaults), compiled and tuned at the training length, then compared at
+    `check_seq` with a float32 recurrence; tolerances: relative RMS error (as fla's tests), or within `slack` times
+    the served kernel's own path (a backend); none: errors reported."""
     check_seq: int = m(ok=lambda x: x > 0, says="expected a positive integer (the check's sequence length)")
-    seqs: tuple[int, ...] = m(ok=lambda x: x > 0, says="expected a positive integer (a sequence length warmed)",
-                              **_SOME)
     heads: tuple[int, ...] = m(**_DIMS)       # (key heads, value heads)
     dims: tuple[int, ...] = m(**_DIMS)        # (K, V)
     tolerances: dict = m(absent={}, form="tensor_tolerances")   # o, dq, dk, dv, dbeta, dg -> ratio
     slack: float = m(absent=1.0, ok=lambda x: x >= 1, says="expected a number >= 1")
     source: str
     gva_transformers: SpecifierSet = m(factory=SpecifierSet, **_SPEC)   # where q/k keep their own head count
-    # output_final_state of the calls warmed (the first: the check's)
-    final_state: tuple[bool, ...] = m((False,), absent=(False,), nonempty="expected a list of true / false "
-                                      "(output_final_state of the calls warmed)")
+    # where the first call is not known yet: the length Triton tunes at (0: check_seq), output_final_state, dtype
+    tune_seq: int = m(0, absent=0, ok=lambda x: x >= 0, says="expected a sequence length (0: the check's)")
+    final_state: bool = m(True, absent=True)
+    dtype: str = m("bfloat16", absent="bfloat16", choices=("bfloat16", "float16", "float32"),
+                   says="expected bfloat16, float16 or float32")
+    gpus: tuple[str, ...] = m((), **_SOME)   # where it runs without a hazard too (the GPUs its pins' miscompiles hit)
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,11 @@ class KernelSpec:
     arch_rules: tuple[ArchRule, ...] = m((), kinds=("compiled",), **_SOME)
     # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
     cuda_switch: CudaSwitch | None = m(None, hand=True)
+
+    @property
+    def checks_numbers(self) -> bool:
+        """Its numbers are checked against torch on the GPU: numeric checks, or the gated-delta-rule check."""
+        return bool(self.numeric_checks or self.warm)
 
 
 @dataclass(frozen=True)
@@ -435,8 +442,15 @@ class Pins:
     release_wheels: dict = field(default_factory=dict)    # compiled kernel -> ReleaseWheels (where published)
     source_builds: dict = field(default_factory=dict)     # compiled kernel -> SourceBuild
     decision_order: tuple = ()      # each kernel after those its rules read (decision_order())
+
     cxx_standards: tuple = ()       # CxxStandard, first match wins (pins: cxx_standard)
     hub: HubRules = field(default_factory=HubRules)   # the hub's kernels (pins: hub)
+
+    @property
+    def keyed(self) -> frozenset:
+        """The distributions a remembered check is keyed on (act/verify.relevant): what the kernels may install
+        and what they compute with (torch, triton); not transformers, which fla imports but never runs."""
+        return self.allowed | frozenset(self.triton_distributions) | {"torch"}
 
     def kernel(self, name: str) -> KernelSpec:
         return self.kernels[name]

@@ -116,7 +116,7 @@ def _with_distributions(env: Environment, found: dict, duplicates: dict, posed: 
         half_installed=tuple(sorted(set(duplicates) & watched)), wheel_cache=wheels.directory(cache) if cache else None,
         cached_wheels=wheels.listing(cache), build_history=memory.read_builds(cache), pip="pip" in dists,
         numeric_device=posed.get("numeric"), model_types=imported_model_types(),
-        numeric_failures=memory.failures(cache, [k for k, s in pins.kernels.items() if s.numeric_checks]))
+        numeric_failures=memory.failures(cache, [k for k, s in pins.kernels.items() if s.checks_numbers]))
     return replace(env, **hub_facts(env, settings, pins))
 
 
@@ -198,13 +198,20 @@ def imported_model_types() -> tuple:
     return tuple(sorted({parts[2] for parts in names if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}"}))
 
 
-def model_shapes(pins, modules=None) -> tuple:
-    """((model type, K, V, key heads, value heads), ...) of the imported transformers configuration modules: the
-    class defaults of the attributes the pins name (`head_dims.config`); None where not an int (derived)."""
+def config_attributes(pins) -> dict:
+    """"k" / "v" / "heads_k" / "heads_v" -> the transformers config attributes that hold them (pins
+    `head_dims.config`), first found wins."""
     attrs: dict = {}
     for spec in pins.kernels.values():
         for key, names in spec.head_dims.config.items() if spec.head_dims else ():
             attrs[key] = list(dict.fromkeys(attrs.get(key, []) + list(names)))
+    return attrs
+
+
+def model_shapes(pins, modules=None) -> tuple:
+    """((model type, K, V, key heads, value heads), ...) of the imported transformers configuration modules: the
+    class defaults of the attributes the pins name (`head_dims.config`); None where not an int (derived)."""
+    attrs = config_attributes(pins)
     if not attrs.get("k") or not attrs.get("v"):
         return ()
     modules = sys.modules if modules is None else modules

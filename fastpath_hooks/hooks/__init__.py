@@ -273,7 +273,7 @@ class KernelImportFinder:
                                           lambda module: _after_gates_import(module, just_imported=True))
             if fullname == HUB_MODULE:
                 return _after_import_spec(fullname, path, target, _after_hub_import)
-            return _before_kernel_import(fullname)
+            return _before_kernel_import(fullname, path, target)
         except Exception as exc:  # never make an import worse than without fastpath-hooks
             internal_error(exc)
             return None
@@ -320,7 +320,7 @@ def _after_hub_import(module) -> None:
         module.__dict__[MAPPING] = get_kernel_mapping_transformers
 
 
-def _before_kernel_import(fullname):
+def _before_kernel_import(fullname, path=None, target=None):
     """None where the engine is not to be asked before this kernel import resolves, else what it says."""
     modules, serves = KERNEL_MODULES, SERVES
     if HOOKS.finder is not None and HOOKS.finder.watched is not WATCHED:   # a pins file added kernels
@@ -349,20 +349,28 @@ def _before_kernel_import(fullname):
 
         if (registry().get(kernel) or {}).get("kind") == "backend" and not _installed(modules, fullname):
             return None   # looked for at the served kernel's first call: decided with it, before its import
-    return _ask_engine(fullname, kernel)
+    return _ask_engine(fullname, kernel, path, target)
 
 
 @_guarded
-def _ask_engine(fullname, kernel):
-    """None (the import proceeds), or a spec that fails it with the engine's reason."""
+def _ask_engine(fullname, kernel, path=None, target=None):
+    """None (the import proceeds), a spec that fails it with the engine's reason, or - where the kernel's check
+    waits for its first call - the real spec, whose module's checked functions are held once it has run."""
     from importlib.machinery import ModuleSpec
 
     from .. import engine
     from .gates import modeling_kernels
 
     engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
-    message = engine.before_import(kernel)
-    return None if message is None else ModuleSpec(fullname, BlockedLoader(message))
+    outcome = engine.ensure(kernel)
+    if outcome.block is not None:
+        return ModuleSpec(fullname, BlockedLoader(outcome.block))
+    if outcome.first_call is None:
+        return None
+    from .first_call import hold
+
+    pending = outcome.first_call
+    return _after_import_spec(fullname, path, target, _guarded(lambda module: hold(pending)))
 
 
 def _importer(modules):

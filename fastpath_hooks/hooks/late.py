@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from .._names import DECORATED, KERNEL_MODULES
+from .closures import closure_of, decorated_function, set_choice
 
 
 FIX = "call install() first or `fastpath-hooks enable`"   # short: a line fits 160 characters
@@ -83,7 +84,12 @@ class _Pass:
             from .. import engine
 
             kernel = PACKAGES.get(package)
-            self.outcomes[package] = engine.ensure(kernel) if kernel and self.hooks.selected(kernel) else None
+            outcome = engine.ensure(kernel) if kernel and self.hooks.selected(kernel) else None
+            if outcome is not None and outcome.first_call is not None and package in sys.modules:
+                from .first_call import hold   # imported before install(): held now, before it is chosen again
+
+                hold(outcome.first_call)
+            self.outcomes[package] = outcome
         return self.outcomes[package]
 
     def managed(self, package: str) -> bool:
@@ -107,14 +113,15 @@ class _Pass:
                 if not self.managed(package):
                     continue
                 function = decorated_function(value)
-                closure = _closure(function)
+                closure = closure_of(function)
                 if decorate is None or closure is None or not {"implementation", "torch_function"} <= set(closure):
                     plan.unknown.append(name)
                     continue
                 torch_function = closure["torch_function"]
                 outcome = self.decide(package)
                 blocked = outcome is not None and outcome.block is not None
-                fresh = _closure(decorated_function(_redecorate(decorate, func_name, package, torch_function, blocked)))
+                fresh = closure_of(decorated_function(_redecorate(decorate, func_name, package, torch_function,
+                                                                  blocked)))
                 now = (fresh or {}).get("implementation")
                 if now is None:
                     plan.unknown.append(name)
@@ -265,7 +272,7 @@ class _Rebind:
         for name, old, new, package, kernel_on, function in self.changes:
             # only where it still holds what the pass saw (not rebound meanwhile by another pass, the user)
             if function is not None:
-                if _set_closure(function, old, new):
+                if set_choice(function, old, new):
                     changed[name] = (package, kernel_on)
             elif namespace.get(name) is old:
                 namespace[name] = new
@@ -281,45 +288,6 @@ class _Rebind:
         if not changed:
             self.taken = set()
         return self, changed
-
-
-# What transformers' decorator computes from its choice (5.17 - 5.25): the closure names a fresh decoration
-# rewrites in the existing function (those one version lacks are skipped).
-CHOICE = ("implementation", "applicable_params", "is_new_implementation", "supported_devices")
-
-
-def decorated_function(value):
-    """The function transformers' decorator made: the module global itself, or under HF `kernels` the
-    function its `Func` module calls (`type(value).forward`'s free variable `func`)."""
-    if getattr(value, "__code__", None) is not None:
-        return value
-    forward = getattr(type(value), "forward", None)
-    return (_closure(forward) or {}).get("func")
-
-
-def _set_closure(function, old, fresh: dict) -> bool:
-    """Write the fresh choice into `function`'s cells - if its implementation is still `old`."""
-    closure = _closure(function) or {}
-    if "implementation" not in closure or closure["implementation"] is not old:
-        return False
-    cells = dict(zip(function.__code__.co_freevars, function.__closure__))
-    for name in CHOICE:
-        if name in cells and name in fresh:
-            cells[name].cell_contents = fresh[name]
-    return True
-
-
-def _closure(function) -> dict | None:
-    code, cells = getattr(function, "__code__", None), getattr(function, "__closure__", None)
-    if code is None or not cells:
-        return None
-    out = {}
-    for name, cell in zip(code.co_freevars, cells):
-        try:
-            out[name] = cell.cell_contents
-        except ValueError:  # an empty cell
-            pass
-    return out
 
 
 def _redecorate(decorate, func_name: str, package: str, torch_function, blocked: bool):

@@ -72,6 +72,7 @@ import torch
 
 CALLS = {"chunk": 0, "recurrent": 0, "flash_qla": 0}
 FAKE_FLA = True
+WRONG = False   # a build that computes wrongly: its output 1.5 times fla's (fake_fla(broken="wrong"))
 logger = logging.getLogger("fla.backends")
 _find_spec_cached = functools.cache(importlib.util.find_spec)
 
@@ -130,13 +131,33 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2no
     return out, (state if output_final_state else None)
 
 
+def _log(q, k, v, output_final_state, cu_seqlens):
+    """Each call's facts as a JSON line in $FAKE_FLA_LOG (tests read what a check ran, and in which process)."""
+    path = os.environ.get("FAKE_FLA_LOG")
+    if path:
+        import json
+        import sys
+
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"pid": os.getpid(), "argv0": sys.argv[0][-40:], "heads_k": k.shape[2],
+                                 "heads_v": v.shape[2], "K": k.shape[3], "V": v.shape[3], "T": q.shape[1],
+                                 "dtype": str(q.dtype), "final_state": bool(output_final_state),
+                                 "varlen": cu_seqlens is not None}) + "\\n")
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            cu_seqlens=None, use_qk_l2norm_in_kernel=False, **kwargs):
+    _log(q, k, v, output_final_state, cu_seqlens)
     out = _flash_qla(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)
     if out is not None:
         return out
     CALLS["chunk"] += 1
-    return _run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel)
+    bounds = [0, q.shape[1]] if cu_seqlens is None else [int(b) for b in cu_seqlens]
+    parts = [_run(*(x[:, a:b] for x in (q, k, v, g, beta)), scale, initial_state, output_final_state,
+                  use_qk_l2norm_in_kernel) for a, b in zip(bounds, bounds[1:])]   # packed rows: each document alone
+    out = torch.cat([o for o, _ in parts], dim=1)
+    state = torch.cat([s for _, s in parts]) if output_final_state else None
+    return (out * 1.5 if WRONG else out), state
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -181,7 +202,7 @@ except ImportError:
 def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, padding_files: int = 0) -> list[str]:
     """fla-core + flash-linear-attention at `version`.
 
-    broken="raise": `import fla` raises ImportError (a bad install).
+    broken="raise": `import fla` raises ImportError (a bad install); "wrong": its gated delta rule computes wrongly.
     padding_files: extra small modules, to make an install take measurable time (crash tests).
     """
     # as fla 0.6.0: the package root loads the layers (flash-linear-attention's), whose Mamba layers try mamba_ssm
@@ -191,7 +212,7 @@ def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, pa
     files = {
         "fla/__init__.py": init,
         "fla/ops/__init__.py": "from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule\n",
-        "fla/ops/gated_delta_rule/__init__.py": _GDR,
+        "fla/ops/gated_delta_rule/__init__.py": _GDR.replace("WRONG = False", f"WRONG = {broken == 'wrong'}"),
         "fla/modules/__init__.py": _MODULES,
     }
     for i in range(padding_files):

@@ -98,6 +98,8 @@ class TableWorld(World):
         self.held = 0
         self.verifications = []              # (ok, detail[, numeric]) answers, in order; then ok
         self.numeric_plans = []              # the numeric plan each verification was handed
+        self.first_checks = []               # (ok, detail[, ...]) answers of checks at a first call, in order
+        self.first_checked = []              # the check each first call ran (the call's shapes, dtype, variant)
         self.installer_answer = ("uv", "auto: uv found")
         self.install_error = None
         self.install_numeric = None          # an install rolled back on its numbers, with this measured error
@@ -151,11 +153,18 @@ class TableWorld(World):
     def cache(self, settings):
         return VerdictCache(root=self.root, retry_after=settings.retry_after)
 
-    def verify(self, spec, *, timeout, env_extra=(), numeric=None, check=None, root=None, gpus=()):
+    def verify(self, spec, *, timeout, env_extra=(), numeric=None, check=None, root=None, gpus=(), keyed=()):
         self.calls["verify"] += 1
         self.numeric_plans.append(numeric)
         self.checks.append(check)
         answer = self.verifications.pop(0) if self.verifications else (True, f"{spec.name} imports")
+        return Verification(*answer)
+
+    def first_check(self, payload, check, *, started=None):
+        """A check at a kernel's first call: the next of `first_checks` ((ok, detail) or a Verification's fields)."""
+        self.calls["first_check"] += 1
+        self.first_checked.append(check)
+        answer = self.first_checks.pop(0) if self.first_checks else (True, f"{payload['kernel']} checked")
         return Verification(*answer)
 
     def installer(self, settings, env):

@@ -123,13 +123,16 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
 
 
 def _warm_check(ctx: Context, kernel: str, hz) -> dict:
-    """Where a hazard makes it run a serving kernel's JIT path (fla on Hopper: tilelang), its check runs it at the
-    model's shapes (pins `warm`): the JIT happens there, not in training."""
-    spec = ctx.pins.kernel(kernel)
-    if hz is None or spec.warm is None:
+    """Where a hazard makes it run a serving kernel's JIT path (fla on Hopper: tilelang), or on the GPUs whose
+    miscompiles its pins name (`warm.gpus`), its one check pass runs at the model's shapes (pins `warm`): the JIT
+    happens there, not in training. Where transformers calls it through a decorated function (5.15+), the check
+    waits for the kernel's first call, which gives the shapes, dtype, length and variant."""
+    spec, env = ctx.pins.kernel(kernel), ctx.env
+    if spec.warm is None or (hz is None and not set(env.gpus) & set(spec.warm.gpus)):
         return {}
-    shapes, source = model_shapes(ctx.env.model_shapes, spec.warm, ctx.env.dist_version("transformers"))
-    return gdr_check(ctx.env, ctx.pins, kernel, served=kernel, shapes=shapes, shapes_from=source)
+    shapes, source = model_shapes(env.model_shapes, spec.warm, env.dist_version("transformers"))
+    first_call = bool(spec.gates) and era(env.dist_version("transformers")) in ("C", "D")
+    return gdr_check(env, ctx.pins, kernel, served=kernel, shapes=shapes, shapes_from=source, first_call=first_call)
 
 
 def _issues(env, spec, chosen) -> str:

@@ -1,0 +1,119 @@
+"""Issue 39: the first training step - fla's check is one pass at the model's shapes, dtype and variant, run beside
+the model's build and waited for at the kernel's first call; a failed verdict there leaves the torch path.
+
+Real transformers (the newest tested: 5.25, HF kernels beside it), a real venv, fastpath-hooks installing stand-in
+fla / tilelang wheels from a local wheelhouse on a posed Hopper with triton 3.6 (fla#640: fla's check runs there).
+The stand-in fla writes each call's facts to $FAKE_FLA_LOG, so the test reads what the check child ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import H100_OLD_TRITON, offline_env
+
+pytestmark = pytest.mark.slow
+
+# a tiny Qwen3.5 whose linear-attention heads are NOT the config class's defaults: the check must take them from
+# the model (2 key heads, 4 value heads, K = V = 16), and its dtype from what the model runs in (bf16)
+CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=128, layer_types=["linear_attention", "full_attention"],
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              head_dim=16)
+
+SCRIPT = r'''
+import inspect, json, os, sys
+if sys.argv[2] == "torch":   # the reference: no kernel package importable, no fastpath-hooks
+    sys.modules["fla"] = None
+else:
+    import fastpath_hooks
+    fastpath_hooks.install()
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.integrations import hub_kernels
+# transformers 5.25 sends only GPU inputs to a package: these CPU tensors stand for the posed GPU's
+hub_kernels._PACKAGE_SUPPORTED_DEVICES = {k: tuple(v) + ("cpu",) for k, v in hub_kernels._PACKAGE_SUPPORTED_DEVICES.items()}
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_5_text", **json.loads(sys.argv[1])))
+model = model.to(torch.bfloat16).train()
+ids = torch.randint(0, 128, (1, 24))
+loss = model(input_ids=ids, labels=ids).loss
+loss.backward()
+modeling = sys.modules[type(model).__module__]
+function = modeling.torch_chunk_gated_delta_rule
+if getattr(function, "__code__", None) is None:   # under HF kernels: the function its Func module calls
+    function = inspect.getclosurevars(type(function).forward).nonlocals["func"]
+impl = inspect.getclosurevars(function).nonlocals["implementation"]
+if sys.argv[2] == "torch":
+    print("RESULT " + json.dumps({"pid": os.getpid(), "loss": loss.item()}))
+    sys.exit(0)
+outcome = fastpath_hooks.engine.outcomes()["fla"]
+held = outcome.first_call
+print("RESULT " + json.dumps({"pid": os.getpid(), "loss": loss.item(), "state": outcome.state,
+                              "torch_path": impl is function.__wrapped__, "impl": type(impl).__name__,
+                              "ran": held.ran if held is not None else None}))
+'''
+
+
+def _run(venv, env, log, mode="hooks"):
+    proc = venv.run(SCRIPT, env=dict(env, FAKE_FLA_LOG=str(log), FASTPATH_HOOKS_SKIP="causal-conv1d"),
+                    args=(json.dumps(CONFIG), mode), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):]), proc.stderr
+
+
+def _calls(log, pid=None, *, other=False) -> list:
+    rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    return [r for r in rows if (r["pid"] != pid if other else r["pid"] == pid)]
+
+
+@pytest.fixture
+def qwen_env(make_venv, make_wheelhouse, tmp_path, test_pins):
+    def make(**wheelhouse):
+        house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi="0.1.12", **wheelhouse)
+        env = offline_env(house, H100_OLD_TRITON, cache_dir=str(tmp_path / "cache"),
+                          pins=test_pins(house, flash_qla_on=False))
+        return make_venv(), env
+    return make
+
+
+def test_the_check_runs_once_at_the_models_shapes_and_dtype_and_the_first_call_waits_for_it(qwen_env, tmp_path):
+    venv, env = qwen_env()
+    log = tmp_path / "calls.jsonl"
+    out, stderr = _run(venv, env, log)
+    assert out["state"] == "installed" and not out["torch_path"], stderr
+    checked = _calls(log, out["pid"], other=True)            # what ran outside the training process: the check
+    assert checked, json.dumps(out)
+    # the model's heads (transformers 5.25 passes q and k with their own count), dims, dtype and variant: its config
+    # gave them while it was built, and the first call's were the same - no pass at any other shape or length
+    assert {(r["heads_k"], r["heads_v"], r["K"], r["V"], r["dtype"], r["final_state"], r["varlen"]) for r in checked} \
+        == {(2, 4, 16, 16, "torch.bfloat16", True, False)}, checked
+    assert {r["T"] for r in checked} == {16} and len(checked) == 1, checked   # one pass (the CPU compiles nothing)
+    assert [r["check"]["shapes"] for r in out["ran"]] == [[[2, 4, 16, 16]]] and out["ran"][0]["ok"], out["ran"]
+    assert [(r["heads_k"], r["T"]) for r in _calls(log, out["pid"])] == [(2, 24)]   # the training step's own call
+    # a later process of this environment finds the pass remembered: no check child at its first call
+    log.unlink()
+    again, stderr = _run(venv, env, log)
+    assert again["state"] == "ok" and not again["torch_path"] and again["ran"][0]["child"] is False, (again, stderr)
+    assert _calls(log, again["pid"], other=True) == []
+
+
+def test_a_failed_verdict_at_the_first_call_leaves_the_torch_path(qwen_env, tmp_path):
+    """An fla that imports but computes wrongly (1.5 times its output): installed and imported, it fails its check at
+    the first call - that call and every later one run transformers' torch path (the loss is the torch path's), and
+    the mismatch is remembered: the next process blocks `import fla` at once."""
+    venv, env = qwen_env(fla_broken="wrong")
+    log = tmp_path / "calls.jsonl"
+    out, stderr = _run(venv, env, log)
+    assert out["state"] == "blocked" and out["torch_path"], (out, stderr)
+    assert "fla: blocked at its first call" in stderr, stderr
+    assert _calls(log, out["pid"]) == [], "the training process never ran the wrong kernel"
+    torch_path, _ = _run(venv, env, tmp_path / "none.jsonl", mode="torch")
+    assert out["loss"] == pytest.approx(torch_path["loss"], abs=1e-6)
+    later, stderr = _run(venv, env, tmp_path / "later.jsonl")
+    assert later["state"] == "blocked" and later["torch_path"] and later["ran"] is None, (later, stderr)
+    assert "fla: blocked" in stderr
