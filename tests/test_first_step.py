@@ -117,3 +117,49 @@ def test_a_failed_verdict_at_the_first_call_leaves_the_torch_path(qwen_env, tmp_
     later, stderr = _run(venv, env, tmp_path / "later.jsonl")
     assert later["state"] == "blocked" and later["torch_path"] and later["ran"] is None, (later, stderr)
     assert "fla: blocked" in stderr
+
+
+BUILD_SCRIPT = r'''
+import json, sys, time
+import fastpath_hooks
+T0, EVENTS = time.time(), []
+fastpath_hooks.install(on_event=lambda e: EVENTS.append((round(e["ts"] - T0, 2), e["kernel"], e["message"])))
+import transformers.models.qwen3_5.modeling_qwen3_5   # the modeling import asks for causal-conv1d, fla, tilelang
+print("RESULT " + json.dumps({"events": EVENTS,
+                              "states": {k: o.state for k, o in fastpath_hooks.engine.outcomes().items()}}))
+'''
+
+
+def test_the_pure_kernels_are_installed_and_checked_while_a_compiled_one_builds(
+        make_venv, make_wheelhouse, toolkit, build_dep_wheels, tmp_path, test_pins):
+    """Nothing waits that need not (issue 39): a Qwen3.5 modeling import on a posed Hopper asks for causal-conv1d
+    (no wheel for torch 2.13: a source build, 6 s of fake nvcc here), tilelang and fla (wheels). They go in as one
+    batch: tilelang and fla are installed and checked - fla's check at the shapes of the model being built - while
+    causal-conv1d builds, as the events' timestamps show."""
+    from support import sdists
+
+    house = make_wheelhouse(fla="0.6.0", tilelang="0.1.15", tvm_ffi="0.1.12")
+    sdists.causal_conv1d_sdist(house)
+    for name in os.listdir(build_dep_wheels):
+        if not os.path.exists(os.path.join(house, name)):
+            os.link(os.path.join(build_dep_wheels, name), os.path.join(house, name))
+    with open(os.path.join(toolkit.home, "DELAY"), "w") as fh:
+        fh.write("2")                                        # each of the three .cu files: 2 s
+    env = offline_env(house, "gpu=sm_90,cuda=13.0,torch=2.13.0,triton=3.6.0,cpus=16", cache_dir=str(tmp_path / "c"),
+                      pins=test_pins(house, flash_qla_on=False), CUDA_HOME=toolkit.home)
+    proc = make_venv().run(BUILD_SCRIPT, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert out["states"]["causal-conv1d"] == "installed", proc.stderr
+    assert {out["states"][k] for k in ("tilelang", "fla")} <= {"installed", "ok"}, proc.stderr   # (installed with it)
+    assert "causal-conv1d: installing tilelang and fla while causal-conv1d builds" in proc.stderr, proc.stderr
+
+    def when(kernel, text):
+        return next(t for t, k, m in out["events"] if k == kernel and text in m)
+
+    building, built = when("causal-conv1d", "building for sm_90"), when("causal-conv1d", "built for sm_90")
+    checked = when("fla", "verified fla")
+    assert building < when("tilelang", "verified tilelang") < built, "\n".join(map(str, out["events"]))
+    assert building < checked < built, out["events"]
+    # fla's check ran there, at the model's configuration's shapes (the class defaults here: a modeling import)
+    assert "gated-delta-rule check" in next(m for t, k, m in out["events"] if k == "fla" and "verified fla" in m)

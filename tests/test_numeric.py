@@ -64,9 +64,18 @@ def test_a_posed_gpu_has_no_device_here_so_the_check_is_skipped_and_says_why():
     assert _plan("causal-conv1d").device == "cpu"                       # numeric=cpu: CPU stand-ins
     assert [c.name for c in plan.checks] == ["causal_conv1d_fn", "causal_conv1d_fn_channel_last", "causal_conv1d_update"]
     assert _plan("causal-conv1d", "gpu=none,cuda=13.0,torch=2.13.0") is None    # no accelerator: nothing to check
-    # fla's numbers are checked by its one gated-delta-rule pass at the model's shapes (issue 39), not here
+    # fla's numbers are checked by its one gated-delta-rule pass at the model's shapes (issue 39), not here; its
+    # numeric check is a hub kernel's (transformers 5.25), on Hopper
     assert _plan("fla", "gpu=sm_80,cuda=13.0,torch=2.13.0,numeric=cpu") is None
     assert _plan("fla") is None
+    from fastpath_hooks.act.numeric import plan_for
+    from fastpath_hooks.facts.pins import load
+    from fastpath_hooks.facts.probe import probe
+    from fastpath_hooks.facts.settings import Settings
+
+    pins = load()
+    env = probe(Settings(target="gpu=sm_90,cuda=13.0,torch=2.13.0,numeric=cpu"), pins=pins)
+    assert [c.name for c in plan_for("fla", env, pins, hub=True).checks] == ["chunk_gated_delta_rule"]
 
 
 @pytest.mark.slow   # two child interpreters importing torch: ~10 s on 2 cores
@@ -153,7 +162,7 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
     from fastpath_hooks.act.numeric import CHILD, _payload
     from fastpath_hooks.facts.pins import load
 
-    checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm") for c in load().kernel(kernel).numeric_checks]
+    checks = [_payload(c) for kernel in ("causal-conv1d", "mamba-ssm", "fla") for c in load().kernel(kernel).numeric_checks]
     kernels = [{"modules": [], "attributes": [], "numeric": {"device": "cpu", "checks": checks}}]
     for wrong in (False, True):
         proc = subprocess.run([sys.executable, CHILD, json.dumps(kernels)], text=True,
@@ -163,7 +172,7 @@ def test_every_pinned_check_passes_on_torch_computed_stand_ins_and_fails_on_wron
                                   [_stand_ins(tmp_path, wrong=wrong), *glob.glob(os.path.join(dep_wheels, "einops-*.whl"))])))
         report = json.loads(proc.stdout.split(MARK)[-2])["numeric"]   # the last line names the loaded distributions
         states = {r["name"]: r["state"] for r in report["results"]}
-        assert len(states) == 6, report
+        assert len(states) == 7, report
         if not wrong:
             assert set(states.values()) == {"ok"}, report
         else:

@@ -242,7 +242,7 @@ def build_all(jobs, *, settings, env, pins, commands, work: str, tx) -> dict:
     threads = [threading.Thread(target=one, args=job, name=f"fastpath-hooks build {job[0]}", daemon=True)
                for job in jobs]
     try:
-        with _import_lock_released():
+        with import_lock_released():
             for th in threads:
                 th.start()
             for th in threads:
@@ -260,7 +260,7 @@ def build_all(jobs, *, settings, env, pins, commands, work: str, tx) -> dict:
 
 
 @contextlib.contextmanager
-def _import_lock_released():
+def import_lock_released():
     """The global import lock let go while the builds run: the import hook decides inside find_spec, which
     CPython calls holding it - a build thread's first import would wait for it while this thread waits."""
     import _imp

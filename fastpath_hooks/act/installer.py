@@ -17,6 +17,7 @@ import importlib
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ..events import fitted, shown_path
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from ..facts.frozen import FrozenMap, freeze_fields, thaw
 from ..facts.wheels import wheel_distribution
-from .build import BuildError, Built, build_all, run_build
+from .build import BuildError, Built, build_all, import_lock_released, run_build
 from .fetch import FetchError, directory, fetch_wheel, store
 from .numeric import plan_for
 from .runner import execute
@@ -173,12 +174,44 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
             else:
                 calls = [deps] if deps is not None and not with_wheels else []
                 calls += [s for d in members for s in steps[d.kernel] if s.kind in (StepKind.KERNEL, StepKind.REPLACE)]
-            for step in calls:
-                call(step)
-            dropped = _make_wheels(members, steps, made, settings=settings, env=env, pins=pins, commands=commands,
-                                   work=work, tx=tx, counter=counter)
+            root = cache_root(settings)
+
+            def check(group) -> list:
+                counter["children"] += 1
+                return verify_many([pins.kernel(d.kernel) for d in group], timeout=settings.timeout,
+                                   env_extra=tuple(p for d in group for p in d.env) + scratch,
+                                   envs=[d.env for d in group], started=tx.record_group,
+                                   checks=[d.check for d in group], root=root, gpus=env.gpus, keyed=pins.keyed,
+                                   numeric=[plan_for(d.kernel, env, pins, root) for d in group])
+
+            def make():
+                return _make_wheels(members, steps, made, settings=settings, env=env, pins=pins, commands=commands,
+                                    work=work, tx=tx, counter=counter)
+
+            # where a member builds, the others (pure wheels: tilelang, fla) go in and are checked meanwhile
+            beside = _beside(members, steps, made)
+            early: dict = {}
+            if not beside:
+                for step in calls:
+                    call(step)
+                dropped = make()
+            else:
+                for step in (s for s in calls if s.kind == StepKind.DEPS):
+                    call(step)    # what a build needs is there before it starts
+                with import_lock_released():   # the build threads may import (see build.py)
+                    builder = _Beside(make)
+                    for step in (s for s in calls if s.kind != StepKind.DEPS):
+                        call(step)
+                    if verify:
+                        early = dict(zip((d.kernel for d in beside), check(beside)))
+                        for kernel, r in early.items():
+                            if r.ok:   # said now: the builds go on
+                                events.status(f"verified {kernel}: {r.detail}", kernel, human=False)
+                    dropped = builder.result()
+                dropped.update({k: _why(r) for k, r in early.items()
+                                if not r.ok and not r.detail.startswith("not checked")})
             if dropped:
-                raise _Dropped(dropped)
+                raise _Dropped(dropped, numeric={k for k, r in early.items() if not r.ok and r.numeric})
             files = [path for d in members for path, _ in made[d.kernel]]
             named = tuple(deps.requirements) if with_wheels else ()
             if files:
@@ -192,19 +225,16 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
                 _check_result(d, after, protected_before, real_before, pins, env)
             checks = []
             if verify:
-                counter["children"] += 1
-                root = cache_root(settings)
-                checks = verify_many([pins.kernel(d.kernel) for d in members], timeout=settings.timeout,
-                                     env_extra=tuple(p for d in members for p in d.env) + scratch,
-                                     started=tx.record_group, checks=[d.check for d in members], root=root,
-                                     numeric=[plan_for(d.kernel, env, pins, root) for d in members], gpus=env.gpus,
-                                     keyed=pins.keyed)
-                bad = {d.kernel: r.detail if r.numeric else f"verification failed: {r.detail}"
-                       for d, r in zip(members, checks) if not r.ok and not r.detail.startswith("not checked")}
+                later = [d for d in members if d.kernel not in early]
+                late = dict(zip((d.kernel for d in later), check(later) if later else ()))
+                checks = [early.get(d.kernel) or late[d.kernel] for d in members]
+                bad = {d.kernel: _why(r) for d, r in zip(members, checks)
+                       if not r.ok and not r.detail.startswith("not checked")}
                 if bad:
                     raise _Dropped(bad, numeric={d.kernel for d, r in zip(members, checks) if not r.ok and r.numeric})
                 for d, r in zip(members, checks):
-                    events.status(f"verified {d.kernel}: {r.detail}", d.kernel, human=False)
+                    if d.kernel not in early:
+                        events.status(f"verified {d.kernel}: {r.detail}", d.kernel, human=False)
             for d in members:
                 for path, entry in made[d.kernel]:
                     if entry is not None:
@@ -232,6 +262,40 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
     return {d.kernel: InstallResult(d.kernel, {n: v for n, v in changed.items() if owner.get(n, lead) == d.kernel},
                                     seconds, installer, restart, scan=now, checked=CHILD if c else REMEMBERED)
             for d, c in zip(members, child)}
+
+
+def _beside(members, steps, made) -> list:
+    """The members installed and checked while the others build (none where nothing builds)."""
+    if not any(s.kind == StepKind.BUILD for d in members if d.kernel not in made for s in steps[d.kernel]):
+        return []
+    beside = [d for d in members if not any(s.kind in (StepKind.BUILD, StepKind.WHEEL) for s in steps[d.kernel])]
+    return beside if len(beside) < len(members) else []
+
+
+def _why(result) -> str:
+    return result.detail if result.numeric else f"verification failed: {result.detail}"
+
+
+class _Beside:
+    """`make()` in a thread of its own (the builds) while this one installs and checks the rest; its exception is
+    raised by `result()`, which waits for it."""
+
+    def __init__(self, make):
+        self._value, self._error = None, None
+        self._thread = threading.Thread(target=self._run, args=(make,), daemon=True, name="fastpath-hooks builds")
+        self._thread.start()
+
+    def _run(self, make):
+        try:
+            self._value = make()
+        except BaseException as exc:   # noqa: BLE001 - handed to the waiting thread
+            self._error = exc
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def _versions(found: dict) -> dict:

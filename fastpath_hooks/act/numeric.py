@@ -55,9 +55,10 @@ class NumericResult:
     detail: str
 
 
-def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | None:
-    """None when the kernel has no check for these GPUs (or there is no accelerator)."""
-    checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus))
+def plan_for(kernel: str, env, pins, root: str | None = None, *, hub: bool = False) -> NumericPlan | None:
+    """None when the kernel has no check for these GPUs (or there is no accelerator); `hub`: for a hub kernel
+    replacing the package's function (its `hub_only` checks too)."""
+    checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus) and (hub or not c.hub_only))
     if not checks or env.accelerator not in ("cuda", "rocm"):
         return None
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
@@ -173,7 +174,7 @@ def _names(plan) -> str:
 def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
     (loaded through kernels, as kernelize will), remembered like a package's."""
-    plan = plan_for(entry.kernel, env, pins, root)
+    plan = plan_for(entry.kernel, env, pins, root, hub=True)
     leaf = f":{entry.name}"
     checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \
         if plan is not None else ()

@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -42,6 +43,7 @@ class Transaction:
         self.backup_dir = os.path.join(state_dir, BACKUP_PREFIX + self.id)
         self.work_dir = os.path.join(state_dir, WORK_PREFIX + self.id)
         self.journal_path = os.path.join(state_dir, JOURNAL)
+        self._groups_lock = threading.Lock()   # a build and the installs beside it journal their children at once
         self.before: dict = {}
         self.manifest: list = []
         self.listing: list = []      # top-level entries of site-packages at begin()
@@ -74,16 +76,18 @@ class Transaction:
 
     def record_group(self, pgid) -> None:
         """The runner's `started=`: the child's group journalled (None: it ended), for a recovery to kill first."""
-        self.group = group_record(pgid) if pgid is not None else None
-        self._write_journal()
+        with self._groups_lock:
+            self.group = group_record(pgid) if pgid is not None else None
+            self._write_journal()
 
     def record_side_group(self, pgid, running: bool) -> None:
         """`record_group` for one of several children running side by side (a request's builds)."""
-        if running:
-            self.groups[pgid] = group_record(pgid)
-        else:
-            self.groups.pop(pgid, None)
-        self._write_journal()
+        with self._groups_lock:
+            if running:
+                self.groups[pgid] = group_record(pgid)
+            else:
+                self.groups.pop(pgid, None)
+            self._write_journal()
 
     def stop_group(self) -> int:
         """Kill what is left of a dead writer's children; the number of processes still running."""

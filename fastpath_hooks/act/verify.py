@@ -57,14 +57,14 @@ def verify(kernel_spec, *, timeout: float, env_extra=(), numeric=None, check=Non
 
 
 def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, numeric=(), checks=(),
-                root: str | None = None, gpus=(), keyed=()) -> list:
+                root: str | None = None, gpus=(), keyed=(), envs=()) -> list:
     """One Verification per kernel (in dependency order), all checked in ONE child. A kernel the child never
     reached (it died on an earlier one) is not blamed: its `detail` starts with "not checked". `numeric`: per
     kernel its NumericPlan or None (a mismatch fails it with `numeric` set: blocked on that arch); `checks`: per
     kernel its decision's gated-delta-rule check or None - one that waits for the kernel's first call
     (`first_call`, hooks/first_call.py) is not run here. When every kernel's whole check passed before for
-    exactly this environment (the memory under `root`, keyed on the `keyed` distributions it loaded), no child
-    runs."""
+    exactly this environment (the memory under `root`, keyed on the `keyed` distributions it loaded and each
+    kernel's own variables: `envs`, default `env_extra`), no child runs."""
     specs = list(kernel_specs)
     plans = list(numeric) + [None] * (len(specs) - len(numeric))
     gdrs = [c if c and not c.get("first_call") else None for c in checks] + [None] * (len(specs) - len(checks))
@@ -74,7 +74,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
                                            installed_versions().get(spec.distributions[0]))
                for i, (spec, plan) in enumerate(zip(specs, plans)) if plan is not None}
     pending = {i: n for i, n in numbers.items() if not isinstance(n, NumericResult)}   # the rest: skipped, known
-    known = [store.recall(root, s, env_extra, extra=k, gpus=gpus) if root else None for s, k in zip(specs, keys)]
+    owns = [tuple(e) for e in envs] + [tuple(env_extra)] * (len(specs) - len(envs))   # what a kernel is keyed on
+    known = [store.recall(root, s, own, extra=k, gpus=gpus) if root else None for s, k, own in zip(specs, keys, owns)]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
                                                  f"{k.get('when', '?')})", 0.0, child=False), numbers.get(i), {})
@@ -116,9 +117,9 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
             what = f"{spec.name}'s {'gated-delta-rule' if step == 'gdr' else 'numeric'} check"
         out.append(Verification(False, ended(ran, what, timeout, other), ran.seconds, numeric=step == "numeric"))
     if root and loaded:
-        for spec, result, key in zip(specs, out, keys):
+        for spec, result, key, own in zip(specs, out, keys, owns):
             if result.ok:
-                store.remember(root, spec, env_extra, relevant(loaded, keyed) if keyed else loaded, result.seconds,
+                store.remember(root, spec, own, relevant(loaded, keyed) if keyed else loaded, result.seconds,
                                extra=key, gpus=gpus)
     return out
 

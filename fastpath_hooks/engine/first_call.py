@@ -17,6 +17,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from .. import events
 from ..act.numeric import remember_mismatch
@@ -164,6 +165,41 @@ class FirstCall:
                               version=p.get("version"), archs=p["gpus"], build=p["torch_build"], detail=detail)
 
 
+def config_facts(attrs: dict, repeat: bool, frame) -> dict:
+    """The shapes (and dtype, where it says) of the model being built: the transformers configuration in the
+    nearest frame that holds one (`from_config(config)`, `from_pretrained` after loading it) - the kernel is
+    imported and installed while its modeling module is, for that model. `attrs`: "k" / "v" / "heads_k" /
+    "heads_v" -> the configuration's attributes (facts/probe.config_attributes); `repeat`: this transformers
+    repeats q and k to the value heads. {} where none is found."""
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            kind = type(value)   # the class only: a lazy module's __getattr__ must not run
+            if isinstance(getattr(kind, "model_type", None), str) and callable(getattr(kind, "to_dict", None)):
+                try:
+                    config = value.get_text_config() if callable(getattr(kind, "get_text_config", None)) else value
+                    return _shape_facts(config, attrs, repeat)
+                except Exception:   # a configuration of another shape: the decision's shapes
+                    return {}
+        frame = frame.f_back
+    return {}
+
+
+def _shape_facts(config, attrs: dict, repeat: bool) -> dict:
+    found = {}
+    for key in ("k", "v", "heads_k", "heads_v"):
+        value = next((getattr(config, a) for a in attrs.get(key, ()) if hasattr(config, a)), None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return {}
+        found[key] = value
+    facts = {"shapes": [[found["heads_v"] if repeat else found["heads_k"], found["heads_v"], found["k"], found["v"]]]}
+    # transformers 5 names it `dtype` (its `torch_dtype` says it is deprecated), 4.x `torch_dtype`
+    dtype = getattr(config, "dtype", None) if "dtype" in dir(config) else getattr(config, "torch_dtype", None)
+    dtype = str(dtype or "").replace("torch.", "")
+    if dtype in ("bfloat16", "float16"):   # float32 / unset: the model may be cast or autocast - the pins' default
+        facts["dtype"] = dtype
+    return facts
+
+
 def _facts(check: dict) -> str:
     shapes = ", ".join("x".join(str(n) for n in s) for s in check.get("shapes") or ())
     tail = f", {check['tune_seq']} tokens" if check.get("tune_seq") else ""
@@ -177,6 +213,28 @@ def run_check(payload: dict, check: dict, *, started=None):
                      gpus=tuple(payload["gpus"]), keyed=tuple(payload["keyed"]), started=started)
 
 
+def repeats_heads(spec, env) -> bool:
+    """Whether this transformers repeats q and k to the value heads before calling the kernel (pins `warm`)."""
+    warm, transformers = spec.warm, env.dist_version("transformers")
+    return bool(warm and transformers is not None and not warm.gva_transformers.contains(transformers,
+                                                                                        prereleases=True))
+
+
+def beside_build(decision, spec, env, pins, frame):
+    """A decision whose check waits for the first call, installed while another kernel builds (a batch): its check
+    runs now, beside the build, at the shapes the model's configuration gives - the first call then finds the pass
+    remembered (engine/first_call.FirstCall)."""
+    from ..facts.frozen import thaw
+    from ..facts.probe import config_attributes
+
+    check = thaw(decision.check) if decision.check else None
+    if not check or not check.get("first_call"):
+        return decision
+    facts = config_facts(config_attributes(pins), repeats_heads(spec, env), frame)
+    return replace(decision, check={**check, **{k: v for k, v in facts.items() if k in CALL_FIELDS},
+                                    "first_call": False})
+
+
 def first_call_payload(decision, spec, *, settings_root: str, env, pins, timeout: float, version) -> dict | None:
     """What a FirstCall needs, as plain data, where `decision`'s check waits for the kernel's first call;
     `config`/`repeat`: how a model's configuration gives the shapes (hooks/first_call.config_facts)."""
@@ -187,11 +245,8 @@ def first_call_payload(decision, spec, *, settings_root: str, env, pins, timeout
     check = thaw(decision.check) if decision.check else None
     if not check or not check.get("first_call"):
         return None
-    warm, transformers = spec.warm, env.dist_version("transformers")
-    repeat = bool(warm and transformers is not None and not warm.gva_transformers.contains(transformers,
-                                                                                         prereleases=True))
     return {"kernel": spec.name, "check": check, "functions": list(spec.verify_attributes),
-            "config": config_attributes(pins), "repeat": repeat,
+            "config": config_attributes(pins), "repeat": repeats_heads(spec, env),
             "modules": list(spec.verify_modules), "attributes": list(spec.verify_attributes),
             "distributions": list(spec.distributions), "env_extra": [list(p) for p in decision.env],
             "root": settings_root, "gpus": list(env.gpus), "keyed": sorted(pins.keyed), "timeout": timeout,

@@ -17,6 +17,7 @@ the lock whatever state it ends in. docs/architecture.md draws the flow.
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass, replace
 
 from .. import events
@@ -24,11 +25,11 @@ from .._names import cache_root
 from ..act.numeric import plan_for
 from ..act.store import FAILED, GOOD as VERIFIED
 from ..decide import messages as short
-from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
-from ..decide.policy import batch
+from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP, StepKind
+from ..decide.policy import batch, builds
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
 from ..facts.frozen import thaw
-from .first_call import FirstCall, first_call_payload
+from .first_call import FirstCall, beside_build, first_call_payload
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
@@ -335,13 +336,21 @@ def _install(run: Run):
         kernels, good = run.request()
         members = batch(run.plan, run.pins, kernel, request=kernels, good=good, decision=current)
     members = tuple(_now(d, run.now) for d in members)
+    if len(members) > 1 and any(builds(d) for d in members):   # checked now, while the others build
+        members = tuple(beside_build(d, run.pins.kernel(d.kernel), run.env, run.pins, sys._getframe())
+                        for d in members)
     current = next(d for d in members if d.kernel == kernel)
     for d in members:
         verb = "repairing" if d.action == REPAIR else "installing"
         events.status(short.line(d), d.kernel,
                       detail=f"{d.kernel}: {verb} {describe(d, whole=True)} ({run.check_failed or d.reason})")
     if len(members) > 1:
-        events.status(f"{kernel}: installing {' and '.join(d.kernel for d in members)} together: one installer "
+        built = [d.kernel for d in members if builds(d)]
+        beside = [d.kernel for d in members if d.kernel not in built and not any(
+            s.kind == StepKind.WHEEL for s in d.steps)] if built else []
+        verb = "builds" if len(built) == 1 else "build"
+        events.status(f"{kernel}: installing {' and '.join(beside)} while {' and '.join(built)} {verb}" if beside
+                      else f"{kernel}: installing {' and '.join(d.kernel for d in members)} together: one installer "
                       "call, one check", kernel)
     failed, numeric = {}, set()
     try:

@@ -350,6 +350,9 @@ class NumericCheck:
     options: dict[str, object] = m(factory=dict, absent={}, ok=lambda x: isinstance(x, (bool, int, float, str)),
                                    says="expected a plain value")
     backward_tolerance: dict | None = m(None, form="tolerance?")   # for the gradients, when it differs
+    # only for a hub kernel replacing the function (transformers 5.25): the package's own numbers are its
+    # gated-delta-rule check's (one pass at the model's shapes)
+    hub_only: bool = m(False, absent=False)
 
     def runs_on(self, gpus) -> tuple:
         return tuple(g for g in gpus if g.startswith(("sm_", "gfx")) and ("*" in self.gpus or g in self.gpus))

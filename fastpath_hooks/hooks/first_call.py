@@ -14,6 +14,7 @@ import inspect
 import sys
 import threading
 
+from ..engine.first_call import config_facts
 from .closures import closure_of, decorated_function, set_choice
 
 _PASS, _FAIL = "pass", "fail"
@@ -69,41 +70,8 @@ def hold(pending) -> None:
             for key, value in list(namespace.items()):
                 if value is real:
                     namespace[key] = held
-    pending.start(config_facts(pending.payload, sys._getframe(1)))
-
-
-def config_facts(payload: dict, frame) -> dict:
-    """The shapes (and dtype, where it says) of the model being built: the transformers configuration in the
-    nearest frame that holds one (`from_config(config)`, `from_pretrained` after loading it) - the kernel is
-    imported while its modeling module is, for that model. {} where none is found."""
-    attrs = payload.get("config") or {}
-    while frame is not None:
-        for value in list(frame.f_locals.values()):
-            kind = type(value)   # the class only: a lazy module's __getattr__ must not run
-            if isinstance(getattr(kind, "model_type", None), str) and callable(getattr(kind, "to_dict", None)):
-                try:
-                    config = value.get_text_config() if callable(getattr(kind, "get_text_config", None)) else value
-                    return _shape_facts(config, attrs, payload.get("repeat", False))
-                except Exception:   # a configuration of another shape: the decision's shapes
-                    return {}
-        frame = frame.f_back
-    return {}
-
-
-def _shape_facts(config, attrs: dict, repeat: bool) -> dict:
-    found = {}
-    for key in ("k", "v", "heads_k", "heads_v"):
-        value = next((getattr(config, a) for a in attrs.get(key, ()) if hasattr(config, a)), None)
-        if not isinstance(value, int) or isinstance(value, bool):
-            return {}
-        found[key] = value
-    facts = {"shapes": [[found["heads_v"] if repeat else found["heads_k"], found["heads_v"], found["k"], found["v"]]]}
-    # transformers 5 names it `dtype` (its `torch_dtype` says it is deprecated), 4.x `torch_dtype`
-    dtype = getattr(config, "dtype", None) if "dtype" in dir(config) else getattr(config, "torch_dtype", None)
-    dtype = str(dtype or "").replace("torch.", "")
-    if dtype in ("bfloat16", "float16"):   # float32 / unset: the model may be cast or autocast - the pins' default
-        facts["dtype"] = dtype
-    return facts
+    payload = pending.payload
+    pending.start(config_facts(payload.get("config") or {}, payload.get("repeat", False), sys._getframe(1)))
 
 
 def release(pending, passed: bool) -> None:

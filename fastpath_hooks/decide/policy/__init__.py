@@ -117,20 +117,35 @@ class Commands:
         return not any(s.kind == StepKind.BUILD for d in members for s in d.steps)
 
 
+def builds(decision) -> bool:
+    return any(s.kind == StepKind.BUILD for s in decision.steps)
+
+
 def batch(plan, pins, kernel: str, *, request, good, decision=None) -> tuple:
     """The decisions installed with `kernel`'s (`decision`, default the plan's), in dependency order; just its own
-    when nothing joins it. `good`: the kernels already usable (a need outside the batch must be one)."""
+    when nothing joins it. `good`: the kernels already usable (a need outside the batch must be one). Compiled
+    kernels go in together (their builds side by side); where one builds, the request's pure kernels join too, so
+    that they are installed and checked while it builds (nothing waits that need not: issue 39)."""
     current = decision if decision is not None else plan.decisions[kernel]
     if not batchable(current, pins):
         return (current,)
+    chosen = {name: (current if name == kernel else plan.decisions.get(name)) for name in pins.decision_order}
+    request = set(request) | {n for k in request if chosen.get(k) is not None for n in chosen[k].needs}  # fla's tilelang
+    building = any(d is not None and (name == kernel or (name in request and batchable(d, pins))) and builds(d)
+                   for name, d in chosen.items())
     members, names = [], set()
-    for name in pins.decision_order:
-        d = current if name == kernel else plan.decisions.get(name)
-        if name == kernel or (d is not None and name in request and batchable(d, pins)
-                              and all(n in names or n in good for n in d.needs)):
+    for name, d in chosen.items():
+        joins = d is not None and name in request and (batchable(d, pins) or (building and _pure(d, pins)))
+        if name == kernel or (joins and all(n in names or n in good for n in d.needs)):
             members.append(d)
             names.add(name)
     return tuple(members) if len(members) > 1 else (current,)
+
+
+def _pure(decision, pins) -> bool:
+    """A pure or pair kernel to install from wheels (fla, tilelang): it can go in while another builds."""
+    return (decision.action == INSTALL and pins.kernel(decision.kernel).kind in ("pure", "pair") and bool(decision.steps)
+            and all(s.kind in (StepKind.KERNEL, StepKind.DEPS) for s in decision.steps))
 
 
 def batches(plan, pins, request=None) -> list:
