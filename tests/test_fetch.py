@@ -74,3 +74,23 @@ def test_download_copies_from_find_links_and_the_cache_and_checks_them(tmp_path)
         fh.write(bytes(data))
     with pytest.raises(FetchError, match="does not match .*cache clear"):
         _fetch(_step(CAUSAL, "file://" + cached), str(tmp_path / "dest3"), Settings(cache_dir=root, offline=True))
+
+
+# -- `download` asks only for the wheels the target's glibc loads (issue 40) ------------------------
+
+@pytest.mark.parametrize("glibc,version", [("2.28", "1.0"), ("2.34", "2.0"), ("2.17", "0.9")])
+def test_download_fetches_only_wheels_the_targets_glibc_can_load(glibc, version, tmp_path, monkeypatch):
+    """A real `pip download` from a file:// index holding one release per manylinux level: the newest whose
+    glibc the target has is fetched - never a manylinux_2_34 wheel for a glibc 2.28 machine."""
+    from fastpath_hooks.act.fetch import fetch_into
+    from support.worlds import environment
+
+    pkgs = str(tmp_path / "pkgs")
+    for v, tag in (("0.9", "manylinux2014_x86_64"), ("1.0", "manylinux_2_28_x86_64"), ("2.0", "manylinux_2_34_x86_64")):
+        wheels.build_wheel(pkgs, "glibc-probe", v, {"glibc_probe/__init__.py": ""}, tag=f"py3-none-{tag}")
+    url = wheels.simple_index(pkgs, str(tmp_path / "simple"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)     # only the index given here
+    monkeypatch.setenv("FASTPATH_HOOKS_LOG", "debug")
+    got = fetch_into(str(tmp_path / "dest"), env=environment(glibc=glibc, arch="x86_64"),
+                     settings=Settings(index_url=url, cache_dir=str(tmp_path / "c")), binary=["glibc-probe"], wheels=())
+    assert [os.path.basename(p).split("-")[1] for p in got] == [version]

@@ -2,7 +2,7 @@
 
 A wheel step's file comes from FASTPATH_HOOKS_FIND_LINKS, the wheel cache (a file:// URL into it) or its URL,
 checked against its pinned sha256, else the one the cache recorded; `fastpath-hooks download` adds `pip download`
-of the binary requirements for the target's Python and architecture. The wheel cache
+of the binary requirements for the target's Python, architecture and glibc. The wheel cache
 (`<root>/wheels/<file>.whl` + a `.json` sidecar) exists because pip's keys a build by the sdist alone (another
 torch gets the old binary back: undefined symbols); a built wheel carries its whole key in its local version
 label (facts/wheels.py). An entry counts only with both files and agreeing sizes; writes are atomic under the
@@ -22,7 +22,7 @@ from .. import events
 from .._names import cache_root
 from .._registry import registry
 from ..facts.distributions import canonical_name
-from ..facts.wheels import SIDECAR, defect, directory, find_links_dir, sidecar, wheel_distribution
+from ..facts.wheels import SIDECAR, defect, directory, find_links_dir, linux_platforms, sidecar, wheel_distribution
 from .locks import file_lock
 from .runner import run
 from .transaction import atomic_copy, atomic_write_json, sha256_of
@@ -105,8 +105,7 @@ def _pip_download(dest: str, *, env, settings, binary) -> None:
     py = ".".join(env.python.split(".")[:2])
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
             "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py, "--implementation", "cp"]
-    tags = [f"manylinux_2_{minor}" for minor in range(39, 16, -1)] + ["manylinux2014", "linux"]
-    argv += [arg for tag in tags for arg in ("--platform", f"{tag}_{env.arch}")]
+    argv += [arg for tag in linux_platforms(env.glibc, env.arch) for arg in ("--platform", tag)]
     argv += ["--index-url", settings.index_url] if settings.index_url else []
     argv += [arg for link in settings.find_links for arg in ("--find-links", link)] + list(binary)
     ran = run(argv, timeout=settings.timeout, label=f"downloading {', '.join(binary)}")

@@ -126,6 +126,30 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
 
 
+# PEP 600 tags name the glibc they need (manylinux_2_28); the older names stand for one (PEP 599, 571, 513)
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def linux_platforms(glibc: str | None, arch: str) -> list:
+    """The platform tags a Linux machine with this glibc (2.x) and CPU arch loads, best first: the list
+    packaging.tags.platform_tags() makes for the running machine (linux_<arch>, then manylinux_2_N down to
+    2_17, 2_5 on x86, each legacy name beside its own), for a posed one - packaging reads only the running
+    glibc. A glibc not known: from 2.17 (manylinux2014)."""
+    try:
+        major, minor = (int(part) for part in str(glibc).split(".")[:2])
+    except ValueError:
+        major, minor = 2, 17
+    if major != 2:
+        major, minor = 2, 17
+    floor = 5 if arch in ("x86_64", "i686") else 17
+    out = [f"linux_{arch}"]
+    for m in range(minor, floor - 1, -1):
+        out.append(f"manylinux_2_{m}_{arch}")
+        if m in _LEGACY_MANYLINUX:
+            out.append(f"{_LEGACY_MANYLINUX[m]}_{arch}")
+    return out
+
+
 def listing(root: str | None) -> tuple:
     """File names of the complete entries (wheel + sidecar of the right size); the others said at debug."""
     if not root:
