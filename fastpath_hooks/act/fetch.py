@@ -5,8 +5,8 @@ checked against its pinned sha256, else the one the cache recorded; `fastpath-ho
 of the binary requirements for the target's Python, architecture and glibc. The wheel cache
 (`<root>/wheels/<file>.whl` + a `.json` sidecar) exists because pip's keys a build by the sdist alone (another
 torch gets the old binary back: undefined symbols); a built wheel carries its whole key in its local version
-label (facts/wheels.py). An entry counts only with both files and agreeing sizes; writes are atomic under the
-cache's lock, the sidecar last.
+label (facts/wheels.py). An entry counts only with both files, agreeing sizes and - where its mtime is not the
+recorded one - agreeing digests; writes are atomic under the cache's lock, the sidecar last.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from .. import events
 from .._names import cache_root
 from .._registry import registry
 from ..facts.distributions import canonical_name
-from ..facts.wheels import SIDECAR, defect, directory, find_links_dir, linux_platforms, sidecar, wheel_distribution
+from ..facts.wheels import (SIDECAR, defect, directory, find_links_dir, linux_platforms, sha256_of, sidecar,
+                            wheel_distribution)
 from .locks import file_lock
 from .runner import run
-from .transaction import atomic_copy, atomic_write_json, sha256_of
+from .transaction import atomic_copy, atomic_write_json
 
 
 class FetchError(Exception):
@@ -66,6 +67,7 @@ def fetch_wheel(step, settings, dest: str) -> str:
                 check_sha256(cached, step.sha256 or recorded_sha256(cached))
             except FetchError as exc:
                 raise FetchError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
+            restamp(cache_root(settings), cached)
             return cached
         if settings.offline:
             raise FetchError(f"{filename} is no longer in {os.path.dirname(cached)} and the network is off")
@@ -147,11 +149,27 @@ def entries(root: str) -> list:
         path = os.path.join(where, name)
         meta = sidecar(path) or {}
         size = os.path.getsize(path) if os.path.isfile(path) else None
+        problem = defect(path)
+        if problem is None:
+            restamp(root, path)
         out.append({"file": name, "path": path, "size": size, "sha256": meta.get("sha256"),
                     "distribution": meta.get("distribution"), "version": meta.get("version"),
                     "origin": meta.get("origin"), "key": meta.get("key") or {}, "log": meta.get("log"),
-                    "ok": defect(path) is None, "problem": defect(path)})
+                    "ok": problem is None, "problem": problem})
     return out
+
+
+def restamp(root: str, path: str) -> None:
+    """An entry whose bytes were just found to be the recorded ones, though its mtime is not (touched, copied, or
+    stored before mtimes were recorded): its sidecar records the mtime now, so that no later listing hashes it."""
+    with suppress(OSError, ValueError):
+        meta = sidecar(path)
+        stat = os.stat(path)
+        if meta is None or meta.get("mtime_ns") == stat.st_mtime_ns or meta.get("size") != stat.st_size:
+            return
+        with file_lock(os.path.join(directory(root), ".lock"), timeout=1.0):   # a store holding it: next time
+            if os.stat(path).st_mtime_ns == stat.st_mtime_ns and sidecar(path) == meta:
+                atomic_write_json(path + SIDECAR, dict(meta, mtime_ns=stat.st_mtime_ns))
 
 
 def recorded_sha256(path: str) -> str | None:
@@ -172,7 +190,8 @@ def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> 
         with suppress(FileNotFoundError):
             os.unlink(target + SIDECAR)
         atomic_copy(wheel, target)
-        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=os.path.getsize(target),
+        stat = os.stat(target)
+        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                                                  sha256=sha256_of(target)))
     return target
 

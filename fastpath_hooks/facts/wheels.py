@@ -1,10 +1,12 @@
 """Wheels, read one way: file names (distribution, version, tags: `causal_conv1d` and `Causal-Conv1D`
 are one distribution everywhere), which files fit a machine by their tags, the wheel cache's keys and
-complete entries, and the local directories of find-links entries (the warm path lists them)."""
+complete entries (their bytes checked against the recorded sha256 whenever their size or mtime is not the
+recorded one), and the local directories of find-links entries (the warm path lists them)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -181,16 +183,35 @@ def sidecar(path: str) -> dict | None:
 
 
 def defect(path: str) -> str | None:
+    """Why a cache entry is not to be used, else None. Its bytes are hashed only when its size or mtime is
+    not the one its sidecar recorded (an entry as stored costs a stat: no start hashes it)."""
     meta = sidecar(path)
     if meta is None:
         return "no readable sidecar (an interrupted store?)"
     try:
-        size = os.path.getsize(path)
+        stat = os.stat(path)
     except OSError as exc:
         return f"unreadable: {exc}"
-    if meta.get("size") != size or not isinstance(meta.get("sha256"), str):
-        return f"size {size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
+    if meta.get("size") != stat.st_size or not isinstance(meta.get("sha256"), str):
+        return f"size {stat.st_size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
+    if meta.get("mtime_ns") == stat.st_mtime_ns:
+        return None
+    try:
+        digest = sha256_of(path)
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    if digest != meta["sha256"]:
+        return (f"sha256 {digest} differs from the recorded {meta['sha256']} (altered since it was stored; "
+                "`fastpath-hooks cache clear` removes it)")
     return None
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def find_links_dir(entry: str) -> str | None:
