@@ -33,10 +33,14 @@ class FetchError(Exception):
     """The file is not to be had, or is not the pinned one (nothing corrupt is left behind)."""
 
 
-def check_sha256(path: str, expected: str | None, digest: str | None = None) -> None:
-    if expected and (digest or sha256_of(path)) != expected:
-        raise FetchError(f"{os.path.basename(path)}: sha256 {digest or sha256_of(path)} does not match the pinned "
-                         f"{expected} (a corrupt or substituted file); refusing it")
+def check_sha256(path: str, expected: str | None, digest: str | None = None, *, what: str, fix: str) -> None:
+    """FetchError unless the file's sha256 is `expected`: a line short by design (`what` is wrong, refused, `fix`);
+    the file and both digests are said at debug (and a cache entry's in `cache list`)."""
+    got = (digest or sha256_of(path)) if expected else None
+    if got is None or got == expected:
+        return
+    events.debug(f"{path}: sha256 {got}, not the expected {expected}; refused")
+    raise FetchError(f"{what} (sha256 differs), refused; {fix}")
 
 
 def _download(url: str, target: str, timeout: float) -> str:
@@ -58,15 +62,15 @@ def fetch_wheel(step, settings, dest: str) -> str:
     for path in filter(None, map(find_links_dir, settings.find_links)):
         candidate = os.path.join(path, filename)
         if os.path.isfile(candidate):
-            check_sha256(candidate, step.sha256 or recorded_sha256(candidate))
+            check_sha256(candidate, step.sha256 or recorded_sha256(candidate), fix="replace it",
+                         what=f"{wheel_distribution(filename)} wheel in FASTPATH_HOOKS_FIND_LINKS: not the "
+                              f"{'pinned' if step.sha256 else 'recorded'} one")
             return candidate
     cached = os.path.abspath(unquote(urlsplit(step.url).path)) if (step.url or "").startswith("file:") else None
     if cached is not None and os.path.dirname(cached) == os.path.abspath(directory(cache_root(settings))):
         if os.path.isfile(cached):
-            try:
-                check_sha256(cached, step.sha256 or recorded_sha256(cached))
-            except FetchError as exc:
-                raise FetchError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
+            check_sha256(cached, step.sha256 or recorded_sha256(cached), fix="fastpath-hooks cache clear removes it",
+                         what=f"cached {wheel_distribution(filename)} wheel altered")
             restamp(cache_root(settings), cached)
             return cached
         if settings.offline:
@@ -83,7 +87,8 @@ def fetch_wheel(step, settings, dest: str) -> str:
         hint = f" ({mirror} points at a mirror)" if mirror else ""
         raise FetchError(f"could not download {step.url}: {exc}{hint}") from None
     try:
-        check_sha256(target, step.sha256, digest)
+        check_sha256(target, step.sha256, digest, what=f"downloaded {wheel_distribution(filename)} wheel: not the "
+                     "pinned one", fix="check its URL or mirror")
     except FetchError:
         _remove(target)   # never a substituted file left where a wheelhouse is read
         raise
