@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 
-from conftest import offline_env
+from conftest import PY, offline_env
 from support import sdists
 from support.venvs import clean_env
 from fastpath_hooks.facts.wheels import sha256_of
@@ -149,6 +150,26 @@ def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, 
                                      pins=pins, FASTPATH_HOOKS_ALLOW_BUILD="0"))
     assert "causal-conv1d: not installed - no wheel fits; FASTPATH_HOOKS_ALLOW_BUILD=0 forbids a build" in proc.stderr
     assert _import_conv(other).get("error")
+
+
+@pytest.mark.slow
+def test_a_build_in_a_venv_whose_path_needs_quoting_builds(toolkit, sdist_house, tmp_path, test_pins, torch_wheel,
+                                                           fastpath_wheel):
+    """Issue 40: from `/tmp/v é/bin/` the build failed - torch's ninja build puts PYTORCH_NVCC into its compile
+    command as given (a command such as `ccache nvcc`), so the wrapper's path, in the venv, split at the space. The
+    stand-in sdist compiles as that build does (tests/support/sdists.py)."""
+    from support import venvs
+
+    venv = venvs.make_venv(str(tmp_path / "v é"), torch_wheel=torch_wheel, fastpath_wheel=fastpath_wheel,
+                           transformers=None)
+    cache = str(tmp_path / "cache")
+    proc = subprocess.run([os.path.join(venv.bin, "fastpath-hooks"), "build", "causal-conv1d", "--arch", "sm_90"],
+                          env=_env(sdist_house, BUILD_HOST, toolkit, cache, test_pins()), cwd=venv.bin,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert toolkit.calls() and all(sdists.gencode_codes(argv) == ["sm_90"] for argv in toolkit.calls())
+    assert [n for n in _cached(cache) if n.endswith(".whl")] == [
+        f"causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90-{PY}-{PY}-linux_x86_64.whl"]
 
 
 @pytest.mark.slow

@@ -104,16 +104,28 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
             speed = plan(work, split=split, path_var=extra["PATH"], parts=parts)
             extra.update(launcher_environ(speed, work))
-            extra["PYTORCH_NVCC"] = write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc",
-                                                  keep=step.archs if restricted else None, std=std, speed=speed)
+            extra["PYTORCH_NVCC"] = command(extra, write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc",
+                                                                 keep=step.archs if restricted else None, std=std,
+                                                                 speed=speed))
     elif env.torch_hip and std:
         hipcc = env.hipcc if env.hipcc and os.path.isfile(env.hipcc) else find_hipcc()
         if hipcc is not None:
-            extra["PYTORCH_NVCC"] = write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc", std=std)
+            extra["PYTORCH_NVCC"] = command(extra, write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc",
+                                                                 std=std))
     if std:
         host = shlex.split(os.environ.get("CXX", "")) or ["c++"]   # torch: CXX, else c++
-        extra["CXX"] = write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std)
+        extra["CXX"] = command(extra, write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std))
     return extra, speed
+
+
+def command(extra: dict, path: str) -> str:
+    """How the build's environment names a wrapper: by its path, or - where the path needs shell quoting (a venv
+    under `/tmp/v é/`) - by its name, its directory first on the build's PATH: torch's ninja build puts
+    PYTORCH_NVCC into its command lines as given (it may be `ccache nvcc`), setuptools splits CXX at spaces."""
+    if shlex.quote(path) == path:
+        return path
+    extra["PATH"] = os.pathsep.join([os.path.dirname(path), extra["PATH"]])
+    return os.path.basename(path)
 
 
 def _tool_dirs() -> list:
