@@ -24,6 +24,7 @@ from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.events import MAX_LINE, PREFIX, fit
 from fastpath_hooks.facts.settings import Settings
 from support.worlds import TableWorld
+from test_cli_fast import clean  # noqa: F401 - the fixture of a CLI run in this process, speaking for the node
 from test_policy import BASE, PINS, ROWS, make_env, plan_for
 
 HOME = "/home/a.very.long.user.name/projects/2026-12/hybrid-linear-attention-finetuning"
@@ -523,28 +524,13 @@ def _whole(line: str, fix: str) -> None:
     assert fix in line, f"its fix {fix!r} is not whole: {where}"
 
 
-@pytest.fixture
-def cli_env(tmp_path, monkeypatch):
-    """A CLI run in this process (CPU torch, this machine's facts), speaking for the node."""
-    import os
-
-    for name in [k for k in os.environ if k.startswith("FASTPATH_HOOKS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    events.forget()
-    yield
-    engine.use_world(None)
-    events.forget()
-
-
 @pytest.mark.parametrize("args,said,fix", [
     ((), "torch 2.13.0+cpu is not a CUDA or ROCm build", "(install one here, or pose one: --target cuda=X.Y)"),
     (("--arch", "sm_999", "--target", "cuda=12.8"), "--arch sm_999: sm_999 is not a CUDA GPU arch",
      "known: sm_35 37 50 "),
     (("--arch", "sm_9x", "--target", "cuda=12.8"), "--arch sm_9x: a GPU is sm_XY", "gfxNNN (ROCm) or none"),
 ], ids=["cpu-torch", "unknown-arch", "not-an-arch"])
-def test_build_refusing_its_input_says_the_fix_whole(args, said, fix, cli_env, capsys):
+def test_build_refusing_its_input_says_the_fix_whole(args, said, fix, clean, capsys):
     """`build` on a CPU torch, and with an --arch it cannot build for: one line, the fix whole (issue 40)."""
     from fastpath_hooks import cli
 
@@ -554,7 +540,7 @@ def test_build_refusing_its_input_says_the_fix_whole(args, said, fix, cli_env, c
     assert line.startswith(PREFIX + said), line
 
 
-def test_download_with_nothing_to_fetch_says_why_and_the_fix_whole(cli_env, capsys, tmp_path):
+def test_download_with_nothing_to_fetch_says_why_and_the_fix_whole(clean, capsys, tmp_path):
     """`download --target gpu=sm_90` from a CPU torch: every kernel skipped for one reason, said once with its fix."""
     from fastpath_hooks import cli
 
@@ -571,7 +557,7 @@ def _variables_with_a_bad_value():
 
 
 @pytest.mark.parametrize("variable", _variables_with_a_bad_value())
-def test_a_bad_value_is_refused_with_what_is_accepted_whole(variable, cli_env, speaking, capsys, monkeypatch):
+def test_a_bad_value_is_refused_with_what_is_accepted_whole(variable, clean, speaking, capsys, monkeypatch):
     """Every variable set to a value it does not accept: the CLI's line and a start's line each name it and say
     what is accepted (the parser's whole text, its value said once), within the width."""
     from fastpath_hooks import cli
