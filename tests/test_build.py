@@ -173,6 +173,29 @@ def test_a_build_in_a_venv_whose_path_needs_quoting_builds(toolkit, sdist_house,
 
 
 @pytest.mark.slow
+def test_build_leaves_the_environment_as_it_was_built_or_failed(make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    """Issue 40: `build` left ninja and wheel installed in the venv, also after a failed build. What the build needs
+    and the environment lacks (the pins' build_deps: here wheel and ninja) comes from the build's own directory
+    instead, which the build's setup.py imports from and finds ninja in."""
+    venv = make_venv(transformers=None)
+    subprocess.run([venv.python, "-m", "pip", "uninstall", "-q", "-y", "wheel"], check=True, env=clean_env())
+    before = venv.versions()
+    assert "wheel" not in before and "ninja" not in before
+    env = _env(sdist_house, BUILD_HOST, toolkit, str(tmp_path / "cache"), test_pins())
+    proc = venv.cli("build", "causal-conv1d", "--arch", "sm_90", env=env)
+    assert proc.returncode == 0, proc.stderr
+    log = open(re.search(r"log: (\S+\.log)", proc.stderr).group(1).replace("$FASTPATH_HOOKS_CACHE_DIR",
+                                                                             str(tmp_path / "cache"))).read()
+    ninja = re.search(r"^\s*ninja: (\S+)$", log, re.M).group(1)   # pip -v indents the build's output
+    assert ninja.endswith("/helpers/bin/ninja") and not ninja.startswith(venv.path + "/bin"), ninja
+    assert venv.versions() == before, "nothing installed in the environment"
+    toolkit.fail()
+    proc = venv.cli("build", "causal-conv1d", "--arch", "sm_90", "--rebuild", env=env)
+    assert proc.returncode == 1 and "causal-conv1d: build failed - " in proc.stderr, proc.stderr
+    assert venv.versions() == before, "nothing installed in the environment, also by a failed build"
+
+
+@pytest.mark.slow
 def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
         make_venv, toolkit, sdist_house, tmp_path, test_pins):
     toolkit.fail()

@@ -112,6 +112,9 @@ def compile_all(device, device_flags, cxx_flags):
 
 class CachedWheelsCommand(bdist_wheel):
     def run(self):
+        import shutil
+
+        print("ninja:", shutil.which("ninja"), flush=True)   # torch's build takes the ninja on PATH
         if not SKIP_CUDA_BUILD and COMPILE_CUDA:
             if not FORCE_BUILD:
                 raise RuntimeError("causal-conv1d: could not download the release wheel "
