@@ -339,7 +339,7 @@ def _build(args) -> int:
     try:
         paths = jobs.build(plan)
     except InstallFailed as exc:
-        print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
+        _error(f"{kernel}: build failed - {exc}")   # fitted: never cut before its log's path ends
         return 1
     for path in paths:
         print(f"{kernel}: built {path}")
