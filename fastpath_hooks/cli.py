@@ -44,12 +44,13 @@ class _UsageError(Exception):
     pass
 
 
-def _error(message: str) -> None:
-    """One line on stderr, fitted to events.MAX_LINE characters - whole under FASTPATH_HOOKS_LOG=debug."""
+def _error(message: str, *, whole: str | None = None) -> None:
+    """One line on stderr, fitted to events.MAX_LINE characters - whole (`whole`, the longer text of a line short
+    by design) under FASTPATH_HOOKS_LOG=debug."""
     from ._names import log_level
     from .events import PREFIX, fit
 
-    print(PREFIX + message if log_level() == "debug" else fit(message), file=sys.stderr)
+    print(PREFIX + (whole or message) if log_level() == "debug" else fit(message), file=sys.stderr)
 
 
 def _parser():
@@ -293,7 +294,7 @@ def _download(args) -> int:
     _writable_dir(args.dest)
     plan = jobs.plan_download(settings=settings, pins=pins, kernels=_kernels(args.kernels) or None)
     if plan.nothing:
-        _error(f"nothing to download for this target ({plan.nothing})")
+        _error(plan.nothing_line, whole=f"nothing to download for this target ({plan.nothing})")
         return 1
     try:
         files = jobs.download(plan, args.dest)
@@ -338,7 +339,7 @@ def _build(args) -> int:
     try:
         paths = jobs.build(plan)
     except InstallFailed as exc:
-        print(f"fastpath-hooks: {kernel}: build failed - {exc}", file=sys.stderr)
+        _error(f"{kernel}: build failed - {exc}")   # fitted: never cut before its log's path ends
         return 1
     for path in paths:
         print(f"{kernel}: built {path}")

@@ -32,7 +32,7 @@ def commands_for(plan, settings, *, real_installed: dict, pins) -> dict:
     out, files = {}, {}
     for kernel, decision in plan.decisions.items():
         steps = decision.steps or (decision.repair_steps if decision.verify else ())
-        out[kernel] = [commands.invocation(s).to_json() for s in steps]
+        out[kernel] = [inv.to_json() for s in steps for inv in commands.invocations(s)]
         # the constraints file's lines, after the kernels this one needs are installed
         before = installed_after_needs(plan.decisions, kernel, real_installed)
         files[kernel] = commands.constraints(before, step_names(steps)) if steps else []
@@ -59,7 +59,7 @@ def _batch_commands(members, commands) -> list:
     if reqs and not with_wheels:
         out.append(commands.invocation(Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False)).to_json())
     for d in members:
-        out += [commands.invocation(s).to_json() for s in d.steps if s.kind == StepKind.BUILD]
+        out += [inv.to_json() for s in d.steps if s.kind == StepKind.BUILD for inv in commands.invocations(s)]
         wheel = next((s for s in d.steps if s.kind == StepKind.WHEEL), None)
         wheels.append(f"<the {d.kernel} wheel built above>" if wheel is None else wheel.url or wheel.requirements[0])
     named = tuple(reqs) if with_wheels else ()

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import offline_env
+from conftest import PY, offline_env
 from support import sdists
 from support.venvs import clean_env
-from fastpath_hooks.act.transaction import sha256_of
+from fastpath_hooks.facts.wheels import sha256_of
 
 # torch 2.13 has no causal-conv1d release wheel: only a build can bring it
 HOPPER = "gpu=sm_90,cuda=13.0,torch=2.13.0,cpus=16"
@@ -151,6 +153,49 @@ def test_build_dest_installs_offline_elsewhere_with_builds_forbidden(make_venv, 
 
 
 @pytest.mark.slow
+def test_a_build_in_a_venv_whose_path_needs_quoting_builds(toolkit, sdist_house, tmp_path, test_pins, torch_wheel,
+                                                           fastpath_wheel):
+    """Issue 40: from `/tmp/v é/bin/` the build failed - torch's ninja build puts PYTORCH_NVCC into its compile
+    command as given (a command such as `ccache nvcc`), so the wrapper's path, in the venv, split at the space. The
+    stand-in sdist compiles as that build does (tests/support/sdists.py)."""
+    from support import venvs
+
+    venv = venvs.make_venv(str(tmp_path / "v é"), torch_wheel=torch_wheel, fastpath_wheel=fastpath_wheel,
+                           transformers=None)
+    cache = str(tmp_path / "cache")
+    proc = subprocess.run([os.path.join(venv.bin, "fastpath-hooks"), "build", "causal-conv1d", "--arch", "sm_90"],
+                          env=_env(sdist_house, BUILD_HOST, toolkit, cache, test_pins()), cwd=venv.bin,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert toolkit.calls() and all(sdists.gencode_codes(argv) == ["sm_90"] for argv in toolkit.calls())
+    assert [n for n in _cached(cache) if n.endswith(".whl")] == [
+        f"causal_conv1d-1.6.2.post1+fph.torch2.13.0.cu130.abi1.sm90-{PY}-{PY}-linux_x86_64.whl"]
+
+
+@pytest.mark.slow
+def test_build_leaves_the_environment_as_it_was_built_or_failed(make_venv, toolkit, sdist_house, tmp_path, test_pins):
+    """Issue 40: `build` left ninja and wheel installed in the venv, also after a failed build. What the build needs
+    and the environment lacks (the pins' build_deps: here wheel and ninja) comes from the build's own directory
+    instead, which the build's setup.py imports from and finds ninja in."""
+    venv = make_venv(transformers=None)
+    subprocess.run([venv.python, "-m", "pip", "uninstall", "-q", "-y", "wheel"], check=True, env=clean_env())
+    before = venv.versions()
+    assert "wheel" not in before and "ninja" not in before
+    env = _env(sdist_house, BUILD_HOST, toolkit, str(tmp_path / "cache"), test_pins())
+    proc = venv.cli("build", "causal-conv1d", "--arch", "sm_90", env=env)
+    assert proc.returncode == 0, proc.stderr
+    log = open(re.search(r"log: (\S+\.log)", proc.stderr).group(1).replace("$FASTPATH_HOOKS_CACHE_DIR",
+                                                                             str(tmp_path / "cache"))).read()
+    ninja = re.search(r"^\s*ninja: (\S+)$", log, re.M).group(1)   # pip -v indents the build's output
+    assert ninja.endswith("/helpers/bin/ninja") and not ninja.startswith(venv.path + "/bin"), ninja
+    assert venv.versions() == before, "nothing installed in the environment"
+    toolkit.fail()
+    proc = venv.cli("build", "causal-conv1d", "--arch", "sm_90", "--rebuild", env=env)
+    assert proc.returncode == 1 and "causal-conv1d: build failed - " in proc.stderr, proc.stderr
+    assert venv.versions() == before, "nothing installed in the environment, also by a failed build"
+
+
+@pytest.mark.slow
 def test_a_failing_build_leaves_the_torch_path_caches_nothing_and_names_its_log(
         make_venv, toolkit, sdist_house, tmp_path, test_pins):
     toolkit.fail()
@@ -221,8 +266,8 @@ def test_cache_entries_are_complete_or_ignored(tmp_path):
 
 
 def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
-    """Same size, other bytes (a bit flip, a substituted file): the sha256 recorded at store time
-    refuses it before any installer runs."""
+    """Same size, other bytes (a bit flip, a substituted file) and even its mtime put back, so that no listing
+    hashes it: the sha256 recorded at store time refuses it before any installer runs."""
     from fastpath_hooks.act import fetch as wheelcache
     from fastpath_hooks.act.fetch import FetchError, fetch_wheel
     from fastpath_hooks.facts.wheels import listing
@@ -231,11 +276,94 @@ def test_a_cached_wheel_whose_bytes_changed_is_refused_at_install(tmp_path):
 
     root = str(tmp_path / "cache")
     path = wheelcache.store(root, _wheel(tmp_path), meta={})
+    stored = os.stat(path).st_mtime_ns
+    _flip_a_byte(path)
+    os.utime(path, ns=(stored, stored))
+    assert listing(root), "size and mtime are the recorded ones: only the digest can tell"
+    step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
+    with pytest.raises(FetchError, match=r"cached causal-conv1d wheel altered \(sha256 differs\), refused; "
+                                         "fastpath-hooks cache clear removes it"):
+        fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
+
+
+_WATCHED: list = []   # the files whose opening this process records (an audit hook: no function replaced)
+_OPENED: list = []
+
+
+def _audit(event, args):
+    if _WATCHED and event == "open" and args and args[0] in _WATCHED:
+        _OPENED.append(args[0])
+
+
+sys.addaudithook(_audit)
+
+
+def _flip_a_byte(path: str) -> None:
+    """Same size, other bytes (a bit flip, a substituted file), written as any editor or copy would."""
     data = bytearray(open(path, "rb").read())
     data[-30] ^= 0xFF
     with open(path, "wb") as fh:
         fh.write(bytes(data))
-    assert listing(root), "the size still matches: only the digest can tell"
-    step = Step(kind="wheel", requirements=(os.path.basename(path),), url="file://" + path)
-    with pytest.raises(FetchError, match="does not match .*cache clear"):
-        fetch_wheel(step, Settings(cache_dir=root), str(tmp_path))
+
+
+def test_a_cached_wheel_altered_without_changing_its_size_is_refused_and_the_wheelhouse_used(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Issue 40: `cache list` and `plan` took it (only the size was compared); `install` then failed. Now it is
+    refused like a size change - by its digest, hashed only when its size or mtime differs from the recorded ones
+    (no start hashes an untouched entry) - and the plan takes the same wheel from FASTPATH_HOOKS_FIND_LINKS."""
+    from conftest import CAUSAL_WHEEL, H100_NEW_TRITON
+    from fastpath_hooks import cli, events
+    from fastpath_hooks.act import fetch as wheelcache
+    from support import wheels
+
+    house = str(tmp_path / "house")
+    wheel = wheels.fake_causal_conv1d(house, CAUSAL_WHEEL)
+    root = str(tmp_path / "cache")
+    cached = wheelcache.store(root, wheel, meta={"origin": "downloaded"})
+    for name in [k for k in os.environ if k.startswith("FASTPATH_HOOKS_")]:
+        monkeypatch.delenv(name)
+    for var, value in (("FASTPATH_HOOKS_CACHE_DIR", root), ("FASTPATH_HOOKS_FIND_LINKS", house),
+                       ("FASTPATH_HOOKS_OFFLINE", "1"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(var, value)
+    events.forget()
+
+    def plan() -> str:
+        assert cli.main(["plan", "causal-conv1d", "--target", H100_NEW_TRITON]) == 0
+        return capsys.readouterr().out
+
+    assert "from the local wheel cache" in plan()
+    _OPENED.clear()
+    _WATCHED.append(cached)
+    try:
+        assert "from the local wheel cache" in plan()
+    finally:
+        _WATCHED.clear()
+    assert _OPENED == [], "an entry as it was stored is not read again (no start hashes it)"
+    _flip_a_byte(cached)
+    out = plan()
+    assert "from the local wheel cache" not in out and f"prebuilt wheel {CAUSAL_WHEEL}" in out, out
+    assert "--find-links " + house in out
+    assert cli.main(["cache", "list", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["wheels"]
+    assert not entry["ok"] and "sha256" in entry["problem"] and "cache clear" in entry["problem"], entry
+
+
+def test_a_touched_cache_entry_is_hashed_once_and_its_new_mtime_recorded(tmp_path):
+    """A copied or touched entry (or one stored before mtimes were recorded) with its bytes as recorded: kept, and
+    `cache list` (or an install from it) records its mtime, so no later listing reads it again."""
+    from fastpath_hooks.act import fetch as wheelcache
+    from fastpath_hooks.facts.wheels import listing
+
+    root = str(tmp_path / "cache")
+    path = wheelcache.store(root, _wheel(tmp_path), meta={})
+    os.utime(path, ns=(1_700_000_000_000_000_000,) * 2)
+    _WATCHED.append(path)
+    try:
+        assert listing(root) == (os.path.basename(path),) and _OPENED == [path], "hashed: its mtime changed"
+        assert [e["ok"] for e in wheelcache.entries(root)] == [True]
+        _OPENED.clear()
+        assert listing(root) == (os.path.basename(path),)
+        assert _OPENED == [], "its new mtime is recorded: not read again"
+    finally:
+        _WATCHED.clear()
+        _OPENED.clear()

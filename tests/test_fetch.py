@@ -29,7 +29,7 @@ def test_a_url_is_downloaded_into_dest_and_checked(tmp_path):
     got = fetch_wheel(_step(CAUSAL, "file://" + src, wheels.sha256_of(src)), Settings(cache_dir=str(tmp_path / "c")),
                       str(dest))
     assert got == str(dest / CAUSAL) and wheels.sha256_of(got) == wheels.sha256_of(src)
-    with pytest.raises(FetchError, match="does not match the pinned"):
+    with pytest.raises(FetchError, match=r"not the pinned one \(sha256 differs\), refused"):
         fetch_wheel(_step(CAUSAL, "file://" + src, "0" * 64), Settings(cache_dir=str(tmp_path / "c")), str(dest))
     assert os.listdir(dest) == [], "a substituted download is removed"
 
@@ -58,7 +58,7 @@ def test_download_copies_from_find_links_and_the_cache_and_checks_them(tmp_path)
     settings = Settings(find_links=(house,), cache_dir=str(tmp_path / "c"))
     _fetch(_step(CAUSAL, "https://unreachable.invalid/" + CAUSAL, wheels.sha256_of(src)), dest, settings)
     assert os.listdir(dest) == [CAUSAL] and os.path.isfile(src), "copied; the wheelhouse keeps its file"
-    with pytest.raises(FetchError, match="does not match the pinned"):
+    with pytest.raises(FetchError, match=r"not the pinned one \(sha256 differs\), refused"):
         _fetch(_step(CAUSAL, None, "0" * 64), str(tmp_path / "other"), settings)
     # a cache entry (a file:// URL into the cache) is copied without the network, its recorded sha256 checked
     root = str(tmp_path / "cache")
@@ -72,5 +72,26 @@ def test_download_copies_from_find_links_and_the_cache_and_checks_them(tmp_path)
         data[-30] ^= 0xFF
         fh.seek(0)
         fh.write(bytes(data))
-    with pytest.raises(FetchError, match="does not match .*cache clear"):
+    with pytest.raises(FetchError, match=r"cached causal-conv1d wheel altered \(sha256 differs\), refused; "
+                                         "fastpath-hooks cache clear removes it"):
         _fetch(_step(CAUSAL, "file://" + cached), str(tmp_path / "dest3"), Settings(cache_dir=root, offline=True))
+
+
+# -- `download` asks only for the wheels the target's glibc loads (issue 40) ------------------------
+
+@pytest.mark.parametrize("glibc,version", [("2.28", "1.0"), ("2.34", "2.0"), ("2.17", "0.9")])
+def test_download_fetches_only_wheels_the_targets_glibc_can_load(glibc, version, tmp_path, monkeypatch):
+    """A real `pip download` from a file:// index holding one release per manylinux level: the newest whose
+    glibc the target has is fetched - never a manylinux_2_34 wheel for a glibc 2.28 machine."""
+    from fastpath_hooks.act.fetch import fetch_into
+    from support.worlds import environment
+
+    pkgs = str(tmp_path / "pkgs")
+    for v, tag in (("0.9", "manylinux2014_x86_64"), ("1.0", "manylinux_2_28_x86_64"), ("2.0", "manylinux_2_34_x86_64")):
+        wheels.build_wheel(pkgs, "glibc-probe", v, {"glibc_probe/__init__.py": ""}, tag=f"py3-none-{tag}")
+    url = wheels.simple_index(pkgs, str(tmp_path / "simple"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)     # only the index given here
+    monkeypatch.setenv("FASTPATH_HOOKS_LOG", "debug")
+    got = fetch_into(str(tmp_path / "dest"), env=environment(glibc=glibc, arch="x86_64"),
+                     settings=Settings(index_url=url, cache_dir=str(tmp_path / "c")), binary=["glibc-probe"], wheels=())
+    assert [os.path.basename(p).split("-")[1] for p in got] == [version]

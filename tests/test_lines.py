@@ -24,6 +24,7 @@ from fastpath_hooks.decide import messages as rule_ids
 from fastpath_hooks.events import MAX_LINE, PREFIX, fit
 from fastpath_hooks.facts.settings import Settings
 from support.worlds import TableWorld
+from test_cli_fast import clean  # noqa: F401 - the fixture of a CLI run in this process, speaking for the node
 from test_policy import BASE, PINS, ROWS, make_env, plan_for
 
 HOME = "/home/a.very.long.user.name/projects/2026-12/hybrid-linear-attention-finetuning"
@@ -511,3 +512,103 @@ def test_an_install_failure_line_keeps_the_error_itself(output, installer, kept,
     assert len(line) <= MAX_LINE and line == fit(line[len(PREFIX):]), line
     assert kept in line and line.endswith("(the whole: fastpath-hooks doctor)"), line
     assert line.startswith(f"{PREFIX}causal-conv1d: could not install - {text.split()[0]} "), line   # what failed
+
+
+# -- the commands' own lines keep their fix whole (issue 40, defect 6) -------------------------------
+
+def _whole(line: str, fix: str) -> None:
+    """One line of at most MAX_LINE characters, nothing cut, ending with its fix whole."""
+    where = f"{line!r} ({len(line)} characters)"
+    assert line.startswith(PREFIX) and len(line) <= MAX_LINE, where
+    assert fit(line[len(PREFIX):]) == line and "..." not in line, f"cut: {where}"
+    assert fix in line, f"its fix {fix!r} is not whole: {where}"
+
+
+@pytest.mark.parametrize("args,said,fix", [
+    ((), "torch 2.13.0+cpu is not a CUDA or ROCm build", "(install one here, or pose one: --target cuda=X.Y)"),
+    (("--arch", "sm_999", "--target", "cuda=12.8"), "--arch sm_999: sm_999 is not a CUDA GPU arch",
+     "known: sm_35 37 50 "),
+    (("--arch", "sm_9x", "--target", "cuda=12.8"), "--arch sm_9x: a GPU is sm_XY", "gfxNNN (ROCm) or none"),
+], ids=["cpu-torch", "unknown-arch", "not-an-arch"])
+def test_build_refusing_its_input_says_the_fix_whole(args, said, fix, clean, capsys):
+    """`build` on a CPU torch, and with an --arch it cannot build for: one line, the fix whole (issue 40)."""
+    from fastpath_hooks import cli
+
+    assert cli.main(["build", "causal-conv1d", *args]) == 2
+    (line,) = said_lines(capsys)
+    _whole(line, fix)
+    assert line.startswith(PREFIX + said), line
+
+
+def test_download_with_nothing_to_fetch_says_why_and_the_fix_whole(clean, capsys, tmp_path):
+    """`download --target gpu=sm_90` from a CPU torch: every kernel skipped for one reason, said once with its fix."""
+    from fastpath_hooks import cli
+
+    assert cli.main(["download", "--dest", str(tmp_path / "house"), "--target", "gpu=sm_90"]) == 1
+    (line,) = said_lines(capsys)
+    _whole(line, "add cuda=X.Y, hip=X.Y or xpu=yes")
+    assert line.startswith(f"{PREFIX}nothing to download for this target: ") and "CPU build" in line
+
+
+def _variables_with_a_bad_value():
+    from fastpath_hooks.facts.settings import VARIABLES
+
+    return [v for v in VARIABLES if v not in ("FASTPATH_HOOKS_DISABLE", "FASTPATH_HOOKS_CACHE_DIR")]
+
+
+@pytest.mark.parametrize("variable", _variables_with_a_bad_value())
+def test_a_bad_value_is_refused_with_what_is_accepted_whole(variable, clean, speaking, capsys, monkeypatch):
+    """Every variable set to a value it does not accept: the CLI's line and a start's line each name it and say
+    what is accepted (the parser's whole text, its value said once), within the width."""
+    from fastpath_hooks import cli
+    from fastpath_hooks.engine.context import bad_settings, value_once
+    from fastpath_hooks.facts.settings import SettingsError
+
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({variable: "maybe"})
+    var, value, why = caught.value.problems[0]
+    accepted = value_once(value, why).replace(f" {value!r}", "")   # said without the value where it is repeated
+    monkeypatch.setenv(variable, "maybe")
+    assert cli.main(["doctor"]) == 2
+    (line,) = said_lines(capsys)
+    _whole(line, value_once(value, why))
+    assert line.startswith(f"{PREFIX}{variable}='maybe' is not valid: ")
+    bad_settings(caught.value)
+    (line,) = said_lines(capsys)
+    _whole(line, accepted)
+    assert line.startswith(f"{PREFIX}{variable}='maybe' is not valid, so nothing is installed: ")
+
+
+def test_a_cached_wheel_refused_for_its_digest_keeps_cache_clear_on_the_line(speaking, monkeypatch, tmp_path, capsys):
+    """act/fetch's own refusal of an altered cache entry, handed to the engine as an install failure: the line says
+    what is wrong and `fastpath-hooks cache clear`, whole (the file and both digests: the debug log, `cache list`).
+    causal-conv1d: the longest name of a kernel whose wheels are cached."""
+    import os
+
+    from fastpath_hooks.act import fetch
+    from fastpath_hooks.decide.plan import Step
+    from support import wheels
+    from support.worlds import environment
+
+    kernel = "causal-conv1d"
+    name = (f"{kernel.replace('-', '_')}-1.6.2.post1+fph.torch2.12.0.cu130.abi1.sm100.sm120-cp313-cp313-linux_"
+            "aarch64.whl")
+    root = str(tmp_path / "cache")
+    path = fetch.store(root, wheels.build_wheel(str(tmp_path / "w"), kernel, "1.6.2.post1", {"x.py": ""}), meta={},
+                       filename=name)
+    with open(path, "r+b") as fh:
+        fh.seek(10)
+        byte = fh.read(1)
+        fh.seek(10)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(fetch.FetchError) as caught:
+        fetch.fetch_wheel(Step(kind="wheel", requirements=(name,), url="file://" + path), Settings(cache_dir=root),
+                          str(tmp_path))
+    monkeypatch.setenv("FASTPATH_HOOKS_CACHE_DIR", str(tmp_path / "said"))
+    world = TableWorld(environment(), tmp_path, settings=Settings())
+    world.install_error = str(caught.value)
+    assert world.run(kernel).outcome.state == "failed"
+    engine.use_world(None)
+    (line,) = [ln for ln in said_lines(capsys) if "could not install" in ln]
+    _whole(line, "fastpath-hooks cache clear")
+    assert "sha256" in line and os.path.basename(path) not in line

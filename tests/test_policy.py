@@ -60,6 +60,7 @@ OFFLINE = dict(offline=True, find_links=("/wheelhouse",))
 # causal-conv1d's release wheel for BASE, and upstream's digest of it
 CC_WHEEL = "causal_conv1d-1.6.2.post1+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
 CC_SHA256 = "c16c1c48d4fa63415cc797e02d69f97248c57c04627d99e394d5bb0ef266e288"
+CC_WHEEL_170 = "causal_conv1d-1.7.0+cu12torch2.10cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"   # no digest pinned
 
 
 B300 = dict(gpus=("sm_103",), torch="2.13.0", torch_cuda="13.0", nvcc_version="13.0")
@@ -317,7 +318,7 @@ def _mamba_build(version, archs, why=None, needs=("causal-conv1d",)):
 
 def _from_cache(name):
     def check(d, plan):
-        assert [s.kind for s in d.steps] == ["deps", "wheel"], "no build"   # ninja is not in BASE
+        assert [s.kind for s in d.steps] == ["wheel"], "no build, nothing else"   # ninja is a build's need only
         assert d.steps[-1].url == "file:///cache/wheels/" + name.replace("+", "%2B")
         assert "local wheel cache" in d.reason
         return True
@@ -698,6 +699,11 @@ ROWS = [
     Row("causal.wheel from the wheelhouse, offline", "causal-conv1d", INSTALL, "causal.wheel", settings=OFFLINE,
         env={"wheelhouse": (CC_WHEEL,)}, dists={"ninja": "1.13.0"},
         check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256, url=False)),
+    Row("causal.wheel: the 1.7.0 release wheel in the wheelhouse, offline, no ninja, nvcc of another CUDA major "
+        "(ninja is a build's need, issue 40)", "causal-conv1d", INSTALL, "causal.wheel", settings=OFFLINE,
+        env={"wheelhouse": (CC_WHEEL_170,), "nvcc_version": "13.0", "triton": "3.7.1"},
+        check=lambda d, p: ([s.kind for s in d.steps] == ["wheel"], d.steps[0].requirements == (CC_WHEEL_170,),
+                            d.steps[0].url is None, d.target == {"causal-conv1d": "1.7.0"})),
     Row("causal.offline-missing (no wheel, no sdist to build)", "causal-conv1d", SKIP, "causal.offline-missing",
         settings=OFFLINE, check=lambda d, p: "cu12torch2.10" in d.reason and "causal_conv1d==1.6.2.post1" not in d.reason),
     Row("causal.offline-missing, builds off: the wheel is what is missing", "causal-conv1d", SKIP,

@@ -64,3 +64,24 @@ def test_clearing_one_distribution_matches_any_spelling(tmp_path):
         wheelcache.store(root, wheel, meta={})
     assert wheelcache.clear(root, "causal_conv1d") == [os.path.basename(cc)]
     assert sorted(os.listdir(wheelcache.directory(root))) == [".lock", os.path.basename(other), os.path.basename(other) + ".json"]
+
+
+def test_the_linux_platforms_of_a_glibc_are_packagings_own_for_this_machine():
+    """linux_platforms() poses packaging.tags.platform_tags() for another glibc: for this machine's own glibc
+    and arch both lists are the same (musllinux aside); a lower glibc only drops the newer tags."""
+    import platform
+
+    from packaging import tags
+
+    from fastpath_hooks.facts.host import glibc
+    from fastpath_hooks.facts.wheels import linux_platforms
+
+    here = glibc()
+    if here is None or platform.system() != "Linux":
+        pytest.skip("not a glibc Linux machine")
+    arch = platform.machine()
+    own = [t for t in tags.platform_tags() if not t.startswith("musllinux")]
+    assert linux_platforms(here, arch) == own
+    older = linux_platforms("2.28", arch)
+    assert older == [t for t in own if not t.startswith("manylinux_2_") or int(t.split("_")[2]) <= 28]
+    assert "manylinux_2_29_" + arch not in older and "manylinux2014_" + arch in older

@@ -29,6 +29,7 @@ from .. import events
 from .._names import cache_root
 from ..events import minutes, shown_path
 from ..facts import memory, wheels as cached_wheels
+from ..facts.distributions import canonical_name
 from ..facts.frozen import FrozenMap, freeze_fields
 from ..facts.host import find_hipcc, find_nvcc
 from ..facts.wheels import parse_wheel, with_local_label
@@ -85,13 +86,17 @@ def write_wrapper(work: str, name: str, *, real, kind: str, keep=None, std: str 
     return path
 
 
-def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) -> tuple:
+def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=(), helpers: str | None = None) -> tuple:
     """(the build's extra environment, its Speed or None): the pins' variables, the compiler wrappers, MAX_JOBS,
-    ninja's directory first on PATH (torch uses ninja only when on PATH; only its ninja build honours the
-    wrappers). The real compilers whatever the target poses: a posed `nvcc=13.0` names a release, not a compiler."""
+    the `helpers` directory (its installed build needs) first on PYTHONPATH and its scripts and ninja's directory
+    first on PATH (torch uses ninja only when on PATH; only its ninja build honours the wrappers). The real
+    compilers whatever the target poses: a posed `nvcc=13.0` names a release, not a compiler."""
     extra = dict(step.env)
     path = os.environ.get("PATH", "")
-    extra["PATH"] = os.pathsep.join([d for d in _tool_dirs() if d not in path.split(os.pathsep)] + [path])
+    tools = ([os.path.join(helpers, "bin")] if helpers else []) + _tool_dirs()
+    extra["PATH"] = os.pathsep.join([d for d in tools if d not in path.split(os.pathsep)] + [path])
+    if helpers:
+        extra["PYTHONPATH"] = os.pathsep.join([helpers] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     if "MAX_JOBS" not in os.environ:
         extra["MAX_JOBS"] = str(jobs)
     std = getattr(step, "cxx_std", None)
@@ -104,16 +109,53 @@ def build_environ(step, *, env, work: str, jobs: int, split: int = 1, parts=()) 
             extra.setdefault("CUDA_HOME", os.path.dirname(os.path.dirname(nvcc)))
             speed = plan(work, split=split, path_var=extra["PATH"], parts=parts)
             extra.update(launcher_environ(speed, work))
-            extra["PYTORCH_NVCC"] = write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc",
-                                                  keep=step.archs if restricted else None, std=std, speed=speed)
+            extra["PYTORCH_NVCC"] = command(extra, write_wrapper(work, "nvcc-restricted", real=[nvcc], kind="nvcc",
+                                                                 keep=step.archs if restricted else None, std=std,
+                                                                 speed=speed))
     elif env.torch_hip and std:
         hipcc = env.hipcc if env.hipcc and os.path.isfile(env.hipcc) else find_hipcc()
         if hipcc is not None:
-            extra["PYTORCH_NVCC"] = write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc", std=std)
+            extra["PYTORCH_NVCC"] = command(extra, write_wrapper(work, "hipcc-std", real=[hipcc], kind="hipcc",
+                                                                 std=std))
     if std:
         host = shlex.split(os.environ.get("CXX", "")) or ["c++"]   # torch: CXX, else c++
-        extra["CXX"] = write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std)
+        extra["CXX"] = command(extra, write_wrapper(work, "cxx-std", real=host, kind="cxx", std=std))
     return extra, speed
+
+
+def command(extra: dict, path: str) -> str:
+    """How the build's environment names a wrapper: by its path, or - where the path needs shell quoting (a venv
+    under `/tmp/v é/`) - by its name, its directory first on the build's PATH: torch's ninja build puts
+    PYTORCH_NVCC into its command lines as given (it may be `ccache nvcc`), setuptools splits CXX at spaces."""
+    if shlex.quote(path) == path:
+        return path
+    extra["PATH"] = os.pathsep.join([os.path.dirname(path), extra["PATH"]])
+    return os.path.basename(path)
+
+
+HELPERS = "helpers"   # the work directory's folder of what the build needs and the environment lacks
+
+
+def install_helpers(step, *, settings, pins, commands, work: str, kernel: str, log: str, started=None) -> str | None:
+    """The step's helpers (the pins' build_deps the environment lacks) installed into `<work>/helpers` - never
+    into the environment, so a build, failed or not, leaves it as it was; the directory, or None (none needed).
+    BuildError when one is not on the pins' allow-list or cannot be installed (the log has the installer's words)."""
+    if not step.helpers:
+        return None
+    names = [canonical_name(Requirement(r).name) for r in step.helpers]
+    refused = [n for n in names if n not in pins.allowed]
+    if refused:
+        raise BuildError(f"refusing to install {', '.join(refused)} for the build: not on the pins' allow-list")
+    target = os.path.join(work, HELPERS)
+    with open(log, "w", encoding="utf-8") as fh:
+        fh.write(f"# what the build needs and the environment lacks, into {target} (never the environment)\n")
+    ran = run(commands.helpers_argv(step, target), timeout=settings.timeout, environ=child_environ(), kernel=kernel,
+              label=f"installing {', '.join(names)} for the build of {kernel}", work=work, log=log, started=started)
+    if not ran.ok:
+        why = (f"did not finish within {settings.timeout:.0f} s (FASTPATH_HOOKS_TIMEOUT)" if ran.timed_out
+               else f"failed (pip exit {ran.code}): {ran.tail}")
+        raise BuildError(f"installing {', '.join(names)} for the build {why}; log: {log}")
+    return target
 
 
 def _tool_dirs() -> list:
@@ -145,7 +187,9 @@ def run_build(step, *, settings, env, pins, commands, work: str, kernel: str, sc
     if share is None:
         share = shares([(kernel, spec, expected)], commands)[kernel]
     jobs = int(os.environ.get("MAX_JOBS") or share.jobs)
-    extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split,
+    helpers = install_helpers(step, settings=settings, pins=pins, commands=commands, work=work, kernel=kernel, log=log,
+                              started=started)
+    extra, speed = build_environ(step, env=env, work=work, jobs=jobs, split=share.split, helpers=helpers,
                                  parts=[(unit, share.parts) for unit in spec.split_units])
     what = f"{spec.requirement} for {', '.join(archs)}"
     shown = shown_path(log)   # short on the line, still a path the shell expands; whole in the event's detail
@@ -155,7 +199,7 @@ def run_build(step, *, settings, env, pins, commands, work: str, kernel: str, sc
     events.status(f"{kernel}: building {_for(archs)} ({how}); log: {shown}", kernel,
                   detail=f"{kernel}: building {what} from source ({how}{parted}){_expected(expected)}; log: {log}")
     argv = commands.build_argv(step, out_dir)
-    with open(log, "w", encoding="utf-8") as fh:
+    with open(log, "a", encoding="utf-8") as fh:
         fh.write(f"# fastpath-hooks source build of {what}\n# started: {time.time():.2f}\n# argv: {' '.join(argv)}\n")
         fh.write("".join(f"# env: {k}={v}\n" for k, v in sorted(extra.items()) if k != "PATH"))
     sccache_before = sccache_counts(speed.launcher) if speed is not None else None

@@ -2,11 +2,11 @@
 
 A wheel step's file comes from FASTPATH_HOOKS_FIND_LINKS, the wheel cache (a file:// URL into it) or its URL,
 checked against its pinned sha256, else the one the cache recorded; `fastpath-hooks download` adds `pip download`
-of the binary requirements for the target's Python and architecture. The wheel cache
+of the binary requirements for the target's Python, architecture and glibc. The wheel cache
 (`<root>/wheels/<file>.whl` + a `.json` sidecar) exists because pip's keys a build by the sdist alone (another
 torch gets the old binary back: undefined symbols); a built wheel carries its whole key in its local version
-label (facts/wheels.py). An entry counts only with both files and agreeing sizes; writes are atomic under the
-cache's lock, the sidecar last.
+label (facts/wheels.py). An entry counts only with both files, agreeing sizes and - where its mtime is not the
+recorded one - agreeing digests; writes are atomic under the cache's lock, the sidecar last.
 """
 
 from __future__ import annotations
@@ -22,20 +22,25 @@ from .. import events
 from .._names import cache_root
 from .._registry import registry
 from ..facts.distributions import canonical_name
-from ..facts.wheels import SIDECAR, defect, directory, find_links_dir, sidecar, wheel_distribution
+from ..facts.wheels import (SIDECAR, defect, directory, find_links_dir, linux_platforms, sha256_of, sidecar,
+                            wheel_distribution)
 from .locks import file_lock
 from .runner import run
-from .transaction import atomic_copy, atomic_write_json, sha256_of
+from .transaction import atomic_copy, atomic_write_json
 
 
 class FetchError(Exception):
     """The file is not to be had, or is not the pinned one (nothing corrupt is left behind)."""
 
 
-def check_sha256(path: str, expected: str | None, digest: str | None = None) -> None:
-    if expected and (digest or sha256_of(path)) != expected:
-        raise FetchError(f"{os.path.basename(path)}: sha256 {digest or sha256_of(path)} does not match the pinned "
-                         f"{expected} (a corrupt or substituted file); refusing it")
+def check_sha256(path: str, expected: str | None, digest: str | None = None, *, what: str, fix: str) -> None:
+    """FetchError unless the file's sha256 is `expected`: a line short by design (`what` is wrong, refused, `fix`);
+    the file and both digests are said at debug (and a cache entry's in `cache list`)."""
+    got = (digest or sha256_of(path)) if expected else None
+    if got is None or got == expected:
+        return
+    events.debug(f"{path}: sha256 {got}, not the expected {expected}; refused")
+    raise FetchError(f"{what} (sha256 differs), refused; {fix}")
 
 
 def _download(url: str, target: str, timeout: float) -> str:
@@ -57,15 +62,16 @@ def fetch_wheel(step, settings, dest: str) -> str:
     for path in filter(None, map(find_links_dir, settings.find_links)):
         candidate = os.path.join(path, filename)
         if os.path.isfile(candidate):
-            check_sha256(candidate, step.sha256 or recorded_sha256(candidate))
+            check_sha256(candidate, step.sha256 or recorded_sha256(candidate), fix="replace it",
+                         what=f"{wheel_distribution(filename)} wheel in FASTPATH_HOOKS_FIND_LINKS: not the "
+                              f"{'pinned' if step.sha256 else 'recorded'} one")
             return candidate
     cached = os.path.abspath(unquote(urlsplit(step.url).path)) if (step.url or "").startswith("file:") else None
     if cached is not None and os.path.dirname(cached) == os.path.abspath(directory(cache_root(settings))):
         if os.path.isfile(cached):
-            try:
-                check_sha256(cached, step.sha256 or recorded_sha256(cached))
-            except FetchError as exc:
-                raise FetchError(f"{exc}; remove it with `fastpath-hooks cache clear`") from None
+            check_sha256(cached, step.sha256 or recorded_sha256(cached), fix="fastpath-hooks cache clear removes it",
+                         what=f"cached {wheel_distribution(filename)} wheel altered")
+            restamp(cache_root(settings), cached)
             return cached
         if settings.offline:
             raise FetchError(f"{filename} is no longer in {os.path.dirname(cached)} and the network is off")
@@ -81,7 +87,8 @@ def fetch_wheel(step, settings, dest: str) -> str:
         hint = f" ({mirror} points at a mirror)" if mirror else ""
         raise FetchError(f"could not download {step.url}: {exc}{hint}") from None
     try:
-        check_sha256(target, step.sha256, digest)
+        check_sha256(target, step.sha256, digest, what=f"downloaded {wheel_distribution(filename)} wheel: not the "
+                     "pinned one", fix="check its URL or mirror")
     except FetchError:
         _remove(target)   # never a substituted file left where a wheelhouse is read
         raise
@@ -105,8 +112,7 @@ def _pip_download(dest: str, *, env, settings, binary) -> None:
     py = ".".join(env.python.split(".")[:2])
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-input",
             "--no-deps", "--only-binary=:all:", "--dest", dest, "--python-version", py, "--implementation", "cp"]
-    tags = [f"manylinux_2_{minor}" for minor in range(39, 16, -1)] + ["manylinux2014", "linux"]
-    argv += [arg for tag in tags for arg in ("--platform", f"{tag}_{env.arch}")]
+    argv += [arg for tag in linux_platforms(env.glibc, env.arch) for arg in ("--platform", tag)]
     argv += ["--index-url", settings.index_url] if settings.index_url else []
     argv += [arg for link in settings.find_links for arg in ("--find-links", link)] + list(binary)
     ran = run(argv, timeout=settings.timeout, label=f"downloading {', '.join(binary)}")
@@ -148,11 +154,27 @@ def entries(root: str) -> list:
         path = os.path.join(where, name)
         meta = sidecar(path) or {}
         size = os.path.getsize(path) if os.path.isfile(path) else None
+        problem = defect(path)
+        if problem is None:
+            restamp(root, path)
         out.append({"file": name, "path": path, "size": size, "sha256": meta.get("sha256"),
                     "distribution": meta.get("distribution"), "version": meta.get("version"),
                     "origin": meta.get("origin"), "key": meta.get("key") or {}, "log": meta.get("log"),
-                    "ok": defect(path) is None, "problem": defect(path)})
+                    "ok": problem is None, "problem": problem})
     return out
+
+
+def restamp(root: str, path: str) -> None:
+    """An entry whose bytes were just found to be the recorded ones, though its mtime is not (touched, copied, or
+    stored before mtimes were recorded): its sidecar records the mtime now, so that no later listing hashes it."""
+    with suppress(OSError, ValueError):
+        meta = sidecar(path)
+        stat = os.stat(path)
+        if meta is None or meta.get("mtime_ns") == stat.st_mtime_ns or meta.get("size") != stat.st_size:
+            return
+        with file_lock(os.path.join(directory(root), ".lock"), timeout=1.0):   # a store holding it: next time
+            if os.stat(path).st_mtime_ns == stat.st_mtime_ns and sidecar(path) == meta:
+                atomic_write_json(path + SIDECAR, dict(meta, mtime_ns=stat.st_mtime_ns))
 
 
 def recorded_sha256(path: str) -> str | None:
@@ -173,7 +195,8 @@ def store(root: str, wheel: str, *, meta: dict, filename: str | None = None) -> 
         with suppress(FileNotFoundError):
             os.unlink(target + SIDECAR)
         atomic_copy(wheel, target)
-        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=os.path.getsize(target),
+        stat = os.stat(target)
+        atomic_write_json(target + SIDECAR, dict(meta, file=name, size=stat.st_size, mtime_ns=stat.st_mtime_ns,
                                                  sha256=sha256_of(target)))
     return target
 

@@ -341,14 +341,9 @@ def _satisfies(version: str, specifier) -> bool:
 
 
 def build_to_cache(decision, *, settings, env, pins, commands, state_dir: str) -> list:
-    """`fastpath-hooks build` (lock held): the dependencies installed, then the source builds into the wheel
-    cache, not installed (every environment that installs one checks it in a child); the cached paths."""
-    deps = tuple(s for s in decision.steps if s.kind != StepKind.BUILD)
-    if deps:
-        done = install([dataclasses.replace(decision, steps=deps, target={})], settings=settings, env=env, pins=pins,
-                       commands=commands, state_dir=state_dir, verify=False)
-        if done.failed:
-            raise InstallError(next(iter(done.failed.values())))
+    """`fastpath-hooks build` (lock held): the source builds into the wheel cache, not installed (every environment
+    that installs one checks it in a child); the cached paths. The environment is left as it was: what a build
+    needs and it lacks is installed into the build's own directory (act/build.py)."""
     work = os.path.join(state_dir, WORK_PREFIX + uuid.uuid4().hex[:12])  # a killed run's is removed by recover()
     os.makedirs(work)
     scratch = (("TMPDIR", work), ("TEMP", work), ("TMP", work))

@@ -9,7 +9,6 @@ under the cache root; one found at the next start (under the lock) is rolled bac
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -374,14 +373,6 @@ def atomic_copy(src: str, dst: str) -> None:
     with open(src, "rb") as source:
         atomic_write(dst, lambda out: shutil.copyfileobj(source, out, 1 << 20), binary=True,
                      suffix=os.path.splitext(dst)[1])
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def environment_state_dir(settings) -> str:

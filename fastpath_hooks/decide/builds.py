@@ -13,7 +13,7 @@ from packaging.specifiers import SpecifierSet
 
 from ..facts import wheels as cached_wheels
 from ..facts.distributions import canonical_name
-from .common import Context, deps_step, versions_here, within
+from .common import Context, deps_step, lacking, versions_here, within
 from .messages import few, minutes, render
 from .plan import Decision, INSTALL, SKIP, Step, StepKind
 
@@ -60,9 +60,13 @@ def decide_build(env, settings, pins, kernel: str) -> Decision:
 
 
 def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool = False) -> Decision:
+    """The build's INSTALL (`asked`: `fastpath-hooks build`, which installs nothing: no runtime dependencies),
+    or why not. What the build needs and the environment lacks (the pins' build_deps) are its step's `helpers`:
+    installed into the build's own directory, never the environment (a failed build leaves it as it was)."""
     env, settings = ctx.env, ctx.settings
-    deps = deps_step(ctx, ctx.pins.kernel(kernel), extra=build.build_deps)
+    deps = None if asked else deps_step(ctx, ctx.pins.kernel(kernel))
     dep_steps = (deps,) if deps is not None else ()
+    helpers = lacking(ctx, build.build_deps, besides=deps)
     mode = settings.allow_build
     rocm = bool(env.torch_hip)
     if mode == "0" and rocm:
@@ -81,7 +85,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     switch_env = dict(build.cuda_switch.env) if needs_cuda and families else {}
     if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in and nothing in use calls it
         step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
-                    env=tuple(sorted(build.env.items())), archs=("py",),
+                    env=tuple(sorted(build.env.items())), archs=("py",), helpers=helpers,
                     note=f"source build without the CUDA extension ({families}): Python and Triton only, no compiler")
         return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=ctx.rule(kernel, "build.triton-only"),
                         reason=f"building from source without its CUDA extension, nothing to compile: {families}; "
@@ -148,11 +152,13 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
     step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
                 env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
+                helpers=helpers,
                 note=f"source build against the installed torch with {compiler}, for {', '.join(archs)}; about "
                      f"{minutes(seconds)}, {how}" + "".join(f"; {long}" for _, long in notes) +
                      (f"; -std={std.std} handed last to the host compiler and {'hipcc' if rocm else 'nvcc'}: "
                       f"torch {env.torch} needs it" if std else "") +
-                     (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}" if switch_env else ""))
+                     (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}" if switch_env else "") +
+                     (f"; {', '.join(helpers)} for the build only, in its own directory" if helpers else ""))
     allowed = "" if asked else f", as FASTPATH_HOOKS_ALLOW_BUILD={mode} allows"
     # what happens and how long first, where a cut line keeps it
     return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=rule, expected_seconds=round(seconds),

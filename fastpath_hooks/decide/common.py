@@ -93,6 +93,10 @@ class Context:
                 versions = (sdists if step.kind == StepKind.BUILD else files).get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)
+            for raw in step.helpers:   # a build's: wheels, installed into its own directory
+                req, _ = requirement(raw)
+                if not any(req.specifier.contains(v, prereleases=True) for v in files.get(canonical_name(req.name), ())):
+                    missing.append(raw)
         return missing
 
     def installed_satisfies(self, req: Requirement) -> bool:
@@ -256,22 +260,27 @@ def fetch_fix(what: str, source: str = "the index") -> str:
     return f"fetch {what} with `fastpath-hooks download --dest DIR` into FASTPATH_HOOKS_FIND_LINKS, or allow {source}"
 
 
-def deps_step(ctx: Context, spec, extra=()) -> Step | None:
-    """The runtime dependencies (and `extra`: a source build's) this machine lacks or has too old (one satisfied
-    is neither named nor backed up); a fresh plan names them all."""
+def lacking(ctx: Context, wanted, besides=None) -> tuple:
+    """The requirements of `wanted` this machine lacks or has too old (one satisfied is neither named nor backed
+    up; a fresh plan names them all), their markers evaluated, those `besides` (a step) names left out."""
     env = ctx.env
-    named = {canonical_name(requirement(r)[0].name) for r in spec.runtime_deps}
-    wanted = tuple(spec.runtime_deps) + tuple(r for r in extra if canonical_name(requirement(r)[0].name) not in named)
+    named = set(besides.names) if besides is not None else set()
     marker_env = {"python_version": ".".join(env.python.split(".")[:2]), "python_full_version": env.python,
                   "sys_platform": {"windows": "win32"}.get(env.os, env.os), "platform_machine": env.arch,
                   "platform_system": {"linux": "Linux", "darwin": "Darwin", "windows": "Windows"}.get(env.os, env.os)}
-    reqs = [str(req) for req, marker in map(requirement, wanted)
-            if (marker is None or marker.evaluate(marker_env)) and (ctx.fresh or not ctx.installed_satisfies(req))]
+    return tuple(str(req) for req, marker in map(requirement, wanted)
+                 if (marker is None or marker.evaluate(marker_env)) and canonical_name(req.name) not in named
+                 and (ctx.fresh or not ctx.installed_satisfies(req)))
+
+
+def deps_step(ctx: Context, spec) -> Step | None:
+    """The runtime dependencies this machine lacks or has too old, or None."""
+    reqs = lacking(ctx, spec.runtime_deps)
     if not reqs:
         return None
-    return Step(kind=StepKind.DEPS, requirements=tuple(reqs), no_deps=False,
-                note=("runtime dependencies" + (" and what the source build imports" if extra else "") +
-                      ", resolved under a constraints file that pins torch, triton, numpy and transformers"))
+    return Step(kind=StepKind.DEPS, requirements=reqs, no_deps=False,
+                note="runtime dependencies, resolved under a constraints file that pins torch, triton, numpy and "
+                     "transformers")
 
 
 def kernel_steps(ctx: Context, spec, version: str, note: str, *, force: bool = False) -> tuple:

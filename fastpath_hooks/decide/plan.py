@@ -91,6 +91,8 @@ class Step:
     note: str = ""
     archs: tuple = ()                # build steps: the GPU archs compiled for (("all",): every arch the sdist knows)
     cxx_std: str | None = None       # build steps: the C++ standard both compilers get last (pins: cxx_standard)
+    helpers: tuple = ()              # build steps: what the build imports or runs that the environment lacks (pins:
+    #                                  build_deps), installed into the build's own directory - never the environment
 
     _freezes_itself = True
 
@@ -332,6 +334,15 @@ def build_argv(step, *, settings, out_dir: str, python: str | None = None) -> li
     return argv + index_flags(settings) + ["-w", out_dir, *step.requirements]
 
 
+def helpers_argv(step, *, settings, target: str, python: str | None = None) -> list:
+    """`pip install --target` of a build step's helpers into the build's own directory (its PYTHONPATH; their
+    scripts, ninja, on its PATH): the environment is never changed by a build. --no-deps: exactly the allow-listed
+    distributions the pins name (their own needs, packaging for wheel, are fastpath-hooks' and installed)."""
+    return [python or sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+            "--progress-bar", "off", "--no-deps", "--only-binary=:all:", "--target", target, *index_flags(settings),
+            *step.helpers]
+
+
 def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
     """(binary requirements, wheel steps, source-build requirements) of the acting decisions of
     `kernels` (all when None) and of the kernels they need: what `fastpath-hooks download` fetches."""
@@ -347,6 +358,7 @@ def requirements_for(plan, kernels=None) -> tuple[list, list, list]:
                 wheels.append(step)
             elif step.kind == StepKind.BUILD:
                 builds.extend(step.requirements)
+                binary.extend(r for r in step.helpers if r not in binary)   # what the build needs: offline too
             else:
                 binary.extend(r for r in step.requirements if r not in binary)
     return binary, wheels, builds

@@ -95,8 +95,9 @@ def bad_settings(exc) -> None:
     said_twice = value_once(value, why).replace(f" {value!r}", "")   # "unknown kernel 'x'": the value was just said
     with_value = f"{var}={value!r} is not valid, so nothing is installed{more}: "
     without = f"{var} is not valid, so nothing is installed{more}: "
-    if len(repr(value)) <= SHORT_VALUE:   # a short value stays on the line: the reason is cut first (doctor: whole)
-        line = first_fitting(whole, with_value + said_twice, fitted(with_value, said_twice))
+    if len(repr(value)) <= SHORT_VALUE:   # a short value stays on the line unless only the reason without it fits
+        line = first_fitting(whole, with_value + said_twice, without + value_once(value, why),   # whole (it names
+                             fitted(with_value, said_twice))        # the bad item: "unknown kernel 'x'"), else cut
     else:                                 # a long one (a path) is a detail: the reason and its fix stay whole
         line = first_fitting(whole, with_value + said_twice, without + value_once(value, why), without + why,
                              fitted(without, value_once(value, why)))

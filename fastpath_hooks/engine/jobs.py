@@ -72,17 +72,19 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
                       f"{', '.join(pins.source_builds)}")
     env = current_world().probe(settings, pins, nvcc=True)
     if not (env.torch_cuda or env.torch_hip):
-        raise Refused(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
-                      "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
+        raise Refused((f"torch {env.torch} is not a CUDA or ROCm build, which" if env.torch else "torch is not "
+                       "installed; a CUDA or ROCm torch is what") + " the kernel is built against (install one here, "
+                      "or pose one: --target cuda=X.Y)")
     if archs:
         wanted = [a.strip() for a in archs.split(",") if a.strip()]
         if wanted == ["all"]:
             gpus, settings = (), replace(settings, allow_build="1")
         else:
+            spec = "gpu=" + "+".join(wanted)
             try:
-                gpus = parse_target("gpu=" + "+".join(wanted))["gpus"]
-            except ValueError as exc:
-                raise Refused(f"--arch {archs}: {exc}") from None
+                gpus = parse_target(spec)["gpus"]
+            except ValueError as exc:   # the arch once: "--arch sm_999: sm_999 is not ..."
+                raise Refused(f"--arch {archs}: {str(exc).removeprefix(repr(spec) + ': ')}") from None
             settings = replace(settings, allow_build="auto")
     elif env.gpus:
         gpus, settings = env.gpus, replace(settings, allow_build="auto")
@@ -119,6 +121,7 @@ class DownloadPlan:
     builds: tuple = ()          # source builds: not downloaded - `fastpath-hooks build ... --dest` makes them
     build_kernels: tuple = ()   # the kernels of those builds
     nothing: str | None = None  # why there is nothing to download (every decision's reason)
+    nothing_line: str = ""      # the same, short: one line with its fix
 
 
 def plan_download(*, settings, pins, kernels=None) -> DownloadPlan:
@@ -128,9 +131,23 @@ def plan_download(*, settings, pins, kernels=None) -> DownloadPlan:
     plan = world.decide(env, settings, pins, fresh=True)
     binary, wheels, builds = requirements_for(plan, kernels)
     if not (binary or wheels):
-        return DownloadPlan(env, settings, nothing="; ".join(f"{k}: {d.reason}" for k, d in plan.decisions.items()))
+        return DownloadPlan(env, settings, nothing="; ".join(f"{k}: {d.reason}" for k, d in plan.decisions.items()),
+                            nothing_line=_nothing_line(plan, settings.target))
     built = tuple(pins.build_for_distribution(Requirement(r).name)[0] or Requirement(r).name for r in builds)
     return DownloadPlan(env, settings, tuple(binary), tuple(wheels), tuple(builds), built)
+
+
+def _nothing_line(plan, target: str | None) -> str:
+    """Why nothing is to be downloaded, in one line with its fix: the decisions' short forms (one reason said once
+    where every kernel has it), else a pointer to `plan`, which says each kernel's reason."""
+    head = "nothing to download for this target: "
+    said = list(dict.fromkeys((d.short_reason or d.reason, d.short_fix if d.short_reason else d.fix)
+                              for d in plan.decisions.values()))
+    each = "; ".join(f"{k}: {d.short_reason or d.reason}" + (f" ({d.short_fix})" if d.short_fix else "")
+                     for k, d in plan.decisions.items())
+    options = [head + said[0][0] + (f" ({said[0][1]})" if said[0][1] else "")] if len(said) == 1 else []
+    return events.first_fitting(*options, head + each, head + "no kernel is to be installed there (why: fastpath-hooks "
+                                f"plan{' --target ' + target if target else ''})")
 
 
 def download(plan: DownloadPlan, dest: str) -> list:

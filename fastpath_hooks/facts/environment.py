@@ -232,8 +232,7 @@ def _cuda_arch(entry: str, part: str) -> str:
                          "or none")
     arch = "sm_" + digits
     if arch not in CUDA_ARCHS and arch not in (known := known_cuda_archs()):
-        raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known)
-                         + " (each also with an a or f suffix, e.g. sm_90a)")
+        raise ValueError(f"{entry!r}: {part} is not a CUDA GPU arch; known: sm_" + " ".join(a[3:] for a in known))
     return arch
 
 

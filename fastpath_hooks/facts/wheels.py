@@ -1,10 +1,12 @@
 """Wheels, read one way: file names (distribution, version, tags: `causal_conv1d` and `Causal-Conv1D`
 are one distribution everywhere), which files fit a machine by their tags, the wheel cache's keys and
-complete entries, and the local directories of find-links entries (the warm path lists them)."""
+complete entries (their bytes checked against the recorded sha256 whenever their size or mtime is not the
+recorded one), and the local directories of find-links entries (the warm path lists them)."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -126,6 +128,30 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
 
 
+# PEP 600 tags name the glibc they need (manylinux_2_28); the older names stand for one (PEP 599, 571, 513)
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+
+
+def linux_platforms(glibc: str | None, arch: str) -> list:
+    """The platform tags a Linux machine with this glibc (2.x) and CPU arch loads, best first: the list
+    packaging.tags.platform_tags() makes for the running machine (linux_<arch>, then manylinux_2_N down to
+    2_17, 2_5 on x86, each legacy name beside its own), for a posed one - packaging reads only the running
+    glibc. A glibc not known: from 2.17 (manylinux2014)."""
+    try:
+        major, minor = (int(part) for part in str(glibc).split(".")[:2])
+    except ValueError:
+        major, minor = 2, 17
+    if major != 2:
+        major, minor = 2, 17
+    floor = 5 if arch in ("x86_64", "i686") else 17
+    out = [f"linux_{arch}"]
+    for m in range(minor, floor - 1, -1):
+        out.append(f"manylinux_2_{m}_{arch}")
+        if m in _LEGACY_MANYLINUX:
+            out.append(f"{_LEGACY_MANYLINUX[m]}_{arch}")
+    return out
+
+
 def listing(root: str | None) -> tuple:
     """File names of the complete entries (wheel + sidecar of the right size); the others said at debug."""
     if not root:
@@ -157,16 +183,35 @@ def sidecar(path: str) -> dict | None:
 
 
 def defect(path: str) -> str | None:
+    """Why a cache entry is not to be used, else None. Its bytes are hashed only when its size or mtime is
+    not the one its sidecar recorded (an entry as stored costs a stat: no start hashes it)."""
     meta = sidecar(path)
     if meta is None:
         return "no readable sidecar (an interrupted store?)"
     try:
-        size = os.path.getsize(path)
+        stat = os.stat(path)
     except OSError as exc:
         return f"unreadable: {exc}"
-    if meta.get("size") != size or not isinstance(meta.get("sha256"), str):
-        return f"size {size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
+    if meta.get("size") != stat.st_size or not isinstance(meta.get("sha256"), str):
+        return f"size {stat.st_size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
+    if meta.get("mtime_ns") == stat.st_mtime_ns:
+        return None
+    try:
+        digest = sha256_of(path)
+    except OSError as exc:
+        return f"unreadable: {exc}"
+    if digest != meta["sha256"]:
+        return (f"sha256 {digest} differs from the recorded {meta['sha256']} (altered since it was stored; "
+                "`fastpath-hooks cache clear` removes it)")
     return None
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def find_links_dir(entry: str) -> str | None:

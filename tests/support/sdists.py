@@ -4,11 +4,13 @@ The sdist's setup.py does what the real one (1.6.2.post1) does where fastpath-ho
 relies on it: without CAUSAL_CONV1D_FORCE_BUILD=TRUE it first tries to download a
 release wheel (here: fails, as offline); with it, it asks `$CUDA_HOME/bin/nvcc -V` for
 the release, hard-codes the same nine `-gencode` pairs by nvcc version, and compiles its
-files with the compilers torch's ninja build would use (it imports `wheel` and
+files with the compilers torch's ninja build would use, as that build runs them (it imports `wheel` and
 `packaging` as the real one does, so they must be installed: no build isolation): the .cu
 files with `PYTORCH_NVCC`, else `$CUDA_HOME/bin/nvcc`; the .cpp files with `$CXX` (torch: CXX,
 else `c++`; here only when CXX is set - a test machine may have no host compiler), failing the
-build when a compiler fails. The flags are the real sdists': mamba-ssm hard-codes `-std=c++17`
+build when a compiler fails. Each compile is a shell command line, as ninja runs torch's rules: `PYTORCH_NVCC`
+is put in as given (torch's `nvcc = $PYTORCH_NVCC`: a command such as `ccache nvcc`), every other compiler
+quoted (torch 2.13's `shlex.join`), the arguments quoted. The flags are the real sdists': mamba-ssm hard-codes `-std=c++17`
 for cxx and nvcc, causal-conv1d's CUDA path passes none (then torch's cpp_extension adds
 `-std=c++20`, as it does only when no -std is given). causal-conv1d's HIP path (a stand-in for
 `torch.version.hip`: HIP_ARCHITECTURES is set, as the policy sets it for ROCm builds) compiles
@@ -39,6 +41,7 @@ import tarfile
 
 _SETUP = r'''
 import os
+import shlex
 import subprocess
 
 from packaging.version import parse  # noqa: F401 - imported like the real setup.py (no build isolation)
@@ -89,21 +92,29 @@ def gencode_flags(version):
     return flags
 
 
+def device_compiler(default):
+    """torch's ninja file: `nvcc = <PYTORCH_NVCC as given>`, else the default quoted."""
+    return os.environ.get("PYTORCH_NVCC") or shlex.quote(default)
+
+
 def compile_all(device, device_flags, cxx_flags):
     os.makedirs("build/obj", exist_ok=True)
     jobs = [(device, src, with_torch_std(device_flags)) for src in SOURCES]
     if os.environ.get("CXX"):
-        jobs += [(os.environ["CXX"], src, with_torch_std(cxx_flags)) for src in CXX_SOURCES]
+        jobs += [(shlex.quote(os.environ["CXX"]), src, with_torch_std(cxx_flags)) for src in CXX_SOURCES]
     for compiler, src, flags in jobs:
         obj = os.path.join("build/obj", os.path.basename(src) + ".o")
-        argv = [compiler, "-c", src, "-o", obj] + flags
+        command = compiler + " " + shlex.join(["-c", src, "-o", obj] + flags)   # ninja runs it with /bin/sh -c
         print("compiling", src, flush=True)
-        if subprocess.run(argv).returncode != 0:
+        if subprocess.run(command, shell=True).returncode != 0:
             raise RuntimeError(f"error compiling {src} with {compiler}")
 
 
 class CachedWheelsCommand(bdist_wheel):
     def run(self):
+        import shutil
+
+        print("ninja:", shutil.which("ninja"), flush=True)   # torch's build takes the ninja on PATH
         if not SKIP_CUDA_BUILD and COMPILE_CUDA:
             if not FORCE_BUILD:
                 raise RuntimeError("causal-conv1d: could not download the release wheel "
@@ -112,11 +123,11 @@ class CachedWheelsCommand(bdist_wheel):
                 rocm = os.environ.get("ROCM_HOME") or os.environ.get("ROCM_PATH") or "/opt/rocm"
                 hipcc = os.path.join(rocm, "bin", "hipcc")
                 subprocess.check_output([hipcc, "--version"], text=True)
-                compile_all(os.environ.get("PYTORCH_NVCC") or hipcc, HIP_FLAGS, HIP_CXX_FLAGS)
+                compile_all(device_compiler(hipcc), HIP_FLAGS, HIP_CXX_FLAGS)
             else:
                 home = cuda_home()
-                nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(home, "bin", "nvcc")
-                compile_all(nvcc, NVCC_FLAGS + gencode_flags(bare_metal_version(home)), CXX_FLAGS)
+                compile_all(device_compiler(os.path.join(home, "bin", "nvcc")),
+                            NVCC_FLAGS + gencode_flags(bare_metal_version(home)), CXX_FLAGS)
         super().run()
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from .. import messages as short
 from ..builds import core_budget, cuda_codes, split_allowed
 from ..common import Context, USABLE, no_accelerator_reason, numeric_block
-from ..plan import (CONSTRAINTS_PLACEHOLDER, INSTALL, OK, Plan, SKIP, StepKind, build_argv, constraints,
-                    installer_choice, invocation, jit_env)
+from ..plan import (CONSTRAINTS_PLACEHOLDER, INSTALL, OK, Invocation, Plan, SKIP, StepKind, build_argv, constraints,
+                    helpers_argv, installer_choice, invocation, jit_env)
 from . import backend, compiled, pair, pure
 from .compiled import cxx11_abi_flag
 
@@ -96,6 +96,15 @@ class Commands:
 
     def build_argv(self, step, out_dir: str) -> list:
         return build_argv(step, settings=self.settings, out_dir=out_dir)
+
+    def helpers_argv(self, step, target: str) -> list:
+        return helpers_argv(step, settings=self.settings, target=target)
+
+    def invocations(self, step, **kw) -> list:
+        """What running `step` takes: a build's helpers' install into its own directory first."""
+        before = [Invocation(argv=tuple(self.helpers_argv(step, "<work>/helpers")), env=(), step=step)] \
+            if step.kind == StepKind.BUILD and step.helpers else []
+        return before + [self.invocation(step, **kw)]
 
     def constraints(self, installed: dict, named=()) -> list:
         return constraints(installed, self.protected, named)
