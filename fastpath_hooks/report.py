@@ -123,7 +123,9 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
 
 
 def _enabled(activation: dict) -> bool:
-    return bool(activation.get("pth") or activation.get("sitecustomize"))
+    """An entry that runs at start (a block in a shadowed sitecustomize.py never does)."""
+    shadowed = activation.get("shadowed") or {}
+    return bool(activation.get("pth") or [p for p in activation.get("sitecustomize", ()) if p not in shadowed])
 
 
 def _packed(plan, settings, pins, activation: dict) -> dict:
@@ -151,9 +153,15 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
     row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
     installer, why = installer_choice(settings, env)
     row("installer", f"{installer or 'none'}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
+    shadowed = activation.get("shadowed") or {}
     if _enabled(activation):
-        where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
+        where = ([activation["pth"]] if activation.get("pth") else []) + [
+            p for p in activation.get("sitecustomize", []) if p not in shadowed]
         row("start-up", "enabled: " + ", ".join(where))
+    elif shadowed:
+        ours, runs = next(iter(shadowed.items()))
+        row("start-up", f"shadowed, so off at start: {runs} (earlier on sys.path: PYTHONPATH?) runs instead of "
+            f"the block in {ours} (use `fastpath-hooks enable --method pth`)")
     else:
         row("start-up", "not enabled (`fastpath-hooks enable`, or call fastpath_hooks.install() in your script)")
     if settings.cache_dir_unusable:

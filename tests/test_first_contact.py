@@ -11,6 +11,8 @@ where it shows there:
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -332,3 +334,90 @@ def test_a_posed_target_in_a_training_process_is_said_in_one_line(tmp_path):
     assert said(A100) == []                          # the settings known valid (a marker), the line said before
     assert any(line[len("fastpath-hooks: "):] in debug for debug in said(A100, FASTPATH_HOOKS_LOG="debug"))
     assert said(HOPPER) == [line.replace(A100, HOPPER)]   # another machine posed: said
+
+
+# -- issue 40's defects ----------------------------------------------------------------------------
+
+START_AND_ASK = ("import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla');"
+                 "print('went on')")
+
+
+def _pins_refused(tmp_path, pins: str, fragment: str) -> None:
+    """A training start and the command line with FASTPATH_HOOKS_PINS=`pins`: the start goes on with one line,
+    the command line exits 2 with one; neither hangs nor prints a traceback."""
+    env = _env(tmp_path, FASTPATH_HOOKS_PINS=pins, FASTPATH_HOOKS_TARGET=A100, LOCAL_RANK="0")
+    proc = subprocess.run([sys.executable, "-c", START_AND_ASK], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "went on\n" and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "pins" in line.lower()]
+    assert len(said) == 1 and fragment in said[0] and len(said[0]) <= 160, proc.stderr
+    cli = subprocess.run([sys.executable, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=60)
+    assert cli.returncode == 2 and cli.stdout == "" and "Traceback" not in cli.stderr, cli.stderr
+    assert len(cli.stderr.splitlines()) == 1 and fragment in cli.stderr, cli.stderr
+
+
+def test_a_deeply_nested_pins_file_is_one_line_and_the_script_goes_on(tmp_path):
+    """A 5,000-deep FASTPATH_HOOKS_PINS file: install() raised RecursionError (the script died) and the CLI
+    printed a traceback. Now one "not valid" line; the training start goes on; the CLI exits 2."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' * 5000 + "1" + "}" * 5000)
+    _pins_refused(tmp_path, str(deep), "not valid: nested more than 32 levels deep")
+    shallow_enough = tmp_path / "deep40.json"    # parses, but deeper than any pins data: refused alike
+    shallow_enough.write_text(json.dumps({"about": functools.reduce(lambda inner, _: [inner], range(40), 1)}))
+    _pins_refused(tmp_path, str(shallow_enough), "not valid: nested more than 32 levels deep")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_pins_path_that_is_no_regular_file_is_refused_and_never_read(tmp_path, kind):
+    """FASTPATH_HOOKS_PINS naming a FIFO hung every process forever (open() waits for a writer); /dev/zero
+    would be read without end. Refused unread, in one line, as not a regular file."""
+    path = {"fifo": str(tmp_path / "pins.fifo"), "directory": str(tmp_path / "pins.d"), "device": "/dev/zero"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    what = {"fifo": "is a named pipe", "directory": "is a directory", "device": "is a device"}[kind]
+    _pins_refused(tmp_path, path, f"{what}; expected a JSON or TOML pins file")
+
+    from fastpath_hooks.facts.pins import PinsError, load
+
+    with pytest.raises(PinsError, match=what):   # the loader itself, given the path (plan --target reads it so)
+        load(path)
+
+
+def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tmp_path):
+    """After `enable` (a block in the environment's sitecustomize.py), a sitecustomize.py earlier on PYTHONPATH
+    runs instead: the hooks were silently off while doctor said "enabled". doctor says it is shadowed, by which
+    file, and the fix (`--method pth`: .pth files run whatever PYTHONPATH holds); --json names both files."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    venv_module.EnvBuilder(with_pip=False).create(str(venv))
+    python = str(venv / "bin" / "python")
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "sitecustomize.py").write_text("SHADOW = True\n")
+    base = os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]])   # this checkout, packaging and filelock
+    env = _env(tmp_path, PYTHONPATH=base)
+    shadowed = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), base]))
+
+    def run(*args, env=env):
+        proc = subprocess.run([python, "-m", "fastpath_hooks", *args], capture_output=True, text=True, env=env,
+                              cwd=str(tmp_path), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    run("enable", "--method", "sitecustomize")
+    block = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip() + "/sitecustomize.py"
+    (row,) = [line for line in run("doctor").splitlines() if "start-up" in line]
+    assert row.split() == ["start-up", "enabled:", block]
+    (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
+    assert "shadowed, so off at start" in row and "enabled" not in row, row
+    assert str(shadow / "sitecustomize.py") in row and block in row and "`fastpath-hooks enable --method pth`" in row
+    data = json.loads(run("doctor", "--json", env=shadowed))
+    assert data["activation"]["shadowed"] == {block: str(shadow / "sitecustomize.py")}
+    run("enable", "--method", "pth", env=shadowed)       # the fix works under the same PYTHONPATH
+    (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
+    assert row.split()[:2] == ["start-up", "enabled:"] and row.split()[2].endswith("fastpath-hooks-startup.pth"), row
