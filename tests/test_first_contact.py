@@ -338,6 +338,16 @@ def test_a_posed_target_in_a_training_process_is_said_in_one_line(tmp_path):
 
 # -- issue 40's defects ----------------------------------------------------------------------------
 
+def _bare_venv(tmp_path):
+    """(python, PYTHONPATH) of a new venv without pip (made in well under a second) seeing this checkout and the
+    dev environment's packages (packaging, filelock, pip, transformers) through PYTHONPATH."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    venv_module.EnvBuilder(with_pip=False).create(str(venv))
+    return str(venv / "bin" / "python"), os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]])
+
+
 START_AND_ASK = ("import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla');"
                  "print('went on')")
 
@@ -390,15 +400,10 @@ def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tm
     """After `enable` (a block in the environment's sitecustomize.py), a sitecustomize.py earlier on PYTHONPATH
     runs instead: the hooks were silently off while doctor said "enabled". doctor says it is shadowed, by which
     file, and the fix (`--method pth`: .pth files run whatever PYTHONPATH holds); --json names both files."""
-    import sysconfig
-
-    venv = tmp_path / "venv"
-    venv_module.EnvBuilder(with_pip=False).create(str(venv))
-    python = str(venv / "bin" / "python")
+    python, base = _bare_venv(tmp_path)
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     (shadow / "sitecustomize.py").write_text("SHADOW = True\n")
-    base = os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]])   # this checkout, packaging and filelock
     env = _env(tmp_path, PYTHONPATH=base)
     shadowed = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), base]))
 
@@ -421,3 +426,34 @@ def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tm
     run("enable", "--method", "pth", env=shadowed)       # the fix works under the same PYTHONPATH
     (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
     assert row.split()[:2] == ["start-up", "enabled:"] and row.split()[2].endswith("fastpath-hooks-startup.pth"), row
+
+
+def test_a_failure_recorded_by_the_command_line_holds_at_the_next_start(tmp_path, toolkit):
+    """`fastpath-hooks install fla` recorded fla's failed check; the next training start installed and rolled
+    back again, and the verdict file held two fla keys: the start's model asked for causal-conv1d too, whose
+    build decision read nvcc's release (`nvcc --version`, a toolkit without version.json), and that release
+    was in fla's fingerprint. fla's key no longer holds it: the failure is remembered (RETRY_AFTER), one key."""
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", broken="raise")
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))   # the wheelhouse has fla only
+    python, path = _bare_venv(tmp_path)
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100,
+               FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
+               CUDA_HOME=toolkit.home, LOCAL_RANK="0")
+    cli = subprocess.run([python, "-m", "fastpath_hooks", "install", "fla"], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=300)
+    assert cli.returncode == 1 and "broken on purpose" in cli.stdout + cli.stderr, cli.stdout + cli.stderr
+    start = ("import importlib.util, fastpath_hooks; fastpath_hooks.install();"
+             "importlib.util.find_spec('causal_conv1d'); importlib.util.find_spec('fla')")   # as a Qwen3.5 model asks
+    proc = subprocess.run([python, "-c", start], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "nvcc is CUDA 13.0" in proc.stderr, proc.stderr      # causal-conv1d's decision read nvcc's release
+    (fla,) = [line for line in proc.stderr.splitlines() if line.startswith("fastpath-hooks: fla: ")]
+    assert fla.startswith("fastpath-hooks: fla: failed ") and "(now: fastpath-hooks install fla)" in fla, proc.stderr
+    assert "installing" not in proc.stderr and "rolled back" not in proc.stderr, proc.stderr
+    (verdicts,) = (tmp_path / "cache" / "verdicts").glob("*.json")
+    assert len(json.loads(verdicts.read_text())["kernels"]["fla"]) == 1
