@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import venv as venv_module
 
 import pytest
@@ -115,6 +116,7 @@ def two_environments(tmp_path_factory):
 
 SPEAK = r'''
 import sys
+import time
 from fastpath_hooks import events, _names
 events.status("hello from " + sys.prefix)
 print(_names.environment_key())
@@ -457,3 +459,42 @@ def test_a_failure_recorded_by_the_command_line_holds_at_the_next_start(tmp_path
     assert "installing" not in proc.stderr and "rolled back" not in proc.stderr, proc.stderr
     (verdicts,) = (tmp_path / "cache" / "verdicts").glob("*.json")
     assert len(json.loads(verdicts.read_text())["kernels"]["fla"]) == 1
+
+
+@pytest.mark.slow   # eight processes and a check child importing torch: about 12 s on 2 cores
+def test_local_rank_0_that_waited_for_another_rank_says_the_outcome(tmp_path):
+    """8 ranks with LOCAL_RANK/RANK: local rank 0 (the one that prints) found another rank installing, said
+    "waiting for another process" and never how it ended (it waited in the roll-back of the running install's
+    journal, where the outcome line was not said). Now it says the outcome; the other ranks say nothing."""
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", check_seconds=3)   # the installing rank's check holds the lock for 3 s
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
+    python, path = _bare_venv(tmp_path)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    journal = os.path.join(site, ".fastpath-hooks", "journal.json")
+    script = "import fastpath_hooks; fastpath_hooks.install(); import fla; print(fla.__version__)"
+
+    def rank(i):
+        env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_FIND_LINKS=str(house),
+                   FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK=i, RANK=i, LOCAL_WORLD_SIZE=8,
+                   WORLD_SIZE=8)
+        return subprocess.Popen([python, "-c", script], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    others = [rank(i) for i in range(1, 8)]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(journal):   # one of them is installing: rank 0 comes while it is
+        assert time.monotonic() < deadline and all(p.poll() is None for p in others), \
+            [p.communicate() for p in others]
+        time.sleep(0.01)
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in [rank(0)] + others]
+    assert all(code == 0 and out == "0.6.0\n" for out, _, code in results), results
+    assert [err for _, err, _ in results[1:]] == [""] * 7, results     # only local rank 0 prints
+    said = [line for line in results[0][1].splitlines() if line.startswith("fastpath-hooks: fla: ")]
+    assert said == ["fastpath-hooks: fla: waiting for another process that is installing or checking kernels "
+                    "(at most 1800 s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
+                    "fastpath-hooks: fla: ready - done by another process while this one waited"], results[0][1]

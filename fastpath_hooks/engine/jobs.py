@@ -44,7 +44,7 @@ def recover_now(wait: bool = True) -> None:
     interrupted, and whoever imports its kernel waits for it there."""
     world = current_world()
     settings, _, invalid = world.context()
-    failed = roll_back(world, settings, invalid, LABEL, wait=wait) if world.pending(settings) else None
+    failed = roll_back(world, settings, invalid, LABEL, wait=wait)[0] if world.pending(settings) else None
     if failed is not None:
         again = "the next kernel import tries again"
         events.error(fitted(f"{LABEL} here could not be rolled back yet: ", failed, again), once="recover-now",

@@ -72,6 +72,7 @@ class Run:
     lock: object = None               # the environment lock, held from LOCK until the loop ends
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
+    by_another: bool = False          # another process installed or checked while this one waited: said at DONE
     outcome: Outcome | None = None
     trail: tuple = ()                 # the states passed through, in order (debug log, tests)
 
@@ -104,6 +105,10 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
     finally:
         if current.lock is not None:
             current.lock.release()
+    if current.by_another and current.outcome is not None and current.outcome.state == OutcomeState.OK:
+        # this process said it was waiting (or was about to install it): it says how that ended
+        events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
+                      once=f"done-{kernel}")
     return current
 
 
@@ -112,7 +117,7 @@ def _context(run: Run):
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
         if run.world.pending(settings):   # skipped, yet never imported half-written
-            failed = _recover(run)
+            failed, _ = _recover(run)
             if failed is not None:
                 return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
@@ -123,10 +128,11 @@ def _context(run: Run):
 def _read(run: Run):
     world, settings = run.world, run.settings
     stamp = world.stamp(run.captured, run.signature)
-    if stamp is None and world.pending(settings):
-        failed = _recover(run)
+    if stamp is None and world.pending(settings):   # waits for a running install (or rolls a dead one back)
+        failed, waited = _recover(run)
         if failed is not None:
             return run.done(failed)
+        run = replace(run, by_another=waited)
         stamp = world.stamp(run.captured)
     reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
     if reading is None:
@@ -145,25 +151,26 @@ def _read(run: Run):
     return State.NEEDS, run
 
 
-def _recover(run: Run) -> Outcome | None:
-    failed = roll_back(run.world, run.settings, run.invalid, run.kernel)
+def _recover(run: Run) -> tuple:
+    """(a failed Outcome or None, whether it waited for another process)."""
+    failed, waited = roll_back(run.world, run.settings, run.invalid, run.kernel)
     if failed is None:
-        return None
+        return None, waited
     events.error(f"{run.kernel}: {failed}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-    return Outcome(run.kernel, OutcomeState.FAILED, str(failed))
+    return Outcome(run.kernel, OutcomeState.FAILED, str(failed)), waited
 
 
-def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = True) -> LockUnavailable | None:
+def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = True) -> tuple:
     """Roll back a pending install's journal under the lock: taking it waits for a running install, after
     which the journal is gone (committed) or its writer is dead. `wait=False`: only if the lock is free now.
-    Returns what kept the lock from being taken."""
+    Returns (what kept the lock from being taken or None, whether it waited for another process)."""
     if settings.mode == "report":
         why = invalid or "FASTPATH_HOOKS_MODE=report"
         events.warning(fitted("an interrupted install here is not rolled back: ", why,
                               "a run in install mode rolls it back"), once="interrupted-report",
                        detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); "
                               f"it is not rolled back because {why}")
-        return None
+        return None, False
     lock = world.lock(settings, label)
     try:
         if wait:
@@ -171,14 +178,14 @@ def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = 
         elif lock.try_acquire() is None:
             events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports "
                          "of its kernel wait for it")
-            return None
+            return None, False
     except LockUnavailable as exc:
-        return exc
+        return exc, False
     try:
         world.recover(settings)
     finally:
         lock.release()
-    return None
+    return None, bool(getattr(lock, "waited", False))
 
 
 def _needs(run: Run):
@@ -266,7 +273,7 @@ def _check(run: Run):
         decision = plan[kernel]
         run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))
-    run = replace(run, stamp=now)
+    run = replace(run, stamp=now, by_another=run.by_another or getattr(run.lock, "waited", False))
     current = run.decision
     if run.repairing:
         return State.INSTALL, run
@@ -277,11 +284,8 @@ def _check(run: Run):
         known = _known(run)
         if known is None:
             return State.VERIFY, run
-        # this process was about to install it, or said it was waiting: it says how that ended
-        if known.state == OutcomeState.OK and (run.planned != OK or getattr(run.lock, "waited", False)):
-            events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
-                          once=f"done-{kernel}")
-        return run.known(known)
+        # this process was about to install it, or said it was waiting: it says how that ended (DONE)
+        return replace(run, by_another=run.by_another or run.planned != OK).known(known)
     if current.action == SKIP:
         return run.done(skipped_outcome(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
