@@ -498,3 +498,42 @@ def test_local_rank_0_that_waited_for_another_rank_says_the_outcome(tmp_path):
     assert said == ["fastpath-hooks: fla: waiting for another process that is installing or checking kernels "
                     "(at most 1800 s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
                     "fastpath-hooks: fla: ready - done by another process while this one waited"], results[0][1]
+
+
+def test_a_failed_fla_takes_the_tilelang_installed_for_it_along(tmp_path):
+    """On a posed sm_90 with triton 3.6.0, fla needs tilelang (fla#640): tilelang (+ apache-tvm-ffi and its
+    dependencies) was installed first, fla failed its check and was rolled back, and tilelang stayed, installed
+    for nothing. Now what tilelang's install added is removed with fla, said in one line, and the next start
+    remembers fla's failure without installing tilelang again."""
+    from support import wheels
+    from fastpath_hooks.facts import pins as pins_mod
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", broken="raise")
+    wheels.fake_tilelang_from_pins(str(house), "0.1.15", pins_mod.load())
+    wheels.fake_tvm_ffi(str(house), "0.1.12")
+    wheels.build_wheel(str(house), "einops", "0.8.2", {"einops/__init__.py": "__version__ = '0.8.2'\n"})
+    pins = tmp_path / "pins.json"   # tilelang's dependencies: einops here (the real one has five)
+    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}, "tilelang": {"runtime_deps": ["einops"]}}}))
+    python, path = _bare_venv(tmp_path)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    before = set(os.listdir(site))
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=HOPPER, FASTPATH_HOOKS_FIND_LINKS=str(house),
+               FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
+
+    def start():
+        proc = subprocess.run([python, "-c", START_AND_ASK],
+                              capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr
+
+    said = start()
+    assert "tilelang: installed apache-tvm-ffi 0.1.12, tilelang 0.1.15 (+1 dependency)" in said, said
+    assert "fla: could not install - verification failed" in said, said
+    assert ("fastpath-hooks: rolled back tilelang too, installed for fla: removed apache-tvm-ffi 0.1.12; "
+            "removed einops 0.8.2; removed tilelang 0.1.15\n") in said, said
+    assert set(os.listdir(site)) - {".fastpath-hooks"} == before, sorted(os.listdir(site))   # nothing left
+    said = start()
+    assert "fastpath-hooks: fla: failed " in said and "installing" not in said, said
+    assert set(os.listdir(site)) - {".fastpath-hooks"} == before

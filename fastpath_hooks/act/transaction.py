@@ -116,12 +116,7 @@ class Transaction:
                     new = os.path.basename(dist.path) not in dist_dirs
                     if (name not in self.names and not new) or name in intact:
                         continue
-                    files = [p for p in record_files(dist) if p not in others]
-                    for path in files:
-                        if _inside(path, self.site_dir) or _inside(path, self.prefix):
-                            _remove(path)
-                    shutil.rmtree(dist.path, ignore_errors=True)
-                    removed_files += files
+                    removed_files += self._remove_dist(dist, others)
                     if self.before.get(name) != dist.version:
                         done.append(f"removed {name} {dist.version}")
             _prune_empty_dirs(self.site_dir, removed_files)
@@ -144,6 +139,29 @@ class Transaction:
         done += self._remove_new_files()
         self.commit()
         return done
+
+    def remove(self) -> list:
+        """Remove the named distributions begin() backed up (an install this process made that is not wanted
+        after all): their RECORD's files - never one that another distribution had there - and their dist-info.
+        rollback() puts them back. What was done."""
+        found, dups = scan([self.site_dir])
+        others = _paths(self.site_dir, self._known_listing() or {}) - {o for o, *_ in self.manifest}
+        done, removed_files = [], []
+        for name in self.names:
+            for dist in _instances(name, found, dups):
+                removed_files += self._remove_dist(dist, others)
+                done.append(f"removed {name} {dist.version}")
+        _prune_empty_dirs(self.site_dir, removed_files)
+        return done
+
+    def _remove_dist(self, dist, others: set) -> list:
+        """Delete one distribution's files (inside site-packages and the prefix; not `others`) and its dist-info."""
+        files = [p for p in record_files(dist) if p not in others]
+        for path in files:
+            if _inside(path, self.site_dir) or _inside(path, self.prefix):
+                _remove(path)
+        shutil.rmtree(dist.path, ignore_errors=True)
+        return files
 
     def _intact(self, name: str, found: dict, dups: dict) -> bool:
         """As begin() found it: the same dist-info directories, every backed-up file with its size and mtime (an

@@ -73,6 +73,9 @@ class Run:
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
     by_another: bool = False          # another process installed or checked while this one waited: said at DONE
+    fresh_needs: tuple = ()           # the kernels NEEDS installed just now for it (removed again if it fails)
+    before_needs: str | None = None   # the fingerprint before NEEDS installed them
+    needs_undone: bool = False        # its install failed and they were removed: its failure holds without them
     outcome: Outcome | None = None
     trail: tuple = ()                 # the states passed through, in order (debug log, tests)
 
@@ -190,8 +193,17 @@ def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = 
 
 def _needs(run: Run):
     decision = run.decision
+    if decision.needs and decision.action != OK and run.settings.mode == "install":
+        before = run.world.fingerprint(run.env, run.settings, run.pins, run.kernel)
+        run = replace(run, cache=run.world.cache(run.settings), fingerprint=before, before_needs=before)
+        failed = _known(run, failed_only=True)   # its failure, after which what it needed was removed again
+        if failed is not None:
+            return run.done(failed)
+    fresh = []
     for dep in decision.needs:
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.INSTALLED:
+            fresh.append(dep)
         if dep_outcome.state == OutcomeState.REPORTED:
             continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
@@ -208,7 +220,7 @@ def _needs(run: Run):
             say(engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
                 detail=f"{why}; {run.kernel} is not installed, {keeps_instead(run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
-    return State.CACHED, run
+    return State.CACHED, replace(run, fresh_needs=tuple(fresh))
 
 
 def _cached(run: Run):
@@ -353,9 +365,37 @@ def _install(run: Run):
     if mine is None:
         why = failed.get(kernel, "not installed")
         decision = numeric_block(current, why, run.env.gpus) if kernel in numeric else current
-        return State.RECORD, replace(run, decision=decision, verdict=(False, why))
+        undone = bool(run.fresh_needs) and _undo_needs(run)
+        return State.RECORD, replace(run, decision=decision, verdict=(False, why), needs_undone=undone)
     done = "repaired" if current.action == REPAIR else "installed"
     return State.RECORD, replace(run, verdict=(True, f"{done} in {mine.seconds:.1f} s"), installed=mine)
+
+
+def _undo_needs(run: Run) -> bool:
+    """Its install failed (lock held): the kernels NEEDS installed just now for it (fla's tilelang) are removed
+    again - what their install added. One stays, said, where a kernel this process installed after it may use
+    it, or where its install replaced versions that were there. True when every one was removed."""
+    world, kernel = run.world, run.kernel
+    order, undone = list(world.installed), True
+    for dep in run.fresh_needs:
+        result = world.installed.get(dep)
+        if result is None:
+            continue   # installed by another thread's decision without this process's installer: not ours
+        since = [k for k in order[order.index(dep) + 1:] if k != kernel]
+        replaced = sorted(set(result.installed) - set(result.added))
+        try:
+            if since or replaced:
+                raise InstallFailed(f"{since[0]}, installed since, may use it" if since
+                                    else f"its install replaced the {replaced[0]} that was there")
+            done = world.uninstall(dep, settings=run.settings, why=f"installed for {kernel}, which failed")
+        except InstallFailed as exc:
+            undone = False
+            events.warning(fitted(f"{kernel}: {dep}, installed for it, stays: ", exc), kernel,
+                           detail=f"{kernel}: {dep}, installed for it, stays: {exc}")
+            continue
+        events.status(fitted(f"rolled back {dep} too, installed for {kernel}: ", "; ".join(done)), kernel,
+                      detail=f"rolled back {dep} too, installed for {kernel}: {'; '.join(done)}")
+    return undone
 
 
 def _members(run: Run, others, results: dict, failed: dict, numeric: set) -> None:
@@ -406,6 +446,8 @@ def _record(run: Run):
                                       "env": [list(pair) for pair in decision.env]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
+    if run.needs_undone and run.before_needs and verdict is not None:   # as the next start finds it (NEEDS)
+        run.cache.record(kernel, verdict=(run.before_needs, *verdict[1:]))
     return run.done(outcome)
 
 

@@ -19,7 +19,7 @@ import filelock
 from .. import events
 from .._names import cache_root_from_environ
 from ..act.fetch import FetchError, fetch_into
-from ..act.installer import InstallError, build_to_cache, install
+from ..act.installer import InstallError, build_to_cache, install, uninstall
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
 from ..act.transaction import JOURNAL, environment_state_dir, recover
@@ -70,6 +70,7 @@ class World:
     def __init__(self):
         self.readings = Readings()
         self.batched: dict = {}   # kernel -> its Outcome, installed (or not) with another kernel by this process
+        self.installed: dict = {}  # kernel -> its InstallResult, of the installs of this process, in their order
 
     def context(self, target: str | None = None):
         """(settings, pins, invalid): see context.load."""
@@ -147,10 +148,25 @@ class World:
     def install_batch(self, decisions, *, settings, env, pins):
         """The kernels of one request in one transaction, checked in one child (lock held): its Installed."""
         try:
-            return install(decisions, settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
+            done = install(decisions, settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
                            state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
+        for kernel, result in done.results.items():
+            self.installed.pop(kernel, None)
+            self.installed[kernel] = result
+        return done
+
+    def uninstall(self, kernel: str, *, settings, why: str) -> list:
+        """Remove what this process's install of `kernel` added (lock held): what was done, or InstallFailed
+        (restored)."""
+        result = self.installed[kernel]
+        try:
+            done = uninstall(result.added, state_dir=self.state_dir(settings), description=f"remove {kernel}: {why}")
+        except InstallError as exc:
+            raise InstallFailed(str(exc)) from None
+        del self.installed[kernel]
+        return done
 
     def download(self, dest: str, *, env, settings, binary, wheels) -> list:
         """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`."""
