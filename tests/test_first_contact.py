@@ -537,3 +537,40 @@ def test_a_failed_fla_takes_the_tilelang_installed_for_it_along(tmp_path):
     said = start()
     assert "fastpath-hooks: fla: failed " in said and "installing" not in said, said
     assert set(os.listdir(site)) - {".fastpath-hooks"} == before
+
+
+def test_a_shadowing_fla_directory_is_named_with_the_fix(tmp_path):
+    """An `fla/` package earlier on PYTHONPATH (a stray checkout, an empty __init__.py) made the check fail with
+    "No module named 'fla.modules'" and no word of why. The check child says where `fla` came from; the line
+    names the shadowing directory and the fix (the error itself: the debug log)."""
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0")
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
+    shadow = tmp_path / "checkouts"
+    (shadow / "fla").mkdir(parents=True)
+    (shadow / "fla" / "__init__.py").write_text("")
+    short = f"/tmp/fph-{os.getpid()}"   # a path as short as a user's (~/src): the line holds it whole
+    os.symlink(shadow, short)
+    try:
+        _shadowed_fla_is_named(tmp_path, short, pins, house)
+    finally:
+        os.unlink(short)
+
+
+def _shadowed_fla_is_named(tmp_path, shadow, pins, house):
+    python, path = _bare_venv(tmp_path)
+    env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), path]), FASTPATH_HOOKS_TARGET=A100,
+               FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
+               LOCAL_RANK="0")
+    proc = subprocess.run([python, "-c", START_AND_ASK], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("fastpath-hooks: fla: could not")]
+    assert line == (f"fastpath-hooks: fla: could not install - verification failed: import fla: {shadow}/fla "
+                    "shadows the installed fla-core (move or rename it)"), proc.stderr
+    debug = subprocess.run([python, "-m", "fastpath_hooks", "install", "fla"], capture_output=True, text=True,
+                           env=dict(env, FASTPATH_HOOKS_LOG="debug"), cwd=str(tmp_path), timeout=300)
+    assert "No module named 'fla.modules'" in debug.stderr, debug.stderr   # the error, for whoever asks

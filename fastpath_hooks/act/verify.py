@@ -11,8 +11,9 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from .. import events
 from .._names import cache_root_from_environ
-from ..facts.distributions import installed_versions
+from ..facts.distributions import installed_versions, scan
 from ..facts.frozen import thaw
 from ..facts.memory import read_records
 from . import store
@@ -81,7 +82,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
         if item is not None:
             ok = bool(item.get("ok"))
             many = f" (one check for {len(specs)} kernels)" if len(specs) > 1 else ""
-            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else f"{what}: {item.get('error')}"
+            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else \
+                f"{what}: {_shadowed(spec, item.get('origin'), item.get('error'))}"
             result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0)), numbers.get(i), item)
             out.append(_with_gdr(result, spec, gdrs[i], item, environ))
             continue
@@ -98,6 +100,20 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
             if result.ok:
                 store.remember(root, spec, env_extra, loaded, result.seconds, extra=key, gpus=gpus)
     return out
+
+
+def _shadowed(spec, origin, error) -> str:
+    """Why the import failed: the error, or - where the package came from elsewhere than the kernel's installed
+    distribution (an `fla/` on PYTHONPATH or in the working directory) - that place and the fix (the error it
+    causes, "No module named 'fla.modules'", goes to the debug log)."""
+    if origin:
+        found, _ = scan()
+        installed = [d for d in spec.distributions if d in found]
+        where = os.path.realpath(origin)
+        if not any(where.startswith(os.path.realpath(found[d].site) + os.sep) for d in installed):
+            events.debug(f"{spec.name}: {error}", spec.name)
+            return f"{origin} shadows the installed {installed[0] if installed else spec.name} (move or rename it)"
+    return str(error)
 
 
 def _what(spec, check) -> str:
