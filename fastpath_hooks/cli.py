@@ -207,11 +207,9 @@ def _doctor(args) -> int:
 
 def _interrupted(settings) -> dict | None:
     """The install a journal says is running now or was killed half-way (doctor shows it)."""
-    from .act.transaction import Transaction, environment_state_dir
+    from .engine.world import interrupted
 
-    tx = Transaction.pending(environment_state_dir(settings))
-    return None if tx is None else {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid,
-                                    "started": tx.started}
+    return interrupted(settings)
 
 
 def _plan(args) -> int:

@@ -574,3 +574,58 @@ def _shadowed_fla_is_named(tmp_path, shadow, pins, house):
     debug = subprocess.run([python, "-m", "fastpath_hooks", "install", "fla"], capture_output=True, text=True,
                            env=dict(env, FASTPATH_HOOKS_LOG="debug"), cwd=str(tmp_path), timeout=300)
     assert "No module named 'fla.modules'" in debug.stderr, debug.stderr   # the error, for whoever asks
+
+
+@pytest.mark.slow   # a check killed half-way, doctor (it imports transformers' hub mapping) and a recovery
+def test_an_install_killed_mid_check_is_shown_as_rolled_back_not_installed(tmp_path):
+    """After a SIGKILL during the check, doctor said "fla 0.6.0 installed" and "nothing to do" for files never
+    verified, and the next start's line was garbled ("interrupted: install fla: fla 0.6.0 fits ... (restoring
+    the state before it)"). doctor now says the install was killed half-way and is rolled back at the next
+    start, decides as after that rollback, and the next start says what it rolls back in plain words."""
+    import glob
+    import signal
+
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", check_seconds=20)   # killed while its check runs
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
+    python, path = _bare_venv(tmp_path)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    journal = os.path.join(site, ".fastpath-hooks", "journal.json")
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_FIND_LINKS=str(house),
+               FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
+    victim = subprocess.Popen([python, "-c", START_AND_ASK], env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(journal) and glob.glob(os.path.join(site, "flash_linear_attention-*.dist-info"))):
+            assert time.monotonic() < deadline and victim.poll() is None, "the install did not start"
+            time.sleep(0.02)
+        time.sleep(0.5)   # installed, now checking
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+
+    doctor = subprocess.run([python, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True, env=env,
+                            cwd=str(tmp_path), timeout=120)
+    assert doctor.returncode == 0, doctor.stderr
+    (row,) = [line for line in doctor.stdout.splitlines() if line.startswith("  interrupted")]
+    assert row.startswith("  interrupted   install of fla (fla-core 0.6.0, flash-linear-attention 0.6.0) (pid "), row
+    assert "killed half-way - rolled back at the next start" in row, row
+    fla = doctor.stdout.split("\n  fla\n", 1)[1].splitlines()[:3]
+    assert fla[0] == ("    installed      no (fla-core 0.6.0, flash-linear-attention 0.6.0 on disk, never verified: "
+                      "an interrupted install's, rolled back at the next start)"), fla
+    assert fla[2].startswith("    install()      install fla-core==0.6.0, flash-linear-attention==0.6.0 - "), fla
+    assert os.path.exists(journal)   # doctor touches nothing
+
+    after = subprocess.run([python, "-c", "import fastpath_hooks; fastpath_hooks.install()"], capture_output=True,
+                           text=True, env=dict(env, FASTPATH_HOOKS_SKIP="fla"), cwd=str(tmp_path), timeout=120)
+    assert after.returncode == 0, after.stderr
+    assert after.stderr.splitlines()[-2:] == [
+        "fastpath-hooks: an earlier install of fla (fla-core 0.6.0, flash-linear-attention 0.6.0) was interrupted; "
+        "rolling it back (stopped 1 process it left running)",   # its check child, asleep in `import fla.modules`
+        "fastpath-hooks: rolled back: removed fla-core 0.6.0; removed flash-linear-attention 0.6.0"], after.stderr
+    assert not os.path.exists(journal) and not glob.glob(os.path.join(site, "fl*"))

@@ -139,8 +139,9 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
     protected_before = {n: real_before.get(n) for n in pins.protected}
     names = {n for kernel_steps in steps.values() for s in kernel_steps for n in s.names}
     lead = members[0].kernel
-    description = (f"{members[0].action} {lead}: {members[0].reason}" if len(members) == 1
-                   else f"install {', '.join(d.kernel for d in members)} together")
+    targets = ", ".join(f"{n} {v}" for d in members for n, v in d.target.items())
+    description = (f"{members[0].action} of {lead}" if len(members) == 1
+                   else f"install of {', '.join(d.kernel for d in members)} together") + (f" ({targets})" if targets else "")
     tx = Transaction(state_dir, site, names, description=description)
     tx_work = tx.work_dir   # exists only while the journal does: a killed run's is removed by recover()
     scratch = (("TMPDIR", tx_work), ("TEMP", tx_work), ("TMP", tx_work))   # the installers' and checks' temp files

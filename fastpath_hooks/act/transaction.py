@@ -20,7 +20,7 @@ import uuid
 
 from .. import events
 from .._names import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
-from ..events import fitted
+from ..events import first_fitting, fitted
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from .runner import group_record, kill_group
 
@@ -191,7 +191,7 @@ class Transaction:
             return None
         data = _read_json(path)
         readable = data is not None   # an unreadable journal: nothing reliable to restore, dropped
-        data = data if readable else {"id": "unreadable", "description": "unreadable journal"}
+        data = data if readable else {"id": "unreadable", "description": "install (its journal is unreadable)"}
         defaults = {"id": "?", "site_dir": "", "names": [], "before": {}, "manifest": [], "listing": [],
                     "before_dirs": {}, "backup_dir": "", "description": ""}
         tx = cls.__new__(cls)
@@ -262,13 +262,14 @@ def recover(state_dir: str) -> list:
     if tx is not None:
         # its writer died; its installer may not have (its own session): stopped first
         stopped = tx.stop_group()
-        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
-        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
-        events.warning(fitted(f"an earlier install was interrupted{still}: ", tx.description or tx.id,
-                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
+        still = f" (stopped {stopped} process{'es' if stopped > 1 else ''} it left running)" if stopped else ""
+        what = tx.description or f"install {tx.id}"
+        whole = f"an earlier {what} was interrupted; rolling it back{still}"
+        events.warning(first_fitting(whole, f"an earlier {what.split(' (')[0]} was interrupted; rolling it back{still}"),
+                       detail=whole)
         done = tx.rollback()
-        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
-        events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
+        whole = "rolled back: " + ("; ".join(done) if done else "nothing had changed")
+        events.status(fitted("rolled back: ", "; ".join(_counted(done)) if done else "nothing had changed",
                              whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
     with contextlib.suppress(OSError):   # backups no journal points at (a crash in begin, commit), killed runs' work
         entries = os.listdir(state_dir)
