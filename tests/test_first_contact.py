@@ -629,3 +629,48 @@ def test_an_install_killed_mid_check_is_shown_as_rolled_back_not_installed(tmp_p
         "rolling it back (stopped 1 process it left running)",   # its check child, asleep in `import fla.modules`
         "fastpath-hooks: rolled back: removed fla-core 0.6.0; removed flash-linear-attention 0.6.0"], after.stderr
     assert not os.path.exists(journal) and not glob.glob(os.path.join(site, "fl*"))
+
+
+# -- what each way needs, said where a newcomer looks (issue 40) --------------------------------------
+
+@pytest.mark.parametrize("command", ["doctor", "plan", "install", "download", "build"])
+def test_every_target_option_says_its_format(command, capsys):
+    """`--target`'s format was in no `--help` (only docs/settings.md): each says the key=value list, an example,
+    the keys, and that a CPU torch needs a posed build for a GPU to count."""
+    from fastpath_hooks import cli
+
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--target SPEC" in text and "a comma list of key=value facts" in text, text
+    for part in ("gpu=sm_90,cuda=12.8,torch=2.10.0", "cuda=, hip= or xpu=yes", "torch, cuda, hip, xpu, triton, "
+                 "python, nvcc", "docs/settings.md#posing-as-another-"):
+        assert part in text, (part, text)
+
+
+def test_build_on_a_cpu_torch_host_says_what_it_needs_and_the_fix(tmp_path):
+    """`fastpath-hooks build` with a CPU torch (README way 3 on a build host) exited 2 with a line cut before its fix,
+    never saying that a build needs CUDA torch and nvcc but no GPU. One whole line now."""
+    proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "build", "causal-conv1d", "--arch", "sm_90"],
+                          capture_output=True, text=True, env=_env(tmp_path, PYTHONPATH=ROOT), cwd=str(tmp_path),
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    torch = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert proc.stderr == (f"fastpath-hooks: a build needs CUDA (or ROCm) torch and nvcc, no GPU: torch {torch} is a "
+                           "CPU build (install the torch it runs with, or --target cuda=12.8)\n")
+    assert len(proc.stderr.strip()) <= 160
+
+
+def test_the_readme_says_what_its_commands_need():
+    """The README's test command failed without pytest (the test extra was only in docs/development.md); its
+    way 3 did not say that a build host needs the GPU machine's CUDA torch (a CPU torch skips everything) and
+    `build` nvcc."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    tests = readme.index('python -m pytest -m "not slow" -q')
+    assert 'pip install -e ".[test]"' in readme[tests - 80:tests], readme[tests - 200:tests + 60]
+    way3 = readme[readme.index("3. **Ahead of time**"):readme.index("```bash", readme.index("3. **Ahead of time**"))]
+    for part in ("the CUDA torch the GPU machine runs", "a CPU torch", "`--target`", "cuda=12.8", "nvcc",
+                 "`fastpath-hooks install --help`"):
+        assert part in " ".join(way3.split()), (part, way3)

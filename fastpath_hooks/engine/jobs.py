@@ -71,9 +71,10 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
         raise Refused(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
                       f"{', '.join(pins.source_builds)}")
     env = current_world().probe(settings, pins, nvcc=True)
-    if not (env.torch_cuda or env.torch_hip):
-        raise Refused(f"torch {env.torch or '(not installed)'} is not a CUDA or ROCm build: a kernel is built "
-                      "against the torch it will run with (install that torch here, or pose it with --target cuda=...)")
+    if not (env.torch_cuda or env.torch_hip):   # what a build needs, no GPU among it; then nvcc (decide_build)
+        have = f"torch {env.torch} is a {env.torch_build} build" if env.torch else "torch is not installed"
+        raise Refused(f"a build needs CUDA (or ROCm) torch and nvcc, no GPU: {have} (install the torch it runs with, "
+                      "or --target cuda=12.8)")
     if archs:
         wanted = [a.strip() for a in archs.split(",") if a.strip()]
         if wanted == ["all"]:
