@@ -674,3 +674,32 @@ def test_the_readme_says_what_its_commands_need():
     for part in ("the CUDA torch the GPU machine runs", "a CPU torch", "`--target`", "cuda=12.8", "nvcc",
                  "`fastpath-hooks install --help`"):
         assert part in " ".join(way3.split()), (part, way3)
+
+
+@pytest.mark.parametrize("copy_in_site", [True, False], ids=["shadowed", "editable"])
+def test_only_a_copy_beside_the_installed_one_is_called_a_shadow(copy_in_site, tmp_path, monkeypatch):
+    """The shadow is named only where the distribution put its own copy in site-packages: an editable install
+    (its package elsewhere, no copy there) that fails its import says the error itself."""
+    from types import SimpleNamespace
+
+    from fastpath_hooks.act.verify import verify_many
+
+    site, elsewhere = tmp_path / "site", tmp_path / "src"
+    (elsewhere / "kern_x").mkdir(parents=True)
+    (elsewhere / "kern_x" / "__init__.py").write_text("")          # no kern_x.ops: the import fails
+    info = site / "kern_x-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kern-x\nVersion: 1.0\n")
+    (info / "RECORD").write_text("kern_x-1.0.dist-info/RECORD,,\n")
+    if copy_in_site:
+        (site / "kern_x").mkdir()
+        (site / "kern_x" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    spec = SimpleNamespace(name="kern-x", verify_modules=("kern_x.ops",), verify_attributes=(),
+                           distributions=("kern-x",))
+    (result,) = verify_many([spec], timeout=60, env_extra=(("PYTHONPATH", f"{elsewhere}{os.pathsep}{site}"),))
+    assert not result.ok
+    if copy_in_site:
+        assert result.detail == f"import kern_x.ops: {elsewhere / 'kern_x'} shadows the installed kern-x (move or rename it)"
+    else:
+        assert result.detail == "import kern_x.ops: ModuleNotFoundError: No module named 'kern_x.ops'", result.detail

@@ -103,16 +103,20 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
 
 
 def _shadowed(spec, origin, error) -> str:
-    """Why the import failed: the error, or - where the package came from elsewhere than the kernel's installed
-    distribution (an `fla/` on PYTHONPATH or in the working directory) - that place and the fix (the error it
-    causes, "No module named 'fla.modules'", goes to the debug log)."""
-    if origin:
+    """Why the import failed: the error, or - where the kernel's package was imported from another place than the
+    copy its installed distribution put in site-packages (an `fla/` on PYTHONPATH or in the working directory) -
+    that place and the fix (the error it causes, "No module named 'fla.modules'", goes to the debug log). An
+    editable install (no copy in site-packages) is never taken for a shadow."""
+    if origin and spec.verify_modules:
+        top = spec.verify_modules[0].split(".")[0]
         found, _ = scan()
-        installed = [d for d in spec.distributions if d in found]
         where = os.path.realpath(origin)
-        if not any(where.startswith(os.path.realpath(found[d].site) + os.sep) for d in installed):
-            events.debug(f"{spec.name}: {error}", spec.name)
-            return f"{origin} shadows the installed {installed[0] if installed else spec.name} (move or rename it)"
+        for dist in (d for d in getattr(spec, "distributions", ()) if d in found):
+            site = os.path.realpath(found[dist].site)
+            copy = os.path.isdir(os.path.join(site, top)) or os.path.isfile(os.path.join(site, top + ".py"))
+            if copy and not where.startswith(site + os.sep):
+                events.debug(f"{spec.name}: {error}", spec.name)
+                return f"{origin} shadows the installed {dist} (move or rename it)"
     return str(error)
 
 
