@@ -341,13 +341,28 @@ def test_a_posed_target_in_a_training_process_is_said_in_one_line(tmp_path):
 # -- issue 40's defects ----------------------------------------------------------------------------
 
 def _bare_venv(tmp_path):
-    """(python, PYTHONPATH) of a new venv without pip (made in well under a second) seeing this checkout and the
-    dev environment's packages (packaging, filelock, pip, transformers) through PYTHONPATH."""
+    """(python, PYTHONPATH, site-packages) of a new venv without pip (made in well under a second) seeing this
+    checkout and the dev environment's packages (packaging, filelock, pip, transformers) through PYTHONPATH."""
     import sysconfig
 
     venv = tmp_path / "venv"
     venv_module.EnvBuilder(with_pip=False).create(str(venv))
-    return str(venv / "bin" / "python"), os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]])
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return python, os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]]), site
+
+
+def _fla_wheelhouse(tmp_path, pins=None, **fla):
+    """(wheelhouse, pins file): a stand-in fla 0.6.0 (wheels.fake_fla's `fla` options), installed without its
+    runtime dependencies (the wheelhouse has none); `pins`: more of the pins file."""
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", **fla)
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}, **(pins or {})}}))
+    return house, path
 
 
 START_AND_ASK = ("import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla');"
@@ -402,7 +417,7 @@ def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tm
     """After `enable` (a block in the environment's sitecustomize.py), a sitecustomize.py earlier on PYTHONPATH
     runs instead: the hooks were silently off while doctor said "enabled". doctor says it is shadowed, by which
     file, and the fix (`--method pth`: .pth files run whatever PYTHONPATH holds); --json names both files."""
-    python, base = _bare_venv(tmp_path)
+    python, base, site = _bare_venv(tmp_path)
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     (shadow / "sitecustomize.py").write_text("SHADOW = True\n")
@@ -416,8 +431,7 @@ def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tm
         return proc.stdout
 
     run("enable", "--method", "sitecustomize")
-    block = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                           capture_output=True, text=True, check=True).stdout.strip() + "/sitecustomize.py"
+    block = site + "/sitecustomize.py"
     (row,) = [line for line in run("doctor").splitlines() if "start-up" in line]
     assert row.split() == ["start-up", "enabled:", block]
     (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
@@ -435,13 +449,8 @@ def test_a_failure_recorded_by_the_command_line_holds_at_the_next_start(tmp_path
     back again, and the verdict file held two fla keys: the start's model asked for causal-conv1d too, whose
     build decision read nvcc's release (`nvcc --version`, a toolkit without version.json), and that release
     was in fla's fingerprint. fla's key no longer holds it: the failure is remembered (RETRY_AFTER), one key."""
-    from support import wheels
-
-    house = tmp_path / "wheelhouse"
-    wheels.fake_fla(str(house), "0.6.0", broken="raise")
-    pins = tmp_path / "pins.json"
-    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))   # the wheelhouse has fla only
-    python, path = _bare_venv(tmp_path)
+    house, pins = _fla_wheelhouse(tmp_path, broken="raise")
+    python, path, _ = _bare_venv(tmp_path)
     env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100,
                FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
                CUDA_HOME=toolkit.home, LOCAL_RANK="0")
@@ -466,15 +475,8 @@ def test_local_rank_0_that_waited_for_another_rank_says_the_outcome(tmp_path):
     """8 ranks with LOCAL_RANK/RANK: local rank 0 (the one that prints) found another rank installing, said
     "waiting for another process" and never how it ended (it waited in the roll-back of the running install's
     journal, where the outcome line was not said). Now it says the outcome; the other ranks say nothing."""
-    from support import wheels
-
-    house = tmp_path / "wheelhouse"
-    wheels.fake_fla(str(house), "0.6.0", check_seconds=3)   # the installing rank's check holds the lock for 3 s
-    pins = tmp_path / "pins.json"
-    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
-    python, path = _bare_venv(tmp_path)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    house, pins = _fla_wheelhouse(tmp_path, check_seconds=3)   # the installing rank's check holds the lock 3 s
+    python, path, site = _bare_venv(tmp_path)
     journal = os.path.join(site, ".fastpath-hooks", "journal.json")
     script = "import fastpath_hooks; fastpath_hooks.install(); import fla; print(fla.__version__)"
 
@@ -508,16 +510,12 @@ def test_a_failed_fla_takes_the_tilelang_installed_for_it_along(tmp_path):
     from support import wheels
     from fastpath_hooks.facts import pins as pins_mod
 
-    house = tmp_path / "wheelhouse"
-    wheels.fake_fla(str(house), "0.6.0", broken="raise")
+    # tilelang's dependencies: einops here (the real one has five)
+    house, pins = _fla_wheelhouse(tmp_path, {"tilelang": {"runtime_deps": ["einops"]}}, broken="raise")
     wheels.fake_tilelang_from_pins(str(house), "0.1.15", pins_mod.load())
     wheels.fake_tvm_ffi(str(house), "0.1.12")
     wheels.build_wheel(str(house), "einops", "0.8.2", {"einops/__init__.py": "__version__ = '0.8.2'\n"})
-    pins = tmp_path / "pins.json"   # tilelang's dependencies: einops here (the real one has five)
-    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}, "tilelang": {"runtime_deps": ["einops"]}}}))
-    python, path = _bare_venv(tmp_path)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    python, path, site = _bare_venv(tmp_path)
     before = set(os.listdir(site))
     env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=HOPPER, FASTPATH_HOOKS_FIND_LINKS=str(house),
                FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
@@ -543,12 +541,7 @@ def test_a_shadowing_fla_directory_is_named_with_the_fix(tmp_path):
     """An `fla/` package earlier on PYTHONPATH (a stray checkout, an empty __init__.py) made the check fail with
     "No module named 'fla.modules'" and no word of why. The check child says where `fla` came from; the line
     names the shadowing directory and the fix (the error itself: the debug log)."""
-    from support import wheels
-
-    house = tmp_path / "wheelhouse"
-    wheels.fake_fla(str(house), "0.6.0")
-    pins = tmp_path / "pins.json"
-    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
+    house, pins = _fla_wheelhouse(tmp_path)
     shadow = tmp_path / "checkouts"
     (shadow / "fla").mkdir(parents=True)
     (shadow / "fla" / "__init__.py").write_text("")
@@ -561,7 +554,7 @@ def test_a_shadowing_fla_directory_is_named_with_the_fix(tmp_path):
 
 
 def _shadowed_fla_is_named(tmp_path, shadow, pins, house):
-    python, path = _bare_venv(tmp_path)
+    python, path, _ = _bare_venv(tmp_path)
     env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), path]), FASTPATH_HOOKS_TARGET=A100,
                FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
                LOCAL_RANK="0")
@@ -585,15 +578,8 @@ def test_an_install_killed_mid_check_is_shown_as_rolled_back_not_installed(tmp_p
     import glob
     import signal
 
-    from support import wheels
-
-    house = tmp_path / "wheelhouse"
-    wheels.fake_fla(str(house), "0.6.0", check_seconds=20)   # killed while its check runs
-    pins = tmp_path / "pins.json"
-    pins.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}}}))
-    python, path = _bare_venv(tmp_path)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    house, pins = _fla_wheelhouse(tmp_path, check_seconds=20)   # killed while its check runs
+    python, path, site = _bare_venv(tmp_path)
     journal = os.path.join(site, ".fastpath-hooks", "journal.json")
     env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_FIND_LINKS=str(house),
                FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
