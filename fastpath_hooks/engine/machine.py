@@ -73,7 +73,7 @@ class Run:
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
     by_another: bool = False          # another process installed or checked while this one waited: said at DONE
-    fresh_needs: tuple = ()           # the kernels NEEDS installed just now for it (removed again if it fails)
+    fresh_needs: tuple = ()           # the kernels its NEEDS installed, for it (removed again if it fails)
     before_needs: str | None = None   # the fingerprint before NEEDS installed them
     needs_undone: bool = False        # its install failed and they were removed: its failure holds without them
     outcome: Outcome | None = None
@@ -201,9 +201,10 @@ def _needs(run: Run):
             return run.done(failed)
     fresh = []
     for dep in decision.needs:
+        earlier = set(run.world.installed)
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
-        if dep_outcome.state == OutcomeState.INSTALLED:
-            fresh.append(dep)
+        if dep_outcome.state == OutcomeState.INSTALLED and dep in run.world.installed and dep not in earlier:
+            fresh.append(dep)   # installed by this very call, for this kernel (not a kernel that wants it)
         if dep_outcome.state == OutcomeState.REPORTED:
             continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
