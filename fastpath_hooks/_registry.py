@@ -82,6 +82,7 @@ def from_pins_data(kernels: dict, base=None) -> dict:
 
 
 PINS_MAX_BYTES = 1 << 20   # a pins file is small (the shipped one: about 56 KB); a bigger one is refused unread
+PINS_MAX_DEPTH = 32        # tables and lists in each other (the shipped pins: 9); deeper data is refused
 
 
 class PinsFileError(ValueError):
@@ -95,15 +96,46 @@ def pins_file_size_problem(size: int) -> str:
     return f"it is {size / (1 << 20):.0f} MB; a pins file is at most {PINS_MAX_BYTES >> 20} MB"
 
 
+def pins_file_kind_problem(mode: int) -> str:
+    """"" for a regular file (its st_mode), else why it is never read: a FIFO would block the reader forever,
+    a device (/dev/zero) never ends."""
+    import stat
+
+    if stat.S_ISREG(mode):
+        return ""
+    what = ("a directory" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"is {what}; expected a JSON or TOML pins file"
+
+
+def _too_deep(data) -> bool:
+    """Whether `data` nests tables and lists more than PINS_MAX_DEPTH deep (walked without recursion)."""
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
+        if children is None:
+            continue
+        if depth > PINS_MAX_DEPTH:
+            return True
+        todo.extend((child, depth + 1) for child in children)
+    return False
+
+
 def read_pins_file(path: str):
     """The data of a JSON or TOML (`.toml`) pins file: the one reader of pins files. OSError: unreadable;
-    PinsFileError: too big, not valid JSON/TOML, or no TOML parser (Python 3.10 without tomli)."""
+    PinsFileError: not a regular file, too big, too deeply nested, not valid JSON/TOML, or no TOML parser
+    (Python 3.10 without tomli)."""
     import os
 
-    with open(path, "rb") as fh:
-        problem = pins_file_size_problem(os.fstat(fh.fileno()).st_size)
-        if problem:
-            raise PinsFileError(problem)
+    # never blocks: a FIFO opens at once without a writer (and is refused), a directory opens to be refused
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    problem = pins_file_kind_problem(st.st_mode) or pins_file_size_problem(st.st_size)
+    if problem:
+        os.close(fd)
+        raise PinsFileError(problem)
+    with open(fd, "rb") as fh:
         raw = fh.read(PINS_MAX_BYTES + 1)
     if len(raw) > PINS_MAX_BYTES:   # grew while being read
         raise PinsFileError(pins_file_size_problem(len(raw)))
@@ -121,10 +153,16 @@ def read_pins_file(path: str):
         import json
 
         kind, parse = "JSON", json.loads
+    deep = f"not valid: nested more than {PINS_MAX_DEPTH} levels deep"
     try:
-        return parse(raw.decode("utf-8"))
+        data = parse(raw.decode("utf-8"))
+    except RecursionError:   # the parsers recurse per level: a 5,000-deep file
+        raise PinsFileError(deep) from None
     except ValueError as exc:   # UnicodeDecodeError and TOMLDecodeError are ValueErrors
         raise PinsFileError(f"not valid {kind}: {exc}") from None
+    if _too_deep(data):   # what reads the data later recurses too
+        raise PinsFileError(deep)
+    return data
 
 
 def registry(environ=None) -> dict:

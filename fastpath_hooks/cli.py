@@ -63,7 +63,7 @@ def _parser():
 
     d = sub.add_parser("doctor", help="the facts, and per kernel what install() would do and why")
     d.add_argument("--json", action="store_true", help="machine-readable report (schema fastpath-hooks.doctor/2)")
-    d.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
+    _target_option(d, "pose as another machine (like FASTPATH_HOOKS_TARGET)")
     d.add_argument("--refresh", action="store_true",
                    help="forget cached verdicts, remembered checks and the lines said once first")
     d.add_argument("--smoke", action="store_true",
@@ -74,7 +74,7 @@ def _parser():
     pl = sub.add_parser("plan", help="the exact requirements and installer commands that would run")
     pl.add_argument("kernels", nargs="*", metavar="KERNEL")
     pl.add_argument("--json", action="store_true", help="machine-readable plan (schema fastpath-hooks.plan/2)")
-    pl.add_argument("--target", metavar="SPEC", help="pose as another machine (like FASTPATH_HOOKS_TARGET)")
+    _target_option(pl, "pose as another machine (like FASTPATH_HOOKS_TARGET)")
     pl.set_defaults(func=_plan)
 
     i = sub.add_parser("install", help="install/repair now (e.g. in a Docker build), verified, with rollback")
@@ -82,13 +82,13 @@ def _parser():
                    help=f"{kernels} (default: all). Exit 1 when a named kernel ends skipped, blocked or failed; "
                         "with none named, when a kernel this machine needs does")
     i.add_argument("--dry-run", action="store_true", help="print the plan's commands, change nothing")
-    i.add_argument("--target", metavar="SPEC", help="plan for another machine (e.g. gpu=sm_90 on a CPU build host)")
+    _target_option(i, "plan for another machine, e.g. in an image built without a GPU")
     i.set_defaults(func=_install)
 
     dl = sub.add_parser("download", help="fetch the planned wheels for a target into a wheelhouse")
     dl.add_argument("kernels", nargs="*", metavar="KERNEL")
     dl.add_argument("--dest", required=True, metavar="DIR")
-    dl.add_argument("--target", metavar="SPEC", help="the machine the wheels are for (python, arch, gpu, torch ...)")
+    _target_option(dl, "the machine the wheels are for")
     dl.set_defaults(func=_download)
 
     b = sub.add_parser("build",
@@ -100,7 +100,7 @@ def _parser():
     b.add_argument("--dest", metavar="DIR",
                    help="also copy the wheel into this wheelhouse (for FASTPATH_HOOKS_FIND_LINKS)")
     b.add_argument("--rebuild", action="store_true", help="build even when the cache holds a fitting wheel")
-    b.add_argument("--target", metavar="SPEC", help="pose facts of the machine the wheel is for (torch, cuda ...)")
+    _target_option(b, "facts of the machine the wheel is for")
     b.set_defaults(func=_build)
 
     c = sub.add_parser("cache", help="the local wheel cache of built and downloaded kernel wheels")
@@ -119,6 +119,13 @@ def _parser():
     e.set_defaults(func=_activation)
     sub.add_parser("disable", help="remove the start-up entry written by enable").set_defaults(func=_activation)
     return p
+
+
+def _target_option(parser, what: str) -> None:
+    parser.add_argument("--target", metavar="SPEC", help=(
+        f"{what}: a comma list of key=value facts, the rest probed, e.g. gpu=sm_90,cuda=12.8,torch=2.10.0 (a CPU "
+        "torch here needs cuda=, hip= or xpu=yes for a GPU to count); keys: gpu (sm_XY, gfxNNN, several with +), "
+        "torch, cuda, hip, xpu, triton, python, nvcc, glibc ... (docs/settings.md#posing-as-another-machine)"))
 
 
 def _context(args):
@@ -208,11 +215,9 @@ def _doctor(args) -> int:
 
 def _interrupted(settings) -> dict | None:
     """The install a journal says is running now or was killed half-way (doctor shows it)."""
-    from .act.transaction import Transaction, environment_state_dir
+    from .engine.world import interrupted
 
-    tx = Transaction.pending(environment_state_dir(settings))
-    return None if tx is None else {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid,
-                                    "started": tx.started}
+    return interrupted(settings)
 
 
 def _plan(args) -> int:

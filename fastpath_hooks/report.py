@@ -123,7 +123,9 @@ def doctor_json(plan, settings, *, pins, activation: dict, verdicts: dict, real_
 
 
 def _enabled(activation: dict) -> bool:
-    return bool(activation.get("pth") or activation.get("sitecustomize"))
+    """An entry that runs at start (a block in a shadowed sitecustomize.py never does)."""
+    shadowed = activation.get("shadowed") or {}
+    return bool(activation.get("pth") or [p for p in activation.get("sitecustomize", ()) if p not in shadowed])
 
 
 def _packed(plan, settings, pins, activation: dict) -> dict:
@@ -151,9 +153,15 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
     row("transformers", f"{tv} (era {transformers_era(tv)})" if tv else "not installed")
     installer, why = installer_choice(settings, env)
     row("installer", f"{installer or 'none'}" + (f" at {env.uv}" if installer == "uv" and env.uv else "") + f" - {why}")
+    shadowed = activation.get("shadowed") or {}
     if _enabled(activation):
-        where = ([activation["pth"]] if activation.get("pth") else []) + list(activation.get("sitecustomize", []))
+        where = ([activation["pth"]] if activation.get("pth") else []) + [
+            p for p in activation.get("sitecustomize", []) if p not in shadowed]
         row("start-up", "enabled: " + ", ".join(where))
+    elif shadowed:
+        ours, runs = next(iter(shadowed.items()))
+        row("start-up", f"shadowed, so off at start: {runs} (earlier on sys.path: PYTHONPATH?) runs instead of "
+            f"the block in {ours} (use `fastpath-hooks enable --method pth`)")
     else:
         row("start-up", "not enabled (`fastpath-hooks enable`, or call fastpath_hooks.install() in your script)")
     if settings.cache_dir_unusable:
@@ -174,7 +182,8 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
                            if d.fix and d.action in (SKIP, BLOCK))
     machine_fix = _machine_fix(plan)   # no GPU (or no torch) here: its one fix is said once, in the summary
     for kernel, d in plan.decisions.items():
-        have = ", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no"
+        have = (", ".join(f"{k} {v}" for k, v in d.installed.items()) or "no") + \
+            _left_by(interrupted, pins.kernel(kernel).distributions)
         lines += [f"  {kernel}", f"    installed      {have}", f"    transformers   {d.transformers_uses}"]
         what = VERBS[d.action]
         if d.action in (INSTALL, REPAIR):
@@ -209,9 +218,22 @@ def interrupted_text(interrupted: dict) -> str:
     since = (f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}"
              if isinstance(when, (int, float)) else "")
     pid = interrupted.get("pid")
-    return (f"{interrupted.get('description') or 'an install'} (pid {pid if pid is not None else '?'}{since}): "
-            "killed half-way, or running now - the next start, install() or `fastpath-hooks install` rolls back "
-            f"what it left (journal {interrupted['journal']})")
+    what = f"{interrupted.get('description') or 'an install'} (pid {pid if pid is not None else '?'}{since})"
+    if interrupted.get("running"):
+        return f"{what}: running now (journal {interrupted['journal']})"
+    return (f"{what}: killed half-way - rolled back at the next start, install() or `fastpath-hooks install` "
+            f"(journal {interrupted['journal']})")
+
+
+def _left_by(interrupted: dict | None, distributions) -> str:
+    """What an install running now or killed half-way has on disk of these distributions, not verified (after a
+    kill the plan is made as after its rollback)."""
+    left = [f"{d} {v}" for d, v in sorted((interrupted or {}).get("left", {}).items()) if d in distributions]
+    if not left:
+        return ""
+    if interrupted.get("running"):
+        return f" ({', '.join(left)} on disk: the install running now, not verified yet)"
+    return f" ({', '.join(left)} on disk, never verified: an interrupted install's, rolled back at the next start)"
 
 
 def _machine_fix(plan) -> str | None:

@@ -89,7 +89,7 @@ def test_install_tries_now_what_a_start_remembers_as_failed_and_says_when_it_was
 
 @pytest.mark.parametrize("argv, message", [
     (["build", "fla"], "fla is not built from source (its wheels are prebuilt); `build` knows causal-conv1d, mamba-ssm"),
-    (["build", "causal-conv1d"], "is not a CUDA or ROCm build"),
+    (["build", "causal-conv1d"], "a build needs CUDA (or ROCm) torch and nvcc, no GPU"),
     (["build", "nope"], "nope"),
     (["download", "--dest", "{tmp}/wh"], "download needs the network: unset FASTPATH_HOOKS_OFFLINE"),
 ])

@@ -205,7 +205,8 @@ def test_an_installer_outliving_its_killed_parent_is_stopped_before_the_rollback
         rerun = venv.run(USER_SCRIPT, env=dict(env, FASTPATH_HOOKS_INSTALLER="pip"), timeout=300)
         assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
         # ... until the next run stops it (both processes), restores the state and installs
-        assert re.search(r"stopped its installer \(\d+ processes still running\)", rerun.stderr), rerun.stderr
+        assert re.search(r"was interrupted; rolling it back \(stopped \d+ process(es)? it left running\)",
+                         rerun.stderr), rerun.stderr
         assert not running(standin) and not running(helper)
         assert json.loads(rerun.stdout.strip().splitlines()[-1]) == {"version": "0.6.0", "state": "installed"}
         assert not os.path.exists(journal)

@@ -11,9 +11,12 @@ where it shows there:
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
+import time
 import venv as venv_module
 
 import pytest
@@ -113,6 +116,7 @@ def two_environments(tmp_path_factory):
 
 SPEAK = r'''
 import sys
+import time
 from fastpath_hooks import events, _names
 events.status("hello from " + sys.prefix)
 print(_names.environment_key())
@@ -332,3 +336,356 @@ def test_a_posed_target_in_a_training_process_is_said_in_one_line(tmp_path):
     assert said(A100) == []                          # the settings known valid (a marker), the line said before
     assert any(line[len("fastpath-hooks: "):] in debug for debug in said(A100, FASTPATH_HOOKS_LOG="debug"))
     assert said(HOPPER) == [line.replace(A100, HOPPER)]   # another machine posed: said
+
+
+# -- issue 40's defects ----------------------------------------------------------------------------
+
+def _bare_venv(tmp_path):
+    """(python, PYTHONPATH, site-packages) of a new venv without pip (made in well under a second) seeing this
+    checkout and the dev environment's packages (packaging, filelock, pip, transformers) through PYTHONPATH."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    venv_module.EnvBuilder(with_pip=False).create(str(venv))
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    return python, os.pathsep.join([ROOT, sysconfig.get_paths()["purelib"]]), site
+
+
+def _fla_wheelhouse(tmp_path, pins=None, **fla):
+    """(wheelhouse, pins file): a stand-in fla 0.6.0 (wheels.fake_fla's `fla` options), installed without its
+    runtime dependencies (the wheelhouse has none); `pins`: more of the pins file."""
+    from support import wheels
+
+    house = tmp_path / "wheelhouse"
+    wheels.fake_fla(str(house), "0.6.0", **fla)
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps({"kernels": {"fla": {"runtime_deps": []}, **(pins or {})}}))
+    return house, path
+
+
+START_AND_ASK = ("import importlib.util, fastpath_hooks; fastpath_hooks.install(); importlib.util.find_spec('fla');"
+                 "print('went on')")
+
+
+def _pins_refused(tmp_path, pins: str, fragment: str) -> None:
+    """A training start and the command line with FASTPATH_HOOKS_PINS=`pins`: the start goes on with one line,
+    the command line exits 2 with one; neither hangs nor prints a traceback."""
+    env = _env(tmp_path, FASTPATH_HOOKS_PINS=pins, FASTPATH_HOOKS_TARGET=A100, LOCAL_RANK="0")
+    proc = subprocess.run([sys.executable, "-c", START_AND_ASK], capture_output=True, text=True, env=env,
+                          cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "went on\n" and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "pins" in line.lower()]
+    assert len(said) == 1 and fragment in said[0] and len(said[0]) <= 160, proc.stderr
+    cli = subprocess.run([sys.executable, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=60)
+    assert cli.returncode == 2 and cli.stdout == "" and "Traceback" not in cli.stderr, cli.stderr
+    assert len(cli.stderr.splitlines()) == 1 and fragment in cli.stderr, cli.stderr
+
+
+def test_a_deeply_nested_pins_file_is_one_line_and_the_script_goes_on(tmp_path):
+    """A 5,000-deep FASTPATH_HOOKS_PINS file: install() raised RecursionError (the script died) and the CLI
+    printed a traceback. Now one "not valid" line; the training start goes on; the CLI exits 2."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' * 5000 + "1" + "}" * 5000)
+    _pins_refused(tmp_path, str(deep), "not valid: nested more than 32 levels deep")
+    shallow_enough = tmp_path / "deep40.json"    # parses, but deeper than any pins data: refused alike
+    shallow_enough.write_text(json.dumps({"about": functools.reduce(lambda inner, _: [inner], range(40), 1)}))
+    _pins_refused(tmp_path, str(shallow_enough), "not valid: nested more than 32 levels deep")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_a_pins_path_that_is_no_regular_file_is_refused_and_never_read(tmp_path, kind):
+    """FASTPATH_HOOKS_PINS naming a FIFO hung every process forever (open() waits for a writer); /dev/zero
+    would be read without end. Refused unread, in one line, as not a regular file."""
+    path = {"fifo": str(tmp_path / "pins.fifo"), "directory": str(tmp_path / "pins.d"), "device": "/dev/zero"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    what = {"fifo": "is a named pipe", "directory": "is a directory", "device": "is a device"}[kind]
+    _pins_refused(tmp_path, path, f"{what}; expected a JSON or TOML pins file")
+
+    from fastpath_hooks.facts.pins import PinsError, load
+
+    with pytest.raises(PinsError, match=what):   # the loader itself, given the path (plan --target reads it so)
+        load(path)
+
+
+def test_doctor_says_a_block_shadowed_by_an_earlier_sitecustomize_and_the_fix(tmp_path):
+    """After `enable` (a block in the environment's sitecustomize.py), a sitecustomize.py earlier on PYTHONPATH
+    runs instead: the hooks were silently off while doctor said "enabled". doctor says it is shadowed, by which
+    file, and the fix (`--method pth`: .pth files run whatever PYTHONPATH holds); --json names both files."""
+    python, base, site = _bare_venv(tmp_path)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "sitecustomize.py").write_text("SHADOW = True\n")
+    env = _env(tmp_path, PYTHONPATH=base)
+    shadowed = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), base]))
+
+    def run(*args, env=env):
+        proc = subprocess.run([python, "-m", "fastpath_hooks", *args], capture_output=True, text=True, env=env,
+                              cwd=str(tmp_path), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    run("enable", "--method", "sitecustomize")
+    block = site + "/sitecustomize.py"
+    (row,) = [line for line in run("doctor").splitlines() if "start-up" in line]
+    assert row.split() == ["start-up", "enabled:", block]
+    (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
+    assert "shadowed, so off at start" in row and "enabled" not in row, row
+    assert str(shadow / "sitecustomize.py") in row and block in row and "`fastpath-hooks enable --method pth`" in row
+    data = json.loads(run("doctor", "--json", env=shadowed))
+    assert data["activation"]["shadowed"] == {block: str(shadow / "sitecustomize.py")}
+    run("enable", "--method", "pth", env=shadowed)       # the fix works under the same PYTHONPATH
+    (row,) = [line for line in run("doctor", env=shadowed).splitlines() if "start-up" in line]
+    assert row.split()[:2] == ["start-up", "enabled:"] and row.split()[2].endswith("fastpath-hooks-startup.pth"), row
+
+
+def test_a_failure_recorded_by_the_command_line_holds_at_the_next_start(tmp_path, toolkit):
+    """`fastpath-hooks install fla` recorded fla's failed check; the next training start installed and rolled
+    back again, and the verdict file held two fla keys: the start's model asked for causal-conv1d too, whose
+    build decision read nvcc's release (`nvcc --version`, a toolkit without version.json), and that release
+    was in fla's fingerprint. fla's key no longer holds it: the failure is remembered (RETRY_AFTER), one key."""
+    house, pins = _fla_wheelhouse(tmp_path, broken="raise")
+    python, path, _ = _bare_venv(tmp_path)
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100,
+               FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
+               CUDA_HOME=toolkit.home, LOCAL_RANK="0")
+    cli = subprocess.run([python, "-m", "fastpath_hooks", "install", "fla"], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=300)
+    assert cli.returncode == 1 and "broken on purpose" in cli.stdout + cli.stderr, cli.stdout + cli.stderr
+    start = ("import importlib.util, fastpath_hooks; fastpath_hooks.install();"
+             "importlib.util.find_spec('causal_conv1d'); importlib.util.find_spec('fla')")   # as a Qwen3.5 model asks
+    proc = subprocess.run([python, "-c", start], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "nvcc is CUDA 13.0" in proc.stderr, proc.stderr      # causal-conv1d's decision read nvcc's release
+    (fla,) = [line for line in proc.stderr.splitlines() if line.startswith("fastpath-hooks: fla: ")]
+    assert fla.startswith("fastpath-hooks: fla: failed ") and "(now: fastpath-hooks install fla)" in fla, proc.stderr
+    assert "installing" not in proc.stderr and "rolled back" not in proc.stderr, proc.stderr
+    (verdicts,) = (tmp_path / "cache" / "verdicts").glob("*.json")
+    assert len(json.loads(verdicts.read_text())["kernels"]["fla"]) == 1
+
+
+@pytest.mark.slow   # eight processes and a check child importing torch: about 12 s on 2 cores
+def test_local_rank_0_that_waited_for_another_rank_says_the_outcome(tmp_path):
+    """8 ranks with LOCAL_RANK/RANK: local rank 0 (the one that prints) found another rank installing, said
+    "waiting for another process" and never how it ended (it waited in the roll-back of the running install's
+    journal, where the outcome line was not said). Now it says the outcome; the other ranks say nothing."""
+    house, pins = _fla_wheelhouse(tmp_path, check_seconds=3)   # the installing rank's check holds the lock 3 s
+    python, path, site = _bare_venv(tmp_path)
+    journal = os.path.join(site, ".fastpath-hooks", "journal.json")
+    script = "import fastpath_hooks; fastpath_hooks.install(); import fla; print(fla.__version__)"
+
+    def rank(i):
+        env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_FIND_LINKS=str(house),
+                   FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK=i, RANK=i, LOCAL_WORLD_SIZE=8,
+                   WORLD_SIZE=8)
+        return subprocess.Popen([python, "-c", script], env=env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    others = [rank(i) for i in range(1, 8)]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(journal):   # one of them is installing: rank 0 comes while it is
+        assert time.monotonic() < deadline and all(p.poll() is None for p in others), \
+            [p.communicate() for p in others]
+        time.sleep(0.01)
+    results = [p.communicate(timeout=300) + (p.returncode,) for p in [rank(0)] + others]
+    assert all(code == 0 and out == "0.6.0\n" for out, _, code in results), results
+    assert [err for _, err, _ in results[1:]] == [""] * 7, results     # only local rank 0 prints
+    said = [line for line in results[0][1].splitlines() if line.startswith("fastpath-hooks: fla: ")]
+    assert said == ["fastpath-hooks: fla: waiting for another process that is installing or checking kernels "
+                    "(at most 1800 s, FASTPATH_HOOKS_LOCK_TIMEOUT)",
+                    "fastpath-hooks: fla: ready - done by another process while this one waited"], results[0][1]
+
+
+def test_a_failed_fla_takes_the_tilelang_installed_for_it_along(tmp_path):
+    """On a posed sm_90 with triton 3.6.0, fla needs tilelang (fla#640): tilelang (+ apache-tvm-ffi and its
+    dependencies) was installed first, fla failed its check and was rolled back, and tilelang stayed, installed
+    for nothing. Now what tilelang's install added is removed with fla, said in one line, and the next start
+    remembers fla's failure without installing tilelang again."""
+    from support import wheels
+    from fastpath_hooks.facts import pins as pins_mod
+
+    # tilelang's dependencies: einops here (the real one has five)
+    house, pins = _fla_wheelhouse(tmp_path, {"tilelang": {"runtime_deps": ["einops"]}}, broken="raise")
+    wheels.fake_tilelang_from_pins(str(house), "0.1.15", pins_mod.load())
+    wheels.fake_tvm_ffi(str(house), "0.1.12")
+    wheels.build_wheel(str(house), "einops", "0.8.2", {"einops/__init__.py": "__version__ = '0.8.2'\n"})
+    python, path, site = _bare_venv(tmp_path)
+    before = set(os.listdir(site))
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=HOPPER, FASTPATH_HOOKS_FIND_LINKS=str(house),
+               FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
+
+    def start():
+        proc = subprocess.run([python, "-c", START_AND_ASK],
+                              capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr
+
+    said = start()
+    assert "tilelang: installed apache-tvm-ffi 0.1.12, tilelang 0.1.15 (+1 dependency)" in said, said
+    assert "fla: could not install - verification failed" in said, said
+    assert ("fastpath-hooks: rolled back tilelang too, installed for fla: removed apache-tvm-ffi 0.1.12; "
+            "removed einops 0.8.2; removed tilelang 0.1.15\n") in said, said
+    assert set(os.listdir(site)) - {".fastpath-hooks"} == before, sorted(os.listdir(site))   # nothing left
+    said = start()
+    assert "fastpath-hooks: fla: failed " in said and "installing" not in said, said
+    assert set(os.listdir(site)) - {".fastpath-hooks"} == before
+
+
+def test_a_shadowing_fla_directory_is_named_with_the_fix(tmp_path):
+    """An `fla/` package earlier on PYTHONPATH (a stray checkout, an empty __init__.py) made the check fail with
+    "No module named 'fla.modules'" and no word of why. The check child says where `fla` came from; the line
+    names the shadowing directory and the fix (the error itself: the debug log)."""
+    house, pins = _fla_wheelhouse(tmp_path)
+    shadow = tmp_path / "checkouts"
+    (shadow / "fla").mkdir(parents=True)
+    (shadow / "fla" / "__init__.py").write_text("")
+    short = f"/tmp/fph-{os.getpid()}"   # a path as short as a user's (~/src): the line holds it whole
+    os.symlink(shadow, short)
+    try:
+        _shadowed_fla_is_named(tmp_path, short, pins, house)
+    finally:
+        os.unlink(short)
+
+
+def _shadowed_fla_is_named(tmp_path, shadow, pins, house):
+    python, path, _ = _bare_venv(tmp_path)
+    env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(shadow), path]), FASTPATH_HOOKS_TARGET=A100,
+               FASTPATH_HOOKS_FIND_LINKS=str(house), FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins),
+               LOCAL_RANK="0")
+    proc = subprocess.run([python, "-c", START_AND_ASK], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                          timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("fastpath-hooks: fla: could not")]
+    assert line == (f"fastpath-hooks: fla: could not install - verification failed: import fla: {shadow}/fla "
+                    "shadows the installed fla-core (move or rename it)"), proc.stderr
+    debug = subprocess.run([python, "-m", "fastpath_hooks", "install", "fla"], capture_output=True, text=True,
+                           env=dict(env, FASTPATH_HOOKS_LOG="debug"), cwd=str(tmp_path), timeout=300)
+    assert "No module named 'fla.modules'" in debug.stderr, debug.stderr   # the error, for whoever asks
+
+
+@pytest.mark.slow   # a check killed half-way, doctor (it imports transformers' hub mapping) and a recovery
+def test_an_install_killed_mid_check_is_shown_as_rolled_back_not_installed(tmp_path):
+    """After a SIGKILL during the check, doctor said "fla 0.6.0 installed" and "nothing to do" for files never
+    verified, and the next start's line was garbled ("interrupted: install fla: fla 0.6.0 fits ... (restoring
+    the state before it)"). doctor now says the install was killed half-way and is rolled back at the next
+    start, decides as after that rollback, and the next start says what it rolls back in plain words."""
+    import glob
+    import signal
+
+    house, pins = _fla_wheelhouse(tmp_path, check_seconds=20)   # killed while its check runs
+    python, path, site = _bare_venv(tmp_path)
+    journal = os.path.join(site, ".fastpath-hooks", "journal.json")
+    env = _env(tmp_path, PYTHONPATH=path, FASTPATH_HOOKS_TARGET=A100, FASTPATH_HOOKS_FIND_LINKS=str(house),
+               FASTPATH_HOOKS_OFFLINE="1", FASTPATH_HOOKS_PINS=str(pins), LOCAL_RANK="0")
+    victim = subprocess.Popen([python, "-c", START_AND_ASK], env=env, cwd=str(tmp_path), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.exists(journal) and glob.glob(os.path.join(site, "flash_linear_attention-*.dist-info"))):
+            assert time.monotonic() < deadline and victim.poll() is None, "the install did not start"
+            time.sleep(0.02)
+        time.sleep(0.5)   # installed, now checking
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+
+    doctor = subprocess.run([python, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True, env=env,
+                            cwd=str(tmp_path), timeout=120)
+    assert doctor.returncode == 0, doctor.stderr
+    (row,) = [line for line in doctor.stdout.splitlines() if line.startswith("  interrupted")]
+    assert row.startswith("  interrupted   install of fla (fla-core 0.6.0, flash-linear-attention 0.6.0) (pid "), row
+    assert "killed half-way - rolled back at the next start" in row, row
+    fla = doctor.stdout.split("\n  fla\n", 1)[1].splitlines()[:3]
+    assert fla[0] == ("    installed      no (fla-core 0.6.0, flash-linear-attention 0.6.0 on disk, never verified: "
+                      "an interrupted install's, rolled back at the next start)"), fla
+    assert fla[2].startswith("    install()      install fla-core==0.6.0, flash-linear-attention==0.6.0 - "), fla
+    assert os.path.exists(journal)   # doctor touches nothing
+
+    after = subprocess.run([python, "-c", "import fastpath_hooks; fastpath_hooks.install()"], capture_output=True,
+                           text=True, env=dict(env, FASTPATH_HOOKS_SKIP="fla"), cwd=str(tmp_path), timeout=120)
+    assert after.returncode == 0, after.stderr
+    assert after.stderr.splitlines()[-2:] == [
+        "fastpath-hooks: an earlier install of fla (fla-core 0.6.0, flash-linear-attention 0.6.0) was interrupted; "
+        "rolling it back (stopped 1 process it left running)",   # its check child, asleep in `import fla.modules`
+        "fastpath-hooks: rolled back: removed fla-core 0.6.0; removed flash-linear-attention 0.6.0"], after.stderr
+    assert not os.path.exists(journal) and not glob.glob(os.path.join(site, "fl*"))
+
+
+# -- what each way needs, said where a newcomer looks (issue 40) --------------------------------------
+
+@pytest.mark.parametrize("command", ["doctor", "plan", "install", "download", "build"])
+def test_every_target_option_says_its_format(command, capsys):
+    """`--target`'s format was in no `--help` (only docs/settings.md): each says the key=value list, an example,
+    the keys, and that a CPU torch needs a posed build for a GPU to count."""
+    from fastpath_hooks import cli
+
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--target SPEC" in text and "a comma list of key=value facts" in text, text
+    for part in ("gpu=sm_90,cuda=12.8,torch=2.10.0", "cuda=, hip= or xpu=yes", "torch, cuda, hip, xpu, triton, "
+                 "python, nvcc", "docs/settings.md#posing-as-another-"):
+        assert part in text, (part, text)
+
+
+def test_build_on_a_cpu_torch_host_says_what_it_needs_and_the_fix(tmp_path):
+    """`fastpath-hooks build` with a CPU torch (README way 3 on a build host) exited 2 with a line cut before its fix,
+    never saying that a build needs CUDA torch and nvcc but no GPU. One whole line now."""
+    proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "build", "causal-conv1d", "--arch", "sm_90"],
+                          capture_output=True, text=True, env=_env(tmp_path, PYTHONPATH=ROOT), cwd=str(tmp_path),
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    torch = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert proc.stderr == (f"fastpath-hooks: a build needs CUDA (or ROCm) torch and nvcc, no GPU: torch {torch} is a "
+                           "CPU build (install the torch it runs with, or --target cuda=12.8)\n")
+    assert len(proc.stderr.strip()) <= 160
+
+
+def test_the_readme_says_what_its_commands_need():
+    """The README's test command failed without pytest (the test extra was only in docs/development.md); its
+    way 3 did not say that a build host needs the GPU machine's CUDA torch (a CPU torch skips everything) and
+    `build` nvcc."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    tests = readme.index('python -m pytest -m "not slow" -q')
+    assert 'pip install -e ".[test]"' in readme[tests - 80:tests], readme[tests - 200:tests + 60]
+    way3 = readme[readme.index("3. **Ahead of time**"):readme.index("```bash", readme.index("3. **Ahead of time**"))]
+    for part in ("the CUDA torch the GPU machine runs", "a CPU torch", "`--target`", "cuda=12.8", "nvcc",
+                 "`fastpath-hooks install --help`"):
+        assert part in " ".join(way3.split()), (part, way3)
+
+
+@pytest.mark.parametrize("copy_in_site", [True, False], ids=["shadowed", "editable"])
+def test_only_a_copy_beside_the_installed_one_is_called_a_shadow(copy_in_site, tmp_path, monkeypatch):
+    """The shadow is named only where the distribution put its own copy in site-packages: an editable install
+    (its package elsewhere, no copy there) that fails its import says the error itself."""
+    from types import SimpleNamespace
+
+    from fastpath_hooks.act.verify import verify_many
+
+    site, elsewhere = tmp_path / "site", tmp_path / "src"
+    (elsewhere / "kern_x").mkdir(parents=True)
+    (elsewhere / "kern_x" / "__init__.py").write_text("")          # no kern_x.ops: the import fails
+    info = site / "kern_x-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kern-x\nVersion: 1.0\n")
+    (info / "RECORD").write_text("kern_x-1.0.dist-info/RECORD,,\n")
+    if copy_in_site:
+        (site / "kern_x").mkdir()
+        (site / "kern_x" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    spec = SimpleNamespace(name="kern-x", verify_modules=("kern_x.ops",), verify_attributes=(),
+                           distributions=("kern-x",))
+    (result,) = verify_many([spec], timeout=60, env_extra=(("PYTHONPATH", f"{elsewhere}{os.pathsep}{site}"),))
+    assert not result.ok
+    if copy_in_site:
+        assert result.detail == f"import kern_x.ops: {elsewhere / 'kern_x'} shadows the installed kern-x (move or rename it)"
+    else:
+        assert result.detail == "import kern_x.ops: ModuleNotFoundError: No module named 'kern_x.ops'", result.detail

@@ -66,10 +66,12 @@ def test_a_killed_install_is_rolled_back_at_the_next_start_whatever_is_skipped(l
     # doctor shows it (and touches nothing)
     doctor = venv.cli("doctor", env=env)
     assert doctor.returncode == 0, doctor.stderr
-    assert "interrupted   install fla" in doctor.stdout and "rolls back" in doctor.stdout, doctor.stdout
+    assert "interrupted   install of fla" in doctor.stdout and "rolled back at the next start" in doctor.stdout, \
+        doctor.stdout
     as_json = venv.cli("doctor", "--json", env=env)
     pending = json.loads(as_json.stdout)["interrupted_install"]
-    assert pending["journal"] == journal and pending["description"].startswith("install fla")
+    assert pending["journal"] == journal and pending["description"].startswith("install of fla")
+    assert pending["running"] is False, pending
     assert os.path.exists(journal)
 
     # the next start leaves fla out - and still rolls the half-written fla back before anything imports it

@@ -525,7 +525,8 @@ def _whole(line: str, fix: str) -> None:
 
 
 @pytest.mark.parametrize("args,said,fix", [
-    ((), "torch 2.13.0+cpu is not a CUDA or ROCm build", "(install one here, or pose one: --target cuda=X.Y)"),
+    ((), "a build needs CUDA (or ROCm) torch and nvcc, no GPU: torch 2.13.0+cpu is a",
+     "(install the torch it runs with, or --target cuda=12.8)"),
     (("--arch", "sm_999", "--target", "cuda=12.8"), "--arch sm_999: sm_999 is not a CUDA GPU arch",
      "known: sm_35 37 50 "),
     (("--arch", "sm_9x", "--target", "cuda=12.8"), "--arch sm_9x: a GPU is sm_XY", "gfxNNN (ROCm) or none"),

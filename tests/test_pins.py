@@ -202,6 +202,8 @@ def _without_source():
     return {"kernels": {"fla": {"releases": [rel]}}}
 
 
+SHIPPED_BUILD = {"cuda_major": "12", "torch_mm": ["2.10"], "python": ["3.11"], "arch": ["x86_64"], "abi": ["TRUE"]}
+
 MALFORMED = [
     ("bad JSON", "p.json", '{"kernels": {', "", "not valid JSON"),
     ("bad TOML", "p.toml", "kernels = [\n", "", "not valid TOML"),
@@ -274,6 +276,24 @@ MALFORMED = [
      {"kernels": {"mamba-ssm": {"releases": [{"version": "2.3.2.post1", "declares": ["tilelang=0.1.8"],
                                               "source": "upstream: x"}]}}},
      "kernels.mamba-ssm.releases[0].declares[0]", "is not a requirement"),
+    # issue 40: a key no field reads was silently ignored (a typo'd `backends` said "(fla does from ?)")
+    ("unknown keys in a kernel", "p.json", {"kernels": {"fla": {"relases": [], "tyop": 1}}}, "kernels.fla.relases",
+     "unknown key (did you mean releases?); also tyop"),
+    ("unknown key in a release", "p.json", _release(backnds=["tilelang"]), "kernels.fla.releases[0].backnds",
+     "unknown key (did you mean backends?)"),
+    ("unknown key in a table of a record", "p.json",
+     {"kernels": {"causal-conv1d": {"source_build": {"parallel": {"split_compil": True}}}}},
+     "kernels.causal-conv1d.source_build.parallel.split_compil", "unknown key (did you mean split_compile?)"),
+    ("unknown key in a reader's table", "p.json",
+     {"kernels": {"causal-conv1d": {"release": {"builds": [{**SHIPPED_BUILD, "cuda": "12"}]}}}},
+     "kernels.causal-conv1d.release.builds[0].cuda", "unknown key"),
+    ("unknown key in the hub's rules", "p.json", {"hub": {"probe_secs": 5}}, "hub.probe_secs",
+     "unknown key (did you mean probe_seconds?)"),
+    ("unknown key in a section", "p.json", {"protected": {"distributions": ["torch"], "source": "upstream: x",
+                                                          "note": "x"}}, "protected.note", "unknown key"),
+    ("a key of another kind's release", "p.json",
+     {"kernels": {"flash-qla": {"releases": [{"version": "0.1.4", "backends": ["tilelang"], "source": "upstream: x"}]}}},
+     "kernels.flash-qla.releases[0].backends", "only a pure kernel has backends"),
     ("mamba-ssm build for another distribution", "p.json",
      {"kernels": {"mamba-ssm": {"source_build": {"requirement": "causal-conv1d==1.6.2.post1"}}}},
      "kernels.mamba-ssm.releases", "is not one of the releases"),

@@ -567,7 +567,7 @@ def check_kernels(specs: list) -> None:
                 if not callable(_attribute(item)):
                     raise TypeError(f"{item} is not callable")
         except BaseException as exc:   # noqa: BLE001 - the verdict on this kernel
-            out.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+            out.update(ok=False, error=f"{type(exc).__name__}: {exc}", origin=_origin(spec["modules"]))
         out["seconds"] = round(time.monotonic() - start, 3)
         if out["ok"] and spec.get("numeric"):
             _say({"index": i, "phase": "numeric"})
@@ -591,6 +591,17 @@ def check_kernels(specs: list) -> None:
                 os.environ.update(saved)
         _say(out)
     _say({"loaded": _loaded()})
+
+
+def _origin(modules) -> str | None:
+    """Where the kernel's top-level package was imported from (its directory, or its file), if it was: an `fla/`
+    earlier on sys.path than the installed one shadows it (the parent names it)."""
+    module = sys.modules.get(modules[0].split(".")[0]) if modules else None
+    where = getattr(module, "__file__", None)
+    if where:
+        return os.path.dirname(where) if os.path.basename(where).startswith("__init__.") else where
+    paths = list(getattr(module, "__path__", None) or ())   # a namespace package: a directory without __init__
+    return paths[0] if paths else None
 
 
 def _loaded() -> dict:

@@ -59,6 +59,7 @@ class InstallResult:
     restart_advised: tuple   # modules imported before their distribution changed
     scan: tuple = ()         # sys.path's (distributions, duplicates) afterwards: the engine settles its env from it
     checked: str = CHILD     # how, for its line
+    added: tuple = ()        # the distributions of `installed` that were absent before (an undo removes them)
 
     _freezes_itself = True
 
@@ -139,8 +140,9 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
     protected_before = {n: real_before.get(n) for n in pins.protected}
     names = {n for kernel_steps in steps.values() for s in kernel_steps for n in s.names}
     lead = members[0].kernel
-    description = (f"{members[0].action} {lead}: {members[0].reason}" if len(members) == 1
-                   else f"install {', '.join(d.kernel for d in members)} together")
+    targets = ", ".join(f"{n} {v}" for d in members for n, v in d.target.items())
+    description = (f"{members[0].action} of {lead}" if len(members) == 1
+                   else f"install of {', '.join(d.kernel for d in members)} together") + (f" ({targets})" if targets else "")
     tx = Transaction(state_dir, site, names, description=description)
     tx_work = tx.work_dir   # exists only while the journal does: a killed run's is removed by recover()
     scratch = (("TMPDIR", tx_work), ("TEMP", tx_work), ("TMP", tx_work))   # the installers' and checks' temp files
@@ -260,7 +262,9 @@ def _transaction(members, made: dict, *, settings, env, pins, commands, state_di
             owner.setdefault(name, d.kernel)
     child = [r.child for r in checks] or [True] * len(members)
     return {d.kernel: InstallResult(d.kernel, {n: v for n, v in changed.items() if owner.get(n, lead) == d.kernel},
-                                    seconds, installer, restart, scan=now, checked=CHILD if c else REMEMBERED)
+                                    seconds, installer, restart, scan=now, checked=CHILD if c else REMEMBERED,
+                                    added=tuple(sorted(n for n in changed if owner.get(n, lead) == d.kernel
+                                                       and real_before.get(n) is None)))
             for d, c in zip(members, child)}
 
 
@@ -296,6 +300,32 @@ class _Beside:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def uninstall(names, *, state_dir: str, description: str, site: str | None = None) -> list:
+    """Remove the distributions `names` - all added by an install of this request, for a kernel that failed -
+    in a transaction: whole, or restored. What was done; InstallError when it was restored."""
+    site = site or site_packages()
+    before = _versions(scan()[0])
+    tx = Transaction(state_dir, site, names, description=description)
+    try:
+        tx.begin()
+        done = tx.remove()
+        after = _versions(scan()[0])
+        left = sorted(n for n in tx.names if n in after)
+        if left:
+            raise InstallError(f"{', '.join(left)} could not be removed")
+        gone = {n: v for n, v in before.items() if n not in tx.names and after.get(n) != v}
+        if gone:   # never: tx.remove() leaves other distributions' files alone
+            raise InstallError(f"removing {', '.join(tx.names)} changed {', '.join(sorted(gone))}")
+    except BaseException as exc:
+        tx.rollback()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise InstallError(str(exc) if isinstance(exc, InstallError) else f"{type(exc).__name__}: {exc}") from None
+    tx.commit()
+    importlib.invalidate_caches()
+    return done
 
 
 def _versions(found: dict) -> dict:

@@ -20,7 +20,7 @@ import uuid
 
 from .. import events
 from .._names import JOURNAL, STATE_DIR_NAME, cache_root, environment_key
-from ..events import fitted
+from ..events import first_fitting, fitted
 from ..facts.distributions import canonical_name, record_files, scan, site_packages
 from .runner import group_record, kill_group
 
@@ -119,12 +119,7 @@ class Transaction:
                     new = os.path.basename(dist.path) not in dist_dirs
                     if (name not in self.names and not new) or name in intact:
                         continue
-                    files = [p for p in record_files(dist) if p not in others]
-                    for path in files:
-                        if _inside(path, self.site_dir) or _inside(path, self.prefix):
-                            _remove(path)
-                    shutil.rmtree(dist.path, ignore_errors=True)
-                    removed_files += files
+                    removed_files += self._remove_dist(dist, others)
                     if self.before.get(name) != dist.version:
                         done.append(f"removed {name} {dist.version}")
             _prune_empty_dirs(self.site_dir, removed_files)
@@ -147,6 +142,29 @@ class Transaction:
         done += self._remove_new_files()
         self.commit()
         return done
+
+    def remove(self) -> list:
+        """Remove the named distributions begin() backed up (an install this process made that is not wanted
+        after all): their RECORD's files - never one that another distribution had there - and their dist-info.
+        rollback() puts them back. What was done."""
+        found, dups = scan([self.site_dir])
+        others = _paths(self.site_dir, self._known_listing() or {}) - {o for o, *_ in self.manifest}
+        done, removed_files = [], []
+        for name in self.names:
+            for dist in _instances(name, found, dups):
+                removed_files += self._remove_dist(dist, others)
+                done.append(f"removed {name} {dist.version}")
+        _prune_empty_dirs(self.site_dir, removed_files)
+        return done
+
+    def _remove_dist(self, dist, others: set) -> list:
+        """Delete one distribution's files (inside site-packages and the prefix; not `others`) and its dist-info."""
+        files = [p for p in record_files(dist) if p not in others]
+        for path in files:
+            if _inside(path, self.site_dir) or _inside(path, self.prefix):
+                _remove(path)
+        shutil.rmtree(dist.path, ignore_errors=True)
+        return files
 
     def _intact(self, name: str, found: dict, dups: dict) -> bool:
         """As begin() found it: the same dist-info directories, every backed-up file with its size and mtime (an
@@ -176,7 +194,7 @@ class Transaction:
             return None
         data = _read_json(path)
         readable = data is not None   # an unreadable journal: nothing reliable to restore, dropped
-        data = data if readable else {"id": "unreadable", "description": "unreadable journal"}
+        data = data if readable else {"id": "unreadable", "description": "install (its journal is unreadable)"}
         defaults = {"id": "?", "site_dir": "", "names": [], "before": {}, "manifest": [], "listing": [],
                     "before_dirs": {}, "backup_dir": "", "description": ""}
         tx = cls.__new__(cls)
@@ -247,13 +265,14 @@ def recover(state_dir: str) -> list:
     if tx is not None:
         # its writer died; its installer may not have (its own session): stopped first
         stopped = tx.stop_group()
-        still = f"; stopped its installer ({stopped} processes still running)" if stopped else ""
-        whole = f"an earlier install was interrupted ({tx.description or tx.id}){still}; restoring the state before it"
-        events.warning(fitted(f"an earlier install was interrupted{still}: ", tx.description or tx.id,
-                              "restoring the state before it", whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
+        still = f" (stopped {stopped} process{'es' if stopped > 1 else ''} it left running)" if stopped else ""
+        what = tx.description or f"install {tx.id}"
+        whole = f"an earlier {what} was interrupted; rolling it back{still}"
+        events.warning(first_fitting(whole, f"an earlier {what.split(' (')[0]} was interrupted; rolling it back{still}"),
+                       detail=whole)
         done = tx.rollback()
-        whole = "recovered: " + ("; ".join(done) if done else "nothing to restore")
-        events.status(fitted("recovered: ", "; ".join(_counted(done)) if done else "nothing to restore",
+        whole = "rolled back: " + ("; ".join(done) if done else "nothing had changed")
+        events.status(fitted("rolled back: ", "; ".join(_counted(done)) if done else "nothing had changed",
                              whole_at="FASTPATH_HOOKS_LOG=debug"), detail=whole)
     with contextlib.suppress(OSError):   # backups no journal points at (a crash in begin, commit), killed runs' work
         entries = os.listdir(state_dir)

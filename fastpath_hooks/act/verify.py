@@ -11,8 +11,9 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from .. import events
 from .._names import cache_root_from_environ
-from ..facts.distributions import installed_versions
+from ..facts.distributions import installed_versions, scan
 from ..facts.frozen import thaw
 from ..facts.memory import read_records
 from . import store
@@ -104,7 +105,8 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
         if item is not None:
             ok = bool(item.get("ok"))
             many = f" (one check for {len(specs)} kernels)" if len(specs) > 1 else ""
-            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else f"{what}: {item.get('error')}"
+            detail = f"{what}: ok in {item.get('seconds', 0):.1f} s{many}" if ok else \
+                f"{what}: {_shadowed(spec, item.get('origin'), item.get('error'))}"
             result = _with_numbers(Verification(ok, detail, float(item.get("seconds") or 0.0)), numbers.get(i), item)
             out.append(_with_gdr(result, spec, gdrs[i], item, environ))
             continue
@@ -132,6 +134,24 @@ def check_now(spec, check, *, timeout: float, env_extra=(), root: str | None = N
     check = {**thaw(check), "first_call": False}
     return verify_many([spec], timeout=timeout, env_extra=env_extra, checks=[check], root=root, gpus=gpus, keyed=keyed,
                        started=started)[0]
+
+
+def _shadowed(spec, origin, error) -> str:
+    """Why the import failed: the error, or - where the kernel's package was imported from another place than the
+    copy its installed distribution put in site-packages (an `fla/` on PYTHONPATH or in the working directory) -
+    that place and the fix (the error it causes, "No module named 'fla.modules'", goes to the debug log). An
+    editable install (no copy in site-packages) is never taken for a shadow."""
+    if origin and spec.verify_modules:
+        top = spec.verify_modules[0].split(".")[0]
+        found, _ = scan()
+        where = os.path.realpath(origin)
+        for dist in (d for d in getattr(spec, "distributions", ()) if d in found):
+            site = os.path.realpath(found[dist].site)
+            copy = os.path.isdir(os.path.join(site, top)) or os.path.isfile(os.path.join(site, top + ".py"))
+            if copy and not where.startswith(site + os.sep):
+                events.debug(f"{spec.name}: {error}", spec.name)
+                return f"{origin} shadows the installed {dist} (move or rename it)"
+    return str(error)
 
 
 def _what(spec, check) -> str:

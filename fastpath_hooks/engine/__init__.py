@@ -105,6 +105,7 @@ def forget() -> None:
     if _world is not None:
         _world.readings.clear()
         _world.batched.clear()
+        _world.installed.clear()
     events.forget()
 
 

@@ -133,7 +133,11 @@ def _valid_part(environ, problems=()):
 
 
 def fingerprint(env, settings, pins, kernel: str) -> str:
-    """The probed facts one kernel's verdict depends on (installing fla leaves tilelang's alone)."""
+    """The probed facts one kernel's verdict depends on (installing fla leaves tilelang's alone). nvcc's release
+    only where it is read for this kernel (`complete`: a compiled kernel's build): whether another kernel of the
+    request read it (a script's model asks for causal-conv1d too) must not change fla's key."""
+    spec = pins.kernel(kernel)
+    builds = any(pins.kernel(k).kind == "compiled" for k in (kernel, *spec.with_kernels))
     facts = {
         "fastpath_hooks": __version__,
         "pins": pins.digest,
@@ -141,13 +145,13 @@ def fingerprint(env, settings, pins, kernel: str) -> str:
         "python": env.python, "implementation": env.implementation, "platform": env.platform, "glibc": env.glibc,
         "torch": env.torch, "cuda": env.torch_cuda, "hip": env.torch_hip, "xpu": env.torch_xpu,
         "abi": env.cxx11_abi, "gpus": list(env.gpus), "triton": env.triton, "triton_dist": env.triton_dist,
-        "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version, "hipcc": bool(env.hipcc),
+        "nvcc": bool(env.nvcc), "nvcc_version": env.nvcc_version if builds else None, "hipcc": bool(env.hipcc),
         "switches": dict(env.switches),
         # only the cached wheels of this kernel's distributions: another kernel's (or another torch's) new
         # wheel in a shared cache must not make every verdict re-check
         "cached_wheels": hashlib.sha256("\n".join(
             w for w in env.cached_wheels
-            if wheel_distribution(w) in pins.kernel(kernel).distributions).encode()).hexdigest()[:16],
+            if wheel_distribution(w) in spec.distributions).encode()).hexdigest()[:16],
         "transformers": env.version("transformers"), "numpy": env.version("numpy"),
         "dists": {d: env.version(d) for d in verdict_distributions(pins, kernel)},
         "half_installed": list(env.half_installed),

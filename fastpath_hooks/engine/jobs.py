@@ -44,7 +44,7 @@ def recover_now(wait: bool = True) -> None:
     interrupted, and whoever imports its kernel waits for it there."""
     world = current_world()
     settings, _, invalid = world.context()
-    failed = roll_back(world, settings, invalid, LABEL, wait=wait) if world.pending(settings) else None
+    failed = roll_back(world, settings, invalid, LABEL, wait=wait)[0] if world.pending(settings) else None
     if failed is not None:
         again = "the next kernel import tries again"
         events.error(fitted(f"{LABEL} here could not be rolled back yet: ", failed, again), once="recover-now",
@@ -71,10 +71,10 @@ def plan_build(kernel: str, *, settings, pins, archs: str | None = None, rebuild
         raise Refused(f"{kernel} is not built from source (its wheels are prebuilt); `build` knows "
                       f"{', '.join(pins.source_builds)}")
     env = current_world().probe(settings, pins, nvcc=True)
-    if not (env.torch_cuda or env.torch_hip):
-        raise Refused((f"torch {env.torch} is not a CUDA or ROCm build, which" if env.torch else "torch is not "
-                       "installed; a CUDA or ROCm torch is what") + " the kernel is built against (install one here, "
-                      "or pose one: --target cuda=X.Y)")
+    if not (env.torch_cuda or env.torch_hip):   # what a build needs, no GPU among it; then nvcc (decide_build)
+        have = f"torch {env.torch} is a {env.torch_build} build" if env.torch else "torch is not installed"
+        raise Refused(f"a build needs CUDA (or ROCm) torch and nvcc, no GPU: {have} (install the torch it runs with, "
+                      "or --target cuda=12.8)")
     if archs:
         wanted = [a.strip() for a in archs.split(",") if a.strip()]
         if wanted == ["all"]:

@@ -75,6 +75,10 @@ class Run:
     lock: object = None               # the environment lock, held from LOCK until the loop ends
     verdict: tuple | None = None      # (good, detail) for RECORD to write
     installed: object = None          # the installer's result, when INSTALL ran
+    by_another: bool = False          # another process installed or checked while this one waited: said at DONE
+    fresh_needs: tuple = ()           # the kernels its NEEDS installed, for it (removed again if it fails)
+    before_needs: str | None = None   # the fingerprint before NEEDS installed them
+    needs_undone: bool = False        # its install failed and they were removed: its failure holds without them
     outcome: Outcome | None = None
     trail: tuple = ()                 # the states passed through, in order (debug log, tests)
 
@@ -107,6 +111,10 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
     finally:
         if current.lock is not None:
             current.lock.release()
+    if current.by_another and current.outcome is not None and current.outcome.state == OutcomeState.OK:
+        # this process said it was waiting (or was about to install it): it says how that ended
+        events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
+                      once=f"done-{kernel}")
     return current
 
 
@@ -115,7 +123,7 @@ def _context(run: Run):
     run = replace(run, settings=settings, pins=pins, invalid=invalid)
     if run.kernel in settings.skip:
         if run.world.pending(settings):   # skipped, yet never imported half-written
-            failed = _recover(run)
+            failed, _ = _recover(run)
             if failed is not None:
                 return run.done(failed)
         events.debug(f"{run.kernel}: skipped by FASTPATH_HOOKS_SKIP", run.kernel)
@@ -126,10 +134,11 @@ def _context(run: Run):
 def _read(run: Run):
     world, settings = run.world, run.settings
     stamp = world.stamp(run.captured, run.signature)
-    if stamp is None and world.pending(settings):
-        failed = _recover(run)
+    if stamp is None and world.pending(settings):   # waits for a running install (or rolls a dead one back)
+        failed, waited = _recover(run)
         if failed is not None:
             return run.done(failed)
+        run = replace(run, by_another=waited)
         stamp = world.stamp(run.captured)
     reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
     if reading is None:
@@ -148,25 +157,26 @@ def _read(run: Run):
     return State.NEEDS, run
 
 
-def _recover(run: Run) -> Outcome | None:
-    failed = roll_back(run.world, run.settings, run.invalid, run.kernel)
+def _recover(run: Run) -> tuple:
+    """(a failed Outcome or None, whether it waited for another process)."""
+    failed, waited = roll_back(run.world, run.settings, run.invalid, run.kernel)
     if failed is None:
-        return None
+        return None, waited
     events.error(f"{run.kernel}: {failed}; leaving it as it is", run.kernel, once=f"fail-{run.kernel}")
-    return Outcome(run.kernel, OutcomeState.FAILED, str(failed))
+    return Outcome(run.kernel, OutcomeState.FAILED, str(failed)), waited
 
 
-def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = True) -> LockUnavailable | None:
+def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = True) -> tuple:
     """Roll back a pending install's journal under the lock: taking it waits for a running install, after
     which the journal is gone (committed) or its writer is dead. `wait=False`: only if the lock is free now.
-    Returns what kept the lock from being taken."""
+    Returns (what kept the lock from being taken or None, whether it waited for another process)."""
     if settings.mode == "report":
         why = invalid or "FASTPATH_HOOKS_MODE=report"
         events.warning(fitted("an interrupted install here is not rolled back: ", why,
                               "a run in install mode rolls it back"), once="interrupted-report",
                        detail=f"an install into this environment was interrupted ({world.state_dir(settings)}); "
                               f"it is not rolled back because {why}")
-        return None
+        return None, False
     lock = world.lock(settings, label)
     try:
         if wait:
@@ -174,20 +184,30 @@ def roll_back(world, settings, invalid: str | None, label: str, *, wait: bool = 
         elif lock.try_acquire() is None:
             events.debug(f"an install into this environment is running ({world.state_dir(settings)}); the imports "
                          "of its kernel wait for it")
-            return None
+            return None, False
     except LockUnavailable as exc:
-        return exc
+        return exc, False
     try:
         world.recover(settings)
     finally:
         lock.release()
-    return None
+    return None, bool(getattr(lock, "waited", False))
 
 
 def _needs(run: Run):
     decision = run.decision
+    if decision.needs and decision.action != OK and run.settings.mode == "install":
+        before = run.world.fingerprint(run.env, run.settings, run.pins, run.kernel)
+        run = replace(run, cache=run.world.cache(run.settings), fingerprint=before, before_needs=before)
+        failed = _known(run, failed_only=True)   # its failure, after which what it needed was removed again
+        if failed is not None:
+            return run.done(failed)
+    fresh = []
     for dep in decision.needs:
+        earlier = set(run.world.installed)
         dep_outcome = run.needs(dep)   # no lock of ours is held here: it may be decided by another thread
+        if dep_outcome.state == OutcomeState.INSTALLED and dep in run.world.installed and dep not in earlier:
+            fresh.append(dep)   # installed by this very call, for this kernel (not a kernel that wants it)
         if dep_outcome.state == OutcomeState.REPORTED:
             continue   # report mode: the dependency would be installed, so would this kernel (said below)
         if dep_outcome.state not in GOOD:
@@ -204,7 +224,7 @@ def _needs(run: Run):
             say(engine_line(f"{run.kernel}: {short.NOT_INSTALLED} - ", *said), run.kernel,
                 detail=f"{why}; {run.kernel} is not installed, {keeps_instead(run.kernel)}")
             return run.done(Outcome(run.kernel, OutcomeState.SKIPPED, why))
-    return State.CACHED, run
+    return State.CACHED, replace(run, fresh_needs=tuple(fresh))
 
 
 def _cached(run: Run):
@@ -269,7 +289,7 @@ def _check(run: Run):
         decision = plan[kernel]
         run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))
-    run = replace(run, stamp=now)
+    run = replace(run, stamp=now, by_another=run.by_another or getattr(run.lock, "waited", False))
     current = run.decision
     if run.repairing:
         return State.INSTALL, run
@@ -280,11 +300,8 @@ def _check(run: Run):
         known = _known(run)
         if known is None:
             return State.VERIFY, run
-        # this process was about to install it, or said it was waiting: it says how that ended
-        if known.state == OutcomeState.OK and (run.planned != OK or getattr(run.lock, "waited", False)):
-            events.status(f"{kernel}: ready - done by another process while this one waited", kernel,
-                          once=f"done-{kernel}")
-        return run.known(known)
+        # this process was about to install it, or said it was waiting: it says how that ended (DONE)
+        return replace(run, by_another=run.by_another or run.planned != OK).known(known)
     if current.action == SKIP:
         return run.done(skipped_outcome(current, run.plan, run.pins, quiet=run.invalid is not None))
     if current.action == BLOCK:
@@ -369,9 +386,37 @@ def _install(run: Run):
     if mine is None:
         why = failed.get(kernel, "not installed")
         decision = numeric_block(current, why, run.env.gpus) if kernel in numeric else current
-        return State.RECORD, replace(run, decision=decision, verdict=(False, why))
+        undone = bool(run.fresh_needs) and _undo_needs(run)
+        return State.RECORD, replace(run, decision=decision, verdict=(False, why), needs_undone=undone)
     done = "repaired" if current.action == REPAIR else "installed"
     return State.RECORD, replace(run, verdict=(True, f"{done} in {mine.seconds:.1f} s"), installed=mine)
+
+
+def _undo_needs(run: Run) -> bool:
+    """Its install failed (lock held): the kernels NEEDS installed just now for it (fla's tilelang) are removed
+    again - what their install added. One stays, said, where a kernel this process installed after it may use
+    it, or where its install replaced versions that were there. True when every one was removed."""
+    world, kernel = run.world, run.kernel
+    order, undone = list(world.installed), True
+    for dep in run.fresh_needs:
+        result = world.installed.get(dep)
+        if result is None:
+            continue   # installed by another thread's decision without this process's installer: not ours
+        since = [k for k in order[order.index(dep) + 1:] if k != kernel]
+        replaced = sorted(set(result.installed) - set(result.added))
+        try:
+            if since or replaced:
+                raise InstallFailed(f"{since[0]}, installed since, may use it" if since
+                                    else f"its install replaced the {replaced[0]} that was there")
+            done = world.uninstall(dep, settings=run.settings, why=f"installed for {kernel}, which failed")
+        except InstallFailed as exc:
+            undone = False
+            events.warning(fitted(f"{kernel}: {dep}, installed for it, stays: ", exc), kernel,
+                           detail=f"{kernel}: {dep}, installed for it, stays: {exc}")
+            continue
+        events.status(fitted(f"rolled back {dep} too, installed for {kernel}: ", "; ".join(done)), kernel,
+                      detail=f"rolled back {dep} too, installed for {kernel}: {'; '.join(done)}")
+    return undone
 
 
 def _members(run: Run, others, results: dict, failed: dict, numeric: set) -> None:
@@ -429,6 +474,8 @@ def _record(run: Run):
         outcome = Outcome(kernel, outcome.state, outcome.reason, outcome.block, first_call=held)
     if not run.cache.record(kernel, verdict=verdict, warm=warm):
         events.debug(f"{kernel}: verdict not cached (the cache is read-only or busy)", kernel)
+    if run.needs_undone and run.before_needs and verdict is not None:   # as the next start finds it (NEEDS)
+        run.cache.record(kernel, verdict=(run.before_needs, *verdict[1:]))
     return run.done(outcome)
 
 

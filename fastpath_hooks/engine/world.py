@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import NamedTuple
 
 import filelock
@@ -19,21 +20,54 @@ import filelock
 from .. import events
 from .._names import cache_root_from_environ
 from ..act.fetch import FetchError, fetch_into
-from ..act.installer import InstallError, build_to_cache, install
+from ..act.installer import InstallError, build_to_cache, install, uninstall
 from ..act.locks import environment_lock
 from ..act.store import VerdictCache, environment_signature
-from ..act.transaction import JOURNAL, environment_state_dir, recover
+from ..act.transaction import JOURNAL, Transaction, environment_state_dir, recover
 from ..act.verify import verify
 from ..decide.plan import installer_choice
 from ..decide.policy import Commands, decide
+from ..facts.distributions import installed_versions
 from ..facts.probe import after_install, probe, with_nvcc_version
 from .context import complete, fingerprint, load
 from .first_call import run_check as run_first_check
 
 
 def snapshot(settings, pins):
-    """(env, plan) for `doctor` and `plan`: what they show is what an install decides from."""
-    return World().read(settings, pins)
+    """(env, plan) for `doctor` and `plan`: what they show is what an install decides from - after the rollback
+    of an install killed half-way, which the next start does first (its files were never verified)."""
+    world = World()
+    env, plan = world.read(settings, pins)
+    killed = interrupted(settings, world)
+    if killed and killed["running"] is False:
+        dists = {n: v for n, v in env.distributions.items() if n not in killed["before"]}
+        dists.update((n, v) for n, v in killed["before"].items() if v is not None)
+        env = replace(env, distributions=dists)
+        env, plan = world.complete(env, world.decide(env, settings, pins), settings, pins)
+    return env, plan
+
+
+def interrupted(settings, world=None) -> dict | None:
+    """The install an install journal here is about (doctor): what, by whom, since when; `running` - its
+    process holds the install lock now (or the lock cannot be had here); `before` - what its
+    rollback restores (distribution -> version, None: absent); `left` - what it left on disk meanwhile. None
+    without a journal."""
+    world = world or World()
+    state_dir = world.state_dir(settings)
+    if not world.pending(settings):
+        return None
+    lock = world.lock(settings, "doctor")
+    running = lock.try_acquire() is None   # its writer holds the lock while it lives
+    try:
+        tx = Transaction.pending(state_dir)
+    finally:
+        lock.release()
+    if tx is None:
+        return None
+    now = installed_versions(tx.names)
+    return {"journal": tx.journal_path, "description": tx.description, "pid": tx.pid, "started": tx.started,
+            "running": running, "before": dict(tx.before),
+            "left": {n: v for n, v in now.items() if v is not None and v != tx.before.get(n)}}
 
 
 class InstallFailed(Exception):
@@ -71,6 +105,7 @@ class World:
     def __init__(self):
         self.readings = Readings()
         self.batched: dict = {}   # kernel -> its Outcome, installed (or not) with another kernel by this process
+        self.installed: dict = {}  # kernel -> its InstallResult, of the installs of this process, in their order
 
     def context(self, target: str | None = None):
         """(settings, pins, invalid): see context.load."""
@@ -153,10 +188,25 @@ class World:
     def install_batch(self, decisions, *, settings, env, pins):
         """The kernels of one request in one transaction, checked in one child (lock held): its Installed."""
         try:
-            return install(decisions, settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
+            done = install(decisions, settings=settings, env=env, pins=pins, commands=Commands.of(settings, env, pins),
                            state_dir=self.state_dir(settings))
         except InstallError as exc:
             raise InstallFailed(str(exc)) from None
+        for kernel, result in done.results.items():
+            self.installed.pop(kernel, None)
+            self.installed[kernel] = result
+        return done
+
+    def uninstall(self, kernel: str, *, settings, why: str) -> list:
+        """Remove what this process's install of `kernel` added (lock held): what was done, or InstallFailed
+        (restored)."""
+        result = self.installed[kernel]
+        try:
+            done = uninstall(result.added, state_dir=self.state_dir(settings), description=f"removal of {kernel} ({why})")
+        except InstallError as exc:
+            raise InstallFailed(str(exc)) from None
+        del self.installed[kernel]
+        return done
 
     def download(self, dest: str, *, env, settings, binary, wheels) -> list:
         """`fastpath-hooks download`: requirements and wheel files for `env`'s machine into `dest`."""

@@ -165,8 +165,47 @@ class _Loader:
                       "every fact needs a source 'measured: ...', 'reported: ...' or 'upstream: ...'")
         return value
 
+    def only(self, table: dict, entry: str, allowed, kinds: dict | None = None) -> None:
+        """Every key of `table` is one of `allowed` (a typo is never silently ignored); `kinds`: keys only some
+        kinds of kernel have (key -> those kinds)."""
+        unknown = [key for key in table if key not in allowed]
+        if not unknown:
+            return
+        key, kinds = unknown[0], kinds or {}
+        if key in kinds:
+            self.fail(f"{entry}.{key}", f"only a {' or '.join(kinds[key])} kernel has {key}")
+        close = closest(str(key), [str(k) for k in allowed])
+        more = f"; also {', '.join(map(str, unknown[1:]))}" if len(unknown) > 1 else ""
+        self.fail(f"{entry}.{key}", f"unknown key{f' (did you mean {close}?)' if close else ''}{more}")
+
+    def known_keys(self, cls, t: dict, e: str, ctx: dict) -> None:
+        """The keys of a `cls` record are its fields' (`key`, "a.b": b of table a) and the ones its readers read."""
+        top: dict = {}
+        kinds: dict = {}
+        for f, _ in _fields(cls):
+            md = f.metadata
+            if md.get("hand"):
+                continue
+            try:
+                key = md.get("key", f.name).format(**ctx)
+            except (KeyError, IndexError):   # a key named after a value not read (a bad entry: said there)
+                continue
+            if "kinds" in md and ctx.get("kind") not in md["kinds"]:
+                kinds[key] = md["kinds"]
+                continue
+            first, _, rest = key.partition(".")
+            top.setdefault(first, set()).update([rest] if rest else [])
+        for key in _RAW_KEYS.get(cls, ()):
+            first, _, rest = key.partition(".")
+            top.setdefault(first, set()).update([rest] if rest else [])
+        self.only(t, e, top, kinds)
+        for key, inner in top.items():
+            if inner and isinstance(t.get(key), dict):
+                self.only(t[key], f"{e}.{key}", inner)
+
     def record(self, cls, raw, e: str, ctx: dict, values: dict | None = None):
         t, values = self.table(raw, e), dict(values or {})
+        self.known_keys(cls, t, e, ctx)
         for f, tp in _fields(cls):
             md = f.metadata
             if md.get("hand") or f.name in values or ("kinds" in md and ctx.get("kind") not in md["kinds"]):
@@ -303,6 +342,20 @@ class _Loader:
         return replace(spec, module=spec.modules[0], releases=releases)
 
 
+# the keys of a record that are no field of its class (read by the loader or an _AFTER check)
+_RAW_KEYS = {KernelSpec: ("kind", "rule_prefix", "releases", "release", "source_build"),
+             SourceBuild: ("measured.source", "build_deps.source", "parallel.source"),
+             PackedPackage: ("distribution",)}
+
+
+def closest(name: str, options, cutoff: float = 0.75) -> str | None:
+    """The option `name` was most likely meant to be (a typo), else None."""
+    import difflib   # only where something is misspelt
+
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
+    return match[0] if match else None
+
+
 _KIND_KEYS = (tuple((f.name, f.metadata["kinds"]) for f in fields(KernelSpec) if "kinds" in f.metadata)
               + (("release", ("compiled",)), ("source_build", ("compiled",))))
 
@@ -328,6 +381,7 @@ def _positive(ld, value, entry, says) -> float:
 
 def _tensor_tolerances(ld, raw, e, ctx) -> dict:
     tol = ld.table(raw, e)     # none: run and warmed, not compared
+    ld.only(tol, e, TENSORS)
     return {n: _positive(ld, tol.get(n), f"{e}.{n}", "expected a positive number (a relative RMS error)")
             for n in (TENSORS if tol else ())}
 
@@ -347,6 +401,7 @@ def _tolerance(ld, raw, e, ctx) -> dict:
 
 def _gencode(ld, raw, e, ctx) -> dict:
     table = ld.table(raw, e)
+    ld.only(table, e, ("pairs", "source"))
     ld.source(table, e)
     gencode = {}
     for code, spec in ld.table(table.get("pairs"), f"{e}.pairs").items():
@@ -360,14 +415,14 @@ def _builds(ld, raw, e, ctx) -> tuple:
     out = []
     for i, b in enumerate(ld.list(raw, e)):
         be = f"{e}[{i}]"
-        ld.table(b, be)
+        ld.only(ld.table(b, be), be, ("cuda_major", "torch_mm", "python", "arch", "abi"))
         out.append({"cuda_major": ld.leaf(str, str(b.get("cuda_major", "")), f"{be}.cuda_major", {}, ctx),
                     **{key: ld.strings(b.get(key), f"{be}.{key}") for key in ("torch_mm", "python", "arch", "abi")}})
     return tuple(out)
 
 
 def _nvcc_packages(ld, raw, e, ctx) -> dict:
-    ld.table(raw, e)
+    ld.only(ld.table(raw, e), e, ("cuda", "requirements", "source"))
     ld.specifier(raw.get("cuda"), f"{e}.cuda")
     ld.value(tuple[str, ...], raw.get("requirements"), f"{e}.requirements", {"form": "requirement"}, ctx)
     ld.source(raw, e)
@@ -446,6 +501,7 @@ def build(data, origins: tuple) -> Pins:
     for key, names in (("protected", "distributions"), ("triton_distributions", "names"),
                        ("allowed_distributions", "names")):
         table = ld.table(data.get(key), key)
+        ld.only(table, key, (names, "source"))
         if key != "triton_distributions":
             ld.source(table, key)
         sections[key] = ld.strings(table.get(names), f"{key}.{names}", canonical_name)
@@ -513,7 +569,8 @@ def build(data, origins: tuple) -> Pins:
 
     cxx, cxx_standards = data.get("cxx_standard"), ()
     if cxx is not None:
-        ld.source(ld.table(cxx, "cxx_standard"), "cxx_standard")
+        ld.only(ld.table(cxx, "cxx_standard"), "cxx_standard", ("rules", "source"))
+        ld.source(cxx, "cxx_standard")
         cxx_standards = ld.value(tuple[CxxStandard, ...], cxx.get("rules"), "cxx_standard.rules", {}, top)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     # frozen all the way down: `load()` is cached and shared by every caller in the process

@@ -13,9 +13,10 @@ from urllib.parse import urlsplit
 from .._names import (CACHE_DIR, DEFAULT_LOG, DISABLE, FALSE_VALUES, FIND_LINKS, LOG, LOG_LEVELS, PINS,
                       TRUE_VALUES as _TRUE, cache_dir_given, cache_dir_problem, default_cache_root, disabled,
                       find_links_given, log_level)
-from .._registry import REGISTRY, listed, pins_file_size_problem, registry
+from .._registry import REGISTRY, listed, pins_file_kind_problem, pins_file_size_problem, registry
 from .distributions import canonical_name
 from .environment import parse_target
+from .pins import closest as _closest
 from .frozen import FrozenMap, thaw
 
 MODES = ("install", "report")
@@ -340,15 +341,16 @@ def _directory_or_creatable(raw: str) -> str:
 
 def _readable_file(raw: str) -> str:
     path = os.path.abspath(os.path.expanduser(raw))
-    if os.path.isdir(path):
-        raise ValueError("is a directory; expected a JSON or TOML pins file")
-    if not os.path.isfile(path):
-        raise ValueError("no such file; expected a JSON or TOML pins file")
-    if not os.access(path, os.R_OK):
-        raise ValueError("the file is not readable")
-    too_big = pins_file_size_problem(os.path.getsize(path))
-    if too_big:
-        raise ValueError(too_big)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise ValueError("no such file; expected a JSON or TOML pins file") from None
+    problem = pins_file_kind_problem(st.st_mode)
+    if not problem and not os.access(path, os.R_OK):
+        problem = "the file is not readable"
+    problem = problem or pins_file_size_problem(st.st_size)
+    if problem:
+        raise ValueError(problem)
     return path
 
 
@@ -357,7 +359,3 @@ def _target_spec(raw: str, pins_file: str | None = None) -> str:
     return raw
 
 
-def _closest(name: str, options, cutoff: float = 0.75) -> str | None:
-    import difflib
-    match = difflib.get_close_matches(name, list(options), n=1, cutoff=cutoff)
-    return match[0] if match else None

@@ -13,6 +13,7 @@ another one (Debian ships its own).
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import py_compile
@@ -138,7 +139,19 @@ def status() -> dict:
                     blocks.append(path)
         except OSError:
             continue
-    return {"pth": pth if os.path.exists(pth) else None, "sitecustomize": blocks}
+    runs = _sitecustomize_that_runs()
+    shadowed = {path: runs for path in blocks if runs and os.path.realpath(runs) != os.path.realpath(path)}
+    return {"pth": pth if os.path.exists(pth) else None, "sitecustomize": blocks, "shadowed": shadowed}
+
+
+def _sitecustomize_that_runs():
+    """The file Python imports as `sitecustomize` at a start like this one (its PYTHONPATH): the one this
+    process ran, else the first on sys.path; None: none. A block in another file never runs (silently)."""
+    module = sys.modules.get("sitecustomize")
+    if module is not None:
+        return getattr(module, "__file__", None)
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize")
+    return spec.origin if spec is not None and spec.has_location else None
 
 
 # The block is whole lines: a BEGIN line at column 0 (`BEGIN v<format> [created] [newline]`), the stand-in,

@@ -199,11 +199,13 @@ except ImportError:
 '''
 
 
-def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, padding_files: int = 0) -> list[str]:
+def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, padding_files: int = 0,
+             check_seconds: float = 0) -> list[str]:
     """fla-core + flash-linear-attention at `version`.
 
     broken="raise": `import fla` raises ImportError (a bad install); "wrong": its gated delta rule computes wrongly.
     padding_files: extra small modules, to make an install take measurable time (crash tests).
+    check_seconds: `import fla.modules` (what the check imports, not `import fla`) takes this long (waiters).
     """
     # as fla 0.6.0: the package root loads the layers (flash-linear-attention's), whose Mamba layers try mamba_ssm
     init = f'__version__ = "{version}"\nFAKE_FLA = True\ntry:\n    import fla.layers  # noqa: F401\nexcept ImportError:\n    pass\n'
@@ -213,7 +215,7 @@ def fake_fla(dest: str, version: str = "0.6.0", *, broken: str | None = None, pa
         "fla/__init__.py": init,
         "fla/ops/__init__.py": "from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule\n",
         "fla/ops/gated_delta_rule/__init__.py": _GDR.replace("WRONG = False", f"WRONG = {broken == 'wrong'}"),
-        "fla/modules/__init__.py": _MODULES,
+        "fla/modules/__init__.py": (f"import time\ntime.sleep({check_seconds})\n" if check_seconds else "") + _MODULES,
     }
     for i in range(padding_files):
         files[f"fla/_padding/m{i:05d}.py"] = f"X = {i}\n" + "# padding\n" * 200
