@@ -99,6 +99,24 @@ def find_links_given(environ=None) -> tuple:
     return tuple(environ_of(environ).get(FIND_LINKS, "").replace(",", " ").split())
 
 
+def find_links_dir(entry: str) -> str | None:
+    """The local directory a find-links entry names (a path or a file:// URL, as pip reads it); None: remote.
+    Here, not in facts/wheels: the warm path lists these directories and must not load packaging."""
+    import os
+
+    if "://" in entry:
+        if not entry.startswith("file://"):
+            return None
+        entry = entry[len("file://"):]
+        if entry.startswith("localhost/"):
+            entry = entry[len("localhost"):]
+        if "%" in entry:
+            from urllib.parse import unquote
+
+            entry = unquote(entry)
+    return os.path.abspath(os.path.expanduser(entry))
+
+
 def environment_key() -> str:
     """Of sys.prefix: sys.executable differs between `python` and a console script in one venv."""
     import hashlib

@@ -18,7 +18,7 @@ import time
 
 from .. import events
 from .._names import (JOURNAL, STATE_DIR_NAME, VERSION, cache_root, cache_root_from_environ, environment_key,
-                      find_links_given)
+                      find_links_dir, find_links_given)
 
 
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
@@ -81,8 +81,6 @@ def environment_signature(captured: tuple) -> str | None:
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in find_links_given(env):
-        from ..facts.wheels import find_links_dir  # only when FIND_LINKS is set
-
         path = find_links_dir(location)
         if path is None:
             continue

@@ -27,8 +27,9 @@ from ..decide import messages as short
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
-from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
-                      installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
+from .outcome import GOOD, Outcome, OutcomeState, apply_env
+from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, keeps_instead,
+                   numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
 
 

@@ -1,6 +1,6 @@
 """Wheels, read one way: file names (distribution, version, tags: `causal_conv1d` and `Causal-Conv1D`
 are one distribution everywhere), which files fit a machine by their tags, the wheel cache's keys and
-complete entries, and the local directories of find-links entries (the warm path lists them)."""
+complete entries (_names.find_links_dir: the local directories of find-links entries, which the warm path lists)."""
 
 from __future__ import annotations
 
@@ -167,18 +167,3 @@ def defect(path: str) -> str | None:
     if meta.get("size") != size or not isinstance(meta.get("sha256"), str):
         return f"size {size} differs from the recorded {meta.get('size')} (a partial or damaged file)"
     return None
-
-
-def find_links_dir(entry: str) -> str | None:
-    """The local directory a find-links entry names (a path or a file:// URL, as pip reads it); None: remote."""
-    if "://" in entry:
-        if not entry.startswith("file://"):
-            return None
-        entry = entry[len("file://"):]
-        if entry.startswith("localhost/"):
-            entry = entry[len("localhost"):]
-        if "%" in entry:
-            from urllib.parse import unquote
-
-            entry = unquote(entry)
-    return os.path.abspath(os.path.expanduser(entry))
