@@ -42,15 +42,15 @@ def parse_importtime(stderr: str) -> list[tuple[int, str]]:
     return out
 
 
-def imported_by(code: str, *, isolated: bool) -> list[str]:
-    """Modules imported by `code` in a fresh interpreter.
+def imported_by(code: str, *, isolated: bool, **variables) -> list[str]:
+    """Modules imported by `code` in a fresh interpreter (with these environment variables).
 
     isolated=False: the interpreter as users run it (site on); only imports after the
     `site` module finished count. isolated=True: `-S` with the source tree on PYTHONPATH, so
     nothing is hidden by a module that site (or an editable-install finder) imported first.
     """
     argv = [sys.executable, "-X", "importtime"] + (["-S"] if isolated else []) + ["-c", code]
-    env = clean_env(PYTHONPATH=ROOT) if isolated else clean_env()
+    env = clean_env(PYTHONPATH=ROOT, **variables) if isolated else clean_env(**variables)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = parse_importtime(result.stderr)
@@ -80,6 +80,31 @@ def test_nothing_expensive_at_start_up():
     assert _hits(modules, STARTUP_EXPENSIVE) == []
     ours = [m for m in modules if m.startswith("fastpath_hooks")]
     assert sorted(ours) == ["fastpath_hooks", "fastpath_hooks._names", "fastpath_hooks.hooks"], ours
+
+
+@pytest.mark.parametrize("variable", ["FASTPATH_HOOKS_LOG=info", "FASTPATH_HOOKS_TARGET=gpu=sm_80,cuda=12.8",
+                                      "FASTPATH_HOOKS_DISABLE=1"])
+def test_a_later_start_with_a_variable_set_loads_nothing_expensive(tmp_path, variable):
+    """Variables an earlier start found valid leave a marker (and a posed target's line was said there): a later
+    install() loads neither the settings nor events, logging or hashlib's OpenSSL - it cost 11.9 ms (issue 40)."""
+    name, _, value = variable.partition("=")
+    variables = {name: value, "FASTPATH_HOOKS_CACHE_DIR": str(tmp_path / "cache"), "LOCAL_RANK": "0"}
+    code = "import fastpath_hooks; assert fastpath_hooks.install() is (" + str(name != "FASTPATH_HOOKS_DISABLE") + ")"
+    imported_by(code, isolated=False, **variables)   # the earlier start: checks them, says the posed target
+    later = imported_by(code, isolated=False, **variables)
+    assert _hits(later, STARTUP_EXPENSIVE + ("hashlib", "_hashlib")) == [], later
+    ours = sorted(m for m in later if m.startswith("fastpath_hooks"))
+    assert ours == ["fastpath_hooks", "fastpath_hooks._names", "fastpath_hooks.hooks"], ours
+
+
+def test_the_digest_without_hashlib_is_hashlibs_sha256():
+    """The cache's keys (environment, settings marker, warm signature) stay what hashlib made them."""
+    code = ("import sys; from fastpath_hooks._names import sha256_hex; data = bytes(range(256)) * 9; "
+            "ours = sha256_hex(data); assert 'hashlib' not in sys.modules; import hashlib; "
+            "assert ours == hashlib.sha256(data).hexdigest() == sha256_hex(data), ours")
+    result = subprocess.run([sys.executable, "-S", "-c", code], env=clean_env(PYTHONPATH=ROOT), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
 
 
 def test_sys_modules_agrees_with_importtime():

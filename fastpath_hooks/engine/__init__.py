@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading  # loaded with logging (events) anyway
+import threading  # the futures; torch and transformers load it long before a kernel import
 
 from .. import events
 from .outcome import GOOD, Outcome, OutcomeState, apply_env

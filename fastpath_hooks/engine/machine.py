@@ -101,7 +101,7 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
             before = state
             state, current = STEP[state](current)
             current = replace(current, trail=current.trail + (before,))
-            events.logger.debug("%s: %s -> %s", kernel, before.value, state.value)
+            events.log("%s: %s -> %s", kernel, before.value, state.value)
     finally:
         if current.lock is not None:
             current.lock.release()

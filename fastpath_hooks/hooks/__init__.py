@@ -11,7 +11,7 @@ import _thread
 import sys
 
 from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, PINS, SERVES, STAND_IN, STARTUP_FORMAT, VOICE,
-                      WATCHED, disabled, local_rank)
+                      WATCHED, disabled, local_rank, log)
 
 
 class Hooks:
@@ -90,9 +90,7 @@ def install(*, kernels=None, on_event=None):
     if on_event is not None and not callable(on_event):
         raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
     if disabled():
-        import logging
-
-        logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
+        log("install() is a no-op: FASTPATH_HOOKS_DISABLE is set", level=20)
         return False
     import os
 
@@ -186,13 +184,11 @@ def _check_settings() -> None:
     names are read when none is given (reading every value costs install() a tenth of its instructions)."""
     import os
 
-    from .._names import DISABLE, PREFIX, cache_root_from_environ, given
+    from .._names import DISABLE, PREFIX, cache_root_from_environ, given, sha256_hex
 
     if not any(name.startswith(PREFIX) and name != DISABLE for name in os.environ):
         return
-    import hashlib
-
-    digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    digest = sha256_hex(repr(list(given())).encode("utf-8", "surrogateescape"))[:24]
     marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
     if not os.path.exists(marker):
         from ..engine import check_settings
@@ -207,10 +203,23 @@ def _check_settings() -> None:
     target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
     if target and target not in _posed:   # once per process
         _posed.add(target)
+        if _said_before(f"posed:{target}"):
+            return
         from ..events import warning
 
         warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
                 "machine)", once="posed", persist=f"posed:{target}")
+
+
+def _said_before(key: str) -> bool:
+    """A line said once per environment (events' `persist`) that would reach no one now: said at an earlier start,
+    FASTPATH_HOOKS_LOG not debug, and neither events (callbacks) nor logging loaded - not loaded for nothing."""
+    import os
+
+    from .._names import log_level, said_path
+
+    return not ("fastpath_hooks.events" in sys.modules or "logging" in sys.modules) and log_level() != "debug" \
+        and os.path.exists(said_path(key))
 
 
 def uninstall():
