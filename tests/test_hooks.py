@@ -323,6 +323,20 @@ def test_install_kernels_accepts_the_comma_form_of_fastpath_hooks_skip(hooks_env
     assert selected == ["causal-conv1d", "mamba-ssm"]
 
 
+@pytest.mark.parametrize("kernels, what", [(b"fla", "bytes"), (5, "int"), (bytearray(b"fla"), "bytearray"),
+                                            (["fla", 5], "a list holding int"), ((b"fla",), "a tuple holding bytes")])
+def test_install_kernels_of_another_type_is_a_type_error_naming_the_parameter(hooks_env, kernels, what):
+    """Issue 40: `install(kernels=b'fla')` said "108 is not a kernel name" (bytes read as numbers), `kernels=5` raised
+    a bare TypeError; either is a TypeError naming the parameter, before anything is installed."""
+    with pytest.raises(TypeError) as raised:
+        fastpath_hooks.install(kernels=kernels)
+    assert str(raised.value) == ("install(kernels=...) takes kernel names, a str or a list of str "
+                                 f"(e.g. kernels=['fla']), not {what}")
+    assert finders() == [] and not hooks.HOOKS.installed()
+    fastpath_hooks.install(kernels=(name for name in ["fla"]))    # any iterable of names: a generator too
+    assert hooks.HOOKS.selected("fla") and not hooks.HOOKS.selected("causal-conv1d")
+
+
 def test_install_kernels_naming_no_known_kernel_says_that_none_is_managed(hooks_env):
     events = []
     fastpath_hooks.install(kernels="causal-convld", on_event=events.append)

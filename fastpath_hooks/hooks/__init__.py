@@ -82,13 +82,15 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage, a list or one string as FASTPATH_HOOKS_SKIP takes it; None = all.
+    kernels: names to manage, a list or one string as FASTPATH_HOOKS_SKIP takes it; None = all (another type: a
+    TypeError).
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set. Modeling modules
     imported before this call already chose their kernels: hooks/late.py rebinds their choice.
     """
     if on_event is not None and not callable(on_event):
         raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
+    names = None if kernels is None else _kernel_names(kernels)
     if disabled():
         log("install() is a no-op: FASTPATH_HOOKS_DISABLE is set", level=20)
         return False
@@ -100,7 +102,7 @@ def install(*, kernels=None, on_event=None):
             from ..events import add_listener
 
             add_listener(on_event)
-        HOOKS.kernels = None if kernels is None else _normalize(kernels)
+        HOOKS.kernels = None if names is None else _normalize(names)
         finder = HOOKS.finder
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
@@ -144,20 +146,37 @@ def _heal() -> None:
     heal(HOOKS)
 
 
-def _normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes; an unknown
+def _kernel_names(kernels) -> list:
+    """install(kernels=...) as a list of str; a TypeError naming the parameter for anything else (b'fla' was read
+    as the numbers 102, 108, 97; a number raised a bare TypeError)."""
+    if isinstance(kernels, str):
+        return [kernels]
+    names = None
+    if not isinstance(kernels, (bytes, bytearray, memoryview)):
+        try:
+            names = list(kernels)
+        except TypeError:
+            pass
+    if names is not None and all(isinstance(name, str) for name in names):
+        return names
+    what = type(kernels).__name__ if names is None else \
+        f"a {type(kernels).__name__} holding {next(type(n).__name__ for n in names if not isinstance(n, str))}"
+    raise TypeError(f"install(kernels=...) takes kernel names, a str or a list of str (e.g. kernels=['fla']), "
+                    f"not {what}")
+
+
+def _normalize(names: list) -> frozenset:
+    """install(kernels=...)'s names -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes; an unknown
     name is said and ignored - and when none is left, that none is managed."""
     from .. import events
     from ..facts.settings import kernel_list_names, kernels_named
 
-    names = [part for item in ([kernels] if isinstance(kernels, str) else kernels)
-             for part in (kernel_list_names(item) if isinstance(item, str) else [item])]
     out, unknown = set(), []
-    for name in names:
+    for name in (part for item in names for part in kernel_list_names(item)):
         try:
             out.update(kernels_named(name))
-        except (ValueError, AttributeError) as exc:
-            unknown.append(str(exc) if isinstance(exc, ValueError) else f"{name!r} is not a kernel name")
+        except ValueError as exc:
+            unknown.append(str(exc))
     for i, why in enumerate(unknown):
         events.error(f"install(kernels=...): {why}; " + ("ignoring it" if out or i < len(unknown) - 1 else
                                                          "no kernel is managed"))
