@@ -158,7 +158,10 @@ def main() -> int:
     base = args.keep or tempfile.mkdtemp(prefix="fastpath-warm-")
     try:
         print(f"setting up a scratch venv in {base} ...", flush=True)
-        venv, env = build(base)
+        try:
+            venv, env = build(base)
+        except RuntimeError as exc:   # no uv: one line
+            sys.exit(str(exc))
         cold = child(venv, IMPORT_FLA, env, "training")
         if cold["state"] != "installed" or not cold["fake"]:
             sys.exit(f"the cold run did not install fla: {cold}")

@@ -35,7 +35,7 @@ def latest_transformers() -> str | None:
 def uv() -> str:
     exe = shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
     if not os.path.exists(exe):
-        raise RuntimeError("uv is needed by the tests (pip install uv)")
+        raise RuntimeError("uv is needed by the tests and benchmarks: pip install uv (the test extra has it)")
     return exe
 
 
