@@ -374,10 +374,10 @@ def test_step_aside_reaches_transformers_modules_that_took_the_wrapper_later(hoo
 
 
 def test_install_looks_for_the_gates_in_transformers_modules_and_modules_that_took_one_by_name(hooks_env):
-    """install() after transformers rebinds the gates where they can be (gates._holders): transformers' own
-    modules and those holding a gate under its own name (what `from transformers.utils import ...` binds), each
-    whole - not by walking all ~1,400 namespaces of a training process (11-20 ms, issue 40). uninstall() still
-    takes every wrapper back, wherever it went."""
+    """install() after transformers rebinds the gates where they can be (gates.patch): transformers' own modules
+    and, as the gate's reference count says one is held elsewhere, those holding it under its own name (what
+    `from transformers.utils import ...` binds), each whole - not by walking all ~1,400 namespaces of a training
+    process (11-20 ms, issue 40). uninstall() still takes every wrapper back, wherever it went."""
     original = ORIGINALS["is_causal_conv1d_available"]
     inside = types.ModuleType("transformers.fastpath_hooks_test_alias")
     took = types.ModuleType("fastpath_hooks_test_took")
