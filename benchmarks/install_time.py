@@ -31,6 +31,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from support import venvs  # noqa: E402
+
 PAIR = ("fla-core==0.6.0", "flash-linear-attention==0.6.0")
 WHEELS = PAIR + ("einops", "packaging", "filelock", "platformdirs")
 TARGET = "gpu=sm_80,cuda=12.8,torch=2.10.0,triton=3.7.1"
@@ -84,8 +88,7 @@ def prepare_wheelhouse(path: str | None, work: str) -> str:
             env=quiet_env())
     for name in glob.glob(os.path.join(dest, "fastpath_hooks-*.whl")):
         os.unlink(name)
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", dest, ROOT],
-        env=quiet_env())
+    venvs.build_fastpath_wheel(dest)
     return dest
 
 

@@ -1,28 +1,26 @@
-"""What the late pass (late.py) and the settings check add to install() when there is nothing to heal.
+"""What install() costs when transformers (and torch) are already imported, and what the late pass (late.py) and
+the settings check add when there is nothing to heal.
 
     python benchmarks/late_cost.py [--runs 7] [--number 2000]
 
-Measured here (2 shared cores, noisy; transformers 5.24.0): late pass 1.2-1.5 ms at its first
-call, 0.15-0.55 ms again; first install() 0.4 ms without transformers, 30-45 ms with a
-FASTPATH_HOOKS_* variable in a bare interpreter (settings.py's imports).
-
-Issue 13: install() stays cheap - when no modeling module is imported the late pass must cost
-< 5 ms. Each case runs in fresh interpreters of the running environment (this machine as it
-is, no FASTPATH_HOOKS_* variable unless the case sets one):
+Targets (issues 13 and 40): the late pass < 5 ms when no modeling module is imported, and the first install()
+< 5 ms in every case - after torch and transformers too, where the gates are wrapped and rebound (gates.py once
+walked all ~1,400 loaded modules' namespaces for that: 11-20 ms). Each case runs in fresh interpreters of the
+running environment (this machine as it is, no FASTPATH_HOOKS_* variable unless the case sets one):
 
 - no-transformers: install() before transformers is imported (the usual first line of a script):
   the late pass is one dict lookup and late.py is not even imported;
 - transformers: after `import transformers` (no modeling module): late.py is imported and
   sys.modules scanned;
-- auto: after `from transformers import AutoModelForCausalLM` (+ torch, ~2000 modules, still no
+- torch+transformers: after `import torch, transformers` - a training process calling install() late;
+- auto: after `from transformers import AutoModelForCausalLM` (+ torch, ~1,400 modules, still no
   model's modeling module);
-- +setting: the same with FASTPATH_HOOKS_LOG=info set, so install() also validates the settings
-  (settings.py is imported for that - the engine only to report a bad one: in a bare interpreter
-  that brings typing and dataclasses, which transformers imports anyway).
+- +setting: the same with FASTPATH_HOOKS_LOG=info set, so install() also checks the settings (a marker left by
+  the first start with these values, which is not counted, makes that a digest and a stat).
 
 Figures (wall, this machine's noise is ~10%): the first install() call (median over --runs
 processes, including everything it imports - the gate wrapping too once transformers is
-imported); the late pass's first call in a process, late.py's import included (and late_layouts.py's; median); and
+imported); the late pass's first call in a process, late.py's import included (median); and
 the late pass again (`late.heal()`, best of 5 timeit runs of --number calls, per call).
 The package's .pyc files are written first, as benchmarks/import_cost.py does (with
 PYTHONDONTWRITEBYTECODE=1 every start would otherwise measure the compiler).
@@ -44,6 +42,8 @@ setup = sys.argv[1]
 number = int(sys.argv[2])
 if setup == "transformers":
     import transformers
+elif setup == "torch":
+    import torch, transformers
 elif setup == "auto":
     from transformers import AutoModelForCausalLM
 import fastpath_hooks
@@ -56,14 +56,14 @@ if out["late_loaded"]:
     from fastpath_hooks.hooks import late
     out["heal_us"] = min(timeit.repeat(lambda: late.heal(hooks.HOOKS), number=number, repeat=5)) / number * 1e6
     # the first pass of a process, late.py's import included: measured again in a state install() left
-    del sys.modules["fastpath_hooks.hooks.late"], sys.modules["fastpath_hooks.hooks.late"]
+    del sys.modules["fastpath_hooks.hooks.late"]
     t0 = time.perf_counter()
     hooks._heal()
     out["late_first_ms"] = (time.perf_counter() - t0) * 1e3
 print(json.dumps(out))
 '''
 CASES = {"no-transformers": ("none", {}), "no-transformers+setting": ("none", {"FASTPATH_HOOKS_LOG": "info"}),
-         "transformers": ("transformers", {}), "auto": ("auto", {}),
+         "transformers": ("transformers", {}), "torch+transformers": ("torch", {}), "auto": ("auto", {}),
          "auto+setting": ("auto", {"FASTPATH_HOOKS_LOG": "info"})}
 
 
@@ -71,6 +71,7 @@ def run_case(setup: str, extra: dict, runs: int, number: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FASTPATH_HOOKS_")}
     env.update(extra)
     results = []
+    subprocess.run([sys.executable, "-c", CHILD, setup, "1"], env=env, capture_output=True, check=True)  # not counted
     for _ in range(runs):
         proc = subprocess.run([sys.executable, "-c", CHILD, setup, str(number)], env=env, capture_output=True,
                               text=True, check=True)
@@ -93,17 +94,22 @@ def main(argv=None) -> int:
     from import_cost import compile_package, package_dir
 
     compile_package(sys.executable, package_dir(sys.executable))   # what a real install has: the .pyc files
-    print(f"python {sys.version.split()[0]}, transformers {transformers.__version__}; target: late pass < {TARGET_MS} ms")
+    print(f"python {sys.version.split()[0]}, transformers {transformers.__version__}; targets: first install() and "
+          f"late pass < {TARGET_MS} ms")
     print(f"{'case':24} {'modules':>8} {'first install()':>16} {'late pass, first':>17} {'late pass, again':>17}")
-    worst = 0.0
+    worst = worst_install = 0.0
     for name, (setup, extra) in CASES.items():
         r = run_case(setup, extra, args.runs, args.number)
         first = f"{r['late_first_ms']:.3f} ms" if "late_first_ms" in r else "not loaded"
         again = f"{r['heal_us']:.1f} us" if "heal_us" in r else "not loaded"
         worst = max(worst, r.get("late_first_ms", 0.0))
+        worst_install = max(worst_install, r["first_ms"])
         print(f"{name:24} {r['modules']:>8} {r['first_ms']:>13.2f} ms {first:>17} {again:>17}")
+    ok = worst < TARGET_MS and worst_install < TARGET_MS
+    print(f"first install(), worst case: {worst_install:.2f} ms ({'OK' if worst_install < TARGET_MS else 'OVER'} the "
+          f"{TARGET_MS} ms target)")
     print(f"late pass, worst first call: {worst:.3f} ms ({'OK' if worst < TARGET_MS else 'OVER'} the {TARGET_MS} ms target)")
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from support import venvs  # noqa: E402
+
 TARGET = 1.03
 MODULES = ("import sys; names = [getattr(f, '__name__', type(f).__name__) for f in sys.meta_path]; "
            "print('meta_path:', [n for n in names if 'astpath' in n or n == 'KernelImportFinder'], "
@@ -58,11 +62,6 @@ def uv() -> str:
         sys.exit("uv is needed (pip install uv)")
     return exe
 
-
-def build_wheel(dest: str) -> str:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", dest, ROOT],
-                   check=True, env=env(), capture_output=True)
-    return glob.glob(os.path.join(dest, "fastpath_hooks-*.whl"))[0]
 
 
 def make_venv(path: str, wheel: str, kind: str, method: str | None) -> str:
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
     os.makedirs(work, exist_ok=True)
     ok = True
     try:
-        wheel = build_wheel(os.path.join(work, "dist"))
+        wheel = venvs.build_fastpath_wheel(os.path.join(work, "dist"))
         print(f"python {sys.version.split()[0]}, fastpath-hooks from {os.path.basename(wheel)} (compiled .pyc), "
               f"PYTHONDONTWRITEBYTECODE=1")
         for kind in args.kinds.split(","):

@@ -114,7 +114,9 @@ def build(base: str):
 
 
 def child(venv, code: str, env: dict, *args) -> dict:
-    proc = subprocess.run([venv.python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
+    # cwd: not this checkout, whose fastpath_hooks/ would shadow the installed wheel (`-c` puts the cwd first)
+    proc = subprocess.run([venv.python, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=venv.path)
     if proc.returncode != 0:
         sys.exit(f"child failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -138,7 +140,8 @@ def callgrind(venv, env: dict) -> None:
     counts = {}
     for label, extra in (("with fastpath-hooks (warm)", {}), ("FASTPATH_HOOKS_DISABLE=1", {"FASTPATH_HOOKS_DISABLE": "1"})):
         proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", venv.python, "-c", code],
-                              env=dict(env, PYTHONHASHSEED="0", **extra), capture_output=True, text=True, timeout=600)
+                              env=dict(env, PYTHONHASHSEED="0", **extra), capture_output=True, text=True, timeout=600,
+                              cwd=venv.path)
         match = re.search(r"Collected : (\d+)", proc.stderr)
         counts[label] = int(match.group(1)) if match else None
     a, b = counts["with fastpath-hooks (warm)"], counts["FASTPATH_HOOKS_DISABLE=1"]
@@ -158,7 +161,10 @@ def main() -> int:
     base = args.keep or tempfile.mkdtemp(prefix="fastpath-warm-")
     try:
         print(f"setting up a scratch venv in {base} ...", flush=True)
-        venv, env = build(base)
+        try:
+            venv, env = build(base)
+        except RuntimeError as exc:   # no uv: one line
+            sys.exit(str(exc))
         cold = child(venv, IMPORT_FLA, env, "training")
         if cold["state"] != "installed" or not cold["fake"]:
             sys.exit(f"the cold run did not install fla: {cold}")

@@ -99,13 +99,74 @@ def find_links_given(environ=None) -> tuple:
     return tuple(environ_of(environ).get(FIND_LINKS, "").replace(",", " ").split())
 
 
+def find_links_dir(entry: str) -> str | None:
+    """The local directory a find-links entry names (a path or a file:// URL, as pip reads it); None: remote.
+    Here, not in facts/wheels: the warm path lists these directories and must not load packaging."""
+    import os
+
+    if "://" in entry:
+        if not entry.startswith("file://"):
+            return None
+        entry = entry[len("file://"):]
+        if entry.startswith("localhost/"):
+            entry = entry[len("localhost"):]
+        if "%" in entry:
+            from urllib.parse import unquote
+
+            entry = unquote(entry)
+    return os.path.abspath(os.path.expanduser(entry))
+
+
 def environment_key() -> str:
     """Of sys.prefix: sys.executable differs between `python` and a console script in one venv."""
-    import hashlib
     import os
     import sys
 
-    return hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:16]
+    return sha256_hex(os.path.realpath(sys.prefix).encode())[:16]
+
+
+def said_dir() -> str:
+    """Where the lines said once per environment are remembered (events' `persist`)."""
+    import os
+
+    return os.path.join(cache_root_from_environ(), "said", environment_key())
+
+
+def said_path(key: str) -> str:
+    import os
+
+    return os.path.join(said_dir(), sha256_hex(key.encode())[:24])
+
+
+def sha256_hex(data: bytes) -> str:
+    """hashlib.sha256(data).hexdigest() without loading hashlib where nothing has yet: its OpenSSL module costs a
+    bare start 2-4 ms (install() with a FASTPATH_HOOKS_* variable, the warm path); CPython's own sha256 (`_sha2`
+    3.12+, `_sha256` before) gives the same digest."""
+    import sys
+
+    if "hashlib" not in sys.modules:
+        try:
+            if sys.version_info >= (3, 12):
+                from _sha2 import sha256
+            else:
+                from _sha256 import sha256
+            return sha256(data).hexdigest()
+        except ImportError:   # a build without it
+            pass
+    from hashlib import sha256
+
+    return sha256(data).hexdigest()
+
+
+def log(message: str, *args, level: int = 10) -> None:
+    """A record of the `fastpath_hooks` logger (DEBUG unless `level`), where `logging` is loaded: a process that
+    never imported it has set up no handler that could take the record, and importing it costs a bare start ~10 ms."""
+    import sys
+
+    if "logging" in sys.modules:
+        import logging
+
+        logging.getLogger("fastpath_hooks").log(level, message, *args)
 
 
 def cache_dir_given(environ=None) -> str | None:

@@ -6,17 +6,14 @@ from one process per node). Callbacks never run while the sending thread holds a
 
 from __future__ import annotations
 
-import logging
+import _thread   # not threading: install() loads this module at a bare start where a posed target is said
 import os
 import sys
-import threading
 import time
 from enum import Enum
 
-from ._names import (DEFAULT_LOG, VOICE, cache_root_from_environ, environment_key, local_rank,
-                     log_level as _given_log_level)
-
-logger = logging.getLogger("fastpath_hooks")
+from ._names import (DEFAULT_LOG, VOICE, environment_key, local_rank, log, log_level as _given_log_level, said_dir,
+                     said_path)
 
 
 class TextEnum(str, Enum):
@@ -37,7 +34,7 @@ class Severity(TextEnum):
 
 
 _LEVELS = {"debug": 0, "status": 1, "info": 1, "warning": 2, "error": 3, "off": 99}
-_held = threading.local()       # per thread: .depth (locks of ours held) and .queue (events for the callbacks)
+_held = _thread._local()        # per thread: .depth (locks of ours held) and .queue (events for the callbacks)
 _listeners_list: list = []      # install(on_event=...) callbacks, in the order given
 
 
@@ -77,7 +74,7 @@ def _call(event: dict) -> None:
         try:
             callback(dict(event))
         except Exception as exc:  # a listener's bug must not break the import it observes
-            logger.debug("on_event callback %r raised %r", callback, exc)
+            log("on_event callback %r raised %r", callback, exc)
 
 
 def _log_level() -> str:
@@ -94,7 +91,7 @@ def emit(type: Severity, message: str, kernel: str | None = None, *, human: bool
     if detail is not None and detail != message:
         event["detail"] = detail
     event.update(extra)
-    logger.debug("%s%s: %s", type, f" [{kernel}]" if kernel else "", event.get("detail", message))
+    log("%s%s: %s", type, f" [{kernel}]" if kernel else "", event.get("detail", message))
     if held():
         _held.queue.append(dict(event))   # called after the lock is released (deliver)
     else:
@@ -152,7 +149,7 @@ def internal_error(exc) -> None:
 # -- what was said already: once per process (`once`), once per environment (`persist`) --
 
 _said: set = set()
-_said_lock = threading.Lock()   # "once" is checked and claimed in one step (several threads decide kernels)
+_said_lock = _thread.allocate_lock()   # "once" is checked and claimed in one step (several threads decide kernels)
 
 
 def forget() -> None:
@@ -169,17 +166,10 @@ def claim(key: str) -> bool:
         return True
 
 
-def said_dir() -> str:
-    """Where the lines said once per environment are remembered."""
-    return os.path.join(cache_root_from_environ(os.environ), "said", environment_key())
-
-
 def first_time(key: str) -> bool:
     """Claim `key` for this environment, atomically; True when no process said it before (always, where the
     cache is unwritable)."""
-    import hashlib
-
-    path = os.path.join(said_dir(), hashlib.sha256(key.encode()).hexdigest()[:24])
+    path = said_path(key)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))

@@ -323,6 +323,20 @@ def test_install_kernels_accepts_the_comma_form_of_fastpath_hooks_skip(hooks_env
     assert selected == ["causal-conv1d", "mamba-ssm"]
 
 
+@pytest.mark.parametrize("kernels, what", [(b"fla", "bytes"), (5, "int"), (bytearray(b"fla"), "bytearray"),
+                                            (["fla", 5], "a list holding int"), ((b"fla",), "a tuple holding bytes")])
+def test_install_kernels_of_another_type_is_a_type_error_naming_the_parameter(hooks_env, kernels, what):
+    """Issue 40: `install(kernels=b'fla')` said "108 is not a kernel name" (bytes read as numbers), `kernels=5` raised
+    a bare TypeError; either is a TypeError naming the parameter, before anything is installed."""
+    with pytest.raises(TypeError) as raised:
+        fastpath_hooks.install(kernels=kernels)
+    assert str(raised.value) == ("install(kernels=...) takes kernel names, a str or a list of str "
+                                 f"(e.g. kernels=['fla']), not {what}")
+    assert finders() == [] and not hooks.HOOKS.installed()
+    fastpath_hooks.install(kernels=(name for name in ["fla"]))    # any iterable of names: a generator too
+    assert hooks.HOOKS.selected("fla") and not hooks.HOOKS.selected("causal-conv1d")
+
+
 def test_install_kernels_naming_no_known_kernel_says_that_none_is_managed(hooks_env):
     events = []
     fastpath_hooks.install(kernels="causal-convld", on_event=events.append)
@@ -357,6 +371,32 @@ def test_step_aside_reaches_transformers_modules_that_took_the_wrapper_later(hoo
         assert late.is_causal_conv1d_available is ORIGINALS["is_causal_conv1d_available"]
     finally:
         del sys.modules[late.__name__]
+
+
+def test_install_looks_for_the_gates_in_transformers_modules_and_modules_that_took_one_by_name(hooks_env):
+    """install() after transformers rebinds the gates where they can be (gates.patch): transformers' own modules
+    and, as the gate's reference count says one is held elsewhere, those holding it under its own name (what
+    `from transformers.utils import ...` binds), each whole - not by walking all ~1,400 namespaces of a training
+    process (11-20 ms, issue 40). uninstall() still takes every wrapper back, wherever it went."""
+    original = ORIGINALS["is_causal_conv1d_available"]
+    inside = types.ModuleType("transformers.fastpath_hooks_test_alias")
+    took = types.ModuleType("fastpath_hooks_test_took")
+    other = types.ModuleType("fastpath_hooks_test_other")
+    inside.conv_ok = took.conv_ok = took.is_causal_conv1d_available = other.conv_ok = original
+    added = {m.__name__: m for m in (inside, took, other)}
+    sys.modules.update(added)
+    try:
+        fastpath_hooks.install()
+        wrapper = import_utils.is_causal_conv1d_available
+        assert wrapper.__wrapped__ is original
+        assert inside.conv_ok is wrapper and took.is_causal_conv1d_available is wrapper and took.conv_ok is wrapper
+        assert other.conv_ok is original      # only another name outside transformers: the original, answering as ever
+        other.copied = wrapper                # copied since, under any name: taken back too
+        fastpath_hooks.uninstall()
+        assert inside.conv_ok is took.conv_ok is took.is_causal_conv1d_available is other.copied is original
+    finally:
+        for name in added:
+            del sys.modules[name]
 
 
 # -- fail safe at the seams: a refresh that throws keeps the block ----------------------------------

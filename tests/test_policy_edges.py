@@ -209,7 +209,7 @@ def test_wheelhouse_is_parsed_once():
     ("http://example.org/wheels/", None),
 ])
 def test_find_links_entry_to_local_directory(entry, expected):
-    from fastpath_hooks.facts.wheels import find_links_dir
+    from fastpath_hooks._names import find_links_dir
 
     assert find_links_dir(entry) == expected
 

@@ -19,11 +19,10 @@ from contextlib import suppress
 from urllib.parse import unquote, urlsplit
 
 from .. import events
-from .._names import cache_root
+from .._names import cache_root, find_links_dir
 from .._registry import registry
 from ..facts.distributions import canonical_name
-from ..facts.wheels import (SIDECAR, defect, directory, find_links_dir, linux_platforms, sha256_of, sidecar,
-                            wheel_distribution)
+from ..facts.wheels import SIDECAR, defect, directory, linux_platforms, sha256_of, sidecar, wheel_distribution
 from .locks import file_lock
 from .runner import run
 from .transaction import atomic_copy, atomic_write_json

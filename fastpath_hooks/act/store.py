@@ -10,7 +10,6 @@ environment with the same key runs none (a torch import saved: 13-43 s on the H2
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ import time
 
 from .. import events
 from .._names import (JOURNAL, STATE_DIR_NAME, VERSION, cache_root, cache_root_from_environ, environment_key,
-                      find_links_given)
+                      find_links_dir, find_links_given, sha256_hex)
 
 
 # Variables besides FASTPATH_HOOKS_* whose value can change a decision (probe.py reads them).
@@ -81,8 +80,6 @@ def environment_signature(captured: tuple) -> str | None:
     if os.path.exists(os.path.join(root, "envs", environment_key(), JOURNAL)):
         return None
     for location in find_links_given(env):
-        from ..facts.wheels import find_links_dir  # only when FIND_LINKS is set
-
         path = find_links_dir(location)
         if path is None:
             continue
@@ -90,7 +87,7 @@ def environment_signature(captured: tuple) -> str | None:
             parts.append((location, sorted(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))))
         except OSError:
             parts.append((location, None))
-    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return sha256_hex(repr(parts).encode("utf-8", "surrogateescape"))[:32]
 
 
 def load_verdicts(path: str | None) -> dict:
@@ -292,7 +289,7 @@ def _mark(spec, env_extra, digest: str, versions: dict, extra: str = "", gpus=()
         world["extra"] = extra
     if gpus:    # the GPUs it was checked on: another GPU type sharing the cache checks again
         world["gpus"] = sorted(gpus)
-    return hashlib.sha256(json.dumps(world, sort_keys=True).encode()).hexdigest()[:32]
+    return sha256_hex(json.dumps(world, sort_keys=True).encode())[:32]
 
 
 def _here(names) -> dict:
@@ -322,7 +319,7 @@ def installed_digest(distributions) -> str | None:
             rows += [f"{name}:{row[0]},{row[1]}" for row in csv.reader(fh)
                      if len(row) >= 2 and row[1] and ".dist-info/" not in row[0] and not row[0].endswith(".pyc")
                      and not row[0].startswith("..")]
-    return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest() if rows else None
+    return sha256_hex("\n".join(sorted(rows)).encode()) if rows else None
 
 
 def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> dict | None:

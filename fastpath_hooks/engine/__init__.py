@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-import threading  # loaded with logging (events) anyway
+import threading  # the futures; torch and transformers load it long before a kernel import
 
 from .. import events
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
@@ -68,7 +68,7 @@ def outcomes() -> dict:
 def settle(kernel: str, why: str) -> None:
     """A kernel found unusable after its decision (its check at the first call failed): blocked from now on in
     this process (a fresh import fails, the late pass rebinds to the torch path)."""
-    from .outcome import first_call_blocked
+    from .said import first_call_blocked
 
     _registry.replace(kernel, first_call_blocked(kernel, why))
 

@@ -30,8 +30,9 @@ from ..decide.policy import batch, builds
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
 from ..facts.frozen import thaw
 from .first_call import FirstCall, beside_build, first_call_payload
-from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
-                      installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
+from .outcome import GOOD, Outcome, OutcomeState, apply_env
+from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, keeps_instead,
+                   numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
 
 
@@ -107,7 +108,7 @@ def run(kernel: str, needs, *, world, captured: tuple, target: str | None = None
             before = state
             state, current = STEP[state](current)
             current = replace(current, trail=current.trail + (before,))
-            events.logger.debug("%s: %s -> %s", kernel, before.value, state.value)
+            events.log("%s: %s -> %s", kernel, before.value, state.value)
     finally:
         if current.lock is not None:
             current.lock.release()

@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 
-from .._names import DECORATED, HUB_MODULE, KERNEL_MODULES, cache_root, default_cache_root
+from .._names import DECORATED, HUB_MODULE, KERNEL_MODULES, cache_root, default_cache_root, find_links_dir
 from . import memory, wheels
 from .distributions import scan, site_packages
 from .environment import Environment, parse_target
@@ -136,7 +136,7 @@ def _triton(dists: dict, posed: dict, env: Environment, names: tuple):
 
 def _wheelhouse(find_links) -> tuple:
     names = set()
-    for path in filter(None, map(wheels.find_links_dir, find_links)):   # remote ones: None
+    for path in filter(None, map(find_links_dir, find_links)):   # remote ones: None
         try:
             names.update(n for n in os.listdir(path) if n.endswith((".whl", ".tar.gz", ".zip")))
         except OSError:

@@ -1,7 +1,7 @@
 """Wheels, read one way: file names (distribution, version, tags: `causal_conv1d` and `Causal-Conv1D`
 are one distribution everywhere), which files fit a machine by their tags, the wheel cache's keys and
 complete entries (their bytes checked against the recorded sha256 whenever their size or mtime is not the
-recorded one), and the local directories of find-links entries (the warm path lists them)."""
+recorded one; _names.find_links_dir: the local directories of find-links entries, which the warm path lists)."""
 
 from __future__ import annotations
 
@@ -212,18 +212,3 @@ def sha256_of(path: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def find_links_dir(entry: str) -> str | None:
-    """The local directory a find-links entry names (a path or a file:// URL, as pip reads it); None: remote."""
-    if "://" in entry:
-        if not entry.startswith("file://"):
-            return None
-        entry = entry[len("file://"):]
-        if entry.startswith("localhost/"):
-            entry = entry[len("localhost"):]
-        if "%" in entry:
-            from urllib.parse import unquote
-
-            entry = unquote(entry)
-    return os.path.abspath(os.path.expanduser(entry))

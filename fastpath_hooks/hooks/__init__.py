@@ -11,7 +11,7 @@ import _thread
 import sys
 
 from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, PINS, SERVES, STAND_IN, STARTUP_FORMAT, VOICE,
-                      WATCHED, disabled, local_rank)
+                      WATCHED, disabled, local_rank, log)
 
 
 class Hooks:
@@ -82,17 +82,17 @@ def resume(fullname, path=None, target=None, *, format=None, **_newer):
 def install(*, kernels=None, on_event=None):
     """Hook transformers' kernel choice. Idempotent, thread-safe, imports nothing heavy.
 
-    kernels: names to manage, a list or one string as FASTPATH_HOOKS_SKIP takes it; None = all.
+    kernels: names to manage, a list or one string as FASTPATH_HOOKS_SKIP takes it; None = all (another type: a
+    TypeError).
     on_event: called with a JSON-serialisable dict per event (`on_event=queue.put` works).
     Returns True when the hooks are in place, False when FASTPATH_HOOKS_DISABLE is set. Modeling modules
     imported before this call already chose their kernels: hooks/late.py rebinds their choice.
     """
     if on_event is not None and not callable(on_event):
         raise TypeError(f"install(on_event=...) takes a callable (e.g. queue.put), not {type(on_event).__name__}")
+    names = None if kernels is None else _kernel_names(kernels)
     if disabled():
-        import logging
-
-        logging.getLogger("fastpath_hooks").info("install() is a no-op: FASTPATH_HOOKS_DISABLE is set")
+        log("install() is a no-op: FASTPATH_HOOKS_DISABLE is set", level=20)
         return False
     import os
 
@@ -102,7 +102,7 @@ def install(*, kernels=None, on_event=None):
             from ..events import add_listener
 
             add_listener(on_event)
-        HOOKS.kernels = None if kernels is None else _normalize(kernels)
+        HOOKS.kernels = None if names is None else _normalize(names)
         finder = HOOKS.finder
         if finder is None or finder not in sys.meta_path:
             finder = HOOKS.finder = KernelImportFinder()
@@ -146,20 +146,37 @@ def _heal() -> None:
     heal(HOOKS)
 
 
-def _normalize(kernels) -> frozenset:
-    """install(kernels=...) -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes; an unknown
+def _kernel_names(kernels) -> list:
+    """install(kernels=...) as a list of str; a TypeError naming the parameter for anything else (b'fla' was read
+    as the numbers 102, 108, 97; a number raised a bare TypeError)."""
+    if isinstance(kernels, str):
+        return [kernels]
+    names = None
+    if not isinstance(kernels, (bytes, bytearray, memoryview)):
+        try:
+            names = list(kernels)
+        except TypeError:
+            pass
+    if names is not None and all(isinstance(name, str) for name in names):
+        return names
+    what = type(kernels).__name__ if names is None else \
+        f"a {type(kernels).__name__} holding {next(type(n).__name__ for n in names if not isinstance(n, str))}"
+    raise TypeError(f"install(kernels=...) takes kernel names, a str or a list of str (e.g. kernels=['fla']), "
+                    f"not {what}")
+
+
+def _normalize(names: list) -> frozenset:
+    """install(kernels=...)'s names -> canonical kernel names, in any form FASTPATH_HOOKS_SKIP takes; an unknown
     name is said and ignored - and when none is left, that none is managed."""
     from .. import events
     from ..facts.settings import kernel_list_names, kernels_named
 
-    names = [part for item in ([kernels] if isinstance(kernels, str) else kernels)
-             for part in (kernel_list_names(item) if isinstance(item, str) else [item])]
     out, unknown = set(), []
-    for name in names:
+    for name in (part for item in names for part in kernel_list_names(item)):
         try:
             out.update(kernels_named(name))
-        except (ValueError, AttributeError) as exc:
-            unknown.append(str(exc) if isinstance(exc, ValueError) else f"{name!r} is not a kernel name")
+        except ValueError as exc:
+            unknown.append(str(exc))
     for i, why in enumerate(unknown):
         events.error(f"install(kernels=...): {why}; " + ("ignoring it" if out or i < len(unknown) - 1 else
                                                          "no kernel is managed"))
@@ -186,13 +203,11 @@ def _check_settings() -> None:
     names are read when none is given (reading every value costs install() a tenth of its instructions)."""
     import os
 
-    from .._names import DISABLE, PREFIX, cache_root_from_environ, given
+    from .._names import DISABLE, PREFIX, cache_root_from_environ, given, sha256_hex
 
     if not any(name.startswith(PREFIX) and name != DISABLE for name in os.environ):
         return
-    import hashlib
-
-    digest = hashlib.sha256(repr(list(given())).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    digest = sha256_hex(repr(list(given())).encode("utf-8", "surrogateescape"))[:24]
     marker = os.path.join(cache_root_from_environ(os.environ), "settings-ok", digest)
     if not os.path.exists(marker):
         from ..engine import check_settings
@@ -207,10 +222,23 @@ def _check_settings() -> None:
     target = os.environ.get("FASTPATH_HOOKS_TARGET", "").strip()
     if target and target not in _posed:   # once per process
         _posed.add(target)
+        if _said_before(f"posed:{target}"):
+            return
         from ..events import warning
 
         warning(f"posing {target}: nothing here is real (FASTPATH_HOOKS_TARGET; unset it to decide for this "
                 "machine)", once="posed", persist=f"posed:{target}")
+
+
+def _said_before(key: str) -> bool:
+    """A line said once per environment (events' `persist`) that would reach no one now: said at an earlier start,
+    FASTPATH_HOOKS_LOG not debug, and neither events (callbacks) nor logging loaded - not loaded for nothing."""
+    import os
+
+    from .._names import log_level, said_path
+
+    return not ("fastpath_hooks.events" in sys.modules or "logging" in sys.modules) and log_level() != "debug" \
+        and os.path.exists(said_path(key))
 
 
 def uninstall():

@@ -37,10 +37,16 @@ _simulation_lock = threading.RLock()
 
 def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
     """Wrap the gates of `import_utils` and rebind them (callers hold `hooks.lock`; `hooks`: hooks.HOOKS).
-    just_imported: the module has just executed, so only its namespace can hold the originals."""
-    swaps = {}
-    for name, kernels in _gates().items():
-        current = import_utils.__dict__.get(name)
+    just_imported: the module has just executed, so only its namespace can hold the originals. Else the gates are
+    looked for where they can be: transformers' own modules, under any name; then, only where a gate's reference
+    count says something else holds it (a user's `from transformers.utils import is_causal_conv1d_available`), the
+    other modules holding a gate under its own name, each whole (a copy only under another name keeps the
+    original, which still answers). Walking all ~1,400 namespaces of a training process cost install() 11-20 ms."""
+    table, namespace = _gates(), import_utils.__dict__
+    held = {} if just_imported else _references(namespace, table)   # counted before any reference of ours exists
+    swaps, left, names = {}, {}, set()
+    for name, kernels in table.items():
+        current = namespace.get(name)
         if current is None or getattr(current, "_fastpath_hooks_original", None) is not None:
             continue
         if name in _patched and _patched[name][0] is current:
@@ -48,29 +54,68 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
         wrapper = _wrap(current, kernels, import_utils, hooks)
         _patched[name] = (current, wrapper)
         swaps[id(current)] = (current, wrapper)
-    if swaps:
-        for namespace, key, new in _rebind(swaps, [import_utils] if just_imported else None):
-            _bound.setdefault(id(new), []).append((namespace, key))
+        names.add(name)
+        left[id(wrapper)] = held.get(name)   # its references not rebound yet (None: not counted)
+    if not swaps:
+        return
+    rebound = _rebind(swaps, [namespace] if just_imported else  # transformers' modules holding a gate (in C)
+                      [ns for ns in _namespaces(_transformers()) if not swaps.keys().isdisjoint(map(id, ns.values()))])
+    for _, _, new in rebound:
+        if left[id(new)] is not None:
+            left[id(new)] -= 1
+    if not just_imported and any(n is None or n > 0 for n in left.values()):   # held beyond transformers
+        names = frozenset(names)
+        rebound += _rebind(swaps, [ns for ns in _namespaces(_transformers(inside=False)) if ns.keys() & names])
+    for where, key, new in rebound:
+        _bound.setdefault(id(new), []).append((where, key))
 
 
 def unpatch() -> None:
-    _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()})
+    """In every module: a wrapper copied anywhere since, under any name, would go on deciding after uninstall()."""
+    if _patched:
+        _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()}, _namespaces())
     _patched.clear()
     _bound.clear()
 
 
-def _rebind(swaps: dict, modules=None) -> list:
-    """Replace each `old` with its `new` (swaps: id(old) -> (old, new)) in the namespace of `modules` (None:
-    every module); [(namespace, key, new)] rebound."""
-    if modules is None:
-        modules = list(sys.modules.values()) if swaps else ()
+def _references(namespace: dict, names) -> dict:
+    """name -> the references to namespace[name] (sys.getrefcount, less what asking adds, measured on an object
+    held the same way: Python versions count a call's own references differently); {} where none are counted."""
+    count = getattr(sys, "getrefcount", None)
+    if count is None:
+        return {}
+    probe = {"probe": object()}
+    asking = count(probe["probe"]) - 1
+    out = {}
+    for name in names:
+        if name in namespace:
+            out[name] = count(namespace[name]) - asking
+    return out
+
+
+def _namespaces(names=None) -> list:
+    """The namespaces of the loaded modules (of those `names`: no other module is touched)."""
     out = []
-    for module in modules:
+    for name in list(sys.modules) if names is None else names:
         try:
-            namespace = module.__dict__
-        except Exception:   # an odd object in sys.modules (a proxy whose __dict__ raises)
+            namespace = sys.modules[name].__dict__
+        except Exception:   # gone meanwhile, or an odd object in sys.modules (a proxy whose __dict__ raises)
             continue
-        for key, value in list(namespace.items()) if isinstance(namespace, dict) else ():
+        if isinstance(namespace, dict):
+            out.append(namespace)
+    return out
+
+
+def _transformers(inside: bool = True) -> list:
+    """The names of transformers' own loaded modules (inside=False: of all the others)."""
+    return [name for name in list(sys.modules) if (name == "transformers" or name.startswith("transformers.")) is inside]
+
+
+def _rebind(swaps: dict, namespaces) -> list:
+    """Replace each `old` with its `new` (swaps: id(old) -> (old, new)) in `namespaces`; [(namespace, key, new)]."""
+    out = []
+    for namespace in namespaces:
+        for key, value in list(namespace.items()):
             pair = swaps.get(id(value))
             if pair is not None and pair[0] is value:
                 namespace[key] = pair[1]
@@ -112,11 +157,9 @@ def _step_aside(wrapper, original, hooks) -> None:
             for namespace, key in _bound.pop(id(wrapper), ()):
                 if namespace.get(key) is wrapper:
                     namespace[key] = original
-            for module_name, module in list(sys.modules.items()):
-                if module_name == "transformers" or module_name.startswith("transformers."):
-                    namespace = getattr(module, "__dict__", None)
-                    if isinstance(namespace, dict) and namespace.get(name) is wrapper:
-                        namespace[name] = original
+            for namespace in _namespaces(_transformers()):
+                if namespace.get(name) is wrapper:
+                    namespace[name] = original
     except Exception as exc:  # the wrapper keeps passing through: only a little slower
         hooks.internal_error(exc)
 

@@ -35,7 +35,7 @@ def latest_transformers() -> str | None:
 def uv() -> str:
     exe = shutil.which("uv") or os.path.join(os.path.dirname(sys.executable), "uv")
     if not os.path.exists(exe):
-        raise RuntimeError("uv is needed by the tests (pip install uv)")
+        raise RuntimeError("uv is needed by the tests and benchmarks: pip install uv (the test extra has it)")
     return exe
 
 
@@ -76,9 +76,15 @@ def find_torch_wheel(cache_dir: str) -> str:
 
 
 def build_fastpath_wheel(dest: str) -> str:
+    """This checkout as a wheel in `dest`: with the running interpreter's own build backend where it has one that
+    builds it (offline, as the tests run), else in pip's isolated build environment (the backend pyproject.toml
+    names, from the index): a newcomer's python3 may have an old setuptools, or none (issue 40)."""
     os.makedirs(dest, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dest, ROOT],
-                   check=True, env=clean_env())
+    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dest, ROOT]
+    here = subprocess.run(argv[:5] + ["--no-build-isolation"] + argv[5:], env=clean_env(), capture_output=True,
+                          text=True)
+    if here.returncode != 0:
+        subprocess.run(argv, check=True, env=clean_env())
     return newest_fastpath_wheel(dest)
 
 
