@@ -272,3 +272,18 @@ def test_in_a_fresh_process_each_case_says_what_it_should(transformers, request,
     assert [line for line in proc.stderr.splitlines() if "packed documents" in line] == [
         PREFIX + out["ones"][0], PREFIX + out["cache"][0]]
     print(f"transformers {out['version']}: {time.monotonic() - started:.1f} s")
+
+
+# -- doctor ------------------------------------------------------------------------------------------
+
+def test_doctor_explains_the_leak_and_its_fix(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fastpath_hooks", "doctor"], capture_output=True, text=True,
+                          env=venvs.clean_env(FASTPATH_HOOKS_CACHE_DIR=str(tmp_path / "cache")), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    section = proc.stdout.split("\nPacked rows", 1)[1].split("\n\n", 1)[0]
+    import transformers
+
+    assert f"under sdpa, eager, flex_attention transformers {transformers.__version__} keeps them apart only" in section
+    assert "an attention mask (all ones too) or a cache" in section
+    assert 'attention_mask=None and use_cache=False, or attn_implementation="flash_attention_2"' in section
+    assert messages.PACKED_LEAK in section
