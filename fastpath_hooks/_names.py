@@ -31,7 +31,11 @@ DECORATED = {
 
 GATES_MODULE = "transformers.utils.import_utils"
 HUB_MODULE = "transformers.integrations.hub_kernels"
-WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE, HUB_MODULE}
+MASKS_MODULE = "transformers.masking_utils"   # its mask preprocessing is looked at once (hooks/packed.py)
+WATCHED = frozenset(KERNEL_MODULES) | {GATES_MODULE, HUB_MODULE, MASKS_MODULE}
+# transformers' attention implementations whose masks masking_utils builds, packed rows (restarting
+# position_ids) kept apart only without an attention mask and a cache (flash attention reads position_ids)
+MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
 PINS = "FASTPATH_HOOKS_PINS"
 TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("0", "false", "no", "off")

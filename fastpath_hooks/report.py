@@ -5,12 +5,13 @@ from __future__ import annotations
 import shlex
 import time
 
-from ._names import VERSION as __version__
+from ._names import MASKED_ATTENTION, VERSION as __version__
 from .act import fetch as wheelcache
 from .act.verify import cache_listing, warm_records
 from .decide.common import Context
 from .decide.plan import (BLOCK, DOCTOR_SCHEMA, INSTALL, OK, REPAIR, SKIP, Step, StepKind, installed_after_needs,
                           installer_choice, protected_constraints, step_names)
+from .decide.messages import PACKED_LEAK
 from .decide.policy import Commands, batches
 from .decide.transformers import era as transformers_era, packed_sequences, sources
 
@@ -208,6 +209,7 @@ def doctor_text(plan, settings, *, pins, activation: dict, verdicts: dict, inter
             lines.append(f"  {source['function']:<34}{source['source']}"
                          + ("" if source["source"].startswith(("hub ", "package ")) else f" - {source['reason']}"))
     lines += packed_text(_packed(plan, settings, pins, activation), said=machine_fix)
+    lines += packed_rows_text(tv)
     lines += ["", "Summary: " + summary(plan, settings)] + ([f"To change it: {machine_fix}."] if machine_fix else [])
     return "\n".join(lines)
 
@@ -262,6 +264,20 @@ def packed_text(packed: dict, said: str | None = None) -> list:
         lines.append(f"    models       {', '.join(models[:6])}"
                      + (f" and {len(models) - 6} more" if len(models) > 6 else ""))
     return lines + _shared_lines(shared, "to fix it    ", said=said)
+
+
+def packed_rows_text(transformers: str | None) -> list:
+    """Doctor's section on packed rows under the attention implementations whose mask transformers builds
+    (hooks/packed.py says a leak at the first training forward that has one); nothing without transformers."""
+    if not transformers:
+        return []
+    return ["", "Packed rows (documents packed in one row, their position_ids restarting)",
+            f"  leak when      under {', '.join(MASKED_ATTENTION)} transformers {transformers} keeps them apart only "
+            "with no attention mask and no cache; an attention mask (all ones too) or a cache (use_cache defaults to the "
+            "config's, True, outside Trainer) lets them attend to each other, silently",
+            '  to fix it      attention_mask=None and use_cache=False, or attn_implementation="flash_attention_2" with '
+            "one row per batch and no padding (as DataCollatorWithFlattening makes them)",
+            f"  said           once, at the first forward that could leak ({PACKED_LEAK}); nothing is changed"]
 
 
 def _shared_fixes(pairs) -> dict:

@@ -164,7 +164,7 @@ def test_the_registry_leaf_is_stdlib_only():
     file is read."""
     tree = ast.parse(open(os.path.join(ROOT, "_registry.py"), encoding="utf-8").read())
     top = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert top == ["from ._names import GATES_MODULE, HUB_MODULE, PINS, environ_of"]
+    assert top == ["from ._names import GATES_MODULE, HUB_MODULE, MASKS_MODULE, PINS, environ_of"]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):   # tomli: tomllib's own backport, where Python 3.10 has no tomllib
             assert all(a.name in ("os", "stat", "json", "tomllib", "tomli") for a in node.names), ast.unparse(node)

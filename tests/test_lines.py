@@ -14,6 +14,7 @@ never by cutting (issue 17, defect 2).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import string
 
@@ -160,7 +161,8 @@ def without_short_form() -> list:
     """Every rule of every kind (also those no shipped kernel gets) that declares no line or fix template."""
     tables = {rule_ids.SHARED_SCOPE: rule_ids.SHARED, **{f"<{kind} prefix>": t for kind, t in rule_ids.KINDS.items()}}
     return [f"{scope}.{template}" for scope, table in tables.items() for template, rule in table.items()
-            if rule.line is None or rule.fix is None]
+            if rule.line is None or rule.fix is None] + [rule for rule, r in rule_ids.FORWARD.items()
+                                                         if r.line is None or r.fix is None]
 
 
 def test_every_declared_rule_has_a_short_form():
@@ -613,3 +615,40 @@ def test_a_cached_wheel_refused_for_its_digest_keeps_cache_clear_on_the_line(spe
     (line,) = [ln for ln in said_lines(capsys) if "could not install" in ln]
     _whole(line, "fastpath-hooks cache clear")
     assert "sha256" in line and os.path.basename(path) not in line
+
+
+# -- a model's forward: packed rows that leak (issue 41) ---------------------------------------------
+
+def _longest_model_type() -> str:
+    """The longest model type of the installed transformers whose modeling module builds a causal mask."""
+    import transformers
+
+    root = os.path.join(os.path.dirname(transformers.__file__), "models")
+    found = [""]
+    for name in os.listdir(root):
+        modeling = os.path.join(root, name, f"modeling_{name}.py")
+        configuration = os.path.join(root, name, f"configuration_{name}.py")
+        if os.path.exists(modeling) and os.path.exists(configuration) and \
+                "create_causal_mask(" in open(modeling, encoding="utf-8").read():
+            found += re.findall(r'model_type\s*=\s*"([^"]+)"', open(configuration, encoding="utf-8").read())
+    return max(found, key=len)
+
+
+def test_the_packed_rows_line_keeps_its_reason_and_fix_whole_within_the_width():
+    """hooks/packed.py's line (issue 41) with the longest model type transformers has, every attention
+    implementation and remedy: whole, within the width."""
+    from fastpath_hooks._names import MASKED_ATTENTION
+
+    model = _longest_model_type()
+    assert len(model) > 20, model
+    short = rule_ids.forward_line(rule_ids.PACKED_LEAK, {"attention": "sdpa", "remedy": "use_cache=False", "flash": ""},
+                                  subject="llama")
+    assert short == "llama: packed documents attend to each other under sdpa (use_cache=False)"   # the model where it fits
+    for attention in MASKED_ATTENTION:
+        for remedy in ("attention_mask=None", "use_cache=False", "attention_mask=None and use_cache=False"):
+            for flash in ("flash_attention_2", ""):
+                values = {"attention": attention, "remedy": remedy, "flash": flash}
+                line = rule_ids.forward_line(rule_ids.PACKED_LEAK, values, subject=model)
+                assert len(PREFIX + line) <= MAX_LINE and fit(line) == PREFIX + line and "..." not in line, line
+                assert f"under {attention} ({remedy}" in line and line.endswith(
+                    f', or attn_implementation="{flash}")' if flash else f"{remedy})"), line

@@ -140,7 +140,7 @@ def test_every_derived_list_follows_the_index():
     assert [v for v in VARIABLES if v.endswith("_WHEEL_URL")] == ["FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL",
                                                                   "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
     assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils",
-                              "transformers.integrations.hub_kernels"}
+                              "transformers.integrations.hub_kernels", "transformers.masking_utils"}
     assert _names.SERVES == {"tilelang": ("fla",), "flash_qla": ("fla",)}
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),

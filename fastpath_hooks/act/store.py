@@ -304,6 +304,25 @@ def _path(root: str, kernel: str) -> str:
     return os.path.join(root, SUBDIR, f"{kernel}.json")
 
 
+# what a remembered check is keyed on: what it ran (shapes, dtype, variant, its length, tolerances), not how its
+# JIT was shared out, the length Triton tuned at (fla's kernels never specialise on it), whether it waited for a
+# first call, or the words saying where the shapes came from
+UNKEYED = ("jit", "tune_seq", "first_call", "shapes_from")
+
+
+def check_key(check) -> str:
+    """A decision's gated-delta-rule check as part of the memory's key ("" for none); a first call's on the warm
+    path too (engine/first_call.py): plain json, nothing imported."""
+    def plain(value):
+        if hasattr(value, "items"):
+            return {k: plain(v) for k, v in value.items()}
+        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    if not check:
+        return ""
+    return json.dumps({k: v for k, v in plain(check).items() if k not in UNKEYED}, sort_keys=True, default=str)
+
+
 def installed_digest(distributions) -> str | None:
     """Of the installed files as their RECORD lists them (dist-info, bytecode left out): one wheel, one digest.
     Files outside site-packages (console scripts: their shebang names this venv's python) left out too."""

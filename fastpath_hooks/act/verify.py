@@ -17,6 +17,7 @@ from ..facts.distributions import installed_versions, scan
 from ..facts.frozen import thaw
 from ..facts.memory import read_records
 from . import store
+from .store import check_key
 from .numeric import NumericResult, conclude, prepare, run_child, skipped
 from .runner import child_environ, ended
 from .transaction import atomic_write_json
@@ -29,19 +30,6 @@ class Verification:
     seconds: float
     numeric: bool = False     # it failed on its numbers: the kernel is blocked on that arch
     child: bool = True        # False: its check was remembered (act/store.py)
-
-
-# what a remembered check is keyed on: what it ran (shapes, dtype, variant, its length, tolerances), not how its
-# JIT was shared out, the length Triton tuned at (fla's kernels never specialise on it), whether it waited for a
-# first call, or the words saying where the shapes came from
-UNKEYED = ("jit", "tune_seq", "first_call", "shapes_from")
-
-
-def check_key(check) -> str:
-    """A decision's gated-delta-rule check as part of the memory's key ("" for none)."""
-    if not check:
-        return ""
-    return json.dumps({k: v for k, v in thaw(check).items() if k not in UNKEYED}, sort_keys=True, default=str)
 
 
 def relevant(loaded: dict, names) -> dict:

@@ -13,7 +13,7 @@ import re
 import string
 from dataclasses import dataclass, replace
 
-from ..events import MAX_LINE, PREFIX, Severity, minutes
+from ..events import MAX_LINE, PREFIX, Severity, first_fitting, minutes
 from ..facts.pins_values import ACCELERATORS
 from .plan import target_of
 
@@ -175,6 +175,21 @@ BACKEND = {
 }
 
 KINDS = {"pure": PURE, "pair": PAIR, "compiled": COMPILED, "backend": BACKEND}
+
+# Said of a model's forward, not of a kernel (hooks/packed.py): `[<model type>: ]<line> (<fix>)`
+PACKED_LEAK = "attention.packed-leak"
+FORWARD = {
+    PACKED_LEAK: Rule(_W, line="packed documents attend to each other under {attention}",
+                                  fix='{remedy}[, or attn_implementation="{flash}"]'),
+}
+
+
+def forward_line(rule: str, values: dict, subject: str = "") -> str:
+    """A FORWARD rule's line; `subject` (the model type) leads it where the whole still fits."""
+    declared_rule = FORWARD[rule]
+    fix = fill(declared_rule.fix, values)
+    body = fill(declared_rule.line, values) + (f" ({fix})" if fix else "")
+    return first_fitting(f"{subject}: {body}", body) if subject else body
 
 
 def _expand(template: str, spec, pins) -> list:

@@ -427,9 +427,6 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
     return check
 
 
-# what a remembered check is keyed on: how it was run (shapes, dtype, variant, tolerances), not how it was shared
-# out, whether it waited for a first call, or the words saying where the shapes came from
-UNKEYED = ("jit", "first_call", "shapes_from")
 
 
 def jit_env(env, pins, kernel: str) -> tuple:

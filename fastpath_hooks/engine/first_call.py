@@ -17,12 +17,9 @@ import os
 import signal
 import threading
 import time
-from dataclasses import replace
 
 from .. import events
-from ..act.numeric import remember_mismatch
-from ..act.store import installed_digest
-from ..act.verify import check_key, check_now
+from ..act.store import check_key   # (a warm verdict makes a FirstCall at every start: only what is loaded then)
 
 CALL_FIELDS = ("shapes", "dtype", "tune_seq", "final_state", "varlen")   # what a first call gives the check
 
@@ -161,6 +158,9 @@ class FirstCall:
                 self._cache.record(self.kernel, warm=warm)
             return
         if numeric:
+            from ..act.numeric import remember_mismatch
+            from ..act.store import installed_digest
+
             remember_mismatch(p["root"], self.kernel, digest=installed_digest(p["distributions"]),
                               version=p.get("version"), archs=p["gpus"], build=p["torch_build"], detail=detail)
 
@@ -208,6 +208,8 @@ def _facts(check: dict) -> str:
 
 def run_check(payload: dict, check: dict, *, started=None):
     """The pass in the check child, unless remembered (act/verify.check_now): the World's `first_check`."""
+    from ..act.verify import check_now
+
     return check_now(_Spec(payload), check, timeout=payload["timeout"],
                      env_extra=tuple(map(tuple, payload["env_extra"])), root=payload["root"],
                      gpus=tuple(payload["gpus"]), keyed=tuple(payload["keyed"]), started=started)
@@ -224,6 +226,8 @@ def beside_build(decision, spec, env, pins, frame):
     """A decision whose check waits for the first call, installed while another kernel builds (a batch): its check
     runs now, beside the build, at the shapes the model's configuration gives - the first call then finds the pass
     remembered (engine/first_call.FirstCall)."""
+    from dataclasses import replace
+
     from ..facts.frozen import thaw
     from ..facts.probe import config_attributes
 

@@ -3,15 +3,16 @@
 Loaded at the first watched import of an enabled environment: at module level it imports only what is
 loaded by then. For a kernel module the engine may install, repair or block it (an ImportError with the
 reason before any of its code runs, so transformers keeps its torch path); after `import_utils` executes the
-gates are wrapped (gates.py), after `hub_kernels` (5.25+) the hub mapping's getter. A failure of ours is one
-line and leaves the import as it would be without fastpath-hooks.
+gates are wrapped (gates.py), after `hub_kernels` (5.25+) the hub mapping's getter, after `masking_utils` its
+mask preprocessing, looked at once for packed rows that leak (packed.py). A failure of ours is one line and
+leaves the import as it would be without fastpath-hooks.
 """
 
 import _thread
 import sys
 
-from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, PINS, SERVES, STAND_IN, STARTUP_FORMAT, VOICE,
-                      WATCHED, disabled, local_rank, log)
+from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, MASKS_MODULE, PINS, SERVES, STAND_IN, STARTUP_FORMAT,
+                      VOICE, WATCHED, disabled, local_rank, log)
 
 
 class Hooks:
@@ -118,6 +119,8 @@ def install(*, kernels=None, on_event=None):
             _after_gates_import(sys.modules[GATES_MODULE])
         if HUB_MODULE in sys.modules:
             _after_hub_import(sys.modules[HUB_MODULE])
+        if MASKS_MODULE in sys.modules:
+            _after_masks_import(sys.modules[MASKS_MODULE])
     _claim_voice()
     _check_settings()
     # An install killed half-way (or running now) left its journal: rolled back (engine/jobs.py) before any
@@ -251,7 +254,8 @@ def uninstall():
         HOOKS.finder = None
         HOOKS.kernels = None
         for module, function in (("fastpath_hooks.events", "clear_listeners"),
-                                 ("fastpath_hooks.hooks.gates", "unpatch"), ("fastpath_hooks.engine", "forget")):
+                                 ("fastpath_hooks.hooks.gates", "unpatch"), ("fastpath_hooks.hooks.packed", "unpatch"),
+                                 ("fastpath_hooks.engine", "forget")):
             found = getattr(sys.modules.get(module), function, None)
             if found is not None:   # else nothing of it is loaded to undo
                 found()
@@ -301,6 +305,8 @@ class KernelImportFinder:
                                           lambda module: _after_gates_import(module, just_imported=True))
             if fullname == HUB_MODULE:
                 return _after_import_spec(fullname, path, target, _after_hub_import)
+            if fullname == MASKS_MODULE:
+                return _after_import_spec(fullname, path, target, _after_masks_import)
             return _before_kernel_import(fullname, path, target)
         except Exception as exc:  # never make an import worse than without fastpath-hooks
             internal_error(exc)
@@ -346,6 +352,17 @@ def _after_hub_import(module) -> None:
 
         get_kernel_mapping_transformers._fastpath_hooks_original = original
         module.__dict__[MAPPING] = get_kernel_mapping_transformers
+
+
+@_guarded
+def _after_masks_import(module) -> None:
+    """Its mask preprocessing is looked at until the first training forward: packed rows that leak are
+    said (packed.py)."""
+    with HOOKS.lock:
+        if HOOKS.installed():
+            from . import packed
+
+            packed.patch(module)
 
 
 def _before_kernel_import(fullname, path=None, target=None):
