@@ -109,14 +109,15 @@ def install(decisions, *, settings, env, pins, commands, state_dir: str, site: s
             except _Dropped as exc:
                 failed.update(exc.failed)
                 numeric |= exc.numeric
-                members = _survivors(members, failed)
+                members = _survivors(members, failed, pins)
         return Installed({}, failed, time.monotonic() - start, counter["children"], tuple(sorted(numeric)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _survivors(members, failed: dict) -> list:
-    """The members not failed and not needing a failed one (said as their reason)."""
+def _survivors(members, failed: dict, pins) -> list:
+    """The members not failed, not needing a failed one, and not there only for failed ones (tilelang for fla, in a
+    batch beside a build) - said as their reason."""
     out = []
     for d in members:
         if d.kernel in failed:
@@ -124,6 +125,10 @@ def _survivors(members, failed: dict) -> list:
         lost = [k for k in d.needs if k in failed]
         if lost:
             failed[d.kernel] = f"not installed: it needs {lost[0]}, which failed ({failed[lost[0]]})"
+            continue
+        served = [k for k in pins.kernel(d.kernel).serves if any(m.kernel == k for m in members)]
+        if served and all(k in failed for k in served):
+            failed[d.kernel] = f"not installed: it is there for {served[0]}, which failed"
             continue
         out.append(d)
     return out
