@@ -80,7 +80,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     needs_cuda, families = needs_cuda_build(env, build)   # families: "" where the release has no opt-in extension
     switch_env = dict(build.cuda_switch.env) if needs_cuda and families else {}
     if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in and nothing in use calls it
-        step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
+        step = Step(kind=StepKind.BUILD, requirements=(build.pip_requirement,), binary_only=False, build_isolation=False,
                     env=tuple(sorted(build.env.items())), archs=("py",),
                     note=f"source build without the CUDA extension ({families}): Python and Triton only, no compiler")
         return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=ctx.rule(kernel, "build.triton-only"),
@@ -130,6 +130,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         n_archs = len(archs)
         if rocm:
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
+        elif build.arch_env:   # the sdist's own arch list (FLASH_ATTN_CUDA_ARCHS=80): it compiles only these
+            env_pairs[build.arch_env] = ";".join(a[3:] for a in archs)
     where = "every arch" if archs == ("all",) else ", ".join(archs)
     seconds, how = build_estimate(build, n_archs, env.cpus, env.build_history)
     if rocm:
@@ -146,7 +148,7 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                         ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
                         facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={enough}"
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
-    step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
+    step = Step(kind=StepKind.BUILD, requirements=(build.pip_requirement,), binary_only=False, build_isolation=False,
                 env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
                 note=f"source build against the installed torch with {compiler}, for {', '.join(archs)}; about "
                      f"{minutes(seconds)}, {how}" + "".join(f"; {long}" for _, long in notes) +
@@ -321,11 +323,12 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings,
             parts = min(parts, jobs_given)   # the user's MAX_JOBS caps the compiles at once, parts too
         if memory_gib:
             room = memory_gib * cores / total
+            per_job = build.gib_per_job or GIB_PER_THREAD   # pins `parallel.gib_per_job`: one job's peak (flash-attn: 9)
             while split > 1 and jobs * split * GIB_PER_THREAD > room:
                 split -= 1
             while parts > 1 and (jobs - 1 + parts) * GIB_PER_THREAD > room:
                 parts -= 1
-            while not jobs_given and jobs > 1 and jobs * GIB_PER_THREAD > room:
+            while not jobs_given and jobs > 1 and jobs * per_job > room:
                 jobs -= 1
         out[kernel] = Share(cores, jobs, split, parts)
     return out

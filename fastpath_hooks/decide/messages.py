@@ -30,6 +30,7 @@ class Rule:
     machine_wide: bool = False    # said once for the machine and every kernel (no torch, no accelerator)
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
+    accelerator: str | None = None   # only a kernel that supports this accelerator gets it (rocm: hipcc builds)
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
     line: str | None = None       # the short form (None: not written yet - tests/test_lines.py names the rule)
     fix: str | None = None
@@ -119,16 +120,18 @@ COMPILED = {
     "wheel": Rule(_S, line="{target}, the release wheel for torch {torch}", fix=""),
     "build": Rule(_S, line="from source for {archs}, an estimated {minutes}", fix=AHEAD),
     "build.all-archs": Rule(_S, line="from source for every arch, an estimated {minutes}", fix=AHEAD),
-    "rocm.build": Rule(_S, line="from source for {archs} with hipcc, an estimated {minutes}", fix=AHEAD),
+    "rocm.build": Rule(_S, accelerator="rocm", line="from source for {archs} with hipcc, an estimated {minutes}",
+                       fix=AHEAD),
     "no-release": Rule(_S, requires=("releases",), line="no pinned release for {fits}", fix=PINS_FILE),
     "offline-missing": Rule(_S, line=OFFLINE, fix=FETCH),
     "no-wheel": Rule(_W, line="no wheel fits; FASTPATH_HOOKS_ALLOW_BUILD=0 forbids a build",
                      fix="set it to auto, or `fastpath-hooks build` it"),
-    "rocm.no-build": Rule(_S, line="no ROCm wheels; builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0)",
+    "rocm.no-build": Rule(_S, accelerator="rocm", line="no ROCm wheels; builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0)",
                           fix="set it to auto to build with hipcc"),
     "build.no-pip": Rule(_S, line="no wheel fits; a build needs pip, missing here",
                          fix="`python -m ensurepip`, or use `fastpath-hooks build`"),
-    "rocm.no-hipcc": Rule(_S, line="no ROCm wheels; a build needs hipcc, not found", fix="install ROCm's hipcc"),
+    "rocm.no-hipcc": Rule(_S, accelerator="rocm", line="no ROCm wheels; a build needs hipcc, not found",
+                          fix="install ROCm's hipcc"),
     "no-nvcc": Rule(_W, line="no wheel fits; a build needs nvcc, not found",
                     fix="install a CUDA {cuda} toolkit, set CUDA_HOME"),
     "nvcc-unknown": Rule(_S, needs=frozenset({NVCC_RELEASE}), line="no wheel fits; nvcc's CUDA release is unknown",
@@ -199,6 +202,7 @@ def declared(pins) -> dict:
         found = {f"{SHARED_SCOPE}.{s}": rule for t, rule in SHARED.items() for s in _expand(t, None, pins)}
         found.update((f"{spec.rule_prefix}.{s}", rule) for spec in pins.kernels.values()
                      for t, rule in KINDS[spec.kind].items() if all(getattr(spec, f) for f in rule.requires)
+                     and (rule.accelerator is None or rule.accelerator in spec.accelerators)
                      for s in _expand(t, spec, pins))
         _declared[pins.digest] = found
     return _declared[pins.digest]

@@ -27,7 +27,7 @@ STDS = ("c++17", "c++20", "c++23", "gnu++17", "gnu++20", "gnu++23")
 DTYPES = ("float32", "float16", "bfloat16")
 # the references act/check_child.py holds (it imports nothing of the package, so the names live here too)
 NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
-                      "gated_delta_rule")
+                      "gated_delta_rule", "attention")
 WHEEL_FIELDS = ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}")
 TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
@@ -203,6 +203,10 @@ class KernelSpec:
     aliases: tuple[str, ...] = m((), conv=str.lower, **_SOME)
     gates: tuple[str, ...] = m((), **_SOME)        # transformers' gates that ask for it
     mirror: str | None = m(None)    # the variable naming a mirror of its release wheels
+    # compiled: the attn_implementation whose request installs it (flash_attention_2); its gates and imports then act
+    # only when a model asks for it (hooks/gates.py `asked`)
+    attn_implementation: str | None = m(None, kinds=("compiled",), ok=lambda v: v.startswith("flash_attention_"),
+                                        says="expected transformers' name of it, such as flash_attention_2")
     serves: tuple[str, ...] = m((), form="kernel", **_SOME)      # kernels that use it (tilelang: fla)
     rule_prefix: str = m("", hand=True)
     switch: Switch | None = m(None, kinds=("pair", "backend"))
@@ -282,6 +286,16 @@ class SourceBuild:
     split_units: tuple[str, ...] = m((), key="parallel.split_units", **_SOME)
     arch_rules: tuple = m((), hand=True)   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
     cuda_switch: CudaSwitch | None = m(None)   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
+    # the variable its setup.py reads for the CUDA archs, set to the archs built (FLASH_ATTN_CUDA_ARCHS=80;90)
+    arch_env: str | None = m(None, ok=lambda v: v.isidentifier() and v.upper() == v,
+                             says="expected an environment variable name such as FLASH_ATTN_CUDA_ARCHS")
+    # where pip builds it from when the index has no sdist of it: a URL pip takes after `name @` (a VCS or archive
+    # URL; `#subdirectory=` for a package in a subdirectory: flash-attn-3 in flash-attention's hopper/)
+    url: str | None = m(None, ok=lambda v: "://" in v, says="expected a URL pip installs from (git+https://..., "
+                        "https://..., file://...)")
+    # GiB one compile job of it takes at its peak (MAX_JOBS is bounded by the free memory): 0 - the nvcc threads'
+    gib_per_job: float = m(0.0, key="parallel.gib_per_job", absent=0.0, ok=lambda x: x >= 0,
+                           says="expected GiB, a number >= 0")
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -291,6 +305,11 @@ class SourceBuild:
     def version(self) -> str | None:
         spec = list(Requirement(self.requirement).specifier)
         return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
+
+    @property
+    def pip_requirement(self) -> str:
+        """What pip builds: the requirement, or `name @ url` where the build's source is a URL."""
+        return f"{self.distribution} @ {self.url}" if self.url else self.requirement
 
 
 @dataclass(frozen=True)

@@ -339,8 +339,11 @@ def _before_kernel_import(fullname):
         return None
     importer = _importer(modules)
     engine = sys.modules.get("fastpath_hooks.engine")
-    if importer is not None and importer != kernel and not (engine and kernel in engine.outcomes()):
+    decided = bool(engine and kernel in engine.outcomes())
+    if importer is not None and importer != kernel and not decided:
         return None   # another kernel package's optional import (fla.layers tries mamba_ssm), not yet decided
+    if not decided and _asked_only(kernel):
+        return None   # flash attention: decided when a model asks for it (its gate), not at any import of it
     served = serves.get(fullname)
     if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
@@ -363,6 +366,18 @@ def _ask_engine(fullname, kernel):
     engine.expect_from(modeling_kernels)   # read only if this kernel is about to be installed
     message = engine.before_import(kernel)
     return None if message is None else ModuleSpec(fullname, BlockedLoader(message))
+
+
+def _asked_only(kernel) -> bool:
+    """An attention kernel (pins `attn_implementation`) that no model is asking for right now (hooks/gates.py)."""
+    from .._registry import registry
+
+    wanted = (registry().get(kernel) or {}).get("attn_implementation")
+    if not wanted:
+        return False
+    from .gates import asked
+
+    return not asked(wanted)
 
 
 def _importer(modules):

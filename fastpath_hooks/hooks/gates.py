@@ -15,6 +15,27 @@ import sys
 import threading
 
 
+# the locals transformers' code holds a model's requested attention in while it resolves it (4.56 - 5.25:
+# _check_and_adjust_attn_implementation, get_correct_attn_implementation, set_attn_implementation, _lazy_imports)
+ASKING_LOCALS = ("attn_implementation", "requested_attention", "applicable_attention", "requested_implementation",
+                 "applicable_attn_implementation", "implementation")
+FLASH_MATRIX = ("transformers.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX")
+
+
+def asked(implementation: str, frame=None) -> bool:
+    """Whether transformers is resolving a model's attention to `implementation` (flash_attention_2) now: a frame of
+    its code holds it as the requested implementation. transformers asks the flash-attention gates for every model
+    too (its modeling_utils, at import: flash_attn_supports_top_left_mask), so only this asking installs."""
+    frame = sys._getframe(1) if frame is None else frame
+    while frame is not None:
+        if (frame.f_globals.get("__name__") or "").startswith("transformers"):
+            local = frame.f_locals
+            if any(local.get(name) == implementation for name in ASKING_LOCALS):
+                return True
+        frame = frame.f_back
+    return False
+
+
 def gate_table(registry) -> dict:
     """gate -> the kernels its first query ensures: its own first (its answer), then those it is used `with`
     (the mamba family's fast path needs causal-conv1d too: `is_fast_path_available = all((..., causal_conv1d_fn,
@@ -26,6 +47,13 @@ def _gates() -> dict:
     from .._registry import registry   # with a FASTPATH_HOOKS_PINS file's kernels
 
     return gate_table(registry())
+
+
+def _asked_as(kernel: str):
+    """The attn_implementation that asks for `kernel` (flash-attn: flash_attention_2), None for the others."""
+    from .._registry import registry
+
+    return (registry().get(kernel) or {}).get("attn_implementation")
 
 
 CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")   # cleared with the kernels' gates
@@ -51,12 +79,34 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
     if swaps:
         for namespace, key, new in _rebind(swaps, [import_utils] if just_imported else None):
             _bound.setdefault(id(new), []).append((namespace, key))
+        if not just_imported:   # transformers imported before install(): its flash-attention table holds originals
+            for namespace, key, new in _rebind_matrix(swaps):
+                _bound.setdefault(id(new), []).append((namespace, key))
 
 
 def unpatch() -> None:
-    _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()})
+    swaps = {id(wrapper): (wrapper, original) for original, wrapper in _patched.values()}
+    _rebind(swaps)
+    _rebind_matrix(swaps)
     _patched.clear()
     _bound.clear()
+
+
+def _rebind_matrix(swaps: dict) -> list:
+    """The gates FLASH_ATTENTION_COMPATIBILITY_MATRIX (transformers 5.x) holds as `general_availability_check`,
+    replaced as _rebind does in module namespaces: [(the entry, key, new)]."""
+    module = sys.modules.get(FLASH_MATRIX[0])
+    matrix = getattr(module, "__dict__", {}).get(FLASH_MATRIX[1])
+    out = []
+    for entry in matrix.values() if isinstance(matrix, dict) else ():
+        if not isinstance(entry, dict):
+            continue
+        for key, value in list(entry.items()):
+            pair = swaps.get(id(value))
+            if pair is not None and pair[0] is value:
+                entry[key] = pair[1]
+                out.append((entry, key, pair[1]))
+    return out
 
 
 def _rebind(swaps: dict, modules=None) -> list:
@@ -80,6 +130,7 @@ def _rebind(swaps: dict, modules=None) -> list:
 
 def _wrap(original, kernels: tuple, import_utils, hooks):
     mode = None  # None until the first query; then _PASS, _BLOCKED or an accelerator kind to simulate
+    asked_as = _asked_as(kernels[0])   # an attention kernel: its gate installs only when a model asks for it
 
     @functools.wraps(original)
     def gate(*args, **kwargs):
@@ -87,6 +138,8 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
         if mode is _PASS:  # the common case after the first query: one identity test
             return original(*args, **kwargs)
         if mode is None:
+            if asked_as is not None and not asked(asked_as, sys._getframe(1)):
+                return original(*args, **kwargs)   # every model's import asks too: its own answer, nothing installed
             mode = _first_query(kernels, import_utils, hooks)
             if mode is _PASS:
                 _step_aside(gate, original, hooks)
@@ -159,10 +212,13 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
     mapping = namespace.get("_package_distribution_mapping")        # 5.23+
     if getattr(mapping, "cache_clear", None) is not None:
         mapping.cache_clear()
-    elif "PACKAGE_DISTRIBUTION_MAPPING" in namespace:                # 5.0 - 5.22
+    elif isinstance(namespace.get("PACKAGE_DISTRIBUTION_MAPPING"), dict):   # 5.0 - 5.22
         from importlib.metadata import packages_distributions
 
-        namespace["PACKAGE_DISTRIBUTION_MAPPING"] = packages_distributions()
+        # in place: modeling_flash_attention_utils holds the same dict (`from .utils.import_utils import ...`)
+        fresh = packages_distributions()
+        namespace["PACKAGE_DISTRIBUTION_MAPPING"].clear()
+        namespace["PACKAGE_DISTRIBUTION_MAPPING"].update(fresh)
 
 
 def _simulated(kind: str, import_utils, call):
@@ -205,6 +261,6 @@ def modeling_kernels() -> set:
     if not sources:
         return set()
     text = "\n".join(sources)
-    return {kernel for kernel, entry in registry().items()
-            if any(f'"{m}"' in text or f"'{m}'" in text for m in entry["modules"]) or f'"{kernel}"' in text
-            or any(g in text for g in entry["gates"])}
+    return {kernel for kernel, entry in registry().items() if not entry.get("attn_implementation")   # asked for only
+            and (any(f'"{m}"' in text or f"'{m}'" in text for m in entry["modules"]) or f'"{kernel}"' in text
+                 or any(g in text for g in entry["gates"]))}
