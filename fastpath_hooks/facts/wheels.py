@@ -116,7 +116,7 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
         return False
     have = ver.local[len(prefix):].split(".")
     py = "cp" + "".join(python.split(".")[:2])
-    if not any(t.interpreter == py and t.platform.endswith("_" + arch)
+    if not any((t.interpreter == py or _abi3_for(t, python)) and t.platform.endswith("_" + arch)
                and t.platform.startswith(("linux_", "manylinux")) for t in tags):
         return False
     if have == ["py"]:
@@ -124,6 +124,13 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     codes = set(all_codes) if "all" in have else {(f"sm_{a[2:]}" if a.startswith("sm") else a) for a in have}
     bad = bad or {}
     return bool(gpus) and all(pair_for(g, codes) is not None and pair_for(g, codes) != bad.get(g) for g in gpus)
+
+
+def _abi3_for(tag, python: str) -> bool:
+    """A stable-ABI tag (cp39-abi3: flash-attn-3's wheels) that this CPython runs: its minimum is this or older."""
+    if tag.abi != "abi3" or not tag.interpreter.startswith("cp3") or not tag.interpreter[3:].isdigit():
+        return False
+    return int(tag.interpreter[3:]) <= int((python.split(".") + ["0", "0"])[1])
 
 
 def listing(root: str | None) -> tuple:
