@@ -31,6 +31,7 @@ class Rule:
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
     accelerator: str | None = None   # only a kernel that supports this accelerator gets it (rocm: hipcc builds)
+    release: bool = False         # only a kernel with release wheels pinned gets it
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
     line: str | None = None       # the short form (None: not written yet - tests/test_lines.py names the rule)
     fix: str | None = None
@@ -117,7 +118,7 @@ COMPILED = {
                            "[{uninstall}; fastpath-hooks install {kernel}]"),
     "cache": Rule(_S, line="{target} from the local wheel cache", fix=""),
     "wheelhouse": Rule(_S, line="{target}, built for this machine, from FASTPATH_HOOKS_FIND_LINKS", fix=""),
-    "wheel": Rule(_S, line="{target}, the release wheel for torch {torch}", fix=""),
+    "wheel": Rule(_S, release=True, line="{target}, the release wheel for torch {torch}", fix=""),
     "build": Rule(_S, line="from source for {archs}, an estimated {minutes}", fix=AHEAD),
     "build.all-archs": Rule(_S, line="from source for every arch, an estimated {minutes}", fix=AHEAD),
     "rocm.build": Rule(_S, accelerator="rocm", line="from source for {archs} with hipcc, an estimated {minutes}",
@@ -203,6 +204,8 @@ def declared(pins) -> dict:
         found.update((f"{spec.rule_prefix}.{s}", rule) for spec in pins.kernels.values()
                      for t, rule in KINDS[spec.kind].items() if all(getattr(spec, f) for f in rule.requires)
                      and (rule.accelerator is None or rule.accelerator in spec.accelerators)
+                     and (not rule.release or pins.release(spec.name) is not None
+                          or any(getattr(r, "release", None) for r in spec.releases))
                      for s in _expand(t, spec, pins))
         _declared[pins.digest] = found
     return _declared[pins.digest]

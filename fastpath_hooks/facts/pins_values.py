@@ -207,6 +207,8 @@ class KernelSpec:
     # only when a model asks for it (hooks/gates.py `asked`)
     attn_implementation: str | None = m(None, kinds=("compiled",), ok=lambda v: v.startswith("flash_attention_"),
                                         says="expected transformers' name of it, such as flash_attention_2")
+    # the GPUs where fastpath_hooks.attention() prefers it to sdpa (engine/attention.py)
+    attention_gpus: tuple[str, ...] = m((), kinds=("compiled",), ok=_sm, says="expected sm_XY", **_SOME)
     serves: tuple[str, ...] = m((), form="kernel", **_SOME)      # kernels that use it (tilelang: fla)
     rule_prefix: str = m("", hand=True)
     switch: Switch | None = m(None, kinds=("pair", "backend"))

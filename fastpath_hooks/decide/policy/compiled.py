@@ -167,7 +167,7 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
         return next((d for v, d in options if f"{dist}=={v}" not in d.reason), options[0][1])
     # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
     # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
-    wheel = ctx.rule(kernel, "wheel")
+    wheel = f"{ctx.pins.kernel(kernel).rule_prefix}.wheel"   # declared only for a kernel with release wheels
     _, version, decision = min(acting, key=lambda o: (
         any(s.kind == StepKind.BUILD for s in o[2].steps),
         o[2].rule == wheel and any(s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
