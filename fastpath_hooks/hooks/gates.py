@@ -232,14 +232,32 @@ def _simulated(kind: str, import_utils, call):
     except Exception:
         return call()
     clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None) or (lambda: None)
+    version = getattr(torch, "version", None)
+    # era A's flash-attention gate also reads torch.version.cuda (None in a CPU build): the posed CUDA release
+    cuda = _posed_cuda() if kind != "xpu" and version is not None and not getattr(version, "cuda", None) else None
     with _simulation_lock:
         real, module.is_available = module.is_available, lambda: True
+        if cuda:
+            version.cuda = cuda
         clear()
         try:
             return call()
         finally:
             module.is_available = real
+            if cuda:
+                version.cuda = None
             clear()
+
+
+def _posed_cuda() -> str:
+    """The CUDA release FASTPATH_HOOKS_TARGET poses (`cuda=12.8`), else "12.0"."""
+    import os
+
+    for entry in os.environ.get("FASTPATH_HOOKS_TARGET", "").split(","):
+        key, _, value = entry.partition("=")
+        if key.strip().lower() == "cuda" and value.strip()[:1].isdigit():
+            return value.strip()
+    return "12.0"
 
 
 def modeling_kernels() -> set:
