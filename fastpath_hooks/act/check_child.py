@@ -332,7 +332,7 @@ def _attribute(item: str):
 
 def _function(check: dict):
     """`module:attribute`, or the layer of a hub kernel loaded through HF kernels as transformers' kernelize
-    loads it (LOCAL_KERNELS, the cache, the hub)."""
+    loads it (LOCAL_KERNELS, the cache, the hub); a hub kernel without a layer: its module's function."""
     hub = check.get("hub")
     if not hub:
         return _attribute(check["function"])
@@ -341,6 +341,8 @@ def _function(check: dict):
     module = kernels.get_kernel(hub["repo"], version=hub.get("version"),
                                 revision=None if hub.get("version") else hub.get("revision"),
                                 check_arch=bool(check.get("check_arch")))
+    if not hub.get("layer"):
+        return getattr(module, check["function"].rpartition(":")[2])
     layer = getattr(module.layers, hub["layer"])
     instance = layer()
     return lambda *args, **kwargs: layer.forward(instance, *args, **kwargs)

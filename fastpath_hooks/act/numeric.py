@@ -160,15 +160,17 @@ def _names(plan) -> str:
 
 def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
-    (loaded through kernels, as kernelize will), remembered like a package's."""
+    (loaded through kernels, as kernelize will), remembered like a package's. An entry without a layer is a module
+    of functions (flash attention): every check of its kernel, on the hub module's function of the same name."""
     plan = plan_for(entry.kernel, env, pins, root)
     leaf = f":{entry.name}"
-    checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \
-        if plan is not None else ()
+    checks = tuple(c for c in plan.checks if not entry.layer or c.function.endswith(leaf)
+                   or c.function.endswith("." + entry.name)) if plan is not None else ()
     if not checks:
         return True, f"no numeric check of {entry.name} for {'+'.join(env.gpus) or 'this machine'}"
     hub = {"repo": entry.repo_id, "version": entry.version, "revision": entry.revision, "layer": entry.layer}
-    checks = tuple(replace(c, function=f"hub:{entry.ref}:{entry.layer}") for c in checks)
+    checks = tuple(replace(c, function=f"hub:{entry.ref}:{entry.layer or c.function.rpartition(':')[2]}")
+                   for c in checks)
     plan = replace(plan, kernel=entry.kernel, checks=checks)
     if plan.device is None:
         return True, f"numbers not checked: {plan.skip}"

@@ -141,6 +141,8 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
             if asked_as is not None and not asked(asked_as, sys._getframe(1)):
                 return original(*args, **kwargs)   # every model's import asks too: its own answer, nothing installed
             mode = _first_query(kernels, import_utils, hooks)
+            if asked_as is not None:   # the package cannot serve the model asking: the hub's kernel, else sdpa
+                _without_package(kernels[0], asked_as, lambda: gate(*args, **kwargs), hooks)
             if mode is _PASS:
                 _step_aside(gate, original, hooks)
                 return original(*args, **kwargs)
@@ -154,6 +156,18 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
     gate._fastpath_hooks_original = original
     gate._fastpath_hooks_kernel = kernels[0]
     return gate
+
+
+def _without_package(kernel: str, implementation: str, answer, hooks) -> None:
+    """Where the gate now says False, transformers 5.25+ loads the hub kernel it names for `implementation`, and
+    raises where that does not load: decided by the engine first (engine/hub.py `attention`)."""
+    try:
+        if hooks.selected(kernel) and not answer():
+            from ..engine.hub import attention
+
+            attention(kernel, implementation)
+    except Exception as exc:   # transformers' own behaviour, untouched
+        hooks.internal_error(exc)
 
 
 def _step_aside(wrapper, original, hooks) -> None:
