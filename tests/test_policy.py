@@ -334,12 +334,26 @@ FA = {"flash-attn": dict(prefix="fa2", gpu="sm_80", dist="flash-attn", version="
                          env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "80"},
                          requirement="flash-attn==2.8.3.post2",
                          built="flash_attn-2.8.3.post2+fph.torch2.10.0.cu128.abi1.sm80-cp312-cp312-linux_x86_64.whl"),
+      # no model imported: every head dim and sliding-window attention kept (`swa` in its label)
       "flash-attn-3": dict(prefix="fa3", gpu="sm_90", dist="flash-attn-3", version="3.0.0b1", archs=("sm_90",),
                            env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE", **{f"FLASH_ATTENTION_DISABLE_{n}": "TRUE" for n in (
-                               "FP8", "PAGEDKV", "APPENDKV", "SPLIT", "SOFTCAP", "LOCAL", "CLUSTER", "SM80")}},
+                               "FP8", "PAGEDKV", "APPENDKV", "SPLIT", "SOFTCAP", "CLUSTER", "SM80")}},
                            requirement="flash-attn-3 @ git+https://github.com/Dao-AILab/flash-attention@v2.8.3#subdirectory=hopper",
-                           built="flash_attn_3-3.0.0b1+fph.torch2.10.0.cu128.abi1.sm90-cp39-abi3-linux_x86_64.whl")}
+                           built="flash_attn_3-3.0.0b1+fph.torch2.10.0.cu128.abi1.sm90.swa-cp39-abi3-linux_x86_64.whl",
+                           variant=".swa")}
 FA_TIME = {"timeout": 1e6}   # their builds outlast the default FASTPATH_HOOKS_TIMEOUT (the timeout row says so)
+FA3_ALWAYS_OFF = tuple(f"FLASH_ATTENTION_DISABLE_{n}" for n in ("FP8", "PAGEDKV", "APPENDKV", "SPLIT", "SOFTCAP",
+                                                                 "CLUSTER", "SM80"))
+QWEN35_ATTENTION = (("qwen3_5", 256, 4, 16, False),)   # Environment.attention_shapes: Qwen3.5's full attention
+
+
+def FA3_MINE(variant: str) -> str:
+    """An FA3 build of ours for sm_90 keeping `variant` (facts/wheels.py: hd256, swa)."""
+    return "3.0.0b1+fph.torch2.10.0.cu128.abi1.sm90" + (f".{variant}" if variant else "")
+
+
+def FA3_BUILT(variant: str) -> str:
+    return f"flash_attn_3-{FA3_MINE(variant)}-cp39-abi3-linux_x86_64.whl"
 
 
 def _fa_build(kernel, archs=None):
@@ -363,7 +377,7 @@ def _fa_rows(kernel) -> list:
     p, gpu, dist = fa["prefix"], fa["gpu"], fa["dist"]
     on = {"gpus": (gpu,)}
     old = {**on, "torch": "2.13.0"}
-    mine = f"{fa['version']}+fph.torch2.10.0.cu128.abi1.{gpu.replace('_', '')}"
+    mine = f"{fa['version']}+fph.torch2.10.0.cu128.abi1.{gpu.replace('_', '')}{fa.get('variant', '')}"
     return [
         Row(f"{p}.no-release: no pinned release fits this torch", kernel, SKIP, f"{p}.no-release", env=on,
             pins=with_kernel(PINS, kernel, releases=tuple(
@@ -783,6 +797,32 @@ ROWS = [
         env={"gpus": ("sm_89",), "torch": "2.8.0"},
         check=lambda d, p: (d.steps[-1].kind == "wheel" and d.steps[-1].requirements == (FA2_WHEEL,),
                             d.target == {"flash-attn": "2.8.3"})),
+
+    # FA3 trimmed to the imported models' attention (Environment.attention_shapes; tests/test_attention.py: per config)
+    Row("fa3.build for Qwen3.5: head dim 256 only, no sliding window", "flash-attn-3", INSTALL, "fa3.build",
+        env={"gpus": ("sm_90",), "torch": "2.13.0", "attention_shapes": QWEN35_ATTENTION}, settings=FA_TIME,
+        check=lambda d, p: (d.steps[-1].variant == ("hd256",), "trimmed to head dim 256 (qwen3_5), no sliding window"
+                            in d.steps[-1].note, {k for k, v in d.steps[-1].env if "_DISABLE_" in k} - set(FA3_ALWAYS_OFF) ==
+                            {f"FLASH_ATTENTION_DISABLE_{n}" for n in ("HDIM64", "HDIM96", "HDIM128", "HDIM192", "LOCAL")})),
+    Row("fa3.cache: a cached build keeping more than Qwen3.5 needs", "flash-attn-3", INSTALL, "fa3.cache",
+        env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION, "cached_wheels": (FA3_BUILT("hd128x256.swa"),)},
+        check=lambda d, p: d.steps[-1].requirements == (FA3_BUILT("hd128x256.swa"),)),
+    Row("fa3.build: a cached build without Qwen3.5's head dim is not taken", "flash-attn-3", INSTALL, "fa3.build",
+        env={"gpus": ("sm_90",), "torch": "2.10.0", "attention_shapes": QWEN35_ATTENTION,
+             "cached_wheels": (FA3_BUILT("hd128"),)}, settings=FA_TIME,
+        check=lambda d, p: d.steps[-1].kind == "build" and d.steps[-1].variant == ("hd256",)),
+    Row("fa3.ok: a build for head dim 256, Qwen3.5 imported", "flash-attn-3", OK, "fa3.ok",
+        env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION}, dists={"flash-attn-3": FA3_MINE("hd256")},
+        check=_checked_once({"flash-attn-3": FA3_MINE("hd256")})),
+    Row("fa3.repair.trim: a build for Qwen3's head dim 128 while Qwen3.5 (256) is imported", "flash-attn-3", REPAIR,
+        "fa3.repair.trim", env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION},
+        dists={"flash-attn-3": FA3_MINE("hd128.swa")}, settings=FA_TIME,
+        check=lambda d, p: (d.steps[-1].kind == "build", d.steps[-1].force, d.steps[-1].variant == ("hd256",),
+                            "built without head dim 256, which a model here needs: rebuilding" in d.reason)),
+    Row("fa3.block.trim: no sliding window in the build, a Mistral imported, no build allowed", "flash-attn-3", BLOCK,
+        "fa3.block.trim", env={"gpus": ("sm_90",), "attention_shapes": (("mistral", None, 8, 32, True),)},
+        dists={"flash-attn-3": FA3_MINE("")}, settings={"allow_build": "0"},
+        check=lambda d, p: ("without sliding window" in d.reason, d.on_failure == "block", not d.steps)),
 
     # causal-conv1d
     Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel", check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256)),

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import events
+from ..facts.frozen import FrozenMap
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
 from . import check_child
 from .store import update_records
@@ -47,6 +48,7 @@ class NumericPlan:
     root: str | None = None  # the cache root the results are remembered under
     skip: str = ""           # why it does not run here
     env: tuple = ()          # the kernel's backends switched off (FLA_FLASH_QLA=0): its own numbers, not theirs
+    head_dims: tuple = ()    # the models' attention head dims its checks run at, where not the checks' own
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
     checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus))
     if not checks or env.accelerator not in ("cuda", "rocm"):
         return None
+    checks, head_dims = _at_model_head_dims(checks, env, pins.kernel(kernel))
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
     # remembered under the kernel's own files: a backend it would dispatch to (fla to flash-qla) is
     # checked against the kernel's own path by the backend's gated-delta-rule check, not here
@@ -68,11 +71,29 @@ def plan_for(kernel: str, env, pins, root: str | None = None) -> NumericPlan | N
     device = "cuda" if env.gpu_source != "target" else "cpu" if env.numeric_device == "cpu" else None
     skip = "" if device else (f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to "
                               "run them on (numeric=cpu in the target checks CPU stand-ins)")
-    return NumericPlan(kernel, checks, device, archs, torch_build(env), root, skip=skip, env=off)
+    return NumericPlan(kernel, checks, device, archs, torch_build(env), root, skip=skip, env=off, head_dims=head_dims)
+
+
+def _at_model_head_dims(checks: tuple, env, spec) -> tuple:
+    """(the checks, the head dims they run at): an attention kernel's (compiled, with `head_dims`) at each head dim
+    of the imported models (`env.attention_shapes`; a check's own where one is unknown), else as pinned - ()."""
+    rows = env.attention_shapes if spec.kind == "compiled" and spec.head_dims is not None else ()
+    out, dims = [], set()
+    for check in checks:
+        own = check.shapes.get("head_dim")
+        wanted = sorted({row[1] or own for row in rows}) if own is not None else []
+        if not wanted or wanted == [own]:
+            out.append(check)
+            continue
+        dims.update(wanted)
+        out.extend(replace(check, name=f"{check.name} at head dim {d}",
+                           shapes=FrozenMap({**check.shapes, "head_dim": d})) for d in wanted)
+    return tuple(out), tuple(sorted(dims))
 
 
 def _key(plan: NumericPlan, digest: str, arch: str) -> str:
-    return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}".encode()).hexdigest()[:32]
+    dims = f"|head dims {plan.head_dims}" if plan.head_dims else ""
+    return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}{dims}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -108,7 +129,8 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     """The result of a Pending check from the child's report (or why there is none), remembered."""
     plan = pending.plan
     kernel, root, keys, digest, version = plan.kernel, plan.root, pending.keys, pending.digest, pending.version
-    where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)")
+    where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)") + \
+        (f" at head dim {'/'.join(map(str, plan.head_dims))}" if plan.head_dims else "")
     if problem is None and not report.get("ok"):
         problem = f"{kernel}'s numeric check failed: {report.get('error')}"
     if problem is not None:   # the child could not run the checks (a crash is a verdict on the build too)

@@ -114,6 +114,9 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                         facts={"unsupported": "+".join(unsupported)}, **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
+    trim = trimmed(env, ctx.pins.kernel(kernel), build)
+    if trim is not None:           # the head dims and sliding window the models in use do not have: left out
+        env_pairs.update(trim.env)
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
@@ -150,8 +153,10 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
     step = Step(kind=StepKind.BUILD, requirements=(build.pip_requirement,), binary_only=False, build_isolation=False,
                 env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
+                variant=trim.tokens if trim is not None else (),
                 note=f"source build against the installed torch with {compiler}, for {', '.join(archs)}; about "
                      f"{minutes(seconds)}, {how}" + "".join(f"; {long}" for _, long in notes) +
+                     (f"; trimmed to {trim.said}" if trim is not None else "") +
                      (f"; -std={std.std} handed last to the host compiler and {'hipcc' if rocm else 'nvcc'}: "
                       f"torch {env.torch} needs it" if std else "") +
                      (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}" if switch_env else ""))
@@ -251,6 +256,42 @@ def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
         seconds *= cores / cpus
     how = f"an estimate: {origin}, scaled to {n_archs} arch{'s' if n_archs != 1 else ''} on {cpus or '?'} cores"
     return seconds, how
+
+
+class Trimmed(NamedTuple):
+    """What a trimmed build (pins `source_build.trim`) keeps for the models in use, and how."""
+    head_dims: tuple | None   # the head dims kept (None: all)
+    window: bool              # local (sliding-window) attention kept
+    env: tuple                # ((variable, "TRUE"), ...) leaving the rest out
+    tokens: tuple             # its wheel label's (facts/wheels.py variant_tokens)
+    said: str                 # "head dim 256 (qwen3_5), no sliding window"
+
+    @property
+    def needs(self) -> tuple:
+        return self.head_dims, self.window
+
+
+def trimmed(env, spec, build) -> Trimmed | None:
+    """The build's trim for the imported models' attention (`env.attention_shapes`): per model the smallest of the
+    kernel's head dims at or above its own, every dim where one is unknown or none is imported; local attention
+    where one has a sliding window or none is imported. None for a build without `trim`."""
+    trim = build.trim
+    if trim is None or spec.head_dims is None:
+        return None
+    dims = sorted(spec.head_dims.k)
+    rows = env.attention_shapes
+    known = [r[1] for r in rows]
+    keep = None if not rows or None in known else \
+        tuple(sorted({next((d for d in dims if d >= own), dims[-1]) for own in known}))
+    window = not rows or any(r[4] is not False for r in rows)
+    off = [trim.head_dims.format(dim=d) for d in dims if keep is not None and d not in keep]
+    if trim.window and not window:
+        off.append(trim.window)
+    models = ", ".join(dict.fromkeys(r[0] for r in rows)) or "no model imported"
+    said = (f"head dim{'s' if keep is None or len(keep) > 1 else ''} "
+            f"{'/'.join(map(str, keep)) if keep is not None else 'all'} ({models}), "
+            f"{'with' if window else 'no'} sliding window")
+    return Trimmed(keep, window, tuple((var, "TRUE") for var in off), cached_wheels.variant_tokens(keep, window), said)
 
 
 # -- how builds share the machine: jobs, split compilation, cores, memory --------------------------------

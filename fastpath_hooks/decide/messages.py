@@ -154,6 +154,11 @@ COMPILED = {
                         fix=""),
     "block.no-cuda": Rule(_W, requires=_SWITCH,
                           line="{installed} lacks the CUDA extension a model here calls; {cannot}", fix="{cannot_fix}"),
+    # a build trimmed to the models in use (pins: source_build.trim) without what a model here needs
+    "repair.trim": Rule(_S, requires=("trim",), line="{installed} lacks {lacks}, needed here; rebuilding {target}",
+                        fix=""),
+    "block.trim": Rule(_W, requires=("trim",), line="{installed} lacks {lacks}, needed here; it cannot be rebuilt here",
+                       fix="fastpath-hooks doctor"),
     **COMMON,
 }
 

@@ -91,6 +91,7 @@ class Step:
     note: str = ""
     archs: tuple = ()                # build steps: the GPU archs compiled for (("all",): every arch the sdist knows)
     cxx_std: str | None = None       # build steps: the C++ standard both compilers get last (pins: cxx_standard)
+    variant: tuple = ()              # build steps: what a trimmed build keeps, for its label (facts/wheels.py)
 
     _freezes_itself = True
 

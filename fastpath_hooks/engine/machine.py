@@ -394,10 +394,12 @@ def _record(run: Run):
             events.debug(f"{kernel}: {detail}", kernel)
             outcome = Outcome(kernel, OutcomeState.OK, decision.reason)
     # a bad variable must be said at every start, not skipped by a warm hit; a rule may not let it be warm
-    # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now)
+    # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now),
+    # nor a kernel whose build is trimmed to the models in use (pins `source_build.trim`: FA3's head dims)
     rule = short.lookup(run.pins, decision.rule)
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm) \
+            and run.pins.kernel(kernel).trim is None:
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})
     if not run.cache.record(kernel, verdict=verdict, warm=warm):

@@ -103,13 +103,14 @@ _DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="e
 
 @dataclass(frozen=True)
 class HeadDims:
-    """The head dims (K, V) a backend computes (the served kernel sends others elsewhere); `config`: the
-    transformers config attributes that hold them and the head counts (facts/probe.py)."""
+    """The head dims (K, V) a backend computes (the served kernel sends others elsewhere), or a compiled attention
+    kernel has code for (its build keeps the models': `source_build.trim`); `config`: the transformers config
+    attributes that hold them, the head counts and the sliding window (facts/probe.py)."""
     k: tuple[int, ...] = m(**_DIMS)
     v: tuple[int, ...] = m(**_DIMS)
-    # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
-    config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v").__contains__,
-                                           key_says="expected k, v, heads_k or heads_v")
+    # "k" / "v" / "heads_k" / "heads_v" / "window" -> attribute names, first found wins
+    config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v", "window").__contains__,
+                                           key_says="expected k, v, heads_k, heads_v or window")
     source: str
 
 
@@ -224,7 +225,7 @@ class KernelSpec:
     pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # best first
     broken: tuple[BrokenPair, ...] = m((), kinds=("pair",), **_SOME)
     archs: Archs | None = m(None, kinds=("backend",), req=True)
-    head_dims: HeadDims | None = m(None, kinds=("backend",), req=True)
+    head_dims: HeadDims | None = m(None, kinds=("backend", "compiled"), req=("backend",))
     pays: Pays | None = m(None, kinds=("backend",), req=True)
     # rules as data (docs/builds.md): its numbers against torch references on the GPU (any kind but a backend)
     numeric_checks: tuple[NumericCheck, ...] = m((), kinds=("pure", "compiled", "pair"), **_SOME)
@@ -232,6 +233,8 @@ class KernelSpec:
     arch_rules: tuple[ArchRule, ...] = m((), kinds=("compiled",), **_SOME)
     # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
     cuda_switch: CudaSwitch | None = m(None, hand=True)
+    # compiled: what its source build leaves out for the models in use (source_build.trim)
+    trim: Trim | None = m(None, hand=True)
 
 
 @dataclass(frozen=True)
@@ -288,6 +291,7 @@ class SourceBuild:
     split_units: tuple[str, ...] = m((), key="parallel.split_units", **_SOME)
     arch_rules: tuple = m((), hand=True)   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
     cuda_switch: CudaSwitch | None = m(None)   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
+    trim: Trim | None = m(None)   # code left out for the models in use (FA3: head dims, sliding window)
     # the variable its setup.py reads for the CUDA archs, set to the archs built (FLASH_ATTN_CUDA_ARCHS=80;90)
     arch_env: str | None = m(None, ok=lambda v: v.isidentifier() and v.upper() == v,
                              says="expected an environment variable name such as FLASH_ATTN_CUDA_ARCHS")
@@ -381,6 +385,19 @@ class CudaSwitch:
 
     def applies(self, version) -> bool:
         return _contains(self.releases, version, unknown=False)
+
+
+@dataclass(frozen=True)
+class Trim:
+    """Variables its setup.py reads to leave code out (FA3's FLASH_ATTENTION_DISABLE_*=TRUE), set from the models
+    in use (their configs: the kernel's `head_dims.config`): `head_dims` names each head dim's (`{dim}`: one of the
+    kernel's `head_dims.k`) - a build keeps, per model, the smallest listed dim at or above its head dim, and every
+    dim where a model's is unknown; `window` leaves sliding-window attention out - where no model in use has one."""
+    head_dims: str = m(ok=lambda v: v.count("{dim}") == 1 and v.replace("{dim}", "").isidentifier(),
+                       says="expected an environment variable name with {dim} in it")
+    source: str
+    window: str | None = m(None, ok=lambda v: v.isidentifier() and v.upper() == v,
+                           says="expected an environment variable name")
 
 
 @dataclass(frozen=True)
