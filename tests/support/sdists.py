@@ -492,6 +492,25 @@ def pad_input(hidden_states, indices, batch, seqlen):
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])
 '''
 
+# Both setup.py's command: a wheel with compiled code (FLASH_ATTENTION_SKIP_CUDA_BUILD: without), whose release wheel
+# is guessed first (offline: fails) unless FLASH_ATTENTION_FORCE_BUILD; compile_all() is each one's own.
+_FLASH_BUILD_COMMAND = r'''
+
+class CachedWheelsCommand(bdist_wheel):
+    def run(self):
+        if not SKIP_CUDA_BUILD:
+            if not FORCE_BUILD:
+                raise RuntimeError("NAME: could not download the release wheel "
+                                   "(urlopen error [Errno -3] Temporary failure in name resolution)")
+            compile_all()
+        super().run()
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
+'''
+
 # flash-attn 2.8.3.post2's setup.py where fastpath-hooks relies on it: FLASH_ATTENTION_FORCE_BUILD (else a release
 # wheel is guessed - offline: fails), FLASH_ATTENTION_SKIP_CUDA_BUILD, the -gencode pairs from FLASH_ATTN_CUDA_ARCHS
 # (default 80;90;100;120; TORCH_CUDA_ARCH_LIST ignored) by nvcc version, nvcc `--threads $NVCC_THREADS` (4),
@@ -554,21 +573,7 @@ def compile_all():
         if subprocess.run([compiler, "-c", src, "-o", obj] + flags).returncode != 0:
             raise RuntimeError(f"error compiling {src} with {compiler}")
 
-
-class CachedWheelsCommand(bdist_wheel):
-    def run(self):
-        if not SKIP_CUDA_BUILD:
-            if not FORCE_BUILD:
-                raise RuntimeError("flash-attn: could not download the release wheel "
-                                   "(urlopen error [Errno -3] Temporary failure in name resolution)")
-            compile_all()
-        super().run()
-
-
-class BinaryDistribution(Distribution):
-    def has_ext_modules(self):
-        return True
-
+''' + _FLASH_BUILD_COMMAND.replace("NAME", "flash-attn") + r'''
 
 setup(name="flash_attn", version="VERSION", packages=["flash_attn"], install_requires=["einops"],
       cmdclass={"bdist_wheel": CachedWheelsCommand}, distclass=BinaryDistribution)
@@ -591,6 +596,7 @@ with open("../README.md", encoding="utf-8") as fh:
     long_description = fh.read()
 
 FORCE_BUILD = os.getenv("FLASH_ATTENTION_FORCE_BUILD", "FALSE") == "TRUE"
+SKIP_CUDA_BUILD = os.getenv("FLASH_ATTENTION_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
 SWITCHES = ["BACKWARD", "SPLIT", "PAGEDKV", "APPENDKV", "LOCAL", "SOFTCAP", "PACKGQA", "FP16", "FP8", "VARLEN",
             "CLUSTER", "HDIM64", "HDIM96", "HDIM128", "HDIM192", "HDIM256", "SM80"]
 DISABLED = {name for name in SWITCHES if os.getenv(f"FLASH_ATTENTION_DISABLE_{name}", "FALSE") == "TRUE"}
@@ -647,20 +653,7 @@ def compile_all():
         if subprocess.run(argv).returncode != 0:
             raise RuntimeError(f"error compiling {src}")
 
-
-class CachedWheelsCommand(bdist_wheel):
-    def run(self):
-        if not FORCE_BUILD:
-            raise RuntimeError("flash_attn_3: could not download the release wheel "
-                               "(urlopen error [Errno -3] Temporary failure in name resolution)")
-        compile_all()
-        super().run()
-
-
-class BinaryDistribution(Distribution):
-    def has_ext_modules(self):
-        return True
-
+''' + _FLASH_BUILD_COMMAND.replace("NAME", "flash_attn_3") + r'''
 
 setup(name="flash_attn_3", version="FA3_VERSION", packages=["flash_attn_3"], py_modules=["flash_attn_interface"],
       long_description=long_description, install_requires=["einops", "packaging", "ninja"],
