@@ -27,6 +27,7 @@ from ..decide import messages as short
 from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP
 from ..decide.policy import batch
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
+from ..facts.probe import model_modules
 from .outcome import (GOOD, Outcome, OutcomeState, apply_env, blocked_outcome, describe, engine_line, failed_outcome,
                       installed_outcome, keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
@@ -128,13 +129,14 @@ def _read(run: Run):
         if failed is not None:
             return run.done(failed)
         stamp = world.stamp(run.captured)
-    reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
+    key = (run.captured, stamp, model_modules())   # a model imported since changes what the policy reads
+    reading = world.readings.get(key) if stamp is not None else None
     if reading is None:
         env, plan = world.read(settings, run.pins, run.kernel)
     else:   # read for another kernel: nvcc's release asked for now if this kernel's decision needs it
         env, plan = world.complete(*reading, settings, run.pins, run.kernel)
     if stamp is not None and (reading is None or plan is not reading[1]):
-        world.readings.put((run.captured, stamp), (env, plan))
+        world.readings.put(key, (env, plan))
     decision = plan[run.kernel]
     run = replace(run, stamp=stamp, env=env, plan=plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
@@ -262,7 +264,7 @@ def _check(run: Run):
     if changed:
         env, plan = world.read(settings, run.pins, kernel)
         if now is not None:
-            world.readings.put((run.captured, now), (env, plan))
+            world.readings.put((run.captured, now, model_modules()), (env, plan))
         decision = plan[kernel]
         run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))

@@ -194,6 +194,13 @@ def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
         return (), f"none: GPU query failed ({type(exc).__name__}: {exc})", abi
 
 
+def model_modules() -> frozenset:
+    """The transformers configuration and modeling modules this process imports: what the model facts (model types,
+    shapes) are read from - a reading made before one of them was imported is not this process' now."""
+    return frozenset(name for name in list(sys.modules) if name.startswith("transformers.models.")
+                     and (".configuration_" in name or ".modeling_" in name))
+
+
 def imported_model_types() -> tuple:
     """The model types whose transformers modeling module this process imports (a decision may run inside it)."""
     names = (name.split(".") for name in list(sys.modules) if name.startswith("transformers.models."))
