@@ -283,14 +283,13 @@ def trimmed(env, spec, build) -> Trimmed | None:
     known = [r[1] for r in rows]
     keep = None if not rows or None in known else \
         tuple(sorted({next((d for d in dims if d >= own), dims[-1]) for own in known}))
-    window = not rows or any(r[4] is not False for r in rows)
+    window = bool(trim.window) and (not rows or any(r[4] is not False for r in rows))
     off = [trim.head_dims.format(dim=d) for d in dims if keep is not None and d not in keep]
     if trim.window and not window:
         off.append(trim.window)
     models = ", ".join(dict.fromkeys(r[0] for r in rows)) or "no model imported"
-    said = (f"head dim{'s' if keep is None or len(keep) > 1 else ''} "
-            f"{'/'.join(map(str, keep)) if keep is not None else 'all'} ({models}), "
-            f"{'with' if window else 'no'} sliding window")
+    said = (("every head dim" if keep is None else f"head dim{'s' if len(keep) > 1 else ''} {'/'.join(map(str, keep))}")
+            + f" ({models}), {'with' if window else 'no'} sliding window")
     return Trimmed(keep, window, tuple((var, "TRUE") for var in off), cached_wheels.variant_tokens(keep, window), said)
 
 

@@ -82,13 +82,12 @@ def attention(kernel: str, implementation: str):
     where transformers does not use `kernels`."""
     module = sys.modules.get(FLASH_MODULE)
     table = getattr(module, "FLASH_ATTN_KERNEL_FALLBACK", None)
-    repo = table.get(implementation) if isinstance(table, dict) else _sent.get(implementation)
-    if not _hub_used() or not isinstance(repo, str):
+    repo = _sent.get(implementation) or (table.get(implementation) if isinstance(table, dict) else None)
+    if not isinstance(repo, str) or not _hub_used():
         return None
     with _lock:
         choices = _chosen.get(implementation)
         if choices is None:
-            repo = _sent.get(implementation, repo)
             version = getattr(module, "FLASH_ATTN_KERNEL_VERSIONS", {}).get(repo, 1)   # transformers' default: 1
             entry = HubEntry(name=implementation, repo_id=repo, layer="", version=version, kernel=kernel,
                              repository=_Module(repo, version))
@@ -97,7 +96,7 @@ def attention(kernel: str, implementation: str):
                                                         load_online=True)
             _say_attention(choices[0])
     if not choices[0].serve and table.get(implementation) != TORCH_ATTENTION:
-        _sent.setdefault(implementation, table[implementation])
+        _sent.setdefault(implementation, repo)
         table[implementation] = TORCH_ATTENTION   # transformers' own fallback table: from_pretrained builds sdpa
     return choices[0]
 
