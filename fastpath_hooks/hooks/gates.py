@@ -97,16 +97,8 @@ def _rebind_matrix(swaps: dict) -> list:
     replaced as _rebind does in module namespaces: [(the entry, key, new)]."""
     module = sys.modules.get(FLASH_MATRIX[0])
     matrix = getattr(module, "__dict__", {}).get(FLASH_MATRIX[1])
-    out = []
-    for entry in matrix.values() if isinstance(matrix, dict) else ():
-        if not isinstance(entry, dict):
-            continue
-        for key, value in list(entry.items()):
-            pair = swaps.get(id(value))
-            if pair is not None and pair[0] is value:
-                entry[key] = pair[1]
-                out.append((entry, key, pair[1]))
-    return out
+    return [done for entry in (matrix.values() if isinstance(matrix, dict) else ()) if isinstance(entry, dict)
+            for done in _swap(entry, swaps)]
 
 
 def _rebind(swaps: dict, modules=None) -> list:
@@ -120,11 +112,19 @@ def _rebind(swaps: dict, modules=None) -> list:
             namespace = module.__dict__
         except Exception:   # an odd object in sys.modules (a proxy whose __dict__ raises)
             continue
-        for key, value in list(namespace.items()) if isinstance(namespace, dict) else ():
-            pair = swaps.get(id(value))
-            if pair is not None and pair[0] is value:
-                namespace[key] = pair[1]
-                out.append((namespace, key, pair[1]))
+        if isinstance(namespace, dict):
+            out.extend(_swap(namespace, swaps))
+    return out
+
+
+def _swap(mapping: dict, swaps: dict) -> list:
+    """Each value of `mapping` that is an `old` of `swaps` replaced by its `new`: [(mapping, key, new)]."""
+    out = []
+    for key, value in list(mapping.items()):
+        pair = swaps.get(id(value))
+        if pair is not None and pair[0] is value:
+            mapping[key] = pair[1]
+            out.append((mapping, key, pair[1]))
     return out
 
 
