@@ -7,7 +7,7 @@ Importing this package is nearly free (it runs at interpreter start when enabled
 everything heavy loads the first time transformers or a kernel import needs it.
 """
 
-__all__ = ["install", "uninstall", "__version__"]
+__all__ = ["attention", "install", "uninstall", "__version__"]
 
 
 def __getattr__(name):
@@ -31,3 +31,13 @@ def uninstall():
     from .hooks import uninstall as _uninstall
 
     _uninstall()
+
+
+def attention(requested=None):
+    """What `attn_implementation` should be here: a `str` with `.implementation` and `.reason` - FA3 on Hopper or
+    FA2 on Ampere / Ada where fastpath-hooks can have it, else "sdpa"; `requested` (a choice already made) is
+    returned as it is. `AutoModelForCausalLM.from_pretrained(path, attn_implementation=fastpath_hooks.attention())`.
+    See `fastpath_hooks.engine.attention`."""
+    from .engine.attention import choose
+
+    return choose(requested)

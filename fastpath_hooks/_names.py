@@ -7,9 +7,10 @@ VERSION = "0.2.0"   # fastpath_hooks.__version__ (pyproject.toml holds the same)
 # The shipped kernels without a registry: KERNELS as users see them; module -> kernel; SERVES: module -> the
 # modules of the kernels it serves (_registry.served_modules says why).
 # -- generated from facts/pins.json by tools/registry_index.py: do not edit --
-KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
+KERNELS = ("fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3", "tilelang", "flash-qla")
 KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm",
-                  "flash_qla": "flash-qla"}
+                  "flash_attn": "flash-attn", "flash_attn_interface": "flash-attn-3",
+                  "flash_attn_3": "flash-attn-3", "flash_qla": "flash-qla"}
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}
 # -- end of generated --
 # transformers 5.15+: its decorated kernel functions, module global -> (func_name, package) passed to

@@ -11,21 +11,30 @@ from ._names import GATES_MODULE, HUB_MODULE, MASKS_MODULE, PINS, environ_of
 REGISTRY = {
     "fla": {"kind": "pure", "modules": ("fla",), "distributions": ("fla-core", "flash-linear-attention"),
             "aliases": ("flash-linear-attention", "fla-core"), "gates": ("is_flash_linear_attention_available",),
-            "mirror": None, "with": (), "serves": (), "rule_prefix": "fla", "switch": None},
+            "mirror": None, "with": (), "serves": (), "rule_prefix": "fla", "switch": None,
+            "attn_implementation": None},
     "tilelang": {"kind": "pair", "modules": ("tilelang",), "distributions": ("tilelang", "apache-tvm-ffi"),
                  "aliases": (), "gates": (), "mirror": None, "with": (), "serves": ("fla",),
-                 "rule_prefix": "tilelang", "switch": "FLA_TILELANG"},
+                 "rule_prefix": "tilelang", "switch": "FLA_TILELANG", "attn_implementation": None},
     "causal-conv1d": {"kind": "compiled", "modules": ("causal_conv1d",), "distributions": ("causal-conv1d",),
                       "aliases": ("causal_conv1d",), "gates": ("is_causal_conv1d_available",),
                       "mirror": "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL", "with": (), "serves": (),
-                      "rule_prefix": "causal", "switch": None},
+                      "rule_prefix": "causal", "switch": None, "attn_implementation": None},
     "mamba-ssm": {"kind": "compiled", "modules": ("mamba_ssm",), "distributions": ("mamba-ssm",),
                   "aliases": ("mamba_ssm",), "gates": ("is_mamba_ssm_available", "is_mamba_2_ssm_available"),
                   "mirror": "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL", "with": ("causal-conv1d",), "serves": (),
-                  "rule_prefix": "mamba", "switch": None},
+                  "rule_prefix": "mamba", "switch": None, "attn_implementation": None},
+    "flash-attn": {"kind": "compiled", "modules": ("flash_attn",), "distributions": ("flash-attn",),
+                   "aliases": ("flash_attn", "fa2", "flash-attention-2"), "gates": ("is_flash_attn_2_available",),
+                   "mirror": "FASTPATH_HOOKS_FLASH_ATTN_WHEEL_URL", "with": (), "serves": (), "rule_prefix": "fa2",
+                   "switch": None, "attn_implementation": "flash_attention_2"},
+    "flash-attn-3": {"kind": "compiled", "modules": ("flash_attn_interface", "flash_attn_3"),
+                     "distributions": ("flash-attn-3",), "aliases": ("flash_attn_3", "fa3", "flash-attention-3"),
+                     "gates": ("is_flash_attn_3_available",), "mirror": None, "with": (), "serves": (),
+                     "rule_prefix": "fa3", "switch": None, "attn_implementation": "flash_attention_3"},
     "flash-qla": {"kind": "backend", "modules": ("flash_qla",), "distributions": ("flash-qla",),
                   "aliases": ("flash_qla", "flashqla"), "gates": (), "mirror": None, "with": ("tilelang",),
-                  "serves": ("fla",), "rule_prefix": "qla", "switch": "FLA_FLASH_QLA"},
+                  "serves": ("fla",), "rule_prefix": "qla", "switch": "FLA_FLASH_QLA", "attn_implementation": None},
 }
 # -- end of generated --
 
@@ -52,7 +61,8 @@ def listed(registry) -> tuple:
     return tuple(sorted(registry, key=lambda k: bool(registry[k]["serves"])))
 
 
-KEYS = ("kind", "modules", "distributions", "aliases", "gates", "mirror", "with", "serves", "rule_prefix", "switch")
+KEYS = ("kind", "modules", "distributions", "aliases", "gates", "mirror", "with", "serves", "rule_prefix", "switch",
+        "attn_implementation")
 _LISTS = ("modules", "distributions", "aliases", "gates", "with", "serves")
 _cache: dict = {}   # (path, mtime_ns, size) -> registry
 
@@ -70,7 +80,7 @@ def from_pins_data(kernels: dict, base=None) -> dict:
             value = entry.get(key)
             if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
                 keys[key] = tuple(value)
-        for key in ("kind", "mirror", "rule_prefix"):
+        for key in ("kind", "mirror", "rule_prefix", "attn_implementation"):
             if isinstance(entry.get(key), str) and entry[key]:
                 keys[key] = entry[key]
         switch = entry.get("switch")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fastpath_hooks._names import KERNELS  # noqa: E402
 from support.venvs import ROOT, clean_env  # noqa: E402
 
 SCHEMA_DOC = os.path.join(ROOT, "docs", "json-schema.md")
@@ -165,7 +166,7 @@ def check_document(data: dict, table: str):
     check_table(data, table, table)
     assert data["schema"] == f"fastpath-hooks.{table}/2"
     for kernel, commands in data["commands"].items():
-        assert kernel in ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
+        assert kernel in KERNELS
         check(commands, "list of command", f"{table}.commands.{kernel}")
     for kernel, verdict in data.get("verdicts", {}).items():
         check(verdict, "verdict", f"{table}.verdicts.{kernel}")
@@ -329,6 +330,7 @@ BAD_ENV = {
     "FASTPATH_HOOKS_LOG": "verbose",
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "github.com/releases",
     "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "s3://bucket/mamba",
+    "FASTPATH_HOOKS_FLASH_ATTN_WHEEL_URL": "ftp://mirror/flash-attn",
     "FASTPATH_HOOKS_RETRY_AFTER": "-1",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "0",
     "FASTPATH_HOOKS_OFLINE": "1",

@@ -11,7 +11,9 @@ with fla's wheels in a local wheelhouse.
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import types
 
 import pytest
 
@@ -107,3 +109,20 @@ def test_a_contended_install_reads_again_when_another_process_installed_meanwhil
     assert outcome.state == OutcomeState.OK, outcome
     assert dict(world.calls) == {"probe": 2, "decide": 2}, "read again, and nothing installed twice"
     events.clear_listeners()
+
+
+def test_a_model_imported_between_two_decisions_is_read_again(world, monkeypatch):
+    """Kernels decided while nothing changed share one reading - unless a model was imported meanwhile (its
+    configuration module): the policy reads the models' shapes (FA3 is built for their head dims), so a second
+    reading holds it."""
+    monkeypatch.setenv("FASTPATH_HOOKS_MODE", "report")   # decisions only
+    engine.ensure("fla")
+    assert world.calls["probe"] == 1
+    module = types.ModuleType("transformers.models.fakemodel.configuration_fakemodel")
+    module.FakeConfig = type("FakeConfig", (), {"__module__": module.__name__, "head_dim": 192,
+                                                "num_attention_heads": 8})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    engine.ensure("flash-attn-3")
+    assert world.calls["probe"] == 2
+    newest = list(engine.current_world().readings.values())[-1][0]
+    assert ("fakemodel", 192, None, 8, False) in newest.attention_shapes

@@ -111,6 +111,7 @@ GARBAGE = {
     "FASTPATH_HOOKS_LOG": "loud",
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": "ftp://mirror.example/wheels",
     "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": "not a url",
+    "FASTPATH_HOOKS_FLASH_ATTN_WHEEL_URL": "not a url",
     "FASTPATH_HOOKS_RETRY_AFTER": "soon",
     "FASTPATH_HOOKS_LOCK_TIMEOUT": "nan",
     "FASTPATH_HOOKS_BOGUS": "1",   # an unknown variable (a typo) is reported too

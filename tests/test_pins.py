@@ -36,7 +36,7 @@ def write(tmp_path, name: str, content) -> str:
 
 def test_shipped_pins_validate():
     assert SHIPPED.origins == (pins_mod.SHIPPED,)
-    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm", "flash-qla"}
+    assert set(SHIPPED.kernels) == {"fla", "tilelang", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3", "flash-qla"}
     assert SHIPPED.kernel("fla").releases and SHIPPED.kernel("tilelang").pairs and SHIPPED.kernel("tilelang").broken and SHIPPED.hazards
     qla = SHIPPED.kernel("flash-qla")
     assert (qla.kind, qla.serves, qla.with_kernels, qla.switch.variable) == ("backend", ("fla",), ("tilelang",), "FLA_FLASH_QLA")

@@ -329,6 +329,108 @@ def _no_build(fragment, fix=None):
     return _leaves_alone(fragment, fix)
 
 
+# flash attention (FA2: flash-attn, FA3: flash-attn-3): the compiled path, asked for by attn_implementation
+FA2_WHEEL = "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
+FA = {"flash-attn": dict(prefix="fa2", gpu="sm_80", dist="flash-attn", version="2.8.3.post2", archs=("sm_80",),
+                         env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "80"},
+                         requirement="flash-attn==2.8.3.post2",
+                         built="flash_attn-2.8.3.post2+fph.torch2.10.0.cu128.abi1.sm80-cp312-cp312-linux_x86_64.whl"),
+      # no model imported: every head dim and sliding-window attention kept (`swa` in its label)
+      "flash-attn-3": dict(prefix="fa3", gpu="sm_90", dist="flash-attn-3", version="3.0.0b1", archs=("sm_90",),
+                           env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE", **{f"FLASH_ATTENTION_DISABLE_{n}": "TRUE" for n in (
+                               "FP8", "PAGEDKV", "APPENDKV", "SPLIT", "SOFTCAP", "CLUSTER", "SM80")}},
+                           requirement="flash-attn-3 @ git+https://github.com/Dao-AILab/flash-attention@v2.8.3#subdirectory=hopper",
+                           built="flash_attn_3-3.0.0b1+fph.torch2.10.0.cu128.abi1.sm90.swa-cp39-abi3-linux_x86_64.whl",
+                           variant=".swa")}
+FA_TIME = {"timeout": 1e6}   # their builds outlast the default FASTPATH_HOOKS_TIMEOUT (the timeout row says so)
+FA3_ALWAYS_OFF = tuple(f"FLASH_ATTENTION_DISABLE_{n}" for n in ("FP8", "PAGEDKV", "APPENDKV", "SPLIT", "SOFTCAP",
+                                                                 "CLUSTER", "SM80"))
+QWEN35_ATTENTION = (("qwen3_5", 256, 4, 16, False),)   # Environment.attention_shapes: Qwen3.5's full attention
+
+
+def FA3_MINE(variant: str) -> str:
+    """An FA3 build of ours for sm_90 keeping `variant` (facts/wheels.py: hd256, swa)."""
+    return "3.0.0b1+fph.torch2.10.0.cu128.abi1.sm90" + (f".{variant}" if variant else "")
+
+
+def FA3_BUILT(variant: str) -> str:
+    return f"flash_attn_3-{FA3_MINE(variant)}-cp39-abi3-linux_x86_64.whl"
+
+
+def _fa_build(kernel, archs=None):
+    """A build of exactly the visible GPU's code with the sdist's own switches (FA2: FLASH_ATTN_CUDA_ARCHS; FA3:
+    FORCE_BUILD and the trimming switches), from its sdist (FA3: its repository's hopper/)."""
+    fa = FA[kernel]
+
+    def check(d, plan):
+        step = d.steps[-1]
+        assert step.kind == "build" and not step.build_isolation and not step.binary_only and step.no_deps
+        assert step.archs == (archs or fa["archs"]) and step.requirements == (fa["requirement"],)
+        assert dict(step.env) == fa["env"] if archs is None else dict(step.env)["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+        assert d.target == {fa["dist"]: fa["version"]} and "estimate" in d.reason
+        return True
+    return check
+
+
+def _fa_rows(kernel) -> list:
+    """The compiled kernel's rules for one flash attention, on its own GPU (FA2 on sm_80, FA3 on sm_90)."""
+    fa = FA[kernel]
+    p, gpu, dist = fa["prefix"], fa["gpu"], fa["dist"]
+    on = {"gpus": (gpu,)}
+    old = {**on, "torch": "2.13.0"}
+    mine = f"{fa['version']}+fph.torch2.10.0.cu128.abi1.{gpu.replace('_', '')}{fa.get('variant', '')}"
+    return [
+        Row(f"{p}.no-release: no pinned release fits this torch", kernel, SKIP, f"{p}.no-release", env=on,
+            pins=with_kernel(PINS, kernel, releases=tuple(
+                dataclasses.replace(r, torch=SpecifierSet(">=2.99")) for r in PINS.kernel(kernel).releases)),
+            check=lambda d, p: ("no pinned" in d.reason and "fits torch 2.10.0" in d.reason, not d.steps)),
+        Row(f"{p}.offline-missing: neither a wheel nor its source here", kernel, SKIP, f"{p}.offline-missing", env=on,
+            settings={**OFFLINE, **FA_TIME}, check=lambda d, p: ("FASTPATH_HOOKS_FIND_LINKS" in d.reason, not d.steps)),
+        Row(f"{p}.cache: a wheel built earlier for this torch/CUDA/Python/ABI/GPU", kernel, INSTALL, f"{p}.cache",
+            env={**on, "cached_wheels": (fa["built"],)}, check=lambda d, p: (
+                d.steps[-1].url == "file:///cache/wheels/" + fa["built"].replace("+", "%2B"), "local wheel cache" in d.reason)),
+        Row(f"{p}.wheelhouse: a built wheel served offline, with builds forbidden", kernel, INSTALL, f"{p}.wheelhouse",
+            env={**on, "wheelhouse": (fa["built"],)}, settings={**OFFLINE, "allow_build": "0"},
+            dists={"einops": "0.8.1", "packaging": "25.0", "ninja": "1.13.0"},
+            check=lambda d, p: [s.kind for s in d.steps] == ["wheel"] and d.steps[0].requirements == (fa["built"],)),
+        Row(f"{p}.no-wheel (ALLOW_BUILD=0)", kernel, SKIP, f"{p}.no-wheel", env=old, settings={"allow_build": "0"},
+            check=lambda d, p: "ALLOW_BUILD=auto" in d.fix and not d.steps),
+        Row(f"{p}.no-nvcc", kernel, SKIP, f"{p}.no-nvcc", env={**old, "nvcc": None, "nvcc_version": None},
+            settings=FA_TIME, check=_no_build("needs a CUDA toolkit's nvcc")),
+        Row(f"{p}.nvcc-unknown (auto does not guess)", kernel, SKIP, f"{p}.nvcc-unknown",
+            env={**old, "nvcc_version": None}, settings=FA_TIME, check=_no_build("cannot be told")),
+        Row(f"{p}.nvcc-mismatch: nvcc 12.8 for a CUDA 13.0 torch", kernel, SKIP, f"{p}.nvcc-mismatch",
+            env={**old, "torch_cuda": "13.0"}, settings=FA_TIME, check=_no_build("nvcc is CUDA 12.8")),
+        Row(f"{p}.build: only {gpu}'s code, with the sdist's switches", kernel, INSTALL, f"{p}.build", env=old,
+            settings=FA_TIME, check=_fa_build(kernel)),
+        Row(f"{p}.build.no-arch: nothing it compiles runs on sm_75", kernel, SKIP, f"{p}.build.no-arch",
+            env={**old, "gpus": ("sm_75",)}, settings=FA_TIME, check=_no_build("sm_75")),
+        Row(f"{p}.build.timeout: its build outlasts the default FASTPATH_HOOKS_TIMEOUT", kernel, SKIP, f"{p}.build.timeout",
+            env=old, check=lambda d, p: "FASTPATH_HOOKS_TIMEOUT=900" in d.reason and "raise FASTPATH_HOOKS_TIMEOUT" in d.fix),
+        Row(f"{p}.build.all-archs: `fastpath-hooks build --arch all`", kernel, INSTALL, f"{p}.build.all-archs",
+            env={**old, "gpus": ()}, settings={"allow_build": "1", "timeout": 1e7},
+            via=lambda env, settings, pins: decide_build(env, settings, pins, kernel), check=_fa_build(kernel, ("all",))),
+        Row(f"{p}.build.unrestricted: no GPU listed, auto", kernel, SKIP, f"{p}.build.unrestricted",
+            env={**old, "gpus": ()}, settings=FA_TIME,
+            via=lambda env, settings, pins: decide_build(env, settings, pins, kernel), check=_no_build("cannot be restricted")),
+        Row(f"{p}.build.no-pip: a source build needs pip", kernel, SKIP, f"{p}.build.no-pip", env={**old, "pip": False},
+            settings=FA_TIME, check=lambda d, p: "ensurepip" in d.fix),
+        Row(f"{p}.ok", kernel, OK, f"{p}.ok", env=on, dists={dist: mine}, check=_checked_once({dist: mine})),
+        Row(f"{p}.block.arch: a build of ours for another GPU only", kernel, BLOCK, f"{p}.block.arch",
+            env={"gpus": ("sm_90" if gpu == "sm_80" else "sm_100",)}, dists={dist: mine},
+            check=lambda d, p: (gpu in d.reason, d.on_failure == "block")),
+        Row(f"{p}.block.numeric: its numbers were measured wrong on this GPU under this torch", kernel, BLOCK,
+            f"{p}.block.numeric", env={**on, "numeric_failures": (NUMERIC_FAILURE(kernel, mine, arch=gpu, torch="2.10.0"),)},
+            dists={dist: mine}, check=lambda d, p: (d.reason.startswith(f"on {gpu}, "), not d.steps, d.on_failure == "block")),
+        Row(f"{p}.repair.half-installed", kernel, REPAIR, f"{p}.repair.half-installed",
+            env={**old, "half_installed": (dist,)}, dists={dist: fa["version"]}, settings=FA_TIME,
+            check=lambda d, p: d.steps[-1].kind == "build" and d.steps[-1].force),
+        Row(f"{p}.ok.half-installed (no way to reinstall)", kernel, OK, f"{p}.ok.half-installed",
+            env={**old, "half_installed": (dist,)}, dists={dist: fa["version"]}, settings={"allow_build": "0"},
+            check=lambda d, p: d.verify and d.on_failure == "block"),
+    ]
+
+
 # flash-qla: a backend fla 0.6 dispatches to by itself when `flash_qla` is importable
 QLA = {"flash-qla": "0.1.3"}
 WHEEL_QLA = ("flash_qla-0.1.3-py3-none-any.whl",)
@@ -689,6 +791,39 @@ ROWS = [
     Row("a later process on sm_80 (no JIT warmed there): the caches stay where triton puts them", "fla", OK, "fla.ok",
         env={**JIT, "gpus": ("sm_80",)}, dists={"fla-core": "0.6.0", "flash-linear-attention": "0.6.0"},
         check=lambda d, p: (d.env == (), not d.check)),
+
+    # flash-attn (FA2) and flash-attn-3 (FA3)
+    *_fa_rows("flash-attn"), *_fa_rows("flash-attn-3"),
+    Row("fa2.wheel: torch 2.8 has a release wheel (2.8.3, CUDA 12): no build", "flash-attn", INSTALL, "fa2.wheel",
+        env={"gpus": ("sm_89",), "torch": "2.8.0"},
+        check=lambda d, p: (d.steps[-1].kind == "wheel" and d.steps[-1].requirements == (FA2_WHEEL,),
+                            d.target == {"flash-attn": "2.8.3"})),
+
+    # FA3 trimmed to the imported models' attention (Environment.attention_shapes; tests/test_attention.py: per config)
+    Row("fa3.build for Qwen3.5: head dim 256 only, no sliding window", "flash-attn-3", INSTALL, "fa3.build",
+        env={"gpus": ("sm_90",), "torch": "2.13.0", "attention_shapes": QWEN35_ATTENTION}, settings=FA_TIME,
+        check=lambda d, p: (d.steps[-1].variant == ("hd256",), "trimmed to head dim 256 (qwen3_5), no sliding window"
+                            in d.steps[-1].note, {k for k, v in d.steps[-1].env if "_DISABLE_" in k} - set(FA3_ALWAYS_OFF) ==
+                            {f"FLASH_ATTENTION_DISABLE_{n}" for n in ("HDIM64", "HDIM96", "HDIM128", "HDIM192", "LOCAL")})),
+    Row("fa3.cache: a cached build keeping more than Qwen3.5 needs", "flash-attn-3", INSTALL, "fa3.cache",
+        env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION, "cached_wheels": (FA3_BUILT("hd128x256.swa"),)},
+        check=lambda d, p: d.steps[-1].requirements == (FA3_BUILT("hd128x256.swa"),)),
+    Row("fa3.build: a cached build without Qwen3.5's head dim is not taken", "flash-attn-3", INSTALL, "fa3.build",
+        env={"gpus": ("sm_90",), "torch": "2.10.0", "attention_shapes": QWEN35_ATTENTION,
+             "cached_wheels": (FA3_BUILT("hd128"),)}, settings=FA_TIME,
+        check=lambda d, p: d.steps[-1].kind == "build" and d.steps[-1].variant == ("hd256",)),
+    Row("fa3.ok: a build for head dim 256, Qwen3.5 imported", "flash-attn-3", OK, "fa3.ok",
+        env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION}, dists={"flash-attn-3": FA3_MINE("hd256")},
+        check=_checked_once({"flash-attn-3": FA3_MINE("hd256")})),
+    Row("fa3.repair.trim: a build for Qwen3's head dim 128 while Qwen3.5 (256) is imported", "flash-attn-3", REPAIR,
+        "fa3.repair.trim", env={"gpus": ("sm_90",), "attention_shapes": QWEN35_ATTENTION},
+        dists={"flash-attn-3": FA3_MINE("hd128.swa")}, settings=FA_TIME,
+        check=lambda d, p: (d.steps[-1].kind == "build", d.steps[-1].force, d.steps[-1].variant == ("hd256",),
+                            "built without head dim 256, which a model here needs: rebuilding" in d.reason)),
+    Row("fa3.block.trim: no sliding window in the build, a Mistral imported, no build allowed", "flash-attn-3", BLOCK,
+        "fa3.block.trim", env={"gpus": ("sm_90",), "attention_shapes": (("mistral", None, 8, 32, True),)},
+        dists={"flash-attn-3": FA3_MINE("")}, settings={"allow_build": "0"},
+        check=lambda d, p: ("without sliding window" in d.reason, d.on_failure == "block", not d.steps)),
 
     # causal-conv1d
     Row("causal.wheel", "causal-conv1d", INSTALL, "causal.wheel", check=_causal_wheel(CC_WHEEL, sha256=CC_SHA256)),
@@ -1253,9 +1388,9 @@ def test_causal_conv1d_mirror_url():
 def test_fresh_plans_as_if_no_kernel_were_installed():
     env = make_env({"fla-core": "0.6.0", "flash-linear-attention": "0.6.0", "tilelang": "0.1.15",
                     "apache-tvm-ffi": "0.1.12", "causal-conv1d": "1.6.2.post1", "mamba-ssm": "2.3.2.post1",
-                    "flash-qla": "0.1.3"})
+                    "flash-qla": "0.1.3", "flash-attn": "2.8.3.post2", "flash-attn-3": "3.0.0b1"})
     assert all(d.action == OK for d in plan_for(env, pins=QLA_ON).decisions.values())
-    fresh = plan_for(env, pins=QLA_ON, fresh=True)
+    fresh = plan_for(env, dataclasses.replace(Settings(), **FA_TIME), pins=QLA_ON, fresh=True)
     assert all(d.action == INSTALL for d in fresh.decisions.values())
     # with the shipped pins an installed flash-qla is the user's and stays; a fresh plan leaves it off
     assert plan_for(env).decisions["flash-qla"].action == OK
@@ -1275,4 +1410,5 @@ def test_plan_json_round_trips():
 
     data = plan_for().to_json()
     assert json.loads(json.dumps(data)) == data
-    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla"]
+    assert [d["kernel"] for d in data["decisions"]] == ["fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3",
+                                                       "tilelang", "flash-qla"]

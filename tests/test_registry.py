@@ -132,25 +132,35 @@ def test_every_derived_list_follows_the_index():
     from fastpath_hooks.facts.settings import KERNEL_ALIASES, KERNELS, VARIABLES
     from fastpath_hooks.hooks import gates, late as late_layouts
 
-    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")   # what models use, then what serves them
+    assert KERNELS == ("fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3", "tilelang",
+                       "flash-qla")   # what models use, then what serves them
     assert KERNEL_ALIASES == {"fla": "fla", "flash-linear-attention": "fla", "fla-core": "fla", "tilelang": "tilelang",
                               "causal-conv1d": "causal-conv1d", "causal_conv1d": "causal-conv1d",
                               "mamba-ssm": "mamba-ssm", "mamba_ssm": "mamba-ssm", "flash-qla": "flash-qla",
-                              "flash_qla": "flash-qla", "flashqla": "flash-qla"}
+                              "flash_qla": "flash-qla", "flashqla": "flash-qla", "flash-attn": "flash-attn",
+                              "flash_attn": "flash-attn", "fa2": "flash-attn", "flash-attention-2": "flash-attn",
+                              "flash-attn-3": "flash-attn-3", "flash_attn_3": "flash-attn-3", "fa3": "flash-attn-3",
+                              "flash-attention-3": "flash-attn-3"}
     assert [v for v in VARIABLES if v.endswith("_WHEEL_URL")] == ["FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL",
-                                                                  "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL"]
-    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "transformers.utils.import_utils",
+                                                                  "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL",
+                                                                  "FASTPATH_HOOKS_FLASH_ATTN_WHEEL_URL"]
+    assert _names.WATCHED == {"fla", "tilelang", "causal_conv1d", "mamba_ssm", "flash_qla", "flash_attn", "flash_attn_3",
+                              "flash_attn_interface", "transformers.utils.import_utils",
                               "transformers.integrations.hub_kernels", "transformers.masking_utils"}
     assert _names.SERVES == {"tilelang": ("fla",), "flash_qla": ("fla",)}
     assert gates.gate_table(_registry.REGISTRY) == {"is_flash_linear_attention_available": ("fla",), "is_causal_conv1d_available": ("causal-conv1d",),
                            "is_mamba_ssm_available": ("mamba-ssm", "causal-conv1d"),
-                           "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d")}
+                           "is_mamba_2_ssm_available": ("mamba-ssm", "causal-conv1d"),
+                           "is_flash_attn_2_available": ("flash-attn",), "is_flash_attn_3_available": ("flash-attn-3",)}
     assert late_layouts.gates() == {"fla": "is_flash_linear_attention_available", "causal_conv1d": "is_causal_conv1d_available",
-                                  "mamba_ssm": "is_mamba_ssm_available"}
+                                  "mamba_ssm": "is_mamba_ssm_available", "flash_attn": "is_flash_attn_2_available",
+                                  "flash_attn_interface": "is_flash_attn_3_available"}
     pins = pins_mod.load()
-    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm", "flash-qla")
+    assert pins.decision_order == ("tilelang", "fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3",
+                                   "flash-qla")
     assert {k: s.rule_prefix for k, s in pins.kernels.items()} == {"fla": "fla", "tilelang": "tilelang",
                                                                   "causal-conv1d": "causal", "mamba-ssm": "mamba",
+                                                                  "flash-attn": "fa2", "flash-attn-3": "fa3",
                                                                   "flash-qla": "qla"}
 
 
@@ -326,7 +336,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     environ = {"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_SKIP": "fooattn,tilelang"}
     settings = Settings.from_env(environ)
     assert settings.skip == {"foo-attn", "tilelang"}
-    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, tilelang, flash-qla"):
+    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, flash-attn, flash-attn-3, tilelang, flash-qla"):
         Settings.from_env({"FASTPATH_HOOKS_SKIP": "foo-attn"})    # without the file: unknown
     assert parse_target("foo-attn=1.0.0", pins_file=path) == {"distributions": {"foo-attn": "1.0.0"}}
     with pytest.raises(ValueError, match="unknown fact 'foo-attn'"):
@@ -335,7 +345,8 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     assert _registry.kernel_modules(known)["foo_attn"] == "foo-attn" and "foo_attn" in _registry.watched_modules(known)
     assert gates.gate_table(known)["is_foo_attn_available"] == ("foo-attn",)
     monkeypatch.setenv("FASTPATH_HOOKS_PINS", path)
-    assert "fla, causal-conv1d, mamba-ssm, foo-attn, tilelang, flash-qla (default: all)" in " ".join(_subcommand_help(cli, "install").split())
+    said = " ".join(_subcommand_help(cli, "install").split()).replace("- ", "-")   # argparse wraps at a hyphen
+    assert "fla, causal-conv1d, mamba-ssm, flash-attn, flash-attn-3, foo-attn, tilelang, flash-qla (default: all)" in said
 
 
 def _subcommand_help(cli, name: str) -> str:
@@ -428,7 +439,7 @@ def test_the_user_kernels_come_in_the_plan_and_their_mirror_is_a_setting(tmp_pat
     path = user_pins(tmp_path, foo_attn=FOO_ATTN, foo_conv=FOO_CONV)
     pins = pins_mod.load(path)
     assert tuple(plan_for(make_env(**A100), pins=pins).decisions) == (
-        "fla", "causal-conv1d", "mamba-ssm", "foo-attn", "foo-conv", "tilelang", "flash-qla")
+        "fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3", "foo-attn", "foo-conv", "tilelang", "flash-qla")
     settings = Settings.from_env({"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_FOO_CONV_WHEEL_URL": "https://mirror.example/foo/"})
     assert settings.wheel_urls == {"foo-conv": "https://mirror.example/foo/"}
     assert settings.public()["wheel_urls"] == {"foo-conv": "https://mirror.example/foo/"}

@@ -34,7 +34,7 @@ def fill(value: str, paths: dict) -> str:
 # variable -> (bad values, a fragment every message must contain: what is accepted)
 BAD = {
     "FASTPATH_HOOKS_DISABLE": (["maybe", "2", "enable", "-1"], "1, true, yes, on"),
-    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, mamba-ssm, tilelang, flash-qla"),
+    "FASTPATH_HOOKS_SKIP": (["flaa", "fla,mamba", "causal", "fla;tilelang"], "fla, causal-conv1d, mamba-ssm, flash-attn, flash-attn-3, tilelang, flash-qla"),
     "FASTPATH_HOOKS_MODE": (["dry-run", "installl", "1"], "install, report"),
     "FASTPATH_HOOKS_FIND_LINKS": (["{missing}", "{file}", "ftp://mirror.example/wheels", "{wheelhouse},{missing}"],
                                   "directories or URLs"),
@@ -53,6 +53,7 @@ BAD = {
     "FASTPATH_HOOKS_LOG": (["verbose", "trace", "5"], "off, error, warning, info"),
     "FASTPATH_HOOKS_CAUSAL_CONV1D_WHEEL_URL": (["github.com/x/releases", "s3://bucket/wheels"], "http://"),
     "FASTPATH_HOOKS_MAMBA_SSM_WHEEL_URL": (["github.com/state-spaces/mamba/releases", "ftp://mirror/mamba"], "http://"),
+    "FASTPATH_HOOKS_FLASH_ATTN_WHEEL_URL": (["github.com/Dao-AILab/flash-attention/releases"], "http://"),
     "FASTPATH_HOOKS_RETRY_AFTER": (["-1", "later", "inf"], ">= 0"),
     "FASTPATH_HOOKS_LOCK_TIMEOUT": (["0", "forever", "-3"], "greater than 0"),
 }
@@ -90,7 +91,8 @@ GOOD = [
     ({"FASTPATH_HOOKS_DISABLE": "off"}, {"disable": False}),
     ({"FASTPATH_HOOKS_SKIP": "fla, causal_conv1d"}, {"skip": frozenset({"fla", "causal-conv1d"})}),
     ({"FASTPATH_HOOKS_SKIP": "flash-linear-attention tilelang"}, {"skip": frozenset({"fla", "tilelang"})}),
-    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla"})}),
+    ({"FASTPATH_HOOKS_SKIP": "all"}, {"skip": frozenset({"fla", "causal-conv1d", "mamba-ssm", "flash-attn", "flash-attn-3",
+                                                         "tilelang", "flash-qla"})}),
     ({"FASTPATH_HOOKS_SKIP": "mamba_ssm"}, {"skip": frozenset({"mamba-ssm"})}),
     ({"FASTPATH_HOOKS_MODE": "Report"}, {"mode": "report"}),
     ({"FASTPATH_HOOKS_FIND_LINKS": "{wheelhouse}"}, {"find_links": ("{wheelhouse}",)}),

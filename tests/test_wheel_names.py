@@ -10,7 +10,8 @@ import pytest
 from fastpath_hooks.act import fetch as wheelcache
 from fastpath_hooks.act.build import relabel
 from fastpath_hooks.decide.plan import Step
-from fastpath_hooks.facts.wheels import parse_wheel, wheel_distribution, with_local_label
+from fastpath_hooks.decide.policy.compiled import built_archs
+from fastpath_hooks.facts.wheels import fits as wheel_fits, label, parse_wheel, wheel_distribution, with_local_label
 from support import wheels
 
 LABEL = "fph.torch2.13.0.cu130.abi1.sm90"
@@ -85,3 +86,20 @@ def test_the_linux_platforms_of_a_glibc_are_packagings_own_for_this_machine():
     older = linux_platforms("2.28", arch)
     assert older == [t for t in own if not t.startswith("manylinux_2_") or int(t.split("_")[2]) <= 28]
     assert "manylinux_2_29_" + arch not in older and "manylinux2014_" + arch in older
+
+
+@pytest.mark.parametrize("variant,needs,fits", [
+    ("hd256", ((256,), False), True),           # Qwen3.5's head dim, no window
+    ("hd256", ((128,), False), False),          # a head dim the build left out
+    ("hd128x256.swa", ((256,), True), True),    # more than needed
+    ("hd256", ((256,), True), False),           # local attention left out
+    ("swa", (None, True), True),                # every head dim kept: any model
+    ("hd256.swa", (None, False), False),        # a model of unknown head dim needs every one
+])
+def test_a_trimmed_build_fits_only_where_it_keeps_what_the_models_need(variant, needs, fits):
+    """A trimmed build's label says what it keeps (FA3: head dims, local attention), after its GPU codes."""
+    local = label(torch="2.13.0", cuda="12.8", hip=None, abi="TRUE", archs=("sm_90",), variant=tuple(variant.split(".")))
+    name = f"flash_attn_3-3.0.0b1+{local}-cp39-abi3-linux_x86_64.whl"
+    assert built_archs(f"3.0.0b1+{local}") == ("sm_90",)
+    assert wheel_fits(name, distribution="flash-attn-3", version="3.0.0b1", torch="2.13.0", cuda="12.8", hip=None,
+                      abi="TRUE", python="3.11", arch="x86_64", gpus=("sm_90",), needs=needs) is fits

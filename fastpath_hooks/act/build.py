@@ -232,7 +232,7 @@ def run_build(step, *, settings, env, pins, commands, work: str, kernel: str, sc
            "hip": env.torch_hip, "python": env.python, "cxx11_abi": commands.abi, "platform": env.platform,
            "archs": list(built), "nvcc": env.nvcc_version, "cxx_std": step.cxx_std}
     lab = cached_wheels.label(torch=env.torch, cuda=env.torch_cuda, hip=env.torch_hip, abi=key["cxx11_abi"],
-                              archs=built)
+                              archs=built, variant=step.variant)
     path = relabel(os.path.join(out_dir, wheels[0]), lab, work)
     record = {"distribution": spec.distribution, "version": spec.version, "kernel": kernel, "archs": list(built),
               "n_archs": len(built) if built != ("all",) else commands.codes(spec),

@@ -125,6 +125,15 @@ def gdr_ref(q, k, v, g, beta):
     return torch.stack(outs, dim=1), h
 
 
+def attention_ref(q, k, v, causal: bool):
+    """Attention as torch computes it: scaled_dot_product_attention in float32, (batch, seq, heads, dim) in and
+    out, the key/value heads grouped over the query heads (GQA), causal aligned to the top left (equal lengths)."""
+    import torch.nn.functional as F
+
+    q, k, v = (x.float().transpose(1, 2) for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1]).transpose(1, 2)
+
+
 # -- the checks: inputs, the kernel's call, the reference's --------------------------------------
 
 def _leaf(t):
@@ -254,7 +263,36 @@ def _gdr(fn, s, opt, dtype, device, backward):
     return pairs
 
 
-REFERENCES = {"causal_conv1d": _conv, "causal_conv1d_update": _conv_update, "ssd": _ssd,
+def _attention(fn, s, opt, dtype, device, backward):
+    """flash_attn_func / flash_attn_varlen_func (FA2's and FA3's, the same call): causal, GQA; `varlen`: each row
+    packed as two documents of unequal length, cu_seqlens naming them, each document attending to itself only."""
+    import torch
+
+    b, t, h, hk, d = s["batch"], s["seqlen"], s["heads"], s["kv_heads"], s["head_dim"]
+    causal = bool(opt.get("causal", True))
+    q = torch.randn(b, t, h, d, device=device, dtype=dtype)
+    k = torch.randn(b, t, hk, d, device=device, dtype=dtype)
+    v = torch.randn(b, t, hk, d, device=device, dtype=dtype)
+    leaves = [x.requires_grad_(backward) for x in (q, k, v)]
+    refs = [_leaf(x) for x in leaves]
+    if opt.get("varlen"):
+        cut = max(1, t // 3)
+        bounds = [(r * t + a, r * t + e) for r in range(b) for a, e in ((0, cut), (cut, t))]
+        cu = torch.tensor([0] + [e for _, e in bounds], dtype=torch.int32, device=device)
+        longest = max(e - a for a, e in bounds)
+        out = fn(q.reshape(b * t, h, d), k.reshape(b * t, hk, d), v.reshape(b * t, hk, d), cu, cu, longest, longest,
+                 causal=causal)
+        out = (out[0] if isinstance(out, tuple) else out).reshape(b, t, h, d)
+        flat = [x.reshape(1, b * t, *x.shape[2:]) for x in refs]
+        ref = torch.cat([attention_ref(*(x[:, a:e] for x in flat), causal) for a, e in bounds], dim=1).reshape(b, t, h, d)
+    else:
+        out = fn(q, k, v, causal=causal)
+        out = out[0] if isinstance(out, tuple) else out
+        ref = attention_ref(*refs, causal)
+    return _backward(backward, [("forward", out, ref)], out, ref, ("dq", "dk", "dv"), leaves, refs)
+
+
+REFERENCES = {"attention": _attention, "causal_conv1d": _conv, "causal_conv1d_update": _conv_update, "ssd": _ssd,
               "selective_state_update": _state_update, "selective_scan": _selective_scan, "gated_delta_rule": _gdr}
 
 
@@ -294,7 +332,7 @@ def _attribute(item: str):
 
 def _function(check: dict):
     """`module:attribute`, or the layer of a hub kernel loaded through HF kernels as transformers' kernelize
-    loads it (LOCAL_KERNELS, the cache, the hub)."""
+    loads it (LOCAL_KERNELS, the cache, the hub); a hub kernel without a layer: its module's function."""
     hub = check.get("hub")
     if not hub:
         return _attribute(check["function"])
@@ -303,6 +341,8 @@ def _function(check: dict):
     module = kernels.get_kernel(hub["repo"], version=hub.get("version"),
                                 revision=None if hub.get("version") else hub.get("revision"),
                                 check_arch=bool(check.get("check_arch")))
+    if not hub.get("layer"):
+        return getattr(module, check["function"].rpartition(":")[2])
     layer = getattr(module.layers, hub["layer"])
     instance = layer()
     return lambda *args, **kwargs: layer.forward(instance, *args, **kwargs)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import events
+from ..facts.frozen import FrozenMap
 from ..facts.memory import GOOD, MISMATCH, numeric_path as cache_path, read_numeric as read, torch_build
 from . import check_child
 from .store import update_records
@@ -47,6 +48,7 @@ class NumericPlan:
     root: str | None = None  # the cache root the results are remembered under
     skip: str = ""           # why it does not run here
     env: tuple = ()          # the kernel's backends switched off (FLA_FLASH_QLA=0): its own numbers, not theirs
+    head_dims: tuple = ()    # the models' attention head dims its checks run at, where not the checks' own
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ def plan_for(kernel: str, env, pins, root: str | None = None, *, hub: bool = Fal
     checks = tuple(c for c in pins.kernel(kernel).numeric_checks if c.runs_on(env.gpus) and (hub or not c.hub_only))
     if not checks or env.accelerator not in ("cuda", "rocm"):
         return None
+    checks, head_dims = _at_model_head_dims(checks, env, pins.kernel(kernel))
     archs = tuple(sorted({g for c in checks for g in c.runs_on(env.gpus)}))
     # remembered under the kernel's own files: a backend it would dispatch to (fla to flash-qla) is
     # checked against the kernel's own path by the backend's gated-delta-rule check, not here
@@ -69,11 +72,29 @@ def plan_for(kernel: str, env, pins, root: str | None = None, *, hub: bool = Fal
     device = "cuda" if env.gpu_source != "target" else "cpu" if env.numeric_device == "cpu" else None
     skip = "" if device else (f"the GPU ({'+'.join(archs)}) is posed by FASTPATH_HOOKS_TARGET and none is here to "
                               "run them on (numeric=cpu in the target checks CPU stand-ins)")
-    return NumericPlan(kernel, checks, device, archs, torch_build(env), root, skip=skip, env=off)
+    return NumericPlan(kernel, checks, device, archs, torch_build(env), root, skip=skip, env=off, head_dims=head_dims)
+
+
+def _at_model_head_dims(checks: tuple, env, spec) -> tuple:
+    """(the checks, the head dims they run at): an attention kernel's (compiled, with `head_dims`) at each head dim
+    of the imported models (`env.attention_shapes`; a check's own where one is unknown), else as pinned - ()."""
+    rows = env.attention_shapes if spec.kind == "compiled" and spec.head_dims is not None else ()
+    out, dims = [], set()
+    for check in checks:
+        own = check.shapes.get("head_dim")
+        wanted = sorted({row[1] or own for row in rows}) if own is not None else []
+        if not wanted or wanted == [own]:
+            out.append(check)
+            continue
+        dims.update(wanted)
+        out.extend(replace(check, name=f"{check.name} at head dim {d}",
+                           shapes=FrozenMap({**check.shapes, "head_dim": d})) for d in wanted)
+    return tuple(out), tuple(sorted(dims))
 
 
 def _key(plan: NumericPlan, digest: str, arch: str) -> str:
-    return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}".encode()).hexdigest()[:32]
+    dims = f"|head dims {plan.head_dims}" if plan.head_dims else ""
+    return hashlib.sha256(f"{digest}|{arch}|{plan.torch_build}|{plan.device}{dims}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -109,7 +130,8 @@ def conclude(pending: Pending, report, problem, seconds: float, label: str | Non
     """The result of a Pending check from the child's report (or why there is none), remembered."""
     plan = pending.plan
     kernel, root, keys, digest, version = plan.kernel, plan.root, pending.keys, pending.digest, pending.version
-    where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)")
+    where = "+".join(plan.archs) + ("" if plan.device == "cuda" else " (CPU tensors)") + \
+        (f" at head dim {'/'.join(map(str, plan.head_dims))}" if plan.head_dims else "")
     if problem is None and not report.get("ok"):
         problem = f"{kernel}'s numeric check failed: {report.get('error')}"
     if problem is not None:   # the child could not run the checks (a crash is a verdict on the build too)
@@ -173,15 +195,17 @@ def _names(plan) -> str:
 
 def verify_hub(entry, *, env, pins, root: str | None, timeout: float) -> tuple:
     """(ok, detail): the numeric checks of the package function `entry` replaces, run on the hub's kernel
-    (loaded through kernels, as kernelize will), remembered like a package's."""
+    (loaded through kernels, as kernelize will), remembered like a package's. An entry without a layer is a module
+    of functions (flash attention): every check of its kernel, on the hub module's function of the same name."""
     plan = plan_for(entry.kernel, env, pins, root, hub=True)
     leaf = f":{entry.name}"
-    checks = tuple(c for c in plan.checks if c.function.endswith(leaf) or c.function.endswith("." + entry.name)) \
-        if plan is not None else ()
+    checks = tuple(c for c in plan.checks if not entry.layer or c.function.endswith(leaf)
+                   or c.function.endswith("." + entry.name)) if plan is not None else ()
     if not checks:
         return True, f"no numeric check of {entry.name} for {'+'.join(env.gpus) or 'this machine'}"
     hub = {"repo": entry.repo_id, "version": entry.version, "revision": entry.revision, "layer": entry.layer}
-    checks = tuple(replace(c, function=f"hub:{entry.ref}:{entry.layer}") for c in checks)
+    checks = tuple(replace(c, function=f"hub:{entry.ref}:{entry.layer or c.function.rpartition(':')[2]}")
+                   for c in checks)
     plan = replace(plan, kernel=entry.kernel, checks=checks)
     if plan.device is None:
         return True, f"numbers not checked: {plan.skip}"

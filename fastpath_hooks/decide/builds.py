@@ -84,8 +84,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
     needs_cuda, families = needs_cuda_build(env, build)   # families: "" where the release has no opt-in extension
     switch_env = dict(build.cuda_switch.env) if needs_cuda and families else {}
     if not needs_cuda and not rocm:   # the release's CUDA extension is opt-in and nothing in use calls it
-        step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
-                    env=tuple(sorted(build.env.items())), archs=("py",), helpers=helpers,
+        step = Step(kind=StepKind.BUILD, requirements=(build.pip_requirement,), binary_only=False,
+                    build_isolation=False, env=tuple(sorted(build.env.items())), archs=("py",), helpers=helpers,
                     note=f"source build without the CUDA extension ({families}): Python and Triton only, no compiler")
         return _install(ctx, kernel, build, why, dep_steps + (step,), kw, rule=ctx.rule(kernel, "build.triton-only"),
                         reason=f"building from source without its CUDA extension, nothing to compile: {families}; "
@@ -118,6 +118,9 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                         facts={"unsupported": "+".join(unsupported)}, **kw)
     env_pairs = dict(build.rocm_env if rocm else build.env)
     env_pairs.update(switch_env)   # the opt-in CUDA build, where the release has one and a family in use needs it
+    trim = trimmed(env, ctx.pins.kernel(kernel), build)
+    if trim is not None:           # the head dims and sliding window the models in use do not have: left out
+        env_pairs.update(trim.env)
     if unsupported or not archs:
         what = "+".join(unsupported) or "no GPU listed"
         if mode == "auto":
@@ -134,6 +137,8 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
         n_archs = len(archs)
         if rocm:
             env_pairs["HIP_ARCHITECTURES"] = " ".join(archs)
+        elif build.arch_env:   # the sdist's own arch list (FLASH_ATTN_CUDA_ARCHS=80): it compiles only these
+            env_pairs[build.arch_env] = ";".join(a[3:] for a in archs)
     where = "every arch" if archs == ("all",) else ", ".join(archs)
     seconds, how = build_estimate(build, n_archs, env.cpus, env.build_history)
     if rocm:
@@ -150,11 +155,12 @@ def source_build(ctx: Context, kernel: str, build, why: str, kw, *, asked: bool 
                         ("" if asked else f", or build it ahead of time with `fastpath-hooks build {kernel}`"),
                         facts={"minutes": minutes(seconds), "timeout_fix": f"FASTPATH_HOOKS_TIMEOUT={enough}"
                                if asked else f"ahead of time: fastpath-hooks build {kernel}"}, **kw)
-    step = Step(kind=StepKind.BUILD, requirements=(build.requirement,), binary_only=False, build_isolation=False,
+    step = Step(kind=StepKind.BUILD, requirements=(build.pip_requirement,), binary_only=False, build_isolation=False,
                 env=tuple(sorted(env_pairs.items())), archs=archs, cxx_std=std.std if std is not None else None,
-                helpers=helpers,
+                helpers=helpers, variant=trim.tokens if trim is not None else (),
                 note=f"source build against the installed torch with {compiler}, for {', '.join(archs)}; about "
                      f"{minutes(seconds)}, {how}" + "".join(f"; {long}" for _, long in notes) +
+                     (f"; trimmed to {trim.said}" if trim is not None else "") +
                      (f"; -std={std.std} handed last to the host compiler and {'hipcc' if rocm else 'nvcc'}: "
                       f"torch {env.torch} needs it" if std else "") +
                      (f"; {', '.join(f'{k}={v}' for k, v in switch_env.items())}: {families}" if switch_env else "") +
@@ -257,6 +263,41 @@ def build_estimate(build, n_archs: int, cpus: int | None, history=()) -> tuple:
     return seconds, how
 
 
+class Trimmed(NamedTuple):
+    """What a trimmed build (pins `source_build.trim`) keeps for the models in use, and how."""
+    head_dims: tuple | None   # the head dims kept (None: all)
+    window: bool              # local (sliding-window) attention kept
+    env: tuple                # ((variable, "TRUE"), ...) leaving the rest out
+    tokens: tuple             # its wheel label's (facts/wheels.py variant_tokens)
+    said: str                 # "head dim 256 (qwen3_5), no sliding window"
+
+    @property
+    def needs(self) -> tuple:
+        return self.head_dims, self.window
+
+
+def trimmed(env, spec, build) -> Trimmed | None:
+    """The build's trim for the imported models' attention (`env.attention_shapes`): per model the smallest of the
+    kernel's head dims at or above its own, every dim where one is unknown or none is imported; local attention
+    where one has a sliding window or none is imported. None for a build without `trim`."""
+    trim = build.trim
+    if trim is None or spec.head_dims is None:
+        return None
+    dims = sorted(spec.head_dims.k)
+    rows = env.attention_shapes
+    known = [r[1] for r in rows]
+    keep = None if not rows or None in known else \
+        tuple(sorted({next((d for d in dims if d >= own), dims[-1]) for own in known}))
+    window = bool(trim.window) and (not rows or any(r[4] is not False for r in rows))
+    off = [trim.head_dims.format(dim=d) for d in dims if keep is not None and d not in keep]
+    if trim.window and not window:
+        off.append(trim.window)
+    models = ", ".join(dict.fromkeys(r[0] for r in rows)) or "no model imported"
+    said = (("every head dim" if keep is None else f"head dim{'s' if len(keep) > 1 else ''} {'/'.join(map(str, keep))}")
+            + f" ({models}), {'with' if window else 'no'} sliding window")
+    return Trimmed(keep, window, tuple((var, "TRUE") for var in off), cached_wheels.variant_tokens(keep, window), said)
+
+
 # -- how builds share the machine: jobs, split compilation, cores, memory --------------------------------
 
 # nvcc --split-compile=N (CUDA 11.8+) runs the optimizer and ptxas of one translation unit in N threads
@@ -327,11 +368,12 @@ def core_budget(builds, *, cpus: int | None, memory_gib: float | None, settings,
             parts = min(parts, jobs_given)   # the user's MAX_JOBS caps the compiles at once, parts too
         if memory_gib:
             room = memory_gib * cores / total
+            per_job = build.gib_per_job or GIB_PER_THREAD   # pins parallel.gib_per_job: a job's peak (flash-attn: 9)
             while split > 1 and jobs * split * GIB_PER_THREAD > room:
                 split -= 1
             while parts > 1 and (jobs - 1 + parts) * GIB_PER_THREAD > room:
                 parts -= 1
-            while not jobs_given and jobs > 1 and jobs * GIB_PER_THREAD > room:
+            while not jobs_given and jobs > 1 and jobs * per_job > room:
                 jobs -= 1
         out[kernel] = Share(cores, jobs, split, parts)
     return out

@@ -90,6 +90,10 @@ class Context:
                 name = canonical_name(req.name)
                 if step.kind == StepKind.DEPS and self.installed_satisfies(req):
                     continue
+                if req.url:   # a build from a URL (flash-attn-3's repository): only a local file is there offline
+                    if not req.url.startswith("file:"):
+                        missing.append(raw)
+                    continue
                 versions = (sdists if step.kind == StepKind.BUILD else files).get(name, set())
                 if not any(req.specifier.contains(v, prereleases=True) for v in versions):
                     missing.append(raw)

@@ -30,6 +30,8 @@ class Rule:
     machine_wide: bool = False    # said once for the machine and every kernel (no torch, no accelerator)
     engine: bool = False          # made by the engine (the repair of a failed check), not by a rule
     requires: tuple = ()          # KernelSpec fields that must be set for a kernel to get it (releases, switch)
+    accelerator: str | None = None   # only a kernel that supports this accelerator gets it (rocm: hipcc builds)
+    release: bool = False         # only a kernel with release wheels pinned gets it
     warm: bool = True             # a good outcome is remembered for the next start (False: decided again at each)
     line: str | None = None       # the short form (None: not written yet - tests/test_lines.py names the rule)
     fix: str | None = None
@@ -116,19 +118,21 @@ COMPILED = {
                            "[{uninstall}; fastpath-hooks install {kernel}]"),
     "cache": Rule(_S, line="{target} from the local wheel cache", fix=""),
     "wheelhouse": Rule(_S, line="{target}, built for this machine, from FASTPATH_HOOKS_FIND_LINKS", fix=""),
-    "wheel": Rule(_S, line="{target}, the release wheel for torch {torch}", fix=""),
+    "wheel": Rule(_S, release=True, line="{target}, the release wheel for torch {torch}", fix=""),
     "build": Rule(_S, line="from source for {archs}, an estimated {minutes}", fix=AHEAD),
     "build.all-archs": Rule(_S, line="from source for every arch, an estimated {minutes}", fix=AHEAD),
-    "rocm.build": Rule(_S, line="from source for {archs} with hipcc, an estimated {minutes}", fix=AHEAD),
+    "rocm.build": Rule(_S, accelerator="rocm", line="from source for {archs} with hipcc, an estimated {minutes}",
+                       fix=AHEAD),
     "no-release": Rule(_S, requires=("releases",), line="no pinned release for {fits}", fix=PINS_FILE),
     "offline-missing": Rule(_S, line=OFFLINE, fix=FETCH),
     "no-wheel": Rule(_W, line="no wheel fits; FASTPATH_HOOKS_ALLOW_BUILD=0 forbids a build",
                      fix="set it to auto, or `fastpath-hooks build` it"),
-    "rocm.no-build": Rule(_S, line="no ROCm wheels; builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0)",
+    "rocm.no-build": Rule(_S, accelerator="rocm", line="no ROCm wheels; builds are off (FASTPATH_HOOKS_ALLOW_BUILD=0)",
                           fix="set it to auto to build with hipcc"),
     "build.no-pip": Rule(_S, line="no wheel fits; a build needs pip, missing here",
                          fix="`python -m ensurepip`, or use `fastpath-hooks build`"),
-    "rocm.no-hipcc": Rule(_S, line="no ROCm wheels; a build needs hipcc, not found", fix="install ROCm's hipcc"),
+    "rocm.no-hipcc": Rule(_S, accelerator="rocm", line="no ROCm wheels; a build needs hipcc, not found",
+                          fix="install ROCm's hipcc"),
     "no-nvcc": Rule(_W, line="no wheel fits; a build needs nvcc, not found",
                     fix="install a CUDA {cuda} toolkit, set CUDA_HOME"),
     "nvcc-unknown": Rule(_S, needs=frozenset({NVCC_RELEASE}), line="no wheel fits; nvcc's CUDA release is unknown",
@@ -150,6 +154,11 @@ COMPILED = {
                         fix=""),
     "block.no-cuda": Rule(_W, requires=_SWITCH,
                           line="{installed} lacks the CUDA extension a model here calls; {cannot}", fix="{cannot_fix}"),
+    # a build trimmed to the models in use (pins: source_build.trim) without what a model here needs
+    "repair.trim": Rule(_S, requires=("trim",), line="{installed} lacks {lacks}, needed here; rebuilding {target}",
+                        fix=""),
+    "block.trim": Rule(_W, requires=("trim",), line="{installed} lacks {lacks}, needed here; it cannot be rebuilt here",
+                       fix="fastpath-hooks doctor"),
     **COMMON,
 }
 
@@ -214,6 +223,9 @@ def declared(pins) -> dict:
         found = {f"{SHARED_SCOPE}.{s}": rule for t, rule in SHARED.items() for s in _expand(t, None, pins)}
         found.update((f"{spec.rule_prefix}.{s}", rule) for spec in pins.kernels.values()
                      for t, rule in KINDS[spec.kind].items() if all(getattr(spec, f) for f in rule.requires)
+                     and (rule.accelerator is None or rule.accelerator in spec.accelerators)
+                     and (not rule.release or pins.release(spec.name) is not None
+                          or any(getattr(r, "release", None) for r in spec.releases))
                      for s in _expand(t, spec, pins))
         _declared[pins.digest] = found
     return _declared[pins.digest]

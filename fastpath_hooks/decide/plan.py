@@ -93,6 +93,7 @@ class Step:
     cxx_std: str | None = None       # build steps: the C++ standard both compilers get last (pins: cxx_standard)
     helpers: tuple = ()              # build steps: what the build imports or runs that the environment lacks (pins:
     #                                  build_deps), installed into the build's own directory - never the environment
+    variant: tuple = ()              # build steps: what a trimmed build keeps, for its label (facts/wheels.py)
 
     _freezes_itself = True
 

@@ -29,6 +29,7 @@ from ..decide.plan import BLOCK, OK, OnFailure, REPAIR, SKIP, StepKind
 from ..decide.policy import batch, builds
 from ..events import MAX_LINE, PREFIX, first_fitting, fitted
 from ..facts.frozen import thaw
+from ..facts.probe import model_modules
 from .first_call import FirstCall, beside_build, first_call_payload
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
 from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, keeps_instead,
@@ -141,13 +142,14 @@ def _read(run: Run):
             return run.done(failed)
         run = replace(run, by_another=waited)
         stamp = world.stamp(run.captured)
-    reading = world.readings.get((run.captured, stamp)) if stamp is not None else None
+    key = (run.captured, stamp, model_modules())   # a model imported since changes what the policy reads
+    reading = world.readings.get(key) if stamp is not None else None
     if reading is None:
         env, plan = world.read(settings, run.pins, run.kernel)
     else:   # read for another kernel: nvcc's release asked for now if this kernel's decision needs it
         env, plan = world.complete(*reading, settings, run.pins, run.kernel)
     if stamp is not None and (reading is None or plan is not reading[1]):
-        world.readings.put((run.captured, stamp), (env, plan))
+        world.readings.put(key, (env, plan))
     decision = plan[run.kernel]
     run = replace(run, stamp=stamp, env=env, plan=plan, decision=decision, planned=decision.action)
     apply_env(run.kernel, decision.env, decision.reason if decision.action == SKIP else "for this accelerator")
@@ -286,7 +288,7 @@ def _check(run: Run):
     if changed:
         env, plan = world.read(settings, run.pins, kernel)
         if now is not None:
-            world.readings.put((run.captured, now), (env, plan))
+            world.readings.put((run.captured, now, model_modules()), (env, plan))
         decision = plan[kernel]
         run = replace(run, env=env, plan=plan, decision=decision, repairing=False,
                       fingerprint=world.fingerprint(env, settings, run.pins, kernel))
@@ -460,10 +462,12 @@ def _record(run: Run):
             events.debug(f"{kernel}: {detail}", kernel)
             outcome = Outcome(kernel, OutcomeState.OK, decision.reason)
     # a bad variable must be said at every start, not skipped by a warm hit; a rule may not let it be warm
-    # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now)
+    # (decide/messages.py: a build without mamba-ssm's CUDA extension is good only for the families in use now),
+    # nor a kernel whose build is trimmed to the models in use (pins `source_build.trim`: FA3's head dims)
     rule = short.lookup(run.pins, decision.rule)
     warm = None
-    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm):
+    if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm) \
+            and run.pins.kernel(kernel).trim is None:
         warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})
     payload = _first_call(run, decision) if outcome.state in GOOD else None

@@ -55,6 +55,8 @@ class Environment:
     unwritable_site: str | None = None     # site-packages, where this process cannot write it: no install can run
     # ((model type, K, V, key heads, value heads), ...): of the imported config classes, or posed
     model_shapes: tuple = ()
+    # ((model type, head dim, key heads, heads, sliding window), ...): the imported models' attention (probe)
+    attention_shapes: tuple = ()
     jit_caches: FrozenMap = field(default_factory=FrozenMap)   # the pins' JIT cache variables -> their directory
     jit_caches_given: tuple = ()           # those the user set (the rest: under fastpath-hooks' cache)
     numeric_device: str | None = None      # numeric=cpu in the target: a posed GPU's numeric checks on CPU tensors
@@ -115,6 +117,8 @@ class Environment:
         data = {f.name: thaw(getattr(self, f.name)) for f in fields(self)}
         data.update(platform=self.platform, accelerator=self.accelerator, torch_build=self.torch_build)
         data["model_shapes"] = [dict(zip(("model", "k", "v", "heads_k", "heads_v"), row)) for row in self.model_shapes]
+        data["attention_shapes"] = [dict(zip(("model", "head_dim", "heads_k", "heads", "window"), row))
+                                    for row in self.attention_shapes]
         data["hub_entries"] = [dict(zip(("function", "repo", "layer", "version", "revision", "kernel", "modes"), row),
                                     modes=list(row[6])) for row in self.hub_entries]
         data["hub_where"] = {ref: {"how": how, "detail": detail} for ref, (how, detail) in self.hub_where.items()}

@@ -8,7 +8,8 @@ metadata (`pins_values.m`) the rest: `key` (else the field's name; "a.b": b of t
 `absent` (the value where left out; none: needed), `form` ("version", "requirement", "spec": a range kept as
 text, "kernel": another kernel, or one of the _READERS), `ok`/`says` (a test of each value, and what it accepts),
 `choices`, `key_ok`/`key_says` (of a table's keys), `nonempty`, `unique` (in a list), `conv`, `kinds` (only
-kernels of these kinds have it), `req` (an X | None they need), `ctx` (kept for later keys), `hand` (made here).
+kernels of these kinds have it), `req` (an X | None they need: True, or the kinds that do), `ctx` (kept for later
+keys), `hand` (made here).
 Every error is one PinsError naming the file and the entry."""
 
 from __future__ import annotations
@@ -120,6 +121,12 @@ def _merge(base, over, path: tuple, records: dict):
 _RELEASES = {"pure": PureRelease, "backend": PureRelease, "compiled": KernelRelease}
 
 
+def _required(md, ctx: dict) -> bool:
+    """`req`: True (every record needs it) or the kernel kinds that need it."""
+    req = md.get("req")
+    return req is True or (isinstance(req, tuple) and ctx.get("kind") in req)
+
+
 @cache
 def _fields(cls) -> tuple:
     hints = get_type_hints(cls)
@@ -223,12 +230,12 @@ class _Loader:
                 value = where[last]
             elif "absent" in md:
                 value = md["absent"]
-            elif get_origin(tp) is UnionType and not md.get("req"):
+            elif get_origin(tp) is UnionType and not _required(md, ctx):
                 values[f.name] = None
                 continue
             else:
                 value = None
-            if md.get("req"):
+            if _required(md, ctx):
                 tp = next(a for a in get_args(tp) if a is not NoneType)
             values[f.name] = self.value(tp, value, f"{e}.{key}", md, ctx, top=True)
             if md.get("ctx"):
@@ -527,7 +534,10 @@ def build(data, origins: tuple) -> Pins:
             release_wheels[name] = ld.record(ReleaseWheels, raw["release"], f"kernels.{name}.release", ctx)
         build = ld.record(SourceBuild, raw.get("source_build"), f"kernels.{name}.source_build", ctx)
         source_builds[name] = build = replace(build, arch_rules=spec.arch_rules)
-        kernels[name] = spec = replace(spec, cuda_switch=build.cuda_switch)
+        kernels[name] = spec = replace(spec, cuda_switch=build.cuda_switch, trim=build.trim)
+        if build.trim is not None and spec.head_dims is None:
+            ld.fail(f"kernels.{name}.source_build.trim", "a trimmed build needs the kernel's head_dims (its dims and "
+                    "the config attributes naming the models' ones)")
         if build.version is not None and spec.releases and not any(same_version(r.version, build.version)
                                                                    for r in spec.releases):
             ld.fail(f"kernels.{name}.releases", f"the source build's {build.requirement} is not one of the releases")

@@ -27,7 +27,7 @@ STDS = ("c++17", "c++20", "c++23", "gnu++17", "gnu++20", "gnu++23")
 DTYPES = ("float32", "float16", "bfloat16")
 # the references act/check_child.py holds (it imports nothing of the package, so the names live here too)
 NUMERIC_REFERENCES = ("causal_conv1d", "causal_conv1d_update", "ssd", "selective_state_update", "selective_scan",
-                      "gated_delta_rule")
+                      "gated_delta_rule", "attention")
 WHEEL_FIELDS = ("{version}", "{cuda_major}", "{torch_mm}", "{abi}", "{py}", "{arch}")
 TENSORS = ("o", "dq", "dk", "dv", "dbeta", "dg")
 
@@ -103,13 +103,14 @@ _DIMS = dict(ok=lambda x: x > 0, says="expected a positive integer", nonempty="e
 
 @dataclass(frozen=True)
 class HeadDims:
-    """The head dims (K, V) a backend computes (the served kernel sends others elsewhere); `config`: the
-    transformers config attributes that hold them and the head counts (facts/probe.py)."""
+    """The head dims (K, V) a backend computes (the served kernel sends others elsewhere), or a compiled attention
+    kernel has code for (its build keeps the models': `source_build.trim`); `config`: the transformers config
+    attributes that hold them, the head counts and the sliding window (facts/probe.py)."""
     k: tuple[int, ...] = m(**_DIMS)
     v: tuple[int, ...] = m(**_DIMS)
-    # "k" / "v" / "heads_k" / "heads_v" -> attribute names, first found wins
-    config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v").__contains__,
-                                           key_says="expected k, v, heads_k or heads_v")
+    # "k" / "v" / "heads_k" / "heads_v" / "window" -> attribute names, first found wins
+    config: dict[str, tuple[str, ...]] = m(absent={}, key_ok=("k", "v", "heads_k", "heads_v", "window").__contains__,
+                                           key_says="expected k, v, heads_k, heads_v or window")
     source: str
 
 
@@ -205,6 +206,12 @@ class KernelSpec:
     aliases: tuple[str, ...] = m((), conv=str.lower, **_SOME)
     gates: tuple[str, ...] = m((), **_SOME)        # transformers' gates that ask for it
     mirror: str | None = m(None)    # the variable naming a mirror of its release wheels
+    # compiled: the attn_implementation whose request installs it (flash_attention_2); its gates and imports then act
+    # only when a model asks for it (hooks/gates.py `asked`)
+    attn_implementation: str | None = m(None, kinds=("compiled",), ok=lambda v: v.startswith("flash_attention_"),
+                                        says="expected transformers' name of it, such as flash_attention_2")
+    # the GPUs where fastpath_hooks.attention() prefers it to sdpa (engine/attention.py)
+    attention_gpus: tuple[str, ...] = m((), kinds=("compiled",), ok=_sm, says="expected sm_XY", **_SOME)
     serves: tuple[str, ...] = m((), form="kernel", **_SOME)      # kernels that use it (tilelang: fla)
     rule_prefix: str = m("", hand=True)
     switch: Switch | None = m(None, kinds=("pair", "backend"))
@@ -220,7 +227,7 @@ class KernelSpec:
     pairs: tuple[Pair, ...] = m((), kinds=("pair",), nonempty="at least one known-good pair is needed")   # best first
     broken: tuple[BrokenPair, ...] = m((), kinds=("pair",), **_SOME)
     archs: Archs | None = m(None, kinds=("backend",), req=True)
-    head_dims: HeadDims | None = m(None, kinds=("backend",), req=True)
+    head_dims: HeadDims | None = m(None, kinds=("backend", "compiled"), req=("backend",))
     pays: Pays | None = m(None, kinds=("backend",), req=True)
     # rules as data (docs/builds.md): its numbers against torch references on the GPU (any kind but a backend)
     numeric_checks: tuple[NumericCheck, ...] = m((), kinds=("pure", "compiled", "pair"), **_SOME)
@@ -228,6 +235,8 @@ class KernelSpec:
     arch_rules: tuple[ArchRule, ...] = m((), kinds=("compiled",), **_SOME)
     # compiled: its source build's opt-in CUDA extension (source_build.cuda_switch)
     cuda_switch: CudaSwitch | None = m(None, hand=True)
+    # compiled: what its source build leaves out for the models in use (source_build.trim)
+    trim: Trim | None = m(None, hand=True)
 
     @property
     def checks_numbers(self) -> bool:
@@ -289,6 +298,17 @@ class SourceBuild:
     split_units: tuple[str, ...] = m((), key="parallel.split_units", **_SOME)
     arch_rules: tuple = m((), hand=True)   # ArchRule: the kernel's (kernels.<name>.arch_rules), for the arch arithmetic
     cuda_switch: CudaSwitch | None = m(None)   # releases whose CUDA extension is opt-in (mamba-ssm after 2.3.2.post1)
+    trim: Trim | None = m(None)   # code left out for the models in use (FA3: head dims, sliding window)
+    # the variable its setup.py reads for the CUDA archs, set to the archs built (FLASH_ATTN_CUDA_ARCHS=80;90)
+    arch_env: str | None = m(None, ok=lambda v: v.isidentifier() and v.upper() == v,
+                             says="expected an environment variable name such as FLASH_ATTN_CUDA_ARCHS")
+    # where pip builds it from when the index has no sdist of it: a URL pip takes after `name @` (a VCS or archive
+    # URL; `#subdirectory=` for a package in a subdirectory: flash-attn-3 in flash-attention's hopper/)
+    url: str | None = m(None, ok=lambda v: "://" in v, says="expected a URL pip installs from (git+https://..., "
+                        "https://..., file://...)")
+    # GiB one compile job of it takes at its peak (MAX_JOBS is bounded by the free memory): 0 - the nvcc threads'
+    gib_per_job: float = m(0.0, key="parallel.gib_per_job", absent=0.0, ok=lambda x: x >= 0,
+                           says="expected GiB, a number >= 0")
 
     @cached_property   # parsed once (the policy asks for every cached and wheelhouse wheel)
     def distribution(self) -> str:
@@ -298,6 +318,11 @@ class SourceBuild:
     def version(self) -> str | None:
         spec = list(Requirement(self.requirement).specifier)
         return spec[0].version if len(spec) == 1 and spec[0].operator == "==" else None
+
+    @property
+    def pip_requirement(self) -> str:
+        """What pip builds: the requirement, or `name @ url` where the build's source is a URL."""
+        return f"{self.distribution} @ {self.url}" if self.url else self.requirement
 
 
 @dataclass(frozen=True)
@@ -370,6 +395,19 @@ class CudaSwitch:
 
     def applies(self, version) -> bool:
         return _contains(self.releases, version, unknown=False)
+
+
+@dataclass(frozen=True)
+class Trim:
+    """Variables its setup.py reads to leave code out (FA3's FLASH_ATTENTION_DISABLE_*=TRUE), set from the models
+    in use (their configs: the kernel's `head_dims.config`): `head_dims` names each head dim's (`{dim}`: one of the
+    kernel's `head_dims.k`) - a build keeps, per model, the smallest listed dim at or above its head dim, and every
+    dim where a model's is unknown; `window` leaves sliding-window attention out - where no model in use has one."""
+    head_dims: str = m(ok=lambda v: v.count("{dim}") == 1 and v.replace("{dim}", "").isidentifier(),
+                       says="expected an environment variable name with {dim} in it")
+    source: str
+    window: str | None = m(None, ok=lambda v: v.isidentifier() and v.upper() == v,
+                           says="expected an environment variable name")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         prefix=os.path.realpath(sys.prefix), pip_index_config=pip_index_config(), memory_gib=mem_available_gib(),
         unwritable_site=None if os.access(site_packages(), os.W_OK) else site_packages(),   # never posed
         model_shapes=_posed_shapes(posed) if ("head_dims" in posed or "heads" in posed) else model_shapes(pins),
+        attention_shapes=(tuple((m, k, hk, hv, None) for m, k, _, hk, hv in _posed_shapes(posed))
+                          if ("head_dims" in posed or "heads" in posed) else attention_shapes(pins)),
         **_jit_caches(pins, settings),
     )
     return _with_distributions(env, found, duplicates, posed, settings, pins)
@@ -192,28 +194,51 @@ def visible_gpus(torch_info: dict, posed: dict, allow_import: bool):
         return (), f"none: GPU query failed ({type(exc).__name__}: {exc})", abi
 
 
+def model_modules() -> frozenset:
+    """The transformers configuration and modeling modules this process imports: what the model facts (model types,
+    shapes) are read from - a reading made before one of them was imported is not this process' now."""
+    return frozenset(name for name in list(sys.modules) if name.startswith("transformers.models.")
+                     and (".configuration_" in name or ".modeling_" in name))
+
+
 def imported_model_types() -> tuple:
     """The model types whose transformers modeling module this process imports (a decision may run inside it)."""
     names = (name.split(".") for name in list(sys.modules) if name.startswith("transformers.models."))
     return tuple(sorted({parts[2] for parts in names if len(parts) == 4 and parts[3] == f"modeling_{parts[2]}"}))
 
 
-def config_attributes(pins) -> dict:
-    """"k" / "v" / "heads_k" / "heads_v" -> the transformers config attributes that hold them (pins
-    `head_dims.config`), first found wins."""
+def config_attributes(pins, kind: str = "backend") -> dict:
+    """"k" / "v" / "heads_k" / "heads_v" (and "window": compiled kernels') -> the transformers config attributes
+    that hold them (the `kind` kernels' pins `head_dims.config`), first found wins."""
     attrs: dict = {}
     for spec in pins.kernels.values():
-        for key, names in spec.head_dims.config.items() if spec.head_dims else ():
+        for key, names in spec.head_dims.config.items() if spec.head_dims and spec.kind == kind else ():
             attrs[key] = list(dict.fromkeys(attrs.get(key, []) + list(names)))
     return attrs
 
 
 def model_shapes(pins, modules=None) -> tuple:
-    """((model type, K, V, key heads, value heads), ...) of the imported transformers configuration modules: the
-    class defaults of the attributes the pins name (`head_dims.config`); None where not an int (derived)."""
-    attrs = config_attributes(pins)
-    if not attrs.get("k") or not attrs.get("v"):
+    """((model type, K, V, key heads, value heads), ...): the linear attention of the imported transformers
+    configuration modules - the class defaults of the attributes the backends' pins name (`head_dims.config`);
+    None where not an int (derived)."""
+    return _config_rows(pins, "backend", ("k", "v", "heads_k", "heads_v"), ("k",), modules)
+
+
+def attention_shapes(pins, modules=None) -> tuple:
+    """((model type, head dim, key heads, heads, sliding window), ...): the attention of the imported transformers
+    configuration modules, as the compiled kernels' pins name it (`head_dims.config`); the window True where its
+    class default is a number, else False."""
+    rows = _config_rows(pins, "compiled", ("k", "heads_k", "heads_v", "window"), ("k", "heads_v"), modules)
+    return tuple((*row[:4], row[4] is not None) for row in rows)
+
+
+def _config_rows(pins, kind: str, keys: tuple, qualify: tuple, modules) -> tuple:
+    """(model type, the value of each key, ...) of each configuration class that has an attribute of a `qualify`
+    key, read from the class defaults of the attributes the `kind` kernels' `head_dims.config` name."""
+    attrs = config_attributes(pins, kind)
+    if not all(attrs.get(key) for key in qualify):
         return ()
+    wanted = [a for key in qualify for a in attrs[key]]
     modules = sys.modules if modules is None else modules
     out = []
     for name, module in list(modules.items()):
@@ -222,10 +247,9 @@ def model_shapes(pins, modules=None) -> tuple:
             continue
         for obj in list(vars(module).values()):
             if (not isinstance(obj, type) or getattr(obj, "__module__", None) != name
-                    or not any(hasattr(obj, a) for a in attrs["k"])):
+                    or not any(hasattr(obj, a) for a in wanted)):
                 continue
-            values = [next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None)
-                      for key in ("k", "v", "heads_k", "heads_v")]
+            values = [next((getattr(obj, a) for a in attrs.get(key, ()) if hasattr(obj, a)), None) for key in keys]
             row = (parts[2], *(v if isinstance(v, int) and not isinstance(v, bool) else None for v in values))
             if row not in out:
                 out.append(row)

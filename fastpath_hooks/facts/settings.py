@@ -72,7 +72,7 @@ _VARIABLES = {
     "FASTPATH_HOOKS_INSTALLER": ("auto (default: uv when available, unless pip is configured with its own index or "
                                  "find-links, which uv ignores; else pip), uv or pip"),
     "FASTPATH_HOOKS_TIMEOUT": "seconds one install or verification step may take (default 900)",
-    "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {' and '.join(_COMPILED)} when no prebuilt wheel fits: auto "
+    "FASTPATH_HOOKS_ALLOW_BUILD": (f"source builds of {', '.join(_COMPILED[:-1])} and {_COMPILED[-1]} when no prebuilt wheel fits: auto "
                                    "(default: only with nvcc of torch's CUDA major, or hipcc, and only for the visible "
                                    "GPU archs), 1 (also for all archs: long), 0 (never)"),
     "FASTPATH_HOOKS_SPLIT_COMPILE": ("source builds: auto (default: nvcc's --split-compile where nvcc >= 11.8 and "

@@ -76,10 +76,38 @@ def key_prefix(*, torch: str, cuda: str | None, hip: str | None, abi: str) -> st
     return ".".join((LABEL, "torch" + _public(torch).lower(), toolkit, "abi1" if abi == "TRUE" else "abi0"))
 
 
-def label(*, torch: str, cuda: str | None, hip: str | None, abi: str, archs) -> str:
-    """A built wheel's local version label; archs `("all",)` for an unrestricted build."""
+def label(*, torch: str, cuda: str | None, hip: str | None, abi: str, archs, variant=()) -> str:
+    """A built wheel's local version label; archs `("all",)` for an unrestricted build; `variant`: what a trimmed
+    build keeps (`hd256`, `swa`: see `kept`)."""
     codes = ".".join(a.replace("_", "").lower() for a in archs)
-    return f"{key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi)}.{codes}"
+    return f"{key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi)}.{codes}" + "".join(f".{t}" for t in variant)
+
+
+HEAD_DIMS, WINDOW = "hd", "swa"   # a trimmed build's label: the head dims it keeps (hd128x256), local attention kept
+
+
+def variant_tokens(head_dims, window: bool) -> tuple:
+    """The label's tokens for a trimmed build keeping `head_dims` (None: all) and, where `window`, local attention."""
+    return ((f"{HEAD_DIMS}{'x'.join(map(str, head_dims))}",) if head_dims is not None else ()) + \
+        ((WINDOW,) if window else ())
+
+
+def label_parts(tokens) -> tuple:
+    """(archs, variant) of a build label's tokens after its key (`sm90`, `hd256`, `swa`)."""
+    variant = tuple(t for t in tokens if t == WINDOW or (t.startswith(HEAD_DIMS) and t[2:].replace("x", "").isdigit()))
+    return [t for t in tokens if t not in variant], variant
+
+
+def kept(variant) -> tuple:
+    """(head dims a trimmed build keeps - None: all -, whether it keeps local attention) from its label's tokens."""
+    dims = next((t[len(HEAD_DIMS):] for t in variant if t.startswith(HEAD_DIMS)), None)
+    return (None if dims is None else tuple(int(d) for d in dims.split("x"))), WINDOW in variant
+
+
+def covers(variant, head_dims, window: bool) -> bool:
+    """Whether a build labelled with `variant` keeps the head dims (None: all) and the local attention needed."""
+    have, have_window = kept(variant)
+    return (have is None or (head_dims is not None and set(head_dims) <= set(have))) and (have_window or not window)
 
 
 def compute_capability(arch: str) -> tuple | None:
@@ -103,10 +131,12 @@ def pair_for(gpu: str, codes) -> str | None:
 
 
 def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: str | None, hip: str | None,
-         abi: str, python: str, arch: str, gpus, all_codes=(), bad=None, python_only: bool = False) -> bool:
+         abi: str, python: str, arch: str, gpus, all_codes=(), bad=None, python_only: bool = False,
+         needs=None) -> bool:
     """A built wheel (fph label) that runs here: same distribution, version and key, this Python and platform,
     code for every visible GPU (`all_codes`: what an `all` build holds) but not the code `bad` says it must not
-    run (gpu -> code); one labelled `py` (no compiled code) where `python_only`."""
+    run (gpu -> code); one labelled `py` (no compiled code) where `python_only`; `needs`: (head dims, window) a
+    trimmed build must keep (`covers`)."""
     wheel = parse_wheel(filename)
     if wheel is None:
         return False
@@ -116,9 +146,11 @@ def fits(filename: str, *, distribution: str, version: str, torch: str, cuda: st
     prefix = key_prefix(torch=torch, cuda=cuda, hip=hip, abi=abi) + "."
     if not ver.local.startswith(prefix):
         return False
-    have = ver.local[len(prefix):].split(".")
+    have, variant = label_parts(ver.local[len(prefix):].split("."))
+    if needs is not None and not covers(variant, *needs):
+        return False
     py = "cp" + "".join(python.split(".")[:2])
-    if not any(t.interpreter == py and t.platform.endswith("_" + arch)
+    if not any((t.interpreter == py or _abi3_for(t, python)) and t.platform.endswith("_" + arch)
                and t.platform.startswith(("linux_", "manylinux")) for t in tags):
         return False
     if have == ["py"]:
@@ -150,6 +182,13 @@ def linux_platforms(glibc: str | None, arch: str) -> list:
         if m in _LEGACY_MANYLINUX:
             out.append(f"{_LEGACY_MANYLINUX[m]}_{arch}")
     return out
+
+
+def _abi3_for(tag, python: str) -> bool:
+    """A stable-ABI tag (cp39-abi3: flash-attn-3's wheels) that this CPython runs: its minimum is this or older."""
+    if tag.abi != "abi3" or not tag.interpreter.startswith("cp3") or not tag.interpreter[3:].isdigit():
+        return False
+    return int(tag.interpreter[3:]) <= int((python.split(".") + ["0", "0"])[1])
 
 
 def listing(root: str | None) -> tuple:

@@ -384,8 +384,11 @@ def _before_kernel_import(fullname, path=None, target=None):
         return None
     importer = _importer(modules)
     engine = sys.modules.get("fastpath_hooks.engine")
-    if importer is not None and importer != kernel and not (engine and kernel in engine.outcomes()):
+    decided = bool(engine and kernel in engine.outcomes())
+    if importer is not None and importer != kernel and not decided:
         return None   # another kernel package's optional import (fla.layers tries mamba_ssm), not yet decided
+    if not decided and _asked_only(kernel):
+        return None   # flash attention: decided when a model asks for it (its gate), not at any import of it
     served = serves.get(fullname)
     if served and not any(_installed(modules, name) for name in (fullname, *served)):
         return None   # someone else's optional import (see _names.SERVES): not ours to install
@@ -416,6 +419,18 @@ def _ask_engine(fullname, kernel, path=None, target=None):
 
     pending = outcome.first_call
     return _after_import_spec(fullname, path, target, _guarded(lambda module: hold(pending)))
+
+
+def _asked_only(kernel) -> bool:
+    """An attention kernel (pins `attn_implementation`) that no model is asking for right now (hooks/gates.py)."""
+    from .._registry import registry
+
+    wanted = (registry().get(kernel) or {}).get("attn_implementation")
+    if not wanted:
+        return False
+    from .gates import asked
+
+    return not asked(wanted)
 
 
 def _importer(modules):

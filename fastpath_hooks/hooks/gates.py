@@ -15,6 +15,27 @@ import sys
 import threading
 
 
+# the locals transformers' code holds a model's requested attention in while it resolves it (4.56 - 5.25:
+# _check_and_adjust_attn_implementation, get_correct_attn_implementation, set_attn_implementation, _lazy_imports)
+ASKING_LOCALS = ("attn_implementation", "requested_attention", "applicable_attention", "requested_implementation",
+                 "applicable_attn_implementation", "implementation")
+FLASH_MATRIX = ("transformers.modeling_flash_attention_utils", "FLASH_ATTENTION_COMPATIBILITY_MATRIX")
+
+
+def asked(implementation: str, frame=None) -> bool:
+    """Whether transformers is resolving a model's attention to `implementation` (flash_attention_2) now: a frame of
+    its code holds it as the requested implementation. transformers asks the flash-attention gates for every model
+    too (its modeling_utils, at import: flash_attn_supports_top_left_mask), so only this asking installs."""
+    frame = sys._getframe(1) if frame is None else frame
+    while frame is not None:
+        if (frame.f_globals.get("__name__") or "").startswith("transformers"):
+            local = frame.f_locals
+            if any(local.get(name) == implementation for name in ASKING_LOCALS):
+                return True
+        frame = frame.f_back
+    return False
+
+
 def gate_table(registry) -> dict:
     """gate -> the kernels its first query ensures: its own first (its answer), then those it is used `with`
     (the mamba family's fast path needs causal-conv1d too: `is_fast_path_available = all((..., causal_conv1d_fn,
@@ -26,6 +47,13 @@ def _gates() -> dict:
     from .._registry import registry   # with a FASTPATH_HOOKS_PINS file's kernels
 
     return gate_table(registry())
+
+
+def _asked_as(kernel: str):
+    """The attn_implementation that asks for `kernel` (flash-attn: flash_attention_2), None for the others."""
+    from .._registry import registry
+
+    return (registry().get(kernel) or {}).get("attn_implementation")
 
 
 CACHED_GATES = ("is_kernels_available", "is_torch_cuda_available")   # cleared with the kernels' gates
@@ -66,6 +94,8 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
     if not just_imported and any(n is None or n > 0 for n in left.values()):   # held beyond transformers
         names = frozenset(names)
         rebound += _rebind(swaps, [ns for ns in _namespaces(_transformers(inside=False)) if ns.keys() & names])
+    if not just_imported:   # transformers imported before install(): its flash-attention table holds originals
+        rebound += _rebind_matrix(swaps)
     for where, key, new in rebound:
         _bound.setdefault(id(new), []).append((where, key))
 
@@ -73,7 +103,9 @@ def patch(import_utils, hooks, *, just_imported: bool = False) -> None:
 def unpatch() -> None:
     """In every module: a wrapper copied anywhere since, under any name, would go on deciding after uninstall()."""
     if _patched:
-        _rebind({id(wrapper): (wrapper, original) for original, wrapper in _patched.values()}, _namespaces())
+        swaps = {id(wrapper): (wrapper, original) for original, wrapper in _patched.values()}
+        _rebind(swaps, _namespaces())
+        _rebind_matrix(swaps)
     _patched.clear()
     _bound.clear()
 
@@ -95,6 +127,17 @@ def _references(namespace: dict, names) -> dict:
 
 def _namespaces(names=None) -> list:
     """The namespaces of the loaded modules (of those `names`: no other module is touched)."""
+
+
+def _rebind_matrix(swaps: dict) -> list:
+    """The gates FLASH_ATTENTION_COMPATIBILITY_MATRIX (transformers 5.x) holds as `general_availability_check`,
+    replaced as _rebind does in module namespaces: [(the entry, key, new)]."""
+    module = sys.modules.get(FLASH_MATRIX[0])
+    matrix = getattr(module, "__dict__", {}).get(FLASH_MATRIX[1])
+    return _rebind(swaps, [entry for entry in (matrix.values() if isinstance(matrix, dict) else ())
+                           if isinstance(entry, dict)])
+
+
     out = []
     for name in list(sys.modules) if names is None else names:
         try:
@@ -104,6 +147,15 @@ def _namespaces(names=None) -> list:
         if isinstance(namespace, dict):
             out.append(namespace)
     return out
+
+
+def _rebind_matrix(swaps: dict) -> list:
+    """The gates FLASH_ATTENTION_COMPATIBILITY_MATRIX (transformers 5.x) holds as `general_availability_check`,
+    replaced as _rebind does in module namespaces: [(the entry, key, new)]."""
+    module = sys.modules.get(FLASH_MATRIX[0])
+    matrix = getattr(module, "__dict__", {}).get(FLASH_MATRIX[1])
+    return _rebind(swaps, [entry for entry in (matrix.values() if isinstance(matrix, dict) else ())
+                           if isinstance(entry, dict)])
 
 
 def _transformers(inside: bool = True) -> list:
@@ -125,6 +177,7 @@ def _rebind(swaps: dict, namespaces) -> list:
 
 def _wrap(original, kernels: tuple, import_utils, hooks):
     mode = None  # None until the first query; then _PASS, _BLOCKED or an accelerator kind to simulate
+    asked_as = _asked_as(kernels[0])   # an attention kernel: its gate installs only when a model asks for it
 
     @functools.wraps(original)
     def gate(*args, **kwargs):
@@ -132,7 +185,11 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
         if mode is _PASS:  # the common case after the first query: one identity test
             return original(*args, **kwargs)
         if mode is None:
+            if asked_as is not None and not asked(asked_as, sys._getframe(1)):
+                return original(*args, **kwargs)   # every model's import asks too: its own answer, nothing installed
             mode = _first_query(kernels, import_utils, hooks)
+            if asked_as is not None:   # the package cannot serve the model asking: the hub's kernel, else sdpa
+                _without_package(kernels[0], asked_as, lambda: gate(*args, **kwargs), hooks)
             if mode is _PASS:
                 _step_aside(gate, original, hooks)
                 return original(*args, **kwargs)
@@ -146,6 +203,18 @@ def _wrap(original, kernels: tuple, import_utils, hooks):
     gate._fastpath_hooks_original = original
     gate._fastpath_hooks_kernel = kernels[0]
     return gate
+
+
+def _without_package(kernel: str, implementation: str, answer, hooks) -> None:
+    """Where the gate now says False, transformers 5.25+ loads the hub kernel it names for `implementation`, and
+    raises where that does not load: decided by the engine first (engine/hub.py `attention`)."""
+    try:
+        if hooks.selected(kernel) and not answer():
+            from ..engine.hub import attention
+
+            attention(kernel, implementation)
+    except Exception as exc:   # transformers' own behaviour, untouched
+        hooks.internal_error(exc)
 
 
 def _step_aside(wrapper, original, hooks) -> None:
@@ -202,10 +271,13 @@ def refresh(import_utils, *, distributions: bool = True) -> None:
     mapping = namespace.get("_package_distribution_mapping")        # 5.23+
     if getattr(mapping, "cache_clear", None) is not None:
         mapping.cache_clear()
-    elif "PACKAGE_DISTRIBUTION_MAPPING" in namespace:                # 5.0 - 5.22
+    elif isinstance(namespace.get("PACKAGE_DISTRIBUTION_MAPPING"), dict):   # 5.0 - 5.22
         from importlib.metadata import packages_distributions
 
-        namespace["PACKAGE_DISTRIBUTION_MAPPING"] = packages_distributions()
+        # in place: modeling_flash_attention_utils holds the same dict (`from .utils.import_utils import ...`)
+        fresh = packages_distributions()
+        namespace["PACKAGE_DISTRIBUTION_MAPPING"].clear()
+        namespace["PACKAGE_DISTRIBUTION_MAPPING"].update(fresh)
 
 
 def _simulated(kind: str, import_utils, call):
@@ -219,14 +291,32 @@ def _simulated(kind: str, import_utils, call):
     except Exception:
         return call()
     clear = getattr(import_utils.__dict__.get("is_torch_cuda_available"), "cache_clear", None) or (lambda: None)
+    version = getattr(torch, "version", None)
+    # era A's flash-attention gate also reads torch.version.cuda (None in a CPU build): the posed CUDA release
+    cuda = _posed_cuda() if kind != "xpu" and version is not None and not getattr(version, "cuda", None) else None
     with _simulation_lock:
         real, module.is_available = module.is_available, lambda: True
+        if cuda:
+            version.cuda = cuda
         clear()
         try:
             return call()
         finally:
             module.is_available = real
+            if cuda:
+                version.cuda = None
             clear()
+
+
+def _posed_cuda() -> str:
+    """The CUDA release FASTPATH_HOOKS_TARGET poses (`cuda=12.8`), else "12.0"."""
+    import os
+
+    for entry in os.environ.get("FASTPATH_HOOKS_TARGET", "").split(","):
+        key, _, value = entry.partition("=")
+        if key.strip().lower() == "cuda" and value.strip()[:1].isdigit():
+            return value.strip()
+    return "12.0"
 
 
 def modeling_kernels() -> set:
@@ -248,6 +338,6 @@ def modeling_kernels() -> set:
     if not sources:
         return set()
     text = "\n".join(sources)
-    return {kernel for kernel, entry in registry().items()
-            if any(f'"{m}"' in text or f"'{m}'" in text for m in entry["modules"]) or f'"{kernel}"' in text
-            or any(g in text for g in entry["gates"])}
+    return {kernel for kernel, entry in registry().items() if not entry.get("attn_implementation")   # asked for only
+            and (any(f'"{m}"' in text or f"'{m}'" in text for m in entry["modules"]) or f'"{kernel}"' in text
+                 or any(g in text for g in entry["gates"]))}

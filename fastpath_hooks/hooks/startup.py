@@ -26,7 +26,7 @@ try:
             return _FastpathHooksStartup
 
         _fph_sys.meta_path.insert(0, _fph_stand_in(frozenset(
-            ('causal_conv1d', 'fla', 'flash_qla', 'mamba_ssm', 'tilelang', 'transformers.integrations.hub_kernels', 'transformers.masking_utils', 'transformers.utils.import_utils'))))  # _names.WATCHED
+            ('causal_conv1d', 'fla', 'flash_attn', 'flash_attn_3', 'flash_attn_interface', 'flash_qla', 'mamba_ssm', 'tilelang', 'transformers.integrations.hub_kernels', 'transformers.masking_utils', 'transformers.utils.import_utils'))))  # _names.WATCHED
         del _fph_sys, _fph_stand_in
     del _fph_os
 except Exception:

@@ -1,7 +1,7 @@
 """Stand-in hub kernels for transformers 5.25 (HF kernels' local layout, served through LOCAL_KERNELS).
 
 A directory with `metadata.json` and `__init__.py` whose `layers` hold one nn.Module per function of a
-kernels-community repo. kernels checks a function layer against transformers' decorated function (the
+kernels-community repo (a flash attention's: its functions, `attention_standin`). kernels checks a function layer against transformers' decorated function (the
 number and kinds of the forward's parameters), so each forward is written from the signature the installed
 transformers gives that function (`signatures`, read in the venv). The forward hands what transformers passed
 to the stand-in packages' code (tests/support/wheels.py: plain torch, correct numbers) and counts its calls
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import wheels
+from . import sdists, wheels
 
 # what each repo's stand-in computes with: func_name -> the stand-in package function that computes it
 REPOS = {
@@ -92,11 +92,7 @@ def _call(function, *args, **kwargs):
 def standin(dest: str, repo: str, sigs: dict, *, broken: bool = False) -> str:
     """Write the stand-in of `repo` into `dest` (a LOCAL_KERNELS directory) and return it."""
     version, layers = REPOS[repo]
-    os.makedirs(dest, exist_ok=True)
-    name = repo.split("/")[1].replace("-", "_")
-    with open(os.path.join(dest, "metadata.json"), "w") as fh:
-        json.dump({"name": repo.split("/")[1], "id": f"_{name}_standin", "version": version, "license": "MIT", "python-depends": [],
-                   "backend": {"type": "cuda"}}, fh)
+    _metadata(dest, repo, version)
     body = ["import collections\nimport inspect\nimport torch\nfrom torch import nn\n\nCALLS = collections.Counter()\n",
             _sources(repo), _CALL, "\n\nclass layers:\n"]
     for layer, impl in layers.items():
@@ -130,4 +126,27 @@ def standin(dest: str, repo: str, sigs: dict, *, broken: bool = False) -> str:
     text = "_MISSING = object()\n" + "".join(body)
     with open(os.path.join(dest, "__init__.py"), "w") as fh:
         fh.write(text)
+    return dest
+
+
+def _metadata(dest: str, repo: str, version: int) -> None:
+    os.makedirs(dest, exist_ok=True)
+    name = repo.split("/")[1].replace("-", "_")
+    with open(os.path.join(dest, "metadata.json"), "w") as fh:
+        json.dump({"name": repo.split("/")[1], "id": f"_{name}_standin", "version": version, "license": "MIT",
+                   "python-depends": [], "backend": {"type": "cuda"}}, fh)
+
+
+# the flash attentions transformers 5.25 loads from the hub where the package is missing (its
+# FLASH_ATTN_KERNEL_FALLBACK and FLASH_ATTN_KERNEL_VERSIONS)
+ATTENTION_REPOS = {"kernels-community/flash-attn2": 4, "kernels-community/vllm-flash-attn3": 1}
+
+
+def attention_standin(dest: str, repo: str, *, wrong: bool = False) -> str:
+    """A flash attention hub kernel (module-level flash_attn_func / flash_attn_varlen_func, computing in torch as
+    the stand-in packages do, counting its calls in CALLS) in `dest`; wrong=True: 0.5 off."""
+    _metadata(dest, repo, ATTENTION_REPOS[repo])
+    module = sdists.ATTENTION_MODULE.replace("WRONG_VALUE", repr(wrong)).replace("VERSION", f"{repo} (stand-in)")
+    with open(os.path.join(dest, "__init__.py"), "w") as fh:
+        fh.write(module)
     return dest

@@ -444,3 +444,265 @@ def fake_ccache(directory: str) -> str:
         fh.write(_CCACHE.replace("PYTHON", sys.executable))
     os.chmod(path, 0o755)
     return path
+
+
+# -- flash-attn (FA2) and FlashAttention-3 (its hopper/ directory) ------------------------------------
+
+# The module both stand-ins ship: flash_attn_func / flash_attn_varlen_func with the real signatures' leading
+# arguments, computing attention in torch (scaled_dot_product_attention in float32, the result in the input's
+# dtype); `wrong`: 0.5 added to the output (a miscompile), so the numeric check has something to catch.
+ATTENTION_MODULE = r'''"""A stand-in for VERSION's kernels (tests/support/sdists.py): attention computed in torch."""
+import torch
+import torch.nn.functional as F
+
+__version__ = "VERSION"
+FAKE_FLASH_ATTN = True
+WRONG = WRONG_VALUE
+CALLS = {"func": 0, "varlen": 0}
+
+
+def _attend(q, k, v, causal, scale):
+    q, k, v = (x.float().transpose(1, 2) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    return out.transpose(1, 2) + (0.5 if WRONG else 0.0)
+
+
+def flash_attn_func(q, k, v, *args, softmax_scale=None, causal=False, **kwargs):
+    CALLS["func"] += 1
+    return _attend(q, k, v, causal, softmax_scale).to(q.dtype)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, softmax_scale=None,
+                           causal=False, **kwargs):
+    CALLS["varlen"] += 1
+    bounds = cu_seqlens_q.tolist()
+    pieces = [_attend(q[None, a:e], k[None, a:e], v[None, a:e], causal, softmax_scale)[0]
+              for a, e in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(pieces, dim=0).to(q.dtype)
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    raise NotImplementedError("the stand-in has no KV-cache kernel")
+'''
+
+BERT_PADDING = r'''"""flash_attn.bert_padding, as transformers imports it (pad_input, unpad_input)."""
+import torch
+
+
+def unpad_input(hidden_states, attention_mask, unused_mask=None):
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    cu = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu, int(seqlens.max()), seqlens
+
+
+def pad_input(hidden_states, indices, batch, seqlen):
+    out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
+    out[indices] = hidden_states
+    return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+'''
+
+# Both setup.py's command: a wheel with compiled code (FLASH_ATTENTION_SKIP_CUDA_BUILD: without), whose release wheel
+# is guessed first (offline: fails) unless FLASH_ATTENTION_FORCE_BUILD; compile_all() is each one's own.
+_FLASH_BUILD_COMMAND = r'''
+
+class CachedWheelsCommand(bdist_wheel):
+    def run(self):
+        if not SKIP_CUDA_BUILD:
+            if not FORCE_BUILD:
+                raise RuntimeError("NAME: could not download the release wheel "
+                                   "(urlopen error [Errno -3] Temporary failure in name resolution)")
+            compile_all()
+        super().run()
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
+'''
+
+# flash-attn 2.8.3.post2's setup.py where fastpath-hooks relies on it: FLASH_ATTENTION_FORCE_BUILD (else a release
+# wheel is guessed - offline: fails), FLASH_ATTENTION_SKIP_CUDA_BUILD, the -gencode pairs from FLASH_ATTN_CUDA_ARCHS
+# (default 80;90;100;120; TORCH_CUDA_ARCH_LIST ignored) by nvcc version, nvcc `--threads $NVCC_THREADS` (4),
+# -std=c++17, MAX_JOBS from free memory where unset (psutil); the .cu files with PYTORCH_NVCC, the .cpp with $CXX.
+_FA2_SETUP = r'''
+import os
+import subprocess
+
+from packaging.version import parse  # noqa: F401 - imported like the real setup.py (no build isolation)
+from setuptools import setup
+from setuptools.dist import Distribution
+from wheel.bdist_wheel import bdist_wheel
+
+FORCE_BUILD = os.getenv("FLASH_ATTENTION_FORCE_BUILD", "FALSE") == "TRUE"
+SKIP_CUDA_BUILD = os.getenv("FLASH_ATTENTION_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
+SOURCES = SOURCES_VALUE
+CXX_SOURCES = ["csrc/flash_attn/flash_api.cpp"]
+
+
+def cuda_archs():
+    return os.getenv("FLASH_ATTN_CUDA_ARCHS", "80;90;100;120").split(";")
+
+
+def cuda_home():
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+
+
+def bare_metal_version(home):
+    out = subprocess.check_output([os.path.join(home, "bin", "nvcc"), "-V"], text=True)
+    return tuple(int(x) for x in out.split("release ")[1].split(",")[0].split("."))
+
+
+def cc_flags(version):
+    flags = []
+    if "80" in cuda_archs():
+        flags += ["-gencode", "arch=compute_80,code=sm_80"]
+    if version >= (11, 8) and "90" in cuda_archs():
+        flags += ["-gencode", "arch=compute_90,code=sm_90"]
+    if version >= (12, 8) and "100" in cuda_archs():
+        flags += ["-gencode", "arch=compute_100,code=sm_100"]
+    if version >= (12, 8) and "120" in cuda_archs():
+        flags += ["-gencode", "arch=compute_120,code=sm_120"]
+    return flags
+
+
+def compile_all():
+    home = cuda_home()
+    nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(home, "bin", "nvcc")
+    if not os.environ.get("MAX_JOBS"):
+        import psutil  # noqa: F401 - the real NinjaBuildExtension sizes MAX_JOBS by free memory
+        raise RuntimeError("stand-in: MAX_JOBS unset, the real build would size it by free memory")
+    flags = ["-O3", "-std=c++17", "--threads", os.getenv("NVCC_THREADS") or "4"] + cc_flags(bare_metal_version(home))
+    os.makedirs("build/obj", exist_ok=True)
+    jobs = [(nvcc, src, flags) for src in SOURCES]
+    if os.environ.get("CXX"):
+        jobs += [(os.environ["CXX"], src, ["-O3", "-std=c++17"]) for src in CXX_SOURCES]
+    for compiler, src, flags in jobs:
+        obj = os.path.join("build/obj", os.path.basename(src) + ".o")
+        print("compiling", src, flush=True)
+        if subprocess.run([compiler, "-c", src, "-o", obj] + flags).returncode != 0:
+            raise RuntimeError(f"error compiling {src} with {compiler}")
+
+''' + _FLASH_BUILD_COMMAND.replace("NAME", "flash-attn") + r'''
+
+setup(name="flash_attn", version="VERSION", packages=["flash_attn"], install_requires=["einops"],
+      cmdclass={"bdist_wheel": CachedWheelsCommand}, distclass=BinaryDistribution)
+'''
+
+# hopper/setup.py (FlashAttention-3) where fastpath-hooks relies on it: ../README.md read, FLASH_ATTENTION_FORCE_BUILD,
+# nvcc >= 12.3, and unless it is 12.8 a download of NVIDIA's nvcc (offline: fails); the FLASH_ATTENTION_DISABLE_*
+# switches as -D flags and as the list of instantiation files (the same product as the real one, fewer head dims
+# per file), sm_90a for `_sm90.cu`, sm_80 for `_sm80.cu`, both for the others; an abi3 wheel (py_limited_api).
+_FA3_SETUP = r'''
+import itertools
+import os
+import subprocess
+
+from setuptools import setup
+from setuptools.dist import Distribution
+from wheel.bdist_wheel import bdist_wheel
+
+with open("../README.md", encoding="utf-8") as fh:
+    long_description = fh.read()
+
+FORCE_BUILD = os.getenv("FLASH_ATTENTION_FORCE_BUILD", "FALSE") == "TRUE"
+SKIP_CUDA_BUILD = os.getenv("FLASH_ATTENTION_SKIP_CUDA_BUILD", "FALSE") == "TRUE"
+SWITCHES = ["BACKWARD", "SPLIT", "PAGEDKV", "APPENDKV", "LOCAL", "SOFTCAP", "PACKGQA", "FP16", "FP8", "VARLEN",
+            "CLUSTER", "HDIM64", "HDIM96", "HDIM128", "HDIM192", "HDIM256", "SM80"]
+DISABLED = {name for name in SWITCHES if os.getenv(f"FLASH_ATTENTION_DISABLE_{name}", "FALSE") == "TRUE"}
+
+
+def sources():
+    dtypes = ["bf16"] + ([] if "FP16" in DISABLED else ["fp16"])
+    fwd90 = dtypes + ([] if "FP8" in DISABLED else ["e4m3"])
+    hdims = [h for h in (64, 96, 128, 192, 256) if f"HDIM{h}" not in DISABLED]
+    split = [""] + ([] if "SPLIT" in DISABLED else ["_split"])
+    paged = [""] + ([] if "PAGEDKV" in DISABLED else ["_paged"])
+    softcap = [""] + ([] if "SOFTCAP" in DISABLED else ["_softcap"])
+    packgqa = [""] + ([] if "PACKGQA" in DISABLED else ["_packgqa"])
+    out = ["flash_api.cpp"]
+    out += [f"instantiations/flash_fwd_hdim{h}_{d}{p}{s}{c}{g}_sm90.cu"
+            for h, d, s, p, c, g in itertools.product(["all", "diff"], fwd90, split, paged, softcap, packgqa)
+            if not (g and (p or s))]
+    if "SM80" not in DISABLED:
+        out += [f"instantiations/flash_fwd_hdim{h}_{d}_sm80.cu" for h, d in itertools.product(hdims, dtypes)]
+    if "BACKWARD" not in DISABLED:
+        out += [f"instantiations/flash_bwd_hdim{h}_{d}{c}_sm90.cu" for h, d, c in itertools.product(hdims, dtypes, [""])]
+        if "SM80" not in DISABLED:
+            out += [f"instantiations/flash_bwd_hdim{h}_{d}_sm80.cu" for h, d in itertools.product(hdims, dtypes)]
+    if "SPLIT" not in DISABLED:
+        out.append("flash_fwd_combine.cu")
+    out.append("flash_prepare_scheduler.cu")
+    return out
+
+
+def compile_all():
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    out = subprocess.check_output([os.path.join(home, "bin", "nvcc"), "-V"], text=True)
+    version = tuple(int(x) for x in out.split("release ")[1].split(",")[0].split("."))
+    if version < (12, 3):
+        raise RuntimeError("FlashAttention-3 is only supported on CUDA 12.3 and above")
+    if version != (12, 8):
+        raise RuntimeError("downloading cuda_nvcc-linux-x86_64-12.6.85-archive.tar.xz from NVIDIA: "
+                           "urlopen error [Errno -3] Temporary failure in name resolution")
+    nvcc = os.environ.get("PYTORCH_NVCC") or os.path.join(home, "bin", "nvcc")
+    features = [f"-DFLASHATTENTION_DISABLE_{'SM8x' if n == 'SM80' else n}" for n in SWITCHES if n in DISABLED]
+    flags = ["--threads", os.getenv("NVCC_THREADS") or "2", "-O3", "-std=c++17"] + features
+    sm90, sm80 = ["-gencode", "arch=compute_90a,code=sm_90a"], ["-gencode", "arch=compute_80,code=sm_80"]
+    os.makedirs("build/obj", exist_ok=True)
+    for src in sources():
+        obj = os.path.join("build/obj", os.path.basename(src) + ".o")
+        if src.endswith(".cpp"):
+            if not os.environ.get("CXX"):
+                continue
+            argv = [os.environ["CXX"], "-c", src, "-o", obj, "-O3", "-std=c++17"] + features
+        else:
+            pairs = sm90 if src.endswith("_sm90.cu") else sm80 if src.endswith("_sm80.cu") else sm90 + sm80
+            argv = [nvcc, "-c", src, "-o", obj] + flags + pairs
+        print("compiling", src, flush=True)
+        if subprocess.run(argv).returncode != 0:
+            raise RuntimeError(f"error compiling {src}")
+
+''' + _FLASH_BUILD_COMMAND.replace("NAME", "flash_attn_3") + r'''
+
+setup(name="flash_attn_3", version="FA3_VERSION", packages=["flash_attn_3"], py_modules=["flash_attn_interface"],
+      long_description=long_description, install_requires=["einops", "packaging", "ninja"],
+      cmdclass={"bdist_wheel": CachedWheelsCommand}, distclass=BinaryDistribution,
+      options={"bdist_wheel": {"py_limited_api": "cp39"}})
+'''
+
+FA2_SOURCES = tuple(f"csrc/flash_attn/src/flash_{kind}_hdim128_bf16_sm80.cu" for kind in ("fwd", "bwd", "fwd_split"))
+
+
+def flash_attn_sdist(dest: str, version: str = "2.8.3.post2", *, wrong: bool = False, fa3_version: str = "3.0.0b1") -> str:
+    """Write flash_attn-<version>.tar.gz into `dest` (its hopper/ holds FlashAttention-3 at `fa3_version`, with its
+    kernel sources - the real sdist's hopper/ has only its setup.py and Python); return its path. wrong=True: both
+    built kernels compute attention 0.5 off."""
+    module = ATTENTION_MODULE.replace("WRONG_VALUE", repr(wrong))
+    root = f"flash_attn-{version}"
+    files = {
+        "setup.py": _FA2_SETUP.replace("VERSION", version).replace("SOURCES_VALUE", repr(list(FA2_SOURCES))),
+        "README.md": "# FlashAttention (stand-in)\n",
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: flash_attn\nVersion: {version}\nRequires-Dist: einops\n",
+        "flash_attn/__init__.py": module.replace("VERSION", version),
+        "flash_attn/bert_padding.py": BERT_PADDING,
+        "csrc/flash_attn/flash_api.cpp": "// stand-in\n#include <torch/extension.h>\n",
+        "hopper/setup.py": _FA3_SETUP.replace("FA3_VERSION", fa3_version),
+        "hopper/flash_attn_interface.py": module.replace("VERSION", fa3_version),
+        "hopper/flash_attn_3/__init__.py": f'"""The stand-in\'s compiled part (_C in the real one)."""\n__version__ = "{fa3_version}"\n',
+        "hopper/flash_api.cpp": "// stand-in\n#include <torch/extension.h>\n",
+        "hopper/flash_prepare_scheduler.cu": "// stand-in\n__global__ void k() {}\n",
+        "hopper/flash_fwd_combine.cu": "// stand-in\n__global__ void k() {}\n",
+    }
+    for src in FA2_SOURCES:
+        files[src] = f"// stand-in for {src}\n__global__ void k() {{}}\n"
+    import itertools
+
+    for h, d, rest in itertools.product(["all", "diff", 64, 96, 128, 192, 256], ["bf16", "fp16", "e4m3"],
+                                        ["", "_split", "_paged", "_paged_split", "_softcap", "_packgqa",
+                                         "_split_softcap", "_paged_softcap", "_paged_split_softcap", "_softcap_packgqa"]):
+        for kind, arch in (("fwd", "sm90"), ("fwd", "sm80"), ("bwd", "sm90"), ("bwd", "sm80")):
+            files[f"hopper/instantiations/flash_{kind}_hdim{h}_{d}{rest}_{arch}.cu"] = "__global__ void k() {}\n"
+    os.makedirs(dest, exist_ok=True)
+    return _write_sdist(dest, root, files)

@@ -13,7 +13,7 @@ from ...events import MAX_LINE, PREFIX
 from ...facts import wheels as cached_wheels
 from ...facts.distributions import canonical_name
 from ...facts.wheels import parse_wheel
-from ..builds import cuda_codes, cuda_families, needs_cuda_build, release_order, source_build
+from ..builds import cuda_codes, cuda_families, needs_cuda_build, release_order, source_build, trimmed
 from ..common import (Context, HALF_INSTALLED, USABLE, deps_step, fetch_fix, major_minor, missing_import, shared_skip,
                       versions_here)
 from ..messages import compose, few, public, render
@@ -44,6 +44,9 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                                 f"{rule.build_as} code for {gpu})",
                             facts={"bad_gpu": gpu, "arch_rule": rule.id, "bad_nvcc": ctx.env.torch_cuda or "?",
                                    "uninstall": "pip uninstall it"}, **block)
+        lacks = _untrimmed_need(ctx, kernel, installed_v)
+        if lacks and not missing and not bad:
+            return _retrimmed(ctx, kernel, installed_v, lacks, decided, kw)
         if missing:
             # it imports fine (no kernel launched), then fails at the first forward: worse than torch
             have = built_archs(installed_v)
@@ -99,6 +102,40 @@ def _without_cuda(ctx: Context, kernel: str, installed_v: str, decided: dict, kw
                     reason=f"{dist} {installed_v} was built without its CUDA extension and {why}: its "
                            f"Mamba-1 calls would raise; it cannot be rebuilt here: {decision.reason}",
                     fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built", **kw)
+
+
+def _untrimmed_need(ctx: Context, kernel: str, installed_v: str) -> str:
+    """What a trimmed build of ours (pins `source_build.trim`) leaves out that a model in use needs ("" if none):
+    `head dim 256`, `sliding window` - its first forward there would raise."""
+    build = ctx.pins.build(kernel, public(installed_v)) if kernel in ctx.pins.source_builds else None
+    trim = trimmed(ctx.env, ctx.pins.kernel(kernel), build) if build is not None else None
+    if trim is None or not built_archs(installed_v):
+        return ""
+    have, window = cached_wheels.kept(cached_wheels.label_parts(installed_v.split("+", 1)[1].split("."))[1])
+    out = []
+    if have is not None:
+        lacking = sorted(set(trim.head_dims or ctx.pins.kernel(kernel).head_dims.k) - set(have))
+        if lacking:
+            out.append(f"head dim{'s' if len(lacking) > 1 else ''} {'/'.join(map(str, lacking))}")
+    if trim.window and not window:
+        out.append("sliding window")
+    return " and ".join(out)
+
+
+def _retrimmed(ctx: Context, kernel: str, installed_v: str, lacks: str, decided: dict, kw) -> Decision:
+    """An installed trimmed build without what a model in use needs: rebuilt for it (`repair.trim`), else blocked
+    (`block.trim`) - its first forward would raise."""
+    dist = ctx.pins.kernel(kernel).distributions[0]
+    decision = _choice(ctx, kernel, decided, kw)
+    what = f"{dist} {installed_v} was built without {lacks}, which a model here needs"
+    if decision.action == INSTALL:
+        return replace(decision, action=REPAIR, rule=ctx.rule(kernel, "repair.trim"), steps=_forced(decision),
+                       on_failure=OnFailure.BLOCK, reason=f"{what}: rebuilding; {decision.reason}",
+                       facts={**decision.facts, "lacks": lacks})
+    return Decision(kernel=kernel, action=BLOCK, rule=ctx.rule(kernel, "block.trim"), on_failure=OnFailure.BLOCK,
+                    reason=f"{what}; it cannot be rebuilt here: {decision.reason}",
+                    fix=decision.fix or f"`pip uninstall {dist}` and install it where it can be built",
+                    facts={"lacks": lacks}, **kw)
 
 
 def _forced(decision: Decision) -> tuple:
@@ -167,7 +204,7 @@ def _choice(ctx: Context, kernel: str, decided: dict, kw) -> Decision:
         return next((d for v, d in options if f"{dist}=={v}" not in d.reason), options[0][1])
     # no build before a build; among release wheels, one whose sha256 the pins know before one they do not
     # (causal-conv1d 1.7.0's assets are not verified); then no declared clash; then the pins' order
-    wheel = ctx.rule(kernel, "wheel")
+    wheel = f"{ctx.pins.kernel(kernel).rule_prefix}.wheel"   # declared only for a kernel with release wheels
     _, version, decision = min(acting, key=lambda o: (
         any(s.kind == StepKind.BUILD for s in o[2].steps),
         o[2].rule == wheel and any(s.kind == StepKind.WHEEL and not s.sha256 for s in o[2].steps),
@@ -222,8 +259,8 @@ def _install(ctx: Context, kernel: str, version: str, kw) -> Decision:
                         target={dist: version}, **kw)
 
     deps_missing = ctx.missing_offline(dep_steps)
-    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build)), None)
-    housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build)), None)
+    cached = next((n for n in env.cached_wheels if n == filename or fits(ctx, n, build, kernel)), None)
+    housed = next((n for n in env.wheelhouse if n != filename and fits(ctx, n, build, kernel)), None)
     if deps_missing and (cached or housed):
         return ctx.skip(kernel, "offline-missing", f"offline, and FASTPATH_HOOKS_FIND_LINKS lacks "
                      f"{', '.join(deps_missing)}, which {cached or housed} needs", fetch_fix("them"),
@@ -311,7 +348,8 @@ def built_archs(installed: str) -> tuple:
     tokens = local.split(".")
     if not local.startswith(cached_wheels.LABEL + ".") or not any(t.startswith("abi") for t in tokens):
         return ()
-    archs = tokens[[i for i, t in enumerate(tokens) if t.startswith("abi")][0] + 1:]  # after torchX.Y.Z.cuXY.abiN
+    archs, _ = cached_wheels.label_parts(   # after torchX.Y.Z.cuXY.abiN, before a trimmed build's tokens
+        tokens[[i for i, t in enumerate(tokens) if t.startswith("abi")][0] + 1:])
     return () if not archs or "all" in archs else tuple(f"sm_{t[2:]}" if t.startswith("sm") else t for t in archs)
 
 
@@ -329,17 +367,19 @@ def built_fits(env, pins, name: str, kernel: str | None = None) -> bool:
     if owner is None or kernel not in (None, owner):
         return False
     versions = [r.version for r in pins.kernel(owner).releases] or [build.version]
-    return any(fits(Context(env, None, pins, False), name, pins.build(owner, v)) for v in versions)
+    return any(fits(Context(env, None, pins, False), name, pins.build(owner, v), owner) for v in versions)
 
 
-def fits(ctx: Context, name: str, build) -> bool:
+def fits(ctx: Context, name: str, build, kernel: str) -> bool:
     env = ctx.env
     if not env.torch or build.version is None:
         return False
+    trim = trimmed(env, ctx.pins.kernel(kernel), build)
     # a cached build was compiled by an nvcc of torch's CUDA major (cuXY in its label): its code for a GPU an
     # arch rule names is wrong, whichever wheel holds it
     bad = {g: g for g in env.gpus if env.torch_cuda and any(r.applies(g, env.torch_cuda) for r in build.arch_rules)}
     return cached_wheels.fits(name, distribution=build.distribution, version=build.version, torch=env.torch,
                               cuda=env.torch_cuda, hip=env.torch_hip, abi=cxx11_abi_flag(env), python=env.python,
                               arch=env.arch, gpus=env.gpus, all_codes=cuda_codes(build, env.torch_cuda), bad=bad,
-                              python_only=not needs_cuda_build(env, build)[0])
+                              python_only=not needs_cuda_build(env, build)[0],
+                              needs=trim.needs if trim is not None else None)
