@@ -12,6 +12,7 @@ KERNEL_MODULES = {"fla": "fla", "tilelang": "tilelang", "causal_conv1d": "causal
                   "flash_attn": "flash-attn", "flash_attn_interface": "flash-attn-3",
                   "flash_attn_3": "flash-attn-3", "flash_qla": "flash-qla"}
 SERVES = {"tilelang": ("fla",), "flash_qla": ("fla",)}
+ASKED = {"flash-attn": "flash_attention_2", "flash-attn-3": "flash_attention_3"}
 # -- end of generated --
 # transformers 5.15+: its decorated kernel functions, module global -> (func_name, package) passed to
 # use_kernel_func_from_hub_with_fallback (read from the 5.24.0 sources; the hub's mapping names them by func_name).

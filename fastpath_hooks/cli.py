@@ -136,7 +136,8 @@ def _context(args):
     try:
         return load_context(getattr(args, "target", None), strict=True)
     except SettingsError as exc:  # one line per bad variable
-        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {value_once(value, why)}"
+        # the value said once ("unknown kernel 'x'": it was just said), so that the whole reason fits a line
+        raise _UsageError("\n".join(f"{var}={value!r} is not valid: {value_once(value, why).replace(f' {value!r}', '')}"
                                      for var, value, why in exc.problems)) from None
     except PinsError as exc:
         raise _UsageError(str(exc)) from None

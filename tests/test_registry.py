@@ -336,7 +336,7 @@ def test_a_user_pure_kernel_is_known_by_name_everywhere(tmp_path, monkeypatch):
     environ = {"FASTPATH_HOOKS_PINS": path, "FASTPATH_HOOKS_SKIP": "fooattn,tilelang"}
     settings = Settings.from_env(environ)
     assert settings.skip == {"foo-attn", "tilelang"}
-    with pytest.raises(SettingsError, match="accepted: fla, causal-conv1d, mamba-ssm, flash-attn, flash-attn-3, tilelang, flash-qla"):
+    with pytest.raises(SettingsError, match="known: fla, causal-conv1d, mamba-ssm, flash-attn, flash-attn-3, tilelang, flash-qla"):
         Settings.from_env({"FASTPATH_HOOKS_SKIP": "foo-attn"})    # without the file: unknown
     assert parse_target("foo-attn=1.0.0", pins_file=path) == {"distributions": {"foo-attn": "1.0.0"}}
     with pytest.raises(ValueError, match="unknown fact 'foo-attn'"):

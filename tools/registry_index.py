@@ -1,7 +1,7 @@
 """Write the registry index from facts/pins.json into the sources that must not parse it.
 
 install(), the start-up hand-over and the gates read the kernels' names without loading pins.json (a JSON
-parse at every start): _registry.REGISTRY, _names' KERNELS / KERNEL_MODULES / SERVES and the watched
+parse at every start): _registry.REGISTRY, _names' KERNELS / KERNEL_MODULES / SERVES / ASKED and the watched
 names of hooks/startup.py are generated here from the pins' `kernels` entries. After changing a kernel in
 pins.json run `python tools/registry_index.py`; tests/test_registry.py runs it with --check.
 
@@ -53,7 +53,9 @@ def blocks(root: str) -> dict:
     with open(os.path.join(root, "fastpath_hooks", "facts", "pins.json"), encoding="utf-8") as fh:
         registry = _registry.from_pins_data(json.load(fh)["kernels"])
     names = (f"KERNELS = {lit(_registry.listed(registry))}\n" + dict_literal("KERNEL_MODULES", _registry.kernel_modules(registry))
-             + dict_literal("SERVES", _registry.served_modules(registry)))
+             + dict_literal("SERVES", _registry.served_modules(registry))
+             + dict_literal("ASKED", {k: e["attn_implementation"] for k, e in registry.items()
+                                      if e.get("attn_implementation")}))
     index = "".join(packed(f"    {lit(kernel)}: {{", [f"{lit(k)}: {lit(v)}" for k, v in entry.items()], "},",
                            len(kernel) + 9) for kernel, entry in registry.items())
     return {"fastpath_hooks/_registry.py": "REGISTRY = {\n" + index + "}\n",

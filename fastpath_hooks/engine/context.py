@@ -95,8 +95,13 @@ def bad_settings(exc) -> None:
     said_twice = value_once(value, why).replace(f" {value!r}", "")   # "unknown kernel 'x'": the value was just said
     with_value = f"{var}={value!r} is not valid, so nothing is installed{more}: "
     without = f"{var} is not valid, so nothing is installed{more}: "
+    # a reason ending in the list of what is accepted ("unknown kernel 'x'; known: fla, ...") too long for the line:
+    # its head and where the list is, whole
+    listed = f"{with_value}{said_twice.split('; ')[0]} (`fastpath-hooks doctor` lists them)" if "; " in said_twice \
+        else None
     if len(repr(value)) <= SHORT_VALUE:   # a short value stays on the line unless only the reason without it fits
         line = first_fitting(whole, with_value + said_twice, without + value_once(value, why),   # whole (it names
+                             *([listed] if listed else ()),
                              fitted(with_value, said_twice))        # the bad item: "unknown kernel 'x'"), else cut
     else:                                 # a long one (a path) is a detail: the reason and its fix stay whole
         line = first_fitting(whole, with_value + said_twice, without + value_once(value, why), without + why,

@@ -265,7 +265,7 @@ def kernels_named(name: str, reg=None) -> tuple:
             return (aliases[spelling],)
     close = _closest(low, aliases, cutoff=0.6)
     hint = f"did you mean {aliases[close]}? " if close else ""
-    raise ValueError(f"unknown kernel {name!r}; {hint}accepted: {', '.join(kernels)}")   # `all` too: no fix
+    raise ValueError(f"unknown kernel {name!r}; {hint}known: {', '.join(kernels)}")   # `all` too: no fix
 
 
 def normalize_kernel(name: str, reg=None) -> str:
@@ -273,7 +273,7 @@ def normalize_kernel(name: str, reg=None) -> str:
     try:
         return kernel_aliases(reg)[name.strip().lower()]
     except (KeyError, AttributeError):
-        raise ValueError(f"unknown kernel {name!r}; accepted: {', '.join(listed(reg))}") from None
+        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(listed(reg))}") from None
 
 
 def _choice(options):

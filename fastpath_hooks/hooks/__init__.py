@@ -11,8 +11,8 @@ leaves the import as it would be without fastpath-hooks.
 import _thread
 import sys
 
-from .._names import (GATES_MODULE, HUB_MODULE, KERNEL_MODULES, MASKS_MODULE, PINS, SERVES, STAND_IN, STARTUP_FORMAT,
-                      VOICE, WATCHED, disabled, local_rank, log)
+from .._names import (ASKED, GATES_MODULE, HUB_MODULE, KERNEL_MODULES, MASKS_MODULE, PINS, SERVES, STAND_IN,
+                      STARTUP_FORMAT, VOICE, WATCHED, disabled, local_rank, log)
 
 
 class Hooks:
@@ -423,9 +423,12 @@ def _ask_engine(fullname, kernel, path=None, target=None):
 
 def _asked_only(kernel) -> bool:
     """An attention kernel (pins `attn_implementation`) that no model is asking for right now (hooks/gates.py)."""
-    from .._registry import registry
+    if HOOKS.finder is not None and HOOKS.finder.watched is not WATCHED:   # a pins file's kernels too
+        from .._registry import registry
 
-    wanted = (registry().get(kernel) or {}).get("attn_implementation")
+        wanted = (registry().get(kernel) or {}).get("attn_implementation")
+    else:
+        wanted = ASKED.get(kernel)
     if not wanted:
         return False
     from .gates import asked

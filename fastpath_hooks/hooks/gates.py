@@ -129,15 +129,6 @@ def _namespaces(names=None) -> list:
     """The namespaces of the loaded modules (of those `names`: no other module is touched)."""
 
 
-def _rebind_matrix(swaps: dict) -> list:
-    """The gates FLASH_ATTENTION_COMPATIBILITY_MATRIX (transformers 5.x) holds as `general_availability_check`,
-    replaced as _rebind does in module namespaces: [(the entry, key, new)]."""
-    module = sys.modules.get(FLASH_MATRIX[0])
-    matrix = getattr(module, "__dict__", {}).get(FLASH_MATRIX[1])
-    return _rebind(swaps, [entry for entry in (matrix.values() if isinstance(matrix, dict) else ())
-                           if isinstance(entry, dict)])
-
-
     out = []
     for name in list(sys.modules) if names is None else names:
         try:
