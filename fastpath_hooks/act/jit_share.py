@@ -13,8 +13,10 @@ Two levers, both ending in the one Triton cache (TRITON_CACHE_DIR) the training 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 SHARE_ENV = {"FLA_CACHE_RESULTS": "0", "TRITON_CACHE_AUTOTUNING": "0"}   # a helper's choice is never kept
 
@@ -99,16 +101,22 @@ def _compile(tuner, args, kwargs, configs, threads: int) -> None:
 
 
 def start_helpers(check_json: str, count: int, script: str) -> list:
-    """`count` helper processes running `script share <check> i count+1` (i = 1 ... count), their output dropped."""
-    env = {**os.environ, **SHARE_ENV}
+    """`count` helper processes running `script share <check> i count+1` (i = 1 ... count), their output dropped.
+    Each compiles TileLang's kernels (fla's Hopper backward) into a directory of its own, dropped with it: TileLang
+    is not known to write its cache safely from several processes - the check compiles its own."""
     procs = []
     for i in range(1, count + 1):
+        own = tempfile.mkdtemp(prefix="fastpath-hooks-jit-")
+        env = {**os.environ, **SHARE_ENV, "TILELANG_CACHE_DIR": own}
         try:
-            procs.append(subprocess.Popen([sys.executable, script, "share", check_json, str(i), str(count + 1)],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, env=env))
+            proc = subprocess.Popen([sys.executable, script, "share", check_json, str(i), str(count + 1)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    env=env)
         except OSError:
+            shutil.rmtree(own, ignore_errors=True)
             break
+        proc.own = own
+        procs.append(proc)
     return procs
 
 
@@ -121,3 +129,4 @@ def stop_helpers(procs) -> None:
             proc.wait(timeout=10)
         except Exception:   # noqa: BLE001
             pass
+        shutil.rmtree(getattr(proc, "own", ""), ignore_errors=True)
