@@ -124,9 +124,18 @@ import json, sys, time
 import fastpath_hooks
 T0, EVENTS = time.time(), []
 fastpath_hooks.install(on_event=lambda e: EVENTS.append((round(e["ts"] - T0, 2), e["kernel"], e["message"])))
-import transformers.models.qwen3_5.modeling_qwen3_5   # the modeling import asks for causal-conv1d, fla, tilelang
-print("RESULT " + json.dumps({"events": EVENTS,
-                              "states": {k: o.state for k, o in fastpath_hooks.engine.outcomes().items()}}))
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.integrations import hub_kernels
+hub_kernels._PACKAGE_SUPPORTED_DEVICES = {k: tuple(v) + ("cpu",) for k, v in hub_kernels._PACKAGE_SUPPORTED_DEVICES.items()}
+config = AutoConfig.for_model("qwen3_5_text", **json.loads(sys.argv[1]))
+AutoModelForCausalLM._model_mapping[type(config)]   # the modeling import asks for causal-conv1d, fla, tilelang
+states = {k: o.state for k, o in fastpath_hooks.engine.outcomes().items()}
+model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+ids = torch.randint(0, 128, (1, 24))
+model(input_ids=ids, labels=ids).loss.backward()
+print("RESULT " + json.dumps({"events": EVENTS, "states": states,
+                              "first_call": fastpath_hooks.engine.outcomes()["fla"].first_call.ran}))
 '''
 
 
@@ -147,7 +156,7 @@ def test_the_pure_kernels_are_installed_and_checked_while_a_compiled_one_builds(
         fh.write("2")                                        # each of the three .cu files: 2 s
     env = offline_env(house, "gpu=sm_90,cuda=13.0,torch=2.13.0,triton=3.6.0,cpus=16", cache_dir=str(tmp_path / "c"),
                       pins=test_pins(house, flash_qla_on=False), CUDA_HOME=toolkit.home)
-    proc = make_venv().run(BUILD_SCRIPT, env=env, timeout=600)
+    proc = make_venv().run(BUILD_SCRIPT, env=env, args=(json.dumps(CONFIG),), timeout=600)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
     assert out["states"]["causal-conv1d"] == "installed", proc.stderr
@@ -161,5 +170,7 @@ def test_the_pure_kernels_are_installed_and_checked_while_a_compiled_one_builds(
     checked = when("fla", "verified fla")
     assert building < when("tilelang", "verified tilelang") < built, "\n".join(map(str, out["events"]))
     assert building < checked < built, out["events"]
-    # fla's check ran there, at the model's configuration's shapes (the class defaults here: a modeling import)
+    # fla's check ran there, at the shapes of the model being built (its configuration): its first call found it
     assert "gated-delta-rule check" in next(m for t, k, m in out["events"] if k == "fla" and "verified fla" in m)
+    (ran,) = out["first_call"]
+    assert ran["ok"] and ran["child"] is False and ran["check"]["shapes"] == [[2, 4, 16, 16]], out["first_call"]

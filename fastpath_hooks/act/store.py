@@ -307,7 +307,7 @@ def _path(root: str, kernel: str) -> str:
 # what a remembered check is keyed on: what it ran (shapes, dtype, variant, its length, tolerances), not how its
 # JIT was shared out, the length Triton tuned at (fla's kernels never specialise on it), whether it waited for a
 # first call, or the words saying where the shapes came from
-UNKEYED = ("jit", "tune_seq", "first_call", "shapes_from")
+UNKEYED = ("jit", "tune_seq", "first_call", "shapes_from", "compute")
 
 
 def check_key(check) -> str:
@@ -353,6 +353,36 @@ def recall(root: str | None, spec, env_extra=(), extra: str = "", gpus=()) -> di
         if entry is not None:
             return entry
     return None
+
+
+def _pass_key(spec, check, gpus) -> str | None:
+    """What a gated-delta-rule pass computed with: the kernel's installed files, the versions of the distributions
+    its check names (`compute`: its own, its backends', torch's, triton's), the GPUs, the check itself."""
+    digest = installed_digest(spec.distributions)
+    if digest is None:
+        return None
+    from ..facts.distributions import installed_versions   # not on the warm path
+
+    versions = installed_versions(check.get("compute") or ())
+    world = [spec.name, digest, sorted(f"{k}=={v}" for k, v in versions.items()), sorted(gpus), check_key(check)]
+    return sha256_hex(json.dumps(world).encode())[:32]
+
+
+def recall_pass(root: str | None, spec, check, gpus=()) -> dict | None:
+    """A remembered passed gated-delta-rule check with exactly these facts, files and versions (and so its import)."""
+    from ..facts.memory import read_records   # not on the warm path
+
+    data = read_records(os.path.join(root, SUBDIR, f"{spec.name}.passes.json")) if root else None
+    key = _pass_key(spec, check, gpus) if data else None
+    return data.get(key) if key else None
+
+
+def remember_pass(root: str | None, spec, check, gpus, seconds: float) -> None:
+    key = _pass_key(spec, check, gpus) if root else None
+    if key is not None:
+        update_records(os.path.join(root, SUBDIR, f"{spec.name}.passes.json"), {key: {
+            "check": {k: v for k, v in check.items() if k in ("shapes", "dtype", "final_state", "varlen")},
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(seconds, 2)}})
 
 
 def forget(root: str | None) -> None:

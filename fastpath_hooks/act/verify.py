@@ -64,7 +64,10 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
                for i, (spec, plan) in enumerate(zip(specs, plans)) if plan is not None}
     pending = {i: n for i, n in numbers.items() if not isinstance(n, NumericResult)}   # the rest: skipped, known
     owns = [tuple(e) for e in envs] + [tuple(env_extra)] * (len(specs) - len(envs))   # what a kernel is keyed on
-    known = [store.recall(root, s, own, extra=k, gpus=gpus) if root else None for s, k, own in zip(specs, keys, owns)]
+    # a passed gated-delta-rule check is remembered on what it computed with alone (store.recall_pass); the rest
+    # on all the check child read
+    known = [(store.recall_pass(root, s, c, gpus) if c else store.recall(root, s, own, extra=k, gpus=gpus))
+             if root else None for s, k, own, c in zip(specs, keys, owns, gdrs)]
     if not pending and all(known):
         return [_with_numbers(Verification(True, f"{_what(s, c)}: remembered (same files and environment, "
                                                  f"{k.get('when', '?')})", 0.0, child=False), numbers.get(i), {})
@@ -107,10 +110,17 @@ def verify_many(kernel_specs, *, timeout: float, env_extra=(), started=None, num
             what = f"{spec.name}'s {'gated-delta-rule' if step == 'gdr' else 'numeric'} check"
         out.append(Verification(False, ended(ran, what, timeout, other), ran.seconds, numeric=step == "numeric"))
     if root and loaded:
-        for spec, result, key, own in zip(specs, out, keys, owns):
-            if result.ok:
-                store.remember(root, spec, own, relevant(loaded, keyed) if keyed else loaded, result.seconds,
-                               extra=key, gpus=gpus)
+        for i, (spec, result, key, own) in enumerate(zip(specs, out, keys, owns)):
+            if not result.ok:
+                continue
+            # a kernel's key leaves out the kernels checked after it in the same child (installed after it
+            # elsewhere: tilelang is checked before fla is there); its import alone is remembered too
+            later = {d for other in specs[i + 1:] for d in other.distributions}
+            read = {d: v for d, v in (relevant(loaded, keyed) if keyed else loaded).items() if d not in later}
+            for extra in dict.fromkeys((key, "")):
+                store.remember(root, spec, own, read, result.seconds, extra=extra, gpus=gpus)
+            if gdrs[i]:
+                store.remember_pass(root, spec, gdrs[i], gpus, result.seconds)
     return out
 
 

@@ -419,6 +419,10 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
         "tolerances": dict(warm.tolerances), "slack": warm.slack,
         "jit": {"procs": jit_helpers(env.cpus), "threads": 0},
         "first_call": first_call,
+        # what its pass computes with, the key of a remembered one (act/store.recall_pass): its distributions, its
+        # backends' (tilelang, flash-qla), torch's and triton's
+        "compute": sorted({*spec.distributions, *pins.triton_distributions, "torch",
+                           *(d for k in _backends(pins, kernel) for d in pins.kernel(k).distributions)}),
     }
     if spec.kind == "backend":
         module, _, function = next((a for a in spec.verify_attributes if a.startswith(spec.module + ":")),
@@ -428,6 +432,13 @@ def gdr_check(env, pins, kernel: str, *, served: str, shapes: tuple, shapes_from
     return check
 
 
+
+
+def _backends(pins, kernel: str) -> set:
+    """The kernels a pass of `kernel` may run through: its releases' backends (fla: tilelang, flash-qla), or the
+    kernels a backend serves."""
+    spec = pins.kernel(kernel)
+    return {b for r in (spec.releases or ()) for b in getattr(r, "backends", ())} | set(spec.serves)
 
 
 def jit_env(env, pins, kernel: str) -> tuple:

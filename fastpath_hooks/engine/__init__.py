@@ -65,12 +65,12 @@ def outcomes() -> dict:
     return _registry.outcomes()
 
 
-def settle(kernel: str, why: str) -> None:
-    """A kernel found unusable after its decision (its check at the first call failed): blocked from now on in
-    this process (a fresh import fails, the late pass rebinds to the torch path)."""
+def settle(kernel: str, why: str, *, numeric: bool = True) -> None:
+    """A kernel found unusable after its decision (its check at the first call failed, or could not run): blocked
+    from now on in this process (a fresh import fails, the late pass rebinds to the torch path)."""
     from .said import first_call_blocked
 
-    _registry.replace(kernel, first_call_blocked(kernel, why))
+    _registry.replace(kernel, first_call_blocked(kernel, why, numeric=numeric))
 
 
 _simulated = None   # the accelerator kind a FASTPATH_HOOKS_TARGET posed and this machine lacks

@@ -89,6 +89,7 @@ class FirstCall:
         self.functions = tuple(payload.get("functions") or ())
         self._warm, self._cache = warm, cache
         self._lock = threading.Lock()
+        self.numeric = False        # a failed verdict was on the kernel's numbers (else: the check could not run)
         self._jobs: dict = {}       # check key -> _Job
         self._verdicts: dict = {}   # check key -> (ok, detail)
         self.ran: list = []         # the checks run by this process (the call's facts), for doctor and tests
@@ -151,6 +152,7 @@ class FirstCall:
 
     def _conclude(self, ok: bool, detail: str, numeric: bool) -> None:
         p = self.payload
+        self.numeric = numeric
         if ok:
             events.status(f"{self.kernel}: checked at its first call: {detail}", self.kernel, human=False)
             if self._warm is not None and self._cache is not None:

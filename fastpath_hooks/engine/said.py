@@ -118,12 +118,13 @@ def failed_outcome(decision, reason: str, remembered: dict | None = None, settin
     return Outcome(decision.kernel, OutcomeState.FAILED, reason)
 
 
-def first_call_blocked(kernel: str, detail: str) -> Outcome:
-    """A kernel whose check at its first call failed: blocked from now on in this process, said in one line."""
-    fix = short.NUMERIC_SHORT_FIX
-    events.error(engine_line(f"{kernel}: {short.BLOCKED} at its first call - ", detail,
-                             f"transformers' torch path runs; {fix}"), kernel, once=f"block-{kernel}",
-                 detail=f"{kernel}: blocked at its first call - {detail}; transformers' torch path runs ({fix})")
+def first_call_blocked(kernel: str, detail: str, *, numeric: bool = True) -> Outcome:
+    """A kernel whose check at its first call failed (`numeric`: on its numbers, remembered; else it could not
+    run, tried again by the next process): blocked from now on in this process, said in one line."""
+    fix = short.NUMERIC_SHORT_FIX if numeric else "tried again at the next start; fastpath-hooks doctor"
+    head = f"{kernel}: {short.BLOCKED if numeric else 'not checked'} at its first call - "
+    events.error(engine_line(head, detail, f"transformers' torch path runs; {fix}"), kernel, once=f"block-{kernel}",
+                 detail=f"{head}{detail}; transformers' torch path runs ({fix})")
     module = registry()[kernel]["modules"][0]
     return Outcome(kernel, OutcomeState.BLOCKED, detail,
                    block=f"fastpath-hooks blocked `import {module}`: {detail}; using transformers' torch path.")

@@ -39,7 +39,7 @@ class Held:
                     if not ok:   # blocked from now on in this process: a fresh import fails, the late pass agrees
                         from .. import engine
 
-                        engine.settle(self._pending.kernel, why)
+                        engine.settle(self._pending.kernel, why, numeric=self._pending.numeric)
                     release(self._pending, self._state is _PASS)
         if self._state is _PASS:
             return self._real(*args, **kwargs)
