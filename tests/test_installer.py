@@ -402,8 +402,8 @@ def test_causal_conv1d_release_wheel_sha256(venv, fresh, tmp_path, make_wheelhou
         assert "downloading file://" + wh + "/causal_conv1d-1.6.2.post1%2Bcu12torch2.10" in proc.stderr
     if digest == "mismatch":
         assert proc.returncode == 1, proc.stdout + proc.stderr
-        assert f"{CAUSAL_WHEEL}: sha256 {wheels.sha256_of(os.path.join(wh, CAUSAL_WHEEL))} does not match the pinned " \
-               f"{PINS.release('causal-conv1d').sha256[CAUSAL_WHEEL]}" in proc.stderr
+        assert f"{CAUSAL_WHEEL}: sha256 {wheels.sha256_of(os.path.join(wh, CAUSAL_WHEEL))}, not the expected " \
+               f"{PINS.release('causal-conv1d').sha256[CAUSAL_WHEEL]}; refused" in proc.stderr   # (the debug log)
         assert guarded.kernel_versions(venv) == {} and guarded.site_entries(venv) == []
     else:
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -276,7 +276,8 @@ HOPPER_FLA_MISMATCH = Environment(  # a rare corner: fla on disk needs a repair 
 @example(HOPPER_FLA_MISMATCH, Settings())
 def test_the_policy_never_raises_and_its_plan_is_consistent(env, chosen):
     plan = decide(env, chosen, PINS)
-    assert isinstance(plan, Plan) and tuple(plan.decisions) == ("fla", "causal-conv1d", "mamba-ssm", "tilelang", "flash-qla")
+    assert isinstance(plan, Plan) and tuple(plan.decisions) == ("fla", "causal-conv1d", "mamba-ssm", "flash-attn",
+                                                                "flash-attn-3", "tilelang", "flash-qla")
     json.dumps(plan.to_json())  # the documented JSON is serialisable
     for kernel, decision in plan.decisions.items():
         assert decision.kernel == kernel and decision.action in tuple(Action) and decision.reason.strip()
