@@ -284,3 +284,29 @@ def test_the_check_clause_names_its_one_pass():
     assert summary({"tune_seq": 4096, "check_seq": 256, "worst": worst, "seconds": 61.2}) == \
         "dg 1.1e-02 (limit 1.6e-01) at T=256, JIT compiled and tuned at 4096 tokens, 61.2 s"
     assert summary({"check_seq": 256, "seconds": 3.0}) == "3.0 s"
+
+
+def test_the_gated_delta_rule_reference_on_a_few_heads_is_the_whole_ones_there():
+    """The check compares at 1024 tokens (fla's kernels specialise on the number of 64-token chunks: 256 tokens gave
+    4, not a multiple of 16, and compiled anew on the H100): its float32 reference runs on a few heads only - heads are
+    independent, a grouped value head reads its key head - and gives exactly the whole reference's numbers there."""
+    import importlib.util
+
+    import torch
+
+    from fastpath_hooks.act import check_child as path
+    from fastpath_hooks.facts.pins import load
+
+    spec = importlib.util.spec_from_file_location("check_child_by_path", path.__file__)
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)   # as the package runs it: by path, nothing of the package imported
+    for shape, heads in (([2, 4, 16, 16], (1, 2)), ([4, 4, 16, 16], (2, 2)), ([1, 3, 8, 8], (1, 3))):
+        x = child._inputs(torch, shape, 24, "cpu", 0, torch.float32)
+        leaves = {n: x[n].float().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+        ref, _ = child.gdr_ref(**leaves)
+        ref.backward(x["do"].float())
+        whole = child._few({"o": ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}, heads)
+        few = child._reference(torch, x)
+        assert child._heads(x) == heads and set(few) == set(whole)
+        assert all(torch.equal(few[n], whole[n]) for n in few), shape
+    assert load().kernel("fla").warm.check_seq % (64 * 16) == 0    # its chunks a multiple of 16, as 4096's are
