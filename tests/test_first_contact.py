@@ -22,6 +22,7 @@ import venv as venv_module
 import pytest
 
 from fastpath_hooks.facts.settings import Settings, SettingsError
+from support import venvs
 from fastpath_hooks.facts.environment import CUDA_ARCHS, known_cuda_archs, parse_target
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -689,3 +690,24 @@ def test_only_a_copy_beside_the_installed_one_is_called_a_shadow(copy_in_site, t
         assert result.detail == f"import kern_x.ops: {elsewhere / 'kern_x'} shadows the installed kern-x (move or rename it)"
     else:
         assert result.detail == "import kern_x.ops: ModuleNotFoundError: No module named 'kern_x.ops'", result.detail
+
+
+@pytest.mark.slow
+@pytest.mark.network   # setuptools 65.5 and, for the isolated build, the backend pyproject.toml names, from the index
+def test_the_benchmarks_make_the_wheel_from_a_fresh_clone_with_an_old_setuptools(tmp_path):
+    """Issue 40: `python3 benchmarks/warm_decision.py` in a fresh clone failed where that python's setuptools (65.5,
+    a newcomer's) cannot build the project (`pip wheel --no-build-isolation`: its project.license): the benchmarks'
+    wheel is made with the interpreter's own backend where it builds, else in pip's isolated build."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True, timeout=120)
+    old = tmp_path / "old"
+    subprocess.run([sys.executable, "-m", "venv", str(old)], check=True, timeout=120)
+    py = str(old / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "setuptools==65.5.0", "packaging", "filelock"], check=True,
+                   timeout=300, env=venvs.clean_env())
+    code = ("import sys; sys.path.insert(0, 'tests'); from support import venvs; "
+            "print(venvs.build_fastpath_wheel(sys.argv[1]))")
+    proc = subprocess.run([py, "-c", code, str(tmp_path / "dist")], cwd=str(clone), capture_output=True, text=True,
+                          timeout=600, env=venvs.clean_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.basename(proc.stdout.strip().splitlines()[-1]).startswith("fastpath_hooks-")
