@@ -745,6 +745,12 @@ ROWS = [
     Row("qla.no-backend: fla 0.5.2 does not dispatch to flash-qla", "flash-qla", SKIP, "qla.no-backend",
         dists={"fla-core": "0.5.2", "flash-linear-attention": "0.5.2"},
         check=_qla_skips("fla 0.5.2 does not dispatch to flash-qla (fla does from 0.6.0)", fix="upgrade fla")),
+    # a pins file whose fla releases name no flash-qla backend (issue 40: it said "fla does from ?")
+    Row("qla.no-backend.pinned: no pinned fla release dispatches to flash-qla", "flash-qla", SKIP,
+        "qla.no-backend.pinned", dists={"fla-core": "0.5.2", "flash-linear-attention": "0.5.2"},
+        pins=with_kernel(PINS, "fla", releases=tuple(dataclasses.replace(r, backends=tuple(
+            b for b in r.backends if b != "flash-qla")) for r in PINS.kernel("fla").releases)),
+        check=_qla_skips("nor does any pinned fla release", fix="whose `backends` name flash-qla")),
     Row("qla.off: where fla needs no tilelang (triton 3.7.1), off until a benchmark shows it pays", "flash-qla", SKIP,
         "qla.off", env={"triton": "3.7.1"},
         check=lambda d, p: (_qla_skips("off by default where fla needs no tilelang (triton 3.7.1)",

@@ -168,6 +168,8 @@ BACKEND = {
     "not-used": Rule(_S, line="{served} is not used here", fix=""),
     "no-backend": Rule(_S, line="{served} {version} does not dispatch to it",
                        fix="upgrade {served} to {since} or newer"),
+    "no-backend.pinned": Rule(_S, line="no pinned {served} release dispatches to it",
+                              fix="pin one whose `backends` name it (FASTPATH_HOOKS_PINS)"),
     "user-disabled": Rule(_S, requires=("switch",), line="{variable}={off} is set: {served} does not use it",
                           fix="unset {variable}"),
     "arch": Rule(_S, line="{no_train}: it trains on {train} only", fix=""),

@@ -38,7 +38,11 @@ def decide(ctx: Context, kernel: str, decided: dict) -> Decision:
                         facts={"served": first}, **kw)
     version = _version_of(ctx, served, decided[served])
     if not has_backend(pins.kernel(served), version, kernel):
-        since = min((r.version for r in pins.kernel(served).releases if kernel in r.backends), key=Version, default="?")
+        since = min((r.version for r in pins.kernel(served).releases if kernel in r.backends), key=Version, default=None)
+        if since is None:   # no pinned release of it dispatches to it (a pins file's override)
+            return ctx.skip(kernel, "no-backend.pinned", f"{served} {version} does not dispatch to {kernel}, nor does "
+                            f"any pinned {served} release", f"pin a {served} release whose `backends` name {kernel} "
+                            "(FASTPATH_HOOKS_PINS)", facts={"served": served, "version": version}, **kw)
         return ctx.skip(kernel, "no-backend", f"{served} {version} does not dispatch to {kernel} ({served} does from "
                         f"{since})", f"upgrade {served} to {since} or newer",
                         facts={"served": served, "version": version, "since": since}, **kw)
