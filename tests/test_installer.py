@@ -227,7 +227,7 @@ def test_repairs_every_broken_pair_of_the_data(venv, fresh, tmp_path, make_wheel
     assert after["fla-core"] == after["flash-linear-attention"] == "0.6.0"
     assert child_import(venv, "import tilelang; print(tilelang.__version__)") == after["tilelang"]
     result, proc = guarded.ask(venv, "fla", env)  # the user's process: fla imports, nothing re-checked
-    assert result is not None and result["first"] == "ok 0.6.0" and result["runs_first"] == 0, proc.stderr
+    assert result is not None and result["first"] == "ok 0.6.0" and result["runs_first"] == 0, (result, proc.stderr)
     assert_untouched(venv, fresh)
 
 
