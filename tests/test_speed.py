@@ -23,7 +23,7 @@ from conftest import PY, offline_env
 from support import sdists, wheels
 from support.venvs import clean_env
 
-H200 = "gpu=sm_90,cuda=13.0,torch=2.11.0,triton=3.6.0,cpus=16"
+H200 = "gpu=sm_90,cuda=13.0,torch=2.11.0,triton=3.6.0,cpus=16,memory=128"   # the shares: not this host's
 LABEL = "+fph.torch2.11.0.cu130.abi1.sm90"
 
 # The CLI in the venv's interpreter, behind an audit hook that writes every process it starts to

@@ -32,6 +32,7 @@ VALID = [
     (" gpu = sm_80 , cuda = 12.8 ,", {"gpus": ("sm_80",), "cuda": "12.8"}),
     ("head_dims=128x128,heads=16X32", {"head_dims": (128, 128), "heads": (16, 32)}),
     ("flash-qla=0.1.3", {"distributions": {"flash-qla": "0.1.3"}}),
+    ("cpus=16,memory=64.5", {"cpus": 16, "memory_gib": 64.5}),
 ]
 
 
@@ -69,6 +70,9 @@ INVALID = [
     ("abi=cxx11", "'abi=cxx11': expected yes or no"),
     ("colour=blue", "'colour=blue': unknown fact 'colour'; accepted: gpu, torch"),
     ("torch", "'torch': expected key=value"),
+    ("memory=lots", "'memory=lots': memory is the GiB available, e.g. memory=128"),
+    ("memory=0", "'memory=0': memory is the GiB available"),
+    ("memory=inf", "'memory=inf': memory is the GiB available"),
 ]
 
 
@@ -83,3 +87,17 @@ def test_first_bad_entry_is_named_not_a_later_good_one():
     with pytest.raises(ValueError) as info:
         parse_target("gpu=sm_90,torch=banana,cuda=12.8")
     assert "'torch=banana'" in str(info.value) and "cuda" not in str(info.value)
+
+
+def test_a_posed_memory_sizes_the_builds_not_this_hosts():
+    """The builds' jobs and split threads are sized by the memory a target poses (tests that assert them pass
+    on a host of any memory); unposed, the memory is this host's."""
+    from fastpath_hooks.facts.pins import load
+    from fastpath_hooks.facts.probe import probe
+    from fastpath_hooks.facts.settings import Settings
+
+    pins = load()
+    assert probe(Settings(target="gpu=sm_90,cpus=16,memory=3"), pins=pins).memory_gib == 3.0
+    host = probe(Settings(target="gpu=sm_90,cpus=16"), pins=pins).memory_gib
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    assert host == pytest.approx(int(meminfo["MemAvailable"].split()[0]) / (1 << 20), abs=2.0)

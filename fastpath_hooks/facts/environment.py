@@ -137,7 +137,7 @@ def parse_version(text: str | None):
 
 
 FACT_KEYS = ("gpu", "torch", "cuda", "hip", "xpu", "triton", "python", "os", "arch", "platform",
-             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "numeric", "head_dims", "heads")
+             "glibc", "abi", "nvcc", "hipcc", "uv", "cpus", "memory", "numeric", "head_dims", "heads")
 _OS = ("linux", "darwin", "windows")
 _ARCH = ("x86_64", "aarch64", "arm64", "amd64")
 _NONE = ("none", "no", "absent", "")
@@ -182,6 +182,14 @@ def parse_target(spec: str, *, pins=None, pins_file: str | None = None) -> dict:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"{entry!r}: cpus is a number of CPU cores, e.g. cpus=16")
             facts["cpus"] = int(value)
+        elif key == "memory":   # GiB available: with cpus, what a build's jobs and split threads are sized by
+            try:
+                gib = float(value)
+            except ValueError:
+                gib = 0.0
+            if not 0 < gib < float("inf"):
+                raise ValueError(f"{entry!r}: memory is the GiB available, e.g. memory=128")
+            facts["memory_gib"] = gib
         elif key == "nvcc":   # a release, or yes (one of unknown release)
             low = value.lower()
             facts["nvcc"] = None if low in _NO else "posed" if low in _YES else _version(entry, value)
