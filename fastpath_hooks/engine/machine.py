@@ -32,8 +32,8 @@ from ..facts.frozen import thaw
 from ..facts.probe import model_modules
 from .first_call import FirstCall, beside_build, first_call_payload
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
-from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, keeps_instead,
-                   numeric_block, reminder_for, skipped_outcome)
+from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, installed_since,
+                   keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
 
 
@@ -468,7 +468,9 @@ def _record(run: Run):
     warm = None
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm) \
             and run.pins.kernel(kernel).trim is None:
-        warm = (run.stamp.signature, {"reason": outcome.reason, "posed": run.posed, "fingerprint": run.fingerprint,
+        later = outcome.reason if run.installed is None else installed_since(kernel, run.installed, decision, run.pins)
+        warm = (run.stamp.signature, {"reason": later, "posed": run.posed,
+                                      "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})
     payload = _first_call(run, decision) if outcome.state in GOOD else None
     if payload is not None:   # the warm verdict waits for the check at the kernel's first call (engine/first_call.py)

@@ -18,11 +18,7 @@ def installed_outcome(kernel: str, result, decision, pins, check_failed: str | N
     """An install's line - a lone kernel's, a batch leader's or member's alike - and its Outcome: the kernel's
     own distributions (whole, then without a built wheel's local label) and how many dependencies came along."""
     repaired = decision.action == REPAIR
-    own = [(k, v) for k, v in sorted(result.installed.items()) if k in pins.kernel(kernel).distributions]
-    others = len(result.installed) - len(own)
-    deps = f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else ""
-    listed = [", ".join(f"{k} {v if whole else short.public(v)}" for k, v in own) + deps if own else describe(decision)
-              for whole in (True, False)]
+    listed = [_listed(kernel, result, decision, pins, whole) for whole in (True, False)]
     said = [f"{kernel}: {'repaired' if repaired else 'installed'} {what} in {result.seconds:.1f} s with "
             f"{result.installer}; {result.checked}" for what in listed]
     events.status(first_fitting(*said), kernel, detail=said[0])   # a long local label: doctor
@@ -32,6 +28,22 @@ def installed_outcome(kernel: str, result, decision, pins, check_failed: str | N
                        once=f"restart-{','.join(result.restart_advised)}")
     reason = f"{check_failed}; repaired" if check_failed else decision.reason
     return Outcome(kernel, OutcomeState.REPAIRED if repaired else OutcomeState.INSTALLED, reason)
+
+
+def _listed(kernel: str, result, decision, pins, whole: bool) -> str:
+    """The kernel's own distributions an install put in (`whole`: with a built wheel's local label) and how many
+    dependencies came along."""
+    own = [(k, v) for k, v in sorted(result.installed.items()) if k in pins.kernel(kernel).distributions]
+    others = len(result.installed) - len(own)
+    deps = f" (+{others} dependenc{'y' if others == 1 else 'ies'})" if others else ""
+    return ", ".join(f"{k} {v if whole else short.public(v)}" for k, v in own) + deps if own else describe(decision)
+
+
+def installed_since(kernel: str, result, decision, pins) -> str:
+    """What a later start says of a kernel this process installed (its warm verdict): what is there now and when -
+    the install's own reason ("... is broken; repairing to ...") is no longer true."""
+    done = "repaired" if decision.action == REPAIR else "installed"
+    return f"{done} {_listed(kernel, result, decision, pins, False)} on {time.strftime('%Y-%m-%d')}, checked"
 
 
 def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:

@@ -150,7 +150,7 @@ out = {"first": try_import(sys.argv[1])}
 out["runs_first"] = runs()
 out["second"] = try_import(sys.argv[1])
 out["runs_second"] = runs() - out["runs_first"]
-out["ran"] = [e["message"] for e in events if e["message"].startswith("running:")]   # for a failing assert's message
+out["events"] = [e["message"] for e in events]   # for a failing assert's message
 if "--model" in sys.argv:
     import inspect
     import torch
