@@ -102,6 +102,23 @@ def test_the_check_runs_once_at_the_models_shapes_and_dtype_and_the_first_call_w
     assert _calls(log, again["pid"], other=True) == []
 
 
+def test_a_later_environment_checks_nothing_again(qwen_env, tmp_path):
+    """Issue 39's later environment (a new venv, the same cache - the H100's 33.7 s of checks not found): fla's pass
+    at the model's shapes and tilelang's check are remembered on what they compute with, not on the venv - the new
+    environment installs the cached wheels and runs no check child, at its import or its first call."""
+    venv, env = qwen_env()
+    out, stderr = _run(venv, env, tmp_path / "first.jsonl")
+    assert out["state"] == "installed" and out["ran"][0]["child"], (out, stderr)
+    later, env2 = qwen_env()   # the same wheels (rebuilt alike), the same cache directory
+    assert later.path != venv.path and env2["FASTPATH_HOOKS_CACHE_DIR"] == env["FASTPATH_HOOKS_CACHE_DIR"]
+    log = tmp_path / "later.jsonl"
+    again, stderr = _run(later, dict(env2, FASTPATH_HOOKS_LOG="debug"), log)
+    assert again["state"] == "installed" and not again["torch_path"], (again, stderr)
+    assert again["ran"][0]["child"] is False and again["ran"][0]["check"]["shapes"] == [[2, 4, 16, 16]], again["ran"]
+    assert _calls(log, again["pid"], other=True) == [], "a check child ran fla"
+    assert "check_child.py" not in stderr, [x for x in stderr.splitlines() if "running:" in x]
+
+
 def test_a_failed_verdict_at_the_first_call_leaves_the_torch_path(qwen_env, tmp_path):
     """An fla that imports but computes wrongly (1.5 times its output): installed and imported, it fails its check at
     the first call - that call and every later one run transformers' torch path (the loss is the torch path's), and

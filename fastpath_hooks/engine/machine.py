@@ -32,7 +32,7 @@ from ..facts.frozen import thaw
 from ..facts.probe import model_modules
 from .first_call import FirstCall, beside_build, first_call_payload
 from .outcome import GOOD, Outcome, OutcomeState, apply_env
-from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, installed_since,
+from .said import (blocked_outcome, describe, engine_line, failed_outcome, installed_outcome, said_later,
                    keeps_instead, numeric_block, reminder_for, skipped_outcome)
 from .world import InstallFailed, LockUnavailable, NumericFailed
 
@@ -468,7 +468,7 @@ def _record(run: Run):
     warm = None
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm) \
             and run.pins.kernel(kernel).trim is None:
-        later = outcome.reason if run.installed is None else installed_since(kernel, run.installed, decision, run.pins)
+        later = outcome.reason if run.installed is None else said_later(kernel, run.installed, decision, run.pins)
         warm = (run.stamp.signature, {"reason": later, "posed": run.posed,
                                       "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})

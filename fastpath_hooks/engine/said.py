@@ -39,11 +39,13 @@ def _listed(kernel: str, result, decision, pins, whole: bool) -> str:
     return ", ".join(f"{k} {v if whole else short.public(v)}" for k, v in own) + deps if own else describe(decision)
 
 
-def installed_since(kernel: str, result, decision, pins) -> str:
-    """What a later start says of a kernel this process installed (its warm verdict): what is there now and when -
-    the install's own reason ("... is broken; repairing to ...") is no longer true."""
-    done = "repaired" if decision.action == REPAIR else "installed"
-    return f"{done} {_listed(kernel, result, decision, pins, False)} on {time.strftime('%Y-%m-%d')}, checked"
+def said_later(kernel: str, result, decision, pins) -> str:
+    """What a later start says of a kernel this process installed (its warm verdict): the decision's reason, but
+    after a repair what the repair put in and when - its reason ("... is broken; repairing to ...") is no longer
+    true."""
+    if decision.action != REPAIR:
+        return decision.reason
+    return f"{_listed(kernel, result, decision, pins, False)} put in by a repair on {time.strftime('%Y-%m-%d')}, checked"
 
 
 def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:
