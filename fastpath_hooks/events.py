@@ -106,6 +106,8 @@ def say(type: Severity, message: str, *, once: str | None = None, persist: str |
     if once is not None and not claim(once):
         return
     level = _log_level()
+    if persist is not None and not reminder and level != "debug" and os.path.exists(said_path(persist)):
+        return    # said at an earlier start, nothing instead: this process does not take the node's voice for it
     if _LEVELS.get(type, 1) < _LEVELS[level] or not speaks():
         return
     if detail and level == "debug":

@@ -41,6 +41,10 @@ def test_eight_processes_started_together_install_once(make_venv, make_wheelhous
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     steps = _planned_steps(venv, env, "fla")
     pip_check_before = venv.pip_check()
+    # the posed target's line is said at the first start (once per environment): the eight say it no more, and the
+    # node's voice goes to one that has something to say of fla - not to a late one whose verdict was ready
+    first = venv.run("import fastpath_hooks; fastpath_hooks.install()", env=env)
+    assert "nothing here is real" in first.stderr, first.stderr
 
     results = start_together(venv.python, IMPORT_FLA_TOGETHER, 8, env, str(tmp_path))
 

@@ -168,6 +168,43 @@ def test_processes_of_different_parents_each_speak(tmp_path):
     assert all(said), said
 
 
+SAYS = textwrap.dedent('''
+    import os, sys, time
+    from fastpath_hooks import events
+    meeting, who = sys.argv[1], sys.argv[2]
+    if who == "b":
+        while not os.path.exists(os.path.join(meeting, "a")):
+            time.sleep(0.02)
+        events.status("fla: installed fla 0.6.0 in 1.0 s with uv")
+    else:   # the posed target's line, once per environment: said at the first start (p0), not again (a)
+        events.warning("posing gpu=sm_80: nothing here is real", persist="posed:gpu=sm_80")
+    if who == "a":
+        open(os.path.join(meeting, "a"), "w").close()
+        while not os.path.exists(os.path.join(meeting, "b")):
+            time.sleep(0.02)
+    if who == "b":
+        open(os.path.join(meeting, "b"), "w").close()
+''')
+
+
+def test_a_process_that_says_nothing_now_leaves_the_voice_to_one_that_does(tmp_path):
+    """A line said at an earlier start is not said again - and saying nothing does not take the node's voice: a
+    sibling started beside it (one parent) that has an install to tell still speaks."""
+    env = env_for(tmp_path)
+    meeting = tmp_path / "meet"
+    meeting.mkdir()
+
+    def start(who):
+        return subprocess.Popen([sys.executable, "-c", SAYS, str(meeting), who], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    first = start("p0").communicate(timeout=120)[1]
+    assert human(first) == ["fastpath-hooks: posing gpu=sm_80: nothing here is real"], first
+    a, b = start("a"), start("b")
+    said = [human(p.communicate(timeout=120)[1]) for p in (a, b)]
+    assert said == [[], ["fastpath-hooks: fla: installed fla 0.6.0 in 1.0 s with uv"]], said
+
+
 WORKERS = textwrap.dedent('''
     import importlib.util, multiprocessing, sys
     import fastpath_hooks
