@@ -469,8 +469,7 @@ def _record(run: Run):
     if outcome.state in GOOD and run.invalid is None and run.stamp is not None and (rule is None or rule.warm) \
             and run.pins.kernel(kernel).trim is None:
         later = outcome.reason if run.installed is None else said_later(kernel, run.installed, decision, run.pins)
-        warm = (run.stamp.signature, {"reason": later, "posed": run.posed,
-                                      "fingerprint": run.fingerprint,
+        warm = (run.stamp.signature, {"reason": later, "posed": run.posed, "fingerprint": run.fingerprint,
                                       "env": [list(pair) for pair in decision.env]})
     payload = _first_call(run, decision) if outcome.state in GOOD else None
     if payload is not None:   # the warm verdict waits for the check at the kernel's first call (engine/first_call.py)

@@ -45,7 +45,8 @@ def said_later(kernel: str, result, decision, pins) -> str:
     true."""
     if decision.action != REPAIR:
         return decision.reason
-    return f"{_listed(kernel, result, decision, pins, False)} put in by a repair on {time.strftime('%Y-%m-%d')}, checked"
+    listed = _listed(kernel, result, decision, pins, False)
+    return f"{listed} put in by a repair on {time.strftime('%Y-%m-%d')}, checked"
 
 
 def skipped_outcome(decision, plan, pins, quiet: bool = False) -> Outcome:

@@ -50,7 +50,8 @@ def probe(settings=None, *, pins=None, allow_torch_import: bool = True, found=No
         switches={spec.switch.variable: os.environ[spec.switch.variable] for spec in pins.kernels.values()
                   if spec.switch is not None and spec.switch.variable in os.environ},
         posed=tuple(sorted(k for k in posed if k != "distributions") + sorted(posed.get("distributions", {}))),
-        prefix=os.path.realpath(sys.prefix), pip_index_config=pip_index_config(), memory_gib=posed.get("memory_gib") or mem_available_gib(),
+        prefix=os.path.realpath(sys.prefix), pip_index_config=pip_index_config(),
+        memory_gib=posed.get("memory_gib") or mem_available_gib(),
         unwritable_site=None if os.access(site_packages(), os.W_OK) else site_packages(),   # never posed
         model_shapes=_posed_shapes(posed) if ("head_dims" in posed or "heads" in posed) else model_shapes(pins),
         attention_shapes=(tuple((m, k, hk, hv, None) for m, k, _, hk, hv in _posed_shapes(posed))
