@@ -9,17 +9,14 @@ import sys
 
 import pytest
 
+from support import benchmarks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRIVER = os.path.join(ROOT, "benchmarks", "device.py")
+DRIVER = benchmarks.path("device")
 
 
 def _driver():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("device_driver", DRIVER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmarks.load("device", "device_driver")
 
 
 def test_the_cases_are_data_of_known_kinds_and_environments():

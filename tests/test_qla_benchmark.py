@@ -5,7 +5,6 @@ models in child processes, as the H200 run does (slow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,14 @@ import sys
 
 import pytest
 
+from support import benchmarks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "qla_speedup.py")
+SCRIPT = benchmarks.path("qla_speedup")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("qla_speedup", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmarks.load("qla_speedup")
 
 
 def _run(model, seq, mode, ms, loss=10.8, first=None, calls=None):
@@ -139,18 +137,8 @@ def test_the_h200_script_runs_every_phase_in_one_call_on_a_cpu(tmp_path, fastpat
 
 # -- benchmarks/first_step.py: the first training step of a fresh process ----------------------------------
 
-FIRST_STEP = os.path.join(ROOT, "benchmarks", "first_step.py")
-
-
 def _first_step():
-    sys.path.insert(0, os.path.dirname(FIRST_STEP))      # it imports qla_speedup beside it
-    try:
-        spec = importlib.util.spec_from_file_location("first_step", FIRST_STEP)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(os.path.dirname(FIRST_STEP))
-    return module
+    return benchmarks.load("first_step")      # it imports qla_speedup beside it
 
 
 def _case(case, path, first_s, warm_ms, **kw):
